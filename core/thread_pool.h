@@ -1,0 +1,47 @@
+// A small fixed-size thread pool with a blocking ParallelFor, owned by whoever needs it
+// (the CPU backend owns one); there is no process-wide pool.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace moeserve {
+
+class ThreadPool {
+ public:
+  // `num_threads` <= 0 means one per hardware thread. The caller's thread also works.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over disjoint chunks covering [0, n), at least `grain` items each,
+  // and returns when all are done. Not reentrant: fn must not call ParallelFor.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop();
+  void RunChunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  // The current job.
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int64_t chunk_ = 0;
+  int64_t next_ = 0;
+  int64_t pending_workers_ = 0;
+  std::mutex run_mu_;  // serialises ParallelFor callers
+};
+
+}  // namespace moeserve

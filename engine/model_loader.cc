@@ -1,0 +1,39 @@
+// Model loading.
+#include "engine/model_loader.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "models/safetensors.h"
+#include "models/weight_init.h"
+
+namespace moeserve {
+
+ModelSpec DefaultModelSpec() { return ModelSpec{"", "small", 0, std::nullopt}; }
+
+std::string DescribeModelSpec(const ModelSpec& spec) {
+  if (!spec.model_dir.empty()) return spec.model_dir;
+  return absl::StrCat("preset ", spec.preset, " (seed ", spec.seed, ", generated in memory)");
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend) {
+  if (!spec.model_dir.empty()) {
+    const std::string config_path = (std::filesystem::path(spec.model_dir) / "config.json").string();
+    ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
+    ASSIGN_OR_RETURN(auto checkpoint, SafetensorsCheckpoint::Open(spec.model_dir));
+    DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
+    auto w = ModelWeights::Load(config, *checkpoint, backend, dtype);
+    if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(spec.model_dir, ": ", w.status().message()));
+    return w;
+  }
+  ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(spec.preset));
+  const DType dtype = spec.dtype.value_or(config.torch_dtype);
+  config.torch_dtype = dtype;
+  ThreadPool pool(0);
+  auto tensors = GenerateRandomWeights(config, spec.seed, dtype, &pool);
+  return ModelWeights::Load(config, *tensors, backend, dtype);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,29 @@
+// Loads a model for serving: from a checkpoint directory (config.json + safetensors), or from
+// a built-in preset whose weights are generated in memory from a seed (the embedded default).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kernels/backend.h"
+#include "models/model_weights.h"
+
+namespace moeserve {
+
+struct ModelSpec {
+  std::string model_dir;  // when set, load this checkpoint
+  std::string preset = "small";
+  uint64_t seed = 0;
+  std::optional<DType> dtype;  // storage dtype; default: the config's torch_dtype (f16 -> f32)
+};
+
+// The model the main command runs when no model is named.
+ModelSpec DefaultModelSpec();
+
+// A one-line description, e.g. "preset small (seed 0)" or the directory.
+std::string DescribeModelSpec(const ModelSpec& spec);
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend);
+
+}  // namespace moeserve

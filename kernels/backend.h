@@ -1,0 +1,171 @@
+// The Backend interface: memory on one device plus the handful of ops the MoE transformer
+// needs. Model code is written only against this interface and never includes CUDA headers.
+//
+// Conventions
+// - Every pointer argument of an op is a device pointer (host memory on the CPU backend).
+// - Activations are fp32 ([rows, cols], row-major). Weights are fp32 or bf16, stored as
+//   Hugging Face does: [out_features, in_features]. KV blocks are fp32 or bf16.
+// - Ops are enqueued in order on the device's compute stream and return nothing; a device
+//   fault surfaces as a Status from the next Synchronize or copy. Shape preconditions are
+//   invariants (MS_CHECK), validated by the caller beforehand.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+
+namespace moeserve {
+
+class Backend;
+
+// An owned allocation on a backend's device; freed (and returned to the device's capacity)
+// on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void Release();
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A weight matrix [rows = out_features, cols = in_features] on the device.
+struct WeightRef {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Where a layer's K and V live inside the paged cache. Each block holds, contiguously, the K
+// and V of `block_size` tokens for every layer: [num_layers][2][block_size][kv_heads][head_dim],
+// so that a whole block moves between tiers as one contiguous copy.
+struct KvLayout {
+  int64_t num_blocks = 0;
+  int64_t num_layers = 0;
+  int64_t block_size = 16;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kF32;
+
+  int64_t TokenElems() const { return kv_heads * head_dim; }
+  int64_t BlockElems() const { return num_layers * 2 * block_size * TokenElems(); }
+  size_t BlockBytes() const { return static_cast<size_t>(BlockElems()) * DTypeSize(dtype); }
+  // Element offset of (block, layer, k_or_v, slot-in-block).
+  int64_t Offset(int64_t block, int64_t layer, int kv, int64_t slot) const {
+    return ((block * num_layers + layer) * 2 + kv) * block_size * TokenElems() +
+           slot * TokenElems();
+  }
+};
+
+// Which query tokens attend to what: token t belongs to sequence seq[t] at position pos[t]
+// and attends causally to positions [0, pos[t]] of that sequence, read through the sequence's
+// row of the block table. This single form covers prefill, chunked prefill and batched decode.
+struct AttentionBatch {
+  const int32_t* token_seq = nullptr;     // [num_tokens]
+  const int32_t* token_pos = nullptr;     // [num_tokens]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int64_t num_tokens = 0;
+  int64_t num_seqs = 0;
+  int64_t max_blocks_per_seq = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string Name() const = 0;
+
+  // ---- memory ----
+  // Allocates `bytes` on the device; RESOURCE_EXHAUSTED when its capacity would be exceeded.
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  virtual size_t capacity_bytes() const = 0;
+  virtual size_t used_bytes() const = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- ops ----
+  // out[i, :] = table[ids[i], :] as fp32.  table: [vocab, hidden]
+  virtual void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) = 0;
+
+  // y = x @ w^T (+ y when accumulate).  x: [m, w.cols], y: [m, w.rows]
+  virtual void Gemm(const float* x, int64_t m, const WeightRef& w, float* y,
+                    bool accumulate = false) = 0;
+
+  // Grouped GEMM for experts: rows [offsets[g], offsets[g+1]) of x are multiplied by w[g].
+  // offsets is a host array of size w.size() + 1. x: [offsets.back(), cols], y: [.., rows]
+  virtual void GroupedGemm(const float* x, std::span<const WeightRef> w,
+                           std::span<const int64_t> offsets, float* y) = 0;
+
+  // y[r, :] = x[r, :] / rms(x[r, :]) * weight.  x, y: [rows, dim]; y may equal x.
+  virtual void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                       float* y) = 0;
+
+  // y += x, elementwise over n values.
+  virtual void Add(float* y, const float* x, int64_t n) = 0;
+
+  // Rotary embedding, Hugging Face rotate-half convention, applied in place.
+  // q: [n, q_heads, head_dim], k: [n, kv_heads, head_dim], positions: [n]
+  virtual void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
+                    int64_t kv_heads, int64_t head_dim, float theta) = 0;
+
+  // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:].  gate_up: [rows, 2*inter]
+  virtual void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
+
+  // Router: softmax over logits [n, num_experts], then the top-k experts per row (ties to the
+  // lower index), their probabilities renormalised to sum to one when `renormalize`.
+  virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
+                          bool renormalize, int32_t* expert_ids, float* expert_weights) = 0;
+
+  // Gathers rows for expert dispatch: out[i, :] = x[src_rows[i], :].  out: [n, dim]
+  virtual void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
+                          float* out) = 0;
+
+  // Combines expert outputs: out[t, :] (+)= sum_j weights[t, j] * y[rows[t, j], :].
+  // rows, weights: [n, k]; y: [.., dim]; out: [n, dim]
+  virtual void ScatterCombine(const float* y, const int32_t* rows, const float* weights,
+                              int64_t n, int64_t k, int64_t dim, float* out, bool accumulate) = 0;
+
+  // Multiplies row r of x [rows, dim] by sigmoid(gate[r]) (shared-expert gate).
+  virtual void SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) = 0;
+
+  // Writes this step's K and V into the paged cache.  k, v: [n, kv_heads, head_dim];
+  // slots[i] = block * block_size + offset.
+  virtual void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+                       const KvLayout& layout, int64_t layer, void* cache) = 0;
+
+  // Paged causal attention with grouped-query heads.
+  // q: [num_tokens, q_heads, head_dim] -> out: [num_tokens, q_heads, head_dim]
+  virtual void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout,
+                              int64_t layer, const void* cache, int64_t q_heads, float scale,
+                              float* out) = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  virtual void Free(void* data, size_t bytes) = 0;
+};
+
+}  // namespace moeserve

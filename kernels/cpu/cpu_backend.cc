@@ -1,0 +1,165 @@
+// CpuBackend: arena accounting and dispatch to the reference or fast op implementations.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/reference_ops.h"
+
+namespace moeserve {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+size_t DefaultCapacity() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return size_t{8} << 30;
+  return static_cast<size_t>(pages) * static_cast<size_t>(page_size) / 4 * 3;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
+  if (options_.capacity_bytes == 0) options_.capacity_bytes = DefaultCapacity();
+  if (fast()) {
+    pool_ = std::make_unique<ThreadPool>(options_.num_threads);
+    // Our pool parallelises across GEMM tiles; each tile is a single-threaded sgemm.
+    openblas_set_num_threads(1);
+  }
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::Name() const {
+  return fast() ? absl::StrCat("cpu (fast, ", num_threads(), " threads)") : "cpu (reference)";
+}
+
+absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
+  const size_t rounded = std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  size_t used = used_.load();
+  do {
+    if (used + rounded > options_.capacity_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cpu device arena: cannot allocate %d bytes, %d of %d bytes in use", bytes, used,
+          options_.capacity_bytes));
+    }
+  } while (!used_.compare_exchange_weak(used, used + rounded));
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    used_ -= rounded;
+    return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+  }
+  return DeviceBuffer(this, p, rounded);
+}
+
+void CpuBackend::Free(void* data, size_t bytes) {
+  std::free(data);
+  used_ -= bytes;
+}
+
+absl::Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
+  if (fast()) return cpu_fast::Embedding(*pool_, ids, n, table, out);
+  cpu_ref::Embedding(ids, n, table, out);
+}
+
+void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
+  if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate);
+  cpu_ref::Gemm(x, m, w, y, accumulate);
+}
+
+void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w,
+                             std::span<const int64_t> offsets, float* y) {
+  MS_CHECK(offsets.size() == w.size() + 1);
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Gemm(x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false);
+  }
+}
+
+void CpuBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                         float* y) {
+  if (fast()) return cpu_fast::RmsNorm(*pool_, x, weight, rows, dim, eps, y);
+  cpu_ref::RmsNorm(x, weight, rows, dim, eps, y);
+}
+
+void CpuBackend::Add(float* y, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void CpuBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
+                      int64_t kv_heads, int64_t head_dim, float theta) {
+  if (fast()) return cpu_fast::Rope(*pool_, q, k, positions, n, q_heads, kv_heads, head_dim, theta);
+  cpu_ref::Rope(q, k, positions, n, q_heads, kv_heads, head_dim, theta);
+}
+
+void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  if (fast()) return cpu_fast::SiluMul(*pool_, gate_up, rows, inter, out);
+  cpu_ref::SiluMul(gate_up, rows, inter, out);
+}
+
+void CpuBackend::RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
+                            bool renormalize, int32_t* expert_ids, float* expert_weights) {
+  if (fast()) return cpu_fast::RouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights);
+  cpu_ref::RouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights);
+}
+
+void CpuBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
+                            float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(out + i * dim, x + static_cast<int64_t>(src_rows[i]) * dim, dim * sizeof(float));
+  }
+}
+
+void CpuBackend::ScatterCombine(const float* y, const int32_t* rows, const float* weights,
+                                int64_t n, int64_t k, int64_t dim, float* out, bool accumulate) {
+  if (fast()) return cpu_fast::ScatterCombine(*pool_, y, rows, weights, n, k, dim, out, accumulate);
+  cpu_ref::ScatterCombine(y, rows, weights, n, k, dim, out, accumulate);
+}
+
+void CpuBackend::SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-gate[r]));
+    for (int64_t c = 0; c < dim; ++c) x[r * dim + c] *= s;
+  }
+}
+
+void CpuBackend::WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+                         const KvLayout& layout, int64_t layer, void* cache) {
+  if (fast()) return cpu_fast::WriteKv(k, v, slots, n, layout, layer, cache);
+  cpu_ref::WriteKv(k, v, slots, n, layout, layer, cache);
+}
+
+void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout,
+                                int64_t layer, const void* cache, int64_t q_heads, float scale,
+                                float* out) {
+  MS_CHECK(layout.kv_heads > 0 && q_heads % layout.kv_heads == 0);
+  if (fast()) return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out);
+  cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
+}
+
+}  // namespace moeserve

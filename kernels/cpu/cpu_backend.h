@@ -1,0 +1,73 @@
+// The CPU backend: a capacity-limited "virtual device" arena plus two implementations of every
+// op: a plain reference path (double accumulation, single thread, obviously right; the oracle
+// in tests) and a fast path (OpenBLAS GEMM, SIMD loops, a thread pool).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "core/thread_pool.h"
+#include "kernels/backend.h"
+
+namespace moeserve {
+
+enum class CpuPath { kReference, kFast };
+
+struct CpuBackendOptions {
+  CpuPath path = CpuPath::kFast;
+  int num_threads = 0;          // 0: one per hardware thread
+  size_t capacity_bytes = 0;    // device arena size; 0: 3/4 of physical memory
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& options = {});
+  ~CpuBackend() override;
+
+  std::string Name() const override;
+  CpuPath path() const { return options_.path; }
+  int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  size_t capacity_bytes() const override { return options_.capacity_bytes; }
+  size_t used_bytes() const override { return used_.load(); }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
+  void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) override;
+  void GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                   float* y) override;
+  void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+               float* y) override;
+  void Add(float* y, const float* x, int64_t n) override;
+  void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
+            int64_t kv_heads, int64_t head_dim, float theta) override;
+  void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
+  void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
+                  bool renormalize, int32_t* expert_ids, float* expert_weights) override;
+  void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
+                  float* out) override;
+  void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n,
+                      int64_t k, int64_t dim, float* out, bool accumulate) override;
+  void SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) override;
+  void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+               const KvLayout& layout, int64_t layer, void* cache) override;
+  void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout,
+                      int64_t layer, const void* cache, int64_t q_heads, float scale,
+                      float* out) override;
+
+ protected:
+  void Free(void* data, size_t bytes) override;
+
+ private:
+  bool fast() const { return options_.path == CpuPath::kFast; }
+  CpuBackendOptions options_;
+  std::atomic<size_t> used_{0};
+  std::unique_ptr<ThreadPool> pool_;  // fast path only
+};
+
+}  // namespace moeserve

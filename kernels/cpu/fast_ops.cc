@@ -1,0 +1,290 @@
+// Fast CPU ops (see fast_ops.h). Loops marked `omp simd` are vectorised by the compiler
+// (-fopenmp-simd) without relaxing floating-point semantics elsewhere.
+#include "kernels/cpu/fast_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/status.h"
+
+namespace moeserve::cpu_fast {
+namespace {
+
+// Rows of bf16 weights converted to fp32 per tile: large enough for an efficient sgemm,
+// small enough (tile * cols * 4 bytes) to stay in L2.
+constexpr int64_t kTileRows = 64;
+// Up to this many activation rows the bf16 GEMM streams weights with a fused dot product
+// instead of converting tiles for BLAS: decode is memory-bound, so read each weight once.
+constexpr int64_t kStreamMaxRows = 8;
+
+inline void Bf16RowToF32(const uint16_t* src, int64_t n, float* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    dst[i] = f;
+  }
+}
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+inline float DotBf16(const float* a, const uint16_t* b, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    acc += a[i] * f;
+  }
+  return acc;
+}
+
+void LoadRowF32(const void* base, DType dtype, int64_t offset, int64_t n, float* dst) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, static_cast<const float*>(base) + offset, n * sizeof(float));
+  } else if (dtype == DType::kBF16) {
+    Bf16RowToF32(static_cast<const uint16_t*>(base) + offset, n, dst);
+  } else {
+    ConvertToF32(static_cast<const uint16_t*>(base) + offset, dtype, n, dst);
+  }
+}
+
+}  // namespace
+
+void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
+  pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      MS_CHECK(ids[i] >= 0 && ids[i] < table.rows);
+      LoadRowF32(table.data, table.dtype, ids[i] * table.cols, table.cols, out + i * table.cols);
+    }
+  });
+}
+
+void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+          bool accumulate) {
+  const int64_t n = w.rows, k = w.cols;
+  if (m == 0 || n == 0) return;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (w.dtype == DType::kBF16 && m <= kStreamMaxRows) {
+    // Memory-bound: each weight row is read once and dotted with every activation row.
+    const uint16_t* wd = static_cast<const uint16_t*>(w.data);
+    pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          const float v = DotBf16(x + i * k, wd + j * k, k);
+          y[i * n + j] = accumulate ? y[i * n + j] + v : v;
+        }
+      }
+    });
+    return;
+  }
+  // Tiles of output columns, each one single-threaded sgemm (OpenBLAS runs with one thread so
+  // that our pool does the parallelism). Non-fp32 tiles are converted to fp32 first.
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  pool.ParallelFor(tiles, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float> tile;
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t r0 = t * kTileRows;
+      const int64_t rows = std::min(kTileRows, n - r0);
+      const float* wt;
+      if (w.dtype == DType::kF32) {
+        wt = static_cast<const float*>(w.data) + r0 * k;
+      } else {
+        tile.resize(static_cast<size_t>(rows * k));
+        LoadRowF32(w.data, w.dtype, r0 * k, rows * k, tile.data());
+        wt = tile.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), wt,
+                  static_cast<int>(k), beta, y + r0, static_cast<int>(n));
+    }
+  });
+}
+
+void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
+             float eps, float* y) {
+  pool.ParallelFor(rows, 32, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      const float inv = 1.0f / std::sqrt(Dot(xr, xr, dim) / dim + eps);
+#pragma omp simd
+      for (int64_t c = 0; c < dim; ++c) yr[c] = xr[c] * inv * weight[c];
+    }
+  });
+}
+
+void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,
+          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta) {
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+  pool.ParallelFor(n, 8, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(half), sn(half);
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = positions[t] * inv_freq[i];
+        cs[i] = static_cast<float>(std::cos(angle));
+        sn[i] = static_cast<float>(std::sin(angle));
+      }
+      auto rotate = [&](float* v) {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], c = v[i + half];
+          v[i] = a * cs[i] - c * sn[i];
+          v[i + half] = c * cs[i] + a * sn[i];
+        }
+      };
+      for (int64_t h = 0; h < q_heads; ++h) rotate(q + (t * q_heads + h) * head_dim);
+      for (int64_t h = 0; h < kv_heads; ++h) rotate(k + (t * kv_heads + h) * head_dim);
+    }
+  });
+}
+
+void SiluMul(ThreadPool& pool, const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  pool.ParallelFor(rows, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* g = gate_up + r * 2 * inter;
+      const float* u = g + inter;
+      float* o = out + r * inter;
+#pragma omp simd
+      for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                int32_t* expert_ids, float* expert_weights) {
+  std::vector<float> p(num_experts);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = logits + t * num_experts;
+    const float mx = *std::max_element(row, row + num_experts);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) sum += p[e] = std::exp(row[e] - mx);
+    // Selection of the k largest by repeated scans: k is small (2 to 8).
+    float top_sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t best = -1;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken |= expert_ids[t * k + i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+      }
+      expert_ids[t * k + j] = best;
+      expert_weights[t * k + j] = p[best] / sum;
+      top_sum += p[best] / sum;
+    }
+    if (renormalize) {
+      for (int64_t j = 0; j < k; ++j) expert_weights[t * k + j] /= top_sum;
+    }
+  }
+}
+
+void ScatterCombine(ThreadPool& pool, const float* y, const int32_t* rows, const float* weights,
+                    int64_t n, int64_t k, int64_t dim, float* out, bool accumulate) {
+  pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* o = out + t * dim;
+      if (!accumulate) std::fill(o, o + dim, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float wgt = weights[t * k + j];
+        const float* yr = y + static_cast<int64_t>(rows[t * k + j]) * dim;
+#pragma omp simd
+        for (int64_t c = 0; c < dim; ++c) o[c] += wgt * yr[c];
+      }
+    }
+  });
+}
+
+void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+             const KvLayout& layout, int64_t layer, void* cache) {
+  const int64_t te = layout.TokenElems();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t block = slots[i] / layout.block_size;
+    MS_CHECK(block >= 0 && block < layout.num_blocks);
+    for (int kv = 0; kv < 2; ++kv) {
+      const int64_t off = layout.Offset(block, layer, kv, slots[i] % layout.block_size);
+      const float* src = (kv == 0 ? k : v) + i * te;
+      if (layout.dtype == DType::kF32) {
+        std::memcpy(static_cast<float*>(cache) + off, src, te * sizeof(float));
+      } else {
+        ConvertFromF32(src, te, layout.dtype, static_cast<uint16_t*>(cache) + off);
+      }
+    }
+  }
+}
+
+void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
+                    const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
+                    float scale, float* out) {
+  const int64_t hd = layout.head_dim;
+  const int64_t kvh = layout.kv_heads;
+  const int64_t group = q_heads / kvh;
+  const int64_t bs = layout.block_size;
+  // One work item per (token, kv head): the group's query heads share each K/V row read.
+  pool.ParallelFor(batch.num_tokens * kvh, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores, row(hd), acc(group * hd);
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / kvh, g = item % kvh;
+      const int64_t ctx = batch.token_pos[t] + 1;
+      const int32_t* table = batch.block_tables + batch.token_seq[t] * batch.max_blocks_per_seq;
+      const float* qg = q + (t * q_heads + g * group) * hd;
+      scores.resize(static_cast<size_t>(ctx * group));
+      // Pass 1: scores[j, h] for every key position j.
+      for (int64_t j = 0; j < ctx; ++j) {
+        const int64_t off = layout.Offset(table[j / bs], layer, 0, j % bs) + g * hd;
+        const float* kr;
+        if (layout.dtype == DType::kF32) {
+          kr = static_cast<const float*>(cache) + off;
+        } else {
+          LoadRowF32(cache, layout.dtype, off, hd, row.data());
+          kr = row.data();
+        }
+        for (int64_t h = 0; h < group; ++h) scores[j * group + h] = Dot(qg + h * hd, kr, hd) * scale;
+      }
+      // Softmax per head.
+      for (int64_t h = 0; h < group; ++h) {
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < ctx; ++j) mx = std::max(mx, scores[j * group + h]);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < ctx; ++j) sum += scores[j * group + h] = std::exp(scores[j * group + h] - mx);
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < ctx; ++j) scores[j * group + h] *= inv;
+      }
+      // Pass 2: weighted sum of V rows.
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < ctx; ++j) {
+        const int64_t off = layout.Offset(table[j / bs], layer, 1, j % bs) + g * hd;
+        const float* vr;
+        if (layout.dtype == DType::kF32) {
+          vr = static_cast<const float*>(cache) + off;
+        } else {
+          LoadRowF32(cache, layout.dtype, off, hd, row.data());
+          vr = row.data();
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          const float p = scores[j * group + h];
+          float* a = acc.data() + h * hd;
+#pragma omp simd
+          for (int64_t d = 0; d < hd; ++d) a[d] += p * vr[d];
+        }
+      }
+      for (int64_t h = 0; h < group; ++h) {
+        std::memcpy(out + (t * q_heads + g * group + h) * hd, acc.data() + h * hd, hd * sizeof(float));
+      }
+    }
+  });
+}
+
+}  // namespace moeserve::cpu_fast

@@ -1,0 +1,30 @@
+// Fast CPU ops: OpenBLAS GEMM on fp32 tiles, SIMD loops and a thread pool. Each is tested
+// against the reference op of the same name (reference_ops.h).
+#pragma once
+
+#include <span>
+
+#include "core/thread_pool.h"
+#include "kernels/backend.h"
+
+namespace moeserve::cpu_fast {
+
+void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
+void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+          bool accumulate);
+void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
+             float eps, float* y);
+void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,
+          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta);
+void SiluMul(ThreadPool& pool, const float* gate_up, int64_t rows, int64_t inter, float* out);
+void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                int32_t* expert_ids, float* expert_weights);
+void ScatterCombine(ThreadPool& pool, const float* y, const int32_t* rows, const float* weights,
+                    int64_t n, int64_t k, int64_t dim, float* out, bool accumulate);
+void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+             const KvLayout& layout, int64_t layer, void* cache);
+void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
+                    const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
+                    float scale, float* out);
+
+}  // namespace moeserve::cpu_fast

@@ -1,0 +1,233 @@
+// ModelConfig parsing, validation and presets.
+#include "models/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/file_util.h"
+#include "core/status.h"
+#include "models/tokenizer.h"
+
+namespace moeserve {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status TypeError(absl::string_view key, absl::string_view want, const Json& got) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: key \"", key, "\" must be ", want,
+                                                 ", got ", got.type_name(), " ", got.dump()));
+}
+
+absl::Status ReadInt(const Json& j, absl::string_view key, bool required, int64_t* out) {
+  auto it = j.find(std::string(key));
+  if (it == j.end() || it->is_null()) {
+    if (required) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: missing required key \"", key, "\""));
+    }
+    return absl::OkStatus();
+  }
+  if (!it->is_number_integer()) return TypeError(key, "an integer", *it);
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const Json& j, absl::string_view key, double* out) {
+  auto it = j.find(std::string(key));
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return TypeError(key, "a number", *it);
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const Json& j, absl::string_view key, bool* out) {
+  auto it = j.find(std::string(key));
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return TypeError(key, "true or false", *it);
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status Positive(absl::string_view key, int64_t v, int64_t limit = 1) {
+  if (v < limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: \"", key, "\" must be at least ", limit, ", got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelConfig::Validate() const {
+  RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
+  RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
+  RETURN_IF_ERROR(Positive("num_hidden_layers", num_hidden_layers));
+  RETURN_IF_ERROR(Positive("num_attention_heads", num_attention_heads));
+  RETURN_IF_ERROR(Positive("num_key_value_heads", num_key_value_heads));
+  RETURN_IF_ERROR(Positive("head_dim", head_dim, 2));
+  RETURN_IF_ERROR(Positive("num_local_experts", num_local_experts));
+  RETURN_IF_ERROR(Positive("num_experts_per_tok", num_experts_per_tok));
+  RETURN_IF_ERROR(Positive("vocab_size", vocab_size, ByteTokenizer::kMinVocab));
+  RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
+  RETURN_IF_ERROR(Positive("shared_expert_intermediate_size", shared_expert_intermediate_size, 0));
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: \"num_attention_heads\" (", num_attention_heads,
+        ") must be a multiple of \"num_key_value_heads\" (", num_key_value_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: \"head_dim\" must be even for rotary embeddings, got ", head_dim));
+  }
+  if (num_experts_per_tok > num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: \"num_experts_per_tok\" (", num_experts_per_tok,
+        ") must not exceed \"num_local_experts\" (", num_local_experts, ")"));
+  }
+  if (!(rms_norm_eps > 0.0) || rms_norm_eps > 1e-1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: \"rms_norm_eps\" must be in (0, 0.1], got ", rms_norm_eps));
+  }
+  if (!(rope_theta > 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: \"rope_theta\" must be greater than 1, got ", rope_theta));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
+  Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json: top level must be an object");
+  ModelConfig c;
+  RETURN_IF_ERROR(ReadInt(j, "hidden_size", true, &c.hidden_size));
+  RETURN_IF_ERROR(ReadInt(j, "intermediate_size", true, &c.intermediate_size));
+  RETURN_IF_ERROR(ReadInt(j, "num_hidden_layers", true, &c.num_hidden_layers));
+  RETURN_IF_ERROR(ReadInt(j, "num_attention_heads", true, &c.num_attention_heads));
+  c.num_key_value_heads = c.num_attention_heads;
+  RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", false, &c.num_key_value_heads));
+  if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  RETURN_IF_ERROR(ReadInt(j, "head_dim", false, &c.head_dim));
+  RETURN_IF_ERROR(ReadInt(j, "num_local_experts", true, &c.num_local_experts));
+  RETURN_IF_ERROR(ReadInt(j, "num_experts_per_tok", true, &c.num_experts_per_tok));
+  RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
+  RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
+  RETURN_IF_ERROR(ReadInt(j, "vocab_size", true, &c.vocab_size));
+  RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
+  RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
+  RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c.norm_topk_prob));
+  RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", false,
+                          &c.shared_expert_intermediate_size));
+  if (auto it = j.find("torch_dtype"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return TypeError("torch_dtype", "a string", *it);
+    auto dt = DTypeFromTorchName(it->get<std::string>());
+    if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", dt.status().message()));
+    c.torch_dtype = *dt;
+  }
+  RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  auto c = FromJson(text);
+  if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", c.status().message()));
+  return c;
+}
+
+std::string ModelConfig::ToJson() const {
+  Json j;
+  j["architectures"] = Json::array({"MixtralForCausalLM"});
+  j["model_type"] = "mixtral";
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["num_local_experts"] = num_local_experts;
+  j["num_experts_per_tok"] = num_experts_per_tok;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["torch_dtype"] = std::string(DTypeTorchName(torch_dtype));
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["norm_topk_prob"] = norm_topk_prob;
+  j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  j["hidden_act"] = "silu";
+  j["bos_token_id"] = ByteTokenizer::kBos;
+  j["eos_token_id"] = ByteTokenizer::kEos;
+  return j.dump(2) + "\n";
+}
+
+int64_t ModelConfig::TotalParams() const {
+  const int64_t h = hidden_size;
+  int64_t per_layer = h * q_dim() * 2 + h * kv_dim() * 2  // q, o, k, v
+                      + 2 * h                            // two norms
+                      + num_local_experts * h            // router
+                      + num_local_experts * ExpertParams();
+  if (has_shared_expert()) per_layer += 3 * h * shared_expert_intermediate_size + h;
+  int64_t total = per_layer * num_hidden_layers + vocab_size * h + h;
+  if (!tie_word_embeddings) total += vocab_size * h;
+  return total;
+}
+
+int64_t ModelConfig::ActiveParams() const {
+  return TotalParams() - num_hidden_layers * (num_local_experts - num_experts_per_tok) * ExpertParams();
+}
+
+std::vector<std::string> PresetNames() { return {"tiny", "small", "medium"}; }
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
+  ModelConfig c;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  if (name == "tiny") {
+    // For unit tests: a forward pass takes microseconds. Vocabulary larger than the tokenizer's.
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.num_local_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.vocab_size = 272;
+    c.max_position_embeddings = 1024;
+    c.torch_dtype = DType::kF32;
+  } else if (name == "small") {
+    // About 100M total parameters, 8 experts top-2 (about 30M active).
+    c.hidden_size = 512;
+    c.intermediate_size = 1024;
+    c.num_hidden_layers = 8;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 64;
+    c.num_local_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 4096;
+    c.torch_dtype = DType::kBF16;
+  } else if (name == "medium") {
+    // About 0.8B total parameters, 16 experts top-2: clearly memory-bound on a CPU.
+    c.hidden_size = 1024;
+    c.intermediate_size = 1536;
+    c.num_hidden_layers = 10;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
+    c.num_local_experts = 16;
+    c.num_experts_per_tok = 2;
+    c.vocab_size = 1024;
+    c.max_position_embeddings = 8192;
+    c.torch_dtype = DType::kBF16;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", name, "\" (choose one of ",
+                                                   absl::StrJoin(PresetNames(), ", "), ")"));
+  }
+  MS_CHECK_OK(c.Validate());
+  return c;
+}
+
+}  // namespace moeserve

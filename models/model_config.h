@@ -1,0 +1,57 @@
+// ModelConfig: the Mixtral-architecture hyperparameters, read from a Hugging Face style
+// config.json, validated once, plus the built-in presets and parameter counts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+
+namespace moeserve {
+
+struct ModelConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // per routed expert
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // defaults to hidden_size / num_attention_heads
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 1e6;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 4096;
+  DType torch_dtype = DType::kBF16;
+  bool tie_word_embeddings = false;
+  // Mixtral renormalises the top-k router probabilities; Qwen2-MoE may not.
+  bool norm_topk_prob = true;
+  // Optional shared expert (Qwen2-MoE style): applied to every token, scaled by
+  // sigmoid(shared_expert_gate . x). 0 means none.
+  int64_t shared_expert_intermediate_size = 0;
+
+  // Checks every field; the error names the key and the limit.
+  absl::Status Validate() const;
+
+  static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
+  static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
+  std::string ToJson() const;
+
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  // Parameters of one routed expert (w1, w2, w3).
+  int64_t ExpertParams() const { return 3 * hidden_size * intermediate_size; }
+  int64_t TotalParams() const;
+  // Parameters touched per token: everything but the routed experts a token is not sent to.
+  int64_t ActiveParams() const;
+};
+
+// Names of the built-in presets: "tiny", "small", "medium".
+std::vector<std::string> PresetNames();
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+}  // namespace moeserve

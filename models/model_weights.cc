@@ -1,0 +1,146 @@
+// Weight loading and validation.
+#include "models/model_weights.h"
+
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "models/tensor_names.h"
+
+namespace moeserve {
+namespace {
+
+namespace tn = tensor_names;
+
+std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+// Uploads tensors (converted to `dtype`, stacked along rows) into one device buffer.
+class Uploader {
+ public:
+  Uploader(const TensorSource& src, const std::map<std::string, std::vector<int64_t>>& shapes,
+           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total)
+      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total) {}
+
+  absl::StatusOr<const TensorView*> Get(const std::string& name) {
+    const TensorView* t = src_.Find(name);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
+    const auto& want = shapes_.at(name);
+    if (t->shape != want) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" has shape ", ShapeString(t->shape),
+                                                     " but the config needs ", ShapeString(want)));
+    }
+    return t;
+  }
+
+  // Stacks the named matrices row-wise into one weight of `dtype`.
+  absl::StatusOr<WeightRef> Matrix(const std::vector<std::string>& names, DType dtype) {
+    std::vector<const TensorView*> parts;
+    int64_t rows = 0, cols = -1;
+    for (const auto& n : names) {
+      ASSIGN_OR_RETURN(const TensorView* t, Get(n));
+      if (t->shape.size() != 2 || (cols >= 0 && t->shape[1] != cols)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor \"", n, "\" cannot be stacked"));
+      }
+      cols = t->shape[1];
+      rows += t->shape[0];
+      parts.push_back(t);
+    }
+    const size_t elems = static_cast<size_t>(rows * cols);
+    ASSIGN_OR_RETURN(DeviceBuffer buf, backend_->Allocate(elems * DTypeSize(dtype)));
+    std::vector<uint8_t> host(elems * DTypeSize(dtype));
+    size_t at = 0;
+    std::vector<float> tmp;
+    for (const TensorView* t : parts) {
+      const size_t n = static_cast<size_t>(t->numel());
+      if (t->dtype == dtype) {
+        std::memcpy(host.data() + at, t->data, t->bytes);
+      } else {
+        tmp.resize(n);
+        ConvertToF32(t->data, t->dtype, n, tmp.data());
+        ConvertFromF32(tmp.data(), n, dtype, host.data() + at);
+      }
+      at += n * DTypeSize(dtype);
+    }
+    RETURN_IF_ERROR(backend_->CopyToDevice(buf.data(), host.data(), host.size()));
+    WeightRef w{buf.data(), dtype, rows, cols};
+    *total_ += host.size();
+    buffers_->push_back(std::move(buf));
+    return w;
+  }
+
+  absl::StatusOr<const float*> Vector(const std::string& name) {
+    ASSIGN_OR_RETURN(WeightRef w, Matrix({name}, DType::kF32));
+    return static_cast<const float*>(w.data);
+  }
+
+ private:
+  const TensorSource& src_;
+  const std::map<std::string, std::vector<int64_t>>& shapes_;
+  Backend* backend_;
+  std::vector<DeviceBuffer>* buffers_;
+  size_t* total_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
+                                                                  const TensorSource& source,
+                                                                  Backend* backend, DType dtype) {
+  RETURN_IF_ERROR(config.Validate());
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32 or bf16, got ",
+                                                   DTypeShortName(dtype)));
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& e : ExpectedTensors(config)) shapes[e.name] = e.shape;
+  // Report the first missing tensor before allocating anything.
+  for (const auto& [name, shape] : shapes) {
+    if (source.Find(name) == nullptr) {
+      return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
+    }
+  }
+  auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
+  w->config_ = config;
+  w->dtype_ = dtype;
+  Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_);
+  ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, dtype));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    LayerWeights lw;
+    ASSIGN_OR_RETURN(lw.attn_norm, up.Vector(tn::Layer(l, "input_layernorm.weight")));
+    ASSIGN_OR_RETURN(lw.mlp_norm, up.Vector(tn::Layer(l, "post_attention_layernorm.weight")));
+    ASSIGN_OR_RETURN(lw.q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw.k, up.Matrix({tn::Layer(l, "self_attn.k_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw.v, up.Matrix({tn::Layer(l, "self_attn.v_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw.o, up.Matrix({tn::Layer(l, "self_attn.o_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw.router, up.Matrix({tn::Layer(l, "block_sparse_moe.gate.weight")}, DType::kF32));
+    for (int64_t e = 0; e < config.num_local_experts; ++e) {
+      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix({tn::Expert(l, e, "w1"), tn::Expert(l, e, "w3")}, dtype));
+      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix({tn::Expert(l, e, "w2")}, dtype));
+      lw.w13.push_back(w13);
+      lw.w2.push_back(w2);
+    }
+    if (config.has_shared_expert()) {
+      ASSIGN_OR_RETURN(lw.shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"),
+                                                 tn::Layer(l, "mlp.shared_expert.up_proj.weight")},
+                                                dtype));
+      ASSIGN_OR_RETURN(lw.shared_w2, up.Matrix({tn::Layer(l, "mlp.shared_expert.down_proj.weight")}, dtype));
+      ASSIGN_OR_RETURN(lw.shared_gate, up.Matrix({tn::Layer(l, "mlp.shared_expert_gate.weight")}, DType::kF32));
+    }
+    w->layers_.push_back(std::move(lw));
+  }
+  ASSIGN_OR_RETURN(w->final_norm_, up.Vector(tn::FinalNorm()));
+  if (config.tie_word_embeddings) {
+    w->lm_head_ = w->embed_;
+  } else {
+    ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, dtype));
+  }
+  return w;
+}
+
+size_t ModelWeights::expert_bytes() const {
+  return static_cast<size_t>(config_.ExpertParams()) * DTypeSize(dtype_);
+}
+
+}  // namespace moeserve

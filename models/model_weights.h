@@ -1,0 +1,56 @@
+// The model's weights on a device, loaded from any TensorSource (a checkpoint on disk or
+// seeded weights in memory). Loading checks that every expected tensor is present with the
+// shape the config implies, converts to the storage dtype, and fuses each expert's w1 and w3
+// into one [2 * intermediate, hidden] matrix so a single GEMM yields gate and up.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "models/model_config.h"
+#include "models/safetensors.h"
+
+namespace moeserve {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [hidden]
+  const float* mlp_norm = nullptr;   // [hidden]
+  WeightRef q, k, v, o;
+  WeightRef router;                  // [experts, hidden], fp32
+  std::vector<WeightRef> w13;        // per expert [2 * inter, hidden]
+  std::vector<WeightRef> w2;         // per expert [hidden, inter]
+  WeightRef shared_w13;              // [2 * shared_inter, hidden] when the config has one
+  WeightRef shared_w2;               // [hidden, shared_inter]
+  WeightRef shared_gate;             // [1, hidden], fp32
+};
+
+class ModelWeights {
+ public:
+  // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
+                                                            const TensorSource& source,
+                                                            Backend* backend, DType dtype);
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+  const WeightRef& embed() const { return embed_; }
+  const WeightRef& lm_head() const { return lm_head_; }
+  const float* final_norm() const { return final_norm_; }
+  const LayerWeights& layer(int64_t l) const { return layers_[l]; }
+  // Device bytes of all weights, and of one routed expert (for the roofline).
+  size_t total_bytes() const { return total_bytes_; }
+  size_t expert_bytes() const;
+
+ private:
+  ModelWeights() = default;
+  ModelConfig config_;
+  DType dtype_ = DType::kF32;
+  WeightRef embed_, lm_head_;
+  const float* final_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  std::vector<DeviceBuffer> buffers_;
+  size_t total_bytes_ = 0;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,241 @@
+// MoE transformer forward.
+#include "models/moe_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+
+KvLayout KvLayoutFor(const ModelConfig& c, int64_t num_blocks, int64_t block_size, DType dtype) {
+  KvLayout l;
+  l.num_blocks = num_blocks;
+  l.num_layers = c.num_hidden_layers;
+  l.block_size = block_size;
+  l.kv_heads = c.num_key_value_heads;
+  l.head_dim = c.head_dim;
+  l.dtype = dtype;
+  return l;
+}
+
+MoeModel::MoeModel(const ModelWeights* weights, Backend* backend)
+    : weights_(weights), backend_(backend) {}
+
+absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) const {
+  const ModelConfig& c = config();
+  const int64_t t = in.num_tokens();
+  if (t == 0) return absl::InvalidArgumentError("forward: no tokens");
+  if (static_cast<int64_t>(in.positions.size()) != t || static_cast<int64_t>(in.token_seq.size()) != t ||
+      static_cast<int64_t>(in.slots.size()) != t) {
+    return absl::InvalidArgumentError("forward: token_ids, positions, token_seq and slots differ in length");
+  }
+  if (static_cast<int64_t>(in.block_tables.size()) != in.num_seqs * in.max_blocks_per_seq) {
+    return absl::InvalidArgumentError("forward: block_tables is not num_seqs x max_blocks_per_seq");
+  }
+  if (layout.num_layers != c.num_hidden_layers || layout.kv_heads != c.num_key_value_heads ||
+      layout.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("forward: KV layout does not match the model config");
+  }
+  for (int64_t i = 0; i < t; ++i) {
+    if (in.token_ids[i] < 0 || in.token_ids[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", in.token_ids[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+    if (in.positions[i] < 0 || in.positions[i] >= c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", in.positions[i], " at index ", i,
+                                                     " is outside [0, max_position_embeddings=",
+                                                     c.max_position_embeddings, ")"));
+    }
+    if (in.token_seq[i] < 0 || in.token_seq[i] >= in.num_seqs) {
+      return absl::InvalidArgumentError(absl::StrCat("token_seq ", in.token_seq[i], " out of range"));
+    }
+    const int64_t needed_blocks = in.positions[i] / layout.block_size + 1;
+    if (needed_blocks > in.max_blocks_per_seq) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", in.positions[i], " needs ", needed_blocks,
+                                                     " blocks but the block table has ", in.max_blocks_per_seq));
+    }
+    if (in.slots[i] < 0 || in.slots[i] >= layout.num_blocks * layout.block_size) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", in.slots[i], " outside the KV cache"));
+    }
+  }
+  for (int32_t b : in.block_tables) {
+    if (b < 0 || b >= layout.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the KV cache of ",
+                                                     layout.num_blocks, " blocks"));
+    }
+  }
+  for (int32_t r : in.logit_rows) {
+    if (r < 0 || r >= t) return absl::InvalidArgumentError(absl::StrCat("logit row ", r, " out of range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
+  const ModelConfig& c = config();
+  auto grow = [&](DeviceBuffer& b, size_t bytes) -> absl::Status {
+    if (b.bytes() >= bytes && !b.empty()) return absl::OkStatus();
+    b = DeviceBuffer();
+    ASSIGN_OR_RETURN(b, backend_->Allocate(std::max<size_t>(bytes, 64)));
+    return absl::OkStatus();
+  };
+  if (tokens > ws_.capacity_tokens) {
+    const int64_t n = std::max<int64_t>(tokens, 2 * ws_.capacity_tokens);
+    const int64_t k = c.num_experts_per_tok;
+    const int64_t inter = std::max(c.intermediate_size, c.shared_expert_intermediate_size);
+    const size_t f = sizeof(float);
+    RETURN_IF_ERROR(grow(ws_.x, n * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.xn, n * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.q, n * c.q_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.k, n * c.kv_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.v, n * c.kv_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.attn, n * c.q_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.router_logits, n * c.num_local_experts * f));
+    RETURN_IF_ERROR(grow(ws_.topk_ids, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.topk_w, n * k * f));
+    RETURN_IF_ERROR(grow(ws_.sorted_x, n * k * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.gate_up, n * k * 2 * inter * f));
+    RETURN_IF_ERROR(grow(ws_.act, n * k * inter * f));
+    RETURN_IF_ERROR(grow(ws_.expert_out, n * k * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.shared_gate, n * f));
+    RETURN_IF_ERROR(grow(ws_.ids, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.positions, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.token_seq, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.slots, n * sizeof(int64_t)));
+    ws_.capacity_tokens = n;
+  }
+  if (table_elems > ws_.block_table_capacity) {
+    const int64_t n = std::max<int64_t>(table_elems, 2 * ws_.block_table_capacity);
+    RETURN_IF_ERROR(grow(ws_.block_tables, n * sizeof(int32_t)));
+    ws_.block_table_capacity = n;
+  }
+  if (logit_rows > ws_.logit_capacity) {
+    const int64_t n = std::max<int64_t>(logit_rows, 2 * ws_.logit_capacity);
+    RETURN_IF_ERROR(grow(ws_.logit_rows, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.final_x, n * c.hidden_size * sizeof(float)));
+    RETURN_IF_ERROR(grow(ws_.logits, n * c.vocab_size * sizeof(float)));
+    ws_.logit_capacity = n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t t, ForwardStats* stats) {
+  const ModelConfig& c = config();
+  const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
+  const int64_t inter = c.intermediate_size;
+  float* xn = ws_.xn.as<float>();
+  backend_->Gemm(xn, t, lw.router, ws_.router_logits.as<float>());
+  backend_->RouterTopK(ws_.router_logits.as<float>(), t, e_count, k, c.norm_topk_prob,
+                       ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+
+  // Plan the dispatch on the host: sort the (token, slot) assignments by expert.
+  host_ids_.resize(t * k);
+  RETURN_IF_ERROR(backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
+  offsets_.assign(e_count + 1, 0);
+  for (int32_t e : host_ids_) ++offsets_[e + 1];
+  for (int64_t e = 0; e < e_count; ++e) {
+    offsets_[e + 1] += offsets_[e];
+    if (stats != nullptr && offsets_[e + 1] > offsets_[e]) ++stats->experts_hit;
+  }
+  host_gather_.resize(t * k);
+  host_combine_.resize(t * k);
+  std::vector<int64_t> cursor(offsets_.begin(), offsets_.end() - 1);
+  for (int64_t i = 0; i < t * k; ++i) {
+    const int64_t row = cursor[host_ids_[i]]++;
+    host_gather_[row] = static_cast<int32_t>(i / k);  // source token of sorted row
+    host_combine_[i] = static_cast<int32_t>(row);     // sorted row of assignment i
+  }
+  if (stats != nullptr) stats->expert_assignments += t * k;
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.gather_rows.data(), host_gather_.data(), t * k * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.combine_rows.data(), host_combine_.data(), t * k * sizeof(int32_t)));
+
+  float* sorted_x = ws_.sorted_x.as<float>();
+  float* gate_up = ws_.gate_up.as<float>();
+  float* act = ws_.act.as<float>();
+  float* expert_out = ws_.expert_out.as<float>();
+  backend_->GatherRows(xn, ws_.gather_rows.as<int32_t>(), t * k, h, sorted_x);
+  backend_->GroupedGemm(sorted_x, lw.w13, offsets_, gate_up);  // [t*k, 2*inter]
+  backend_->SiluMul(gate_up, t * k, inter, act);               // [t*k, inter]
+  backend_->GroupedGemm(act, lw.w2, offsets_, expert_out);     // [t*k, hidden]
+  backend_->ScatterCombine(expert_out, ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k, h,
+                           ws_.x.as<float>(), /*accumulate=*/true);
+
+  if (c.has_shared_expert()) {
+    const int64_t si = c.shared_expert_intermediate_size;
+    backend_->Gemm(xn, t, lw.shared_w13, gate_up);  // [t, 2*si]
+    backend_->SiluMul(gate_up, t, si, act);         // [t, si]
+    backend_->Gemm(act, t, lw.shared_w2, expert_out);
+    backend_->Gemm(xn, t, lw.shared_gate, ws_.shared_gate.as<float>());  // [t, 1]
+    backend_->SigmoidScaleRows(expert_out, ws_.shared_gate.as<float>(), t, h);
+    backend_->Add(ws_.x.as<float>(), expert_out, t * h);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
+                               std::vector<float>* logits, ForwardStats* stats) {
+  RETURN_IF_ERROR(Validate(in, layout));
+  const ModelConfig& c = config();
+  const int64_t t = in.num_tokens();
+  const int64_t h = c.hidden_size;
+  const int64_t r = static_cast<int64_t>(in.logit_rows.size());
+  RETURN_IF_ERROR(EnsureWorkspace(t, static_cast<int64_t>(in.block_tables.size()), r));
+  if (stats != nullptr) {
+    *stats = ForwardStats();
+    stats->tokens = t;
+  }
+
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.positions.data(), in.positions.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.token_seq.data(), in.token_seq.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.slots.data(), in.slots.data(), t * sizeof(int64_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.block_tables.data(), in.block_tables.data(),
+                                         in.block_tables.size() * sizeof(int32_t)));
+
+  AttentionBatch batch;
+  batch.token_seq = ws_.token_seq.as<int32_t>();
+  batch.token_pos = ws_.positions.as<int32_t>();
+  batch.block_tables = ws_.block_tables.as<int32_t>();
+  batch.num_tokens = t;
+  batch.num_seqs = in.num_seqs;
+  batch.max_blocks_per_seq = in.max_blocks_per_seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  float* x = ws_.x.as<float>();
+  float* xn = ws_.xn.as<float>();
+  backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = weights_->layer(l);
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
+    backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
+    backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
+    backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
+    backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t,
+                   c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                   static_cast<float>(c.rope_theta));
+    backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout, l, kv_cache);
+    backend_->PagedAttention(ws_.q.as<float>(), batch, layout, l, kv_cache, c.num_attention_heads, scale,
+                             ws_.attn.as<float>());
+    backend_->Gemm(ws_.attn.as<float>(), t, lw.o, x, /*accumulate=*/true);  // residual
+    backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
+    RETURN_IF_ERROR(MoeLayer(lw, t, stats));
+  }
+  if (r == 0) {
+    logits->clear();
+    return backend_->Synchronize();
+  }
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.logit_rows.data(), in.logit_rows.data(), r * sizeof(int32_t)));
+  float* fx = ws_.final_x.as<float>();
+  backend_->GatherRows(x, ws_.logit_rows.as<int32_t>(), r, h, fx);
+  backend_->RmsNorm(fx, weights_->final_norm(), r, h, static_cast<float>(c.rms_norm_eps), fx);
+  backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
+  logits->resize(static_cast<size_t>(r * c.vocab_size));
+  RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
+  return backend_->Synchronize();
+}
+
+}  // namespace moeserve

@@ -1,0 +1,79 @@
+// The Mixtral-style MoE transformer forward, written only against Backend.
+//
+// One call runs one engine step: any mix of prefill chunks and decode tokens from several
+// sequences, each reading and writing its KV through its block table:
+//   embed -> per layer [RMSNorm -> q,k,v -> RoPE -> write KV -> paged attention -> o_proj
+//   (+residual) -> RMSNorm -> router top-k -> gather by expert -> grouped w13 GEMM -> SiLU*up
+//   -> grouped w2 GEMM -> weighted combine (+residual) (+ gated shared expert)]
+//   -> final RMSNorm on the rows that want logits -> lm_head.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "models/model_weights.h"
+
+namespace moeserve {
+
+// Host-side description of one step (built once per step by the engine).
+struct ForwardInput {
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T] position of each token in its sequence
+  std::vector<int32_t> token_seq;     // [T] index of each token's sequence in this step
+  std::vector<int64_t> slots;         // [T] KV slot = block * block_size + offset
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
+  int64_t num_seqs = 0;
+  int64_t max_blocks_per_seq = 0;
+  std::vector<int32_t> logit_rows;    // tokens whose next-token logits are wanted
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+// What one forward did, for instrumentation and the roofline.
+struct ForwardStats {
+  int64_t tokens = 0;
+  int64_t experts_hit = 0;       // distinct (layer, expert) pairs that received tokens
+  int64_t expert_assignments = 0;  // tokens * top-k * layers
+};
+
+// The KV layout of `config` with `num_blocks` blocks of `block_size` tokens.
+KvLayout KvLayoutFor(const ModelConfig& config, int64_t num_blocks, int64_t block_size, DType dtype);
+
+class MoeModel {
+ public:
+  MoeModel(const ModelWeights* weights, Backend* backend);
+
+  const ModelConfig& config() const { return weights_->config(); }
+
+  // Checks `in` against the config and the cache layout (ids in the vocabulary, positions
+  // inside the context, slots and block ids inside the cache, logit rows in range).
+  absl::Status Validate(const ForwardInput& in, const KvLayout& layout) const;
+
+  // Runs the step; writes logits [logit_rows, vocab] to host memory.
+  absl::Status Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
+                       std::vector<float>* logits, ForwardStats* stats = nullptr);
+
+ private:
+  // Device scratch buffers, grown on demand and reused across steps.
+  struct Workspace {
+    int64_t capacity_tokens = 0;
+    DeviceBuffer x, xn, q, k, v, attn, router_logits, topk_ids, topk_w, sorted_x, gate_up, act,
+        expert_out, combine_rows, gather_rows, shared_gate, ids, positions, token_seq, slots,
+        block_tables, logit_rows, final_x, logits;
+    int64_t block_table_capacity = 0;
+    int64_t logit_capacity = 0;
+  };
+  absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
+  absl::Status MoeLayer(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
+
+  const ModelWeights* weights_;
+  Backend* backend_;
+  Workspace ws_;
+  // Host mirrors of the routing, used to plan the expert dispatch.
+  std::vector<int32_t> host_ids_;
+  std::vector<int32_t> host_gather_, host_combine_;
+  std::vector<int64_t> offsets_;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,52 @@
+// Mixtral tensor naming.
+#include "models/tensor_names.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace moeserve {
+namespace tensor_names {
+
+std::string Embed() { return "model.embed_tokens.weight"; }
+std::string FinalNorm() { return "model.norm.weight"; }
+std::string LmHead() { return "lm_head.weight"; }
+std::string Layer(int64_t layer, const std::string& suffix) {
+  return absl::StrCat("model.layers.", layer, ".", suffix);
+}
+std::string Expert(int64_t layer, int64_t expert, const std::string& w) {
+  return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", w, ".weight");
+}
+
+}  // namespace tensor_names
+
+std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
+  namespace tn = tensor_names;
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  std::vector<ExpectedTensor> out;
+  out.push_back({tn::Embed(), {c.vocab_size, h}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    out.push_back({tn::Layer(l, "input_layernorm.weight"), {h}});
+    out.push_back({tn::Layer(l, "self_attn.q_proj.weight"), {c.q_dim(), h}});
+    out.push_back({tn::Layer(l, "self_attn.k_proj.weight"), {c.kv_dim(), h}});
+    out.push_back({tn::Layer(l, "self_attn.v_proj.weight"), {c.kv_dim(), h}});
+    out.push_back({tn::Layer(l, "self_attn.o_proj.weight"), {h, c.q_dim()}});
+    out.push_back({tn::Layer(l, "post_attention_layernorm.weight"), {h}});
+    out.push_back({tn::Layer(l, "block_sparse_moe.gate.weight"), {c.num_local_experts, h}});
+    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      out.push_back({tn::Expert(l, e, "w1"), {i, h}});
+      out.push_back({tn::Expert(l, e, "w2"), {h, i}});
+      out.push_back({tn::Expert(l, e, "w3"), {i, h}});
+    }
+    if (c.has_shared_expert()) {
+      const int64_t s = c.shared_expert_intermediate_size;
+      out.push_back({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"), {s, h}});
+      out.push_back({tn::Layer(l, "mlp.shared_expert.up_proj.weight"), {s, h}});
+      out.push_back({tn::Layer(l, "mlp.shared_expert.down_proj.weight"), {h, s}});
+      out.push_back({tn::Layer(l, "mlp.shared_expert_gate.weight"), {1, h}});
+    }
+  }
+  out.push_back({tn::FinalNorm(), {h}});
+  if (!c.tie_word_embeddings) out.push_back({tn::LmHead(), {c.vocab_size, h}});
+  return out;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,29 @@
+// Flags shared by the commands that load a model.
+#include "absl/strings/str_join.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+
+void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag) {
+  cmd->add_option("--model", spec->model_dir,
+                  "Checkpoint directory (config.json + model.safetensors or a sharded index). "
+                  "Default: the embedded model, preset 'small' generated in memory from seed 0");
+  cmd->add_option("--preset", spec->preset,
+                  "Built-in model to generate in memory when --model is not given: " +
+                      absl::StrJoin(PresetNames(), ", "))
+      ->capture_default_str();
+  cmd->add_option("--model-seed", spec->seed, "Seed of the preset's generated weights")
+      ->capture_default_str();
+  cmd->add_option("--dtype", *dtype_flag,
+                  "Weight storage dtype: f32 or bf16 (default: the checkpoint's torch_dtype)");
+}
+
+absl::Status FinishModelSpec(const std::string& dtype_flag, ModelSpec* spec) {
+  if (dtype_flag.empty()) return absl::OkStatus();
+  auto dt = DTypeFromShortName(dtype_flag);
+  if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dt.status().message()));
+  spec->dtype = *dt;
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve::tools
