@@ -40,11 +40,14 @@ class Uploader {
     int64_t rows = 0, cols = -1;
     for (const auto& n : names) {
       ASSIGN_OR_RETURN(const TensorView* t, Get(n));
-      if (t->shape.size() != 2 || (cols >= 0 && t->shape[1] != cols)) {
+      // A vector is one row.
+      const int64_t t_rows = t->shape.size() == 2 ? t->shape[0] : 1;
+      const int64_t t_cols = t->shape.back();
+      if (t->shape.size() > 2 || (cols >= 0 && t_cols != cols)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor \"", n, "\" cannot be stacked"));
       }
-      cols = t->shape[1];
-      rows += t->shape[0];
+      cols = t_cols;
+      rows += t_rows;
       parts.push_back(t);
     }
     const size_t elems = static_cast<size_t>(rows * cols);

@@ -124,6 +124,7 @@ int RunGenerate(GenerateOptions o) {
   if (!results.ok()) return Fail(results.status());
   if (!o.ids) std::fputs(dec.Flush().c_str(), stdout);
   std::printf("\n");
+  std::fflush(stdout);
   const auto& r = (*results)[0];
   std::fprintf(stderr,
                "prompt %zu tokens, generated %zu (%s) | prefill %.1f tokens/s | decode %.1f tokens/s, "
