@@ -1,0 +1,294 @@
+// Every CPU op: the fast path against the reference path on fresh random inputs of awkward
+// shapes (1, odd sizes, large), for fp32 and bf16 weights and KV.
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+using testing::AllClose;
+using testing::RandomFloats;
+
+class CpuOpsTest : public ::testing::Test {
+ protected:
+  CpuBackend ref_{CpuBackendOptions{CpuPath::kReference, 1, 0}};
+  CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0}};
+};
+
+// Weight storage in either dtype, keeping the exact values both paths see.
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  WeightRef ref;
+};
+
+HostWeight MakeWeight(int64_t rows, int64_t cols, DType dtype, uint32_t seed, float scale = 0.1f) {
+  auto values = RandomFloats(rows * cols, seed, scale);
+  HostWeight w;
+  w.bytes.resize(values.size() * DTypeSize(dtype));
+  ConvertFromF32(values.data(), values.size(), dtype, w.bytes.data());
+  w.ref = WeightRef{w.bytes.data(), dtype, rows, cols};
+  return w;
+}
+
+TEST_F(CpuOpsTest, GemmMatchesReference) {
+  uint32_t seed = 1;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {1, 7, 3}, {3, 65, 17}, {8, 129, 64}, {9, 64, 127}, {33, 257, 100}, {200, 515, 300}}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(absl::StrFormat("dtype %s m=%d n=%d k=%d accumulate=%d", DTypeShortName(dt), m, n, k, accumulate));
+        HostWeight w = MakeWeight(n, k, dt, ++seed);
+        auto x = RandomFloats(m * k, ++seed);
+        auto init = RandomFloats(m * n, ++seed);
+        std::vector<float> y_ref = init, y_fast = init;
+        ref_.Gemm(x.data(), m, w.ref, y_ref.data(), accumulate);
+        fast_.Gemm(x.data(), m, w.ref, y_fast.data(), accumulate);
+        EXPECT_TRUE(AllClose(y_fast, y_ref, 1e-5, 1e-4));
+      }
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, GemmReferenceMatchesHandComputation) {
+  // y = x @ w^T for x = [[1, 2]], w = [[3, 4], [5, 6], [-1, 0.5]].
+  std::vector<float> x = {1, 2}, w = {3, 4, 5, 6, -1, 0.5f}, y(3);
+  ref_.Gemm(x.data(), 1, WeightRef{w.data(), DType::kF32, 3, 2}, y.data(), false);
+  EXPECT_TRUE(AllClose(y, {11, 17, 0}, 0, 0));
+}
+
+TEST_F(CpuOpsTest, GroupedGemmMatchesPerGroupGemm) {
+  const int64_t k = 48, n = 80;
+  std::vector<HostWeight> ws;
+  std::vector<WeightRef> refs;
+  for (int g = 0; g < 5; ++g) {
+    ws.push_back(MakeWeight(n, k, DType::kBF16, 100 + g));
+  }
+  for (auto& w : ws) refs.push_back(w.ref);
+  std::vector<int64_t> offsets = {0, 3, 3, 10, 11, 30};  // one empty group
+  auto x = RandomFloats(30 * k, 7);
+  std::vector<float> y_fast(30 * n), y_ref(30 * n);
+  fast_.GroupedGemm(x.data(), refs, offsets, y_fast.data());
+  for (int g = 0; g < 5; ++g) {
+    ref_.Gemm(x.data() + offsets[g] * k, offsets[g + 1] - offsets[g], refs[g], y_ref.data() + offsets[g] * n, false);
+  }
+  EXPECT_TRUE(AllClose(y_fast, y_ref, 1e-5, 1e-4));
+}
+
+TEST_F(CpuOpsTest, EmbeddingGathersRows) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    HostWeight table = MakeWeight(37, 19, dt, 3, 1.0f);
+    std::vector<int32_t> ids = {0, 36, 5, 5, 17};
+    std::vector<float> a(ids.size() * 19), b(ids.size() * 19);
+    ref_.Embedding(ids.data(), ids.size(), table.ref, a.data());
+    fast_.Embedding(ids.data(), ids.size(), table.ref, b.data());
+    EXPECT_TRUE(AllClose(b, a, 0, 0));
+    // Row 36 column 4 read independently.
+    float direct;
+    ConvertToF32(table.bytes.data() + (36 * 19 + 4) * DTypeSize(dt), dt, 1, &direct);
+    EXPECT_EQ(a[1 * 19 + 4], direct);
+  }
+}
+
+TEST_F(CpuOpsTest, RmsNormMatchesReference) {
+  for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {5, 64}, {67, 1000}}) {
+    auto x = RandomFloats(rows * dim, rows + dim, 3.0f);
+    auto w = RandomFloats(dim, 99);
+    std::vector<float> a(x.size()), b(x.size());
+    ref_.RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, a.data());
+    fast_.RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, b.data());
+    EXPECT_TRUE(AllClose(b, a, 1e-5, 1e-5)) << "rows " << rows << " dim " << dim;
+    // In place gives the same result.
+    std::vector<float> c = x;
+    fast_.RmsNorm(c.data(), w.data(), rows, dim, 1e-5f, c.data());
+    EXPECT_TRUE(AllClose(c, b, 0, 0));
+  }
+}
+
+TEST_F(CpuOpsTest, RopeMatchesReferenceAndPreservesNorm) {
+  const int64_t n = 13, qh = 6, kh = 2, hd = 32;
+  auto q = RandomFloats(n * qh * hd, 5), k = RandomFloats(n * kh * hd, 6);
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i * 397 % 5000);
+  auto q1 = q, k1 = k, q2 = q, k2 = k;
+  ref_.Rope(q1.data(), k1.data(), pos.data(), n, qh, kh, hd, 10000.0f);
+  fast_.Rope(q2.data(), k2.data(), pos.data(), n, qh, kh, hd, 10000.0f);
+  EXPECT_TRUE(AllClose(q2, q1, 1e-5, 1e-5));
+  EXPECT_TRUE(AllClose(k2, k1, 1e-5, 1e-5));
+  // A rotation preserves each head's norm; position 0 is the identity.
+  double before = 0, after = 0;
+  for (int64_t d = 0; d < hd; ++d) {
+    before += q[qh * hd + d] * q[qh * hd + d];
+    after += q1[qh * hd + d] * q1[qh * hd + d];
+  }
+  EXPECT_NEAR(after, before, 1e-4 * before);
+  for (int64_t d = 0; d < qh * hd; ++d) EXPECT_EQ(q1[d], q[d]) << "position 0 must not rotate";
+}
+
+TEST_F(CpuOpsTest, RopeRotateHalfConvention) {
+  // head_dim 4, position 1: pairs (0, 2) and (1, 3), frequencies 1 and theta^-0.5.
+  std::vector<float> q = {1, 0, 0, 0}, k = {0, 1, 0, 0};
+  int32_t pos = 1;
+  ref_.Rope(q.data(), k.data(), &pos, 1, 1, 1, 4, 100.0f);
+  EXPECT_NEAR(q[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(q[2], std::sin(1.0), 1e-6);
+  EXPECT_NEAR(k[1], std::cos(0.1), 1e-6);
+  EXPECT_NEAR(k[3], std::sin(0.1), 1e-6);
+}
+
+TEST_F(CpuOpsTest, SiluMulMatchesReference) {
+  for (auto [rows, inter] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 17}, {40, 300}}) {
+    auto gu = RandomFloats(rows * 2 * inter, 11, 4.0f);
+    std::vector<float> a(rows * inter), b(rows * inter);
+    ref_.SiluMul(gu.data(), rows, inter, a.data());
+    fast_.SiluMul(gu.data(), rows, inter, b.data());
+    EXPECT_TRUE(AllClose(b, a, 1e-6, 1e-5));
+  }
+}
+
+TEST_F(CpuOpsTest, RouterTopKMatchesReference) {
+  for (auto [n, e, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {5, 8, 2}, {33, 16, 4}, {7, 64, 8}}) {
+    for (bool renorm : {true, false}) {
+      auto logits = RandomFloats(n * e, n * e + k, 2.0f);
+      std::vector<int32_t> ia(n * k), ib(n * k);
+      std::vector<float> wa(n * k), wb(n * k);
+      ref_.RouterTopK(logits.data(), n, e, k, renorm, ia.data(), wa.data());
+      fast_.RouterTopK(logits.data(), n, e, k, renorm, ib.data(), wb.data());
+      EXPECT_EQ(ia, ib);
+      EXPECT_TRUE(AllClose(wb, wa, 1e-6, 1e-5));
+      for (int64_t t = 0; t < n; ++t) {
+        // The chosen experts are the k largest logits.
+        std::vector<int32_t> order(e);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[t * e + a] > logits[t * e + b]; });
+        for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ia[t * k + j], order[j]);
+        if (renorm) {
+          double s = 0;
+          for (int64_t j = 0; j < k; ++j) s += wa[t * k + j];
+          EXPECT_NEAR(s, 1.0, 1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, GatherAndScatterCombine) {
+  const int64_t n = 9, k = 3, dim = 21;
+  auto y = RandomFloats(n * k * dim, 12);
+  std::vector<int32_t> rows(n * k);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::mt19937 gen(3);
+  std::shuffle(rows.begin(), rows.end(), gen);
+  auto w = RandomFloats(n * k, 13);
+  for (bool acc : {false, true}) {
+    auto init = RandomFloats(n * dim, 14);
+    auto a = init, b = init;
+    ref_.ScatterCombine(y.data(), rows.data(), w.data(), n, k, dim, a.data(), acc);
+    fast_.ScatterCombine(y.data(), rows.data(), w.data(), n, k, dim, b.data(), acc);
+    EXPECT_TRUE(AllClose(b, a, 1e-6, 1e-5));
+  }
+  std::vector<float> g(n * k * dim);
+  fast_.GatherRows(y.data(), rows.data(), n * k, dim, g.data());
+  for (int64_t i = 0; i < n * k; ++i) EXPECT_EQ(g[i * dim + 5], y[rows[i] * dim + 5]);
+}
+
+// Paged attention over sequences of different lengths with scattered block tables, against an
+// independent dense computation per sequence.
+TEST_F(CpuOpsTest, PagedAttentionMatchesDenseAttention) {
+  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeShortName(kv_dtype));
+    KvLayout layout;
+    layout.num_blocks = 40;
+    layout.num_layers = 2;
+    layout.block_size = 4;
+    layout.kv_heads = 2;
+    layout.head_dim = 8;
+    layout.dtype = kv_dtype;
+    const int64_t qh = 6, layer = 1;
+    const std::vector<int64_t> lens = {1, 5, 17, 9};
+    const int64_t max_blocks = 5;
+    std::vector<int32_t> tables(lens.size() * max_blocks, 0);
+    std::vector<int32_t> free_blocks(layout.num_blocks);
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::mt19937 gen(21);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), gen);
+    size_t next = 0;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      for (int64_t b = 0; b < (lens[s] + 3) / 4; ++b) tables[s * max_blocks + b] = free_blocks[next++];
+    }
+    // Write K/V for every position of every sequence.
+    std::vector<uint8_t> cache(layout.num_blocks * layout.BlockBytes());
+    std::vector<uint8_t> cache_fast(cache.size());
+    std::vector<std::vector<float>> ks, vs;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      ks.push_back(RandomFloats(lens[s] * 16, 30 + s));
+      vs.push_back(RandomFloats(lens[s] * 16, 40 + s));
+      std::vector<int64_t> slots(lens[s]);
+      for (int64_t p = 0; p < lens[s]; ++p) slots[p] = tables[s * max_blocks + p / 4] * 4 + p % 4;
+      ref_.WriteKv(ks[s].data(), vs[s].data(), slots.data(), lens[s], layout, layer, cache.data());
+      fast_.WriteKv(ks[s].data(), vs[s].data(), slots.data(), lens[s], layout, layer, cache_fast.data());
+    }
+    EXPECT_TRUE(cache == cache_fast) << "fast WriteKv wrote different bytes";
+    // Queries: the last token of each sequence (decode) plus every token of sequence 2 (prefill).
+    std::vector<int32_t> token_seq, token_pos;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      token_seq.push_back(static_cast<int32_t>(s));
+      token_pos.push_back(static_cast<int32_t>(lens[s] - 1));
+    }
+    for (int64_t p = 0; p < lens[2]; ++p) {
+      token_seq.push_back(2);
+      token_pos.push_back(static_cast<int32_t>(p));
+    }
+    const int64_t t = token_seq.size();
+    auto q = RandomFloats(t * qh * 8, 50);
+    AttentionBatch batch{token_seq.data(), token_pos.data(), tables.data(), t,
+                         static_cast<int64_t>(lens.size()), max_blocks};
+    const float scale = 1.0f / std::sqrt(8.0f);
+    std::vector<float> out_ref(t * qh * 8), out_fast(t * qh * 8);
+    ref_.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out_ref.data());
+    fast_.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out_fast.data());
+    EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
+    // Dense oracle from the unpaged K/V (rounded like the cache).
+    auto round = [&](float v) { return kv_dtype == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : v; };
+    std::vector<float> dense(t * qh * 8);
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t s = token_seq[i], ctx = token_pos[i] + 1;
+      for (int64_t h = 0; h < qh; ++h) {
+        const int64_t g = h / 3;
+        std::vector<double> sc(ctx);
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < ctx; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < 8; ++e) d += q[(i * qh + h) * 8 + e] * round(ks[s][(j * 2 + g) * 8 + e]);
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        for (auto& v : sc) sum += v = std::exp(v - mx);
+        for (int64_t e = 0; e < 8; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j < ctx; ++j) acc += sc[j] * round(vs[s][(j * 2 + g) * 8 + e]);
+          dense[(i * qh + h) * 8 + e] = static_cast<float>(acc / sum);
+        }
+      }
+    }
+    EXPECT_TRUE(AllClose(out_ref, dense, 1e-6, 1e-5));
+  }
+}
+
+TEST_F(CpuOpsTest, ArenaEnforcesCapacityAndReturnsMemory) {
+  CpuBackend small(CpuBackendOptions{CpuPath::kFast, 1, 1 << 20});
+  auto a = small.Allocate(600 << 10);
+  ASSERT_TRUE(a.ok());
+  auto b = small.Allocate(600 << 10);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(b.status().message()).find("cannot allocate"), std::string::npos);
+  { DeviceBuffer gone = std::move(*a); }
+  EXPECT_EQ(small.used_bytes(), 0u);
+  EXPECT_TRUE(small.Allocate(600 << 10).ok());
+}
+
+}  // namespace
+}  // namespace moeserve
