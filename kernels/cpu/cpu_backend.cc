@@ -41,7 +41,9 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::Name() const {
-  return fast() ? absl::StrCat("cpu (fast, ", num_threads(), " threads)") : "cpu (reference)";
+  if (!fast()) return "cpu (reference)";
+  return absl::StrCat("cpu (fast", options_.batch_invariant ? ", batch-invariant" : ", OpenBLAS", ", ",
+                      num_threads(), " threads)");
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
@@ -86,7 +88,7 @@ void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table
 }
 
 void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
-  if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate);
+  if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant);
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
 

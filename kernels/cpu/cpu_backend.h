@@ -18,6 +18,9 @@ struct CpuBackendOptions {
   CpuPath path = CpuPath::kFast;
   int num_threads = 0;          // 0: one per hardware thread
   size_t capacity_bytes = 0;    // device arena size; 0: 3/4 of physical memory
+  // Fast path: compute every GEMM row in an order independent of the batch, so a request's
+  // output does not depend on what shares its step. Off: OpenBLAS for large batches.
+  bool batch_invariant = true;
 };
 
 class CpuBackend final : public Backend {

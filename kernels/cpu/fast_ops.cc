@@ -14,12 +14,8 @@
 namespace moeserve::cpu_fast {
 namespace {
 
-// Rows of bf16 weights converted to fp32 per tile: large enough for an efficient sgemm,
-// small enough (tile * cols * 4 bytes) to stay in L2.
-constexpr int64_t kTileRows = 64;
-// Up to this many activation rows the bf16 GEMM streams weights with a fused dot product
-// instead of converting tiles for BLAS: decode is memory-bound, so read each weight once.
-constexpr int64_t kStreamMaxRows = 8;
+// Below this many activation rows the non-invariant GEMM still uses the invariant kernel.
+constexpr int64_t kBlasMinRows = 16;
 
 inline void Bf16RowToF32(const uint16_t* src, int64_t n, float* dst) {
 #pragma omp simd
@@ -35,18 +31,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-inline float DotBf16(const float* a, const uint16_t* b, int64_t n) {
-  float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    acc += a[i] * f;
-  }
   return acc;
 }
 
@@ -71,32 +55,120 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
   });
 }
 
-void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-          bool accumulate) {
-  const int64_t n = w.rows, k = w.cols;
-  if (m == 0 || n == 0) return;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  if (w.dtype == DType::kBF16 && m <= kStreamMaxRows) {
-    // Memory-bound: each weight row is read once and dotted with every activation row.
-    const uint16_t* wd = static_cast<const uint16_t*>(w.data);
-    pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
-      for (int64_t j = b; j < e; ++j) {
-        for (int64_t i = 0; i < m; ++i) {
-          const float v = DotBf16(x + i * k, wd + j * k, k);
-          y[i * n + j] = accumulate ? y[i * n + j] + v : v;
+namespace {
+
+#if defined(__FMA__)
+inline float Fma(float a, float b, float c) { return std::fma(a, b, c); }
+#else
+inline float Fma(float a, float b, float c) { return a * b + c; }
+#endif
+
+// The batch-invariant dot product order, identical for every output element whatever the
+// kernel shape: lane l accumulates k = l, l + 16, ... with FMA, the 16 lanes are reduced in a
+// fixed tree, then the tail k >= 16 * floor(K / 16) is added in order. 16 lanes fill one
+// AVX-512 register or two AVX2 registers.
+constexpr int64_t kLanes = 16;
+
+inline float ReduceLanes(const float* a) {
+  float b[8];
+  for (int i = 0; i < 8; ++i) b[i] = a[i] + a[i + 8];
+  return ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+}
+
+inline float WeightValue(float v) { return v; }
+inline float WeightValue(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// out[i][j] = dot(x row i, w row j) for an MR x NR block. x: [MR, ldx] fp32; w: [NR, ldw] of
+// fp32 or bf16 (converted in registers, so weights are read once at their stored width).
+template <int MR, int NR, typename W>
+inline void MicroKernel(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
+                        float* y, int64_t ldy, bool accumulate) {
+  float acc[MR][NR][kLanes] = {};
+  const int64_t k_main = k / kLanes * kLanes;
+  for (int64_t c = 0; c < k_main; c += kLanes) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NR; ++j) {
+        for (int l = 0; l < kLanes; ++l) {
+          acc[i][j][l] = Fma(x[i * ldx + c + l], WeightValue(w[j * ldw + c + l]), acc[i][j][l]);
         }
       }
-    });
-    return;
+    }
   }
-  // Tiles of output columns, each one single-threaded sgemm (OpenBLAS runs with one thread so
-  // that our pool does the parallelism). Non-fp32 tiles are converted to fp32 first.
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = ReduceLanes(acc[i][j]);
+      for (int64_t c = k_main; c < k; ++c) s = Fma(x[i * ldx + c], WeightValue(w[j * ldw + c]), s);
+      y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
+    }
+  }
+}
+
+// Rows of W per tile (converted to fp32 once per tile) and rows of x per work item.
+constexpr int64_t kTileRows = 32;
+constexpr int64_t kRowChunk = 64;
+
+// Batch-invariant GEMM: every element is computed by the same sequence of operations whatever
+// m is, so a request's logits do not depend on its batch mates.
+template <typename W>
+void InvariantGemmTyped(ThreadPool& pool, const float* x, int64_t m, const W* w, int64_t n,
+                        int64_t k, float* y, bool accumulate) {
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  const int64_t chunks = (m + kRowChunk - 1) / kRowChunk;
+  pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t t = item / chunks, ch = item % chunks;
+      const int64_t r0 = t * kTileRows, rows = std::min(kTileRows, n - r0);
+      const W* wt = w + r0 * k;
+      const int64_t m0 = ch * kRowChunk, m1 = std::min(m, m0 + kRowChunk);
+      int64_t i = m0;
+      for (; i + 2 <= m1; i += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= rows; j += 4) {
+          MicroKernel<2, 4>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
+        }
+        for (; j < rows; ++j) MicroKernel<2, 1>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
+      }
+      for (; i < m1; ++i) {
+        int64_t j = 0;
+        for (; j + 4 <= rows; j += 4) {
+          MicroKernel<1, 4>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
+        }
+        for (; j < rows; ++j) MicroKernel<1, 1>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
+      }
+    }
+  });
+}
+
+// Batch-invariant GEMM: every element is computed by the same sequence of operations whatever
+// m is, so a request's logits do not depend on its batch mates.
+void InvariantGemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+                   bool accumulate) {
+  if (w.dtype == DType::kF32) {
+    return InvariantGemmTyped(pool, x, m, static_cast<const float*>(w.data), w.rows, w.cols, y, accumulate);
+  }
+  MS_CHECK(w.dtype == DType::kBF16);
+  InvariantGemmTyped(pool, x, m, static_cast<const uint16_t*>(w.data), w.rows, w.cols, y, accumulate);
+}
+
+// OpenBLAS GEMM on tiles of output columns, each a single-threaded sgemm (our pool does the
+// parallelism); non-fp32 tiles are converted first. Faster for large m, but a row's result
+// can depend on m.
+void BlasGemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+              bool accumulate) {
+  const int64_t n = w.rows, k = w.cols;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  constexpr int64_t kBlasTile = 64;
+  const int64_t tiles = (n + kBlasTile - 1) / kBlasTile;
   pool.ParallelFor(tiles, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> tile;
     for (int64_t t = tb; t < te; ++t) {
-      const int64_t r0 = t * kTileRows;
-      const int64_t rows = std::min(kTileRows, n - r0);
+      const int64_t r0 = t * kBlasTile;
+      const int64_t rows = std::min(kBlasTile, n - r0);
       const float* wt;
       if (w.dtype == DType::kF32) {
         wt = static_cast<const float*>(w.data) + r0 * k;
@@ -110,6 +182,16 @@ void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float
                   static_cast<int>(k), beta, y + r0, static_cast<int>(n));
     }
   });
+}
+
+}  // namespace
+
+void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+          bool accumulate, bool batch_invariant) {
+  if (m == 0 || w.rows == 0) return;
+  // Small m is memory-bound and the invariant kernel is as fast as BLAS there.
+  if (batch_invariant || m <= kBlasMinRows) return InvariantGemm(pool, x, m, w, y, accumulate);
+  BlasGemm(pool, x, m, w, y, accumulate);
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

@@ -10,8 +10,10 @@
 namespace moeserve::cpu_fast {
 
 void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
+// batch_invariant: every row is computed in the same order whatever m is (our kernel);
+// otherwise large m uses OpenBLAS, faster for prefill but batch-dependent in the last bits.
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-          bool accumulate);
+          bool accumulate, bool batch_invariant);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

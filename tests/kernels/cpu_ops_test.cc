@@ -16,6 +16,7 @@ class CpuOpsTest : public ::testing::Test {
  protected:
   CpuBackend ref_{CpuBackendOptions{CpuPath::kReference, 1, 0}};
   CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0}};
+  CpuBackend blas_{CpuBackendOptions{CpuPath::kFast, 2, 0, /*batch_invariant=*/false}};
 };
 
 // Weight storage in either dtype, keeping the exact values both paths see.
@@ -43,10 +44,12 @@ TEST_F(CpuOpsTest, GemmMatchesReference) {
         HostWeight w = MakeWeight(n, k, dt, ++seed);
         auto x = RandomFloats(m * k, ++seed);
         auto init = RandomFloats(m * n, ++seed);
-        std::vector<float> y_ref = init, y_fast = init;
+        std::vector<float> y_ref = init, y_fast = init, y_blas = init;
         ref_.Gemm(x.data(), m, w.ref, y_ref.data(), accumulate);
         fast_.Gemm(x.data(), m, w.ref, y_fast.data(), accumulate);
-        EXPECT_TRUE(AllClose(y_fast, y_ref, 1e-5, 1e-4));
+        blas_.Gemm(x.data(), m, w.ref, y_blas.data(), accumulate);
+        EXPECT_TRUE(AllClose(y_fast, y_ref, 1e-5, 1e-4)) << "batch-invariant kernel";
+        EXPECT_TRUE(AllClose(y_blas, y_ref, 1e-5, 1e-4)) << "OpenBLAS kernel";
       }
     }
   }
@@ -288,6 +291,34 @@ TEST_F(CpuOpsTest, ArenaEnforcesCapacityAndReturnsMemory) {
   { DeviceBuffer gone = std::move(*a); }
   EXPECT_EQ(small.used_bytes(), 0u);
   EXPECT_TRUE(small.Allocate(600 << 10).ok());
+}
+
+}  // namespace
+}  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// Batch invariance: a row's result must not depend on how many other rows share the GEMM, so
+// that a request's greedy tokens do not depend on its batch mates.
+TEST_F(CpuOpsTest, GemmRowsAreBatchInvariant) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {515, 300}, {1024, 512}, {96, 2048}}) {
+      HostWeight w = MakeWeight(n, k, dt, 5);
+      const int64_t m = 77;
+      auto x = RandomFloats(m * k, 6);
+      std::vector<float> all(m * n);
+      fast_.Gemm(x.data(), m, w.ref, all.data(), false);
+      for (int64_t rows : {1, 2, 3, 8, 9, 16, 33}) {
+        std::vector<float> part(rows * n);
+        fast_.Gemm(x.data() + 11 * k, rows, w.ref, part.data(), false);
+        for (int64_t i = 0; i < rows * n; ++i) {
+          ASSERT_EQ(part[i], all[11 * n + i]) << DTypeShortName(dt) << " n=" << n << " k=" << k
+                                              << " rows=" << rows << " element " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
