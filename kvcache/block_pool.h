@@ -1,11 +1,21 @@
-// A pool of fixed-size KV blocks on one tier: allocation, reference counts and exact
-// accounting. Pure bookkeeping: it never touches the block contents.
+// A pool of fixed-size KV blocks on one tier with a prefix cache: pure bookkeeping, it never
+// touches block contents.
+//
+// Every block is in exactly one state:
+//   free     - reference count 0, no content worth keeping;
+//   cached   - reference count 0 but holding a full block whose hash is indexed: reusable by a
+//              later prefix hit until evicted (least recently released first);
+//   in use   - reference count > 0 (shared prefix blocks have counts above one).
+// Allocation takes free blocks first, then evicts cached ones.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvcache/block_hash.h"
 
 namespace moeserve {
 
@@ -14,25 +24,47 @@ class BlockPool {
   explicit BlockPool(int64_t num_blocks);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
-  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
-  int64_t num_used() const { return num_blocks() - num_free(); }
+  // Blocks an allocation can take now: free plus cached.
+  int64_t num_available() const { return num_free_ + num_cached_; }
+  int64_t num_free() const { return num_free_; }
+  int64_t num_cached() const { return num_cached_; }
+  int64_t num_used() const { return num_blocks() - num_available(); }
+  int64_t evictions() const { return evictions_; }
 
-  // Takes `n` free blocks (reference count 1 each), or none: RESOURCE_EXHAUSTED when fewer
-  // than `n` are free.
+  // Takes `n` blocks (reference count 1 each), or none: RESOURCE_EXHAUSTED when fewer than
+  // `n` are available.
   absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n);
-  // Adds a reference to an allocated block (a shared prefix).
+  // Adds a reference to an in-use or cached block (a prefix hit takes a cached block back).
   void Retain(int32_t block);
-  // Drops one reference; the block returns to the free list at zero.
+  // Drops one reference; at zero the block becomes cached when it has a hash, else free.
   void Release(int32_t block);
   void Release(const std::vector<int32_t>& blocks);
 
+  // Indexes an in-use full block under `hash`, unless that hash already names another block.
+  void Register(int32_t block, const BlockHash& hash);
+  // The block holding `hash`, if cached or in use.
+  std::optional<int32_t> Lookup(const BlockHash& hash) const;
+
   int32_t ref_count(int32_t block) const { return ref_counts_[block]; }
-  // Every block is either free with count 0 or allocated with count > 0, exactly once.
+  // Checks that every block is in exactly one state and the counts agree.
   bool CheckInvariants() const;
 
  private:
+  // Intrusive doubly linked lists over block ids: one for free blocks, one LRU for cached ones.
+  struct List {
+    int32_t head = -1, tail = -1;
+  };
+  void PushBack(List& l, int32_t b);
+  void Unlink(List& l, int32_t b);
+  int32_t PopFront(List& l);
+
   std::vector<int32_t> ref_counts_;
-  std::vector<int32_t> free_;  // a stack: recently freed blocks are reused first
+  std::vector<int32_t> prev_, next_;
+  std::vector<uint8_t> in_list_;  // 0 none, 1 free list, 2 cached list
+  std::vector<std::optional<BlockHash>> hash_of_;
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
+  List free_, cached_;
+  int64_t num_free_ = 0, num_cached_ = 0, evictions_ = 0;
 };
 
 }  // namespace moeserve

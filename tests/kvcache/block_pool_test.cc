@@ -16,7 +16,7 @@ TEST(BlockPoolTest, AllocateIsAllOrNothing) {
   auto b = pool.Allocate(4);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(b.status().message()).find("need 4 blocks, 3 of 8 free"), std::string::npos)
+  EXPECT_NE(std::string(b.status().message()).find("need 4 blocks, 3 of 8 available"), std::string::npos)
       << b.status();
   EXPECT_EQ(pool.num_free(), 3);
   pool.Release(*a);

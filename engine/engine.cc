@@ -1,0 +1,397 @@
+// The engine loop.
+#include "engine/engine.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kDeadline:
+      return "deadline_exceeded";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "?";
+}
+
+absl::Status EngineConfig::Validate() const {
+  RETURN_IF_ERROR(scheduler.Validate());
+  if (block_size < 1 || block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("block_size must be in [1, 1024], got ", block_size));
+  }
+  if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
+  if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("kv_dtype must be f32 or bf16");
+  }
+  if (max_tokens_limit < 1) return absl::InvalidArgumentError("max_tokens_limit must be >= 1");
+  return absl::OkStatus();
+}
+
+uint64_t ModelFingerprint(const ModelWeights& weights, Backend* backend) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const std::string cfg = weights.config().ToJson();
+  XXH3_64bits_update(st, cfg.data(), cfg.size());
+  const DType dt = weights.dtype();
+  XXH3_64bits_update(st, &dt, sizeof(dt));
+  // A sample of the weights, so two checkpoints of one config differ.
+  for (const WeightRef* w : {&weights.embed(), &weights.lm_head(), &weights.layer(0).q}) {
+    std::vector<uint8_t> sample(std::min<size_t>(4096, w->rows * w->cols * DTypeSize(w->dtype)));
+    if (backend->CopyToHost(sample.data(), w->data, sample.size()).ok()) {
+      XXH3_64bits_update(st, sample.data(), sample.size());
+    }
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                       const ModelWeights* weights,
+                                                       Backend* backend) {
+  RETURN_IF_ERROR(config.Validate());
+  const ModelConfig& c = weights->config();
+  int64_t blocks = config.num_kv_blocks;
+  if (blocks == 0) {
+    blocks = static_cast<int64_t>(config.kv_cache_bytes / KvLayoutFor(c, 1, config.block_size, config.kv_dtype).BlockBytes());
+  }
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", config.kv_cache_bytes,
+                                                   " bytes holds no block of ", config.block_size, " tokens"));
+  }
+  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, blocks, config.block_size, config.kv_dtype)));
+  return std::unique_ptr<Engine>(new Engine(config, weights, backend, std::move(kv)));
+}
+
+Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv)
+    : config_(config),
+      backend_(backend),
+      model_(weights, backend),
+      kv_(std::move(kv)),
+      pool_(kv_.layout().num_blocks),
+      scheduler_(config.scheduler, &pool_, config.block_size, ModelFingerprint(*weights, backend)),
+      started_(Clock::now()) {
+  counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
+}
+
+Engine::~Engine() { Stop("engine destroyed"); }
+
+absl::Status Engine::ValidateRequest(const GenerateRequest& r) const {
+  const ModelConfig& c = model_.config();
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (n >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", n, " tokens; the context holds at most ",
+                                                   c.max_position_embeddings - 1, " prompt tokens"));
+  }
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", r.prompt[i],
+                                                     ", outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  for (int32_t s : r.stop_ids) {
+    if (s < 0 || s >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop token id ", s, " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  if (r.max_tokens < 1 || r.max_tokens > config_.max_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", config_.max_tokens_limit,
+                                                   "], got ", r.max_tokens));
+  }
+  if (r.top_logprobs < 0 || r.top_logprobs > 20) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ", r.top_logprobs));
+  }
+  return r.sampling.Validate();
+}
+
+absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback callback) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  const ModelConfig& c = model_.config();
+  auto live = std::make_unique<Live>();
+  live->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
+  live->seq.tokens = request.prompt;
+  live->seq.priority = request.priority;
+  live->seq.max_total_tokens =
+      std::min<int64_t>(live->seq.prompt_len + request.max_tokens, c.max_position_embeddings);
+  const int64_t need = (live->seq.max_total_tokens + config_.block_size - 1) / config_.block_size;
+  if (need > num_kv_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt plus max_tokens is ", live->seq.max_total_tokens, " tokens, more than the KV cache holds (",
+        num_kv_blocks() * config_.block_size, " tokens)"));
+  }
+  live->request = std::move(request);
+  live->callback = std::move(callback);
+  live->submitted = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return absl::UnavailableError("engine is stopping");
+  if (static_cast<int64_t>(incoming_.size()) + counters_.waiting >= config_.scheduler.max_waiting) {
+    ++counters_.refused;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", config_.scheduler.max_waiting, " requests)"));
+  }
+  const uint64_t id = next_id_++;
+  live->seq.id = id;
+  live->sampler = std::make_unique<Sampler>(live->request.sampling, 0x9e3779b9ull * id);
+  incoming_.push_back(std::move(live));
+  ++pending_;
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_requests_.insert(id);
+  cv_.notify_all();
+}
+
+void Engine::Intake() {
+  std::deque<std::unique_ptr<Live>> incoming;
+  std::unordered_set<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(incoming_);
+    cancels.swap(cancel_requests_);
+  }
+  for (auto& l : incoming) {
+    Live& live = *l;
+    live.seq.arrival = arrivals_++;
+    const uint64_t id = live.seq.id;
+    live_[id] = std::move(l);
+    absl::Status s = scheduler_.Add(&live.seq);
+    if (!s.ok()) Finish(live, FinishReason::kError, std::string(s.message()));
+  }
+  for (uint64_t id : cancels) {
+    auto it = live_.find(id);
+    if (it != live_.end()) Finish(*it->second, FinishReason::kCancelled, "cancelled by the client");
+  }
+  const auto now = Clock::now();
+  std::vector<Live*> expired;
+  for (auto& [id, l] : live_) {
+    if (l->request.deadline.has_value() && *l->request.deadline <= now) expired.push_back(l.get());
+  }
+  for (Live* l : expired) Finish(*l, FinishReason::kDeadline, "deadline exceeded");
+}
+
+void Engine::Finish(Live& live, FinishReason reason, const std::string& message) {
+  scheduler_.Remove(&live.seq);
+  RequestEvent ev;
+  ev.request_id = live.seq.id;
+  ev.finished = true;
+  ev.reason = reason;
+  ev.message = message;
+  ev.usage.prompt_tokens = live.seq.prompt_len;
+  ev.usage.cached_prompt_tokens = live.seq.cached_prompt_tokens;
+  ev.usage.completion_tokens = live.seq.num_tokens() - live.seq.prompt_len;
+  ev.preemptions = live.seq.preemptions;
+  const auto now = Clock::now();
+  auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+  ev.timing.e2e_seconds = secs(now - live.submitted);
+  ev.timing.queue_seconds = live.first_scheduled ? secs(*live.first_scheduled - live.submitted) : ev.timing.e2e_seconds;
+  if (live.first_token) {
+    ev.timing.ttft_seconds = secs(*live.first_token - live.submitted);
+    if (ev.usage.completion_tokens > 1) {
+      ev.timing.tpot_seconds = secs(now - *live.first_token) / (ev.usage.completion_tokens - 1);
+    }
+  }
+  if (live.callback) live.callback(ev);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    switch (reason) {
+      case FinishReason::kLength: ++counters_.finished_length; break;
+      case FinishReason::kStop: ++counters_.finished_stop; break;
+      case FinishReason::kCancelled: ++counters_.cancelled; break;
+      case FinishReason::kDeadline: ++counters_.deadline_exceeded; break;
+      case FinishReason::kError: ++counters_.errors; break;
+    }
+    counters_.prompt_tokens += ev.usage.prompt_tokens;
+    counters_.cached_prompt_tokens += ev.usage.cached_prompt_tokens;
+    counters_.generated_tokens += ev.usage.completion_tokens;
+    UpdateGaugesLocked();
+    --pending_;
+    cv_.notify_all();
+  }
+  live_.erase(live.seq.id);  // destroys `live`
+}
+
+absl::StatusOr<bool> Engine::Step() {
+  Intake();
+  const auto start = Clock::now();
+  SchedulerOutput out = scheduler_.Schedule();
+  if (out.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    UpdateGaugesLocked();
+    return false;
+  }
+  // Build the step's input: one row of the block table per scheduled sequence.
+  ForwardInput in;
+  const int64_t bs = config_.block_size;
+  in.num_seqs = static_cast<int64_t>(out.chunks.size());
+  for (const auto& ch : out.chunks) {
+    in.max_blocks_per_seq = std::max<int64_t>(in.max_blocks_per_seq, ch.seq->blocks.size());
+  }
+  in.block_tables.assign(in.num_seqs * in.max_blocks_per_seq, 0);
+  int64_t context_tokens = 0;
+  for (size_t j = 0; j < out.chunks.size(); ++j) {
+    const ScheduledChunk& ch = out.chunks[j];
+    const Sequence& s = *ch.seq;
+    std::copy(s.blocks.begin(), s.blocks.end(), in.block_tables.begin() + j * in.max_blocks_per_seq);
+    for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
+      in.token_ids.push_back(s.tokens[p]);
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.token_seq.push_back(static_cast<int32_t>(j));
+      in.slots.push_back(static_cast<int64_t>(s.blocks[p / bs]) * bs + p % bs);
+      context_tokens += p + 1;
+    }
+    if (ch.wants_logits) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+    Live& live = *live_.at(s.id);
+    if (!live.first_scheduled) live.first_scheduled = start;
+  }
+  ForwardStats fstats;
+  absl::Status s = model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
+  if (!s.ok()) {
+    // Fail the requests of this step; the engine and everyone else keep going.
+    for (const auto& ch : out.chunks) Finish(*live_.at(ch.seq->id), FinishReason::kError, std::string(s.message()));
+    return true;
+  }
+  scheduler_.OnStepComputed(out);
+  const int64_t vocab = model_.config().vocab_size;
+  const auto now = Clock::now();
+  size_t row = 0;
+  for (const auto& ch : out.chunks) {
+    if (!ch.wants_logits) continue;
+    Live& live = *live_.at(ch.seq->id);
+    const float* lg = logits_.data() + row++ * vocab;
+    const int32_t tok = live.sampler->Sample(lg, vocab);
+    Sequence& seq = live.seq;
+    seq.tokens.push_back(tok);
+    if (!live.first_token) live.first_token = now;
+    RequestEvent ev;
+    ev.request_id = seq.id;
+    ev.tokens = {tok};
+    if (live.request.top_logprobs > 0) ev.logprobs.push_back(TopLogprobs(lg, vocab, live.request.top_logprobs));
+    const auto& stop = live.request.stop_ids;
+    const int64_t generated = seq.num_tokens() - seq.prompt_len;
+    std::optional<FinishReason> reason;
+    if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
+      reason = FinishReason::kStop;
+    } else if (generated >= live.request.max_tokens || seq.num_tokens() >= seq.max_total_tokens) {
+      reason = FinishReason::kLength;
+    }
+    if (live.callback) live.callback(ev);
+    if (reason) Finish(live, *reason, "");
+  }
+  StepRecord rec;
+  rec.start_seconds = std::chrono::duration<double>(start - started_).count();
+  rec.duration_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  rec.num_seqs = in.num_seqs;
+  rec.num_tokens = out.num_tokens;
+  rec.prefill_tokens = out.num_prefill_tokens;
+  rec.decode_tokens = out.num_decode_tokens;
+  rec.context_tokens = context_tokens;
+  rec.experts_hit = fstats.experts_hit;
+  rec.preempted = static_cast<int64_t>(out.preempted.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  rec.step = counters_.steps++;
+  recorder_.Add(rec);
+  UpdateGaugesLocked();
+  return true;
+}
+
+void Engine::UpdateGaugesLocked() {
+  counters_.preemptions = scheduler_.total_preemptions();
+  counters_.waiting = scheduler_.num_waiting();
+  counters_.running = scheduler_.num_running();
+  counters_.kv_blocks_total = pool_.num_blocks();
+  counters_.kv_blocks_used = pool_.num_used();
+  counters_.kv_blocks_free = pool_.num_free();
+  counters_.kv_blocks_cached = pool_.num_cached();
+}
+
+absl::Status Engine::RunUntilIdle() {
+  while (!Idle()) {
+    ASSIGN_OR_RETURN(bool ran, Step());
+    if (!ran && !Idle() && scheduler_.num_running() == 0 && scheduler_.num_waiting() > 0) {
+      // Nothing could be scheduled although requests wait: only possible if a request can
+      // never fit, which Submit refuses, so this is a bug.
+      return absl::InternalError("engine made no progress with requests waiting");
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::Idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_ == 0;
+}
+
+void Engine::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      // Sleep while there is nothing to do; wake for submissions, cancellations and, with
+      // requests in flight, every few milliseconds to check deadlines.
+      cv_.wait_for(lock, std::chrono::milliseconds(pending_ > 0 ? 0 : 50),
+                   [&] { return stop_ || !incoming_.empty() || !cancel_requests_.empty() || pending_ > 0; });
+      if (stop_) return;
+    }
+    auto ran = Step();
+    if (!ran.ok()) {
+      std::fprintf(stderr, "engine step failed: %s\n", std::string(ran.status().message()).c_str());
+    } else if (!*ran) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(2),
+                   [&] { return stop_ || !incoming_.empty() || !cancel_requests_.empty(); });
+    }
+  }
+}
+
+void Engine::Stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  // Cancel whatever is left, on this thread now that the loop has stopped.
+  Intake();
+  std::vector<uint64_t> ids;
+  for (auto& [id, l] : live_) ids.push_back(id);
+  for (uint64_t id : ids) Finish(*live_.at(id), FinishReason::kCancelled, reason);
+}
+
+EngineStats Engine::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = counters_;
+  s.recent_steps = recorder_.Recent();
+  return s;
+}
+
+bool Engine::CheckAccounting() const {
+  if (!pool_.CheckInvariants()) return false;
+  if (Idle() && pool_.num_used() != 0) return false;
+  return true;
+}
+
+}  // namespace moeserve

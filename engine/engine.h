@@ -1,0 +1,133 @@
+// The continuous-batching engine: a loop that, every step, asks the scheduler for a batch of
+// prefill chunks and decodes, runs the model once, samples, and streams tokens to each
+// request's callback. Submission and cancellation are thread-safe; the loop runs on its own
+// thread (Start) or on the caller's (RunUntilIdle, for offline use and tests). Every accepted
+// request ends exactly once: finished (length or stop), cancelled, deadline exceeded, or
+// failed with an error; a refused one gets its Status from Submit.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/step_record.h"
+#include "kvcache/block_pool.h"
+#include "kvcache/kv_storage.h"
+#include "models/moe_model.h"
+
+namespace moeserve {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;     // 0: as many as kv_cache_bytes holds
+  size_t kv_cache_bytes = 256ull << 20;
+  DType kv_dtype = DType::kF32;
+  int64_t max_tokens_limit = 4096;  // largest max_tokens a request may ask
+
+  absl::Status Validate() const;
+};
+
+struct EngineStats {
+  int64_t waiting = 0;
+  int64_t running = 0;
+  int64_t steps = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t finished_length = 0, finished_stop = 0, cancelled = 0, deadline_exceeded = 0, errors = 0,
+          refused = 0;
+  std::vector<StepRecord> recent_steps;  // newest last
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                        const ModelWeights* weights,
+                                                        Backend* backend);
+  ~Engine();
+
+  const ModelConfig& model_config() const { return model_.config(); }
+  const EngineConfig& config() const { return config_; }
+  int64_t num_kv_blocks() const { return kv_.layout().num_blocks; }
+
+  // Validates and queues a request; returns its id. INVALID_ARGUMENT names the field and the
+  // limit; RESOURCE_EXHAUSTED when the waiting queue is full. After an OK return, `callback`
+  // receives the request's events, the last with finished = true.
+  absl::StatusOr<uint64_t> Submit(GenerateRequest request, EventCallback callback);
+  // Cancels a request at the next step boundary (a no-op once it has finished).
+  void Cancel(uint64_t id);
+
+  // Runs the loop on a background thread until Stop.
+  void Start();
+  // Stops the loop; requests still in flight are cancelled with `reason`.
+  void Stop(const std::string& reason = "engine stopped");
+  // Offline use: runs steps on this thread until every request has finished.
+  absl::Status RunUntilIdle();
+  // One iteration: intake, cancellations, deadlines, then a model step if there is work.
+  // Returns whether a model step ran.
+  absl::StatusOr<bool> Step();
+
+  EngineStats GetStats() const;
+  // True when no request is queued or running (every block is free or cached).
+  bool Idle() const;
+  // Exact accounting of the pool, for tests: valid states, and no block in use when idle.
+  bool CheckAccounting() const;
+
+ private:
+  struct Live {
+    GenerateRequest request;
+    EventCallback callback;
+    Sequence seq;
+    std::unique_ptr<Sampler> sampler;
+    Clock::time_point submitted;
+    std::optional<Clock::time_point> first_scheduled, first_token;
+  };
+
+  Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv);
+  absl::Status ValidateRequest(const GenerateRequest& r) const;
+  void Intake();
+  void Finish(Live& live, FinishReason reason, const std::string& message);
+  void Loop();
+  // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
+  void UpdateGaugesLocked();
+
+  EngineConfig config_;
+  Backend* backend_;
+  MoeModel model_;
+  KvStorage kv_;
+  BlockPool pool_;
+  Scheduler scheduler_;
+  Clock::time_point started_;
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Live>> incoming_;
+  std::unordered_set<uint64_t> cancel_requests_;
+  uint64_t next_id_ = 1;
+  int64_t pending_ = 0;  // submitted and not yet finished
+  bool stop_ = false;
+  std::thread thread_;
+
+  // Owned by the loop thread.
+  std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
+  uint64_t arrivals_ = 0;
+  std::vector<float> logits_;
+  StepRecorder recorder_;
+  // Counters and gauges, written by the loop and read by GetStats under mu_.
+  EngineStats counters_;
+};
+
+// Fingerprint of a model for prefix-cache keys: its config and a sample of its weights.
+uint64_t ModelFingerprint(const ModelWeights& weights, Backend* backend);
+
+}  // namespace moeserve

@@ -1,0 +1,58 @@
+// What a client asks of the engine and what it hears back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "engine/sampling.h"
+#include "engine/sequence.h"
+
+namespace moeserve {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;
+  Priority priority = Priority::kNormal;
+  std::optional<Clock::time_point> deadline;
+  int32_t top_logprobs = 0;  // 0: none
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kDeadline, kError };
+const char* FinishReasonName(FinishReason r);
+
+struct RequestUsage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+struct RequestTiming {
+  double queue_seconds = 0.0;  // submission to first scheduled step
+  double ttft_seconds = 0.0;   // submission to first token
+  double tpot_seconds = 0.0;   // mean time per output token after the first
+  double e2e_seconds = 0.0;
+};
+
+// Streamed to the request's callback: one event per produced token, and a final one.
+struct RequestEvent {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;                    // new tokens (empty on a bare final event)
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per new token, when asked
+  bool finished = false;
+  FinishReason reason = FinishReason::kLength;
+  std::string message;  // why, for cancelled / deadline / error
+  RequestUsage usage;
+  RequestTiming timing;
+  int64_t preemptions = 0;
+};
+
+// Called on the engine thread; must not block or call back into the engine.
+using EventCallback = std::function<void(const RequestEvent&)>;
+
+}  // namespace moeserve

@@ -1,0 +1,222 @@
+// Scheduler.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+namespace {
+
+bool Before(const Sequence* a, const Sequence* b) {
+  if (a->priority != b->priority) return a->priority < b->priority;
+  return a->arrival < b->arrival;
+}
+
+}  // namespace
+
+const char* PriorityName(Priority p) {
+  switch (p) {
+    case Priority::kFast:
+      return "fast";
+    case Priority::kHigh:
+      return "high";
+    case Priority::kNormal:
+      return "normal";
+    case Priority::kLow:
+      return "low";
+  }
+  return "?";
+}
+
+absl::Status SchedulerConfig::Validate() const {
+  if (max_num_seqs < 1) return absl::InvalidArgumentError(absl::StrCat("max_num_seqs must be >= 1, got ", max_num_seqs));
+  if (max_tokens_per_step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens_per_step must be >= 1, got ", max_tokens_per_step));
+  }
+  if (max_waiting < 1) return absl::InvalidArgumentError(absl::StrCat("max_waiting must be >= 1, got ", max_waiting));
+  if (fast_lane_max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fast_lane_max_batch must be >= 1, got ", fast_lane_max_batch));
+  }
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint)
+    : config_(config), pool_(pool), block_size_(block_size), fingerprint_(fingerprint) {}
+
+absl::Status Scheduler::Add(Sequence* seq) {
+  const int64_t need = BlocksFor(seq->max_total_tokens);
+  if (need > pool_->num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt plus max_tokens is ", seq->max_total_tokens, " tokens, needing ", need,
+        " KV blocks, but the cache holds ", pool_->num_blocks(), " blocks (",
+        pool_->num_blocks() * block_size_, " tokens)"));
+  }
+  if (num_waiting() >= config_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", config_.max_waiting, " requests)"));
+  }
+  seq->state = Sequence::State::kWaiting;
+  InsertWaiting(seq);
+  return absl::OkStatus();
+}
+
+void Scheduler::InsertWaiting(Sequence* seq) {
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq, Before);
+  waiting_.insert(it, seq);
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
+  pool_->Release(seq->blocks);
+  seq->blocks.clear();
+  seq->registered_blocks = 0;
+  seq->state = Sequence::State::kFinished;
+}
+
+bool Scheduler::Grow(Sequence* seq, int64_t tokens) {
+  const int64_t need = BlocksFor(tokens) - static_cast<int64_t>(seq->blocks.size());
+  if (need <= 0) return true;
+  auto got = pool_->Allocate(need);
+  if (!got.ok()) return false;
+  seq->blocks.insert(seq->blocks.end(), got->begin(), got->end());
+  return true;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  // Full registered blocks stay in the prefix cache, so the recompute may hit them.
+  pool_->Release(seq->blocks);
+  seq->blocks.clear();
+  seq->num_computed = 0;
+  seq->registered_blocks = 0;
+  ++seq->preemptions;
+  ++total_preemptions_;
+  seq->state = Sequence::State::kWaiting;
+  InsertWaiting(seq);
+}
+
+void Scheduler::TakeCachedPrefix(Sequence* seq) {
+  ExtendBlockHashes(seq->tokens, block_size_, fingerprint_, &seq->hashes);
+  const int64_t max_blocks = (seq->num_tokens() - 1) / block_size_;  // leave a token to compute
+  for (int64_t b = 0; b < max_blocks && b < static_cast<int64_t>(seq->hashes.size()); ++b) {
+    auto block = pool_->Lookup(seq->hashes[b]);
+    if (!block.has_value()) break;
+    pool_->Retain(*block);
+    seq->blocks.push_back(*block);
+  }
+  seq->num_computed = static_cast<int64_t>(seq->blocks.size()) * block_size_;
+  seq->registered_blocks = static_cast<int64_t>(seq->blocks.size());
+}
+
+void Scheduler::AddChunk(Sequence* seq, int64_t n, int64_t* budget, SchedulerOutput* out) {
+  ScheduledChunk c{seq, seq->num_computed, n, seq->num_computed + n == seq->num_tokens()};
+  const bool decode = n == 1 && c.wants_logits && c.start >= seq->prompt_len;
+  (decode ? out->num_decode_tokens : out->num_prefill_tokens) += n;
+  out->num_tokens += n;
+  *budget -= n;
+  out->chunks.push_back(c);
+}
+
+bool Scheduler::ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, SchedulerOutput* out) {
+  if (static_cast<int64_t>(out->chunks.size()) >= cap || *budget <= 0) return false;
+  int64_t n = seq->num_tokens() - seq->num_computed;
+  if (n > *budget) {
+    if (!config_.chunked_prefill) return true;  // wait for a step with room for the whole prompt
+    n = *budget;
+  }
+  while (!Grow(seq, seq->num_computed + n)) {
+    // Victim: the lowest-priority, newest running sequence, which is never one already
+    // scheduled this step (those come earlier in the order).
+    Sequence* victim = running_.back();
+    Preempt(victim);
+    out->preempted.push_back(victim);
+    if (victim == seq) return false;
+  }
+  AddChunk(seq, n, budget, out);
+  return true;
+}
+
+bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
+  if (waiting_.empty() || static_cast<int64_t>(out->chunks.size()) >= cap || *budget <= 0 ||
+      num_running() >= config_.max_num_seqs) {
+    return false;
+  }
+  Sequence* seq = waiting_.front();
+  if (config_.prefix_caching && seq->blocks.empty()) TakeCachedPrefix(seq);
+  int64_t n = seq->num_tokens() - seq->num_computed;
+  bool ok = true;
+  if (n > *budget) {
+    if (config_.chunked_prefill) {
+      n = *budget;
+    } else {
+      ok = false;
+    }
+  }
+  ok = ok && Grow(seq, seq->num_computed + n);
+  if (!ok) {
+    // Do not hold blocks while waiting.
+    pool_->Release(seq->blocks);
+    seq->blocks.clear();
+    seq->num_computed = 0;
+    seq->registered_blocks = 0;
+    return false;
+  }
+  waiting_.pop_front();
+  if (!seq->admitted_before) {
+    seq->cached_prompt_tokens = seq->num_computed;
+    seq->admitted_before = true;
+  }
+  seq->state = Sequence::State::kRunning;
+  running_.push_back(seq);
+  AddChunk(seq, n, budget, out);
+  return true;
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_tokens_per_step;
+  std::sort(running_.begin(), running_.end(), Before);
+  const bool fast_present =
+      (!running_.empty() && running_.front()->priority == Priority::kFast) ||
+      (!waiting_.empty() && waiting_.front()->priority == Priority::kFast);
+  const int64_t cap = fast_present ? std::min(config_.max_num_seqs, config_.fast_lane_max_batch)
+                                   : config_.max_num_seqs;
+  // 1. Running fast-lane sequences, 2. waiting fast-lane ones, 3. the other running ones,
+  // 4. the other waiting ones (only if nothing was preempted this step).
+  const std::vector<Sequence*> order = running_;
+  size_t i = 0;
+  for (; i < order.size() && order[i]->priority == Priority::kFast; ++i) {
+    if (order[i]->state != Sequence::State::kRunning) continue;  // preempted meanwhile
+    if (!ScheduleRunning(order[i], cap, &budget, &out)) break;
+  }
+  while (!waiting_.empty() && waiting_.front()->priority == Priority::kFast && out.preempted.empty()) {
+    if (!AdmitFront(cap, &budget, &out)) break;
+  }
+  for (i = 0; i < order.size(); ++i) {
+    Sequence* seq = order[i];
+    if (seq->priority == Priority::kFast) continue;
+    if (seq->state != Sequence::State::kRunning) continue;  // preempted meanwhile
+    if (!ScheduleRunning(seq, cap, &budget, &out)) break;
+  }
+  while (out.preempted.empty() && AdmitFront(cap, &budget, &out)) {
+  }
+  return out;
+}
+
+void Scheduler::OnStepComputed(const SchedulerOutput& out) {
+  for (const auto& c : out.chunks) {
+    Sequence* seq = c.seq;
+    seq->num_computed = c.start + c.num_tokens;
+    if (!config_.prefix_caching) continue;
+    ExtendBlockHashes(std::span<const int32_t>(seq->tokens.data(), seq->num_computed), block_size_,
+                      fingerprint_, &seq->hashes);
+    const int64_t full = std::min<int64_t>(seq->num_computed / block_size_, seq->hashes.size());
+    for (int64_t b = seq->registered_blocks; b < full; ++b) pool_->Register(seq->blocks[b], seq->hashes[b]);
+    seq->registered_blocks = std::max(seq->registered_blocks, full);
+  }
+}
+
+}  // namespace moeserve

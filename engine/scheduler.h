@@ -1,0 +1,94 @@
+// The scheduler: pure bookkeeping over sequences and the block pool, no device calls.
+//
+// Every step it builds a batch under a maximum number of sequences and a token budget:
+// running sequences first (decodes and continuing prefill chunks, by priority then arrival, so
+// arrivals never starve them), then waiting sequences in the same order, admitted with their
+// prefix-cache hit and a prefill chunk. When the KV pool cannot hold a running sequence's next
+// tokens, the lowest-priority, newest running sequence is preempted: its blocks are released
+// (full ones stay in the prefix cache) and it is recomputed later, with unchanged output.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/sequence.h"
+#include "kvcache/block_pool.h"
+
+namespace moeserve {
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 64;          // sequences per step
+  int64_t max_tokens_per_step = 512;  // token budget per step
+  bool chunked_prefill = true;        // split long prompts across steps
+  bool prefix_caching = true;
+  int64_t max_waiting = 1024;         // waiting-queue bound; beyond it requests are refused
+  int64_t fast_lane_max_batch = 4;    // batch cap while a fast-lane sequence is in it
+
+  absl::Status Validate() const;
+};
+
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int64_t start = 0;       // first token position computed in this step
+  int64_t num_tokens = 0;
+  bool wants_logits = false;  // the chunk reaches the last token: sample after the step
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Sequence*> preempted;  // preempted during this step's scheduling
+  int64_t num_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+  int64_t num_decode_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint);
+
+  const SchedulerConfig& config() const { return config_; }
+
+  // Queues a sequence; RESOURCE_EXHAUSTED when the waiting queue is full, INVALID_ARGUMENT
+  // when it could never fit the KV pool even alone.
+  absl::Status Add(Sequence* seq);
+  // Removes a sequence wherever it is and releases its blocks.
+  void Remove(Sequence* seq);
+
+  SchedulerOutput Schedule();
+  // Records that the scheduled chunks were computed: advances num_computed and indexes the
+  // newly full blocks in the prefix cache.
+  void OnStepComputed(const SchedulerOutput& out);
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  const std::vector<Sequence*>& running() const { return running_; }
+  int64_t total_preemptions() const { return total_preemptions_; }
+
+ private:
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  // Ensures seq has blocks for its first `tokens` tokens; false when the pool is short.
+  bool Grow(Sequence* seq, int64_t tokens);
+  void Preempt(Sequence* seq);
+  // Takes the longest cached prefix (whole blocks, leaving at least one token to compute).
+  void TakeCachedPrefix(Sequence* seq);
+  void InsertWaiting(Sequence* seq);
+  // Schedules a running sequence's next chunk, preempting from the back of running_ when the
+  // pool is short. False when nothing more can be scheduled this step.
+  bool ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, SchedulerOutput* out);
+  // Admits the front waiting sequence with its first chunk. False when it cannot be admitted.
+  bool AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out);
+  void AddChunk(Sequence* seq, int64_t n, int64_t* budget, SchedulerOutput* out);
+
+  SchedulerConfig config_;
+  BlockPool* pool_;
+  int64_t block_size_;
+  uint64_t fingerprint_;
+  std::deque<Sequence*> waiting_;  // sorted by (priority, arrival)
+  std::vector<Sequence*> running_;
+  int64_t total_preemptions_ = 0;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,39 @@
+// A sequence as the scheduler sees it: tokens, how many have KV in the cache, its blocks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/block_hash.h"
+
+namespace moeserve {
+
+// Scheduling classes, most urgent first. Requests in the fast lane cap the size of the batch
+// they join: lower latency per token, paid for by a larger share of each step.
+enum class Priority : int { kFast = 0, kHigh = 1, kNormal = 2, kLow = 3 };
+
+const char* PriorityName(Priority p);
+
+struct Sequence {
+  enum class State { kWaiting, kRunning, kFinished };
+
+  uint64_t id = 0;
+  Priority priority = Priority::kNormal;
+  uint64_t arrival = 0;             // submission order: FCFS within a class
+  std::vector<int32_t> tokens;      // prompt, then generated tokens
+  int64_t prompt_len = 0;
+  int64_t max_total_tokens = 0;     // prompt_len + max_tokens, capped by the context
+  int64_t num_computed = 0;         // leading tokens whose KV is in the cache
+  std::vector<int32_t> blocks;      // block table
+  std::vector<BlockHash> hashes;    // of the full blocks of `tokens`
+  int64_t registered_blocks = 0;    // leading blocks already indexed in the prefix cache
+  int64_t cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  int64_t preemptions = 0;
+  bool admitted_before = false;
+  State state = State::kWaiting;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  bool in_prefill() const { return num_computed < num_tokens() - 1; }
+};
+
+}  // namespace moeserve

@@ -1,0 +1,286 @@
+// engine/Engine: 60 random requests through continuous batching give, token for token, the
+// greedy output of each request run alone (the static Generator), with and without chunked
+// prefill, with prefix-cache hits, and with a KV pool so small that preemption happens. Also
+// seeded sampling whatever the batch mates, cancellation, deadlines, the queue bound and
+// validation, with exact pool accounting after each.
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/weight_init.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = new CpuBackend();
+    config_ = new ModelConfig(*PresetConfig("tiny"));
+    auto tensors = GenerateRandomWeights(*config_, 2024, DType::kF32);
+    weights_ = ModelWeights::Load(*config_, *tensors, backend_, DType::kBF16)->release();
+    // 60 requests; 20 share a 40-token prefix and 10 share a 9-token one.
+    std::mt19937 gen(7);
+    std::uniform_int_distribution<int32_t> tok(0, 255);
+    std::vector<int32_t> shared_long(40), shared_short(9);
+    for (auto& t : shared_long) t = tok(gen);
+    for (auto& t : shared_short) t = tok(gen);
+    requests_ = new std::vector<GenerateRequest>();
+    for (int i = 0; i < 60; ++i) {
+      GenerateRequest r;
+      if (i % 3 == 0) r.prompt = shared_long;
+      if (i % 6 == 1) r.prompt = shared_short;
+      const int extra = 1 + gen() % 50;
+      for (int j = 0; j < extra; ++j) r.prompt.push_back(tok(gen));
+      r.max_tokens = 1 + gen() % 24;
+      requests_->push_back(r);
+    }
+    // The oracle: each request alone through the static generator.
+    oracle_ = new std::vector<std::vector<int32_t>>();
+    for (const auto& r : *requests_) oracle_->push_back(Alone(r));
+  }
+  static void TearDownTestSuite() {
+    delete oracle_;
+    delete requests_;
+    delete weights_;
+    delete config_;
+    delete backend_;
+  }
+
+  static std::vector<int32_t> Alone(const GenerateRequest& r) {
+    auto kv = KvStorage::Create(backend_, KvLayoutFor(*config_, 64, 16, DType::kF32));
+    BlockPool pool(64);
+    MoeModel model(weights_, backend_);
+    Generator gen(&model, &*kv, &pool);
+    GenerationRequest g;
+    g.prompt = r.prompt;
+    g.max_tokens = r.max_tokens;
+    g.sampling = r.sampling;
+    g.stop_ids = r.stop_ids;
+    auto res = gen.Run({g});
+    EXPECT_TRUE(res.ok()) << res.status();
+    return (*res)[0].tokens;
+  }
+
+  struct Collected {
+    std::mutex mu;
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    std::map<uint64_t, RequestEvent> final_events;
+    std::map<uint64_t, int> finals;
+  };
+
+  static EventCallback Collect(Collected* c) {
+    return [c](const RequestEvent& ev) {
+      std::lock_guard<std::mutex> lock(c->mu);
+      auto& t = c->tokens[ev.request_id];
+      t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) {
+        c->final_events[ev.request_id] = ev;
+        c->finals[ev.request_id]++;
+      }
+    };
+  }
+
+  // Runs all requests (half submitted up front, half after a few steps) and checks each
+  // against the oracle. Returns the engine's stats.
+  EngineStats RunAndCompare(EngineConfig cfg) {
+    auto engine = Engine::Create(cfg, weights_, backend_);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    Collected c;
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < requests_->size(); ++i) {
+      if (i == requests_->size() / 2) {
+        for (int s = 0; s < 5; ++s) EXPECT_TRUE((*engine)->Step().ok());
+      }
+      auto id = (*engine)->Submit((*requests_)[i], Collect(&c));
+      EXPECT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
+    }
+    EXPECT_TRUE((*engine)->RunUntilIdle().ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(c.tokens[ids[i]], (*oracle_)[i]) << "request " << i << " differs from its run alone";
+      EXPECT_EQ(c.finals[ids[i]], 1) << "request " << i << " must end exactly once";
+      EXPECT_EQ(c.final_events[ids[i]].reason, FinishReason::kLength);
+    }
+    EXPECT_TRUE((*engine)->CheckAccounting());
+    return (*engine)->GetStats();
+  }
+
+  static CpuBackend* backend_;
+  static ModelConfig* config_;
+  static ModelWeights* weights_;
+  static std::vector<GenerateRequest>* requests_;
+  static std::vector<std::vector<int32_t>>* oracle_;
+};
+
+CpuBackend* EngineTest::backend_ = nullptr;
+ModelConfig* EngineTest::config_ = nullptr;
+ModelWeights* EngineTest::weights_ = nullptr;
+std::vector<GenerateRequest>* EngineTest::requests_ = nullptr;
+std::vector<std::vector<int32_t>>* EngineTest::oracle_ = nullptr;
+
+TEST_F(EngineTest, ChunkedPrefillMatchesEachRequestAlone) {
+  EngineConfig cfg;
+  cfg.scheduler.max_tokens_per_step = 48;
+  cfg.scheduler.max_num_seqs = 12;
+  cfg.scheduler.prefix_caching = false;
+  cfg.num_kv_blocks = 400;
+  auto stats = RunAndCompare(cfg);
+  EXPECT_EQ(stats.cached_prompt_tokens, 0);
+  EXPECT_EQ(stats.finished_length, 60);
+}
+
+TEST_F(EngineTest, WholePromptPrefillMatchesEachRequestAlone) {
+  EngineConfig cfg;
+  cfg.scheduler.max_tokens_per_step = 256;
+  cfg.scheduler.chunked_prefill = false;
+  cfg.scheduler.prefix_caching = false;
+  cfg.num_kv_blocks = 400;
+  RunAndCompare(cfg);
+}
+
+TEST_F(EngineTest, PrefixCacheHitsMatchEachRequestAlone) {
+  EngineConfig cfg;
+  cfg.scheduler.max_tokens_per_step = 64;
+  cfg.block_size = 8;
+  cfg.num_kv_blocks = 300;
+  auto stats = RunAndCompare(cfg);
+  EXPECT_GT(stats.cached_prompt_tokens, 200) << "shared prefixes must hit the cache";
+}
+
+TEST_F(EngineTest, PreemptionUnderATinyPoolMatchesEachRequestAlone) {
+  EngineConfig cfg;
+  cfg.scheduler.max_tokens_per_step = 64;
+  cfg.scheduler.max_num_seqs = 16;
+  cfg.block_size = 4;
+  cfg.num_kv_blocks = 30;  // 120 tokens for up to 16 sequences
+  auto stats = RunAndCompare(cfg);
+  EXPECT_GT(stats.preemptions, 0) << "the pool was meant to be small enough to preempt";
+}
+
+TEST_F(EngineTest, SeededSamplingDoesNotDependOnBatchMates) {
+  EngineConfig cfg;
+  cfg.num_kv_blocks = 400;
+  GenerateRequest r = (*requests_)[5];
+  r.sampling.temperature = 0.9f;
+  r.sampling.top_k = 50;
+  r.sampling.seed = 31337;
+  r.max_tokens = 20;
+  std::vector<int32_t> alone, crowded;
+  {
+    auto e = *Engine::Create(cfg, weights_, backend_);
+    Collected c;
+    auto id = e->Submit(r, Collect(&c));
+    ASSERT_TRUE(e->RunUntilIdle().ok());
+    alone = c.tokens[*id];
+  }
+  {
+    auto e = *Engine::Create(cfg, weights_, backend_);
+    Collected c;
+    for (int i = 0; i < 8; ++i) {
+      GenerateRequest mate = (*requests_)[i];
+      mate.sampling.temperature = 1.0f;
+      ASSERT_TRUE(e->Submit(mate, Collect(&c)).ok());
+    }
+    auto id = e->Submit(r, Collect(&c));
+    ASSERT_TRUE(e->RunUntilIdle().ok());
+    crowded = c.tokens[*id];
+  }
+  EXPECT_EQ(alone.size(), 20u);
+  EXPECT_EQ(alone, crowded);
+}
+
+TEST_F(EngineTest, CancellationAndDeadlinesFreeBlocksOnTheLoopThread) {
+  EngineConfig cfg;
+  cfg.num_kv_blocks = 100;
+  cfg.scheduler.max_num_seqs = 2;
+  auto e = *Engine::Create(cfg, weights_, backend_);
+  Collected c;
+  GenerateRequest long_req = (*requests_)[0];
+  long_req.max_tokens = 1000;
+  e->Start();
+  auto running = e->Submit(long_req, Collect(&c));
+  ASSERT_TRUE(running.ok());
+  // Wait for it to produce tokens, then cancel it mid-stream.
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.tokens[*running].size() > 3) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  e->Cancel(*running);
+  GenerateRequest late = (*requests_)[1];
+  late.deadline = Clock::now() - std::chrono::milliseconds(1);  // already past
+  auto expired = e->Submit(late, Collect(&c));
+  ASSERT_TRUE(expired.ok());
+  for (int i = 0; i < 5000 && !e->Idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(e->Idle());
+  e->Stop();
+  EXPECT_EQ(c.final_events[*running].reason, FinishReason::kCancelled);
+  EXPECT_LT(c.tokens[*running].size(), 1000u);
+  EXPECT_EQ(c.final_events[*expired].reason, FinishReason::kDeadline);
+  EXPECT_EQ(c.finals[*running] + c.finals[*expired], 2);
+  EXPECT_TRUE(e->CheckAccounting());
+  EXPECT_EQ(e->GetStats().kv_blocks_used, 0);
+}
+
+TEST_F(EngineTest, CancellingAWaitingRequestAndStoppingWithWorkInFlight) {
+  EngineConfig cfg;
+  cfg.num_kv_blocks = 100;
+  auto e = *Engine::Create(cfg, weights_, backend_);
+  Collected c;
+  auto a = e->Submit((*requests_)[2], Collect(&c));
+  auto b = e->Submit((*requests_)[3], Collect(&c));
+  e->Cancel(*a);  // still waiting: never scheduled
+  ASSERT_TRUE(e->Step().ok());
+  EXPECT_EQ(c.final_events[*a].reason, FinishReason::kCancelled);
+  e->Stop("shutting down");
+  EXPECT_EQ(c.final_events[*b].reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.final_events[*b].message, "shutting down");
+  EXPECT_TRUE(e->CheckAccounting());
+}
+
+TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
+  EngineConfig cfg;
+  cfg.num_kv_blocks = 20;
+  cfg.scheduler.max_waiting = 3;
+  cfg.max_tokens_limit = 64;
+  auto e = *Engine::Create(cfg, weights_, backend_);
+  auto expect_invalid = [&](GenerateRequest r, const std::string& needle) {
+    auto id = e->Submit(r, nullptr);
+    ASSERT_FALSE(id.ok()) << needle;
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(id.status().message()).find(needle), std::string::npos) << id.status();
+  };
+  GenerateRequest ok = (*requests_)[4];
+  GenerateRequest r = ok;
+  r.prompt.clear();
+  expect_invalid(r, "prompt is empty");
+  r = ok;
+  r.prompt[0] = static_cast<int32_t>(config_->vocab_size);
+  expect_invalid(r, "outside the vocabulary");
+  r = ok;
+  r.max_tokens = 0;
+  expect_invalid(r, "max_tokens must be in [1, 64]");
+  r = ok;
+  r.sampling.top_p = 1.5f;
+  expect_invalid(r, "top_p");
+  r = ok;
+  r.prompt.assign(400, 3);
+  expect_invalid(r, "KV cache");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->Submit(ok, nullptr).ok());
+  auto full = e->Submit(ok, nullptr);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_TRUE(e->Submit(ok, nullptr).ok()) << "the queue drains and accepts again";
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_TRUE(e->CheckAccounting());
+}
+
+}  // namespace
+}  // namespace moeserve

@@ -1,0 +1,255 @@
+// engine/Scheduler with a fake runner (no model): token budget, chunked prefill, no
+// starvation, priorities, the fast-lane cap, the queue bound, removal of waiting and running
+// sequences, prefix-cache hits and preemption, with exact pool accounting after each.
+#include <memory>
+#include <random>
+
+#include "engine/scheduler.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+constexpr int64_t kBlock = 4;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Make(SchedulerConfig cfg, int64_t blocks) {
+    pool_ = std::make_unique<BlockPool>(blocks);
+    sched_ = std::make_unique<Scheduler>(cfg, pool_.get(), kBlock, /*fingerprint=*/42);
+  }
+  Sequence* NewSeq(int64_t prompt_len, int64_t max_tokens, Priority p = Priority::kNormal,
+                   int32_t first_token = 0) {
+    auto s = std::make_unique<Sequence>();
+    s->id = seqs_.size();
+    s->arrival = seqs_.size();
+    s->priority = p;
+    for (int64_t i = 0; i < prompt_len; ++i) s->tokens.push_back(first_token + static_cast<int32_t>(i));
+    s->prompt_len = prompt_len;
+    s->max_total_tokens = prompt_len + max_tokens;
+    seqs_.push_back(std::move(s));
+    return seqs_.back().get();
+  }
+  // The fake runner: marks chunks computed and appends a token to sequences that sampled;
+  // removes sequences that reached their length.
+  SchedulerOutput Step() {
+    SchedulerOutput out = sched_->Schedule();
+    sched_->OnStepComputed(out);
+    for (const auto& c : out.chunks) {
+      if (!c.wants_logits) continue;
+      c.seq->tokens.push_back(1000 + static_cast<int32_t>(c.seq->tokens.size()));
+      if (c.seq->num_tokens() >= c.seq->max_total_tokens) sched_->Remove(c.seq);
+    }
+    EXPECT_TRUE(pool_->CheckInvariants());
+    return out;
+  }
+  void Drain() {
+    for (int i = 0; i < 10000 && (sched_->num_running() > 0 || sched_->num_waiting() > 0); ++i) Step();
+    EXPECT_EQ(sched_->num_running() + sched_->num_waiting(), 0);
+    EXPECT_EQ(pool_->num_used(), 0) << "blocks leaked";
+    EXPECT_TRUE(pool_->CheckInvariants());
+  }
+
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<Scheduler> sched_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+TEST_F(SchedulerTest, RespectsTokenBudgetAndChunksLongPrompts) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 10;
+  Make(cfg, 100);
+  Sequence* a = NewSeq(25, 3);
+  Sequence* b = NewSeq(3, 3);
+  ASSERT_TRUE(sched_->Add(a).ok());
+  ASSERT_TRUE(sched_->Add(b).ok());
+  auto out = Step();
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].num_tokens, 10);
+  EXPECT_FALSE(out.chunks[0].wants_logits);
+  for (int i = 0; i < 20; ++i) {
+    out = Step();
+    EXPECT_LE(out.num_tokens, 10);
+  }
+  Drain();
+}
+
+TEST_F(SchedulerTest, WithoutChunkingAPromptWaitsForRoom) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 8;
+  cfg.chunked_prefill = false;
+  Make(cfg, 100);
+  Sequence* a = NewSeq(6, 4);
+  Sequence* b = NewSeq(5, 2, Priority::kNormal, /*first_token=*/100);  // no shared prefix
+  ASSERT_TRUE(sched_->Add(a).ok());
+  ASSERT_TRUE(sched_->Add(b).ok());
+  auto out = Step();  // a's whole prompt fits; b's does not fit the rest of the budget
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].seq, a);
+  EXPECT_EQ(out.chunks[0].num_tokens, 6);
+  out = Step();  // a decodes (1) and b's prompt (5) fits
+  EXPECT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(out.num_tokens, 6);
+  Drain();
+}
+
+TEST_F(SchedulerTest, RunningSequencesAreNotStarvedByArrivals) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 16;
+  cfg.max_num_seqs = 8;
+  Make(cfg, 200);
+  std::vector<Sequence*> early;
+  for (int i = 0; i < 3; ++i) {
+    early.push_back(NewSeq(4, 30));
+    ASSERT_TRUE(sched_->Add(early.back()).ok());
+  }
+  Step();  // all three prefill
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE(sched_->Add(NewSeq(12, 5)).ok());  // a flood of long prompts
+    auto out = Step();
+    for (Sequence* e : early) {
+      if (e->state != Sequence::State::kRunning) continue;
+      bool scheduled = false;
+      for (const auto& c : out.chunks) scheduled |= c.seq == e;
+      EXPECT_TRUE(scheduled) << "running sequence " << e->id << " starved at step " << step;
+    }
+  }
+  Drain();
+}
+
+TEST_F(SchedulerTest, PriorityClassesThenFcfs) {
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = 1;
+  Make(cfg, 100);
+  Sequence* low = NewSeq(3, 1, Priority::kLow);
+  Sequence* n1 = NewSeq(3, 1, Priority::kNormal);
+  Sequence* n2 = NewSeq(3, 1, Priority::kNormal);
+  Sequence* high = NewSeq(3, 1, Priority::kHigh);
+  for (Sequence* s : {low, n1, n2, high}) ASSERT_TRUE(sched_->Add(s).ok());
+  std::vector<Sequence*> order;
+  for (int i = 0; i < 4; ++i) {
+    auto out = Step();
+    ASSERT_EQ(out.chunks.size(), 1u);
+    order.push_back(out.chunks[0].seq);
+  }
+  EXPECT_EQ(order, (std::vector<Sequence*>{high, n1, n2, low}));
+  Drain();
+}
+
+TEST_F(SchedulerTest, FastLaneCapsTheBatchItJoins) {
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = 16;
+  cfg.fast_lane_max_batch = 3;
+  Make(cfg, 400);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(sched_->Add(NewSeq(4, 40)).ok());
+  auto out = Step();
+  EXPECT_EQ(out.chunks.size(), 10u);
+  Sequence* fast = NewSeq(4, 6, Priority::kFast);
+  ASSERT_TRUE(sched_->Add(fast).ok());
+  while (fast->state != Sequence::State::kFinished) {
+    out = Step();
+    EXPECT_LE(out.chunks.size(), 3u) << "fast lane must cap the batch";
+    bool has_fast = false;
+    for (const auto& c : out.chunks) has_fast |= c.seq == fast;
+    EXPECT_TRUE(has_fast) << "the fast-lane request must run every step";
+  }
+  out = Step();
+  EXPECT_EQ(out.chunks.size(), 10u) << "the cap lifts when the fast request leaves";
+  Drain();
+}
+
+TEST_F(SchedulerTest, WaitingQueueIsBounded) {
+  SchedulerConfig cfg;
+  cfg.max_waiting = 2;
+  Make(cfg, 100);
+  ASSERT_TRUE(sched_->Add(NewSeq(3, 1)).ok());
+  ASSERT_TRUE(sched_->Add(NewSeq(3, 1)).ok());
+  absl::Status s = sched_->Add(NewSeq(3, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(s.message()).find("waiting queue is full (2 requests)"), std::string::npos) << s;
+  absl::Status too_big = sched_->Add(NewSeq(390, 20));
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument) << too_big;
+  Drain();
+}
+
+TEST_F(SchedulerTest, RemovingWaitingAndRunningSequencesFreesTheirBlocks) {
+  Make(SchedulerConfig(), 50);
+  Sequence* running = NewSeq(9, 10);
+  Sequence* waiting = NewSeq(9, 10);
+  ASSERT_TRUE(sched_->Add(running).ok());
+  Step();
+  ASSERT_TRUE(sched_->Add(waiting).ok());
+  EXPECT_GT(pool_->num_used(), 0);
+  sched_->Remove(waiting);
+  sched_->Remove(running);
+  EXPECT_EQ(pool_->num_used(), 0);
+  EXPECT_EQ(sched_->num_running() + sched_->num_waiting(), 0);
+  EXPECT_TRUE(pool_->CheckInvariants());
+}
+
+TEST_F(SchedulerTest, SharedPrefixHitsTheCache) {
+  Make(SchedulerConfig(), 100);
+  Sequence* a = NewSeq(13, 2);
+  ASSERT_TRUE(sched_->Add(a).ok());
+  Drain();
+  EXPECT_EQ(pool_->num_cached(), 3) << "a's three full blocks stay cached after it finishes";
+  Sequence* b = NewSeq(13, 2);  // same tokens
+  ASSERT_TRUE(sched_->Add(b).ok());
+  auto out = Step();
+  EXPECT_EQ(b->cached_prompt_tokens, 12);
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].start, 12);
+  EXPECT_EQ(out.chunks[0].num_tokens, 1);
+  // A full-length hit still computes the last token to get logits.
+  Sequence* c = NewSeq(12, 2);
+  ASSERT_TRUE(sched_->Add(c).ok());
+  Step();
+  EXPECT_EQ(c->cached_prompt_tokens, 8);
+  Drain();
+}
+
+TEST_F(SchedulerTest, PreemptsNewestLowestPriorityWhenThePoolIsFull) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 64;
+  Make(cfg, 8);  // 32 tokens
+  Sequence* old_seq = NewSeq(7, 20, Priority::kHigh);
+  Sequence* new_seq = NewSeq(7, 20);
+  ASSERT_TRUE(sched_->Add(old_seq).ok());
+  ASSERT_TRUE(sched_->Add(new_seq).ok());
+  int preempted = 0;
+  for (int i = 0; i < 200 && (sched_->num_running() + sched_->num_waiting()) > 0; ++i) {
+    auto out = Step();
+    for (Sequence* p : out.preempted) {
+      EXPECT_EQ(p, new_seq) << "the high-priority older sequence must not be the victim";
+      ++preempted;
+    }
+  }
+  EXPECT_GT(preempted, 0);
+  EXPECT_EQ(old_seq->num_tokens(), 27);
+  EXPECT_EQ(new_seq->num_tokens(), 27);
+  Drain();
+}
+
+TEST_F(SchedulerTest, RandomWorkloadKeepsAccountingExact) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 24;
+  cfg.max_num_seqs = 6;
+  Make(cfg, 30);
+  std::mt19937 gen(5);
+  for (int step = 0; step < 400; ++step) {
+    if (gen() % 3 == 0) {
+      Sequence* s = NewSeq(1 + gen() % 30, 1 + gen() % 20, static_cast<Priority>(gen() % 4),
+                           static_cast<int32_t>(gen() % 3) * 7);
+      (void)sched_->Add(s);
+    }
+    if (gen() % 17 == 0 && !seqs_.empty()) {
+      Sequence* victim = seqs_[gen() % seqs_.size()].get();
+      if (victim->state != Sequence::State::kFinished) sched_->Remove(victim);
+    }
+    Step();
+  }
+  Drain();
+}
+
+}  // namespace
+}  // namespace moeserve
