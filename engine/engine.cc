@@ -82,7 +82,8 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
       kv_(std::move(kv)),
       pool_(kv_.layout().num_blocks),
       scheduler_(config.scheduler, &pool_, config.block_size, ModelFingerprint(*weights, backend)),
-      started_(Clock::now()) {
+      started_(Clock::now()),
+      recorder_(config.step_history) {
   counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
 }
 

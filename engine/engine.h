@@ -32,6 +32,7 @@ struct EngineConfig {
   size_t kv_cache_bytes = 256ull << 20;
   DType kv_dtype = DType::kF32;
   int64_t max_tokens_limit = 4096;  // largest max_tokens a request may ask
+  size_t step_history = 256;        // StepRecords kept for stats (benchmarks keep them all)
 
   absl::Status Validate() const;
 };

@@ -4,7 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace moeserve::tools {
 
@@ -13,8 +15,29 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag);
 // Applies the parsed --dtype spelling to `spec`.
 absl::Status FinishModelSpec(const std::string& dtype_flag, ModelSpec* spec);
 
+// Engine flags shared by `bench` and `serve`: scheduler limits and the KV cache.
+struct EngineFlags {
+  int64_t max_num_seqs = 64;
+  int64_t max_tokens_per_step = 512;
+  bool no_chunked_prefill = false;
+  bool no_prefix_caching = false;
+  int64_t max_waiting = 1024;
+  int64_t fast_lane_max_batch = 4;
+  int64_t block_size = 16;
+  int64_t kv_blocks = 0;
+  double kv_cache_mb = 512;
+  std::string kv_dtype = "f32";
+  int threads = 0;
+  bool reference = false;
+  bool no_batch_invariant = false;
+};
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
+absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
+CpuBackendOptions MakeBackendOptions(const EngineFlags& flags);
+
 // The callback of the chosen command stores its exit status in *exit_code.
 void AddMakeModelCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
+void AddBenchCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

@@ -1,0 +1,228 @@
+// `moeserve bench`: offline throughput of the engine (no server) on a synthetic workload.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "engine/workload.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+namespace {
+
+struct BenchOptions {
+  ModelSpec model = DefaultModelSpec();
+  std::string dtype;
+  EngineFlags engine;
+  int64_t num_requests = 64;
+  std::string prompt_len = "128";
+  std::string output_len = "64";
+  int64_t shared_prefix = 0;
+  double rate = 0.0;
+  uint64_t seed = 0;
+  std::string out;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(idx);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - lo);
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int RunBench(BenchOptions o) {
+  if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  auto ecfg = MakeEngineConfig(o.engine);
+  if (!ecfg.ok()) return Fail(ecfg.status());
+  ecfg->step_history = 1 << 22;
+  WorkloadSpec w;
+  w.num_requests = o.num_requests;
+  if (o.num_requests < 1) return Fail(absl::InvalidArgumentError("--num-requests must be >= 1"));
+  auto pl = LengthDist::Parse("--prompt-len", o.prompt_len);
+  if (!pl.ok()) return Fail(pl.status());
+  auto ol = LengthDist::Parse("--output-len", o.output_len);
+  if (!ol.ok()) return Fail(ol.status());
+  if (o.rate < 0) return Fail(absl::InvalidArgumentError("--rate must be >= 0"));
+  if (o.shared_prefix < 0) return Fail(absl::InvalidArgumentError("--shared-prefix must be >= 0"));
+  w.prompt_len = *pl;
+  w.output_len = *ol;
+  w.shared_prefix_len = o.shared_prefix;
+  w.rate = o.rate;
+  w.seed = o.seed;
+  ecfg->max_tokens_limit = std::max<int64_t>(ecfg->max_tokens_limit, ol->Max());
+
+  CpuBackend backend(MakeBackendOptions(o.engine));
+  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
+  auto weights = LoadModel(o.model, &backend);
+  if (!weights.ok()) return Fail(weights.status());
+  auto engine = Engine::Create(*ecfg, weights->get(), &backend);
+  if (!engine.ok()) return Fail(engine.status());
+  const ModelConfig& c = (*weights)->config();
+  w.vocab = 256;
+  auto items = MakeWorkload(w);
+
+  struct Result {
+    RequestEvent final_event;
+    bool done = false;
+  };
+  std::mutex mu;
+  std::vector<Result> results(items.size());
+  int64_t done = 0, failed_submit = 0;
+  Stopwatch wall;
+  (*engine)->Start();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const double wait = items[i].arrival_seconds - wall.Seconds();
+    if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    GenerateRequest r;
+    r.prompt = items[i].prompt;
+    r.max_tokens = items[i].max_tokens;
+    auto id = (*engine)->Submit(r, [&, i](const RequestEvent& ev) {
+      if (!ev.finished) return;
+      std::lock_guard<std::mutex> lock(mu);
+      results[i].final_event = ev;
+      results[i].done = true;
+      ++done;
+    });
+    if (!id.ok()) {
+      std::fprintf(stderr, "request %zu refused: %s\n", i, std::string(id.status().message()).c_str());
+      std::lock_guard<std::mutex> lock(mu);
+      ++failed_submit;
+      ++done;
+    }
+  }
+  // Progress until every request has finished.
+  while (true) {
+    int64_t d;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      d = done;
+    }
+    std::fprintf(stderr, "\r[%-40s] %lld/%zu requests, %.1f s", std::string(40 * d / items.size(), '#').c_str(),
+                 static_cast<long long>(d), items.size(), wall.Seconds());
+    if (d == static_cast<int64_t>(items.size())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  std::fprintf(stderr, "\n");
+  const double elapsed = wall.Seconds();
+  (*engine)->Stop();
+  const EngineStats stats = (*engine)->GetStats();
+
+  int64_t prompt_tokens = 0, cached = 0, generated = 0;
+  std::vector<double> ttft, tpot, e2e;
+  for (const auto& r : results) {
+    if (!r.done) continue;
+    prompt_tokens += r.final_event.usage.prompt_tokens;
+    cached += r.final_event.usage.cached_prompt_tokens;
+    generated += r.final_event.usage.completion_tokens;
+    ttft.push_back(r.final_event.timing.ttft_seconds * 1e3);
+    tpot.push_back(r.final_event.timing.tpot_seconds * 1e3);
+    e2e.push_back(r.final_event.timing.e2e_seconds * 1e3);
+  }
+  std::vector<double> step_ms, batch;
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefill_tok = 0, decode_tok = 0;
+  for (const auto& s : stats.recent_steps) {
+    step_ms.push_back(s.duration_seconds * 1e3);
+    batch.push_back(static_cast<double>(s.num_seqs));
+    // Attribute each step's time to prefill and decode in proportion to their tokens.
+    const double frac = s.num_tokens ? static_cast<double>(s.prefill_tokens) / s.num_tokens : 0.0;
+    prefill_s += s.duration_seconds * frac;
+    decode_s += s.duration_seconds * (1 - frac);
+    prefill_tok += s.prefill_tokens;
+    decode_tok += s.decode_tokens;
+  }
+  double mean_batch = 0;
+  for (double b : batch) mean_batch += b;
+  mean_batch = batch.empty() ? 0 : mean_batch / batch.size();
+
+  nlohmann::json j;
+  j["model"] = DescribeModelSpec(o.model);
+  j["backend"] = backend.Name();
+  j["total_params"] = c.TotalParams();
+  j["active_params"] = c.ActiveParams();
+  j["workload"] = {{"num_requests", o.num_requests}, {"prompt_len", pl->ToString()},
+                   {"output_len", ol->ToString()}, {"shared_prefix", o.shared_prefix},
+                   {"rate", o.rate}, {"seed", o.seed}};
+  j["engine"] = {{"max_num_seqs", ecfg->scheduler.max_num_seqs},
+                 {"max_tokens_per_step", ecfg->scheduler.max_tokens_per_step},
+                 {"chunked_prefill", ecfg->scheduler.chunked_prefill},
+                 {"prefix_caching", ecfg->scheduler.prefix_caching},
+                 {"block_size", ecfg->block_size},
+                 {"kv_blocks", (*engine)->num_kv_blocks()}};
+  j["elapsed_seconds"] = elapsed;
+  j["requests_ok"] = static_cast<int64_t>(ttft.size());
+  j["requests_refused"] = failed_submit;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = generated;
+  j["throughput"] = {{"requests_per_s", ttft.size() / elapsed},
+                     {"total_tokens_per_s", (prompt_tokens - cached + generated) / elapsed},
+                     {"output_tokens_per_s", generated / elapsed},
+                     {"prefill_tokens_per_s", prefill_s > 0 ? prefill_tok / prefill_s : 0.0},
+                     {"decode_tokens_per_s", decode_s > 0 ? decode_tok / decode_s : 0.0}};
+  j["batch_size"] = {{"mean", mean_batch}, {"max", batch.empty() ? 0.0 : *std::max_element(batch.begin(), batch.end())}};
+  j["step_ms"] = {{"count", step_ms.size()}, {"p50", Percentile(step_ms, 50)}, {"p90", Percentile(step_ms, 90)},
+                  {"p99", Percentile(step_ms, 99)}, {"max", Percentile(step_ms, 100)}};
+  j["ttft_ms"] = {{"p50", Percentile(ttft, 50)}, {"p90", Percentile(ttft, 90)}, {"p99", Percentile(ttft, 99)}};
+  j["tpot_ms"] = {{"p50", Percentile(tpot, 50)}, {"p90", Percentile(tpot, 90)}, {"p99", Percentile(tpot, 99)}};
+  j["prefix_cache"] = {{"cached_prompt_tokens", cached},
+                       {"hit_rate", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
+  j["preemptions"] = stats.preemptions;
+
+  std::printf("bench: %zu requests in %.2f s on %s\n", ttft.size(), elapsed, backend.Name().c_str());
+  std::printf("  throughput: %.2f req/s, %.1f total tok/s, %.1f output tok/s\n", ttft.size() / elapsed,
+              (prompt_tokens - cached + generated) / elapsed, generated / elapsed);
+  std::printf("  prefill %.1f tok/s, decode %.1f tok/s (step time shared by token kind)\n",
+              j["throughput"]["prefill_tokens_per_s"].get<double>(), j["throughput"]["decode_tokens_per_s"].get<double>());
+  std::printf("  batch size: mean %.2f, max %.0f over %zu steps\n", mean_batch, j["batch_size"]["max"].get<double>(),
+              step_ms.size());
+  std::printf("  step ms: p50 %.2f, p90 %.2f, p99 %.2f, max %.2f\n", Percentile(step_ms, 50),
+              Percentile(step_ms, 90), Percentile(step_ms, 99), Percentile(step_ms, 100));
+  std::printf("  ttft ms: p50 %.1f, p99 %.1f | tpot ms: p50 %.2f, p99 %.2f\n", Percentile(ttft, 50),
+              Percentile(ttft, 99), Percentile(tpot, 50), Percentile(tpot, 99));
+  std::printf("  prefix cache: %lld of %lld prompt tokens (%.1f%%) | preemptions: %lld\n",
+              static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
+              prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions));
+  if (!o.out.empty()) {
+    std::ofstream f(o.out);
+    f << j.dump(2) << "\n";
+    if (!f) return Fail(absl::InternalError(absl::StrCat("--out: cannot write ", o.out)));
+    std::printf("  wrote %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Offline engine benchmark: N synthetic requests through continuous batching, no server");
+  AddModelFlags(cmd, &o->model, &o->dtype);
+  AddEngineFlags(cmd, &o->engine);
+  cmd->add_option("--num-requests", o->num_requests, "Requests to run")->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "Prompt length: N, MIN:MAX (uniform) or normal:MEAN:STD")
+      ->capture_default_str();
+  cmd->add_option("--output-len", o->output_len, "Output length (max_tokens): N, MIN:MAX or normal:MEAN:STD")
+      ->capture_default_str();
+  cmd->add_option("--shared-prefix", o->shared_prefix, "Tokens of a prefix shared by every prompt (prefix caching)")
+      ->capture_default_str();
+  cmd->add_option("--rate", o->rate, "Arrival rate in requests/s (Poisson); 0 submits all at once")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Workload seed")->capture_default_str();
+  cmd->add_option("--out", o->out, "Write the report as JSON to this file");
+  cmd->callback([o, exit_code] { *exit_code = RunBench(*o); });
+}
+
+}  // namespace moeserve::tools
