@@ -39,5 +39,6 @@ CpuBackendOptions MakeBackendOptions(const EngineFlags& flags);
 void AddMakeModelCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   moeserve::tools::AddMakeModelCommand(app, &exit_code);
   moeserve::tools::AddGenerateCommand(app, &exit_code);
+  moeserve::tools::AddServeCommand(app, &exit_code);
   moeserve::tools::AddBenchCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -1,0 +1,129 @@
+// Generate stream reactor.
+#include "server/generate_reactor.h"
+
+namespace moeserve::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx,
+                                 const v1::GenerateRequest* request, const ValidationLimits& limits,
+                                 bool authorized)
+    : engine_(engine) {
+  if (!authorized) {
+    finished_ = true;
+    Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
+    return;
+  }
+  auto req = ToEngineRequest(*request, engine->model_config(), limits);
+  if (!req.ok()) {
+    finished_ = true;
+    Finish(ToGrpcStatus(req.status()));
+    return;
+  }
+  const auto deadline = ctx->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    req->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
+  }
+  // Hold the lock across Submit so that events arriving at once wait for id_.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto id = engine_->Submit(*std::move(req), [this](const RequestEvent& ev) { OnEvent(ev); });
+  if (!id.ok()) {
+    finished_ = true;
+    Finish(ToGrpcStatus(id.status()));
+    return;
+  }
+  id_ = *id;
+  if (cancel_requested_) engine_->Cancel(*id_);
+}
+
+void GenerateReactor::OnEvent(const RequestEvent& ev) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Coalesce into the last queued response while a write is in flight.
+  if (queue_.empty() || !queue_.back().finish_reason().empty()) queue_.emplace_back();
+  v1::GenerateResponse& r = queue_.back();
+  for (size_t i = 0; i < ev.tokens.size(); ++i) {
+    r.add_token_ids(ev.tokens[i]);
+    r.mutable_text()->append(decoder_.Push(ev.tokens[i]));
+    if (i < ev.logprobs.size()) {
+      v1::TokenInfo* info = r.add_logprobs();
+      for (const auto& lp : ev.logprobs[i]) {
+        v1::TokenLogprob* t = info->add_top_logprobs();
+        t->set_token_id(lp.token);
+        t->set_logprob(lp.logprob);
+      }
+    }
+  }
+  if (ev.finished) {
+    switch (ev.reason) {
+      case FinishReason::kLength:
+      case FinishReason::kStop: {
+        r.mutable_text()->append(decoder_.Flush());
+        r.set_finish_reason(FinishReasonName(ev.reason));
+        v1::Usage* u = r.mutable_usage();
+        u->set_prompt_tokens(ev.usage.prompt_tokens);
+        u->set_cached_prompt_tokens(ev.usage.cached_prompt_tokens);
+        u->set_completion_tokens(ev.usage.completion_tokens);
+        v1::Timing* t = r.mutable_timing();
+        t->set_queue_seconds(ev.timing.queue_seconds);
+        t->set_time_to_first_token_seconds(ev.timing.ttft_seconds);
+        t->set_time_per_output_token_seconds(ev.timing.tpot_seconds);
+        t->set_e2e_seconds(ev.timing.e2e_seconds);
+        final_status_ = grpc::Status::OK;
+        break;
+      }
+      case FinishReason::kCancelled:
+        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, ev.message);
+        break;
+      case FinishReason::kDeadline:
+        final_status_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ev.message);
+        break;
+      case FinishReason::kError:
+        final_status_ = grpc::Status(grpc::StatusCode::INTERNAL, ev.message);
+        break;
+    }
+    if (!final_status_->ok()) queue_.clear();  // nothing more reaches a failed stream
+  }
+  WriteNextLocked();
+}
+
+void GenerateReactor::WriteNextLocked() {
+  if (writing_ || finished_) return;
+  if (!queue_.empty() && !client_gone_) {
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(&in_flight_);
+    return;
+  }
+  if (final_status_.has_value()) {
+    finished_ = true;
+    Finish(*final_status_);
+  }
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writing_ = false;
+  if (!ok && !client_gone_) {
+    // The client is gone: stop generating; Finish follows the engine's final event.
+    client_gone_ = true;
+    queue_.clear();
+    if (id_) engine_->Cancel(*id_);
+  }
+  WriteNextLocked();
+}
+
+void GenerateReactor::OnCancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  client_gone_ = true;
+  queue_.clear();
+  if (id_) {
+    engine_->Cancel(*id_);
+  } else {
+    cancel_requested_ = true;
+  }
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,29 @@
+// Runs the gRPC server until SIGTERM or SIGINT, then shuts down gracefully: stop accepting,
+// let running requests finish within the grace period, cancel the rest, return.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+#include "server/service.h"
+
+namespace moeserve::server {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
+  std::string tls_cert;                    // PEM files; both set to enable TLS
+  std::string tls_key;
+  int max_message_bytes = 4 << 20;
+  double grace_seconds = 10.0;
+  std::string port_file;  // when set, the bound port is written here
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread and every thread it later creates, so that
+// RunServer's signal thread receives them. Call first thing in main, before any thread starts.
+void BlockShutdownSignals();
+
+// Serves `engine` (already started) until a shutdown signal; then stops the engine.
+absl::Status RunServer(const ServerOptions& options, const ServiceOptions& service_options, Engine* engine);
+
+}  // namespace moeserve::server

@@ -1,0 +1,80 @@
+// Service handlers.
+#include "server/service.h"
+
+#include "server/generate_reactor.h"
+
+namespace moeserve::server {
+
+MoeserveService::MoeserveService(Engine* engine, ServiceOptions options)
+    : engine_(engine), options_(std::move(options)) {}
+
+bool MoeserveService::Authorized(grpc::CallbackServerContext* ctx) const {
+  if (options_.api_key.empty()) return true;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return false;
+  return std::string(it->second.data(), it->second.size()) == "Bearer " + options_.api_key;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
+                                                                         const v1::GenerateRequest* request) {
+  return new GenerateReactor(engine_, ctx, request, options_.limits, Authorized(ctx));
+}
+
+grpc::ServerUnaryReactor* MoeserveService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetModelInfoRequest*, v1::ModelInfo* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (!Authorized(ctx)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
+    return reactor;
+  }
+  *response = options_.model_info;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void FillStats(const EngineStats& s, v1::Stats* out) {
+  out->set_queue_depth(s.waiting);
+  out->set_running_requests(s.running);
+  const size_t keep = 64;
+  const size_t from = s.recent_steps.size() > keep ? s.recent_steps.size() - keep : 0;
+  for (size_t i = from; i < s.recent_steps.size(); ++i) {
+    const auto& r = s.recent_steps[i];
+    v1::StepSummary* st = out->add_recent_steps();
+    st->set_step(r.step);
+    st->set_num_seqs(r.num_seqs);
+    st->set_num_tokens(r.num_tokens);
+    st->set_duration_ms(r.duration_seconds * 1e3);
+  }
+  out->set_kv_blocks_total(s.kv_blocks_total);
+  out->set_kv_blocks_used(s.kv_blocks_used);
+  out->set_kv_blocks_free(s.kv_blocks_free);
+  out->set_kv_blocks_cached(s.kv_blocks_cached);
+  out->set_prompt_tokens(s.prompt_tokens);
+  out->set_cached_prompt_tokens(s.cached_prompt_tokens);
+  out->set_generated_tokens(s.generated_tokens);
+  out->set_prefix_hit_rate(s.prompt_tokens ? static_cast<double>(s.cached_prompt_tokens) / s.prompt_tokens : 0.0);
+  out->set_steps(s.steps);
+  out->set_preemptions(s.preemptions);
+  auto& m = *out->mutable_requests_by_outcome();
+  m["length"] = s.finished_length;
+  m["stop"] = s.finished_stop;
+  m["cancelled"] = s.cancelled;
+  m["deadline_exceeded"] = s.deadline_exceeded;
+  m["error"] = s.errors;
+  m["refused"] = s.refused;
+}
+
+grpc::ServerUnaryReactor* MoeserveService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
+                                                    v1::Stats* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (!Authorized(ctx)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
+    return reactor;
+  }
+  FillStats(engine_->GetStats(), response);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace moeserve::server

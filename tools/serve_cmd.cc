@@ -1,0 +1,101 @@
+// `moeserve serve`: the gRPC server over the continuous-batching engine.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "server/server_main.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+namespace {
+
+struct ServeOptions {
+  ModelSpec model = DefaultModelSpec();
+  std::string dtype;
+  EngineFlags engine;
+  server::ServerOptions server;
+  std::string api_key;
+  int64_t max_tokens_limit = 4096;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int RunServe(ServeOptions o) {
+  server::BlockShutdownSignals();  // before any thread exists
+  if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  auto ecfg = MakeEngineConfig(o.engine);
+  if (!ecfg.ok()) return Fail(ecfg.status());
+  if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
+  ecfg->max_tokens_limit = o.max_tokens_limit;
+  CpuBackend backend(MakeBackendOptions(o.engine));
+  Stopwatch sw;
+  std::fprintf(stderr, "moeserve: loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
+  auto weights = LoadModel(o.model, &backend);
+  if (!weights.ok()) return Fail(weights.status());
+  auto engine = Engine::Create(*ecfg, weights->get(), &backend);
+  if (!engine.ok()) return Fail(engine.status());
+  const ModelConfig& c = (*weights)->config();
+  std::fprintf(stderr, "moeserve: loaded in %.2f s: %.1fM parameters (%.1fM active), KV cache %lld blocks of %lld tokens\n",
+               sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
+               static_cast<long long>((*engine)->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
+
+  server::ServiceOptions so;
+  so.api_key = o.api_key;
+  so.limits.max_tokens_limit = o.max_tokens_limit;
+  auto& mi = so.model_info;
+  mi.set_model(DescribeModelSpec(o.model));
+  mi.set_config_json(c.ToJson());
+  mi.set_dtype(std::string(DTypeShortName((*weights)->dtype())));
+  mi.set_total_params(c.TotalParams());
+  mi.set_active_params(c.ActiveParams());
+  mi.set_backend(backend.Name());
+  mi.set_parallel_layout("1 rank: ep=1 pp=1, all layers and experts on rank 0");
+  mi.set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
+  mi.set_num_experts(static_cast<int32_t>(c.num_local_experts));
+  mi.set_experts_per_token(static_cast<int32_t>(c.num_experts_per_tok));
+  mi.set_vocab_size(static_cast<int32_t>(c.vocab_size));
+  mi.set_max_context(static_cast<int32_t>(c.max_position_embeddings));
+  auto* kv = mi.mutable_kv_capacity();
+  kv->set_blocks((*engine)->num_kv_blocks());
+  kv->set_block_size(ecfg->block_size);
+  kv->set_tokens((*engine)->num_kv_blocks() * ecfg->block_size);
+  kv->set_bytes(static_cast<int64_t>((*engine)->num_kv_blocks() *
+                                     KvLayoutFor(c, 1, ecfg->block_size, ecfg->kv_dtype).BlockBytes()));
+  kv->set_dtype(std::string(DTypeShortName(ecfg->kv_dtype)));
+
+  (*engine)->Start();
+  absl::Status s = server::RunServer(o.server, so, engine->get());
+  if (!s.ok()) {
+    (*engine)->Stop();
+    return Fail(s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over gRPC (moeserve.v1.Moeserve, health, reflection)");
+  AddModelFlags(cmd, &o->model, &o->dtype);
+  AddEngineFlags(cmd, &o->engine);
+  cmd->add_option("--listen", o->server.listen, "Address to listen on, host:port (port 0 picks a free one)")
+      ->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "Require \"authorization: Bearer KEY\" on every moeserve.v1 call");
+  cmd->add_option("--tls-cert", o->server.tls_cert, "PEM certificate chain; with --tls-key enables TLS");
+  cmd->add_option("--tls-key", o->server.tls_key, "PEM private key for --tls-cert");
+  cmd->add_option("--max-message-bytes", o->server.max_message_bytes, "Largest request or response message")
+      ->capture_default_str();
+  cmd->add_option("--grace-seconds", o->server.grace_seconds,
+                  "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")
+      ->capture_default_str();
+  cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
+  cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
+      ->capture_default_str();
+  cmd->callback([o, exit_code] { *exit_code = RunServe(*o); });
+}
+
+}  // namespace moeserve::tools
