@@ -307,6 +307,10 @@ absl::StatusOr<bool> Engine::Step() {
   rec.preempted = static_cast<int64_t>(out.preempted.size());
   std::lock_guard<std::mutex> lock(mu_);
   rec.step = counters_.steps++;
+  counters_.busy_seconds += rec.duration_seconds;
+  counters_.batched_seqs += rec.num_seqs;
+  counters_.step_prefill_tokens += rec.prefill_tokens;
+  counters_.step_decode_tokens += rec.decode_tokens;
   recorder_.Add(rec);
   UpdateGaugesLocked();
   return true;
@@ -386,6 +390,7 @@ EngineStats Engine::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = counters_;
   s.recent_steps = recorder_.Recent();
+  s.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
   return s;
 }
 

@@ -44,6 +44,11 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
   int64_t preemptions = 0;
+  // Cumulative over all steps, so clients can difference two snapshots.
+  double uptime_seconds = 0.0;   // since the engine was created
+  double busy_seconds = 0.0;     // sum of step durations
+  int64_t batched_seqs = 0;      // sum of sequences per step (mean batch = batched_seqs / steps)
+  int64_t step_prefill_tokens = 0, step_decode_tokens = 0;
   int64_t finished_length = 0, finished_stop = 0, cancelled = 0, deadline_exceeded = 0, errors = 0,
           refused = 0;
   std::vector<StepRecord> recent_steps;  // newest last

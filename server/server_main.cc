@@ -2,6 +2,10 @@
 #include "server/server_main.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 
 #include <cstdio>
 #include <fstream>
@@ -16,20 +20,27 @@
 namespace moeserve::server {
 namespace {
 
-sigset_t ShutdownSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  return set;
+// A signal handler can only reach globals: this is the write end of the self-pipe that turns
+// SIGTERM/SIGINT into a byte the shutdown thread reads. (Blocking the signals instead is not
+// enough: libraries such as OpenBLAS start threads before main, and those would take them.)
+std::atomic<int> g_signal_pipe{-1};
+
+extern "C" void OnShutdownSignal(int sig) {
+  const int fd = g_signal_pipe.load();
+  const char c = static_cast<char>(sig);
+  if (fd >= 0) (void)!write(fd, &c, 1);
+}
+
+void SetShutdownHandler(void (*handler)(int)) {
+  struct sigaction sa = {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 }  // namespace
-
-void BlockShutdownSignals() {
-  sigset_t set = ShutdownSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
 
 absl::Status RunServer(const ServerOptions& options, const ServiceOptions& service_options, Engine* engine) {
   // Both are process-wide switches of gRPC, set before the builder reads them.
@@ -72,11 +83,16 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     if (!s.ok()) return s;
   }
 
-  // The signal thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return absl::InternalError("cannot create the signal pipe");
+  g_signal_pipe.store(pipe_fds[1]);
+  SetShutdownHandler(OnShutdownSignal);
+  // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
   std::thread signals([&] {
-    sigset_t set = ShutdownSignals();
-    int sig = 0;
-    sigwait(&set, &sig);
+    char c = 0;
+    while (read(pipe_fds[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    const int sig = c;
     std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  options.grace_seconds);
     const auto deadline = std::chrono::system_clock::now() +
@@ -88,6 +104,10 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   });
   server->Wait();
   signals.join();
+  SetShutdownHandler(SIG_DFL);
+  g_signal_pipe.store(-1);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
   engine->Stop("server shutting down");
   std::fprintf(stderr, "moeserve: stopped cleanly\n");
   return absl::OkStatus();

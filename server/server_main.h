@@ -19,11 +19,8 @@ struct ServerOptions {
   std::string port_file;  // when set, the bound port is written here
 };
 
-// Blocks SIGTERM and SIGINT in the calling thread and every thread it later creates, so that
-// RunServer's signal thread receives them. Call first thing in main, before any thread starts.
-void BlockShutdownSignals();
-
-// Serves `engine` (already started) until a shutdown signal; then stops the engine.
+// Serves `engine` (already started) until SIGTERM or SIGINT; then stops the engine. Installs its
+// own handlers for those signals while it runs.
 absl::Status RunServer(const ServerOptions& options, const ServiceOptions& service_options, Engine* engine);
 
 }  // namespace moeserve::server

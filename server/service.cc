@@ -56,6 +56,11 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   out->set_prefix_hit_rate(s.prompt_tokens ? static_cast<double>(s.cached_prompt_tokens) / s.prompt_tokens : 0.0);
   out->set_steps(s.steps);
   out->set_preemptions(s.preemptions);
+  out->set_uptime_seconds(s.uptime_seconds);
+  out->set_busy_seconds(s.busy_seconds);
+  out->set_batched_seqs(s.batched_seqs);
+  out->set_prefill_tokens(s.step_prefill_tokens);
+  out->set_decode_tokens(s.step_decode_tokens);
   auto& m = *out->mutable_requests_by_outcome();
   m["length"] = s.finished_length;
   m["stop"] = s.finished_stop;

@@ -68,7 +68,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req, 
     }
     out.stop_ids.push_back(id);
   }
-  out.stop_ids.push_back(ByteTokenizer::kEos);
+  if (!req.ignore_eos()) out.stop_ids.push_back(ByteTokenizer::kEos);
   switch (req.priority()) {
     case v1::PRIORITY_NORMAL: out.priority = Priority::kNormal; break;
     case v1::PRIORITY_FAST: out.priority = Priority::kFast; break;

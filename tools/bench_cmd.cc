@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "core/summary.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
 
@@ -27,15 +28,6 @@ struct BenchOptions {
   uint64_t seed = 0;
   std::string out;
 };
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const double idx = p / 100.0 * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(idx);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (idx - lo);
-}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());

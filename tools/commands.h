@@ -40,5 +40,6 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
+void AddLoadgenCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

@@ -24,7 +24,6 @@ int Fail(const absl::Status& s) {
 }
 
 int RunServe(ServeOptions o) {
-  server::BlockShutdownSignals();  // before any thread exists
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
