@@ -162,19 +162,23 @@ void Engine::Cancel(uint64_t id) {
 void Engine::Intake() {
   std::deque<std::unique_ptr<Live>> incoming;
   std::unordered_set<uint64_t> cancels;
+  std::vector<std::pair<Live*, absl::Status>> refused;
   {
+    // The waiting gauge is updated under the same lock that Submit checks it under, so the
+    // queue bound is exact. (Finish runs callbacks, so it waits until the lock is released.)
     std::lock_guard<std::mutex> lock(mu_);
     incoming.swap(incoming_);
     cancels.swap(cancel_requests_);
+    for (auto& l : incoming) {
+      Live& live = *l;
+      live.seq.arrival = arrivals_++;
+      live_[live.seq.id] = std::move(l);
+      absl::Status s = scheduler_.Add(&live.seq);
+      if (!s.ok()) refused.emplace_back(&live, std::move(s));
+    }
+    counters_.waiting = scheduler_.num_waiting();
   }
-  for (auto& l : incoming) {
-    Live& live = *l;
-    live.seq.arrival = arrivals_++;
-    const uint64_t id = live.seq.id;
-    live_[id] = std::move(l);
-    absl::Status s = scheduler_.Add(&live.seq);
-    if (!s.ok()) Finish(live, FinishReason::kError, std::string(s.message()));
-  }
+  for (auto& [live, s] : refused) Finish(*live, FinishReason::kError, std::string(s.message()));
   for (uint64_t id : cancels) {
     auto it = live_.find(id);
     if (it != live_.end()) Finish(*it->second, FinishReason::kCancelled, "cancelled by the client");
@@ -232,6 +236,10 @@ absl::StatusOr<bool> Engine::Step() {
   Intake();
   const auto start = Clock::now();
   SchedulerOutput out = scheduler_.Schedule();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.waiting = scheduler_.num_waiting();
+  }
   if (out.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     UpdateGaugesLocked();

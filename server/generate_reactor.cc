@@ -9,8 +9,16 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx,
                                  const v1::GenerateRequest* request, const ValidationLimits& limits,
-                                 bool authorized)
+                                 bool authorized, DrainGate* gate)
     : engine_(engine) {
+  if (gate != nullptr) {
+    if (!gate->TryEnter()) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+      return;
+    }
+    entered_gate_ = gate;
+  }
   if (!authorized) {
     finished_ = true;
     Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));

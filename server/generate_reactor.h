@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "models/tokenizer.h"
+#include "server/drain_gate.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "server/validation.h"
 
@@ -19,15 +20,18 @@ namespace moeserve::server {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   // Starts the call: on bad input or refusal it finishes at once with the matching status.
+  // `gate` (may be null) counts the stream while it runs and refuses it once draining.
   GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
-                  const ValidationLimits& limits, bool authorized);
+                  const ValidationLimits& limits, bool authorized, DrainGate* gate);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   // Waits for an engine callback still inside OnEvent before freeing the reactor.
   void OnDone() override {
     { std::lock_guard<std::mutex> lock(mu_); }
+    DrainGate* gate = entered_gate_;
     delete this;
+    if (gate != nullptr) gate->Leave();
   }
 
  private:
@@ -35,6 +39,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void WriteNextLocked();
 
   Engine* engine_;
+  DrainGate* entered_gate_ = nullptr;  // set when this stream counts in the gate
   std::mutex mu_;
   std::optional<uint64_t> id_;
   bool cancel_requested_ = false;

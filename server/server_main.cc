@@ -15,7 +15,9 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/file_util.h"
+#include "server/drain_gate.h"
 
 namespace moeserve::server {
 namespace {
@@ -63,7 +65,8 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     creds = grpc::InsecureServerCredentials();
   }
 
-  MoeserveService service(engine, service_options);
+  DrainGate gate;  // outlives the server, whose reactors leave it
+  MoeserveService service(engine, service_options, &gate);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, creds, &port);
@@ -95,12 +98,15 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     const int sig = c;
     std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  options.grace_seconds);
-    const auto deadline = std::chrono::system_clock::now() +
-                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                              std::chrono::duration<double>(options.grace_seconds));
-    // Stops accepting; in-flight calls finish until the deadline, then are cancelled (their
-    // reactors cancel the engine requests, which frees their KV blocks).
-    server->Shutdown(deadline);
+    // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
+    // within the grace period, then shut down; calls still running are cancelled, and their
+    // reactors cancel the engine requests, which frees their KV blocks.
+    gate.StartDraining();
+    server->GetHealthCheckService()->SetServingStatus(false);
+    const bool idle = gate.WaitIdle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(options.grace_seconds)));
+    if (!idle) std::fprintf(stderr, "moeserve: grace period over, cancelling the requests still running\n");
+    server->Shutdown(std::chrono::system_clock::now());
   });
   server->Wait();
   signals.join();

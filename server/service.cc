@@ -5,8 +5,8 @@
 
 namespace moeserve::server {
 
-MoeserveService::MoeserveService(Engine* engine, ServiceOptions options)
-    : engine_(engine), options_(std::move(options)) {}
+MoeserveService::MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate)
+    : engine_(engine), options_(std::move(options)), gate_(gate) {}
 
 bool MoeserveService::Authorized(grpc::CallbackServerContext* ctx) const {
   if (options_.api_key.empty()) return true;
@@ -18,7 +18,7 @@ bool MoeserveService::Authorized(grpc::CallbackServerContext* ctx) const {
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
                                                                          const v1::GenerateRequest* request) {
-  return new GenerateReactor(engine_, ctx, request, options_.limits, Authorized(ctx));
+  return new GenerateReactor(engine_, ctx, request, options_.limits, Authorized(ctx), gate_);
 }
 
 grpc::ServerUnaryReactor* MoeserveService::GetModelInfo(grpc::CallbackServerContext* ctx,

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
+#include "server/drain_gate.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "server/validation.h"
 
@@ -19,7 +20,8 @@ struct ServiceOptions {
 
 class MoeserveService final : public v1::Moeserve::CallbackService {
  public:
-  MoeserveService(Engine* engine, ServiceOptions options);
+  // `gate` (may be null) tracks Generate streams for graceful shutdown.
+  MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate = nullptr);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override;
@@ -33,6 +35,7 @@ class MoeserveService final : public v1::Moeserve::CallbackService {
 
   Engine* engine_;
   ServiceOptions options_;
+  DrainGate* gate_;
 };
 
 // Fills the parts of GetStats that come from the engine.

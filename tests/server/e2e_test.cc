@@ -1,0 +1,499 @@
+// End-to-end tests over real gRPC: the `moeserve serve` binary on an ephemeral loopback port,
+// driven by generated C++ stubs, the `moeserve generate` and `moeserve loadgen` binaries, and
+// the Python client when python3-grpcio is installed.
+#include <google/protobuf/descriptor.pb.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "server/proto/moeserve.grpc.pb.h"
+#include "tests/server/proto/health.grpc.pb.h"
+#include "tests/server/proto/reflection.grpc.pb.h"
+#include "tests/server/server_process.h"
+
+namespace moeserve::testing {
+namespace {
+
+namespace v1 = moeserve::v1;
+
+struct Streamed {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::string text;
+  int messages = 0;
+  v1::GenerateResponse last;
+};
+
+Streamed Stream(v1::Moeserve::Stub* stub, const v1::GenerateRequest& req, grpc::ClientContext* ctx) {
+  Streamed s;
+  auto reader = stub->Generate(ctx, req);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    s.ids.insert(s.ids.end(), r.token_ids().begin(), r.token_ids().end());
+    s.text += r.text();
+    ++s.messages;
+    s.last = r;
+  }
+  s.status = reader->Finish();
+  return s;
+}
+
+Streamed Stream(v1::Moeserve::Stub* stub, const v1::GenerateRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return Stream(stub, req, &ctx);
+}
+
+v1::GenerateRequest IdsRequest(const std::vector<int32_t>& ids, int max_tokens) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
+v1::Stats GetStats(v1::Moeserve::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::Stats s;
+  EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &s).ok());
+  return s;
+}
+
+// Polls GetStats until no request runs or waits and no KV block is in use.
+::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub) {
+  v1::Stats s;
+  for (int i = 0; i < 200; ++i) {
+    s = GetStats(stub);
+    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0) {
+      if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
+        return ::testing::AssertionFailure() << "free " << s.kv_blocks_free() << " + cached " << s.kv_blocks_cached()
+                                             << " != total " << s.kv_blocks_total();
+      }
+      return ::testing::AssertionSuccess();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return ::testing::AssertionFailure() << "not idle after 2 s: running " << s.running_requests() << ", waiting "
+                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used();
+}
+
+uint64_t FreshSeed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess;
+    ASSERT_TRUE(server_->Start({"--preset", "tiny", "--kv-cache-mb", "64"})) << server_->log();
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(server_->Stop(SIGTERM), 0) << server_->log();
+    EXPECT_NE(server_->log().find("stopped cleanly"), std::string::npos) << server_->log();
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Moeserve::NewStub(server_->channel());
+  }
+
+  static ServerProcess* server_;
+  std::unique_ptr<v1::Moeserve::Stub> stub_;
+};
+ServerProcess* E2eTest::server_ = nullptr;
+
+TEST_F(E2eTest, ConcurrentGreedyStreamsEqualGenerateCommand) {
+  const uint64_t seed = FreshSeed();
+  std::mt19937_64 gen(seed);
+  struct Case {
+    std::vector<int32_t> prompt;
+    int max_tokens;
+    std::vector<int32_t> expected;
+  };
+  std::vector<Case> cases(6);
+  for (Case& c : cases) {
+    c.prompt = {256};  // BOS
+    const int len = std::uniform_int_distribution<int>(1, 60)(gen);
+    for (int i = 0; i < len; ++i) c.prompt.push_back(std::uniform_int_distribution<int>(0, 255)(gen));
+    c.max_tokens = std::uniform_int_distribution<int>(1, 40)(gen);
+    std::string out, err;
+    ASSERT_EQ(RunCommand({"generate", "--preset", "tiny", "--prompt-ids", absl::StrJoin(c.prompt, ","), "--max-tokens",
+                          std::to_string(c.max_tokens), "--ids"},
+                         &out, &err),
+              0)
+        << err;
+    for (absl::string_view t : absl::StrSplit(absl::StripAsciiWhitespace(out), ',', absl::SkipEmpty())) {
+      c.expected.push_back(std::stoi(std::string(t)));
+    }
+    ASSERT_FALSE(c.expected.empty()) << "generate printed no ids: " << out << err;
+  }
+  // Every case twice, all at once, so the server batches them together.
+  std::vector<Streamed> got(cases.size() * 2);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const Case& c = cases[i % cases.size()];
+      got[i] = Stream(stub_.get(), IdsRequest(c.prompt, c.max_tokens));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Case& c = cases[i % cases.size()];
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].ids, c.expected) << "stream " << i << ", seed " << seed << ", prompt of " << c.prompt.size();
+    EXPECT_EQ(got[i].last.usage().completion_tokens(), static_cast<int64_t>(got[i].ids.size()));
+    EXPECT_EQ(got[i].last.usage().prompt_tokens(), static_cast<int64_t>(c.prompt.size()));
+    EXPECT_FALSE(got[i].last.finish_reason().empty());
+  }
+  EXPECT_TRUE(EventuallyIdle(stub_.get()));
+}
+
+TEST_F(E2eTest, TextPromptStreamsTextLogprobsUsageAndTiming) {
+  v1::GenerateRequest req;
+  req.set_text("Hello, moeserve");
+  req.set_max_tokens(12);
+  req.set_logprobs(3);
+  req.set_ignore_eos(true);
+  Streamed s = Stream(stub_.get(), req);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.ids.size(), 12u);
+  EXPECT_EQ(s.last.finish_reason(), "length");
+  EXPECT_EQ(s.last.usage().prompt_tokens(), 16);  // BOS + 15 bytes
+  EXPECT_EQ(s.last.usage().completion_tokens(), 12);
+  const v1::Timing& t = s.last.timing();
+  EXPECT_GT(t.time_to_first_token_seconds(), 0.0);
+  EXPECT_GE(t.e2e_seconds(), t.time_to_first_token_seconds());
+  EXPECT_GE(t.time_to_first_token_seconds(), t.queue_seconds());
+  // Logprobs: per token, top 3 in descending order, the greedy choice first.
+  Streamed again;
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      ASSERT_EQ(r.logprobs_size(), r.token_ids_size());
+      for (int i = 0; i < r.token_ids_size(); ++i) {
+        const auto& top = r.logprobs(i).top_logprobs();
+        ASSERT_EQ(top.size(), 3);
+        EXPECT_EQ(top[0].token_id(), r.token_ids(i));
+        EXPECT_GE(top[0].logprob(), top[1].logprob());
+        EXPECT_GE(top[1].logprob(), top[2].logprob());
+        EXPECT_LE(top[0].logprob(), 0.0f);
+        again.ids.push_back(r.token_ids(i));
+      }
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  EXPECT_EQ(again.ids, s.ids);
+}
+
+TEST_F(E2eTest, BadInputsNameTheFieldAndTheServerKeepsServing) {
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  }
+  const int vocab = info.vocab_size();
+  struct Bad {
+    std::string name;
+    std::function<void(v1::GenerateRequest*)> mutate;
+    std::string field;
+  };
+  const std::vector<Bad> bads = {
+      {"no prompt", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
+      {"empty text", [](v1::GenerateRequest* r) { r->set_text(""); }, "text"},
+      {"empty ids", [](v1::GenerateRequest* r) { r->mutable_token_ids()->clear_ids(); }, "token_ids"},
+      {"id past vocab", [&](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(vocab); }, "token_ids"},
+      {"negative id", [](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(-1); }, "token_ids"},
+      {"prompt longer than context",
+       [&](v1::GenerateRequest* r) {
+         for (int i = 0; i < info.max_context() + 5; ++i) r->mutable_token_ids()->add_ids(7);
+       },
+       "token_ids"},
+      {"negative max_tokens", [](v1::GenerateRequest* r) { r->set_max_tokens(-3); }, "max_tokens"},
+      {"huge max_tokens", [](v1::GenerateRequest* r) { r->set_max_tokens(1 << 30); }, "max_tokens"},
+      {"negative temperature", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(-0.5f); },
+       "sampling.temperature"},
+      {"NaN temperature", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(std::nanf("")); },
+       "sampling.temperature"},
+      {"top_p zero", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(0.0f); }, "sampling.top_p"},
+      {"top_p above one", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); }, "sampling.top_p"},
+      {"negative top_k", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_k(-1); }, "sampling.top_k"},
+      {"logprobs too many", [](v1::GenerateRequest* r) { r->set_logprobs(21); }, "logprobs"},
+      {"stop id past vocab", [&](v1::GenerateRequest* r) { r->add_stop_token_ids(vocab + 10); }, "stop_token_ids"},
+      {"unknown priority", [](v1::GenerateRequest* r) { r->set_priority(static_cast<v1::Priority>(42)); },
+       "priority"},
+  };
+  const v1::GenerateRequest good = IdsRequest({256, 65, 66}, 5);
+  for (const Bad& b : bads) {
+    v1::GenerateRequest req = good;
+    b.mutate(&req);
+    Streamed s = Stream(stub_.get(), req);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.name << ": " << s.status.error_message();
+    EXPECT_EQ(s.status.error_message().rfind(b.field + ":", 0), 0u)
+        << b.name << ": message should start with the field '" << b.field << "': " << s.status.error_message();
+    EXPECT_TRUE(s.ids.empty()) << b.name;
+    Streamed ok = Stream(stub_.get(), good);
+    EXPECT_TRUE(ok.status.ok()) << "after " << b.name << ": " << ok.status.error_message();
+    EXPECT_FALSE(ok.ids.empty()) << "after " << b.name;
+  }
+  EXPECT_TRUE(EventuallyIdle(stub_.get()));
+}
+
+TEST_F(E2eTest, CancellingMidStreamFreesKvBlocks) {
+  const v1::Stats before = GetStats(stub_.get());
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req = IdsRequest({256, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 1000);
+  req.set_ignore_eos(true);
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  int tokens = 0;
+  while (tokens < 3 && reader->Read(&r)) tokens += r.token_ids_size();
+  ASSERT_GE(tokens, 3);
+  ctx.TryCancel();
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(EventuallyIdle(stub_.get()));
+  const v1::Stats after = GetStats(stub_.get());
+  EXPECT_EQ(after.requests_by_outcome().at("cancelled"), before.requests_by_outcome().at("cancelled") + 1);
+}
+
+TEST_F(E2eTest, ShortDeadlineGivesDeadlineExceededAndFreesKvBlocks) {
+  const v1::Stats before = GetStats(stub_.get());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(30));
+  v1::GenerateRequest req = IdsRequest({256, 40, 41, 42}, 1000);
+  req.set_ignore_eos(true);
+  Streamed s = Stream(stub_.get(), req, &ctx);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.status.error_message();
+  EXPECT_LT(s.ids.size(), 1000u);
+  EXPECT_TRUE(EventuallyIdle(stub_.get()));
+  const v1::Stats after = GetStats(stub_.get());
+  // The server saw the deadline itself or the client's cancellation, whichever came first.
+  const auto ended = [](const v1::Stats& st) {
+    return st.requests_by_outcome().at("deadline_exceeded") + st.requests_by_outcome().at("cancelled");
+  };
+  EXPECT_EQ(ended(after), ended(before) + 1);
+}
+
+TEST_F(E2eTest, HealthAndReflectionAnswer) {
+  auto health = grpc::health::v1::Health::NewStub(server_->channel());
+  {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  namespace refl = grpc::reflection::v1alpha;
+  auto reflection = refl::ServerReflection::NewStub(server_->channel());
+  grpc::ClientContext ctx;
+  auto stream = reflection->ServerReflectionInfo(&ctx);
+  refl::ServerReflectionRequest list;
+  list.set_list_services("*");
+  ASSERT_TRUE(stream->Write(list));
+  refl::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+  EXPECT_NE(std::find(names.begin(), names.end(), "moeserve.v1.Moeserve"), names.end()) << absl::StrJoin(names, ",");
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end()) << absl::StrJoin(names, ",");
+
+  refl::ServerReflectionRequest sym;
+  sym.set_file_containing_symbol("moeserve.v1.Moeserve");
+  ASSERT_TRUE(stream->Write(sym));
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_GE(resp.file_descriptor_response().file_descriptor_proto_size(), 1) << resp.DebugString();
+  google::protobuf::FileDescriptorProto fd;
+  ASSERT_TRUE(fd.ParseFromString(resp.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(fd.package(), "moeserve.v1");
+  ASSERT_EQ(fd.service_size(), 1);
+  bool generate_streams = false;
+  for (const auto& m : fd.service(0).method()) {
+    if (m.name() == "Generate") generate_streams = m.server_streaming();
+  }
+  EXPECT_TRUE(generate_streams);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(E2eTest, LoadgenSweepCountsAddUpAndPlotsRender) {
+  const std::string dir = MakeTempDir("loadgen");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"loadgen", "--target", server_->target(), "--rate", "300,inf", "--num-requests", "12",
+                        "--prompt-len", "4:24", "--output-len", "6", "--shared-prefix", "16", "--slo",
+                        "ttft:60000,tpot:60000", "--out", dir + "/open.json", "--csv", dir + "/open.csv",
+                        "--no-progress"},
+                       &out, &err),
+            0)
+      << out << err;
+  ASSERT_EQ(RunCommand({"loadgen", "--target", server_->target(), "--concurrency", "1,4", "--num-requests", "8",
+                        "--prompt-len", "normal:12:4", "--output-len", "2:8", "--out", dir + "/closed.json",
+                        "--no-progress"},
+                       &out, &err),
+            0)
+      << out << err;
+  for (const std::string name : {"open", "closed"}) {
+    const auto j = nlohmann::json::parse(ReadAll(dir + "/" + name + ".json"));
+    ASSERT_EQ(j["levels"].size(), 2u) << name;
+    for (const auto& lv : j["levels"]) {
+      const int64_t sent = lv["sent"], ok = lv["ok"], failed = lv["failed"];
+      EXPECT_EQ(sent, name == "open" ? 12 : 8);
+      EXPECT_EQ(sent, ok + failed) << lv.dump();
+      int64_t by_code = 0;
+      for (const auto& [code, n] : lv["failures_by_code"].items()) by_code += n.get<int64_t>();
+      EXPECT_EQ(by_code, failed);
+      EXPECT_EQ(failed, 0) << lv["first_error_by_code"].dump();
+      EXPECT_EQ(lv["ttft_ms"]["count"].get<int64_t>(), ok);
+      EXPECT_EQ(lv["e2e_ms"]["count"].get<int64_t>(), ok);
+      EXPECT_LE(lv["ttft_ms"]["median"].get<double>(), lv["e2e_ms"]["max"].get<double>());
+      EXPECT_GT(lv["server"]["steps"].get<int64_t>(), 0);
+      // Each request's first token comes from its prefill step, the rest from decode steps.
+      EXPECT_EQ(lv["server"]["decode_tokens"].get<int64_t>(), lv["output_tokens"].get<int64_t>() - ok) << lv.dump();
+      if (name == "open") {
+        EXPECT_EQ(lv["output_tokens"].get<int64_t>(), ok * 6);
+        EXPECT_EQ(lv["good"].get<int64_t>(), ok);  // generous SLOs
+      }
+    }
+  }
+  const std::string csv = ReadAll(dir + "/open.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
+
+  // The plotting script renders PNGs when matplotlib is installed.
+  std::string py_out, py_err;
+  if (RunProgram({"/usr/bin/python3", "-c", "import matplotlib, grpc"}, &py_out, &py_err) != 0) {
+    GTEST_SKIP() << "python3 matplotlib/grpcio not installed: " << py_err;
+  }
+  ASSERT_EQ(RunProgram({"/usr/bin/python3", MOESERVE_SOURCE_DIR "/clients/python/plot_loadgen.py", dir + "/open.json",
+                        dir + "/closed.json", "--out-dir", dir + "/plots"},
+                       &py_out, &py_err),
+            0)
+      << py_out << py_err;
+  for (const char* png : {"/plots/latency_vs_throughput.png", "/plots/cost_vs_batch.png"}) {
+    EXPECT_EQ(ReadAll(dir + png).substr(0, 4), "\x89PNG") << png;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(E2eTest, PythonClientStreams) {
+  std::string out, err;
+  if (RunProgram({"/usr/bin/python3", "-c", "import grpc, google.protobuf"}, &out, &err) != 0) {
+    GTEST_SKIP() << "python3-grpcio not installed: " << err;
+  }
+  ASSERT_EQ(RunProgram({"/usr/bin/python3", MOESERVE_SOURCE_DIR "/clients/python/example_stream.py", "--target",
+                        server_->target(), "--max-tokens", "8", "--prompt", "abc"},
+                       &out, &err),
+            0)
+      << out << err;
+  EXPECT_NE(err.find("finish="), std::string::npos) << err;
+  EXPECT_NE(err.find("prompt=4 "), std::string::npos) << err;  // BOS + 3 bytes
+}
+
+// Servers with their own flags.
+
+TEST(E2eServerFlagsTest, FullQueueGivesResourceExhausted) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--max-num-seqs", "1", "--max-waiting", "2"})) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  std::vector<Streamed> got(10);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest req = IdsRequest({256, static_cast<int32_t>(i), 3}, 1000);
+      req.set_ignore_eos(true);
+      got[i] = Stream(stub.get(), req);
+    });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, exhausted = 0;
+  for (const Streamed& s : got) {
+    if (s.status.ok()) {
+      ++ok;
+      EXPECT_GT(s.ids.size(), 0u);
+    } else {
+      EXPECT_EQ(s.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.status.error_message();
+      EXPECT_NE(s.status.error_message().find("queue"), std::string::npos) << s.status.error_message();
+      ++exhausted;
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(exhausted, 1) << "10 long requests against 1 running slot and 2 waiting places";
+  EXPECT_TRUE(Stream(stub.get(), IdsRequest({256, 9}, 4)).status.ok());
+  EXPECT_TRUE(EventuallyIdle(stub.get()));
+  EXPECT_EQ(server.Stop(SIGINT), 0) << server.log();
+}
+
+TEST(E2eServerFlagsTest, ApiKeyIsEnforced) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--api-key", "s3cret"})) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  const v1::GenerateRequest req = IdsRequest({256, 1, 2}, 3);
+  for (const std::string header : {"", "Bearer wrong", "s3cret", "Bearer s3cret"}) {
+    grpc::ClientContext ctx;
+    if (!header.empty()) ctx.AddMetadata("authorization", header);
+    Streamed s = Stream(stub.get(), req, &ctx);
+    if (header == "Bearer s3cret") {
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    } else {
+      EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << "header '" << header << "'";
+      EXPECT_TRUE(s.ids.empty());
+    }
+  }
+  grpc::ClientContext ctx;
+  v1::Stats stats;
+  EXPECT_EQ(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Health stays open for probes.
+  auto health = grpc::health::v1::Health::NewStub(server.channel());
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckResponse hresp;
+  EXPECT_TRUE(health->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &hresp).ok());
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+}
+
+TEST(E2eServerFlagsTest, SigtermLetsRunningRequestsFinish) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--grace-seconds", "30"})) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  constexpr int kStreams = 4, kTokens = 300;
+  std::vector<Streamed> got(kStreams);
+  std::atomic<int> started{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      v1::GenerateRequest req = IdsRequest({256, i, i + 1}, kTokens);
+      req.set_ignore_eos(true);
+      auto reader = stub->Generate(&ctx, req);
+      v1::GenerateResponse r;
+      bool counted = false;
+      while (reader->Read(&r)) {
+        got[i].ids.insert(got[i].ids.end(), r.token_ids().begin(), r.token_ids().end());
+        if (!counted) {
+          counted = true;
+          ++started;
+        }
+      }
+      got[i].status = reader->Finish();
+    });
+  }
+  while (started.load() < kStreams) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int rc = server.Stop(SIGTERM);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(rc, 0) << server.log();
+  for (const Streamed& s : got) {
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.ids.size(), static_cast<size_t>(kTokens));
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::testing

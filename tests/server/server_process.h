@@ -1,0 +1,145 @@
+// Test helper: runs the real `moeserve` binary as a child process (the server on an ephemeral
+// loopback port, or a one-shot command) and captures its output.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#ifndef MOESERVE_BIN
+#error "MOESERVE_BIN must name the moeserve binary"
+#endif
+
+extern char** environ;
+
+namespace moeserve::testing {
+
+inline std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A fresh directory under the test's temp dir.
+inline std::string MakeTempDir(const std::string& tag) {
+  char tmpl[512];
+  std::snprintf(tmpl, sizeof(tmpl), "%s/moeserve_%s_XXXXXX", std::filesystem::temp_directory_path().c_str(),
+                tag.c_str());
+  const char* d = mkdtemp(tmpl);
+  return d ? std::string(d) : std::string();
+}
+
+// Spawns argv[0] (a path) with stdout and stderr to files; returns the pid or -1.
+inline pid_t SpawnProgram(std::vector<std::string> full, const std::string& out_path, const std::string& err_path) {
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+// Spawns MOESERVE_BIN with `args`.
+inline pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path, const std::string& err_path) {
+  std::vector<std::string> full = {MOESERVE_BIN};
+  full.insert(full.end(), args.begin(), args.end());
+  return SpawnProgram(std::move(full), out_path, err_path);
+}
+
+// Runs a program to completion; returns its exit code (-1 if it could not run).
+inline int RunProgram(const std::vector<std::string>& argv, std::string* out, std::string* err = nullptr) {
+  const std::string dir = MakeTempDir("cmd");
+  const pid_t pid = SpawnProgram(argv, dir + "/out", dir + "/err");
+  if (pid < 0) return -1;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (out) *out = ReadAll(dir + "/out");
+  if (err) *err = ReadAll(dir + "/err");
+  std::filesystem::remove_all(dir);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs `moeserve ARGS...` to completion; returns its exit code.
+inline int RunCommand(const std::vector<std::string>& args, std::string* out, std::string* err = nullptr) {
+  std::vector<std::string> full = {MOESERVE_BIN};
+  full.insert(full.end(), args.begin(), args.end());
+  return RunProgram(full, out, err);
+}
+
+// `moeserve serve --listen 127.0.0.1:0 ...` with the bound port read back from --port-file.
+class ServerProcess {
+ public:
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
+  bool Start(std::vector<std::string> extra_args) {
+    dir_ = MakeTempDir("server");
+    std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--port-file", dir_ + "/port"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
+    if (pid_ < 0) return false;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < give_up) {
+      const std::string p = ReadAll(dir_ + "/port");
+      if (!p.empty() && p.back() == '\n') {
+        port_ = std::stoi(p);
+        channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
+        return channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // Sends `sig` and waits for the exit; returns the exit code (-1 when killed by a signal).
+  int Stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::string log() const { return ReadAll(dir_ + "/out") + ReadAll(dir_ + "/err"); }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string dir_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace moeserve::testing
