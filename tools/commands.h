@@ -41,5 +41,6 @@ void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 void AddLoadgenCommand(CLI::App& app, int* exit_code);
+void AddRooflineCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

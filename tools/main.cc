@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   moeserve::tools::AddServeCommand(app, &exit_code);
   moeserve::tools::AddBenchCommand(app, &exit_code);
   moeserve::tools::AddLoadgenCommand(app, &exit_code);
+  moeserve::tools::AddRooflineCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

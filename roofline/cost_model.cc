@@ -1,0 +1,110 @@
+// Per-step cost model.
+#include "roofline/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moeserve::roofline {
+
+ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtype, const std::string& kv_dtype) {
+  ModelCosts m;
+  m.layers = c.num_hidden_layers;
+  m.hidden = c.hidden_size;
+  m.vocab = c.vocab_size;
+  m.experts = c.num_local_experts;
+  m.top_k = c.num_experts_per_tok;
+  m.heads = c.num_attention_heads;
+  m.head_dim = c.head_dim;
+  m.weight_dtype = weight_dtype;
+  m.weight_bytes_per_param = weight_dtype == "f32" ? 4.0 : 2.0;
+  const double kv_elem = kv_dtype == "f32" ? 4.0 : 2.0;
+  m.kv_bytes_per_token = 2.0 * static_cast<double>(c.num_hidden_layers * c.kv_dim()) * kv_elem;
+  m.expert_params = static_cast<double>(c.ExpertParams());
+  m.total_params = static_cast<double>(c.TotalParams());
+  m.active_params = static_cast<double>(c.ActiveParams());
+  m.lm_head_params = static_cast<double>(c.vocab_size * c.hidden_size);
+  const double embedding = static_cast<double>(c.vocab_size * c.hidden_size);
+  // Everything but routed experts; the embedding table is read by row, not whole, and with tied
+  // embeddings the lm_head is that same table.
+  const double untied_head = c.tie_word_embeddings ? 0.0 : m.lm_head_params;
+  m.dense_params = m.total_params - m.experts * m.layers * m.expert_params - embedding - untied_head + m.lm_head_params;
+  // Per token: every dense weight but the lm_head (counted per logit row) and top-k experts.
+  m.flops_per_token = 2.0 * (m.dense_params - m.lm_head_params + m.layers * m.top_k * m.expert_params);
+  return m;
+}
+
+int64_t StepShape::Tokens() const {
+  int64_t t = 0;
+  for (const SeqShape& s : seqs) t += s.new_tokens;
+  return t;
+}
+
+StepShape StepShape::Decode(int64_t batch, int64_t context) {
+  StepShape s;
+  s.seqs.assign(static_cast<size_t>(batch), SeqShape{1, context, true});
+  return s;
+}
+
+double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
+  if (experts <= 0 || tokens <= 0) return 0.0;
+  const double miss = 1.0 - static_cast<double>(top_k) / static_cast<double>(experts);
+  return static_cast<double>(experts) * (1.0 - std::pow(std::max(miss, 0.0), tokens));
+}
+
+StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
+                     const ParallelLayout& layout, const Efficiency& eff) {
+  StepCost c;
+  const double tokens = static_cast<double>(shape.Tokens());
+  double logit_rows = 0, attended = 0;
+  for (const SeqShape& s : shape.seqs) {
+    if (s.logits) logit_rows += 1;
+    // Each new token at position p attends p + 1 tokens: sum over the chunk.
+    const double n = static_cast<double>(s.new_tokens), ctx = static_cast<double>(s.context);
+    attended += n * ctx - n * (n - 1) / 2;
+    c.kv_read_bytes += ctx * m.kv_bytes_per_token;  // each sequence's KV is streamed once
+    c.kv_write_bytes += n * m.kv_bytes_per_token;
+  }
+  c.experts_hit = shape.experts_hit >= 0 ? shape.experts_hit
+                                         : m.layers * ExpectedExpertsHit(m.experts, m.top_k, tokens);
+  // FLOPs: weights touched per token, attention over the context, the lm_head per sampled row.
+  c.flops = tokens * m.flops_per_token + attended * 4.0 * m.layers * m.heads * m.head_dim +
+            logit_rows * 2.0 * m.lm_head_params;
+  // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
+  c.weight_bytes = (m.dense_params + c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
+  if (logit_rows == 0) c.weight_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+
+  // All devices work on the step at once: aggregate peaks.
+  const double devices = static_cast<double>(layout.devices());
+  const double flops_peak = hw.PeakFlops(m.weight_dtype) * devices;
+  const double bandwidth = hw.mem_bandwidth * devices;
+  c.compute_seconds = c.flops / flops_peak;
+  c.weight_seconds = c.weight_bytes / bandwidth;
+  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / bandwidth;
+  c.memory_seconds = c.weight_seconds + c.kv_seconds;
+
+  // Expert parallelism: each token's activation goes to its k experts and back; the share that
+  // leaves its device crosses the scale-up links, all devices sending at once.
+  if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
+    const double ep = static_cast<double>(layout.ep);
+    const double a2a = m.layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0 * (ep - 1) / ep;
+    c.comm_bytes += a2a;
+    c.comm_seconds += a2a / (hw.interconnect_bandwidth * ep);
+  }
+  // Pipeline parallelism: activations cross each stage boundary once.
+  if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {
+    const double pp_bytes = (static_cast<double>(layout.pp) - 1) * tokens * m.hidden * m.act_bytes;
+    c.comm_bytes += pp_bytes;
+    c.comm_seconds += pp_bytes / hw.interconnect_bandwidth;
+  }
+  c.transfer_bytes = shape.transfer_bytes;
+  if (c.transfer_bytes > 0 && hw.host_link_bandwidth > 0) c.transfer_seconds = c.transfer_bytes / hw.host_link_bandwidth;
+
+  c.compute_bound = c.compute_seconds >= c.memory_seconds;
+  const double comm = layout.overlap_comm ? 0.0 : c.comm_seconds;
+  c.bound_seconds = std::max(c.compute_seconds, c.memory_seconds) + comm + c.transfer_seconds;
+  c.seconds = eff.overhead_seconds +
+              std::max(c.compute_seconds / eff.compute, c.memory_seconds / eff.memory) + comm + c.transfer_seconds;
+  return c;
+}
+
+}  // namespace moeserve::roofline

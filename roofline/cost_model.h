@@ -1,0 +1,84 @@
+// The per-step cost model: for a batch shape (new tokens and context per sequence, experts
+// hit), the FLOPs and bytes a step must move and the time each takes at the hardware's peaks.
+// The bound is max(compute, memory) plus communication and tier transfers that are not
+// overlapped. docs/roofline.md derives it and states the assumptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model_config.h"
+#include "roofline/hardware.h"
+
+namespace moeserve::roofline {
+
+// Sizes of a model that the cost model needs, derived once from its config.
+struct ModelCosts {
+  int64_t layers = 0, hidden = 0, vocab = 0, experts = 0, top_k = 0, heads = 0, head_dim = 0;
+  double weight_bytes_per_param = 2;  // 2 for bf16, 4 for f32
+  double kv_bytes_per_token = 0;      // K and V, all layers
+  double act_bytes = 2;               // activations sent between devices (bf16)
+  double dense_params = 0;            // every weight but the routed experts and the embedding table
+  double expert_params = 0;           // one routed expert (w1, w2, w3)
+  double lm_head_params = 0;
+  double flops_per_token = 0;         // 2 x params touched per token, lm_head excluded
+  double total_params = 0, active_params = 0;
+  std::string weight_dtype = "bf16";
+
+  static ModelCosts From(const ModelConfig& config, const std::string& weight_dtype, const std::string& kv_dtype);
+  double TotalWeightBytes() const { return total_params * weight_bytes_per_param; }
+};
+
+// How the model is laid out over devices: experts spread over `ep` devices (dense parts
+// replicated, tokens split across them), layers split into `pp` stages.
+struct ParallelLayout {
+  int64_t ep = 1;
+  int64_t pp = 1;
+  int64_t devices() const { return ep * pp; }
+  bool overlap_comm = false;  // whether communication hides under compute/memory time
+};
+
+struct SeqShape {
+  int64_t new_tokens = 1;  // tokens computed this step (1 for a decode)
+  int64_t context = 1;     // tokens attended after the step (cached + new)
+  bool logits = true;      // whether the step samples a token for it (lm_head row)
+};
+
+struct StepShape {
+  std::vector<SeqShape> seqs;
+  // Distinct (layer, expert) pairs that received tokens; < 0: the expectation under uniform
+  // routing, layers * E * (1 - (1 - k/E)^tokens).
+  double experts_hit = -1;
+  double transfer_bytes = 0;  // KV moved between tiers during the step (host link)
+
+  int64_t Tokens() const;
+  static StepShape Decode(int64_t batch, int64_t context);
+};
+
+// Efficiency factors of a calibrated model: achieved fractions of the peaks, and a fixed
+// per-step overhead (launches, synchronisation, sampling).
+struct Efficiency {
+  double compute = 1.0;
+  double memory = 1.0;
+  double overhead_seconds = 0.0;
+};
+
+struct StepCost {
+  double flops = 0;
+  double weight_bytes = 0, kv_read_bytes = 0, kv_write_bytes = 0, comm_bytes = 0, transfer_bytes = 0;
+  double experts_hit = 0;
+  double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;
+  double comm_seconds = 0, transfer_seconds = 0;
+  double bound_seconds = 0;  // max(compute, memory) + non-overlapped comm + transfers (at the peaks)
+  double seconds = 0;        // the prediction with efficiencies and overhead applied
+  bool compute_bound = false;
+};
+
+// Expected distinct experts of E hit by `tokens` tokens each choosing k (uniform routing).
+double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens);
+
+StepCost PredictStep(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
+                     const ParallelLayout& layout = {}, const Efficiency& eff = {});
+
+}  // namespace moeserve::roofline

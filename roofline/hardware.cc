@@ -1,0 +1,167 @@
+// Hardware profiles and presets.
+#include "roofline/hardware.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/file_util.h"
+
+namespace moeserve::roofline {
+
+double HardwareProfile::PeakFlops(const std::string& weight_dtype) const {
+  if (weight_dtype == "f32" && peak_flops_f32 > 0) return peak_flops_f32;
+  return peak_flops_bf16;
+}
+
+absl::Status HardwareProfile::Validate() const {
+  auto positive = [](const char* key, double v) -> absl::Status {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", key, "' must be > 0, got ", v));
+    }
+    return absl::OkStatus();
+  };
+  for (auto [k, v] : {std::pair<const char*, double>{"peak_flops_bf16", peak_flops_bf16},
+                      {"mem_bandwidth", mem_bandwidth},
+                      {"mem_capacity", mem_capacity}}) {
+    if (absl::Status s = positive(k, v); !s.ok()) return s;
+  }
+  for (auto [k, v] : {std::pair<const char*, double>{"peak_flops_f32", peak_flops_f32},
+                      {"interconnect_bandwidth", interconnect_bandwidth},
+                      {"host_link_bandwidth", host_link_bandwidth},
+                      {"disk_read_bandwidth", disk_read_bandwidth},
+                      {"disk_write_bandwidth", disk_write_bandwidth},
+                      {"price_per_hour", price_per_hour}}) {
+    if (v < 0 || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", k, "' must be >= 0, got ", v));
+    }
+  }
+  if (devices < 1) return absl::InvalidArgumentError(absl::StrCat("hardware profile: 'devices' must be >= 1, got ", devices));
+  if (scale_up_domain < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware profile: 'scale_up_domain' must be >= 1, got ", scale_up_domain));
+  }
+  return absl::OkStatus();
+}
+
+std::string HardwareProfile::ToJson() const {
+  nlohmann::json j = {{"name", name},
+                      {"source", source},
+                      {"peak_flops_bf16", peak_flops_bf16},
+                      {"peak_flops_f32", peak_flops_f32},
+                      {"mem_bandwidth", mem_bandwidth},
+                      {"mem_capacity", mem_capacity},
+                      {"interconnect_bandwidth", interconnect_bandwidth},
+                      {"host_link_bandwidth", host_link_bandwidth},
+                      {"disk_read_bandwidth", disk_read_bandwidth},
+                      {"disk_write_bandwidth", disk_write_bandwidth},
+                      {"devices", devices},
+                      {"scale_up_domain", scale_up_domain},
+                      {"price_per_hour", price_per_hour}};
+  return j.dump(2);
+}
+
+absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("hardware profile: not a JSON object");
+  HardwareProfile p;
+  auto num = [&](const char* key, double* out, bool required) -> absl::Status {
+    if (!j.contains(key)) {
+      return required ? absl::InvalidArgumentError(absl::StrCat("hardware profile: missing '", key, "'"))
+                      : absl::OkStatus();
+    }
+    if (!j[key].is_number()) return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", key, "' must be a number"));
+    *out = j[key].get<double>();
+    return absl::OkStatus();
+  };
+  double devices = 1, domain = 1;
+  for (auto [key, out, required] :
+       {std::tuple<const char*, double*, bool>{"peak_flops_bf16", &p.peak_flops_bf16, true},
+        {"peak_flops_f32", &p.peak_flops_f32, false},
+        {"mem_bandwidth", &p.mem_bandwidth, true},
+        {"mem_capacity", &p.mem_capacity, true},
+        {"interconnect_bandwidth", &p.interconnect_bandwidth, false},
+        {"host_link_bandwidth", &p.host_link_bandwidth, false},
+        {"disk_read_bandwidth", &p.disk_read_bandwidth, false},
+        {"disk_write_bandwidth", &p.disk_write_bandwidth, false},
+        {"devices", &devices, false},
+        {"scale_up_domain", &domain, false},
+        {"price_per_hour", &p.price_per_hour, false}}) {
+    if (absl::Status s = num(key, out, required); !s.ok()) return s;
+  }
+  p.devices = static_cast<int64_t>(devices);
+  p.scale_up_domain = static_cast<int64_t>(domain);
+  if (j.contains("name") && j["name"].is_string()) p.name = j["name"];
+  if (j.contains("source") && j["source"].is_string()) p.source = j["source"];
+  if (absl::Status s = p.Validate(); !s.ok()) return s;
+  return p;
+}
+
+std::vector<std::string> HardwarePresetNames() { return {"h100-sxm", "h200", "b200", "gb200-nvl72"}; }
+
+absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
+  constexpr double T = 1e12, G = 1e9;
+  HardwareProfile p;
+  p.name = name;
+  p.host_link_bandwidth = 64 * G;  // PCIe Gen5 x16, per direction
+  p.disk_read_bandwidth = 7 * G;   // a PCIe Gen4 NVMe SSD
+  p.disk_write_bandwidth = 5 * G;
+  if (name == "h100-sxm") {
+    p.source = "datasheet: NVIDIA H100 Tensor Core GPU (SXM5)";
+    p.peak_flops_bf16 = 989.4 * T;
+    p.mem_bandwidth = 3.35 * T;
+    p.mem_capacity = 80 * G;
+    p.interconnect_bandwidth = 450 * G;  // NVLink 4: 900 GB/s bidirectional
+    p.scale_up_domain = 8;
+    p.price_per_hour = 2.5;
+  } else if (name == "h200") {
+    p.source = "datasheet: NVIDIA H200 Tensor Core GPU (SXM)";
+    p.peak_flops_bf16 = 989.4 * T;
+    p.mem_bandwidth = 4.8 * T;
+    p.mem_capacity = 141 * G;
+    p.interconnect_bandwidth = 450 * G;
+    p.scale_up_domain = 8;
+    p.price_per_hour = 3.5;
+  } else if (name == "b200") {
+    p.source = "datasheet: NVIDIA HGX B200 (per GPU: 18 PFLOPS dense FP16/BF16 per 8 GPUs)";
+    p.peak_flops_bf16 = 2.25e15;
+    p.mem_bandwidth = 8 * T;
+    p.mem_capacity = 180 * G;
+    p.interconnect_bandwidth = 900 * G;  // NVLink 5: 1.8 TB/s bidirectional
+    p.scale_up_domain = 8;
+    p.price_per_hour = 5.0;
+  } else if (name == "gb200-nvl72") {
+    p.source = "datasheet: NVIDIA GB200 NVL72 (180 PFLOPS dense FP16/BF16, 576 TB/s, 13.4 TB HBM3e per 72 GPUs)";
+    p.peak_flops_bf16 = 2.5e15;
+    p.mem_bandwidth = 8 * T;
+    p.mem_capacity = 186 * G;
+    p.interconnect_bandwidth = 900 * G;
+    p.devices = 72;
+    p.scale_up_domain = 72;
+    p.price_per_hour = 6.0;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--hardware: unknown preset '", name, "' (",
+                                                   absl::StrJoin(HardwarePresetNames(), ", "),
+                                                   ", or the path of a JSON profile from `moeserve calibrate`)"));
+  }
+  return p;
+}
+
+absl::StatusOr<HardwareProfile> LoadHardware(const std::string& preset_or_path) {
+  for (const std::string& n : HardwarePresetNames()) {
+    if (n == preset_or_path) return HardwarePreset(n);
+  }
+  auto text = ReadFileToString(preset_or_path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--hardware: '", preset_or_path, "' is neither a preset (",
+                                                   absl::StrJoin(HardwarePresetNames(), ", "),
+                                                   ") nor a readable file: ", text.status().message()));
+  }
+  auto p = HardwareProfile::FromJson(*text);
+  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(preset_or_path, ": ", p.status().message()));
+  return p;
+}
+
+}  // namespace moeserve::roofline
