@@ -1,0 +1,172 @@
+// Roofline: hardware profiles, the cost model and the analysis against numbers computed by hand
+// from the architecture (parameter counts written out here, independently of ModelConfig).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <unordered_set>
+
+#include "roofline/analysis.h"
+#include "roofline/model_presets.h"
+
+namespace moeserve::roofline {
+namespace {
+
+// DeepSeek-V3-like sizes, counted by hand.
+struct HandCount {
+  double h = 7168, inter = 2048, layers = 58, heads = 128, hd = 128, kvh = 2, experts = 256, k = 8, vocab = 129280;
+  double Attn() const { return h * heads * hd * 2 + h * kvh * hd * 2; }
+  double Expert() const { return 3 * h * inter; }
+  double PerLayerDense() const { return Attn() + 2 * h + experts * h + Expert() /*shared*/ + h /*shared gate*/; }
+  double Total() const { return layers * (PerLayerDense() + experts * Expert()) + 2 * vocab * h + h; }
+  double Active() const { return layers * (PerLayerDense() + k * Expert()) + 2 * vocab * h + h; }
+};
+
+TEST(HardwareTest, PresetsHaveDatasheetRatios) {
+  auto h100 = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(h100.ok());
+  EXPECT_NEAR(h100->FlopsPerByte(), 989.4 / 3.35, 1e-9);  // about 295
+  for (const std::string& n : HardwarePresetNames()) {
+    auto p = HardwarePreset(n);
+    ASSERT_TRUE(p.ok()) << n;
+    EXPECT_TRUE(p->Validate().ok()) << n;
+    EXPECT_GT(p->FlopsPerByte(), 200) << n;  // "near 300 across generations"
+    EXPECT_LT(p->FlopsPerByte(), 330) << n;
+    // The drain time of HBM generations is 15-30 ms.
+    EXPECT_GT(p->mem_capacity / p->mem_bandwidth, 0.015) << n;
+    EXPECT_LT(p->mem_capacity / p->mem_bandwidth, 0.030) << n;
+  }
+  auto rack = HardwarePreset("gb200-nvl72");
+  ASSERT_TRUE(rack.ok());
+  EXPECT_EQ(rack->scale_up_domain, 72);
+  EXPECT_NEAR(rack->mem_bandwidth * rack->devices, 576e12, 1e9);
+}
+
+TEST(HardwareTest, JsonRoundTripAndErrorsNameTheKey) {
+  auto p = HardwarePreset("b200");
+  ASSERT_TRUE(p.ok());
+  auto q = HardwareProfile::FromJson(p->ToJson());
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->mem_bandwidth, p->mem_bandwidth);
+  EXPECT_EQ(q->peak_flops_bf16, p->peak_flops_bf16);
+  EXPECT_EQ(q->devices, p->devices);
+  auto bad = HardwareProfile::FromJson(R"({"peak_flops_bf16": 1e12, "mem_capacity": 1e9})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("mem_bandwidth"), std::string::npos) << bad.status();
+  bad = HardwareProfile::FromJson(R"({"peak_flops_bf16": 1e12, "mem_bandwidth": -5, "mem_capacity": 1e9})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("mem_bandwidth"), std::string::npos) << bad.status();
+  EXPECT_FALSE(LoadHardware("no-such-gpu").ok());
+}
+
+TEST(CostModelTest, ExpectedExpertsHitMatchesSimulation) {
+  std::mt19937_64 gen(std::random_device{}());
+  for (auto [E, k, T] : {std::tuple<int, int, int>{8, 2, 1}, {8, 2, 3}, {64, 6, 10}, {256, 8, 40}}) {
+    double sum = 0;
+    const int trials = 4000;
+    std::vector<int> ids(E);
+    for (int t = 0; t < trials; ++t) {
+      std::unordered_set<int> hit;
+      for (int tok = 0; tok < T; ++tok) {
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), gen);
+        hit.insert(ids.begin(), ids.begin() + k);
+      }
+      sum += static_cast<double>(hit.size());
+    }
+    const double simulated = sum / trials;
+    const double predicted = ExpectedExpertsHit(E, k, T);
+    EXPECT_NEAR(predicted, simulated, 0.03 * E) << "E=" << E << " k=" << k << " T=" << T;
+  }
+  EXPECT_DOUBLE_EQ(ExpectedExpertsHit(8, 2, 1), 2.0);
+  EXPECT_NEAR(ExpectedExpertsHit(8, 2, 1000), 8.0, 1e-9);
+}
+
+TEST(CostModelTest, DecodeStepCountsFlopsAndBytesByHand) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  const double h = 4096, layers = 32, heads = 32, hd = 128, kvh = 8, vocab = 32000, inter = 14336;
+  const double expert = 3 * h * inter;
+  const double attn = h * heads * hd * 2 + h * kvh * hd * 2;
+  const double per_layer_dense = attn + 2 * h + 8 * h;
+  EXPECT_DOUBLE_EQ(m.total_params, layers * (per_layer_dense + 8 * expert) + 2 * vocab * h + h);
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token, 2 * layers * kvh * hd * 2);
+  auto hw = HardwarePreset("h100-sxm");
+  const int64_t B = 16, ctx = 1000;
+  const StepCost s = PredictStep(m, StepShape::Decode(B, ctx), *hw);
+  // 2 FLOPs per active weight per token (the embedding lookup is no FLOP), plus attention.
+  const double active_no_embedding = layers * (per_layer_dense + 2 * expert) + vocab * h + h;
+  EXPECT_NEAR(s.flops, B * 2 * active_no_embedding + B * ctx * 4 * layers * heads * hd, 1e-6 * s.flops);
+  const double hit = layers * 8 * (1 - std::pow(1 - 2.0 / 8, B));
+  EXPECT_NEAR(s.experts_hit, hit, 1e-9);
+  const double weight_bytes = 2 * (layers * per_layer_dense + h + vocab * h + hit * expert + B * h);
+  EXPECT_NEAR(s.weight_bytes, weight_bytes, 1e-6 * weight_bytes);
+  EXPECT_NEAR(s.kv_read_bytes, B * ctx * m.kv_bytes_per_token, 1);
+  EXPECT_NEAR(s.memory_seconds, (weight_bytes + B * (ctx + 1) * m.kv_bytes_per_token) / 3.35e12, 1e-12);
+  EXPECT_NEAR(s.bound_seconds, std::max(s.compute_seconds, s.memory_seconds), 1e-15);
+  EXPECT_FALSE(s.compute_bound);
+  // Nothing to communicate on one device; EP adds an all-to-all.
+  EXPECT_EQ(s.comm_seconds, 0.0);
+  ParallelLayout ep8;
+  ep8.ep = 8;
+  const StepCost e = PredictStep(m, StepShape::Decode(B, ctx), *hw, ep8);
+  EXPECT_NEAR(e.comm_bytes, layers * B * 2 * h * 2 * 2 * 7.0 / 8, 1);
+  EXPECT_GT(e.bound_seconds, e.comm_seconds);
+}
+
+TEST(RooflineTest, DeepSeekV3LikeOnNvl72MatchesHandComputedNumbers) {
+  auto c = AnalysisPreset("deepseek-v3-like");
+  ASSERT_TRUE(c.ok());
+  const HandCount hand;
+  EXPECT_NEAR(hand.Total(), static_cast<double>(c->TotalParams()), 1);
+  EXPECT_NEAR(hand.Active(), static_cast<double>(c->ActiveParams()), 1);
+  EXPECT_NEAR(hand.Total() / 1e9, 670, 15);  // about 670B total
+  EXPECT_NEAR(hand.Active() / 1e9, 37, 3);   // about 37B active
+
+  RooflineInputs in;
+  in.model = ModelCosts::From(*c, "bf16", "bf16");
+  in.hw = *HardwarePreset("gb200-nvl72");
+  in.layout.ep = 72;
+  in.context = 4096;
+  in.batches = {1, 4096, 16384};
+  in.price_per_hour = 6;
+  const RooflineReport r = AnalyzeRoofline(in);
+  const double ratio = 2.5e15 / 8e12;  // 312.5, "about 300"
+  EXPECT_DOUBLE_EQ(r.flops_per_byte, ratio);
+  EXPECT_NEAR(r.critical_batch, ratio * hand.Total() / hand.Active(), 1e-6);
+  EXPECT_NEAR(r.critical_batch, 5400, 300);
+  EXPECT_DOUBLE_EQ(r.critical_batch_routed_experts, ratio * 256 / 8);  // 10000
+  // With thousands of tokens every expert is hit, so the MoE-aware crossing is near the formula.
+  EXPECT_NEAR(r.critical_batch_moe_aware / r.critical_batch, 1.0, 0.1);
+  const double weight_bytes = 2 * hand.Total();
+  EXPECT_NEAR(r.latency_floor_seconds, weight_bytes / (72 * 8e12), 1e-12);  // about 2.3 ms
+  EXPECT_NEAR(r.drain_seconds, 186e9 / 8e12, 1e-12);                       // 23 ms
+  const double kv_per_token = 2 * 58 * 2 * 128 * 2;
+  EXPECT_DOUBLE_EQ(r.kv_bytes_per_token, kv_per_token);
+  EXPECT_EQ(r.max_batch_kv_fits, static_cast<int64_t>((72 * 186e9 - weight_bytes) / (kv_per_token * 4096)));
+  EXPECT_NEAR(r.kv_equals_weights_context_batch1, weight_bytes / kv_per_token, 1e-3);
+  ASSERT_EQ(r.rows.size(), 3u);
+  // Cost per token falls with batch: batch 1 pays the whole weight read for one token.
+  EXPECT_GT(r.rows[0].usd_per_million_tokens, 10 * r.rows[2].usd_per_million_tokens);
+  const auto& row = r.rows[1];
+  EXPECT_NEAR(row.tokens_per_second, 4096 / row.cost.bound_seconds, 1e-6);
+  EXPECT_NEAR(row.usd_per_million_tokens, 6.0 * 72 / 3600 / row.tokens_per_second * 1e6, 1e-9);
+}
+
+TEST(RooflineTest, DenseModelCriticalBatchIsTheFlopByteRatio) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  c->num_local_experts = 1;
+  c->num_experts_per_tok = 1;
+  RooflineInputs in;
+  in.model = ModelCosts::From(*c, "bf16", "bf16");
+  in.hw = *HardwarePreset("h100-sxm");
+  const RooflineReport r = AnalyzeRoofline(in);
+  EXPECT_DOUBLE_EQ(r.critical_batch, 989.4 / 3.35);
+  // f32 weights double the bytes, so the critical batch doubles too.
+  in.model = ModelCosts::From(*c, "f32", "bf16");
+  EXPECT_DOUBLE_EQ(AnalyzeRoofline(in).critical_batch, 2 * 989.4 / 3.35);
+}
+
+}  // namespace
+}  // namespace moeserve::roofline
