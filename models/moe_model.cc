@@ -1,6 +1,8 @@
 // MoE transformer forward.
 #include "models/moe_model.h"
 
+#include "core/clock.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -206,7 +208,13 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
 
   float* x = ws_.x.as<float>();
   float* xn = ws_.xn.as<float>();
+  Stopwatch phase;
+  auto lap = [&](double ForwardStats::*field) {
+    if (stats != nullptr) stats->*field += phase.Seconds();
+    phase.Reset();
+  };
   backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
+  lap(&ForwardStats::head_seconds);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = weights_->layer(l);
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -222,7 +230,9 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
                              ws_.attn.as<float>());
     backend_->Gemm(ws_.attn.as<float>(), t, lw.o, x, /*accumulate=*/true);  // residual
     backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
+    lap(&ForwardStats::attention_seconds);
     RETURN_IF_ERROR(MoeLayer(lw, t, stats));
+    lap(&ForwardStats::moe_seconds);
   }
   if (r == 0) {
     logits->clear();
@@ -235,7 +245,9 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
   backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
   logits->resize(static_cast<size_t>(r * c.vocab_size));
   RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
-  return backend_->Synchronize();
+  absl::Status s = backend_->Synchronize();
+  lap(&ForwardStats::head_seconds);
+  return s;
 }
 
 }  // namespace moeserve

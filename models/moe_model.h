@@ -35,6 +35,11 @@ struct ForwardStats {
   int64_t tokens = 0;
   int64_t experts_hit = 0;       // distinct (layer, expert) pairs that received tokens
   int64_t expert_assignments = 0;  // tokens * top-k * layers
+  // Host wall time per phase. Exact on a synchronous backend (the CPU); an asynchronous one
+  // would need a synchronisation at each boundary, which Forward does not add.
+  double attention_seconds = 0;  // norms, QKV/O projections, RoPE, KV writes, paged attention
+  double moe_seconds = 0;        // router, experts, shared expert, combine
+  double head_seconds = 0;       // embedding, final norm, lm_head, logits copy
 };
 
 // The KV layout of `config` with `num_blocks` blocks of `block_size` tokens.

@@ -67,8 +67,8 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.experts_hit = shape.experts_hit >= 0 ? shape.experts_hit
                                          : m.layers * ExpectedExpertsHit(m.experts, m.top_k, tokens);
   // FLOPs: weights touched per token, attention over the context, the lm_head per sampled row.
-  c.flops = tokens * m.flops_per_token + attended * 4.0 * m.layers * m.heads * m.head_dim +
-            logit_rows * 2.0 * m.lm_head_params;
+  c.attention_flops = attended * 4.0 * m.layers * m.heads * m.head_dim;
+  c.flops = tokens * m.flops_per_token + c.attention_flops + logit_rows * 2.0 * m.lm_head_params;
   // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
   c.weight_bytes = (m.dense_params + c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
   if (logit_rows == 0) c.weight_bytes -= m.lm_head_params * m.weight_bytes_per_param;
@@ -102,8 +102,11 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.compute_bound = c.compute_seconds >= c.memory_seconds;
   const double comm = layout.overlap_comm ? 0.0 : c.comm_seconds;
   c.bound_seconds = std::max(c.compute_seconds, c.memory_seconds) + comm + c.transfer_seconds;
-  c.seconds = eff.overhead_seconds +
-              std::max(c.compute_seconds / eff.compute, c.memory_seconds / eff.memory) + comm + c.transfer_seconds;
+  const double attn_share = c.flops > 0 ? c.attention_flops / c.flops : 0.0;
+  const double compute = c.compute_seconds * ((1 - attn_share) / eff.compute + attn_share / eff.attention);
+  const double memory = c.memory_seconds / eff.memory;
+  c.seconds = eff.overhead_seconds + std::max(compute, memory) + (1 - eff.overlap) * std::min(compute, memory) + comm +
+              c.transfer_seconds;
   return c;
 }
 

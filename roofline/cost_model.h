@@ -58,14 +58,19 @@ struct StepShape {
 
 // Efficiency factors of a calibrated model: achieved fractions of the peaks, and a fixed
 // per-step overhead (launches, synchronisation, sampling).
+// `overlap` is how much of the shorter of compute and memory time hides under the longer: 1
+// is the ideal roofline (max), 0 means they add up (no overlap at all).
 struct Efficiency {
-  double compute = 1.0;
+  double compute = 1.0;            // weight GEMMs
+  double attention = 1.0;          // attention FLOPs (QK^T, PV), often a different kernel
   double memory = 1.0;
+  double overlap = 1.0;
   double overhead_seconds = 0.0;
 };
 
 struct StepCost {
   double flops = 0;
+  double attention_flops = 0;  // the part of flops spent on QK^T and PV
   double weight_bytes = 0, kv_read_bytes = 0, kv_write_bytes = 0, comm_bytes = 0, transfer_bytes = 0;
   double experts_hit = 0;
   double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;

@@ -9,7 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "core/file_util.h"
 #include "core/summary.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "roofline/hardware.h"
+#include "tools/bench_sweep.h"
+#include "tools/calibrate/measure.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
 
@@ -27,15 +33,87 @@ struct BenchOptions {
   double rate = 0.0;
   uint64_t seed = 0;
   std::string out;
+  // Decode sweep against the roofline.
+  std::string sweep_batch;
+  std::string context = "128,1024,4096";
+  std::string hardware;
+  double sweep_max_kv_gb = 8;
+  int sweep_steps = 3;
 };
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> v;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(part, &x) || x < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not an integer >= 1"));
+    }
+    v.push_back(x);
+  }
+  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": the list is empty"));
+  std::sort(v.begin(), v.end());
+  return v;
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+int RunSweep(BenchOptions o) {
+  auto batches = ParseList("--sweep-batch", o.sweep_batch);
+  if (!batches.ok()) return Fail(batches.status());
+  auto contexts = ParseList("--context", o.context);
+  if (!contexts.ok()) return Fail(contexts.status());
+  if (o.sweep_steps < 1) return Fail(absl::InvalidArgumentError("--sweep-steps must be >= 1"));
+  if (!(o.sweep_max_kv_gb > 0)) return Fail(absl::InvalidArgumentError("--sweep-max-kv-gb must be > 0"));
+  auto kv_dtype = DTypeFromShortName(o.engine.kv_dtype);
+  if (!kv_dtype.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv_dtype.status().message())));
+  CpuBackend backend(MakeBackendOptions(o.engine));
+  roofline::HardwareProfile hw;
+  if (o.hardware.empty()) {
+    std::fprintf(stderr, "bench: no --hardware given; calibrating this machine first (no disk)\n");
+    calibrate::CalibrateSettings cs;
+    cs.threads = o.engine.threads;
+    cs.disk = false;
+    auto c = calibrate::Calibrate(&backend, cs);
+    if (!c.ok()) return Fail(c.status());
+    hw = c->profile;
+  } else {
+    auto h = roofline::LoadHardware(o.hardware);
+    if (!h.ok()) return Fail(h.status());
+    hw = *h;
+  }
+  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
+  auto weights = LoadModel(o.model, &backend);
+  if (!weights.ok()) return Fail(weights.status());
+  SweepOptions so;
+  so.batches = *batches;
+  so.contexts = *contexts;
+  so.block_size = o.engine.block_size;
+  so.kv_dtype = *kv_dtype;
+  so.min_steps = o.sweep_steps;
+  so.max_kv_bytes = o.sweep_max_kv_gb * 1e9;
+  auto report = RunDecodeSweep(**weights, &backend, hw, so);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("decode sweep: %s on %s, roofline of %s\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str(),
+              hw.name.c_str());
+  PrintSweep(*report, hw);
+  if (!o.out.empty()) {
+    nlohmann::json j = SweepToJson(*report, hw);
+    j["model"] = DescribeModelSpec(o.model);
+    j["backend"] = backend.Name();
+    j["total_params"] = (*weights)->config().TotalParams();
+    j["active_params"] = (*weights)->config().ActiveParams();
+    if (absl::Status s = WriteFileAtomically(o.out, j.dump(2) + "\n"); !s.ok()) return Fail(s);
+    std::printf("  wrote %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
 int RunBench(BenchOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   ecfg->step_history = 1 << 22;
@@ -214,6 +292,16 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Workload seed")->capture_default_str();
   cmd->add_option("--out", o->out, "Write the report as JSON to this file");
+  cmd->add_option("--sweep-batch", o->sweep_batch,
+                  "Decode sweep instead of a workload: comma-separated batch sizes, each held fixed while the "
+                  "step time is measured against the roofline (e.g. 1,2,4,8,16,32,64,128,256)");
+  cmd->add_option("--context", o->context, "Sweep: comma-separated context lengths")->capture_default_str();
+  cmd->add_option("--hardware", o->hardware,
+                  "Sweep: hardware profile (preset or `moeserve calibrate` JSON); default: calibrate now");
+  cmd->add_option("--sweep-max-kv-gb", o->sweep_max_kv_gb, "Sweep: skip points whose KV exceeds this many GB")
+      ->capture_default_str();
+  cmd->add_option("--sweep-steps", o->sweep_steps, "Sweep: measured decode steps per point (after a warm-up)")
+      ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunBench(*o); });
 }
 

@@ -1,0 +1,252 @@
+// Decode sweep against the roofline.
+#include "tools/bench_sweep.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/clock.h"
+#include "core/progress.h"
+#include "core/status.h"
+#include "core/summary.h"
+#include "engine/sampling.h"
+#include "kvcache/kv_storage.h"
+#include "models/moe_model.h"
+#include "roofline/cost_model.h"
+
+namespace moeserve::tools {
+
+namespace {
+
+// The batch where predicted compute time meets memory time for decodes at `context`.
+double PredictedCritical(const roofline::ModelCosts& m, const roofline::HardwareProfile& hw, int64_t context) {
+  auto gap = [&](double b) {
+    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(std::llround(b)));
+    const roofline::StepCost c = roofline::PredictStep(m, roofline::StepShape::Decode(n, context), hw);
+    return c.compute_seconds - c.memory_seconds;
+  };
+  if (gap(1) >= 0) return 1;
+  double lo = 1, hi = 1 << 20;
+  if (gap(hi) < 0) return 0;  // never compute-bound
+  while (hi - lo > 0.5) {
+    const double mid = (lo + hi) / 2;
+    (gap(mid) < 0 ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+}  // namespace
+
+absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend* backend,
+                                           const roofline::HardwareProfile& hw, const SweepOptions& o) {
+  const ModelConfig& c = weights.config();
+  const roofline::ModelCosts costs = roofline::ModelCosts::From(
+      c, weights.dtype() == DType::kF32 ? "f32" : "bf16", o.kv_dtype == DType::kF32 ? "f32" : "bf16");
+  const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  if (max_ctx + 1 > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--context: ", max_ctx, " + 1 exceeds the model's context of ",
+                                                   c.max_position_embeddings));
+  }
+  // One KV pool for the largest point that fits the byte limit.
+  const double token_bytes = costs.kv_bytes_per_token;
+  int64_t pool_tokens = 0;
+  for (int64_t b : o.batches) {
+    for (int64_t ctx : o.contexts) {
+      const int64_t blocks = b * ((ctx + 1 + o.block_size - 1) / o.block_size);
+      if (blocks * o.block_size * token_bytes <= o.max_kv_bytes) pool_tokens = std::max(pool_tokens, blocks * o.block_size);
+    }
+  }
+  if (pool_tokens == 0) return absl::InvalidArgumentError("no sweep point fits --sweep-max-kv-gb");
+  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, pool_tokens / o.block_size, o.block_size,
+                                                                        o.kv_dtype)));
+  MoeModel model(&weights, backend);
+  std::mt19937 gen(42);
+  std::vector<float> logits;
+  SweepReport report;
+  Progress progress("sweep", static_cast<int64_t>(o.batches.size() * o.contexts.size()), o.progress);
+  int64_t done = 0;
+  for (int64_t ctx : o.contexts) {
+    for (int64_t b : o.batches) {
+      const int64_t blocks_per_seq = (ctx + 1 + o.block_size - 1) / o.block_size;
+      if (b * blocks_per_seq * o.block_size > pool_tokens) {
+        report.skipped.push_back(absl::StrCat(b, "x", ctx));
+        progress.Update(++done);
+        continue;
+      }
+      // b sequences, each `ctx` tokens already cached, each decoding one token at position ctx.
+      ForwardInput in;
+      in.num_seqs = b;
+      in.max_blocks_per_seq = blocks_per_seq;
+      in.block_tables.resize(static_cast<size_t>(b * blocks_per_seq));
+      for (int64_t j = 0; j < b; ++j) {
+        for (int64_t k = 0; k < blocks_per_seq; ++k) in.block_tables[j * blocks_per_seq + k] = static_cast<int32_t>(j * blocks_per_seq + k);
+        in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+        in.positions.push_back(static_cast<int32_t>(ctx));
+        in.token_seq.push_back(static_cast<int32_t>(j));
+        in.slots.push_back((j * blocks_per_seq + ctx / o.block_size) * o.block_size + ctx % o.block_size);
+        in.logit_rows.push_back(static_cast<int32_t>(j));
+      }
+      std::vector<double> times;
+      std::vector<ForwardStats> stats;
+      Stopwatch total;
+      for (int step = 0; step < 1 + o.min_steps || total.Seconds() < o.min_seconds; ++step) {
+        ForwardStats fs;
+        Stopwatch sw;
+        RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs));
+        for (int64_t j = 0; j < b; ++j) in.token_ids[j] = ArgMax(logits.data() + j * c.vocab_size, c.vocab_size);
+        const double t = sw.Seconds();
+        if (step == 0) {
+          total.Reset();
+          continue;  // warm-up
+        }
+        times.push_back(t);
+        stats.push_back(fs);
+        if (step >= 50) break;
+      }
+      SweepPoint p;
+      p.batch = b;
+      p.context = ctx;
+      p.steps = static_cast<int>(times.size());
+      // The median step and its phases.
+      std::vector<size_t> order(times.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return times[x] < times[y]; });
+      const size_t mid = order[order.size() / 2];
+      p.observed_seconds = times[mid];
+      p.min_seconds = times[order.front()];
+      p.attention_seconds = stats[mid].attention_seconds;
+      p.moe_seconds = stats[mid].moe_seconds;
+      p.head_seconds = stats[mid].head_seconds;
+      double hit = 0;
+      for (const auto& s : stats) hit += static_cast<double>(s.experts_hit);
+      p.experts_hit = hit / static_cast<double>(stats.size());
+      roofline::StepShape shape = roofline::StepShape::Decode(b, ctx + 1);
+      shape.experts_hit = p.experts_hit;
+      p.peak = roofline::PredictStep(costs, shape, hw);
+      report.points.push_back(p);
+      progress.Update(++done, absl::StrCat("batch ", b, " context ", ctx, ": ", p.observed_seconds * 1e3, " ms"));
+    }
+  }
+  progress.Finish(done);
+
+  std::vector<roofline::Observation> all, even, odd;
+  for (size_t i = 0; i < report.points.size(); ++i) {
+    const roofline::Observation ob{report.points[i].peak, report.points[i].observed_seconds};
+    all.push_back(ob);
+    (i % 2 == 0 ? even : odd).push_back(ob);
+    if (ob.observed_seconds < 0.95 * ob.cost.bound_seconds) ++report.beats_bound;
+  }
+  report.fit = roofline::FitEfficiency(all);
+  if (!even.empty() && !odd.empty()) report.holdout = roofline::Evaluate(odd, roofline::FitEfficiency(even).efficiency);
+  for (SweepPoint& p : report.points) p.calibrated_seconds = roofline::PredictWithEfficiency(p.peak, report.fit.efficiency);
+  for (int64_t ctx : o.contexts) {
+    std::vector<double> bs, ts, bound, calibrated;
+    for (const SweepPoint& p : report.points) {
+      if (p.context == ctx) {
+        bs.push_back(static_cast<double>(p.batch));
+        ts.push_back(p.observed_seconds);
+        bound.push_back(p.peak.bound_seconds);
+        calibrated.push_back(p.calibrated_seconds);
+      }
+    }
+    if (bs.size() < 2) continue;
+    SweepReport::Knee k;
+    k.context = ctx;
+    k.measured = roofline::MeasuredKnee(bs, ts);
+    k.predicted_knee = roofline::MeasuredKnee(bs, bound);
+    k.calibrated_knee = roofline::MeasuredKnee(bs, calibrated);
+    k.predicted_critical = PredictedCritical(costs, hw, ctx + 1);
+    k.ratio = k.predicted_knee > 0 ? k.measured / k.predicted_knee : 0;
+    report.knees.push_back(k);
+  }
+  return report;
+}
+
+nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile& hw) {
+  nlohmann::json j;
+  j["hardware"] = nlohmann::json::parse(hw.ToJson());
+  j["efficiency"] = {{"compute", r.fit.efficiency.compute},
+                     {"attention", r.fit.efficiency.attention},
+                     {"memory", r.fit.efficiency.memory},
+                     {"overlap", r.fit.efficiency.overlap},
+                     {"overhead_seconds", r.fit.efficiency.overhead_seconds}};
+  j["calibrated_median_abs_error"] = r.fit.median_abs_rel_error;
+  j["calibrated_max_abs_error"] = r.fit.max_abs_rel_error;
+  j["holdout_median_abs_error"] = r.holdout.median_abs_rel_error;
+  j["points_beating_bound"] = r.beats_bound;
+  j["skipped"] = r.skipped;
+  for (const auto& k : r.knees) {
+    j["knees"].push_back({{"context", k.context},
+                          {"measured", k.measured},
+                          {"predicted_knee", k.predicted_knee},
+                          {"calibrated_knee", k.calibrated_knee},
+                          {"predicted_critical_batch", k.predicted_critical},
+                          {"measured_over_predicted_knee", k.ratio},
+                          {"measured_over_critical_batch", k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0}});
+  }
+  for (const SweepPoint& p : r.points) {
+    const double t = p.observed_seconds;
+    j["points"].push_back({{"batch", p.batch},
+                           {"context", p.context},
+                           {"steps", p.steps},
+                           {"observed_s", t},
+                           {"min_s", p.min_seconds},
+                           {"bound_s", p.peak.bound_seconds},
+                           {"calibrated_s", p.calibrated_seconds},
+                           {"observed_over_bound", t / p.peak.bound_seconds},
+                           {"calibrated_error", p.calibrated_seconds / t - 1},
+                           {"compute_s", p.peak.compute_seconds},
+                           {"memory_s", p.peak.memory_seconds},
+                           {"weight_s", p.peak.weight_seconds},
+                           {"kv_s", p.peak.kv_seconds},
+                           {"flops", p.peak.flops},
+                           {"bytes", p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes},
+                           {"experts_hit", p.experts_hit},
+                           {"achieved_flops_fraction", p.peak.flops / t / hw.PeakFlops("bf16")},
+                           {"achieved_bandwidth_fraction",
+                            (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t / hw.mem_bandwidth},
+                           {"attention_s", p.attention_seconds},
+                           {"moe_s", p.moe_seconds},
+                           {"head_s", p.head_seconds},
+                           {"tokens_per_s", static_cast<double>(p.batch) / t},
+                           {"usd_per_million_tokens",
+                            hw.price_per_hour / 3600.0 * t / static_cast<double>(p.batch) * 1e6}});
+  }
+  return j;
+}
+
+void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
+  std::printf("%6s %8s %11s %11s %11s %9s %9s %8s %8s %9s\n", "batch", "context", "observed ms", "bound ms",
+              "calib. ms", "obs/bound", "error", "flops %", "bw %", "tokens/s");
+  for (const SweepPoint& p : r.points) {
+    const double t = p.observed_seconds;
+    const double bytes = p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes;
+    std::printf("%6lld %8lld %11.3f %11.3f %11.3f %9.2f %8.1f%% %7.1f%% %7.1f%% %9.1f\n",
+                static_cast<long long>(p.batch), static_cast<long long>(p.context), t * 1e3,
+                p.peak.bound_seconds * 1e3, p.calibrated_seconds * 1e3, t / p.peak.bound_seconds,
+                100 * (p.calibrated_seconds / t - 1), 100 * p.peak.flops / t / hw.PeakFlops("bf16"),
+                100 * bytes / t / hw.mem_bandwidth, static_cast<double>(p.batch) / t);
+  }
+  const auto& e = r.fit.efficiency;
+  std::printf(
+      "calibrated model: efficiency GEMM %.3f, attention %.3f, memory %.3f; overlap %.2f; overhead %.3f ms\n",
+      e.compute, e.attention, e.memory, e.overlap, e.overhead_seconds * 1e3);
+  std::printf("  median |error| %.1f%% (max %.1f%%); fitted on even points, odd points: median %.1f%%\n",
+              100 * r.fit.median_abs_rel_error, 100 * r.fit.max_abs_rel_error, 100 * r.holdout.median_abs_rel_error);
+  std::printf("  points faster than the peak bound by more than 5%%: %lld\n", static_cast<long long>(r.beats_bound));
+  for (const auto& k : r.knees) {
+    std::printf("  context %lld: knee measured %.1f, roofline %.1f (ratio %.2f), calibrated %.1f; "
+                "critical batch (compute = memory at the peaks) %.1f (ratio %.2f)\n",
+                static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee,
+                k.predicted_critical, k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0.0);
+  }
+  if (!r.skipped.empty()) {
+    std::printf("  skipped (KV over the limit): %s\n", absl::StrJoin(r.skipped, " ").c_str());
+  }
+}
+
+}  // namespace moeserve::tools

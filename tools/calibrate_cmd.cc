@@ -1,0 +1,78 @@
+// `moeserve calibrate`: measures the machine at hand and writes a hardware profile (JSON) that
+// `serve`, `bench` and `roofline` load with --hardware.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+#include "roofline/hardware.h"
+#include "tools/calibrate/measure.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+namespace {
+
+struct CalibrateOptions {
+  std::string out;
+  int threads = 0;
+  double array_mb = 256;
+  std::string disk_dir = "/tmp";
+  double disk_mb = 512;
+  double price_per_hour = 0;
+  bool quick = false;
+  bool no_progress = false;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int RunCalibrate(const CalibrateOptions& o) {
+  if (!(o.array_mb > 0) || !(o.disk_mb > 0)) return Fail(absl::InvalidArgumentError("--array-mb and --disk-mb must be > 0"));
+  if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));
+  calibrate::CalibrateSettings cs;
+  cs.threads = o.threads;
+  cs.array_mb = o.array_mb;
+  cs.disk_dir = o.disk_dir;
+  cs.disk_mb = o.disk_mb;
+  cs.quick = o.quick;
+  cs.progress = !o.no_progress;
+  cs.price_per_hour = o.price_per_hour;
+  CpuBackendOptions bo;
+  bo.num_threads = o.threads;
+  CpuBackend backend(bo);
+  auto result = calibrate::Calibrate(&backend, cs);
+  if (!result.ok()) return Fail(result.status());
+  const std::string text = result->json.dump(2) + "\n";
+  if (o.out.empty()) {
+    std::fputs(text.c_str(), stdout);
+  } else {
+    if (absl::Status s = WriteFileAtomically(o.out, text); !s.ok()) return Fail(s);
+    std::fprintf(stderr, "calibrate: wrote %s (use it with --hardware %s)\n", o.out.c_str(), o.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddCalibrateCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<CalibrateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate", "Measure this machine (memory bandwidth, GEMM FLOP/s, copy and disk bandwidth) into a profile");
+  cmd->add_option("--out", o->out, "Write the JSON profile here (default: stdout)");
+  cmd->add_option("--threads", o->threads, "Threads (0: one per hardware thread, as the engine uses)")
+      ->capture_default_str();
+  cmd->add_option("--array-mb", o->array_mb, "Size of each STREAM array in MiB (far above the caches)")
+      ->capture_default_str();
+  cmd->add_option("--disk-dir", o->disk_dir, "Directory on the disk to measure")->capture_default_str();
+  cmd->add_option("--disk-mb", o->disk_mb, "MiB written and read back on the disk")->capture_default_str();
+  cmd->add_option("--price-per-hour", o->price_per_hour, "$ per hour of this machine, stored in the profile")
+      ->capture_default_str();
+  cmd->add_flag("--quick", o->quick, "Small sizes and few repeats (seconds; for tests, less accurate)");
+  cmd->add_flag("--no-progress", o->no_progress, "Do not draw the progress line");
+  cmd->callback([o, exit_code] { *exit_code = RunCalibrate(*o); });
+}
+
+}  // namespace moeserve::tools
