@@ -72,13 +72,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                    " bytes holds no block of ", config.block_size, " tokens"));
   }
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, blocks, config.block_size, config.kv_dtype)));
-  return std::unique_ptr<Engine>(new Engine(config, weights, backend, std::move(kv)));
+  std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
+  RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
+  return engine;
 }
 
 Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv)
     : config_(config),
       backend_(backend),
       model_(weights, backend),
+      costs_(roofline::ModelCosts::From(weights->config(), weights->dtype() == DType::kF32 ? "f32" : "bf16",
+                                        config.kv_dtype == DType::kF32 ? "f32" : "bf16")),
+      price_per_hour_(config.price_per_hour >= 0 ? config.price_per_hour
+                                                 : (config.hardware ? config.hardware->price_per_hour : 0.0)),
       kv_(std::move(kv)),
       pool_(kv_.layout().num_blocks),
       scheduler_(config.scheduler, &pool_, config.block_size, ModelFingerprint(*weights, backend)),
@@ -212,6 +218,15 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
       ev.timing.tpot_seconds = secs(now - *live.first_token) / (ev.usage.completion_tokens - 1);
     }
   }
+  RequestReceipt& rc = ev.receipt;
+  rc.queue_seconds = ev.timing.queue_seconds;
+  if (live.first_scheduled && live.first_token) rc.prefill_seconds = secs(*live.first_token - *live.first_scheduled);
+  if (live.first_token) rc.decode_seconds = secs(now - *live.first_token);
+  rc.steps = live.steps;
+  rc.mean_batch_size = live.steps ? static_cast<double>(live.batch_sum) / live.steps : 0.0;
+  rc.cached_tokens = live.seq.cached_prompt_tokens;
+  rc.device_seconds = live.device_seconds;
+  rc.cost_usd = live.device_seconds * price_per_hour_ / 3600.0;
   if (live.callback) live.callback(ev);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -269,6 +284,7 @@ absl::StatusOr<bool> Engine::Step() {
     Live& live = *live_.at(s.id);
     if (!live.first_scheduled) live.first_scheduled = start;
   }
+  const double schedule_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ForwardStats fstats;
   absl::Status s = model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
   if (!s.ok()) {
@@ -277,6 +293,14 @@ absl::StatusOr<bool> Engine::Step() {
     return true;
   }
   scheduler_.OnStepComputed(out);
+  // Receipts: each sequence's share of the step so far is its share of the step's tokens.
+  const double forward_done = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const auto& ch : out.chunks) {
+    Live& live = *live_.at(ch.seq->id);
+    ++live.steps;
+    live.batch_sum += in.num_seqs;
+    live.device_seconds += forward_done * static_cast<double>(ch.num_tokens) / static_cast<double>(out.num_tokens);
+  }
   const int64_t vocab = model_.config().vocab_size;
   const auto now = Clock::now();
   size_t row = 0;
@@ -306,6 +330,30 @@ absl::StatusOr<bool> Engine::Step() {
   StepRecord rec;
   rec.start_seconds = std::chrono::duration<double>(start - started_).count();
   rec.duration_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  rec.schedule_seconds = schedule_seconds;
+  rec.attention_seconds = fstats.attention_seconds;
+  rec.moe_seconds = fstats.moe_seconds;
+  rec.head_seconds = fstats.head_seconds;
+  rec.sampling_seconds = rec.duration_seconds - forward_done;
+  // The step's work from the cost model, and its prediction when a profile is configured.
+  roofline::StepShape shape;
+  for (const auto& ch : out.chunks) shape.seqs.push_back({ch.num_tokens, ch.start + ch.num_tokens, ch.wants_logits});
+  shape.experts_hit = static_cast<double>(fstats.experts_hit);
+  if (config_.hardware) {
+    const roofline::StepCost cost = roofline::PredictStep(costs_, shape, *config_.hardware, {}, config_.efficiency);
+    rec.flops = cost.flops;
+    rec.weight_bytes = cost.weight_bytes;
+    rec.kv_read_bytes = cost.kv_read_bytes;
+    rec.kv_write_bytes = cost.kv_write_bytes;
+    rec.comm_bytes = cost.comm_bytes;
+    rec.transfer_bytes = cost.transfer_bytes;
+    rec.predicted_compute_seconds = cost.compute_seconds;
+    rec.predicted_memory_seconds = cost.memory_seconds;
+    rec.predicted_comm_seconds = cost.comm_seconds;
+    rec.predicted_transfer_seconds = cost.transfer_seconds;
+    rec.predicted_bound_seconds = cost.bound_seconds;
+    rec.predicted_seconds = cost.seconds;
+  }
   rec.num_seqs = in.num_seqs;
   rec.num_tokens = out.num_tokens;
   rec.prefill_tokens = out.num_prefill_tokens;
@@ -313,14 +361,18 @@ absl::StatusOr<bool> Engine::Step() {
   rec.context_tokens = context_tokens;
   rec.experts_hit = fstats.experts_hit;
   rec.preempted = static_cast<int64_t>(out.preempted.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  rec.step = counters_.steps++;
-  counters_.busy_seconds += rec.duration_seconds;
-  counters_.batched_seqs += rec.num_seqs;
-  counters_.step_prefill_tokens += rec.prefill_tokens;
-  counters_.step_decode_tokens += rec.decode_tokens;
-  recorder_.Add(rec);
-  UpdateGaugesLocked();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rec.step = counters_.steps++;
+    counters_.busy_seconds += rec.duration_seconds;
+    counters_.batched_seqs += rec.num_seqs;
+    counters_.step_prefill_tokens += rec.prefill_tokens;
+    counters_.step_decode_tokens += rec.decode_tokens;
+    recorder_.Add(rec);
+    UpdateGaugesLocked();
+  }
+  // File I/O stays outside the lock that Submit takes.
+  if (trace_.enabled()) trace_.Write(rec, pool_.num_used());
   return true;
 }
 

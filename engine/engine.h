@@ -19,9 +19,11 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
+#include "engine/trace_writer.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
+#include "roofline/cost_model.h"
 
 namespace moeserve {
 
@@ -33,6 +35,12 @@ struct EngineConfig {
   DType kv_dtype = DType::kF32;
   int64_t max_tokens_limit = 4096;  // largest max_tokens a request may ask
   size_t step_history = 256;        // StepRecords kept for stats (benchmarks keep them all)
+  // Roofline predictions for every step, when a hardware profile is given.
+  std::optional<roofline::HardwareProfile> hardware;
+  roofline::Efficiency efficiency;  // of a calibrated model; the default predicts the bound
+  double price_per_hour = -1;       // $ per hour for receipts; < 0: the profile's price
+  std::string trace_jsonl;          // write every StepRecord here, one JSON object per line
+  std::string trace_chrome;         // ... and as a Chrome/Perfetto trace
 
   absl::Status Validate() const;
 };
@@ -96,6 +104,8 @@ class Engine {
     std::unique_ptr<Sampler> sampler;
     Clock::time_point submitted;
     std::optional<Clock::time_point> first_scheduled, first_token;
+    int64_t steps = 0, batch_sum = 0;
+    double device_seconds = 0.0;
   };
 
   Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv);
@@ -109,6 +119,9 @@ class Engine {
   EngineConfig config_;
   Backend* backend_;
   MoeModel model_;
+  roofline::ModelCosts costs_;
+  double price_per_hour_ = 0;
+  TraceWriter trace_;
   KvStorage kv_;
   BlockPool pool_;
   Scheduler scheduler_;

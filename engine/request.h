@@ -39,6 +39,19 @@ struct RequestTiming {
   double e2e_seconds = 0.0;
 };
 
+// What a request consumed: its share of every step it joined (each step's time split over the
+// step's tokens), and what that share costs at the configured price.
+struct RequestReceipt {
+  double queue_seconds = 0.0;    // submission to first scheduled step
+  double prefill_seconds = 0.0;  // first scheduled step to first token
+  double decode_seconds = 0.0;   // first token to the end
+  int64_t steps = 0;             // steps it took part in
+  double mean_batch_size = 0.0;  // sequences per step, over those steps
+  int64_t cached_tokens = 0;     // prompt tokens served from the prefix cache
+  double device_seconds = 0.0;   // attributed share of step time
+  double cost_usd = 0.0;         // device_seconds at the price per hour
+};
+
 // Streamed to the request's callback: one event per produced token, and a final one.
 struct RequestEvent {
   uint64_t request_id = 0;
@@ -49,6 +62,7 @@ struct RequestEvent {
   std::string message;  // why, for cancelled / deadline / error
   RequestUsage usage;
   RequestTiming timing;
+  RequestReceipt receipt;
   int64_t preemptions = 0;
 };
 

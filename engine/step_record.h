@@ -1,4 +1,5 @@
-// What one engine step did, kept in a bounded ring for stats and traces.
+// What one engine step did, observed and predicted, kept in a bounded ring for stats and
+// written to traces.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@ struct StepRecord {
   int64_t step = 0;
   double start_seconds = 0.0;  // since the engine started
   double duration_seconds = 0.0;
+  // Batch shape.
   int64_t num_seqs = 0;
   int64_t num_tokens = 0;
   int64_t prefill_tokens = 0;
@@ -18,6 +20,27 @@ struct StepRecord {
   int64_t context_tokens = 0;  // sum of attended context lengths
   int64_t experts_hit = 0;
   int64_t preempted = 0;
+  // Observed phase times.
+  double schedule_seconds = 0.0;   // scheduling and building the batch
+  double attention_seconds = 0.0;
+  double moe_seconds = 0.0;
+  double head_seconds = 0.0;       // embedding, final norm, lm_head
+  double sampling_seconds = 0.0;   // sampling and streaming events
+  double comm_seconds = 0.0;       // collective communication (0 on one rank)
+  double transfer_seconds = 0.0;   // KV moved between tiers (none yet)
+  // Work of the step, from the cost model.
+  double flops = 0.0;
+  double weight_bytes = 0.0, kv_read_bytes = 0.0, kv_write_bytes = 0.0, comm_bytes = 0.0, transfer_bytes = 0.0;
+  // Predicted by the roofline of the configured hardware profile (0 when there is none).
+  double predicted_compute_seconds = 0.0;
+  double predicted_memory_seconds = 0.0;
+  double predicted_comm_seconds = 0.0;
+  double predicted_transfer_seconds = 0.0;
+  double predicted_bound_seconds = 0.0;  // at the peaks
+  double predicted_seconds = 0.0;        // with the profile's efficiencies (the bound if none)
+  double observed_over_predicted() const {
+    return predicted_seconds > 0 ? duration_seconds / predicted_seconds : 0.0;
+  }
 };
 
 class StepRecorder {

@@ -78,6 +78,15 @@ void GenerateReactor::OnEvent(const RequestEvent& ev) {
         t->set_time_to_first_token_seconds(ev.timing.ttft_seconds);
         t->set_time_per_output_token_seconds(ev.timing.tpot_seconds);
         t->set_e2e_seconds(ev.timing.e2e_seconds);
+        v1::Receipt* rc = r.mutable_receipt();
+        rc->set_queue_seconds(ev.receipt.queue_seconds);
+        rc->set_prefill_seconds(ev.receipt.prefill_seconds);
+        rc->set_decode_seconds(ev.receipt.decode_seconds);
+        rc->set_steps(ev.receipt.steps);
+        rc->set_mean_batch_size(ev.receipt.mean_batch_size);
+        rc->set_cached_tokens(ev.receipt.cached_tokens);
+        rc->set_device_seconds(ev.receipt.device_seconds);
+        rc->set_cost_usd(ev.receipt.cost_usd);
         final_status_ = grpc::Status::OK;
         break;
       }

@@ -45,6 +45,17 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     st->set_num_seqs(r.num_seqs);
     st->set_num_tokens(r.num_tokens);
     st->set_duration_ms(r.duration_seconds * 1e3);
+    st->set_prefill_tokens(r.prefill_tokens);
+    st->set_decode_tokens(r.decode_tokens);
+    st->set_experts_hit(r.experts_hit);
+    st->set_attention_ms(r.attention_seconds * 1e3);
+    st->set_moe_ms(r.moe_seconds * 1e3);
+    st->set_sampling_ms(r.sampling_seconds * 1e3);
+    st->set_predicted_ms(r.predicted_seconds * 1e3);
+    st->set_predicted_bound_ms(r.predicted_bound_seconds * 1e3);
+    st->set_weight_bytes(r.weight_bytes);
+    st->set_kv_read_bytes(r.kv_read_bytes);
+    st->set_flops(r.flops);
   }
   out->set_kv_blocks_total(s.kv_blocks_total);
   out->set_kv_blocks_used(s.kv_blocks_used);

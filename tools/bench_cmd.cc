@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/file_util.h"
+#include "core/progress.h"
 #include "core/summary.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -36,7 +37,6 @@ struct BenchOptions {
   // Decode sweep against the roofline.
   std::string sweep_batch;
   std::string context = "128,1024,4096";
-  std::string hardware;
   double sweep_max_kv_gb = 8;
   int sweep_steps = 3;
 };
@@ -71,7 +71,7 @@ int RunSweep(BenchOptions o) {
   if (!kv_dtype.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv_dtype.status().message())));
   CpuBackend backend(MakeBackendOptions(o.engine));
   roofline::HardwareProfile hw;
-  if (o.hardware.empty()) {
+  if (o.engine.hardware.empty()) {
     std::fprintf(stderr, "bench: no --hardware given; calibrating this machine first (no disk)\n");
     calibrate::CalibrateSettings cs;
     cs.threads = o.engine.threads;
@@ -80,7 +80,7 @@ int RunSweep(BenchOptions o) {
     if (!c.ok()) return Fail(c.status());
     hw = c->profile;
   } else {
-    auto h = roofline::LoadHardware(o.hardware);
+    auto h = roofline::LoadHardware(o.engine.hardware);
     if (!h.ok()) return Fail(h.status());
     hw = *h;
   }
@@ -173,18 +173,18 @@ int RunBench(BenchOptions o) {
     }
   }
   // Progress until every request has finished.
+  Progress progress("bench", static_cast<int64_t>(items.size()), true);
   while (true) {
     int64_t d;
     {
       std::lock_guard<std::mutex> lock(mu);
       d = done;
     }
-    std::fprintf(stderr, "\r[%-40s] %lld/%zu requests, %.1f s", std::string(40 * d / items.size(), '#').c_str(),
-                 static_cast<long long>(d), items.size(), wall.Seconds());
     if (d == static_cast<int64_t>(items.size())) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    progress.Update(d, "requests");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::fprintf(stderr, "\n");
+  progress.Finish(static_cast<int64_t>(items.size()), "requests");
   const double elapsed = wall.Seconds();
   (*engine)->Stop();
   const EngineStats stats = (*engine)->GetStats();
@@ -249,6 +249,17 @@ int RunBench(BenchOptions o) {
   j["prefix_cache"] = {{"cached_prompt_tokens", cached},
                        {"hit_rate", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
   j["preemptions"] = stats.preemptions;
+  // Observed against predicted, step by step, when a hardware profile was given.
+  std::vector<double> ratio, bound_ratio;
+  for (const auto& s : stats.recent_steps) {
+    if (s.predicted_seconds > 0) ratio.push_back(s.duration_seconds / s.predicted_seconds);
+    if (s.predicted_bound_seconds > 0) bound_ratio.push_back(s.duration_seconds / s.predicted_bound_seconds);
+  }
+  if (!ratio.empty()) {
+    const Summary r = Summarize(ratio), b = Summarize(bound_ratio);
+    j["observed_over_predicted"] = {{"median", r.median}, {"p90", r.p90}, {"min", r.min}, {"max", r.max}};
+    j["observed_over_bound"] = {{"median", b.median}, {"min", b.min}, {"max", b.max}};
+  }
 
   std::printf("bench: %zu requests in %.2f s on %s\n", ttft.size(), elapsed, backend.Name().c_str());
   std::printf("  throughput: %.2f req/s, %.1f total tok/s, %.1f output tok/s\n", ttft.size() / elapsed,
@@ -264,6 +275,12 @@ int RunBench(BenchOptions o) {
   std::printf("  prefix cache: %lld of %lld prompt tokens (%.1f%%) | preemptions: %lld\n",
               static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
               prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions));
+  if (!ratio.empty()) {
+    const Summary r = Summarize(ratio), b = Summarize(bound_ratio);
+    std::printf("  observed / predicted step time: median %.3f, p90 %.3f (min %.3f, max %.3f); "
+                "observed / roofline bound: median %.2f, min %.2f\n",
+                r.median, r.p90, r.min, r.max, b.median, b.min);
+  }
   if (!o.out.empty()) {
     std::ofstream f(o.out);
     f << j.dump(2) << "\n";
@@ -296,8 +313,6 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                   "Decode sweep instead of a workload: comma-separated batch sizes, each held fixed while the "
                   "step time is measured against the roofline (e.g. 1,2,4,8,16,32,64,128,256)");
   cmd->add_option("--context", o->context, "Sweep: comma-separated context lengths")->capture_default_str();
-  cmd->add_option("--hardware", o->hardware,
-                  "Sweep: hardware profile (preset or `moeserve calibrate` JSON); default: calibrate now");
   cmd->add_option("--sweep-max-kv-gb", o->sweep_max_kv_gb, "Sweep: skip points whose KV exceeds this many GB")
       ->capture_default_str();
   cmd->add_option("--sweep-steps", o->sweep_steps, "Sweep: measured decode steps per point (after a warm-up)")

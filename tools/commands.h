@@ -30,6 +30,11 @@ struct EngineFlags {
   int threads = 0;
   bool reference = false;
   bool no_batch_invariant = false;
+  std::string hardware;     // roofline profile: preset or calibrate JSON
+  std::string calibration;  // a `bench --sweep-batch --out` JSON whose fitted efficiencies to use
+  double price_per_hour = -1;
+  std::string trace_jsonl;
+  std::string trace_chrome;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);

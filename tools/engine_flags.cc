@@ -2,6 +2,12 @@
 #include "absl/strings/str_cat.h"
 #include "tools/commands.h"
 
+#include <nlohmann/json.hpp>
+
+#include "core/file_util.h"
+#include "core/status.h"
+#include "roofline/hardware.h"
+
 namespace moeserve::tools {
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
@@ -26,6 +32,17 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-batch-invariant", f->no_batch_invariant,
                 "Use OpenBLAS for large batches: faster prefill, but outputs may depend on batch mates "
                 "in the last bits");
+  cmd->add_option("--hardware", f->hardware,
+                  "Roofline profile for per-step predictions: h100-sxm, h200, b200, gb200-nvl72, or a JSON "
+                  "profile from `moeserve calibrate` (the one that describes this machine)");
+  cmd->add_option("--calibration", f->calibration,
+                  "JSON from `moeserve bench --sweep-batch ... --out` whose fitted efficiencies turn the "
+                  "roofline bound into a calibrated prediction (needs --hardware)");
+  cmd->add_option("--price-per-hour", f->price_per_hour,
+                  "$ per hour of this machine for request receipts (default: the profile's price)");
+  cmd->add_option("--trace-jsonl", f->trace_jsonl, "Write every engine step's record here, one JSON per line");
+  cmd->add_option("--trace-chrome", f->trace_chrome,
+                  "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
 }
 
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
@@ -45,6 +62,35 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or bf16, got \"", f.kv_dtype, "\""));
   }
   c.kv_dtype = *dt;
+  if (!f.hardware.empty()) {
+    ASSIGN_OR_RETURN(c.hardware, roofline::LoadHardware(f.hardware));
+  }
+  if (!f.calibration.empty()) {
+    if (f.hardware.empty()) return absl::InvalidArgumentError("--calibration needs --hardware");
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.calibration));
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("efficiency") || !j["efficiency"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--calibration: ", f.calibration, " has no 'efficiency' object (use bench --sweep-batch --out)"));
+    }
+    const auto& e = j["efficiency"];
+    for (auto [key, out] : {std::pair<const char*, double*>{"compute", &c.efficiency.compute},
+                            {"attention", &c.efficiency.attention},
+                            {"memory", &c.efficiency.memory},
+                            {"overlap", &c.efficiency.overlap},
+                            {"overhead_seconds", &c.efficiency.overhead_seconds}}) {
+      if (!e.contains(key) || !e[key].is_number() || e[key].get<double>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--calibration: efficiency.", key, " must be a number >= 0"));
+      }
+      *out = e[key].get<double>();
+    }
+    if (!(c.efficiency.compute > 0 && c.efficiency.attention > 0 && c.efficiency.memory > 0)) {
+      return absl::InvalidArgumentError("--calibration: efficiencies must be > 0");
+    }
+  }
+  c.price_per_hour = f.price_per_hour;
+  c.trace_jsonl = f.trace_jsonl;
+  c.trace_chrome = f.trace_chrome;
   absl::Status s = c.Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("engine flags: ", s.message()));
   return c;
