@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "roofline/analysis.h"
+#include "roofline/calibration_fit.h"
 #include "roofline/model_presets.h"
 
 namespace moeserve::roofline {
@@ -166,6 +167,53 @@ TEST(RooflineTest, DenseModelCriticalBatchIsTheFlopByteRatio) {
   // f32 weights double the bytes, so the critical batch doubles too.
   in.model = ModelCosts::From(*c, "f32", "bf16");
   EXPECT_DOUBLE_EQ(AnalyzeRoofline(in).critical_batch, 2 * 989.4 / 3.35);
+}
+
+TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
+  auto c = AnalysisPreset("small");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  HardwareProfile hw;
+  hw.name = "synthetic";
+  hw.peak_flops_bf16 = 80e9;
+  hw.mem_bandwidth = 25e9;
+  hw.mem_capacity = 16e9;
+  std::mt19937_64 gen(std::random_device{}());
+  std::uniform_real_distribution<double> u(0.2, 0.95);
+  Efficiency truth;
+  truth.compute = u(gen);
+  truth.attention = u(gen) / 2;
+  truth.memory = u(gen);
+  truth.overlap = u(gen);
+  truth.overhead_seconds = 0.5e-3;
+  std::normal_distribution<double> noise(0, 0.01);
+  std::vector<Observation> obs;
+  for (int64_t ctx : {128, 1024, 4000}) {
+    for (int64_t b = 1; b <= 256; b *= 2) {
+      const StepCost cost = PredictStep(m, StepShape::Decode(b, ctx), hw);
+      obs.push_back({cost, PredictWithEfficiency(cost, truth) * (1 + noise(gen))});
+    }
+  }
+  const FitResult fit = FitEfficiency(obs);
+  EXPECT_LT(fit.median_abs_rel_error, 0.02) << "1% noise";
+  // The fit predicts the noiseless truth closely wherever it was observed.
+  for (const Observation& o : obs) {
+    const double want = PredictWithEfficiency(o.cost, truth);
+    EXPECT_NEAR(PredictWithEfficiency(o.cost, fit.efficiency) / want, 1.0, 0.05);
+  }
+  // PredictStep with the efficiency applies the same formula.
+  const StepCost direct = PredictStep(m, StepShape::Decode(8, 1024), hw, {}, truth);
+  EXPECT_NEAR(direct.seconds, PredictWithEfficiency(direct, truth), 1e-15);
+}
+
+TEST(CalibrationFitTest, KneeOfATwoSegmentCurveIsItsCorner) {
+  std::vector<double> b, t;
+  const double a = 6e-3, slope = 0.4e-3;  // corner at batch 15
+  for (double x = 1; x <= 512; x *= 2) {
+    b.push_back(x);
+    t.push_back(std::max(a, slope * x));
+  }
+  EXPECT_NEAR(MeasuredKnee(b, t), a / slope, 0.02 * a / slope);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "tests/server/proto/health.grpc.pb.h"
 #include "tests/server/proto/reflection.grpc.pb.h"
 #include "tests/server/server_process.h"
+#include "core/file_util.h"
 
 namespace moeserve::testing {
 namespace {
@@ -172,6 +173,12 @@ TEST_F(E2eTest, TextPromptStreamsTextLogprobsUsageAndTiming) {
   EXPECT_GT(t.time_to_first_token_seconds(), 0.0);
   EXPECT_GE(t.e2e_seconds(), t.time_to_first_token_seconds());
   EXPECT_GE(t.time_to_first_token_seconds(), t.queue_seconds());
+  // Alone on the server: the prompt fits one step, then one step per further token.
+  const v1::Receipt& rc = s.last.receipt();
+  EXPECT_EQ(rc.steps(), 12);
+  EXPECT_DOUBLE_EQ(rc.mean_batch_size(), 1.0);
+  EXPECT_GT(rc.device_seconds(), 0.0);
+  EXPECT_LE(rc.device_seconds(), t.e2e_seconds());
   // Logprobs: per token, top 3 in descending order, the greedy choice first.
   Streamed again;
   {
@@ -396,6 +403,56 @@ TEST_F(E2eTest, PythonClientStreams) {
       << out << err;
   EXPECT_NE(err.find("finish="), std::string::npos) << err;
   EXPECT_NE(err.find("prompt=4 "), std::string::npos) << err;  // BOS + 3 bytes
+}
+
+// The offline tools.
+
+TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
+  const std::string dir = MakeTempDir("tools");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"roofline", "--preset", "deepseek-v3-like", "--hardware", "gb200-nvl72", "--json",
+                        dir + "/ds.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto ds = nlohmann::json::parse(ReadAll(dir + "/ds.json"));
+  EXPECT_DOUBLE_EQ(ds["flops_per_byte"].get<double>(), 312.5);
+  EXPECT_NEAR(ds["critical_batch"].get<double>(), 5400, 300);
+  EXPECT_DOUBLE_EQ(ds["critical_batch_routed_experts"].get<double>(), 10000);
+  EXPECT_NE(out.find("critical batch"), std::string::npos) << out;
+
+  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-progress", "--disk-dir", dir, "--out", dir + "/hw.json"}, &out,
+                       &err),
+            0)
+      << err;
+  const auto hw = nlohmann::json::parse(ReadAll(dir + "/hw.json"));
+  for (const char* key : {"peak_flops_bf16", "peak_flops_f32", "mem_bandwidth", "mem_capacity", "disk_read_bandwidth",
+                          "disk_write_bandwidth", "host_link_bandwidth"}) {
+    EXPECT_GT(hw[key].get<double>(), 0) << key;
+  }
+  EXPECT_FALSE(hw["measurements"]["gemm"].empty());
+
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--sweep-batch", "1,2,4", "--context", "8,32", "--hardware",
+                        dir + "/hw.json", "--sweep-steps", "1", "--out", dir + "/sweep.json"},
+                       &out, &err),
+            0)
+      << out << err;
+  const auto sweep = nlohmann::json::parse(ReadAll(dir + "/sweep.json"));
+  ASSERT_EQ(sweep["points"].size(), 6u);
+  for (const auto& p : sweep["points"]) {
+    EXPECT_GT(p["observed_s"].get<double>(), 0);
+    EXPECT_GT(p["bound_s"].get<double>(), 0);
+    EXPECT_GT(p["calibrated_s"].get<double>(), 0);
+    EXPECT_NEAR(p["observed_over_bound"].get<double>(), p["observed_s"].get<double>() / p["bound_s"].get<double>(),
+                1e-9);
+  }
+  EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
+  EXPECT_EQ(sweep["knees"].size(), 2u);
+  // A bad profile is refused with the key named.
+  WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})");
+  EXPECT_NE(RunCommand({"roofline", "--hardware", dir + "/bad.json"}, &out, &err), 0);
+  EXPECT_NE(err.find("mem_bandwidth"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
 }
 
 // Servers with their own flags.
