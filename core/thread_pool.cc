@@ -1,9 +1,23 @@
-// ThreadPool: workers wake per job, grab chunks under a mutex, and the caller joins in.
+// ThreadPool: a job is published by bumping an atomic generation; workers spin on it for a
+// short while, then sleep on a condition variable. Chunks are claimed with an atomic counter.
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MOESERVE_PAUSE() _mm_pause()
+#else
+#define MOESERVE_PAUSE() std::this_thread::yield()
+#endif
 
 namespace moeserve {
+namespace {
+// How long an idle worker spins before sleeping: longer than the gap between the parallel
+// loops of one step, far shorter than the gap between steps of an idle engine.
+constexpr auto kSpin = std::chrono::microseconds(300);
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -14,6 +28,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    stop_flag_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -21,13 +36,8 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::RunChunks() {
   while (true) {
-    int64_t begin;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_ >= n_) return;
-      begin = next_;
-      next_ = std::min(n_, next_ + chunk_);
-    }
+    const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+    if (begin >= n_) return;
     (*fn_)(begin, std::min(n_, begin + chunk_));
   }
 }
@@ -35,22 +45,29 @@ void ThreadPool::RunChunks() {
 void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   while (true) {
-    {
+    // Spin, checking the clock every so often, then sleep.
+    bool got = false;
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 0; !got; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen || stop_flag_.load(std::memory_order_relaxed)) {
+        got = true;
+        break;
+      }
+      MOESERVE_PAUSE();
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) break;
+    }
+    if (!got) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      work_cv_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
     }
+    if (stop_flag_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
     RunChunks();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_workers_ == 0) done_cv_.notify_all();
-    }
+    pending_workers_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t max_parts = (n + grain - 1) / grain;
@@ -60,19 +77,24 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   std::lock_guard<std::mutex> run_lock(run_mu_);
   const int64_t parts = std::min<int64_t>(max_parts, 4 * num_threads());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    chunk_ = (n + parts - 1) / parts;
-    next_ = 0;
-    pending_workers_ = static_cast<int64_t>(workers_.size());
-    ++generation_;
-  }
+  fn_ = &fn;
+  n_ = n;
+  chunk_ = (n + parts - 1) / parts;
+  next_.store(0, std::memory_order_relaxed);
+  pending_workers_.store(static_cast<int64_t>(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  // Wake sleepers; taking the lock orders this after any worker's check of the predicate.
+  { std::lock_guard<std::mutex> lock(mu_); }
   work_cv_.notify_all();
   RunChunks();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+  // Every worker must finish its chunk (and stop reading fn_) before we return.
+  for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < 4096) {
+      MOESERVE_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
 }
 
