@@ -16,7 +16,7 @@ namespace moeserve {
 namespace {
 // How long an idle worker spins before sleeping: longer than the gap between the parallel
 // loops of one step, far shorter than the gap between steps of an idle engine.
-constexpr auto kSpin = std::chrono::microseconds(300);
+constexpr auto kSpin = std::chrono::microseconds(200);
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -53,8 +53,14 @@ void ThreadPool::WorkerLoop() {
         got = true;
         break;
       }
-      MOESERVE_PAUSE();
-      if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) break;
+      // A few pauses, then yields: when cores are oversubscribed (other processes, ctest -j),
+      // a yielding spinner hands its core to whoever needs it.
+      if (i < 64) {
+        MOESERVE_PAUSE();
+      } else {
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() > until) break;
+      }
     }
     if (!got) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -89,7 +95,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(
   RunChunks();
   // Every worker must finish its chunk (and stop reading fn_) before we return.
   for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < 4096) {
+    if (i < 64) {
       MOESERVE_PAUSE();
     } else {
       std::this_thread::yield();

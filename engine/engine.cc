@@ -303,6 +303,9 @@ absl::StatusOr<bool> Engine::Step() {
   }
   const int64_t vocab = model_.config().vocab_size;
   const auto now = Clock::now();
+  // Requests that end with this step finish after the step is booked in the stats, so that a
+  // client that has its last token also finds the step that made it in GetStats.
+  std::vector<std::pair<Live*, FinishReason>> to_finish;
   size_t row = 0;
   for (const auto& ch : out.chunks) {
     if (!ch.wants_logits) continue;
@@ -325,7 +328,7 @@ absl::StatusOr<bool> Engine::Step() {
       reason = FinishReason::kLength;
     }
     if (live.callback) live.callback(ev);
-    if (reason) Finish(live, *reason, "");
+    if (reason) to_finish.emplace_back(&live, *reason);
   }
   StepRecord rec;
   rec.start_seconds = std::chrono::duration<double>(start - started_).count();
@@ -373,6 +376,7 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // File I/O stays outside the lock that Submit takes.
   if (trace_.enabled()) trace_.Write(rec, pool_.num_used());
+  for (auto& [live, reason] : to_finish) Finish(*live, reason, "");
   return true;
 }
 

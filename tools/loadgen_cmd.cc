@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -201,8 +202,14 @@ int RunLoadgen(const LoadgenOptions& o) {
     const loadgen::LevelRun run = loadgen::RunLevel(stub.get(), level, items, ro);
     rep.metrics = loadgen::ComputeMetrics(run.results, run.duration_seconds, *slo);
 
+    // The last response can reach us before the server has booked the step that made it:
+    // wait (briefly) for the server to go idle so the level's deltas are complete.
     v1::Stats after;
-    const grpc::Status sa = get_stats(&after);
+    grpc::Status sa = get_stats(&after);
+    for (int i = 0; i < 200 && sa.ok() && (after.running_requests() > 0 || after.queue_depth() > 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      sa = get_stats(&after);
+    }
     if (sb.ok() && sa.ok()) {
       rep.server = loadgen::Difference(before, after);
       rep.stats = after;
