@@ -14,11 +14,13 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections import defaultdict
 
 import matplotlib
 
 matplotlib.use("Agg")
+warnings.filterwarnings("ignore", message="Data has no positive values")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
@@ -33,6 +35,8 @@ def by_context(points):
 
 def plot_step_time(report, groups, out):
     fig, ax = plt.subplots(figsize=(7.5, 5))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     knees = {k["context"]: k for k in report.get("knees", [])}
     for ctx, pts in groups.items():
         b = [p["batch"] for p in pts]
@@ -45,8 +49,6 @@ def plot_step_time(report, groups, out):
             ax.axvline(k["measured"], color=c, linestyle=":", alpha=0.7)
             ax.annotate(f"knee {k['measured']:.1f}", (k["measured"], 0.02), xycoords=("data", "axes fraction"),
                         rotation=90, fontsize=7, color=c)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xlabel("decode batch size")
     ax.set_ylabel("step time (ms)")
     eff = report.get("efficiency", {})
