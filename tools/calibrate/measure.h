@@ -19,7 +19,7 @@ namespace moeserve::calibrate {
 // Triad a[i] = b[i] + s * c[i] over three arrays of `bytes_per_array` bytes on `threads`
 // threads; counts 3 x 8 bytes per element as STREAM does. Bytes per second.
 double TriadBandwidth(size_t bytes_per_array, int threads, int repeats);
-// Sum of one array (read-only streaming, like a weight read). Bytes per second.
+// Sum of one array of 64-bit words (read-only streaming, like a weight read). Bytes per second.
 double ReadBandwidth(size_t bytes, int threads, int repeats);
 
 struct GemmPoint {

@@ -1,0 +1,119 @@
+// Google Benchmark micro-benchmarks of the CPU backend's hot kernels at decode shapes: the
+// GEMM with bf16 and f32 weights (GB/s of weights, GFLOP/s) and paged decode attention (GB/s of
+// KV). With MOESERVE_HARDWARE=profile.json (from `moeserve calibrate`), each also reports its
+// fraction of the profile's roofline, max(FLOPs / peak, bytes / bandwidth) over the measured
+// time (printed with a "/s" suffix: it is bound-seconds per second; 1 is at the roofline).
+//
+//   build/benchmarks/kernels_bench --benchmark_min_time=0.2
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <optional>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/file_util.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "roofline/hardware.h"
+
+namespace moeserve {
+namespace {
+
+moeserve::Backend& TheBackend() {
+  static CpuBackend* backend = new CpuBackend();  // one pool for the whole run
+  return *backend;
+}
+
+const std::optional<roofline::HardwareProfile>& Profile() {
+  static const std::optional<roofline::HardwareProfile> profile = []() -> std::optional<roofline::HardwareProfile> {
+    const char* path = std::getenv("MOESERVE_HARDWARE");
+    if (path == nullptr) return std::nullopt;
+    auto p = roofline::LoadHardware(path);
+    return p.ok() ? std::optional<roofline::HardwareProfile>(*p) : std::nullopt;
+  }();
+  return profile;
+}
+
+void Report(benchmark::State& state, double flops, double bytes, DType dtype) {
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(bytes * iters / 1e9, benchmark::Counter::kIsRate);
+  if (const auto& hw = Profile()) {
+    // Bound per iteration over measured time per iteration: 1 means at the roofline.
+    const double bound = std::max(flops / hw->PeakFlops(dtype == DType::kF32 ? "f32" : "bf16"), bytes / hw->mem_bandwidth);
+    state.counters["roofline_fraction"] =
+        benchmark::Counter(bound * iters, benchmark::Counter::kIsRate);  // bound seconds per second
+  }
+}
+
+void BM_Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> wf(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (float& v : wf) v = u(gen);
+  for (float& v : x) v = u(gen);
+  std::vector<uint8_t> w(wf.size() * DTypeSize(dtype));
+  ConvertFromF32(wf.data(), wf.size(), dtype, w.data());
+  const WeightRef ref{w.data(), dtype, n, k};
+  for (auto _ : state) {
+    TheBackend().Gemm(x.data(), m, ref, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  Report(state, 2.0 * m * n * k, static_cast<double>(w.size()), dtype);
+}
+// Decode shapes of the small preset's experts (w13: 2048 x 512, w2: 512 x 1024) and a weight
+// matrix far larger than the last-level cache.
+BENCHMARK(BM_Gemm)
+    ->ArgNames({"m", "n", "k", "bf16"})
+    ->Args({1, 2048, 512, 1})
+    ->Args({16, 2048, 512, 1})
+    ->Args({64, 2048, 512, 1})
+    ->Args({1, 8192, 4096, 1})
+    ->Args({1, 16384, 8192, 1})
+    ->Args({16, 8192, 4096, 1})
+    ->Args({256, 2048, 512, 1})
+    ->Args({1, 8192, 4096, 0})
+    ->Args({256, 2048, 512, 0})
+    ->UseRealTime();
+
+void BM_PagedDecodeAttention(benchmark::State& state) {
+  const int64_t batch = state.range(0), context = state.range(1);
+  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
+  const int64_t blocks_per_seq = (context + block - 1) / block;
+  KvLayout layout;
+  layout.num_blocks = batch * blocks_per_seq;
+  layout.num_layers = 1;
+  layout.block_size = block;
+  layout.kv_heads = kv_heads;
+  layout.head_dim = head_dim;
+  layout.dtype = DType::kBF16;
+  std::vector<uint8_t> kv(static_cast<size_t>(layout.num_blocks) * layout.BlockBytes(), 0);
+  std::vector<int32_t> tables(static_cast<size_t>(batch * blocks_per_seq)), seq(batch), pos(batch);
+  for (int64_t i = 0; i < batch * blocks_per_seq; ++i) tables[i] = static_cast<int32_t>(i);
+  for (int64_t s = 0; s < batch; ++s) {
+    seq[s] = static_cast<int32_t>(s);
+    pos[s] = static_cast<int32_t>(context - 1);
+  }
+  AttentionBatch ab{seq.data(), pos.data(), tables.data(), batch, batch, blocks_per_seq};
+  std::vector<float> q(static_cast<size_t>(batch * heads * head_dim), 0.1f), out(q.size());
+  for (auto _ : state) {
+    TheBackend().PagedAttention(q.data(), ab, layout, 0, kv.data(), heads, 0.125f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double flops = 4.0 * batch * context * heads * head_dim;
+  const double bytes = 2.0 * batch * context * kv_heads * head_dim * 2;  // K and V in bf16
+  Report(state, flops, bytes, DType::kBF16);
+}
+BENCHMARK(BM_PagedDecodeAttention)
+    ->ArgNames({"batch", "context"})
+    ->Args({1, 4096})
+    ->Args({16, 1024})
+    ->Args({64, 4096})
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace moeserve
+
+BENCHMARK_MAIN();
