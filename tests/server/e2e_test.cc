@@ -516,6 +516,47 @@ TEST(E2eServerFlagsTest, ApiKeyIsEnforced) {
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
 }
 
+TEST(E2eServerFlagsTest, TlsServesOnlyTlsClients) {
+  const std::string dir = MakeTempDir("tls");
+  std::string out, err;
+  // A self-signed certificate for the loopback address.
+  ASSERT_EQ(RunProgram({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout",
+                        dir + "/key.pem", "-out", dir + "/cert.pem"},
+                       &out, &err),
+            0)
+      << err;
+  // Start by hand: the helper's readiness check connects without TLS.
+  const std::string port_file = dir + "/port";
+  const pid_t pid = Spawn({"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--port-file", port_file,
+                           "--tls-cert", dir + "/cert.pem", "--tls-key", dir + "/key.pem"},
+                          dir + "/out", dir + "/err");
+  ASSERT_GT(pid, 0);
+  std::string port;
+  for (int i = 0; i < 3000 && (port.empty() || port.back() != '\n'); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    port = ReadAll(port_file);
+  }
+  ASSERT_FALSE(port.empty()) << ReadAll(dir + "/err");
+  const std::string target = "127.0.0.1:" + std::to_string(std::stoi(port));
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadAll(dir + "/cert.pem");
+  auto tls = v1::Moeserve::NewStub(grpc::CreateChannel(target, grpc::SslCredentials(ssl)));
+  Streamed s = Stream(tls.get(), IdsRequest({256, 1, 2}, 3));
+  EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.ids.size(), 3u);
+  auto plain = v1::Moeserve::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  Streamed p = Stream(plain.get(), IdsRequest({256, 1, 2}, 3), &ctx);
+  EXPECT_FALSE(p.status.ok()) << "a plaintext client must not be served";
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadAll(dir + "/err");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(E2eServerFlagsTest, SigtermLetsRunningRequestsFinish) {
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--grace-seconds", "30"})) << server.log();
