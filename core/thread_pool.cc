@@ -48,7 +48,7 @@ void ThreadPool::WorkerLoop() {
     // Spin, checking the clock every so often, then sleep.
     bool got = false;
     const auto until = std::chrono::steady_clock::now() + kSpin;
-    for (int i = 0; !got; ++i) {
+    for (int i = 0; !got; i = std::min(i + 1, 64)) {
       if (generation_.load(std::memory_order_acquire) != seen || stop_flag_.load(std::memory_order_relaxed)) {
         got = true;
         break;
@@ -94,7 +94,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(
   work_cv_.notify_all();
   RunChunks();
   // Every worker must finish its chunk (and stop reading fn_) before we return.
-  for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; ++i) {
+  for (int i = 0; pending_workers_.load(std::memory_order_acquire) != 0; i = std::min(i + 1, 64)) {
     if (i < 64) {
       MOESERVE_PAUSE();
     } else {

@@ -74,6 +74,7 @@ void TraceWriter::Write(const StepRecord& r, int64_t kv_blocks_used) {
   if (jsonl_ != nullptr) {
     const std::string line = ToJsonLine(r);
     std::fprintf(jsonl_, "%s\n", line.c_str());
+    std::fflush(jsonl_);  // a killed server keeps every whole step
   }
   if (chrome_ == nullptr) return;
   auto emit = [&](const nlohmann::json& ev) {
@@ -120,6 +121,7 @@ void TraceWriter::Write(const StepRecord& r, int64_t kv_blocks_used) {
           {"pid", 1},
           {"args", {{"ratio", r.observed_over_predicted()}}}});
   }
+  std::fflush(chrome_);
 }
 
 void TraceWriter::Close() {

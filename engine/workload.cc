@@ -84,8 +84,8 @@ std::vector<WorkloadItem> MakeWorkload(const WorkloadSpec& spec) {
     for (int64_t i = 0; i < n; ++i) it.prompt.push_back(tok(gen));
     if (it.prompt.empty()) it.prompt.push_back(tok(gen));
     it.max_tokens = static_cast<int32_t>(spec.output_len.Sample(gen));
+    it.arrival_seconds = t;  // the first request arrives at 0, as in vLLM's benchmark
     if (spec.rate > 0) t += gap(gen);
-    it.arrival_seconds = t;
   }
   return items;
 }

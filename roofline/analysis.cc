@@ -8,24 +8,25 @@ namespace moeserve::roofline {
 RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
   const ModelCosts& m = in.model;
   const HardwareProfile& hw = in.hw;
+  const double ep = static_cast<double>(in.layout.ep);
   const double devices = static_cast<double>(in.layout.devices());
+  const double peak = hw.PeakFlops(m.weight_dtype);
   RooflineReport r;
   r.flops_per_byte = hw.FlopsPerByte();
+  // Compute time = weight time with every weight read, at the peak of the weights' dtype.
+  const double ratio = peak / hw.mem_bandwidth;
   const double bytes_factor = m.weight_bytes_per_param / 2.0;
-  r.critical_batch = r.flops_per_byte * bytes_factor * m.total_params / m.active_params;
-  r.critical_batch_routed_experts =
-      r.flops_per_byte * bytes_factor * static_cast<double>(m.experts) / static_cast<double>(m.top_k);
+  r.critical_batch = ratio * bytes_factor * m.total_params / m.active_params;
+  r.critical_batch_routed_experts = ratio * bytes_factor * static_cast<double>(m.experts) / static_cast<double>(m.top_k);
 
-  // Bisection on the batch where decode compute time equals weight time (context 1).
+  // Bisection on the batch (decode tokens, context 1) where compute time meets weight time,
+  // with the experts expected to be hit and the layout's per-device shares (as PredictStep).
   auto gap = [&](double batch) {
-    StepShape s;
-    s.seqs = {SeqShape{1, 1, true}};
-    const StepCost one = PredictStep(m, s, hw, in.layout);
-    // Scale a single-sequence shape to `batch` tokens without building a huge vector.
-    const double flops = batch * (one.flops);
+    const double flops = batch * (m.flops_per_token + 2.0 * m.lm_head_params);
     const double experts = m.layers * ExpectedExpertsHit(m.experts, m.top_k, batch);
-    const double weight_bytes = (m.dense_params + experts * m.expert_params + batch * m.hidden) * m.weight_bytes_per_param;
-    return flops / (hw.PeakFlops(m.weight_dtype) * devices) - weight_bytes / (hw.mem_bandwidth * devices);
+    const double dense = m.dense_params * m.weight_bytes_per_param;
+    const double spread = (experts * m.expert_params + batch * m.hidden) * m.weight_bytes_per_param;
+    return flops / (peak * ep) - (dense / hw.mem_bandwidth + spread / (hw.mem_bandwidth * ep));
   };
   double lo = 1e-3, hi = 1e9;
   if (gap(lo) < 0 && gap(hi) > 0) {
@@ -37,23 +38,29 @@ RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
   }
 
   const double weight_bytes = m.TotalWeightBytes();
+  const double replicated_bytes = m.replicated_params * m.weight_bytes_per_param;
   r.latency_floor_seconds = weight_bytes / (hw.mem_bandwidth * devices);
+  r.latency_floor_layout_seconds =
+      replicated_bytes / hw.mem_bandwidth + (weight_bytes - replicated_bytes) / (hw.mem_bandwidth * ep);
   r.latency_floor_batch1_seconds = PredictStep(m, StepShape::Decode(1, in.context), hw, in.layout).bound_seconds;
   r.drain_seconds = hw.mem_capacity / hw.mem_bandwidth;
   r.kv_bytes_per_token = m.kv_bytes_per_token;
-  const double free_bytes = hw.mem_capacity * devices - weight_bytes;
+  // Each EP rank holds the non-expert weights (a 1/pp share per stage); experts are stored once.
+  const double free_bytes = hw.mem_capacity * devices - replicated_bytes * ep - (weight_bytes - replicated_bytes);
   r.max_batch_kv_fits =
       free_bytes > 0 ? static_cast<int64_t>(std::floor(free_bytes / (m.kv_bytes_per_token * in.context))) : 0;
   r.kv_equals_weights_context_batch1 = weight_bytes / m.kv_bytes_per_token;
   if (r.critical_batch > 0) r.kv_equals_weights_context_at_critical = weight_bytes / (r.critical_batch * m.kv_bytes_per_token);
 
+  const double pp = static_cast<double>(in.layout.pp);
   for (int64_t b : in.batches) {
     RooflineRow row;
     row.batch = b;
     row.cost = PredictStep(m, StepShape::Decode(b, in.context), hw, in.layout);
-    row.tokens_per_second = static_cast<double>(b) / row.cost.bound_seconds;
+    // With pp stages, pp micro-batches of this size are in flight at once.
+    row.tokens_per_second = pp * static_cast<double>(b) / row.cost.bound_seconds;
     row.usd_per_million_tokens = in.price_per_hour * devices / 3600.0 / row.tokens_per_second * 1e6;
-    row.kv_fits = b <= r.max_batch_kv_fits;
+    row.kv_fits = static_cast<double>(b) * pp <= static_cast<double>(r.max_batch_kv_fits);
     r.rows.push_back(row);
   }
   return r;

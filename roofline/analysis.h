@@ -19,7 +19,7 @@ struct RooflineInputs {
 };
 
 struct RooflineRow {
-  int64_t batch = 0;
+  int64_t batch = 0;  // per micro-batch; pp micro-batches are in flight with pp stages
   StepCost cost;
   double tokens_per_second = 0;
   double usd_per_million_tokens = 0;
@@ -34,7 +34,8 @@ struct RooflineReport {
   double critical_batch_routed_experts = 0;
   // Where predicted compute time meets weight time, with the expected experts hit at that batch.
   double critical_batch_moe_aware = 0;
-  double latency_floor_seconds = 0;         // all weights read once over the aggregate bandwidth
+  double latency_floor_seconds = 0;         // all weights once over the aggregate bandwidth (fully sharded)
+  double latency_floor_layout_seconds = 0;  // ... with this layout: each EP rank reads the dense weights
   double latency_floor_batch1_seconds = 0;  // a batch-1 decode step at the context (few experts hit)
   double drain_seconds = 0;                 // memory capacity over bandwidth
   double kv_bytes_per_token = 0;

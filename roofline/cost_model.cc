@@ -28,6 +28,7 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   // embeddings the lm_head is that same table.
   const double untied_head = c.tie_word_embeddings ? 0.0 : m.lm_head_params;
   m.dense_params = m.total_params - m.experts * m.layers * m.expert_params - embedding - untied_head + m.lm_head_params;
+  m.replicated_params = m.total_params - m.experts * m.layers * m.expert_params;
   // Per token: every dense weight but the lm_head (counted per logit row) and top-k experts.
   m.flops_per_token = 2.0 * (m.dense_params - m.lm_head_params + m.layers * m.top_k * m.expert_params);
   return m;
@@ -70,22 +71,24 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.attention_flops = attended * 4.0 * m.layers * m.heads * m.head_dim;
   c.flops = tokens * m.flops_per_token + c.attention_flops + logit_rows * 2.0 * m.lm_head_params;
   // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
-  c.weight_bytes = (m.dense_params + c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
-  if (logit_rows == 0) c.weight_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+  double dense_bytes = m.dense_params * m.weight_bytes_per_param;
+  if (logit_rows == 0) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+  const double spread_weight_bytes = (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
+  c.weight_bytes = dense_bytes + spread_weight_bytes;
 
-  // All devices work on the step at once: aggregate peaks.
-  const double devices = static_cast<double>(layout.devices());
-  const double flops_peak = hw.PeakFlops(m.weight_dtype) * devices;
-  const double bandwidth = hw.mem_bandwidth * devices;
-  c.compute_seconds = c.flops / flops_peak;
-  c.weight_seconds = c.weight_bytes / bandwidth;
-  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / bandwidth;
+  // Per device: each of the `ep` devices reads its own copy of the dense weights, a 1/ep share
+  // of the experts hit, of the KV and of the FLOPs. Pipeline stages run one after another, so
+  // their times add up to the same totals.
+  const double ep = static_cast<double>(layout.ep);
+  const double bandwidth = hw.mem_bandwidth;
+  c.compute_seconds = c.flops / (hw.PeakFlops(m.weight_dtype) * ep);
+  c.weight_seconds = dense_bytes / bandwidth + spread_weight_bytes / (bandwidth * ep);
+  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (bandwidth * ep);
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
   // Expert parallelism: each token's activation goes to its k experts and back; the share that
   // leaves its device crosses the scale-up links, all devices sending at once.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
-    const double ep = static_cast<double>(layout.ep);
     const double a2a = m.layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0 * (ep - 1) / ep;
     c.comm_bytes += a2a;
     c.comm_seconds += a2a / (hw.interconnect_bandwidth * ep);

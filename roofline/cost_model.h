@@ -20,6 +20,7 @@ struct ModelCosts {
   double kv_bytes_per_token = 0;      // K and V, all layers
   double act_bytes = 2;               // activations sent between devices (bf16)
   double dense_params = 0;            // every weight but the routed experts and the embedding table
+  double replicated_params = 0;       // every weight but the routed experts (held by each EP rank)
   double expert_params = 0;           // one routed expert (w1, w2, w3)
   double lm_head_params = 0;
   double flops_per_token = 0;         // 2 x params touched per token, lm_head excluded
@@ -31,7 +32,10 @@ struct ModelCosts {
 };
 
 // How the model is laid out over devices: experts spread over `ep` devices (dense parts
-// replicated, tokens split across them), layers split into `pp` stages.
+// replicated on each, as with data-parallel attention; tokens and sequences split evenly across
+// them), layers split into `pp` stages that a step passes through one after another (so `pp`
+// saves weight memory, not step latency; with `pp` micro-batches in flight it multiplies
+// throughput).
 struct ParallelLayout {
   int64_t ep = 1;
   int64_t pp = 1;

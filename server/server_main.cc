@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 
 #include <cstdio>
 #include <fstream>
@@ -28,9 +29,11 @@ namespace {
 std::atomic<int> g_signal_pipe{-1};
 
 extern "C" void OnShutdownSignal(int sig) {
+  const int saved_errno = errno;  // the interrupted code may be about to read it
   const int fd = g_signal_pipe.load();
   const char c = static_cast<char>(sig);
   if (fd >= 0) (void)!write(fd, &c, 1);
+  errno = saved_errno;
 }
 
 void SetShutdownHandler(void (*handler)(int)) {
@@ -49,6 +52,14 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
+  if (!std::isfinite(options.grace_seconds) || options.grace_seconds < 0 || options.grace_seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grace-seconds must be in [0, 86400], got ", options.grace_seconds));
+  }
+  if (options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-message-bytes must be >= 1024, got ", options.max_message_bytes));
+  }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options.tls_cert.empty() || !options.tls_key.empty()) {
     if (options.tls_cert.empty() || options.tls_key.empty()) {

@@ -65,8 +65,9 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
                                                                         o.kv_dtype)));
   MoeModel model(&weights, backend);
   std::mt19937 gen(42);
-  std::vector<float> logits;
   SweepReport report;
+  report.weight_dtype = costs.weight_dtype;
+  std::vector<float> logits;
   Progress progress("sweep", static_cast<int64_t>(o.batches.size() * o.contexts.size()), o.progress);
   int64_t done = 0;
   for (int64_t ctx : o.contexts) {
@@ -97,8 +98,8 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
         ForwardStats fs;
         Stopwatch sw;
         RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs));
+        const double t = sw.Seconds();  // the forward, which is what the cost model predicts
         for (int64_t j = 0; j < b; ++j) in.token_ids[j] = ArgMax(logits.data() + j * c.vocab_size, c.vocab_size);
-        const double t = sw.Seconds();
         if (step == 0) {
           total.Reset();
           continue;  // warm-up
@@ -168,6 +169,8 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
 
 nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile& hw) {
   nlohmann::json j;
+  j["weight_dtype"] = r.weight_dtype;
+  const double peak = hw.PeakFlops(r.weight_dtype);
   j["hardware"] = nlohmann::json::parse(hw.ToJson());
   j["efficiency"] = {{"compute", r.fit.efficiency.compute},
                      {"attention", r.fit.efficiency.attention},
@@ -206,7 +209,7 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
                            {"flops", p.peak.flops},
                            {"bytes", p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes},
                            {"experts_hit", p.experts_hit},
-                           {"achieved_flops_fraction", p.peak.flops / t / hw.PeakFlops("bf16")},
+                           {"achieved_flops_fraction", p.peak.flops / t / peak},
                            {"achieved_bandwidth_fraction",
                             (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t / hw.mem_bandwidth},
                            {"attention_s", p.attention_seconds},
@@ -220,6 +223,7 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
 }
 
 void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
+  const double peak = hw.PeakFlops(r.weight_dtype);
   std::printf("%6s %8s %11s %11s %11s %9s %9s %8s %8s %9s\n", "batch", "context", "observed ms", "bound ms",
               "calib. ms", "obs/bound", "error", "flops %", "bw %", "tokens/s");
   for (const SweepPoint& p : r.points) {
@@ -228,7 +232,7 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
     std::printf("%6lld %8lld %11.3f %11.3f %11.3f %9.2f %8.1f%% %7.1f%% %7.1f%% %9.1f\n",
                 static_cast<long long>(p.batch), static_cast<long long>(p.context), t * 1e3,
                 p.peak.bound_seconds * 1e3, p.calibrated_seconds * 1e3, t / p.peak.bound_seconds,
-                100 * (p.calibrated_seconds / t - 1), 100 * p.peak.flops / t / hw.PeakFlops("bf16"),
+                100 * (p.calibrated_seconds / t - 1), 100 * p.peak.flops / t / peak,
                 100 * bytes / t / hw.mem_bandwidth, static_cast<double>(p.batch) / t);
   }
   const auto& e = r.fit.efficiency;

@@ -40,6 +40,7 @@ struct SweepPoint {
 };
 
 struct SweepReport {
+  std::string weight_dtype;  // "bf16" or "f32": which FLOP/s peak applies
   std::vector<SweepPoint> points;
   roofline::FitResult fit;                 // fitted on every point
   roofline::FitResult holdout;             // fitted on even points, evaluated on odd ones

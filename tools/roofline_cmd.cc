@@ -97,9 +97,13 @@ int RunRoofline(const RooflineOptions& o) {
   std::printf("  critical batch:              %.0f tokens  (ratio x total/active%s)\n", r.critical_batch,
               dtype == "f32" ? " x 2 for f32" : "");
   std::printf("  ... routed-expert layers:    %.0f tokens  (ratio x experts/top-k)\n", r.critical_batch_routed_experts);
-  std::printf("  ... MoE-aware (experts hit): %.0f tokens\n", r.critical_batch_moe_aware);
-  std::printf("  latency floor:               %.3f ms  (all weights once over %s/s)\n", r.latency_floor_seconds * 1e3,
+  std::printf("  ... MoE-aware, this layout:  %.0f tokens  (compute = weight time, experts expected to be hit)\n",
+              r.critical_batch_moe_aware);
+  std::printf("  latency floor:               %.3f ms  (all weights once over %s/s, fully sharded)\n",
+              r.latency_floor_seconds * 1e3,
               Human(hw->mem_bandwidth * devices, "B").c_str());
+  std::printf("  ... with this layout:        %.3f ms  (each EP rank reads the dense weights)\n",
+              r.latency_floor_layout_seconds * 1e3);
   std::printf("  batch-1 step at context %lld: %.3f ms\n", static_cast<long long>(o.context),
               r.latency_floor_batch1_seconds * 1e3);
   std::printf("  drain time:                  %.2f ms  (capacity / bandwidth)\n", r.drain_seconds * 1e3);
@@ -130,6 +134,7 @@ int RunRoofline(const RooflineOptions& o) {
     j["critical_batch_routed_experts"] = r.critical_batch_routed_experts;
     j["critical_batch_moe_aware"] = r.critical_batch_moe_aware;
     j["latency_floor_s"] = r.latency_floor_seconds;
+    j["latency_floor_layout_s"] = r.latency_floor_layout_seconds;
     j["batch1_step_s"] = r.latency_floor_batch1_seconds;
     j["drain_s"] = r.drain_seconds;
     j["max_batch_kv_fits"] = r.max_batch_kv_fits;

@@ -50,7 +50,8 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   }
 
   void OnDone(const grpc::Status& status) override {
-    result_.e2e_seconds = Seconds(sent_, Clock::now());
+    // As vLLM measures it: to the last message that carried tokens (not the trailers).
+    result_.e2e_seconds = Seconds(sent_, result_.output_tokens > 0 ? last_ : Clock::now());
     result_.status_code = static_cast<int>(status.error_code());
     result_.error = status.error_message();
     done_(std::move(result_));
