@@ -45,6 +45,35 @@ void SetShutdownHandler(void (*handler)(int)) {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+// Installs the handlers for as long as it lives; Wait() returns the first signal caught.
+class SignalPipe {
+ public:
+  SignalPipe() {
+    if (pipe(fds_) != 0) {
+      fds_[0] = fds_[1] = -1;
+      return;
+    }
+    g_signal_pipe.store(fds_[1]);
+    SetShutdownHandler(OnShutdownSignal);
+  }
+  ~SignalPipe() {
+    SetShutdownHandler(SIG_DFL);
+    g_signal_pipe.store(-1);
+    if (fds_[0] >= 0) close(fds_[0]);
+    if (fds_[1] >= 0) close(fds_[1]);
+  }
+  bool ok() const { return fds_[0] >= 0; }
+  int Wait() {
+    char c = 0;
+    while (read(fds_[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    return c;
+  }
+
+ private:
+  int fds_[2];
+};
+
 }  // namespace
 
 absl::Status RunServer(const ServerOptions& options, const ServiceOptions& service_options, Engine* engine) {
@@ -60,6 +89,10 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes must be >= 1024, got ", options.max_message_bytes));
   }
+  // Catch the signals before anything can announce readiness (the port file), so that a signal
+  // sent as soon as the server is up drains it instead of killing it.
+  SignalPipe signal_pipe;
+  if (!signal_pipe.ok()) return absl::InternalError("cannot create the signal pipe");
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options.tls_cert.empty() || !options.tls_key.empty()) {
     if (options.tls_cert.empty() || options.tls_key.empty()) {
@@ -94,19 +127,15 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   std::fflush(stdout);
   if (!options.port_file.empty()) {
     absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(port, "\n"));
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      return absl::InvalidArgumentError(absl::StrCat("--port-file: ", s.message()));
+    }
   }
 
-  int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) return absl::InternalError("cannot create the signal pipe");
-  g_signal_pipe.store(pipe_fds[1]);
-  SetShutdownHandler(OnShutdownSignal);
   // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
   std::thread signals([&] {
-    char c = 0;
-    while (read(pipe_fds[0], &c, 1) < 0 && errno == EINTR) {
-    }
-    const int sig = c;
+    const int sig = signal_pipe.Wait();
     std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  options.grace_seconds);
     // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
@@ -121,10 +150,6 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   });
   server->Wait();
   signals.join();
-  SetShutdownHandler(SIG_DFL);
-  g_signal_pipe.store(-1);
-  close(pipe_fds[0]);
-  close(pipe_fds[1]);
   engine->Stop("server shutting down");
   std::fprintf(stderr, "moeserve: stopped cleanly\n");
   return absl::OkStatus();
