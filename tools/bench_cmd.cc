@@ -55,11 +55,6 @@ absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const st
   return v;
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 int RunSweep(BenchOptions o) {
   auto batches = ParseList("--sweep-batch", o.sweep_batch);
   if (!batches.ok()) return Fail(batches.status());

@@ -24,11 +24,6 @@ struct CalibrateOptions {
   bool no_progress = false;
 };
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 int RunCalibrate(const CalibrateOptions& o) {
   if (!(o.array_mb > 0) || !(o.disk_mb > 0)) return Fail(absl::InvalidArgumentError("--array-mb and --disk-mb must be > 0"));
   if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));

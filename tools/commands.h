@@ -4,11 +4,21 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <string>
+
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace moeserve::tools {
+
+// Prints "error: MESSAGE" to stderr and returns the exit code: 2 for bad input (a flag or a
+// file the user named), 1 otherwise.
+inline int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
 
 // Adds --model / --preset / --seed / --dtype to a subcommand.
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag);

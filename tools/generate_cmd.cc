@@ -44,11 +44,6 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
   return ids;
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 int RunGenerate(GenerateOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
   GenerationRequest req;

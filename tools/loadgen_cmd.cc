@@ -44,11 +44,6 @@ struct LoadgenOptions {
   double connect_timeout = 10;
 };
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }

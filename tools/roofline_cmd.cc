@@ -33,11 +33,6 @@ struct RooflineOptions {
   std::string csv;
 };
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 absl::StatusOr<ModelConfig> ResolveConfig(const RooflineOptions& o) {
   const int given = !o.model_dir.empty() + !o.preset.empty() + !o.config.empty();
   if (given > 1) return absl::InvalidArgumentError("give one of --model, --preset or --config");

@@ -18,11 +18,6 @@ struct ServeOptions {
   int64_t max_tokens_limit = 4096;
 };
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 int RunServe(ServeOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
   auto ecfg = MakeEngineConfig(o.engine);
