@@ -1,0 +1,270 @@
+// Flash tier: verified block records in a directory.
+#include "kvcache/flash_store.h"
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/file_util.h"
+
+namespace moeserve {
+
+static_assert(std::endian::native == std::endian::little, "records are little-endian and copied as such");
+
+namespace {
+
+namespace fs = std::filesystem;
+
+template <typename T>
+void Put(uint8_t*& p, T v) {
+  std::memcpy(p, &v, sizeof(v));
+  p += sizeof(v);
+}
+template <typename T>
+T Take(const uint8_t*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  p += sizeof(v);
+  return v;
+}
+
+constexpr size_t kChecksummedBytes = FlashRecordHeader::kBytes - 8;
+
+}  // namespace
+
+void FlashRecordHeader::Encode(uint8_t out[kBytes]) const {
+  uint8_t* p = out;
+  std::memcpy(p, kMagic, sizeof(kMagic));
+  p += sizeof(kMagic);
+  Put<uint32_t>(p, kVersion);
+  Put<uint32_t>(p, static_cast<uint32_t>(kBytes));
+  Put<uint64_t>(p, model_fingerprint);
+  Put<uint64_t>(p, block_hash.lo);
+  Put<uint64_t>(p, block_hash.hi);
+  Put<uint32_t>(p, layer_begin);
+  Put<uint32_t>(p, layer_end);
+  Put<uint32_t>(p, dtype);
+  Put<uint32_t>(p, block_tokens);
+  Put<uint64_t>(p, payload_bytes);
+  Put<uint64_t>(p, payload_checksum);
+  Put<uint64_t>(p, XXH3_64bits(out, kChecksummedBytes));
+}
+
+absl::StatusOr<FlashRecordHeader> FlashRecordHeader::Decode(const uint8_t in[kBytes]) {
+  if (std::memcmp(in, kMagic, sizeof(kMagic)) != 0) return absl::DataLossError("bad magic");
+  uint64_t stored;
+  std::memcpy(&stored, in + kChecksummedBytes, sizeof(stored));
+  if (stored != XXH3_64bits(in, kChecksummedBytes)) return absl::DataLossError("header checksum mismatch");
+  const uint8_t* p = in + sizeof(kMagic);
+  const uint32_t version = Take<uint32_t>(p);
+  const uint32_t header_bytes = Take<uint32_t>(p);
+  if (version != kVersion || header_bytes != kBytes) {
+    return absl::FailedPreconditionError(absl::StrCat("format version ", version, " (this build reads ", kVersion, ")"));
+  }
+  FlashRecordHeader h;
+  h.model_fingerprint = Take<uint64_t>(p);
+  h.block_hash.lo = Take<uint64_t>(p);
+  h.block_hash.hi = Take<uint64_t>(p);
+  h.layer_begin = Take<uint32_t>(p);
+  h.layer_end = Take<uint32_t>(p);
+  h.dtype = Take<uint32_t>(p);
+  h.block_tokens = Take<uint32_t>(p);
+  h.payload_bytes = Take<uint64_t>(p);
+  h.payload_checksum = Take<uint64_t>(p);
+  return h;
+}
+
+absl::StatusOr<std::unique_ptr<FlashStore>> FlashStore::Open(const FlashStoreOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("flash store: the directory is empty");
+  if (options.budget_bytes < FlashRecordHeader::kBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("flash store: budget of ", options.budget_bytes,
+                                                   " bytes holds no record"));
+  }
+  std::error_code ec;
+  fs::create_directories(options.dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("flash store: cannot create ", options.dir, ": ", ec.message()));
+  std::unique_ptr<FlashStore> store(new FlashStore(options));
+  store->stats_.budget_bytes = options.budget_bytes;
+  if (absl::Status s = store->Scan(); !s.ok()) return s;
+  return store;
+}
+
+std::string FlashStore::PathOf(const BlockHash& hash) const {
+  return absl::StrFormat("%s/%016x%016x.kvb", options_.dir, hash.hi, hash.lo);
+}
+
+absl::Status FlashStore::Scan() {
+  struct Found {
+    BlockHash hash;
+    uint64_t bytes;
+    fs::file_time_type mtime;
+  };
+  std::vector<Found> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StrContains(name, ".tmp.")) {  // a writer died before its rename
+      fs::remove(entry.path(), ec);
+      ++stats_.dropped_incomplete;
+      continue;
+    }
+    if (!absl::EndsWith(name, ".kvb")) continue;  // not ours
+    const uint64_t size = entry.file_size(ec);
+    uint8_t buf[FlashRecordHeader::kBytes];
+    std::ifstream f(entry.path(), std::ios::binary);
+    if (ec || size < FlashRecordHeader::kBytes || !f.read(reinterpret_cast<char*>(buf), sizeof(buf))) {
+      fs::remove(entry.path(), ec);
+      ++stats_.dropped_truncated;
+      continue;
+    }
+    auto h = FlashRecordHeader::Decode(buf);
+    if (!h.ok()) {
+      fs::remove(entry.path(), ec);
+      ++(h.status().code() == absl::StatusCode::kDataLoss ? stats_.dropped_corrupt : stats_.dropped_foreign);
+      continue;
+    }
+    if (h->model_fingerprint != options_.model_fingerprint) {
+      fs::remove(entry.path(), ec);
+      ++stats_.dropped_foreign;
+      continue;
+    }
+    if (size != FlashRecordHeader::kBytes + h->payload_bytes) {
+      fs::remove(entry.path(), ec);
+      ++stats_.dropped_truncated;
+      continue;
+    }
+    if (entry.path().string() != PathOf(h->block_hash)) {  // renamed or copied over another
+      fs::remove(entry.path(), ec);
+      ++stats_.dropped_corrupt;
+      continue;
+    }
+    found.push_back({h->block_hash, size, entry.last_write_time(ec)});
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat("flash store: cannot list ", options_.dir, ": ", ec.message()));
+  // Most recently written first, as the LRU order.
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime > b.mtime; });
+  for (const Found& f : found) {
+    lru_.push_back(f.hash);
+    index_[f.hash] = Entry{f.bytes, std::prev(lru_.end())};
+    stats_.bytes += f.bytes;
+  }
+  stats_.records = static_cast<int64_t>(index_.size());
+  // The budget may have shrunk since the last run.
+  while (stats_.bytes > options_.budget_bytes && !lru_.empty()) {
+    EraseLocked(lru_.back());
+    ++stats_.evictions;
+  }
+  return absl::OkStatus();
+}
+
+void FlashStore::EraseLocked(const BlockHash& hash) {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return;
+  std::error_code ec;
+  fs::remove(PathOf(hash), ec);
+  stats_.bytes -= it->second.file_bytes;
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+  stats_.records = static_cast<int64_t>(index_.size());
+}
+
+void FlashStore::TouchLocked(Entry& e, const BlockHash& hash) {
+  lru_.erase(e.lru);
+  lru_.push_front(hash);
+  e.lru = lru_.begin();
+}
+
+absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32_t layer_end, DType dtype,
+                             uint32_t block_tokens, const void* payload, size_t bytes) {
+  const uint64_t file_bytes = FlashRecordHeader::kBytes + bytes;
+  if (file_bytes > options_.budget_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("flash store: a record of ", file_bytes,
+                                                   " bytes exceeds the budget of ", options_.budget_bytes));
+  }
+  FlashRecordHeader h;
+  h.model_fingerprint = options_.model_fingerprint;
+  h.block_hash = hash;
+  h.layer_begin = layer_begin;
+  h.layer_end = layer_end;
+  h.dtype = static_cast<uint32_t>(dtype);
+  h.block_tokens = block_tokens;
+  h.payload_bytes = bytes;
+  h.payload_checksum = XXH3_64bits(payload, bytes);
+  uint8_t header[FlashRecordHeader::kBytes];
+  h.Encode(header);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseLocked(hash);
+  while (stats_.bytes + file_bytes > options_.budget_bytes && !lru_.empty()) {
+    EraseLocked(lru_.back());
+    ++stats_.evictions;
+  }
+  const std::string path = PathOf(hash);
+  auto writer = AtomicFileWriter::Create(path);
+  if (!writer.ok()) return writer.status();
+  if (absl::Status s = writer->Append(header, sizeof(header)); !s.ok()) return s;
+  if (absl::Status s = writer->Append(payload, bytes); !s.ok()) return s;
+  if (absl::Status s = writer->Commit(); !s.ok()) return s;
+  lru_.push_front(hash);
+  index_[hash] = Entry{file_bytes, lru_.begin()};
+  stats_.bytes += file_bytes;
+  stats_.records = static_cast<int64_t>(index_.size());
+  ++stats_.writes;
+  return absl::OkStatus();
+}
+
+absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(hash);
+  if (it == index_.end()) {
+    ++stats_.misses;
+    return absl::NotFoundError("flash store: no such block");
+  }
+  const std::string path = PathOf(hash);
+  std::ifstream f(path, std::ios::binary);
+  uint8_t header[FlashRecordHeader::kBytes];
+  auto drop = [&](int64_t* counter, absl::string_view why) {
+    EraseLocked(hash);
+    ++*counter;
+    ++stats_.misses;
+    return absl::NotFoundError(absl::StrCat("flash store: record dropped: ", why));
+  };
+  if (!f.read(reinterpret_cast<char*>(header), sizeof(header))) return drop(&stats_.dropped_truncated, "truncated");
+  auto h = FlashRecordHeader::Decode(header);
+  if (!h.ok()) return drop(&stats_.dropped_corrupt, h.status().message());
+  if (h->model_fingerprint != options_.model_fingerprint || !(h->block_hash == hash)) {
+    return drop(&stats_.dropped_foreign, "another model or block");
+  }
+  if (h->payload_bytes != bytes) return drop(&stats_.dropped_foreign, "another block shape");
+  if (!f.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes)) || f.peek() != EOF) {
+    return drop(&stats_.dropped_truncated, "length differs from the header");
+  }
+  if (XXH3_64bits(out, bytes) != h->payload_checksum) return drop(&stats_.dropped_corrupt, "payload checksum mismatch");
+  TouchLocked(it->second, hash);
+  ++stats_.hits;
+  return absl::OkStatus();
+}
+
+bool FlashStore::Contains(const BlockHash& hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.count(hash) > 0;
+}
+
+void FlashStore::Erase(const BlockHash& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseLocked(hash);
+}
+
+FlashStoreStats FlashStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,96 @@
+// The flash tier of the KV cache: full blocks as self-describing files in a directory, within a
+// byte budget. Each record is written atomically (temporary file, fsync, rename) and carries a
+// header (magic, format version, model fingerprint, block hash, layer range, dtype, payload
+// length, checksums). Opening a store scans and indexes the directory, so the cache survives a
+// restart; a truncated, corrupted, foreign or half-written record is detected, deleted and
+// counted, and never served. Thread-safe: the engine's transfer thread and lookups may share it.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "kvcache/block_hash.h"
+
+namespace moeserve {
+
+// The fixed-size header at the start of every record file (little-endian, packed by hand).
+struct FlashRecordHeader {
+  static constexpr char kMagic[8] = {'M', 'S', 'K', 'V', 'B', 'L', 'K', '\0'};
+  static constexpr uint32_t kVersion = 1;
+  static constexpr size_t kBytes = 8 + 4 + 4 + 8 + 16 + 4 + 4 + 4 + 4 + 8 + 8 + 8;  // 80
+
+  uint64_t model_fingerprint = 0;
+  BlockHash block_hash;
+  uint32_t layer_begin = 0, layer_end = 0;  // layers [begin, end) of the block in the payload
+  uint32_t dtype = 0;                        // DType of the KV elements
+  uint32_t block_tokens = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_checksum = 0;  // XXH3-64 of the payload
+
+  // Serialises with the header checksum (XXH3-64 of the bytes before it) at the end.
+  void Encode(uint8_t out[kBytes]) const;
+  // Parses and checks magic, version and the header checksum; the message says what failed.
+  static absl::StatusOr<FlashRecordHeader> Decode(const uint8_t in[kBytes]);
+};
+
+struct FlashStoreOptions {
+  std::string dir;             // created if missing
+  uint64_t budget_bytes = 0;   // files (headers included) never exceed this in total
+  uint64_t model_fingerprint = 0;
+};
+
+struct FlashStoreStats {
+  int64_t records = 0;
+  uint64_t bytes = 0;
+  uint64_t budget_bytes = 0;
+  int64_t hits = 0, misses = 0, writes = 0, evictions = 0;
+  // Records found bad and deleted, by reason (at open or on read).
+  int64_t dropped_truncated = 0;   // shorter or longer than the header says
+  int64_t dropped_corrupt = 0;     // bad magic, header checksum or payload checksum
+  int64_t dropped_foreign = 0;     // another model, format version or block shape
+  int64_t dropped_incomplete = 0;  // temporary files of a writer that did not finish
+};
+
+class FlashStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<FlashStore>> Open(const FlashStoreOptions& options);
+
+  // Stores a block's KV (replacing an existing record of the same hash). Evicts least recently
+  // used records to stay within the budget; refuses a record larger than the whole budget.
+  absl::Status Put(const BlockHash& hash, uint32_t layer_begin, uint32_t layer_end, DType dtype,
+                   uint32_t block_tokens, const void* payload, size_t bytes);
+  // Reads a block into `out` (exactly `bytes`). NOT_FOUND when absent; a record that fails its
+  // checks is deleted, counted and reported as NOT_FOUND too, so nothing corrupt is served.
+  absl::Status Get(const BlockHash& hash, void* out, size_t bytes);
+  bool Contains(const BlockHash& hash) const;
+  void Erase(const BlockHash& hash);
+
+  FlashStoreStats stats() const;
+  // Path of a record (for tests and tools).
+  std::string PathOf(const BlockHash& hash) const;
+
+ private:
+  struct Entry {
+    uint64_t file_bytes = 0;
+    std::list<BlockHash>::iterator lru;  // position in lru_ (front = most recent)
+  };
+
+  explicit FlashStore(FlashStoreOptions options) : options_(std::move(options)) {}
+  absl::Status Scan();
+  void EraseLocked(const BlockHash& hash);
+  void TouchLocked(Entry& e, const BlockHash& hash);
+
+  FlashStoreOptions options_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
+  std::list<BlockHash> lru_;
+  FlashStoreStats stats_;
+};
+
+}  // namespace moeserve
