@@ -74,6 +74,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, blocks, config.block_size, config.kv_dtype)));
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
+  if (config.kv_tiers.enabled()) {
+    if (!config.scheduler.prefix_caching) {
+      return absl::InvalidArgumentError("KV tiers hold prefix-cache blocks: they need prefix caching on");
+    }
+    ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, ModelFingerprint(*weights, backend),
+                                                     &engine->pool_, &engine->kv_, backend));
+    engine->tiers_->Attach();
+    engine->scheduler_.SetPrefixSource(engine->tiers_.get());
+  }
   return engine;
 }
 
@@ -206,6 +215,8 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
   ev.message = message;
   ev.usage.prompt_tokens = live.seq.prompt_len;
   ev.usage.cached_prompt_tokens = live.seq.cached_prompt_tokens;
+  ev.usage.cached_prompt_tokens_ddr = live.seq.cached_prompt_tokens_ddr;
+  ev.usage.cached_prompt_tokens_flash = live.seq.cached_prompt_tokens_flash;
   ev.usage.completion_tokens = live.seq.num_tokens() - live.seq.prompt_len;
   ev.preemptions = live.seq.preemptions;
   const auto now = Clock::now();
@@ -455,6 +466,10 @@ EngineStats Engine::GetStats() const {
   EngineStats s = counters_;
   s.recent_steps = recorder_.Recent();
   s.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  if (tiers_ != nullptr) {
+    s.has_tiers = true;
+    s.tiers = tiers_->stats();
+  }
   return s;
 }
 

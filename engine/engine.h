@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/kv_tiers.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
@@ -41,6 +42,7 @@ struct EngineConfig {
   double price_per_hour = -1;       // $ per hour for receipts; < 0: the profile's price
   std::string trace_jsonl;          // write every StepRecord here, one JSON object per line
   std::string trace_chrome;         // ... and as a Chrome/Perfetto trace
+  KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)
 
   absl::Status Validate() const;
 };
@@ -57,6 +59,8 @@ struct EngineStats {
   double busy_seconds = 0.0;     // sum of step durations
   int64_t batched_seqs = 0;      // sum of sequences per step (mean batch = batched_seqs / steps)
   int64_t step_prefill_tokens = 0, step_decode_tokens = 0;
+  bool has_tiers = false;
+  KvTierStats tiers;
   int64_t finished_length = 0, finished_stop = 0, cancelled = 0, deadline_exceeded = 0, errors = 0,
           refused = 0;
   std::vector<StepRecord> recent_steps;  // newest last
@@ -125,6 +129,7 @@ class Engine {
   KvStorage kv_;
   BlockPool pool_;
   Scheduler scheduler_;
+  std::unique_ptr<KvTiers> tiers_;  // after the pool and scheduler that point to it
   Clock::time_point started_;
 
   // Shared with submitting threads.

@@ -28,7 +28,9 @@ const char* FinishReasonName(FinishReason r);
 
 struct RequestUsage {
   int64_t prompt_tokens = 0;
-  int64_t cached_prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;        // from the prefix cache, any tier
+  int64_t cached_prompt_tokens_ddr = 0;    // ... of which brought back from host DDR
+  int64_t cached_prompt_tokens_flash = 0;  // ... and from flash
   int64_t completion_tokens = 0;
 };
 

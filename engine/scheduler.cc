@@ -101,11 +101,20 @@ void Scheduler::Preempt(Sequence* seq) {
 void Scheduler::TakeCachedPrefix(Sequence* seq) {
   ExtendBlockHashes(seq->tokens, block_size_, fingerprint_, &seq->hashes);
   const int64_t max_blocks = (seq->num_tokens() - 1) / block_size_;  // leave a token to compute
+  seq->promoted_ddr_blocks = seq->promoted_flash_blocks = 0;
   for (int64_t b = 0; b < max_blocks && b < static_cast<int64_t>(seq->hashes.size()); ++b) {
     auto block = pool_->Lookup(seq->hashes[b]);
-    if (!block.has_value()) break;
-    pool_->Retain(*block);
-    seq->blocks.push_back(*block);
+    if (block.has_value()) {
+      pool_->Retain(*block);
+      seq->blocks.push_back(*block);
+      continue;
+    }
+    // A device miss: a lower tier may still hold the block (it comes back with a reference).
+    if (source_ == nullptr) break;
+    auto promoted = source_->Promote(seq->hashes[b]);
+    if (!promoted.has_value()) break;
+    seq->blocks.push_back(promoted->first);
+    ++(promoted->second == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);
   }
   seq->num_computed = static_cast<int64_t>(seq->blocks.size()) * block_size_;
   seq->registered_blocks = static_cast<int64_t>(seq->blocks.size());
@@ -167,6 +176,8 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
   waiting_.pop_front();
   if (!seq->admitted_before) {
     seq->cached_prompt_tokens = seq->num_computed;
+    seq->cached_prompt_tokens_ddr = seq->promoted_ddr_blocks * block_size_;
+    seq->cached_prompt_tokens_flash = seq->promoted_flash_blocks * block_size_;
     seq->admitted_before = true;
   }
   seq->state = Sequence::State::kRunning;

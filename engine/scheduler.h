@@ -10,11 +10,14 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/sequence.h"
 #include "kvcache/block_pool.h"
+#include "kvcache/host_tier.h"
 
 namespace moeserve {
 
@@ -45,11 +48,22 @@ struct SchedulerOutput {
   bool empty() const { return chunks.empty(); }
 };
 
+// The KV tiers below the device pool, as the scheduler sees them: on a device miss during a
+// prefix lookup, a source may bring the block back into a device block that it allocates,
+// fills, registers under the hash and returns with one reference, saying which tier served it.
+class PrefixSource {
+ public:
+  virtual ~PrefixSource() = default;
+  virtual std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash) = 0;
+};
+
 class Scheduler {
  public:
   Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint);
 
   const SchedulerConfig& config() const { return config_; }
+  // Lower tiers consulted on prefix-cache misses (none by default); must outlive the scheduler.
+  void SetPrefixSource(PrefixSource* source) { source_ = source; }
 
   // Queues a sequence; RESOURCE_EXHAUSTED when the waiting queue is full, INVALID_ARGUMENT
   // when it could never fit the KV pool even alone.
@@ -89,6 +103,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;  // sorted by (priority, arrival)
   std::vector<Sequence*> running_;
   int64_t total_preemptions_ = 0;
+  PrefixSource* source_ = nullptr;
 };
 
 }  // namespace moeserve

@@ -27,7 +27,9 @@ struct Sequence {
   std::vector<int32_t> blocks;      // block table
   std::vector<BlockHash> hashes;    // of the full blocks of `tokens`
   int64_t registered_blocks = 0;    // leading blocks already indexed in the prefix cache
-  int64_t cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  int64_t cached_prompt_tokens = 0;  // prefix-cache hit at first admission (all tiers)
+  int64_t cached_prompt_tokens_ddr = 0, cached_prompt_tokens_flash = 0;  // ... brought back from them
+  int64_t promoted_ddr_blocks = 0, promoted_flash_blocks = 0;            // by the last prefix lookup
   int64_t preemptions = 0;
   bool admitted_before = false;
   State state = State::kWaiting;

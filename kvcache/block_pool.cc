@@ -53,6 +53,7 @@ absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n) {
       b = PopFront(cached_);  // evict the least recently released cached block
       --num_cached_;
       ++evictions_;
+      if (on_evict_) on_evict_(b, *hash_of_[b]);
       index_.erase(*hash_of_[b]);
       hash_of_[b].reset();
     }

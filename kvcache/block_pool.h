@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +41,11 @@ class BlockPool {
   void Release(int32_t block);
   void Release(const std::vector<int32_t>& blocks);
 
+  // Called when Allocate evicts a cached block, before the block is handed out: its contents
+  // are still intact, so a lower tier can keep a copy.
+  using EvictionObserver = std::function<void(int32_t block, const BlockHash& hash)>;
+  void SetEvictionObserver(EvictionObserver observer) { on_evict_ = std::move(observer); }
+
   // Indexes an in-use full block under `hash`, unless that hash already names another block.
   void Register(int32_t block, const BlockHash& hash);
   // The block holding `hash`, if cached or in use.
@@ -64,6 +70,7 @@ class BlockPool {
   std::vector<std::optional<BlockHash>> hash_of_;
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   List free_, cached_;
+  EvictionObserver on_evict_;
   int64_t num_free_ = 0, num_cached_ = 0, evictions_ = 0;
 };
 

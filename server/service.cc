@@ -68,6 +68,20 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   out->set_steps(s.steps);
   out->set_preemptions(s.preemptions);
   out->set_uptime_seconds(s.uptime_seconds);
+  if (s.has_tiers) {
+    v1::KvTierStats* t = out->mutable_kv_tiers();
+    t->set_ddr_capacity_blocks(s.tiers.host.capacity_blocks);
+    t->set_ddr_blocks(s.tiers.host.blocks);
+    t->set_flash_records(s.tiers.flash.records);
+    t->set_flash_bytes(static_cast<int64_t>(s.tiers.flash.bytes));
+    t->set_flash_budget_bytes(static_cast<int64_t>(s.tiers.flash.budget_bytes));
+    t->set_demoted_blocks(s.tiers.demoted);
+    t->set_promoted_from_ddr(s.tiers.promoted_ddr);
+    t->set_promoted_from_flash(s.tiers.promoted_flash);
+    t->set_flash_dropped(s.tiers.flash.dropped_corrupt + s.tiers.flash.dropped_foreign +
+                         s.tiers.flash.dropped_truncated + s.tiers.flash.dropped_incomplete);
+    t->set_ddr_to_flash(s.tiers.host.demoted_to_flash);
+  }
   out->set_busy_seconds(s.busy_seconds);
   out->set_batched_seqs(s.batched_seqs);
   out->set_prefill_tokens(s.step_prefill_tokens);

@@ -45,6 +45,9 @@ struct EngineFlags {
   double price_per_hour = -1;
   std::string trace_jsonl;
   std::string trace_chrome;
+  double host_kv_mb = 0;
+  std::string flash_kv_dir;
+  double flash_kv_mb = 1024;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);

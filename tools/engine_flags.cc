@@ -40,6 +40,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "roofline bound into a calibrated prediction (needs --hardware)");
   cmd->add_option("--price-per-hour", f->price_per_hour,
                   "$ per hour of this machine for request receipts (default: the profile's price)");
+  cmd->add_option("--host-kv-mb", f->host_kv_mb,
+                  "Host DDR tier for evicted prefix-cache blocks, MiB (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
+                  "Directory of the flash tier below DDR (verified records; survives restarts)");
+  cmd->add_option("--flash-kv-mb", f->flash_kv_mb, "Byte budget of the flash tier, MiB")->capture_default_str();
   cmd->add_option("--trace-jsonl", f->trace_jsonl, "Write every engine step's record here, one JSON per line");
   cmd->add_option("--trace-chrome", f->trace_chrome,
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
@@ -88,6 +94,11 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
       return absl::InvalidArgumentError("--calibration: efficiencies must be > 0");
     }
   }
+  if (f.host_kv_mb < 0) return absl::InvalidArgumentError(absl::StrCat("--host-kv-mb must be >= 0, got ", f.host_kv_mb));
+  if (!(f.flash_kv_mb > 0)) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-mb must be > 0, got ", f.flash_kv_mb));
+  c.kv_tiers.host_bytes = static_cast<uint64_t>(f.host_kv_mb * 1048576.0);
+  c.kv_tiers.flash_dir = f.flash_kv_dir;
+  c.kv_tiers.flash_bytes = static_cast<uint64_t>(f.flash_kv_mb * 1048576.0);
   c.price_per_hour = f.price_per_hour;
   c.trace_jsonl = f.trace_jsonl;
   c.trace_chrome = f.trace_chrome;
