@@ -59,6 +59,11 @@ int RunServe(ServeOptions o) {
   kv->set_bytes(static_cast<int64_t>((*engine)->num_kv_blocks() *
                                      KvLayoutFor(c, 1, ecfg->block_size, ecfg->kv_dtype).BlockBytes()));
   kv->set_dtype(std::string(DTypeShortName(ecfg->kv_dtype)));
+  kv->set_ddr_bytes(static_cast<int64_t>(ecfg->kv_tiers.host_bytes));
+  if (!ecfg->kv_tiers.flash_dir.empty()) {
+    kv->set_flash_dir(ecfg->kv_tiers.flash_dir);
+    kv->set_flash_bytes(static_cast<int64_t>(ecfg->kv_tiers.flash_bytes));
+  }
 
   (*engine)->Start();
   absl::Status s = server::RunServer(o.server, so, engine->get());
