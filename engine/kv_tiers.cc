@@ -2,6 +2,7 @@
 #include "engine/kv_tiers.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/status.h"
 
 namespace moeserve {
@@ -37,12 +38,14 @@ uint8_t* KvTiers::BlockData(int32_t block) const {
 }
 
 void KvTiers::Demote(int32_t block, const BlockHash& hash) {
+  Stopwatch sw;
   if (!backend_->CopyToHost(staging_.data(), BlockData(block), staging_.size()).ok() ||
       !host_->Put(hash, staging_.data()).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
   ++demoted_;
+  demote_ns_ += static_cast<int64_t>(sw.Seconds() * 1e9);
 }
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash) {
@@ -50,6 +53,7 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
   if (!got.ok()) return std::nullopt;
   const int32_t block = (*got)[0];
+  Stopwatch sw;
   auto tier = host_->Get(hash, staging_.data());
   if (!tier.ok() || !backend_->CopyToDevice(BlockData(block), staging_.data(), staging_.size()).ok()) {
     pool_->Release(block);  // unhashed: back to free
@@ -57,6 +61,7 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   }
   pool_->Register(block, hash);
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
+  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(static_cast<int64_t>(sw.Seconds() * 1e9));
   return std::make_pair(block, *tier);
 }
 
@@ -71,6 +76,10 @@ KvTierStats KvTiers::stats() const {
   s.demote_failures = demote_failures_;
   s.promoted_ddr = promoted_ddr_;
   s.promoted_flash = promoted_flash_;
+  s.demote_seconds = demote_ns_.load() * 1e-9;
+  s.promote_ddr_seconds = promote_ddr_ns_.load() * 1e-9;
+  s.promote_flash_seconds = promote_flash_ns_.load() * 1e-9;
+  s.block_bytes = static_cast<int64_t>(staging_.size());
   return s;
 }
 

@@ -32,6 +32,9 @@ struct KvTierStats {
   bool has_flash = false;
   int64_t demoted = 0, demote_failures = 0;
   int64_t promoted_ddr = 0, promoted_flash = 0;
+  // Measured copies, for bandwidth: seconds and bytes per direction and tier.
+  double demote_seconds = 0, promote_ddr_seconds = 0, promote_flash_seconds = 0;
+  int64_t block_bytes = 0;
 };
 
 class KvTiers final : public PrefixSource {
@@ -58,6 +61,7 @@ class KvTiers final : public PrefixSource {
   std::vector<uint8_t> staging_;  // one block, host side (pinned memory under CUDA, later)
   // Written by the engine thread, read by GetStats.
   std::atomic<int64_t> demoted_{0}, demote_failures_{0}, promoted_ddr_{0}, promoted_flash_{0};
+  std::atomic<int64_t> demote_ns_{0}, promote_ddr_ns_{0}, promote_flash_ns_{0};
 };
 
 }  // namespace moeserve

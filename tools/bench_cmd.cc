@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "roofline/hardware.h"
 #include "tools/bench_sweep.h"
+#include "tools/bench_tiers.h"
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
@@ -39,6 +40,9 @@ struct BenchOptions {
   std::string context = "128,1024,4096";
   double sweep_max_kv_gb = 8;
   int sweep_steps = 3;
+  // Long-prompt TTFT per KV tier.
+  bool tier_scenario = false;
+  int64_t tier_prompt = 4096;
 };
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::string& text) {
@@ -106,8 +110,32 @@ int RunSweep(BenchOptions o) {
   return 0;
 }
 
+int RunTiers(BenchOptions o) {
+  auto ecfg = MakeEngineConfig(o.engine);
+  if (!ecfg.ok()) return Fail(ecfg.status());
+  std::optional<roofline::HardwareProfile> hw;
+  if (!o.engine.hardware.empty()) hw = *ecfg->hardware;
+  CpuBackend backend(MakeBackendOptions(o.engine));
+  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
+  auto weights = LoadModel(o.model, &backend);
+  if (!weights.ok()) return Fail(weights.status());
+  TierScenarioOptions to;
+  to.prompt_tokens = o.tier_prompt;
+  to.flash_dir = o.engine.flash_kv_dir;
+  auto j = RunTierScenario(*ecfg, weights->get(), &backend, to, hw);
+  if (!j.ok()) return Fail(j.status());
+  (*j)["model"] = DescribeModelSpec(o.model);
+  (*j)["backend"] = backend.Name();
+  if (!o.out.empty()) {
+    if (absl::Status s = WriteFileAtomically(o.out, j->dump(2) + "\n"); !s.ok()) return Fail(s);
+    std::printf("  wrote %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
 int RunBench(BenchOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (o.tier_scenario) return RunTiers(std::move(o));
   if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
@@ -310,6 +338,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--context", o->context, "Sweep: comma-separated context lengths")->capture_default_str();
   cmd->add_option("--sweep-max-kv-gb", o->sweep_max_kv_gb, "Sweep: skip points whose KV exceeds this many GB")
       ->capture_default_str();
+  cmd->add_flag("--tier-scenario", o->tier_scenario,
+                "Instead of a workload: TTFT of one long prompt computed, hit on the device, brought back from "
+                "DDR and from flash, with measured copy bandwidths (uses --flash-kv-dir if given)");
+  cmd->add_option("--tier-prompt", o->tier_prompt, "Tier scenario: prompt length in tokens")->capture_default_str();
   cmd->add_option("--sweep-steps", o->sweep_steps, "Sweep: measured decode steps per point (after a warm-up)")
       ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunBench(*o); });

@@ -455,6 +455,18 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   }
   EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
   EXPECT_EQ(sweep["knees"].size(), 2u);
+  // The long-prompt scenario over the KV tiers (short prompt: the tiny model).
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--tier-scenario", "--tier-prompt", "128", "--flash-kv-dir",
+                        dir + "/flash", "--out", dir + "/tiers.json"},
+                       &out, &err),
+            0)
+      << out << err;
+  const auto tiers = nlohmann::json::parse(ReadAll(dir + "/tiers.json"));
+  EXPECT_EQ(tiers["cold"]["cached_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(tiers["device_hit"]["cached_tokens"].get<int64_t>(), 128 - 16) << "all full blocks but the last token's";
+  EXPECT_EQ(tiers["ddr_hit"]["cached_tokens_ddr"].get<int64_t>(), 112);
+  EXPECT_EQ(tiers["flash_hit"]["cached_tokens_flash"].get<int64_t>(), 112);
+  EXPECT_GT(tiers["measured"]["promote_from_flash_bytes_per_s"].get<double>(), 0);
   // A bad profile is refused with the key named.
   WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})");
   EXPECT_NE(RunCommand({"roofline", "--hardware", dir + "/bad.json"}, &out, &err), 0);

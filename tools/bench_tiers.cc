@@ -1,0 +1,155 @@
+// Long-prompt TTFT per KV tier.
+#include "tools/bench_tiers.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/progress.h"
+#include "core/status.h"
+
+namespace moeserve::tools {
+namespace {
+
+struct Run {
+  double ttft = 0;
+  RequestUsage usage;
+};
+
+absl::StatusOr<Run> RunOne(Engine* engine, const std::vector<int32_t>& prompt) {
+  GenerateRequest g;
+  g.prompt = prompt;
+  g.max_tokens = 1;
+  Run r;
+  ASSIGN_OR_RETURN(uint64_t id, engine->Submit(g, [&](const RequestEvent& ev) {
+    if (!ev.finished) return;
+    r.ttft = ev.timing.ttft_seconds;
+    r.usage = ev.usage;
+  }));
+  (void)id;
+  RETURN_IF_ERROR(engine->RunUntilIdle());
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const ModelWeights* weights,
+                                               Backend* backend, const TierScenarioOptions& o,
+                                               const std::optional<roofline::HardwareProfile>& hw) {
+  const ModelConfig& c = weights->config();
+  if (o.prompt_tokens < 2 * base.block_size || o.prompt_tokens + 1 >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--tier-prompt must be in [", 2 * base.block_size, ", ",
+                                                   c.max_position_embeddings - 2, "], got ", o.prompt_tokens));
+  }
+  std::mt19937 gen(2026);
+  auto random_prompt = [&] {
+    std::vector<int32_t> p(static_cast<size_t>(o.prompt_tokens));
+    for (auto& t : p) t = static_cast<int32_t>(gen() % 256);
+    return p;
+  };
+  const std::vector<int32_t> prompt = random_prompt();
+  const std::vector<int32_t> filler_a = random_prompt(), filler_b = random_prompt();
+  const int64_t prompt_blocks = (o.prompt_tokens + 1 + base.block_size - 1) / base.block_size;
+  const std::string flash_dir =
+      o.flash_dir.empty() ? (std::filesystem::temp_directory_path() / absl::StrCat("moeserve_tiers_", getpid())).string()
+                          : o.flash_dir;
+  std::filesystem::remove_all(flash_dir);
+
+  // Room on the device for the prompt and one filler: the second filler evicts the prompt.
+  EngineConfig ec = base;
+  ec.num_kv_blocks = 2 * prompt_blocks + 2;
+  ec.scheduler.prefix_caching = true;
+  const uint64_t block_bytes = KvLayoutFor(c, 1, base.block_size, base.kv_dtype).BlockBytes();
+  Progress progress("tier scenario", 9, o.progress);
+  int64_t step = 0;
+  nlohmann::json j;
+
+  // 1. DDR: cold, device hit, then evicted to DDR and brought back.
+  ec.kv_tiers = {};
+  ec.kv_tiers.host_bytes = 2 * prompt_blocks * block_bytes;
+  ASSIGN_OR_RETURN(auto ddr_engine, Engine::Create(ec, weights, backend));
+  progress.Update(step, "cold prefill");
+  ASSIGN_OR_RETURN(Run cold, RunOne(ddr_engine.get(), prompt));
+  progress.Update(++step, "device hit");
+  ASSIGN_OR_RETURN(Run device, RunOne(ddr_engine.get(), prompt));
+  progress.Update(++step, "evicting");
+  RETURN_IF_ERROR(RunOne(ddr_engine.get(), filler_a).status());
+  progress.Update(++step, "evicting");
+  RETURN_IF_ERROR(RunOne(ddr_engine.get(), filler_b).status());
+  progress.Update(++step, "DDR hit");
+  ASSIGN_OR_RETURN(Run ddr, RunOne(ddr_engine.get(), prompt));
+  const KvTierStats ddr_stats = ddr_engine->GetStats().tiers;
+  ddr_engine.reset();
+
+  // 2. Flash only: evicted straight to flash and brought back from it.
+  ec.kv_tiers = {};
+  ec.kv_tiers.flash_dir = flash_dir;
+  ec.kv_tiers.flash_bytes = 4 * prompt_blocks * (block_bytes + 4096);
+  ASSIGN_OR_RETURN(auto flash_engine, Engine::Create(ec, weights, backend));
+  progress.Update(++step, "cold prefill");
+  RETURN_IF_ERROR(RunOne(flash_engine.get(), prompt).status());
+  progress.Update(++step, "evicting");
+  RETURN_IF_ERROR(RunOne(flash_engine.get(), filler_a).status());
+  progress.Update(++step, "evicting");
+  RETURN_IF_ERROR(RunOne(flash_engine.get(), filler_b).status());
+  progress.Update(++step, "flash hit");
+  ASSIGN_OR_RETURN(Run flash, RunOne(flash_engine.get(), prompt));
+  const KvTierStats flash_stats = flash_engine->GetStats().tiers;
+  flash_engine.reset();
+  std::filesystem::remove_all(flash_dir);
+  progress.Finish(++step, "done");
+
+  auto bandwidth = [&](int64_t blocks, double seconds) {
+    return seconds > 0 ? static_cast<double>(blocks) * static_cast<double>(block_bytes) / seconds : 0.0;
+  };
+  j["prompt_tokens"] = o.prompt_tokens;
+  j["block_bytes"] = block_bytes;
+  j["kv_bytes_of_prompt"] = static_cast<double>(o.prompt_tokens / base.block_size) * static_cast<double>(block_bytes);
+  auto row = [&](const Run& r) {
+    return nlohmann::json{{"ttft_s", r.ttft},
+                          {"cached_tokens", r.usage.cached_prompt_tokens},
+                          {"cached_tokens_ddr", r.usage.cached_prompt_tokens_ddr},
+                          {"cached_tokens_flash", r.usage.cached_prompt_tokens_flash}};
+  };
+  j["cold"] = row(cold);
+  j["device_hit"] = row(device);
+  j["ddr_hit"] = row(ddr);
+  j["flash_hit"] = row(flash);
+  j["measured"] = {{"demote_to_ddr_bytes_per_s", bandwidth(ddr_stats.demoted, ddr_stats.demote_seconds)},
+                   {"promote_from_ddr_bytes_per_s", bandwidth(ddr_stats.promoted_ddr, ddr_stats.promote_ddr_seconds)},
+                   {"demote_to_flash_bytes_per_s", bandwidth(flash_stats.demoted, flash_stats.demote_seconds)},
+                   {"promote_from_flash_bytes_per_s",
+                    bandwidth(flash_stats.promoted_flash, flash_stats.promote_flash_seconds)}};
+  if (hw) {
+    j["profile"] = {{"name", hw->name},
+                    {"host_link_bytes_per_s", hw->host_link_bandwidth},
+                    {"disk_read_bytes_per_s", hw->disk_read_bandwidth},
+                    {"disk_write_bytes_per_s", hw->disk_write_bandwidth}};
+  }
+  std::printf("tier scenario: one %lld-token prompt, TTFT by where its prefix comes from\n",
+              static_cast<long long>(o.prompt_tokens));
+  for (auto [name, r] : {std::pair<const char*, const Run*>{"cold (computed)", &cold},
+                         {"device hit", &device},
+                         {"DDR hit", &ddr},
+                         {"flash hit", &flash}}) {
+    std::printf("  %-16s TTFT %9.2f ms  cached %5lld tokens (DDR %lld, flash %lld)\n", name, r->ttft * 1e3,
+                static_cast<long long>(r->usage.cached_prompt_tokens),
+                static_cast<long long>(r->usage.cached_prompt_tokens_ddr),
+                static_cast<long long>(r->usage.cached_prompt_tokens_flash));
+  }
+  const auto& m = j["measured"];
+  std::printf("  copies: to DDR %.2f GB/s, from DDR %.2f GB/s, to flash %.2f GB/s, from flash %.2f GB/s\n",
+              m["demote_to_ddr_bytes_per_s"].get<double>() / 1e9, m["promote_from_ddr_bytes_per_s"].get<double>() / 1e9,
+              m["demote_to_flash_bytes_per_s"].get<double>() / 1e9,
+              m["promote_from_flash_bytes_per_s"].get<double>() / 1e9);
+  if (hw) {
+    std::printf("  profile %s: host link %.2f GB/s, disk read %.2f GB/s, disk write %.2f GB/s\n", hw->name.c_str(),
+                hw->host_link_bandwidth / 1e9, hw->disk_read_bandwidth / 1e9, hw->disk_write_bandwidth / 1e9);
+  }
+  return j;
+}
+
+}  // namespace moeserve::tools
