@@ -314,56 +314,83 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   const int64_t kvh = layout.kv_heads;
   const int64_t group = q_heads / kvh;
   const int64_t bs = layout.block_size;
-  // One work item per (token, kv head): the group's query heads share each K/V row read.
-  pool.ParallelFor(batch.num_tokens * kvh, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, row(hd), acc(group * hd);
+  // Tiles of consecutive tokens of one sequence (a prefill chunk) share every K/V row they
+  // read; a decode token is a tile of one. Each token's dot products, softmax and weighted sum
+  // run in the same order whatever its tile, so results do not depend on batch mates.
+  constexpr int64_t kTile = 16;
+  std::vector<int64_t> tile_start;
+  for (int64_t t = 0; t < batch.num_tokens; ++t) {
+    const bool extends = t > 0 && t - tile_start.back() < kTile && batch.token_seq[t] == batch.token_seq[t - 1] &&
+                         batch.token_pos[t] == batch.token_pos[t - 1] + 1;
+    if (!extends) tile_start.push_back(t);
+  }
+  const int64_t tiles = static_cast<int64_t>(tile_start.size());
+  tile_start.push_back(batch.num_tokens);
+  // One work item per (tile, kv head): the group's query heads share each K/V row read.
+  pool.ParallelFor(tiles * kvh, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores, krow(hd), vrow(hd), acc;
     for (int64_t item = b; item < e; ++item) {
-      const int64_t t = item / kvh, g = item % kvh;
-      const int64_t ctx = batch.token_pos[t] + 1;
-      const int32_t* table = batch.block_tables + batch.token_seq[t] * batch.max_blocks_per_seq;
-      const float* qg = q + (t * q_heads + g * group) * hd;
-      scores.resize(static_cast<size_t>(ctx * group));
-      // Pass 1: scores[j, h] for every key position j.
-      for (int64_t j = 0; j < ctx; ++j) {
+      const int64_t tile = item / kvh, g = item % kvh;
+      const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
+      const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
+      const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
+      const int64_t stride = ctx_max * group;
+      scores.resize(static_cast<size_t>(nt * stride));
+      acc.assign(static_cast<size_t>(nt * group * hd), 0.0f);
+      auto ctx_of = [&](int64_t i) { return static_cast<int64_t>(batch.token_pos[t0 + i]) + 1; };
+      // Pass 1: scores[i][j, h] for every key position j the token attends to.
+      for (int64_t j = 0; j < ctx_max; ++j) {
         const int64_t off = layout.Offset(table[j / bs], layer, 0, j % bs) + g * hd;
         const float* kr;
         if (layout.dtype == DType::kF32) {
           kr = static_cast<const float*>(cache) + off;
         } else {
-          LoadRowF32(cache, layout.dtype, off, hd, row.data());
-          kr = row.data();
+          LoadRowF32(cache, layout.dtype, off, hd, krow.data());
+          kr = krow.data();
         }
-        for (int64_t h = 0; h < group; ++h) scores[j * group + h] = Dot(qg + h * hd, kr, hd) * scale;
+        for (int64_t i = 0; i < nt; ++i) {
+          if (j >= ctx_of(i)) continue;
+          const float* qg = q + ((t0 + i) * q_heads + g * group) * hd;
+          for (int64_t h = 0; h < group; ++h) scores[i * stride + j * group + h] = Dot(qg + h * hd, kr, hd) * scale;
+        }
       }
-      // Softmax per head.
-      for (int64_t h = 0; h < group; ++h) {
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < ctx; ++j) mx = std::max(mx, scores[j * group + h]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < ctx; ++j) sum += scores[j * group + h] = std::exp(scores[j * group + h] - mx);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < ctx; ++j) scores[j * group + h] *= inv;
+      // Softmax per token and head.
+      for (int64_t i = 0; i < nt; ++i) {
+        const int64_t ctx = ctx_of(i);
+        float* sc = scores.data() + i * stride;
+        for (int64_t h = 0; h < group; ++h) {
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < ctx; ++j) mx = std::max(mx, sc[j * group + h]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < ctx; ++j) sum += sc[j * group + h] = std::exp(sc[j * group + h] - mx);
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j < ctx; ++j) sc[j * group + h] *= inv;
+        }
       }
-      // Pass 2: weighted sum of V rows.
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < ctx; ++j) {
+      // Pass 2: weighted sums of V rows, j ascending for every token.
+      for (int64_t j = 0; j < ctx_max; ++j) {
         const int64_t off = layout.Offset(table[j / bs], layer, 1, j % bs) + g * hd;
         const float* vr;
         if (layout.dtype == DType::kF32) {
           vr = static_cast<const float*>(cache) + off;
         } else {
-          LoadRowF32(cache, layout.dtype, off, hd, row.data());
-          vr = row.data();
+          LoadRowF32(cache, layout.dtype, off, hd, vrow.data());
+          vr = vrow.data();
         }
-        for (int64_t h = 0; h < group; ++h) {
-          const float p = scores[j * group + h];
-          float* a = acc.data() + h * hd;
+        for (int64_t i = 0; i < nt; ++i) {
+          if (j >= ctx_of(i)) continue;
+          const float* sc = scores.data() + i * stride;
+          for (int64_t h = 0; h < group; ++h) {
+            const float p = sc[j * group + h];
+            float* a = acc.data() + (i * group + h) * hd;
 #pragma omp simd
-          for (int64_t d = 0; d < hd; ++d) a[d] += p * vr[d];
+            for (int64_t d = 0; d < hd; ++d) a[d] += p * vr[d];
+          }
         }
       }
-      for (int64_t h = 0; h < group; ++h) {
-        std::memcpy(out + (t * q_heads + g * group + h) * hd, acc.data() + h * hd, hd * sizeof(float));
+      for (int64_t i = 0; i < nt; ++i) {
+        std::memcpy(out + ((t0 + i) * q_heads + g * group) * hd, acc.data() + i * group * hd,
+                    static_cast<size_t>(group * hd) * sizeof(float));
       }
     }
   });
