@@ -27,8 +27,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    stop_flag_.store(true);
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -49,7 +48,7 @@ void ThreadPool::WorkerLoop() {
     bool got = false;
     const auto until = std::chrono::steady_clock::now() + kSpin;
     for (int i = 0; !got; i = std::min(i + 1, 64)) {
-      if (generation_.load(std::memory_order_acquire) != seen || stop_flag_.load(std::memory_order_relaxed)) {
+      if (generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed)) {
         got = true;
         break;
       }
@@ -64,9 +63,9 @@ void ThreadPool::WorkerLoop() {
     }
     if (!got) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+      work_cv_.wait(lock, [&] { return stop_.load() || generation_.load(std::memory_order_acquire) != seen; });
     }
-    if (stop_flag_.load()) return;
+    if (stop_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
     RunChunks();
     pending_workers_.fetch_sub(1, std::memory_order_acq_rel);

@@ -33,10 +33,9 @@ class ThreadPool {
   void RunChunks();
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;  // guards sleeping and stop_ for the condition variable
+  std::mutex mu_;  // orders sleeping workers' checks with job publication and stop
   std::condition_variable work_cv_;
-  bool stop_ = false;
-  std::atomic<bool> stop_flag_{false};
+  std::atomic<bool> stop_{false};
   std::atomic<uint64_t> generation_{0};  // bumped per job, after the job fields are set
   // The current job (written before generation_ is bumped, read after it is seen).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;

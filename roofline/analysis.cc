@@ -24,9 +24,7 @@ RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
   auto gap = [&](double batch) {
     const double flops = batch * (m.flops_per_token + 2.0 * m.lm_head_params);
     const double experts = m.layers * ExpectedExpertsHit(m.experts, m.top_k, batch);
-    const double dense = m.dense_params * m.weight_bytes_per_param;
-    const double spread = (experts * m.expert_params + batch * m.hidden) * m.weight_bytes_per_param;
-    return flops / (peak * ep) - (dense / hw.mem_bandwidth + spread / (hw.mem_bandwidth * ep));
+    return flops / (peak * ep) - WeightSeconds(m, hw, in.layout, batch, experts, /*any_logits=*/true);
   };
   double lo = 1e-3, hi = 1e9;
   if (gap(lo) < 0 && gap(hi) > 0) {

@@ -52,6 +52,14 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
   return static_cast<double>(experts) * (1.0 - std::pow(std::max(miss, 0.0), tokens));
 }
 
+double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
+                     double experts_hit, bool any_logits) {
+  double dense_bytes = m.dense_params * m.weight_bytes_per_param;
+  if (!any_logits) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+  const double spread_bytes = (experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
+  return dense_bytes / hw.mem_bandwidth + spread_bytes / (hw.mem_bandwidth * static_cast<double>(layout.ep));
+}
+
 StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout, const Efficiency& eff) {
   StepCost c;
@@ -73,17 +81,14 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
   double dense_bytes = m.dense_params * m.weight_bytes_per_param;
   if (logit_rows == 0) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
-  const double spread_weight_bytes = (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
-  c.weight_bytes = dense_bytes + spread_weight_bytes;
+  c.weight_bytes = dense_bytes + (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
 
-  // Per device: each of the `ep` devices reads its own copy of the dense weights, a 1/ep share
-  // of the experts hit, of the KV and of the FLOPs. Pipeline stages run one after another, so
-  // their times add up to the same totals.
+  // Per device: a 1/ep share of the FLOPs and of the KV (weights: see WeightSeconds). Pipeline
+  // stages run one after another, so their times add up to the same totals.
   const double ep = static_cast<double>(layout.ep);
-  const double bandwidth = hw.mem_bandwidth;
   c.compute_seconds = c.flops / (hw.PeakFlops(m.weight_dtype) * ep);
-  c.weight_seconds = dense_bytes / bandwidth + spread_weight_bytes / (bandwidth * ep);
-  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (bandwidth * ep);
+  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0);
+  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (hw.mem_bandwidth * ep);
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
   // Expert parallelism: each token's activation goes to its k experts and back; the share that

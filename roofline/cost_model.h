@@ -87,6 +87,12 @@ struct StepCost {
 // Expected distinct experts of E hit by `tokens` tokens each choosing k (uniform routing).
 double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens);
 
+// Per-device weight-read seconds of a step: each EP rank reads its own copy of the dense
+// weights (the lm_head only when a row samples), and a 1/ep share of the experts hit and of
+// the embedding rows of `tokens`.
+double WeightSeconds(const ModelCosts& model, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
+                     double experts_hit, bool any_logits);
+
 StepCost PredictStep(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout = {}, const Efficiency& eff = {});
 

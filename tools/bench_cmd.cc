@@ -278,8 +278,10 @@ int RunBench(BenchOptions o) {
     if (s.predicted_seconds > 0) ratio.push_back(s.duration_seconds / s.predicted_seconds);
     if (s.predicted_bound_seconds > 0) bound_ratio.push_back(s.duration_seconds / s.predicted_bound_seconds);
   }
+  const Summary ratio_summary = Summarize(ratio), bound_summary = Summarize(bound_ratio);
   if (!ratio.empty()) {
-    const Summary r = Summarize(ratio), b = Summarize(bound_ratio);
+    const Summary& r = ratio_summary;
+    const Summary& b = bound_summary;
     j["observed_over_predicted"] = {{"median", r.median}, {"p90", r.p90}, {"min", r.min}, {"max", r.max}};
     j["observed_over_bound"] = {{"median", b.median}, {"min", b.min}, {"max", b.max}};
   }
@@ -299,7 +301,8 @@ int RunBench(BenchOptions o) {
               static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
               prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions));
   if (!ratio.empty()) {
-    const Summary r = Summarize(ratio), b = Summarize(bound_ratio);
+    const Summary& r = ratio_summary;
+    const Summary& b = bound_summary;
     std::printf("  observed / predicted step time: median %.3f, p90 %.3f (min %.3f, max %.3f); "
                 "observed / roofline bound: median %.2f, min %.2f\n",
                 r.median, r.p90, r.min, r.max, b.median, b.min);

@@ -4,9 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/str_cat.h"
 #include "core/file_util.h"
-#include "roofline/hardware.h"
 #include "tools/calibrate/measure.h"
 #include "tools/commands.h"
 

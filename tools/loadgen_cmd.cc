@@ -89,7 +89,7 @@ void PrintRow(const loadgen::LevelReport& r) {
               static_cast<long long>(m.failed), m.request_throughput, m.output_throughput, m.goodput,
               m.ttft_ms.median, m.ttft_ms.p99, m.tpot_ms.median, m.itl_ms.p99, m.e2e_ms.median,
               r.server ? r.server->MeanBatchSize() : 0.0,
-              m.output_tokens ? r.price_per_hour / 3600.0 * m.duration_seconds / m.output_tokens * 1e6 : 0.0);
+              loadgen::UsdPerMillion(r.price_per_hour, m.duration_seconds, m.output_tokens));
   for (const auto& [code, n] : m.failures_by_code) {
     std::printf("    %lld x %s: %s\n", static_cast<long long>(n), code.c_str(), m.first_error.at(code).c_str());
   }

@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+
+#include "core/file_util.h"
 
 #ifndef MOESERVE_BIN
 #error "MOESERVE_BIN must name the moeserve binary"
@@ -27,12 +27,8 @@ extern char** environ;
 
 namespace moeserve::testing {
 
-inline std::string ReadAll(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+// The file's contents, or "" when it cannot be read (yet).
+inline std::string ReadAll(const std::string& path) { return ReadFileToString(path).value_or(""); }
 
 // A fresh directory under the test's temp dir.
 inline std::string MakeTempDir(const std::string& tag) {

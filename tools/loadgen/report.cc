@@ -39,12 +39,11 @@ nlohmann::json SummaryJson(const Summary& s) {
           {"p99", s.p99},     {"min", s.min},   {"max", s.max}};
 }
 
-// Dollars per million output tokens when the machine costs `price_per_hour` for `seconds`.
+}  // namespace
+
 double UsdPerMillion(double price_per_hour, double seconds, int64_t tokens) {
   return tokens > 0 ? price_per_hour / 3600.0 * seconds / static_cast<double>(tokens) * 1e6 : 0.0;
 }
-
-}  // namespace
 
 nlohmann::json ToJson(const LevelReport& r) {
   const LevelMetrics& m = r.metrics;

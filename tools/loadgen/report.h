@@ -35,6 +35,9 @@ nlohmann::json ToJson(const LevelReport& r);
 // Serializes a proto message with every field present (proto3 JSON mapping).
 nlohmann::json ProtoToJson(const google::protobuf::Message& m);
 
+// Dollars per million tokens when the machine costs `price_per_hour` for `seconds`.
+double UsdPerMillion(double price_per_hour, double seconds, int64_t tokens);
+
 std::string CsvHeader();
 std::string CsvRow(const LevelReport& r);
 
