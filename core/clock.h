@@ -1,7 +1,9 @@
-// Monotonic timing helpers.
+// Timing helpers: a monotonic clock for durations, wall-clock seconds for deadlines that must
+// survive a restart (prompt-cache retention).
 #pragma once
 
 #include <chrono>
+#include <functional>
 
 namespace moeserve {
 
@@ -17,5 +19,13 @@ class Stopwatch {
  private:
   Clock::time_point start_;
 };
+
+// Seconds since the Unix epoch.
+inline double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A source of wall-clock seconds; tests pass a fake one.
+using WallClock = std::function<double()>;
 
 }  // namespace moeserve

@@ -76,7 +76,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
   AtomicFileWriter w;
   w.path_ = path;
-  w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid());
+  // Unique per writing thread, so concurrent writers of one path never share a temp file.
+  w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid(), ".", ::gettid());
   w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) return ErrnoError("cannot create", w.tmp_);
   return w;

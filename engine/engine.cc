@@ -36,6 +36,7 @@ absl::Status EngineConfig::Validate() const {
     return absl::InvalidArgumentError("kv_dtype must be f32 or bf16");
   }
   if (max_tokens_limit < 1) return absl::InvalidArgumentError("max_tokens_limit must be >= 1");
+  if (!(max_retain_seconds >= 0)) return absl::InvalidArgumentError("max_retain_seconds must be >= 0");
   return absl::OkStatus();
 }
 
@@ -78,10 +79,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     if (!config.scheduler.prefix_caching) {
       return absl::InvalidArgumentError("KV tiers hold prefix-cache blocks: they need prefix caching on");
     }
-    ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, ModelFingerprint(*weights, backend),
-                                                     &engine->pool_, &engine->kv_, backend));
+    ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, engine->fingerprint_, &engine->pool_,
+                                                     &engine->kv_, backend, config.clock));
     engine->tiers_->Attach();
-    engine->scheduler_.SetPrefixSource(engine->tiers_.get());
+    engine->tiers_->SetSwapCostModel(engine->MakeSwapCostModel());
+    engine->scheduler_.SetLowerTiers(engine->tiers_.get());
   }
   return engine;
 }
@@ -96,13 +98,32 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
                                                  : (config.hardware ? config.hardware->price_per_hour : 0.0)),
       kv_(std::move(kv)),
       pool_(kv_.layout().num_blocks),
-      scheduler_(config.scheduler, &pool_, config.block_size, ModelFingerprint(*weights, backend)),
+      fingerprint_(ModelFingerprint(*weights, backend)),
+      scheduler_(config.scheduler, &pool_, config.block_size, fingerprint_),
       started_(Clock::now()),
       recorder_(config.step_history) {
   counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
 }
 
 Engine::~Engine() { Stop("engine destroyed"); }
+
+SwapCostModel Engine::MakeSwapCostModel() {
+  SwapCostModel m;
+  if (config_.hardware) {
+    m.recompute_seconds = [this](int64_t tokens) {
+      roofline::StepShape shape;
+      shape.seqs.push_back({tokens, tokens, false});
+      return roofline::PredictStep(costs_, shape, *config_.hardware, {}, config_.efficiency).seconds;
+    };
+  } else {
+    m.recompute_seconds = [this](int64_t tokens) { return static_cast<double>(tokens) * seconds_per_prefill_token_; };
+  }
+  const double link = config_.hardware && config_.hardware->host_link_bandwidth > 0
+                          ? config_.hardware->host_link_bandwidth
+                          : tiers_->measured_link_bytes_per_second();
+  m.link_bytes_per_second = [link] { return link; };
+  return m;
+}
 
 absl::Status Engine::ValidateRequest(const GenerateRequest& r) const {
   const ModelConfig& c = model_.config();
@@ -128,6 +149,10 @@ absl::Status Engine::ValidateRequest(const GenerateRequest& r) const {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", config_.max_tokens_limit,
                                                    "], got ", r.max_tokens));
   }
+  if (!(r.retain_seconds >= 0 && r.retain_seconds <= config_.max_retain_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat("retain_seconds must be in [0, ", config_.max_retain_seconds,
+                                                   "], got ", r.retain_seconds));
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > 20) {
     return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ", r.top_logprobs));
   }
@@ -141,6 +166,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   live->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
   live->seq.tokens = request.prompt;
   live->seq.priority = request.priority;
+  if (request.retain_seconds > 0) live->seq.retain_until = config_.clock() + request.retain_seconds;
   live->seq.max_total_tokens =
       std::min<int64_t>(live->seq.prompt_len + request.max_tokens, c.max_position_embeddings);
   const int64_t need = (live->seq.max_total_tokens + config_.block_size - 1) / config_.block_size;
@@ -189,7 +215,12 @@ void Engine::Intake() {
       live.seq.arrival = arrivals_++;
       live_[live.seq.id] = std::move(l);
       absl::Status s = scheduler_.Add(&live.seq);
-      if (!s.ok()) refused.emplace_back(&live, std::move(s));
+      if (!s.ok()) {
+        refused.emplace_back(&live, std::move(s));
+      } else if (tiers_ != nullptr && config_.scheduler.prefix_caching) {
+        // Flash reads of its prefix start now and overlap the steps before its admission.
+        tiers_->Prefetch(&live.seq, config_.block_size, fingerprint_);
+      }
     }
     counters_.waiting = scheduler_.num_waiting();
   }
@@ -219,6 +250,7 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
   ev.usage.cached_prompt_tokens_flash = live.seq.cached_prompt_tokens_flash;
   ev.usage.completion_tokens = live.seq.num_tokens() - live.seq.prompt_len;
   ev.preemptions = live.seq.preemptions;
+  ev.swaps = live.seq.swaps;
   const auto now = Clock::now();
   auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
   ev.timing.e2e_seconds = secs(now - live.submitted);
@@ -260,6 +292,7 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
 
 absl::StatusOr<bool> Engine::Step() {
   Intake();
+  pool_.AdvanceClock(config_.clock());  // expired retention turns into ordinary LRU
   const auto start = Clock::now();
   SchedulerOutput out = scheduler_.Schedule();
   {
@@ -353,6 +386,12 @@ absl::StatusOr<bool> Engine::Step() {
   roofline::StepShape shape;
   for (const auto& ch : out.chunks) shape.seqs.push_back({ch.num_tokens, ch.start + ch.num_tokens, ch.wants_logits});
   shape.experts_hit = static_cast<double>(fstats.experts_hit);
+  if (tiers_ != nullptr) shape.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
+  rec.transfer_bytes = shape.transfer_bytes;
+  if (out.num_prefill_tokens > 0) {
+    const double per_token = forward_done / static_cast<double>(out.num_tokens);
+    seconds_per_prefill_token_ = seconds_per_prefill_token_ == 0 ? per_token : 0.8 * seconds_per_prefill_token_ + 0.2 * per_token;
+  }
   if (config_.hardware) {
     const roofline::StepCost cost = roofline::PredictStep(costs_, shape, *config_.hardware, {}, config_.efficiency);
     rec.flops = cost.flops;
@@ -393,6 +432,8 @@ absl::StatusOr<bool> Engine::Step() {
 
 void Engine::UpdateGaugesLocked() {
   counters_.preemptions = scheduler_.total_preemptions();
+  counters_.swaps = scheduler_.total_swaps();
+  counters_.kv_blocks_retained = pool_.num_retained();
   counters_.waiting = scheduler_.num_waiting();
   counters_.running = scheduler_.num_running();
   counters_.kv_blocks_total = pool_.num_blocks();

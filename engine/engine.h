@@ -43,6 +43,8 @@ struct EngineConfig {
   std::string trace_jsonl;          // write every StepRecord here, one JSON object per line
   std::string trace_chrome;         // ... and as a Chrome/Perfetto trace
   KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)
+  double max_retain_seconds = 86400;  // largest retain_seconds a request may ask
+  WallClock clock = WallSeconds;    // for retention deadlines (tests pass a fake one)
 
   absl::Status Validate() const;
 };
@@ -54,6 +56,8 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
   int64_t preemptions = 0;
+  int64_t swaps = 0;  // preemptions that swapped out
+  int64_t kv_blocks_retained = 0;
   // Cumulative over all steps, so clients can difference two snapshots.
   double uptime_seconds = 0.0;   // since the engine was created
   double busy_seconds = 0.0;     // sum of step durations
@@ -97,6 +101,10 @@ class Engine {
   EngineStats GetStats() const;
   // True when no request is queued or running (every block is free or cached).
   bool Idle() const;
+  // Waits until the KV tiers' transfer thread has finished its queued flash writes and reads.
+  void WaitForTransfers() {
+    if (tiers_ != nullptr) tiers_->Flush();
+  }
   // Exact accounting of the pool, for tests: valid states, and no block in use when idle.
   bool CheckAccounting() const;
 
@@ -119,6 +127,8 @@ class Engine {
   void Loop();
   // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
   void UpdateGaugesLocked();
+  // Swap-or-recompute costs: the roofline with a hardware profile, else measured rates.
+  SwapCostModel MakeSwapCostModel();
 
   EngineConfig config_;
   Backend* backend_;
@@ -128,6 +138,7 @@ class Engine {
   TraceWriter trace_;
   KvStorage kv_;
   BlockPool pool_;
+  uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
   std::unique_ptr<KvTiers> tiers_;  // after the pool and scheduler that point to it
   Clock::time_point started_;
@@ -146,6 +157,7 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
   uint64_t arrivals_ = 0;
   std::vector<float> logits_;
+  double seconds_per_prefill_token_ = 0;  // measured, for the swap cost model without a profile
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.
   EngineStats counters_;

@@ -1,18 +1,42 @@
 // Engine KV tiers.
 #include "engine/kv_tiers.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/status.h"
 
 namespace moeserve {
+namespace {
+
+int64_t Nanos(const Stopwatch& sw) { return static_cast<int64_t>(sw.Seconds() * 1e9); }
+
+}  // namespace
+
+const char* PreemptionModeName(PreemptionMode m) {
+  switch (m) {
+    case PreemptionMode::kAuto: return "auto";
+    case PreemptionMode::kSwap: return "swap";
+    case PreemptionMode::kRecompute: return "recompute";
+  }
+  return "?";
+}
+
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(const std::string& name) {
+  for (PreemptionMode m : {PreemptionMode::kAuto, PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+    if (name == PreemptionModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--preemption must be auto, swap or recompute, got '", name, "'"));
+}
 
 absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvStorage* kv, Backend* backend) {
-  std::unique_ptr<KvTiers> t(new KvTiers(pool, kv, backend));
+                                                         BlockPool* pool, KvStorage* kv, Backend* backend,
+                                                         WallClock clock) {
+  std::unique_ptr<KvTiers> t(new KvTiers(config, pool, kv, backend));
   const KvLayout& layout = kv->layout();
   if (!config.flash_dir.empty()) {
-    auto flash = FlashStore::Open({config.flash_dir, config.flash_bytes, fingerprint});
+    auto flash = FlashStore::Open({config.flash_dir, config.flash_bytes, fingerprint, clock});
     if (!flash.ok()) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: ", flash.status().message()));
     t->flash_ = std::move(*flash);
   }
@@ -22,10 +46,16 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   ho.num_layers = static_cast<uint32_t>(layout.num_layers);
   ho.dtype = layout.dtype;
   ho.block_tokens = static_cast<uint32_t>(layout.block_size);
+  ho.async = config.async_flash;
+  ho.clock = clock;
   auto host = HostKvTier::Create(ho, t->flash_.get());
   if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-kv-mb: ", host.status().message()));
   t->host_ = std::move(*host);
   t->staging_.resize(layout.BlockBytes());
+  // The host link as this backend sees it: a few copies of block 0 (its contents do not matter).
+  Stopwatch sw;
+  for (int i = 0; i < 8; ++i) RETURN_IF_ERROR(backend->CopyToHost(t->staging_.data(), t->BlockData(0), t->staging_.size()));
+  t->measured_link_ = 8.0 * static_cast<double>(t->staging_.size()) / std::max(sw.Seconds(), 1e-9);
   return t;
 }
 
@@ -40,12 +70,13 @@ uint8_t* KvTiers::BlockData(int32_t block) const {
 void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   Stopwatch sw;
   if (!backend_->CopyToHost(staging_.data(), BlockData(block), staging_.size()).ok() ||
-      !host_->Put(hash, staging_.data()).ok()) {
+      !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
   ++demoted_;
-  demote_ns_ += static_cast<int64_t>(sw.Seconds() * 1e9);
+  transfer_bytes_ += static_cast<int64_t>(staging_.size());
+  demote_ns_ += Nanos(sw);
 }
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash) {
@@ -54,15 +85,106 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   if (!got.ok()) return std::nullopt;
   const int32_t block = (*got)[0];
   Stopwatch sw;
-  auto tier = host_->Get(hash, staging_.data());
+  double retain_until = 0;
+  auto tier = host_->Get(hash, staging_.data(), &retain_until);
   if (!tier.ok() || !backend_->CopyToDevice(BlockData(block), staging_.data(), staging_.size()).ok()) {
     pool_->Release(block);  // unhashed: back to free
     return std::nullopt;
   }
   pool_->Register(block, hash);
+  pool_->SetRetention(block, retain_until);
+  transfer_bytes_ += static_cast<int64_t>(staging_.size());
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
-  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(static_cast<int64_t>(sw.Seconds() * 1e9));
+  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(Nanos(sw));
   return std::make_pair(block, *tier);
+}
+
+void KvTiers::Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint) {
+  ExtendBlockHashes(seq->tokens, block_size, fingerprint, &seq->hashes);
+  std::vector<BlockHash> wanted;
+  const size_t max_blocks = static_cast<size_t>((seq->num_tokens() - 1) / block_size);
+  for (size_t b = 0; b < seq->hashes.size() && b < max_blocks; ++b) {
+    if (!pool_->Lookup(seq->hashes[b]).has_value()) wanted.push_back(seq->hashes[b]);
+  }
+  if (wanted.empty()) return;
+  prefetch_requests_ += static_cast<int64_t>(wanted.size());
+  host_->Prefetch(wanted);
+}
+
+int64_t KvTiers::SwapBlocks(const Sequence& seq) const {
+  const int64_t bs = kv_->layout().block_size;
+  return std::min<int64_t>((seq.num_computed + bs - 1) / bs, static_cast<int64_t>(seq.blocks.size()));
+}
+
+bool KvTiers::ShouldSwap(const Sequence& seq) {
+  bool swap = false;
+  switch (config_.preemption) {
+    case PreemptionMode::kRecompute:
+      swap = false;
+      break;
+    case PreemptionMode::kSwap:
+      swap = true;
+      break;
+    case PreemptionMode::kAuto: {
+      // Out and back in over the host link, against recomputing every computed token.
+      const double bytes = 2.0 * static_cast<double>(SwapBlocks(seq) * kv_->layout().BlockBytes());
+      const double link = swap_cost_.link_bytes_per_second ? swap_cost_.link_bytes_per_second() : 0.0;
+      const double recompute = swap_cost_.recompute_seconds ? swap_cost_.recompute_seconds(seq.num_computed) : 0.0;
+      swap = link > 0 && bytes / link < recompute;
+      break;
+    }
+  }
+  ++(swap ? swap_decisions_ : recompute_decisions_);
+  return swap;
+}
+
+bool KvTiers::SwapOut(Sequence* seq) {
+  const int64_t n = SwapBlocks(*seq);
+  auto slots = host_->ReserveSwap(n);
+  if (!slots.ok()) {
+    ++swap_failures_;
+    return false;
+  }
+  Stopwatch sw;
+  const size_t bytes = kv_->layout().BlockBytes();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!backend_->CopyToHost(host_->SwapData((*slots)[i]), BlockData(seq->blocks[i]), bytes).ok()) {
+      host_->FreeSwap(*slots);
+      ++swap_failures_;
+      return false;
+    }
+  }
+  seq->swap_slots = std::move(*slots);
+  ++swapped_out_;
+  swap_out_blocks_ += n;
+  transfer_bytes_ += static_cast<int64_t>(n * bytes);
+  swap_out_ns_ += Nanos(sw);
+  return true;
+}
+
+bool KvTiers::SwapIn(Sequence* seq) {
+  Stopwatch sw;
+  const size_t bytes = kv_->layout().BlockBytes();
+  const int64_t n = static_cast<int64_t>(seq->swap_slots.size());
+  bool ok = n <= static_cast<int64_t>(seq->blocks.size());
+  for (int64_t i = 0; ok && i < n; ++i) {
+    ok = backend_->CopyToDevice(BlockData(seq->blocks[i]), host_->SwapData(seq->swap_slots[i]), bytes).ok();
+  }
+  DropSwap(seq);
+  if (!ok) {
+    ++swap_failures_;
+    return false;
+  }
+  ++swapped_in_;
+  swap_in_blocks_ += n;
+  transfer_bytes_ += static_cast<int64_t>(n * bytes);
+  swap_in_ns_ += Nanos(sw);
+  return true;
+}
+
+void KvTiers::DropSwap(Sequence* seq) {
+  host_->FreeSwap(seq->swap_slots);
+  seq->swap_slots.clear();
 }
 
 KvTierStats KvTiers::stats() const {
@@ -76,9 +198,19 @@ KvTierStats KvTiers::stats() const {
   s.demote_failures = demote_failures_;
   s.promoted_ddr = promoted_ddr_;
   s.promoted_flash = promoted_flash_;
+  s.prefetch_requests = prefetch_requests_;
+  s.swap_decisions = swap_decisions_;
+  s.recompute_decisions = recompute_decisions_;
+  s.swapped_out = swapped_out_;
+  s.swapped_in = swapped_in_;
+  s.swap_failures = swap_failures_;
+  s.swap_out_blocks = swap_out_blocks_;
+  s.swap_in_blocks = swap_in_blocks_;
   s.demote_seconds = demote_ns_.load() * 1e-9;
   s.promote_ddr_seconds = promote_ddr_ns_.load() * 1e-9;
   s.promote_flash_seconds = promote_flash_ns_.load() * 1e-9;
+  s.swap_out_seconds = swap_out_ns_.load() * 1e-9;
+  s.swap_in_seconds = swap_in_ns_.load() * 1e-9;
   s.block_bytes = static_cast<int64_t>(staging_.size());
   return s;
 }

@@ -1,11 +1,19 @@
 // The engine's KV tiers below the device pool: host DDR over an optional flash directory.
-// Cached prefix blocks that the device pool evicts are copied down (demoted); a prefix lookup
-// that misses the device but finds the block below brings it back (promotes) before the step
-// that needs it. Copies run on the engine thread, synchronously, between steps (an
-// asynchronous transfer thread is not built yet).
+//
+// - Demotion: cached prefix blocks that the device pool evicts are copied down to DDR (and
+//   from there, by the DDR tier's transfer thread, to flash), with their retention deadline.
+// - Promotion: a prefix lookup that misses the device but finds the block below brings it back
+//   before the step that needs it; a queued request's prefix is prefetched from flash into DDR
+//   by the transfer thread while earlier steps compute (Prefetch).
+// - Swap: a preempted sequence's whole KV (partial last block included) can be parked in DDR
+//   slots and copied back when it is readmitted; ShouldSwap weighs the copies against
+//   recomputing the tokens with the swap policy's cost model.
+// Device-side copies run on the engine thread between steps (a CPU memcpy; on the GPU they
+// would be the copy stream's DMA into pinned memory); flash I/O runs on the transfer thread.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,11 +27,24 @@
 
 namespace moeserve {
 
+enum class PreemptionMode { kAuto, kSwap, kRecompute };
+const char* PreemptionModeName(PreemptionMode m);
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(const std::string& name);
+
 struct KvTierConfig {
   uint64_t host_bytes = 0;     // DDR budget; 0 with a flash dir: blocks go straight to flash
   std::string flash_dir;       // empty: no flash tier
   uint64_t flash_bytes = 1ull << 30;
+  bool async_flash = true;     // flash writes and prefetch reads on a transfer thread
+  PreemptionMode preemption = PreemptionMode::kAuto;
   bool enabled() const { return host_bytes > 0 || !flash_dir.empty(); }
+};
+
+// The cost model behind swap-or-recompute: seconds to recompute a sequence's first `tokens`
+// tokens, and the host link's bytes per second (each direction) for the swap copies.
+struct SwapCostModel {
+  std::function<double(int64_t tokens)> recompute_seconds;
+  std::function<double()> link_bytes_per_second;
 };
 
 struct KvTierStats {
@@ -32,36 +53,68 @@ struct KvTierStats {
   bool has_flash = false;
   int64_t demoted = 0, demote_failures = 0;
   int64_t promoted_ddr = 0, promoted_flash = 0;
-  // Measured copies, for bandwidth: seconds and bytes per direction and tier.
+  int64_t prefetch_requests = 0;
+  // Preemption decisions and swaps.
+  int64_t swap_decisions = 0, recompute_decisions = 0;
+  int64_t swapped_out = 0, swapped_in = 0, swap_failures = 0;  // sequences
+  int64_t swap_out_blocks = 0, swap_in_blocks = 0;
+  // Measured copies, for bandwidth: seconds per direction and tier.
   double demote_seconds = 0, promote_ddr_seconds = 0, promote_flash_seconds = 0;
+  double swap_out_seconds = 0, swap_in_seconds = 0;
   int64_t block_bytes = 0;
 };
 
-class KvTiers final : public PrefixSource {
+class KvTiers final : public LowerTiers {
  public:
   // Opens the flash store (scanning what an earlier run left) and sizes the DDR slab.
   static absl::StatusOr<std::unique_ptr<KvTiers>> Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvStorage* kv, Backend* backend);
+                                                         BlockPool* pool, KvStorage* kv, Backend* backend,
+                                                         WallClock clock = WallSeconds);
 
   // Installs the demotion hook on the pool (call once; the tiers must outlive the pool's use).
   void Attach();
+  void SetSwapCostModel(SwapCostModel model) { swap_cost_ = std::move(model); }
+
+  // LowerTiers.
   std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash) override;
+  bool ShouldSwap(const Sequence& seq) override;
+  bool SwapOut(Sequence* seq) override;
+  bool SwapIn(Sequence* seq) override;
+  void DropSwap(Sequence* seq) override;
+
+  // Starts reading from flash the prompt blocks of `seq` that the device pool lacks.
+  void Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint);
+  // Waits for the transfer thread's queued work (tests and benchmarks).
+  void Flush() { host_->Flush(); }
+  // Device -> host copy bandwidth measured at creation (one block, a few times), the swap
+  // cost model's fallback when the hardware profile gives no host link.
+  double measured_link_bytes_per_second() const { return measured_link_; }
+  // Bytes copied between the device and the tiers since the last call (the step's transfers).
+  int64_t TakeTransferBytes() { return transfer_bytes_.exchange(0); }
   KvTierStats stats() const;
 
  private:
-  KvTiers(BlockPool* pool, KvStorage* kv, Backend* backend) : pool_(pool), kv_(kv), backend_(backend) {}
+  KvTiers(const KvTierConfig& config, BlockPool* pool, KvStorage* kv, Backend* backend)
+      : config_(config), pool_(pool), kv_(kv), backend_(backend) {}
   void Demote(int32_t block, const BlockHash& hash);
   uint8_t* BlockData(int32_t block) const;
+  int64_t SwapBlocks(const Sequence& seq) const;
 
+  KvTierConfig config_;
   BlockPool* pool_;
   KvStorage* kv_;
   Backend* backend_;
   std::unique_ptr<FlashStore> flash_;
   std::unique_ptr<HostKvTier> host_;
-  std::vector<uint8_t> staging_;  // one block, host side (pinned memory under CUDA, later)
+  std::vector<uint8_t> staging_;  // one block, host side (pinned memory under CUDA)
+  SwapCostModel swap_cost_;
+  double measured_link_ = 0;
+  std::atomic<int64_t> transfer_bytes_{0};
   // Written by the engine thread, read by GetStats.
   std::atomic<int64_t> demoted_{0}, demote_failures_{0}, promoted_ddr_{0}, promoted_flash_{0};
-  std::atomic<int64_t> demote_ns_{0}, promote_ddr_ns_{0}, promote_flash_ns_{0};
+  std::atomic<int64_t> prefetch_requests_{0}, swap_decisions_{0}, recompute_decisions_{0};
+  std::atomic<int64_t> swapped_out_{0}, swapped_in_{0}, swap_failures_{0}, swap_out_blocks_{0}, swap_in_blocks_{0};
+  std::atomic<int64_t> demote_ns_{0}, promote_ddr_ns_{0}, promote_flash_ns_{0}, swap_out_ns_{0}, swap_in_ns_{0};
 };
 
 }  // namespace moeserve

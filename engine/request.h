@@ -21,6 +21,10 @@ struct GenerateRequest {
   Priority priority = Priority::kNormal;
   std::optional<Clock::time_point> deadline;
   int32_t top_logprobs = 0;  // 0: none
+  // Keep the prompt's KV cached for this long after it is computed (0: ordinary LRU), as the
+  // prompt caches of hosted APIs offer: retained blocks outlive eviction pressure in every tier
+  // within its budget.
+  double retain_seconds = 0;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kDeadline, kError };
@@ -66,6 +70,7 @@ struct RequestEvent {
   RequestTiming timing;
   RequestReceipt receipt;
   int64_t preemptions = 0;
+  int64_t swaps = 0;  // preemptions that swapped the KV out to DDR instead of recomputing
 };
 
 // Called on the engine thread; must not block or call back into the engine.

@@ -70,6 +70,7 @@ void Scheduler::InsertWaiting(Sequence* seq) {
 void Scheduler::Remove(Sequence* seq) {
   if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
+  if (seq->swapped()) tiers_->DropSwap(seq);
   pool_->Release(seq->blocks);
   seq->blocks.clear();
   seq->registered_blocks = 0;
@@ -87,11 +88,17 @@ bool Scheduler::Grow(Sequence* seq, int64_t tokens) {
 
 void Scheduler::Preempt(Sequence* seq) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
-  // Full registered blocks stay in the prefix cache, so the recompute may hit them.
+  const bool swap = tiers_ != nullptr && seq->num_computed > 0 && tiers_->ShouldSwap(*seq) && tiers_->SwapOut(seq);
+  // Full registered blocks stay in the prefix cache, so a recompute may hit them.
   pool_->Release(seq->blocks);
   seq->blocks.clear();
-  seq->num_computed = 0;
   seq->registered_blocks = 0;
+  if (swap) {
+    ++seq->swaps;
+    ++total_swaps_;
+  } else {
+    seq->num_computed = 0;
+  }
   ++seq->preemptions;
   ++total_preemptions_;
   seq->state = Sequence::State::kWaiting;
@@ -100,24 +107,50 @@ void Scheduler::Preempt(Sequence* seq) {
 
 void Scheduler::TakeCachedPrefix(Sequence* seq) {
   ExtendBlockHashes(seq->tokens, block_size_, fingerprint_, &seq->hashes);
-  const int64_t max_blocks = (seq->num_tokens() - 1) / block_size_;  // leave a token to compute
+  // Whole blocks only, leaving a token to compute.
+  const int64_t max_blocks = std::min<int64_t>((seq->num_tokens() - 1) / block_size_, seq->hashes.size());
   seq->promoted_ddr_blocks = seq->promoted_flash_blocks = 0;
-  for (int64_t b = 0; b < max_blocks && b < static_cast<int64_t>(seq->hashes.size()); ++b) {
-    auto block = pool_->Lookup(seq->hashes[b]);
-    if (block.has_value()) {
+  // Pin the chain's blocks that are on the device first, so that bringing a missing block back
+  // from a lower tier never evicts a later block of the same prefix.
+  std::vector<int32_t> resident(max_blocks, -1);
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    if (auto block = pool_->Lookup(seq->hashes[b]); block.has_value()) {
       pool_->Retain(*block);
-      seq->blocks.push_back(*block);
+      resident[b] = *block;
+    }
+  }
+  int64_t b = 0;
+  for (; b < max_blocks; ++b) {
+    if (resident[b] >= 0) {
+      seq->blocks.push_back(resident[b]);
       continue;
     }
     // A device miss: a lower tier may still hold the block (it comes back with a reference).
-    if (source_ == nullptr) break;
-    auto promoted = source_->Promote(seq->hashes[b]);
+    if (tiers_ == nullptr) break;
+    auto promoted = tiers_->Promote(seq->hashes[b]);
     if (!promoted.has_value()) break;
     seq->blocks.push_back(promoted->first);
     ++(promoted->second == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);
   }
+  for (int64_t r = b; r < max_blocks; ++r) {  // past the first miss: not part of the prefix
+    if (resident[r] >= 0) pool_->Release(resident[r]);
+  }
   seq->num_computed = static_cast<int64_t>(seq->blocks.size()) * block_size_;
   seq->registered_blocks = static_cast<int64_t>(seq->blocks.size());
+  ApplyRetention(*seq, 0, seq->registered_blocks);
+}
+
+void Scheduler::ApplyRetention(const Sequence& seq, int64_t from, int64_t to) {
+  if (seq.retain_until <= 0) return;
+  to = std::min(to, seq.prompt_len / block_size_);  // the prompt's full blocks only
+  for (int64_t b = from; b < to; ++b) pool_->SetRetention(seq.blocks[b], seq.retain_until);
+}
+
+void Scheduler::ReleaseWhileWaiting(Sequence* seq) {
+  pool_->Release(seq->blocks);
+  seq->blocks.clear();
+  seq->registered_blocks = 0;
+  if (!seq->swapped()) seq->num_computed = 0;
 }
 
 void Scheduler::AddChunk(Sequence* seq, int64_t n, int64_t* budget, SchedulerOutput* out) {
@@ -154,7 +187,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     return false;
   }
   Sequence* seq = waiting_.front();
-  if (config_.prefix_caching && seq->blocks.empty()) TakeCachedPrefix(seq);
+  if (config_.prefix_caching && seq->blocks.empty() && !seq->swapped()) TakeCachedPrefix(seq);
   int64_t n = seq->num_tokens() - seq->num_computed;
   bool ok = true;
   if (n > *budget) {
@@ -165,12 +198,12 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     }
   }
   ok = ok && Grow(seq, seq->num_computed + n);
+  if (ok && seq->swapped() && !tiers_->SwapIn(seq)) {
+    ReleaseWhileWaiting(seq);  // the swap space is gone: recompute from the start next time
+    return false;
+  }
   if (!ok) {
-    // Do not hold blocks while waiting.
-    pool_->Release(seq->blocks);
-    seq->blocks.clear();
-    seq->num_computed = 0;
-    seq->registered_blocks = 0;
+    ReleaseWhileWaiting(seq);  // do not hold device blocks while waiting
     return false;
   }
   waiting_.pop_front();
@@ -226,6 +259,7 @@ void Scheduler::OnStepComputed(const SchedulerOutput& out) {
                       fingerprint_, &seq->hashes);
     const int64_t full = std::min<int64_t>(seq->num_computed / block_size_, seq->hashes.size());
     for (int64_t b = seq->registered_blocks; b < full; ++b) pool_->Register(seq->blocks[b], seq->hashes[b]);
+    ApplyRetention(*seq, seq->registered_blocks, full);
     seq->registered_blocks = std::max(seq->registered_blocks, full);
   }
 }

@@ -4,8 +4,10 @@
 // running sequences first (decodes and continuing prefill chunks, by priority then arrival, so
 // arrivals never starve them), then waiting sequences in the same order, admitted with their
 // prefix-cache hit and a prefill chunk. When the KV pool cannot hold a running sequence's next
-// tokens, the lowest-priority, newest running sequence is preempted: its blocks are released
-// (full ones stay in the prefix cache) and it is recomputed later, with unchanged output.
+// tokens, the lowest-priority, newest running sequence is preempted: its KV is either swapped
+// out to host DDR and copied back when it is readmitted, or dropped and recomputed later
+// (whichever the lower tiers judge cheaper); its blocks are released (full ones stay in the
+// prefix cache), and its output is unchanged either way.
 #pragma once
 
 #include <cstdint>
@@ -48,13 +50,24 @@ struct SchedulerOutput {
   bool empty() const { return chunks.empty(); }
 };
 
-// The KV tiers below the device pool, as the scheduler sees them: on a device miss during a
-// prefix lookup, a source may bring the block back into a device block that it allocates,
-// fills, registers under the hash and returns with one reference, saying which tier served it.
-class PrefixSource {
+// The KV tiers below the device pool, as the scheduler sees them.
+class LowerTiers {
  public:
-  virtual ~PrefixSource() = default;
+  virtual ~LowerTiers() = default;
+  // On a device miss during a prefix lookup: brings the block back into a device block that it
+  // allocates, fills, registers under the hash and returns with one reference, saying which
+  // tier served it; nullopt when no tier holds it.
   virtual std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash) = 0;
+  // Preemption: whether swapping `seq` out (and back in) is cheaper than recomputing it.
+  virtual bool ShouldSwap(const Sequence& seq) = 0;
+  // Copies the KV of seq's computed tokens out of seq->blocks into swap space it records in
+  // seq->swap_slots; false (nothing held) when there is no room.
+  virtual bool SwapOut(Sequence* seq) = 0;
+  // Copies it back into seq->blocks (allocated by the caller) and frees the swap space; on
+  // false the swap space is freed too and the KV must be recomputed.
+  virtual bool SwapIn(Sequence* seq) = 0;
+  // Frees the swap space of a sequence that ends while swapped out.
+  virtual void DropSwap(Sequence* seq) = 0;
 };
 
 class Scheduler {
@@ -62,8 +75,8 @@ class Scheduler {
   Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint);
 
   const SchedulerConfig& config() const { return config_; }
-  // Lower tiers consulted on prefix-cache misses (none by default); must outlive the scheduler.
-  void SetPrefixSource(PrefixSource* source) { source_ = source; }
+  // Lower tiers for prefix-cache misses and swap (none by default); must outlive the scheduler.
+  void SetLowerTiers(LowerTiers* tiers) { tiers_ = tiers; }
 
   // Queues a sequence; RESOURCE_EXHAUSTED when the waiting queue is full, INVALID_ARGUMENT
   // when it could never fit the KV pool even alone.
@@ -80,6 +93,7 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const std::vector<Sequence*>& running() const { return running_; }
   int64_t total_preemptions() const { return total_preemptions_; }
+  int64_t total_swaps() const { return total_swaps_; }  // preemptions that swapped out
 
  private:
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
@@ -88,6 +102,10 @@ class Scheduler {
   void Preempt(Sequence* seq);
   // Takes the longest cached prefix (whole blocks, leaving at least one token to compute).
   void TakeCachedPrefix(Sequence* seq);
+  // Gives a waiting sequence's device blocks back (a swapped one keeps its KV in DDR).
+  void ReleaseWhileWaiting(Sequence* seq);
+  // Keeps the prompt's blocks among [from, to) cached until seq->retain_until, if it asks.
+  void ApplyRetention(const Sequence& seq, int64_t from, int64_t to);
   void InsertWaiting(Sequence* seq);
   // Schedules a running sequence's next chunk, preempting from the back of running_ when the
   // pool is short. False when nothing more can be scheduled this step.
@@ -102,8 +120,8 @@ class Scheduler {
   uint64_t fingerprint_;
   std::deque<Sequence*> waiting_;  // sorted by (priority, arrival)
   std::vector<Sequence*> running_;
-  int64_t total_preemptions_ = 0;
-  PrefixSource* source_ = nullptr;
+  int64_t total_preemptions_ = 0, total_swaps_ = 0;
+  LowerTiers* tiers_ = nullptr;
 };
 
 }  // namespace moeserve

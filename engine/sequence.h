@@ -31,10 +31,14 @@ struct Sequence {
   int64_t cached_prompt_tokens_ddr = 0, cached_prompt_tokens_flash = 0;  // ... brought back from them
   int64_t promoted_ddr_blocks = 0, promoted_flash_blocks = 0;            // by the last prefix lookup
   int64_t preemptions = 0;
+  int64_t swaps = 0;                // preemptions that swapped the KV out to DDR
+  std::vector<int64_t> swap_slots;  // DDR slots holding the KV while swapped out
+  double retain_until = 0;          // keep the prompt's KV cached until then (wall seconds; 0: no)
   bool admitted_before = false;
   State state = State::kWaiting;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  bool swapped() const { return !swap_slots.empty(); }
   bool in_prefill() const { return num_computed < num_tokens() - 1; }
 };
 

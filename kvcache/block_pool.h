@@ -5,6 +5,8 @@
 //   free     - reference count 0, no content worth keeping;
 //   cached   - reference count 0 but holding a full block whose hash is indexed: reusable by a
 //              later prefix hit until evicted (least recently released first);
+//   retained - cached, but a request asked that it be kept until a deadline: evicted only when
+//              no ordinary cached block is left, and an ordinary cached block once expired;
 //   in use   - reference count > 0 (shared prefix blocks have counts above one).
 // Allocation takes free blocks first, then evicts cached ones.
 #pragma once
@@ -28,7 +30,8 @@ class BlockPool {
   // Blocks an allocation can take now: free plus cached.
   int64_t num_available() const { return num_free_ + num_cached_; }
   int64_t num_free() const { return num_free_; }
-  int64_t num_cached() const { return num_cached_; }
+  int64_t num_cached() const { return num_cached_; }  // retained included
+  int64_t num_retained() const { return num_retained_; }
   int64_t num_used() const { return num_blocks() - num_available(); }
   int64_t evictions() const { return evictions_; }
 
@@ -51,6 +54,14 @@ class BlockPool {
   // The block holding `hash`, if cached or in use.
   std::optional<int32_t> Lookup(const BlockHash& hash) const;
 
+  // Retention: keeps `block` (in use or cached, with a hash) in preference to ordinary cached
+  // blocks until `until` (seconds on the caller's clock; a later deadline wins).
+  void SetRetention(int32_t block, double until);
+  double retention(int32_t block) const { return retain_until_[block]; }
+  // Advances the pool's clock; retained blocks whose deadline passed become ordinary cached
+  // blocks, the oldest candidates for eviction.
+  void AdvanceClock(double now);
+
   int32_t ref_count(int32_t block) const { return ref_counts_[block]; }
   // Checks that every block is in exactly one state and the counts agree.
   bool CheckInvariants() const;
@@ -66,12 +77,17 @@ class BlockPool {
 
   std::vector<int32_t> ref_counts_;
   std::vector<int32_t> prev_, next_;
-  std::vector<uint8_t> in_list_;  // 0 none, 1 free list, 2 cached list
+  // Puts a block whose count dropped to zero (and that has a hash) on the right list.
+  void Park(int32_t b);
+
+  std::vector<uint8_t> in_list_;  // 0 none, 1 free list, 2 cached list, 3 retained list
   std::vector<std::optional<BlockHash>> hash_of_;
+  std::vector<double> retain_until_;  // 0: not retained
+  double now_ = 0, next_expiry_ = 0;
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
-  List free_, cached_;
+  List free_, cached_, retained_;
   EvictionObserver on_evict_;
-  int64_t num_free_ = 0, num_cached_ = 0, evictions_ = 0;
+  int64_t num_free_ = 0, num_cached_ = 0, num_retained_ = 0, evictions_ = 0;
 };
 
 }  // namespace moeserve

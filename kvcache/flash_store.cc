@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/file_util.h"
+#include "core/status.h"
 
 namespace moeserve {
 
@@ -54,6 +55,7 @@ void FlashRecordHeader::Encode(uint8_t out[kBytes]) const {
   Put<uint32_t>(p, block_tokens);
   Put<uint64_t>(p, payload_bytes);
   Put<uint64_t>(p, payload_checksum);
+  Put<double>(p, retain_until);
   Put<uint64_t>(p, XXH3_64bits(out, kChecksummedBytes));
 }
 
@@ -78,6 +80,7 @@ absl::StatusOr<FlashRecordHeader> FlashRecordHeader::Decode(const uint8_t in[kBy
   h.block_tokens = Take<uint32_t>(p);
   h.payload_bytes = Take<uint64_t>(p);
   h.payload_checksum = Take<uint64_t>(p);
+  h.retain_until = Take<double>(p);
   return h;
 }
 
@@ -105,6 +108,7 @@ absl::Status FlashStore::Scan() {
     BlockHash hash;
     uint64_t bytes;
     fs::file_time_type mtime;
+    double retain_until;
   };
   std::vector<Found> found;
   std::error_code ec;
@@ -145,22 +149,19 @@ absl::Status FlashStore::Scan() {
       ++stats_.dropped_corrupt;
       continue;
     }
-    found.push_back({h->block_hash, size, entry.last_write_time(ec)});
+    found.push_back({h->block_hash, size, entry.last_write_time(ec), h->retain_until});
   }
   if (ec) return absl::UnavailableError(absl::StrCat("flash store: cannot list ", options_.dir, ": ", ec.message()));
   // Most recently written first, as the LRU order.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime > b.mtime; });
   for (const Found& f : found) {
     lru_.push_back(f.hash);
-    index_[f.hash] = Entry{f.bytes, std::prev(lru_.end())};
+    index_[f.hash] = Entry{f.bytes, std::prev(lru_.end()), f.retain_until};
     stats_.bytes += f.bytes;
   }
   stats_.records = static_cast<int64_t>(index_.size());
   // The budget may have shrunk since the last run.
-  while (stats_.bytes > options_.budget_bytes && !lru_.empty()) {
-    EraseLocked(lru_.back());
-    ++stats_.evictions;
-  }
+  MakeRoomLocked(0, /*may_evict_retained=*/true);
   return absl::OkStatus();
 }
 
@@ -175,6 +176,27 @@ void FlashStore::EraseLocked(const BlockHash& hash) {
   stats_.records = static_cast<int64_t>(index_.size());
 }
 
+bool FlashStore::MakeRoomLocked(uint64_t bytes, bool may_evict_retained) {
+  const double now = options_.clock();
+  auto fits = [&] { return stats_.bytes + reserved_ + bytes <= options_.budget_bytes; };
+  // Ordinary (or expired) records first, least recently used first.
+  for (auto it = lru_.end(); !fits() && it != lru_.begin();) {
+    --it;
+    if (index_.at(*it).retain_until > now) continue;
+    const BlockHash victim = *it;
+    it = std::next(it);  // EraseLocked invalidates the victim's iterator, not its successor
+    EraseLocked(victim);
+    ++stats_.evictions;
+  }
+  while (!fits() && may_evict_retained && !lru_.empty()) {
+    EraseLocked(lru_.back());
+    ++stats_.evictions;
+  }
+  stats_.retained = 0;
+  for (const auto& [h, e] : index_) stats_.retained += e.retain_until > now;
+  return fits();
+}
+
 void FlashStore::TouchLocked(Entry& e, const BlockHash& hash) {
   lru_.erase(e.lru);
   lru_.push_front(hash);
@@ -182,7 +204,7 @@ void FlashStore::TouchLocked(Entry& e, const BlockHash& hash) {
 }
 
 absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32_t layer_end, DType dtype,
-                             uint32_t block_tokens, const void* payload, size_t bytes) {
+                             uint32_t block_tokens, const void* payload, size_t bytes, double retain_until) {
   const uint64_t file_bytes = FlashRecordHeader::kBytes + bytes;
   if (file_bytes > options_.budget_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("flash store: a record of ", file_bytes,
@@ -197,30 +219,46 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
   h.block_tokens = block_tokens;
   h.payload_bytes = bytes;
   h.payload_checksum = XXH3_64bits(payload, bytes);
+  h.retain_until = retain_until;
   uint8_t header[FlashRecordHeader::kBytes];
   h.Encode(header);
 
-  std::lock_guard<std::mutex> lock(mu_);
-  EraseLocked(hash);
-  while (stats_.bytes + file_bytes > options_.budget_bytes && !lru_.empty()) {
-    EraseLocked(lru_.back());
-    ++stats_.evictions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    EraseLocked(hash);
+    if (!MakeRoomLocked(file_bytes, retain_until > options_.clock())) {
+      ++stats_.refused_retained;
+      return absl::ResourceExhaustedError(absl::StrCat("flash store: the budget of ", options_.budget_bytes,
+                                                       " bytes is held by retained records"));
+    }
+    reserved_ += file_bytes;
   }
-  const std::string path = PathOf(hash);
-  auto writer = AtomicFileWriter::Create(path);
-  if (!writer.ok()) return writer.status();
-  if (absl::Status s = writer->Append(header, sizeof(header)); !s.ok()) return s;
-  if (absl::Status s = writer->Append(payload, bytes); !s.ok()) return s;
-  if (absl::Status s = writer->Commit(); !s.ok()) return s;
+  // The slow part (write, fsync, rename) runs without the lock, so reads of other records
+  // proceed meanwhile; the rename makes the record visible whole or not at all.
+  absl::Status written = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Create(PathOf(hash)));
+    RETURN_IF_ERROR(writer.Append(header, sizeof(header)));
+    RETURN_IF_ERROR(writer.Append(payload, bytes));
+    return writer.Commit();
+  }();
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= file_bytes;
+  if (!written.ok()) return written;
+  if (auto it = index_.find(hash); it != index_.end()) {  // written meanwhile by another Put
+    stats_.bytes -= it->second.file_bytes;
+    lru_.erase(it->second.lru);
+    index_.erase(it);
+  }
   lru_.push_front(hash);
-  index_[hash] = Entry{file_bytes, lru_.begin()};
+  index_[hash] = Entry{file_bytes, lru_.begin(), retain_until};
   stats_.bytes += file_bytes;
   stats_.records = static_cast<int64_t>(index_.size());
+  stats_.retained += retain_until > options_.clock();
   ++stats_.writes;
   return absl::OkStatus();
 }
 
-absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes) {
+absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes, double* retain_until) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(hash);
   if (it == index_.end()) {
@@ -248,6 +286,7 @@ absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes) {
   }
   if (XXH3_64bits(out, bytes) != h->payload_checksum) return drop(&stats_.dropped_corrupt, "payload checksum mismatch");
   TouchLocked(it->second, hash);
+  if (retain_until != nullptr) *retain_until = it->second.retain_until;
   ++stats_.hits;
   return absl::OkStatus();
 }

@@ -1,7 +1,7 @@
 // The flash tier of the KV cache: full blocks as self-describing files in a directory, within a
 // byte budget. Each record is written atomically (temporary file, fsync, rename) and carries a
 // header (magic, format version, model fingerprint, block hash, layer range, dtype, payload
-// length, checksums). Opening a store scans and indexes the directory, so the cache survives a
+// length, retention deadline, checksums). Opening a store scans and indexes the directory, so the cache survives a
 // restart; a truncated, corrupted, foreign or half-written record is detected, deleted and
 // counted, and never served. Thread-safe: the engine's transfer thread and lookups may share it.
 #pragma once
@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "kvcache/block_hash.h"
 
@@ -22,8 +23,8 @@ namespace moeserve {
 // The fixed-size header at the start of every record file (little-endian, packed by hand).
 struct FlashRecordHeader {
   static constexpr char kMagic[8] = {'M', 'S', 'K', 'V', 'B', 'L', 'K', '\0'};
-  static constexpr uint32_t kVersion = 1;
-  static constexpr size_t kBytes = 8 + 4 + 4 + 8 + 16 + 4 + 4 + 4 + 4 + 8 + 8 + 8;  // 80
+  static constexpr uint32_t kVersion = 2;  // 2: adds the retention deadline
+  static constexpr size_t kBytes = 8 + 4 + 4 + 8 + 16 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8;  // 88
 
   uint64_t model_fingerprint = 0;
   BlockHash block_hash;
@@ -32,6 +33,7 @@ struct FlashRecordHeader {
   uint32_t block_tokens = 0;
   uint64_t payload_bytes = 0;
   uint64_t payload_checksum = 0;  // XXH3-64 of the payload
+  double retain_until = 0;        // Unix seconds; 0: an ordinary LRU record
 
   // Serialises with the header checksum (XXH3-64 of the bytes before it) at the end.
   void Encode(uint8_t out[kBytes]) const;
@@ -43,6 +45,7 @@ struct FlashStoreOptions {
   std::string dir;             // created if missing
   uint64_t budget_bytes = 0;   // files (headers included) never exceed this in total
   uint64_t model_fingerprint = 0;
+  WallClock clock = WallSeconds;  // for retention deadlines
 };
 
 struct FlashStoreStats {
@@ -50,6 +53,8 @@ struct FlashStoreStats {
   uint64_t bytes = 0;
   uint64_t budget_bytes = 0;
   int64_t hits = 0, misses = 0, writes = 0, evictions = 0;
+  int64_t retained = 0;          // records whose retention deadline has not passed (at the last write)
+  int64_t refused_retained = 0;  // writes refused because retained records fill the budget
   // Records found bad and deleted, by reason (at open or on read).
   int64_t dropped_truncated = 0;   // shorter or longer than the header says
   int64_t dropped_corrupt = 0;     // bad magic, header checksum or payload checksum
@@ -62,12 +67,15 @@ class FlashStore {
   static absl::StatusOr<std::unique_ptr<FlashStore>> Open(const FlashStoreOptions& options);
 
   // Stores a block's KV (replacing an existing record of the same hash). Evicts least recently
-  // used records to stay within the budget; refuses a record larger than the whole budget.
+  // used records to stay within the budget, records retained until after now only when no
+  // other is left and the new record is itself retained (else RESOURCE_EXHAUSTED); refuses a
+  // record larger than the whole budget. The file is written outside the store's lock.
   absl::Status Put(const BlockHash& hash, uint32_t layer_begin, uint32_t layer_end, DType dtype,
-                   uint32_t block_tokens, const void* payload, size_t bytes);
+                   uint32_t block_tokens, const void* payload, size_t bytes, double retain_until = 0);
   // Reads a block into `out` (exactly `bytes`). NOT_FOUND when absent; a record that fails its
   // checks is deleted, counted and reported as NOT_FOUND too, so nothing corrupt is served.
-  absl::Status Get(const BlockHash& hash, void* out, size_t bytes);
+  // `retain_until`, if given, receives the record's retention deadline.
+  absl::Status Get(const BlockHash& hash, void* out, size_t bytes, double* retain_until = nullptr);
   bool Contains(const BlockHash& hash) const;
   void Erase(const BlockHash& hash);
 
@@ -79,18 +87,23 @@ class FlashStore {
   struct Entry {
     uint64_t file_bytes = 0;
     std::list<BlockHash>::iterator lru;  // position in lru_ (front = most recent)
+    double retain_until = 0;
   };
 
   explicit FlashStore(FlashStoreOptions options) : options_(std::move(options)) {}
   absl::Status Scan();
   void EraseLocked(const BlockHash& hash);
   void TouchLocked(Entry& e, const BlockHash& hash);
+  // Evicts until `bytes` more fit (reserved_ included); false if only retained records are
+  // left and `may_evict_retained` is false.
+  bool MakeRoomLocked(uint64_t bytes, bool may_evict_retained);
 
   FlashStoreOptions options_;
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::list<BlockHash> lru_;
   FlashStoreStats stats_;
+  uint64_t reserved_ = 0;  // bytes of records being written outside the lock
 };
 
 }  // namespace moeserve

@@ -1,6 +1,7 @@
 // Host DDR tier.
 #include "kvcache/host_tier.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@ absl::StatusOr<std::unique_ptr<HostKvTier>> HostKvTier::Create(const HostTierOpt
     return absl::InvalidArgumentError(absl::StrCat("host KV tier: a budget of ", options.budget_bytes,
                                                    " bytes holds no block of ", options.block_bytes, " bytes"));
   }
+  if (options.max_pending_writes < 0) return absl::InvalidArgumentError("host KV tier: max_pending_writes < 0");
   return std::unique_ptr<HostKvTier>(new HostKvTier(options, flash, slots));
 }
 
@@ -30,6 +32,17 @@ HostKvTier::HostKvTier(const HostTierOptions& options, FlashStore* flash, int64_
     : options_(options), flash_(flash), slab_(static_cast<size_t>(slots) * options.block_bytes) {
   for (int64_t s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
   stats_.capacity_blocks = slots;
+  if (options_.async && flash_ != nullptr) thread_ = std::thread([this] { TransferLoop(); });
+}
+
+HostKvTier::~HostKvTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    prefetch_queue_.clear();  // reads are only hints; writes are finished below
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 int64_t HostKvTier::TakeSlotLocked() {
@@ -38,75 +51,214 @@ int64_t HostKvTier::TakeSlotLocked() {
     free_slots_.pop_back();
     return s;
   }
-  // Demote the least recently used block to flash, or drop it.
-  const BlockHash victim = lru_.back();
-  const Entry e = index_.at(victim);
-  const uint8_t* data = slab_.data() + static_cast<size_t>(e.slot) * options_.block_bytes;
-  if (flash_ != nullptr &&
-      flash_->Put(victim, 0, options_.num_layers, options_.dtype, options_.block_tokens, data, options_.block_bytes)
-          .ok()) {
-    ++stats_.demoted_to_flash;
-  } else {
-    ++stats_.dropped;
+  if (lru_.empty()) return -1;  // every slot is lent to swap
+  // The least recently used block whose retention has passed, else the least recently used.
+  const double now = options_.clock();
+  auto victim_it = std::prev(lru_.end());
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    if (index_.at(*it).retain_until <= now) {
+      victim_it = it;
+      break;
+    }
   }
-  lru_.pop_back();
+  const BlockHash victim = *victim_it;
+  const Entry e = index_.at(victim);
+  ToFlashLocked(victim, Slot(e.slot), e.retain_until);
+  lru_.erase(victim_it);
   index_.erase(victim);
+  stats_.blocks = static_cast<int64_t>(index_.size());
   return e.slot;
 }
 
-void HostKvTier::StoreLocked(const BlockHash& hash, const void* data) {
+void HostKvTier::ToFlashLocked(const BlockHash& hash, const void* data, double retain_until) {
+  if (flash_ == nullptr) {
+    ++stats_.dropped;
+    return;
+  }
+  if (thread_.joinable() && static_cast<int64_t>(pending_.size()) < options_.max_pending_writes) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    pending_[hash] = Pending{std::make_shared<const std::vector<uint8_t>>(p, p + options_.block_bytes), retain_until};
+    write_queue_.push_back(hash);
+    stats_.pending_writes = static_cast<int64_t>(pending_.size());
+    cv_.notify_all();
+    return;
+  }
+  Stopwatch sw;
+  const bool ok = flash_->Put(hash, 0, options_.num_layers, options_.dtype, options_.block_tokens, data,
+                              options_.block_bytes, retain_until)
+                      .ok();
+  stats_.flash_write_seconds += sw.Seconds();
+  ++(ok ? stats_.demoted_to_flash : stats_.dropped);
+}
+
+bool HostKvTier::StoreLocked(const BlockHash& hash, const void* data, double retain_until) {
   auto it = index_.find(hash);
   int64_t slot;
   if (it != index_.end()) {
     slot = it->second.slot;
+    retain_until = std::max(retain_until, it->second.retain_until);
     lru_.erase(it->second.lru);
   } else {
     slot = TakeSlotLocked();
+    if (slot < 0) return false;
   }
-  std::memcpy(slab_.data() + static_cast<size_t>(slot) * options_.block_bytes, data, options_.block_bytes);
+  std::memcpy(Slot(slot), data, options_.block_bytes);
   lru_.push_front(hash);
-  index_[hash] = Entry{slot, lru_.begin()};
+  index_[hash] = Entry{slot, lru_.begin(), retain_until};
   stats_.blocks = static_cast<int64_t>(index_.size());
+  return true;
 }
 
-absl::Status HostKvTier::Put(const BlockHash& hash, const void* data) {
+absl::Status HostKvTier::Put(const BlockHash& hash, const void* data, double retain_until) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stats_.capacity_blocks == 0) {  // no DDR: straight to flash
-    if (flash_ == nullptr) return absl::FailedPreconditionError("host KV tier has no room and no flash tier");
-    return flash_->Put(hash, 0, options_.num_layers, options_.dtype, options_.block_tokens, data, options_.block_bytes);
-  }
-  StoreLocked(hash, data);
+  if (StoreLocked(hash, data, retain_until)) return absl::OkStatus();
+  // No DDR slot (no DDR budget, or every slot lent to swap): straight to flash.
+  if (flash_ == nullptr) return absl::FailedPreconditionError("host KV tier has no room and no flash tier");
+  ToFlashLocked(hash, data, retain_until);
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(hash);
-  if (it != index_.end()) {
-    std::memcpy(out, slab_.data() + static_cast<size_t>(it->second.slot) * options_.block_bytes, options_.block_bytes);
+absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double* retain_until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto it = index_.find(hash); it != index_.end()) {
+    std::memcpy(out, Slot(it->second.slot), options_.block_bytes);
     lru_.erase(it->second.lru);
     lru_.push_front(hash);
     it->second.lru = lru_.begin();
+    if (retain_until != nullptr) *retain_until = it->second.retain_until;
     ++stats_.host_hits;
     return KvTier::kHost;
   }
-  if (flash_ != nullptr && flash_->Get(hash, out, options_.block_bytes).ok()) {
-    ++stats_.flash_hits;
-    if (stats_.capacity_blocks > 0) StoreLocked(hash, out);  // likely to be read again soon
-    return KvTier::kFlash;
+  if (auto it = pending_.find(hash); it != pending_.end()) {  // pushed out, not yet on flash
+    std::memcpy(out, it->second.data->data(), options_.block_bytes);
+    if (retain_until != nullptr) *retain_until = it->second.retain_until;
+    ++stats_.host_hits;
+    return KvTier::kHost;
   }
-  ++stats_.misses;
-  return absl::NotFoundError("block in no lower tier");
+  if (flash_ == nullptr) {
+    ++stats_.misses;
+    return absl::NotFoundError("block in no lower tier");
+  }
+  // Read flash without holding the lock, so the transfer thread is not held up.
+  lock.unlock();
+  double until = 0;
+  Stopwatch sw;
+  const bool hit = flash_->Get(hash, out, options_.block_bytes, &until).ok();
+  const double took = sw.Seconds();
+  lock.lock();
+  stats_.flash_read_seconds += took;
+  ++stats_.flash_reads;
+  if (!hit) {
+    ++stats_.misses;
+    return absl::NotFoundError("block in no lower tier");
+  }
+  ++stats_.flash_hits;
+  StoreLocked(hash, out, until);  // likely to be read again soon
+  if (retain_until != nullptr) *retain_until = until;
+  return KvTier::kFlash;
 }
 
 bool HostKvTier::Contains(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return index_.count(hash) > 0 || (flash_ != nullptr && flash_->Contains(hash));
+  return index_.count(hash) > 0 || pending_.count(hash) > 0 || (flash_ != nullptr && flash_->Contains(hash));
+}
+
+void HostKvTier::Prefetch(const std::vector<BlockHash>& hashes) {
+  if (!thread_.joinable()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const BlockHash& h : hashes) {
+    if (index_.count(h) || pending_.count(h)) continue;
+    prefetch_queue_.push_back(h);
+    ++stats_.prefetch_requests;
+  }
+  cv_.notify_all();
+}
+
+void HostKvTier::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return write_queue_.empty() && prefetch_queue_.empty() && in_flight_ == 0; });
+}
+
+void HostKvTier::TransferLoop() {
+  std::vector<uint8_t> buffer(options_.block_bytes);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !write_queue_.empty() || !prefetch_queue_.empty(); });
+    if (!write_queue_.empty()) {  // writes first: they free memory and make blocks durable
+      const BlockHash hash = write_queue_.front();
+      write_queue_.pop_front();
+      auto it = pending_.find(hash);
+      if (it == pending_.end()) continue;
+      const Pending p = it->second;
+      ++in_flight_;
+      lock.unlock();
+      Stopwatch sw;
+      const bool ok = flash_->Put(hash, 0, options_.num_layers, options_.dtype, options_.block_tokens,
+                                  p.data->data(), options_.block_bytes, p.retain_until)
+                          .ok();
+      const double took = sw.Seconds();
+      lock.lock();
+      stats_.flash_write_seconds += took;
+      --in_flight_;
+      // A newer copy queued meanwhile keeps its own entry.
+      if (auto again = pending_.find(hash); again != pending_.end() && again->second.data == p.data) {
+        pending_.erase(again);
+      }
+      ++(ok ? stats_.demoted_to_flash : stats_.dropped);
+      ++stats_.async_writes;
+      stats_.pending_writes = static_cast<int64_t>(pending_.size());
+      cv_.notify_all();
+      continue;
+    }
+    if (!prefetch_queue_.empty()) {
+      const BlockHash hash = prefetch_queue_.front();
+      prefetch_queue_.pop_front();
+      if (index_.count(hash) || pending_.count(hash)) continue;
+      ++in_flight_;
+      lock.unlock();
+      double until = 0;
+      Stopwatch sw;
+      const bool hit = flash_->Get(hash, buffer.data(), options_.block_bytes, &until).ok();
+      const double took = sw.Seconds();
+      lock.lock();
+      --in_flight_;
+      stats_.flash_read_seconds += took;
+      ++stats_.flash_reads;
+      if (hit && !index_.count(hash) && StoreLocked(hash, buffer.data(), until)) ++stats_.prefetched;
+      cv_.notify_all();
+      continue;
+    }
+    if (stop_) return;
+  }
+}
+
+absl::StatusOr<std::vector<int64_t>> HostKvTier::ReserveSwap(int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t available = static_cast<int64_t>(free_slots_.size() + lru_.size());
+  if (n > available) {
+    return absl::ResourceExhaustedError(absl::StrCat("host KV tier: swap needs ", n, " blocks, ", available,
+                                                     " of ", stats_.capacity_blocks, " could be freed"));
+  }
+  std::vector<int64_t> slots(n);
+  for (auto& s : slots) s = TakeSlotLocked();
+  stats_.swap_blocks += n;
+  return slots;
+}
+
+void HostKvTier::FreeSwap(const std::vector<int64_t>& slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_slots_.insert(free_slots_.end(), slots.begin(), slots.end());
+  stats_.swap_blocks -= static_cast<int64_t>(slots.size());
 }
 
 HostTierStats HostKvTier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  HostTierStats s = stats_;
+  const double now = options_.clock();
+  s.retained = 0;
+  for (const auto& [h, e] : index_) s.retained += e.retain_until > now;
+  return s;
 }
 
 }  // namespace moeserve

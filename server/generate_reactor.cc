@@ -75,6 +75,8 @@ void GenerateReactor::OnEvent(const RequestEvent& ev) {
         u->set_completion_tokens(ev.usage.completion_tokens);
         u->set_cached_prompt_tokens_ddr(ev.usage.cached_prompt_tokens_ddr);
         u->set_cached_prompt_tokens_flash(ev.usage.cached_prompt_tokens_flash);
+        u->set_preemptions(ev.preemptions);
+        u->set_swaps(ev.swaps);
         v1::Timing* t = r.mutable_timing();
         t->set_queue_seconds(ev.timing.queue_seconds);
         t->set_time_to_first_token_seconds(ev.timing.ttft_seconds);

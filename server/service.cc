@@ -67,6 +67,8 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   out->set_prefix_hit_rate(s.prompt_tokens ? static_cast<double>(s.cached_prompt_tokens) / s.prompt_tokens : 0.0);
   out->set_steps(s.steps);
   out->set_preemptions(s.preemptions);
+  out->set_swaps(s.swaps);
+  out->set_kv_blocks_retained(s.kv_blocks_retained);
   out->set_uptime_seconds(s.uptime_seconds);
   if (s.has_tiers) {
     v1::KvTierStats* t = out->mutable_kv_tiers();
@@ -81,6 +83,15 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     t->set_flash_dropped(s.tiers.flash.dropped_corrupt + s.tiers.flash.dropped_foreign +
                          s.tiers.flash.dropped_truncated + s.tiers.flash.dropped_incomplete);
     t->set_ddr_to_flash(s.tiers.host.demoted_to_flash);
+    t->set_ddr_retained(s.tiers.host.retained);
+    t->set_flash_retained(s.tiers.flash.retained);
+    t->set_ddr_swap_blocks(s.tiers.host.swap_blocks);
+    t->set_swapped_out(s.tiers.swapped_out);
+    t->set_swapped_in(s.tiers.swapped_in);
+    t->set_swap_decisions(s.tiers.swap_decisions);
+    t->set_recompute_decisions(s.tiers.recompute_decisions);
+    t->set_prefetched_blocks(s.tiers.host.prefetched);
+    t->set_pending_flash_writes(s.tiers.host.pending_writes);
   }
   out->set_busy_seconds(s.busy_seconds);
   out->set_batched_seqs(s.batched_seqs);

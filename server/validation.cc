@@ -80,6 +80,10 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req, 
     return Invalid("logprobs", absl::StrCat("must be in [0, 20], got ", req.logprobs()));
   }
   out.top_logprobs = req.logprobs();
+  if (!(req.retain_seconds() >= 0 && req.retain_seconds() <= limits.max_retain_seconds)) {
+    return Invalid("retain_seconds", absl::StrCat("must be in [0, ", limits.max_retain_seconds, "], got ", req.retain_seconds()));
+  }
+  out.retain_seconds = req.retain_seconds();
   return out;
 }
 

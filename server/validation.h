@@ -13,6 +13,7 @@ struct ValidationLimits {
   int64_t max_tokens_limit = 4096;
   int64_t max_prompt_tokens = 0;  // 0: the model's context less one
   int64_t default_max_tokens = 16;
+  double max_retain_seconds = 86400;
 };
 
 absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req, const ModelConfig& config,

@@ -51,14 +51,16 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
     return p;
   };
   const std::vector<int32_t> prompt = random_prompt();
-  const std::vector<int32_t> filler_a = random_prompt(), filler_b = random_prompt();
+  const std::vector<int32_t> filler_a = random_prompt(), filler_b = random_prompt(),
+                              filler_c = random_prompt();
   const int64_t prompt_blocks = (o.prompt_tokens + 1 + base.block_size - 1) / base.block_size;
   const std::string flash_dir =
       o.flash_dir.empty() ? (std::filesystem::temp_directory_path() / absl::StrCat("moeserve_tiers_", getpid())).string()
                           : o.flash_dir;
   std::filesystem::remove_all(flash_dir);
 
-  // Room on the device for the prompt and one filler: the second filler evicts the prompt.
+  // Room on the device for the prompt and one filler: the second and third fillers evict all of
+  // the prompt's blocks.
   EngineConfig ec = base;
   ec.num_kv_blocks = 2 * prompt_blocks + 2;
   ec.scheduler.prefix_caching = true;
@@ -79,6 +81,7 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
   RETURN_IF_ERROR(RunOne(ddr_engine.get(), filler_a).status());
   progress.Update(++step, "evicting");
   RETURN_IF_ERROR(RunOne(ddr_engine.get(), filler_b).status());
+  RETURN_IF_ERROR(RunOne(ddr_engine.get(), filler_c).status());
   progress.Update(++step, "DDR hit");
   ASSIGN_OR_RETURN(Run ddr, RunOne(ddr_engine.get(), prompt));
   const KvTierStats ddr_stats = ddr_engine->GetStats().tiers;
@@ -95,6 +98,8 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
   RETURN_IF_ERROR(RunOne(flash_engine.get(), filler_a).status());
   progress.Update(++step, "evicting");
   RETURN_IF_ERROR(RunOne(flash_engine.get(), filler_b).status());
+  RETURN_IF_ERROR(RunOne(flash_engine.get(), filler_c).status());
+  flash_engine->WaitForTransfers();  // the transfer thread has written the evicted blocks
   progress.Update(++step, "flash hit");
   ASSIGN_OR_RETURN(Run flash, RunOne(flash_engine.get(), prompt));
   const KvTierStats flash_stats = flash_engine->GetStats().tiers;
@@ -120,7 +125,8 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
   j["flash_hit"] = row(flash);
   j["measured"] = {{"demote_to_ddr_bytes_per_s", bandwidth(ddr_stats.demoted, ddr_stats.demote_seconds)},
                    {"promote_from_ddr_bytes_per_s", bandwidth(ddr_stats.promoted_ddr, ddr_stats.promote_ddr_seconds)},
-                   {"demote_to_flash_bytes_per_s", bandwidth(flash_stats.demoted, flash_stats.demote_seconds)},
+                   {"demote_to_flash_bytes_per_s",
+                    bandwidth(flash_stats.host.demoted_to_flash, flash_stats.host.flash_write_seconds)},
                    {"promote_from_flash_bytes_per_s",
                     bandwidth(flash_stats.promoted_flash, flash_stats.promote_flash_seconds)}};
   if (hw) {

@@ -48,6 +48,9 @@ struct EngineFlags {
   double host_kv_mb = 0;
   std::string flash_kv_dir;
   double flash_kv_mb = 1024;
+  std::string preemption = "auto";
+  bool sync_flash = false;
+  double max_retain_seconds = 86400;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);

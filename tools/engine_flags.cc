@@ -46,6 +46,17 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
                   "Directory of the flash tier below DDR (verified records; survives restarts)");
   cmd->add_option("--flash-kv-mb", f->flash_kv_mb, "Byte budget of the flash tier, MiB")->capture_default_str();
+  cmd->add_flag("--sync-flash", f->sync_flash,
+                "Write evicted blocks to flash on the engine thread instead of the transfer thread (no "
+                "prefetch either; for comparison)");
+  cmd->add_option("--preemption", f->preemption,
+                  "What happens to a sequence preempted under KV pressure: auto (swap its KV to the DDR "
+                  "tier when the copies cost less than recomputing, by the roofline of --hardware or "
+                  "measured rates), swap, or recompute. Swap needs --host-kv-mb")
+      ->capture_default_str();
+  cmd->add_option("--max-retain-seconds", f->max_retain_seconds,
+                  "Largest retain_seconds (prompt-cache retention) a request may ask")
+      ->capture_default_str();
   cmd->add_option("--trace-jsonl", f->trace_jsonl, "Write every engine step's record here, one JSON per line");
   cmd->add_option("--trace-chrome", f->trace_chrome,
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
@@ -99,6 +110,12 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_tiers.host_bytes = static_cast<uint64_t>(f.host_kv_mb * 1048576.0);
   c.kv_tiers.flash_dir = f.flash_kv_dir;
   c.kv_tiers.flash_bytes = static_cast<uint64_t>(f.flash_kv_mb * 1048576.0);
+  c.kv_tiers.async_flash = !f.sync_flash;
+  ASSIGN_OR_RETURN(c.kv_tiers.preemption, ParsePreemptionMode(f.preemption));
+  if (!(f.max_retain_seconds >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));
+  }
+  c.max_retain_seconds = f.max_retain_seconds;
   c.price_per_hour = f.price_per_hour;
   c.trace_jsonl = f.trace_jsonl;
   c.trace_chrome = f.trace_chrome;

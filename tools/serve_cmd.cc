@@ -39,6 +39,7 @@ int RunServe(ServeOptions o) {
   server::ServiceOptions so;
   so.api_key = o.api_key;
   so.limits.max_tokens_limit = o.max_tokens_limit;
+  so.limits.max_retain_seconds = ecfg->max_retain_seconds;
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
   mi.set_config_json(c.ToJson());
@@ -60,6 +61,7 @@ int RunServe(ServeOptions o) {
                                      KvLayoutFor(c, 1, ecfg->block_size, ecfg->kv_dtype).BlockBytes()));
   kv->set_dtype(std::string(DTypeShortName(ecfg->kv_dtype)));
   kv->set_ddr_bytes(static_cast<int64_t>(ecfg->kv_tiers.host_bytes));
+  kv->set_preemption(ecfg->kv_tiers.enabled() ? PreemptionModeName(ecfg->kv_tiers.preemption) : "recompute");
   if (!ecfg->kv_tiers.flash_dir.empty()) {
     kv->set_flash_dir(ecfg->kv_tiers.flash_dir);
     kv->set_flash_bytes(static_cast<int64_t>(ecfg->kv_tiers.flash_bytes));

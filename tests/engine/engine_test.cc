@@ -162,6 +162,50 @@ TEST_F(EngineTest, PreemptionUnderATinyPoolMatchesEachRequestAlone) {
   EXPECT_GT(stats.preemptions, 0) << "the pool was meant to be small enough to preempt";
 }
 
+// Swap-based preemption: a victim's KV (partial last block included) goes to host DDR and
+// comes back when it is readmitted; the output is still each request's output alone.
+TEST_F(EngineTest, SwapPreemptionMatchesEachRequestAlone) {
+  EngineConfig cfg;
+  cfg.scheduler.max_tokens_per_step = 64;
+  cfg.scheduler.max_num_seqs = 16;
+  cfg.block_size = 4;
+  cfg.num_kv_blocks = 30;
+  cfg.kv_tiers.host_bytes = 8ull << 20;
+  cfg.kv_tiers.preemption = PreemptionMode::kSwap;
+  auto stats = RunAndCompare(cfg);
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(stats.swaps, stats.preemptions) << "every victim had KV and DDR had room";
+  EXPECT_EQ(stats.tiers.swapped_out, stats.swaps);
+  EXPECT_EQ(stats.tiers.swapped_in, stats.swaps) << "every swapped sequence came back";
+  EXPECT_GT(stats.tiers.swap_in_blocks, 0);
+  EXPECT_EQ(stats.tiers.host.swap_blocks, 0) << "swap space leaked";
+}
+
+// --preemption auto asks the cost model: over a link of 1 byte/s recomputing always wins; over
+// an absurdly fast one swapping does. The outputs are the same either way.
+TEST_F(EngineTest, AutoPreemptionFollowsTheCostModel) {
+  for (const double link : {1.0, 1e15}) {
+    EngineConfig cfg;
+    cfg.scheduler.max_tokens_per_step = 64;
+    cfg.scheduler.max_num_seqs = 16;
+    cfg.block_size = 4;
+    cfg.num_kv_blocks = 30;
+    cfg.kv_tiers.host_bytes = 8ull << 20;
+    cfg.hardware = *roofline::HardwarePreset("h100-sxm");
+    cfg.hardware->host_link_bandwidth = link;
+    auto stats = RunAndCompare(cfg);
+    ASSERT_GT(stats.preemptions, 0);
+    if (link < 10) {
+      EXPECT_EQ(stats.tiers.swap_decisions, 0);
+      EXPECT_EQ(stats.swaps, 0);
+      EXPECT_GT(stats.tiers.recompute_decisions, 0);
+    } else {
+      EXPECT_GT(stats.swaps, 0);
+      EXPECT_EQ(stats.tiers.recompute_decisions, 0);
+    }
+  }
+}
+
 TEST_F(EngineTest, SeededSamplingDoesNotDependOnBatchMates) {
   EngineConfig cfg;
   cfg.num_kv_blocks = 400;

@@ -57,5 +57,52 @@ TEST(BlockPoolTest, RandomWorkloadKeepsExactAccounting) {
   EXPECT_TRUE(pool.CheckInvariants());
 }
 
+BlockHash HashOf(int i) { return BlockHash{static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + 1, static_cast<uint64_t>(i)}; }
+
+// Retained blocks survive eviction pressure while ordinary cached blocks remain, are evicted
+// (least recently released first) only when nothing else is left, and become ordinary LRU
+// candidates at their deadline.
+TEST(BlockPoolTest, RetentionOutlivesPressureUntilItExpires) {
+  BlockPool pool(6);
+  pool.AdvanceClock(100.0);
+  auto a = pool.Allocate(6);
+  ASSERT_TRUE(a.ok());
+  for (int i = 0; i < 6; ++i) pool.Register((*a)[i], HashOf(i));
+  pool.SetRetention((*a)[0], 200.0);  // in use: takes effect on release
+  pool.SetRetention((*a)[1], 150.0);
+  pool.Release(*a);  // release order 0..5: 0 is the least recently used
+  pool.SetRetention((*a)[2], 300.0);  // already cached: moves to the retained list
+  EXPECT_EQ(pool.num_cached(), 6);
+  EXPECT_EQ(pool.num_retained(), 3);
+  std::vector<int32_t> evicted;
+  pool.SetEvictionObserver([&](int32_t b, const BlockHash&) { evicted.push_back(b); });
+  auto b = pool.Allocate(3);  // the three ordinary blocks go first, retained ones stay
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(evicted, (std::vector<int32_t>{(*a)[3], (*a)[4], (*a)[5]}));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(pool.Lookup(HashOf(i)).has_value()) << i;
+  // Block 1 expires at 150: it becomes the first ordinary candidate.
+  pool.AdvanceClock(160.0);
+  EXPECT_EQ(pool.num_retained(), 2);
+  auto c = pool.Allocate(1);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(evicted.back(), (*a)[1]);
+  // With nothing else left, a retained block is evicted (LRU among them) rather than failing.
+  auto d = pool.Allocate(1);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(evicted.back(), (*a)[0]);
+  EXPECT_EQ(pool.retention((*d)[0]), 0.0);  // a reused block carries no retention
+  EXPECT_TRUE(pool.Lookup(HashOf(2)).has_value());
+  EXPECT_TRUE(pool.CheckInvariants());
+  // Taking a retained block back and releasing it keeps it retained.
+  pool.Retain(*pool.Lookup(HashOf(2)));
+  EXPECT_EQ(pool.num_retained(), 0);
+  pool.Release(*pool.Lookup(HashOf(2)));
+  EXPECT_EQ(pool.num_retained(), 1);
+  pool.AdvanceClock(400.0);
+  EXPECT_EQ(pool.num_retained(), 0);
+  EXPECT_EQ(pool.num_cached(), 1);
+  EXPECT_TRUE(pool.CheckInvariants());
+}
+
 }  // namespace
 }  // namespace moeserve

@@ -200,5 +200,49 @@ TEST(FlashStoreTest, AWriterKilledMidWriteLeavesNothingCorrupt) {
   fs::remove_all(dir);
 }
 
+// Retention: retained records outlive LRU pressure within the budget; once only retained ones
+// are left, an ordinary write is refused (and counted) while a retained one still gets in;
+// deadlines survive a restart (they are in the header) and expire into ordinary records.
+TEST(FlashStoreTest, RetainedRecordsOutliveLruPressureAndRestarts) {
+  const std::string dir = FreshDir("retain");
+  const size_t bytes = 1000;
+  const uint64_t record = FlashRecordHeader::kBytes + bytes;
+  double now = 5000.0;
+  FlashStoreOptions o{dir, 4 * record, kFingerprint, [&] { return now; }};
+  auto put = [&](FlashStore* s, uint64_t i, double until) {
+    const auto p = PayloadOf(i, bytes);
+    return s->Put(HashOf(i), 0, 4, DType::kBF16, 16, p.data(), p.size(), until);
+  };
+  {
+    auto s = std::move(*FlashStore::Open(o));
+    ASSERT_TRUE(put(s.get(), 0, now + 100).ok());
+    ASSERT_TRUE(put(s.get(), 1, now + 200).ok());
+    for (uint64_t i = 2; i < 10; ++i) ASSERT_TRUE(put(s.get(), i, 0).ok());  // ordinary ones rotate
+    EXPECT_TRUE(s->Contains(HashOf(0)));
+    EXPECT_TRUE(s->Contains(HashOf(1)));
+    EXPECT_TRUE(s->Contains(HashOf(9)));
+    EXPECT_FALSE(s->Contains(HashOf(2)));
+    EXPECT_EQ(s->stats().retained, 2);
+  }
+  auto s = std::move(*FlashStore::Open(o));  // restart: deadlines come back from the headers
+  ASSERT_TRUE(put(s.get(), 20, now + 300).ok());
+  ASSERT_TRUE(put(s.get(), 21, now + 300).ok());  // the budget is now all retained
+  EXPECT_EQ(s->stats().retained, 4);
+  const absl::Status refused = put(s.get(), 22, 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(s->stats().refused_retained, 1);
+  EXPECT_TRUE(ReadsBack(s.get(), 0, bytes));
+  double until = 0;
+  std::vector<uint8_t> out(bytes);
+  ASSERT_TRUE(s->Get(HashOf(1), out.data(), bytes, &until).ok());
+  EXPECT_EQ(until, 5200.0);
+  now += 150;  // record 0 expires: the next ordinary write takes its place
+  ASSERT_TRUE(put(s.get(), 22, 0).ok());
+  EXPECT_FALSE(s->Contains(HashOf(0)));
+  EXPECT_TRUE(s->Contains(HashOf(1)));
+  EXPECT_LE(s->stats().bytes, 4 * record);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace moeserve
