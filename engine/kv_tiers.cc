@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-kv-mb: ", host.status().message()));
   t->host_ = std::move(*host);
   t->staging_.resize(layout.BlockBytes());
+  t->promote_staging_.resize(layout.BlockBytes());
   // The host link as this backend sees it: a few copies of block 0 (its contents do not matter).
   Stopwatch sw;
   for (int i = 0; i < 8; ++i) RETURN_IF_ERROR(backend->CopyToHost(t->staging_.data(), t->BlockData(0), t->staging_.size()));
@@ -81,19 +82,23 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash) {
   if (!host_->Contains(hash)) return std::nullopt;
-  auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
-  if (!got.ok()) return std::nullopt;
-  const int32_t block = (*got)[0];
   Stopwatch sw;
+  // Take the block out of DDR first, so that the demotion the allocation below may cause
+  // lands in the slot it frees instead of pushing another block (maybe the prefix's next) out.
   double retain_until = 0;
-  auto tier = host_->Get(hash, staging_.data(), &retain_until);
-  if (!tier.ok() || !backend_->CopyToDevice(BlockData(block), staging_.data(), staging_.size()).ok()) {
-    pool_->Release(block);  // unhashed: back to free
+  auto tier = host_->Get(hash, promote_staging_.data(), &retain_until, /*take=*/true);
+  if (!tier.ok()) return std::nullopt;
+  auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
+  if (!got.ok() ||
+      !backend_->CopyToDevice(BlockData((*got)[0]), promote_staging_.data(), promote_staging_.size()).ok()) {
+    if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
+    (void)host_->Put(hash, promote_staging_.data(), retain_until);  // put it back where it was
     return std::nullopt;
   }
+  const int32_t block = (*got)[0];
   pool_->Register(block, hash);
   pool_->SetRetention(block, retain_until);
-  transfer_bytes_ += static_cast<int64_t>(staging_.size());
+  transfer_bytes_ += static_cast<int64_t>(promote_staging_.size());
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
   (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(Nanos(sw));
   return std::make_pair(block, *tier);

@@ -106,7 +106,9 @@ class KvTiers final : public LowerTiers {
   Backend* backend_;
   std::unique_ptr<FlashStore> flash_;
   std::unique_ptr<HostKvTier> host_;
-  std::vector<uint8_t> staging_;  // one block, host side (pinned memory under CUDA)
+  // One block each, host side (pinned memory under CUDA): promotion's buffer must survive the
+  // demotion that its own allocation may trigger.
+  std::vector<uint8_t> staging_, promote_staging_;
   SwapCostModel swap_cost_;
   double measured_link_ = 0;
   std::atomic<int64_t> transfer_bytes_{0};

@@ -119,14 +119,20 @@ absl::Status HostKvTier::Put(const BlockHash& hash, const void* data, double ret
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double* retain_until) {
+absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double* retain_until, bool take) {
   std::unique_lock<std::mutex> lock(mu_);
   if (auto it = index_.find(hash); it != index_.end()) {
     std::memcpy(out, Slot(it->second.slot), options_.block_bytes);
-    lru_.erase(it->second.lru);
-    lru_.push_front(hash);
-    it->second.lru = lru_.begin();
     if (retain_until != nullptr) *retain_until = it->second.retain_until;
+    lru_.erase(it->second.lru);
+    if (take) {
+      free_slots_.push_back(it->second.slot);
+      index_.erase(it);
+      stats_.blocks = static_cast<int64_t>(index_.size());
+    } else {
+      lru_.push_front(hash);
+      it->second.lru = lru_.begin();
+    }
     ++stats_.host_hits;
     return KvTier::kHost;
   }
@@ -154,7 +160,7 @@ absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double*
     return absl::NotFoundError("block in no lower tier");
   }
   ++stats_.flash_hits;
-  StoreLocked(hash, out, until);  // likely to be read again soon
+  if (!take) StoreLocked(hash, out, until);  // likely to be read again soon
   if (retain_until != nullptr) *retain_until = until;
   return KvTier::kFlash;
 }
@@ -165,7 +171,7 @@ bool HostKvTier::Contains(const BlockHash& hash) const {
 }
 
 void HostKvTier::Prefetch(const std::vector<BlockHash>& hashes) {
-  if (!thread_.joinable()) return;
+  if (!thread_.joinable() || stats_.capacity_blocks == 0) return;  // nowhere to prefetch into
   std::lock_guard<std::mutex> lock(mu_);
   for (const BlockHash& h : hashes) {
     if (index_.count(h) || pending_.count(h)) continue;

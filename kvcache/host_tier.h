@@ -75,11 +75,14 @@ class HostKvTier {
   absl::Status Put(const BlockHash& hash, const void* data, double retain_until = 0);
   // Copies the block into `out` (block_bytes) from DDR or else flash; NOT_FOUND if neither has
   // it (a flash record that fails its checks is not served). A flash hit is also kept in DDR.
-  absl::StatusOr<KvTier> Get(const BlockHash& hash, void* out, double* retain_until = nullptr);
+  // With `take`, the block is leaving for the device: its DDR slot is freed at once (DDR is
+  // exclusive of the device, so promoting a long prefix never pushes its own later blocks out)
+  // and a flash hit is not copied into DDR.
+  absl::StatusOr<KvTier> Get(const BlockHash& hash, void* out, double* retain_until = nullptr, bool take = false);
   bool Contains(const BlockHash& hash) const;
 
   // Asks the transfer thread to read these blocks from flash into DDR (those in DDR already, or
-  // in no tier, are skipped). Without a transfer thread this does nothing.
+  // in no tier, are skipped). Without a transfer thread or a DDR budget this does nothing.
   void Prefetch(const std::vector<BlockHash>& hashes);
   // Waits until queued writes and prefetches are done.
   void Flush();

@@ -272,6 +272,16 @@ int RunBench(BenchOptions o) {
   j["prefix_cache"] = {{"cached_prompt_tokens", cached},
                        {"hit_rate", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
   j["preemptions"] = stats.preemptions;
+  j["swaps"] = stats.swaps;
+  if (stats.has_tiers) {
+    const KvTierStats& t = stats.tiers;
+    j["swap"] = {{"swapped_out", t.swapped_out},
+                 {"swapped_in", t.swapped_in},
+                 {"swap_decisions", t.swap_decisions},
+                 {"recompute_decisions", t.recompute_decisions},
+                 {"out_bytes_per_s", t.swap_out_seconds > 0 ? t.swap_out_blocks * t.block_bytes / t.swap_out_seconds : 0.0},
+                 {"in_bytes_per_s", t.swap_in_seconds > 0 ? t.swap_in_blocks * t.block_bytes / t.swap_in_seconds : 0.0}};
+  }
   // Observed against predicted, step by step, when a hardware profile was given.
   std::vector<double> ratio, bound_ratio;
   for (const auto& s : stats.recent_steps) {
@@ -297,9 +307,10 @@ int RunBench(BenchOptions o) {
               Percentile(step_ms, 90), Percentile(step_ms, 99), Percentile(step_ms, 100));
   std::printf("  ttft ms: p50 %.1f, p99 %.1f | tpot ms: p50 %.2f, p99 %.2f\n", Percentile(ttft, 50),
               Percentile(ttft, 99), Percentile(tpot, 50), Percentile(tpot, 99));
-  std::printf("  prefix cache: %lld of %lld prompt tokens (%.1f%%) | preemptions: %lld\n",
+  std::printf("  prefix cache: %lld of %lld prompt tokens (%.1f%%) | preemptions: %lld (%lld swapped to DDR)\n",
               static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
-              prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions));
+              prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions),
+              static_cast<long long>(stats.swaps));
   if (!ratio.empty()) {
     const Summary& r = ratio_summary;
     const Summary& b = bound_summary;

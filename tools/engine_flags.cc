@@ -41,7 +41,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--price-per-hour", f->price_per_hour,
                   "$ per hour of this machine for request receipts (default: the profile's price)");
   cmd->add_option("--host-kv-mb", f->host_kv_mb,
-                  "Host DDR tier for evicted prefix-cache blocks, MiB (0: none)")
+                  "Host DDR tier for evicted prefix-cache blocks and swapped-out sequences, MiB (0: none)")
       ->capture_default_str();
   cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
                   "Directory of the flash tier below DDR (verified records; survives restarts)");

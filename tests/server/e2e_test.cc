@@ -235,6 +235,8 @@ TEST_F(E2eTest, BadInputsNameTheFieldAndTheServerKeepsServing) {
       {"top_p above one", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); }, "sampling.top_p"},
       {"negative top_k", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_k(-1); }, "sampling.top_k"},
       {"logprobs too many", [](v1::GenerateRequest* r) { r->set_logprobs(21); }, "logprobs"},
+      {"negative retain_seconds", [](v1::GenerateRequest* r) { r->set_retain_seconds(-1); }, "retain_seconds"},
+      {"retain_seconds past the limit", [](v1::GenerateRequest* r) { r->set_retain_seconds(1e9); }, "retain_seconds"},
       {"stop id past vocab", [&](v1::GenerateRequest* r) { r->add_stop_token_ids(vocab + 10); }, "stop_token_ids"},
       {"unknown priority", [](v1::GenerateRequest* r) { r->set_priority(static_cast<v1::Priority>(42)); },
        "priority"},

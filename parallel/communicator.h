@@ -1,0 +1,46 @@
+// Collectives among the ranks of one parallel group (expert-parallel ranks of a stage, or the
+// stages of a pipeline). Every rank calls the same collectives in the same order (SPMD); a
+// buffer is host memory for LocalCommunicator and device memory for NcclCommunicator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace moeserve {
+
+// Traffic through one rank's communicator, cumulative (difference two snapshots per step).
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;      // to other ranks (a rank's own share is not traffic)
+  int64_t bytes_received = 0;  // from other ranks
+  double seconds = 0;          // wall time inside collectives, waiting for peers included
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Each rank sends send_counts[p] bytes to peer p and receives recv_counts[p] bytes from it;
+  // both buffers are packed in peer order. Zero counts are allowed. recv_counts[p] must equal
+  // what p sends to this rank (INVALID_ARGUMENT otherwise, on every rank that sees it).
+  virtual absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                const std::vector<int64_t>& recv_counts) = 0;
+  // Exchanges the counts themselves: recv_counts[p] = what peer p passes as send_counts[rank].
+  virtual absl::Status AllToAllCounts(const std::vector<int64_t>& send_counts, std::vector<int64_t>* recv_counts) = 0;
+  // recv receives size() * bytes: rank p's `bytes` at offset p * bytes.
+  virtual absl::Status AllGather(const void* send, int64_t bytes, void* recv) = 0;
+  // Element-wise sum over ranks, the same bits on every rank (summed in rank order).
+  virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;
+  // Point to point (pipeline stages): Send does not wait for the matching Recv.
+  virtual absl::Status Send(const void* data, int64_t bytes, int peer) = 0;
+  virtual absl::Status Recv(void* data, int64_t bytes, int peer) = 0;
+  virtual absl::Status Barrier() = 0;
+
+  virtual CommStats stats() const = 0;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,171 @@
+// NCCL communicator.
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace moeserve {
+namespace {
+
+absl::Status NcclStatus(ncclResult_t r, const char* expr, const char* file, int line) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr, " failed: ", ncclGetErrorString(r)));
+}
+
+#define NCCL_RETURN_IF_ERROR(expr)                                              \
+  do {                                                                          \
+    ::absl::Status _s = NcclStatus((expr), #expr, __FILE__, __LINE__);          \
+    if (!_s.ok()) return _s;                                                    \
+  } while (0)
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  int64_t* counts_send = nullptr;  // device scratch for count exchanges and barriers
+  int64_t* counts_recv = nullptr;
+};
+
+absl::StatusOr<std::string> NcclCommunicator::NewUniqueId() {
+  ncclUniqueId id;
+  NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const std::string& unique_id, int rank,
+                                                                           int size, int device) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl: unique id has ", unique_id.size(), " bytes, not ", sizeof(id)));
+  }
+  if (rank < 0 || rank >= size) return absl::InvalidArgumentError(absl::StrCat("nccl: rank ", rank, " of ", size));
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_send, sizeof(int64_t) * size));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_recv, sizeof(int64_t) * size));
+  NCCL_RETURN_IF_ERROR(ncclCommInitRank(&impl->comm, size, id, rank));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl), rank, size));
+}
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size)
+    : impl_(std::move(impl)), rank_(rank), size_(size) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (impl_ == nullptr) return;
+  cudaSetDevice(impl_->device);
+  if (impl_->comm != nullptr) ncclCommDestroy(impl_->comm);
+  cudaFree(impl_->counts_send);
+  cudaFree(impl_->counts_recv);
+  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+}
+
+absl::Status NcclCommunicator::Finish(double seconds_before, int64_t sent, int64_t received) {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  ++stats_.calls;
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += received;
+  stats_.seconds += seconds_before;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                        const std::vector<int64_t>& recv_counts) {
+  if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", size_, " entries"));
+  }
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  int64_t send_off = 0, recv_off = 0, sent = 0, received = 0;
+  NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  for (int p = 0; p < size_; ++p) {
+    if (send_counts[p] > 0) {
+      NCCL_RETURN_IF_ERROR(ncclSend(static_cast<const char*>(send) + send_off, send_counts[p], ncclInt8, p,
+                                    impl_->comm, impl_->stream));
+    }
+    if (recv_counts[p] > 0) {
+      NCCL_RETURN_IF_ERROR(ncclRecv(static_cast<char*>(recv) + recv_off, recv_counts[p], ncclInt8, p, impl_->comm,
+                                    impl_->stream));
+    }
+    send_off += send_counts[p];
+    recv_off += recv_counts[p];
+    if (p != rank_) {
+      sent += send_counts[p];
+      received += recv_counts[p];
+    }
+  }
+  NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return Finish(sw.Seconds(), sent, received);
+}
+
+absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
+                                              std::vector<int64_t>* recv_counts) {
+  if (static_cast<int>(send_counts.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all counts: ", send_counts.size(), " entries, not ", size_));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->counts_send, send_counts.data(), sizeof(int64_t) * size_,
+                                       cudaMemcpyHostToDevice, impl_->stream));
+  const std::vector<int64_t> eight(size_, sizeof(int64_t));
+  RETURN_IF_ERROR(AllToAll(impl_->counts_send, eight, impl_->counts_recv, eight));
+  recv_counts->resize(size_);
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * size_,
+                                  cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::AllGather(const void* send, int64_t bytes, void* recv) {
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, bytes, ncclInt8, impl_->comm, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return Finish(sw.Seconds(), bytes * (size_ - 1), bytes * (size_ - 1));
+}
+
+absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t count) {
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, count, ncclFloat, ncclSum, impl_->comm, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+  return Finish(sw.Seconds(), bytes * (size_ - 1), bytes * (size_ - 1));
+}
+
+absl::Status NcclCommunicator::Send(const void* data, int64_t bytes, int peer) {
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  NCCL_RETURN_IF_ERROR(ncclSend(data, bytes, ncclInt8, peer, impl_->comm, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return Finish(sw.Seconds(), bytes, 0);
+}
+
+absl::Status NcclCommunicator::Recv(void* data, int64_t bytes, int peer) {
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclInt8, peer, impl_->comm, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return Finish(sw.Seconds(), 0, bytes);
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  Stopwatch sw;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  NCCL_RETURN_IF_ERROR(ncclAllReduce(impl_->counts_send, impl_->counts_recv, 1, ncclInt64, ncclSum, impl_->comm,
+                                     impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return Finish(sw.Seconds(), 0, 0);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,48 @@
+// The communicator of one GPU rank over NCCL (compiled only with CUDA). Buffers are device
+// memory of the rank's GPU; every call is enqueued on the rank's stream and waited for, so a
+// returned call is complete. All-to-all is a group of ncclSend/ncclRecv, one pair per peer with
+// a non-zero count. Ranks are bootstrapped from a unique id created on one rank and handed to
+// the others by any channel (a thread, a file, a TCP socket), so the same code spans nodes.
+// No NCCL or CUDA headers here.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "parallel/communicator.h"
+
+namespace moeserve {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // A fresh bootstrap id (ncclGetUniqueId), as bytes to hand to every rank.
+  static absl::StatusOr<std::string> NewUniqueId();
+  // Joins the group as `rank` of `size` on GPU `device` (blocks until every rank has joined).
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(const std::string& unique_id, int rank, int size,
+                                                                  int device);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                        const std::vector<int64_t>& recv_counts) override;
+  absl::Status AllToAllCounts(const std::vector<int64_t>& send_counts, std::vector<int64_t>* recv_counts) override;
+  absl::Status AllGather(const void* send, int64_t bytes, void* recv) override;
+  absl::Status AllReduceSum(float* data, int64_t count) override;
+  absl::Status Send(const void* data, int64_t bytes, int peer) override;
+  absl::Status Recv(void* data, int64_t bytes, int peer) override;
+  absl::Status Barrier() override;
+  CommStats stats() const override { return stats_; }
+
+ private:
+  struct Impl;
+  NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size);
+  absl::Status Finish(double seconds, int64_t sent, int64_t received);
+
+  std::unique_ptr<Impl> impl_;
+  int rank_, size_;
+  CommStats stats_;
+};
+
+}  // namespace moeserve
