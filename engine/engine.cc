@@ -37,6 +37,9 @@ absl::Status EngineConfig::Validate() const {
   }
   if (max_tokens_limit < 1) return absl::InvalidArgumentError("max_tokens_limit must be >= 1");
   if (!(max_retain_seconds >= 0)) return absl::InvalidArgumentError("max_retain_seconds must be >= 0");
+  if (parallel.ep < 1 || parallel.pp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep and --pp must be >= 1, got ", parallel.ep, " and ", parallel.pp));
+  }
   return absl::OkStatus();
 }
 
@@ -72,8 +75,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", config.kv_cache_bytes,
                                                    " bytes holds no block of ", config.block_size, " tokens"));
   }
-  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, blocks, config.block_size, config.kv_dtype)));
+  const KvLayout full = KvLayoutFor(c, blocks, config.block_size, config.kv_dtype);
+  KvLayout own = full;
+  if (config.parallel.enabled()) {
+    // The ranks keep the KV in their stages' arenas; the engine's own cache is a stub of one layer.
+    if (config.kv_tiers.enabled()) {
+      return absl::InvalidArgumentError("KV tiers (--host-kv-mb, --flash-kv-dir) do not work with --ep/--pp yet");
+    }
+    own.num_layers = 1;
+  }
+  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, own));
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
+  if (config.parallel.enabled()) {
+    ASSIGN_OR_RETURN(engine->executor_, ParallelExecutor::Create(config.parallel, weights, full, config.rank_backends));
+  }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {
     if (!config.scheduler.prefix_caching) {
@@ -313,9 +328,11 @@ absl::StatusOr<bool> Engine::Step() {
   }
   in.block_tables.assign(in.num_seqs * in.max_blocks_per_seq, 0);
   int64_t context_tokens = 0;
+  std::vector<uint64_t> seq_ids;
   for (size_t j = 0; j < out.chunks.size(); ++j) {
     const ScheduledChunk& ch = out.chunks[j];
     const Sequence& s = *ch.seq;
+    seq_ids.push_back(s.id);
     std::copy(s.blocks.begin(), s.blocks.end(), in.block_tables.begin() + j * in.max_blocks_per_seq);
     for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
       in.token_ids.push_back(s.tokens[p]);
@@ -330,7 +347,9 @@ absl::StatusOr<bool> Engine::Step() {
   }
   const double schedule_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ForwardStats fstats;
-  absl::Status s = model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
+  ParallelStepStats pstats;
+  absl::Status s = executor_ != nullptr ? executor_->Forward(in, seq_ids, &logits_, &fstats, &pstats)
+                                        : model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
   if (!s.ok()) {
     // Fail the requests of this step; the engine and everyone else keep going.
     for (const auto& ch : out.chunks) Finish(*live_.at(ch.seq->id), FinishReason::kError, std::string(s.message()));
@@ -381,6 +400,10 @@ absl::StatusOr<bool> Engine::Step() {
   rec.attention_seconds = fstats.attention_seconds;
   rec.moe_seconds = fstats.moe_seconds;
   rec.head_seconds = fstats.head_seconds;
+  rec.comm_seconds = fstats.comm_seconds;
+  rec.comm_bytes_observed = pstats.comm_bytes;
+  rec.expert_imbalance = pstats.expert_imbalance;
+  rec.rank_imbalance = pstats.rank_imbalance;
   rec.sampling_seconds = rec.duration_seconds - forward_done;
   // The step's work from the cost model, and its prediction when a profile is configured.
   roofline::StepShape shape;
@@ -393,7 +416,8 @@ absl::StatusOr<bool> Engine::Step() {
     seconds_per_prefill_token_ = seconds_per_prefill_token_ == 0 ? per_token : 0.8 * seconds_per_prefill_token_ + 0.2 * per_token;
   }
   if (config_.hardware) {
-    const roofline::StepCost cost = roofline::PredictStep(costs_, shape, *config_.hardware, {}, config_.efficiency);
+    const roofline::ParallelLayout layout{config_.parallel.ep, config_.parallel.pp};
+    const roofline::StepCost cost = roofline::PredictStep(costs_, shape, *config_.hardware, layout, config_.efficiency);
     rec.flops = cost.flops;
     rec.weight_bytes = cost.weight_bytes;
     rec.kv_read_bytes = cost.kv_read_bytes;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/kv_tiers.h"
+#include "engine/parallel_executor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
@@ -45,6 +46,8 @@ struct EngineConfig {
   KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)
   double max_retain_seconds = 86400;  // largest retain_seconds a request may ask
   WallClock clock = WallSeconds;    // for retention deadlines (tests pass a fake one)
+  ParallelConfig parallel;          // --ep / --pp: ranks of their own (see parallel_executor.h)
+  BackendFactory rank_backends;     // makes each rank's device when parallel.enabled()
 
   absl::Status Validate() const;
 };
@@ -79,6 +82,8 @@ class Engine {
 
   const ModelConfig& model_config() const { return model_.config(); }
   const EngineConfig& config() const { return config_; }
+  // The parallel layout, when --ep/--pp ask for one (null on one rank).
+  const ParallelExecutor* parallel() const { return executor_.get(); }
   int64_t num_kv_blocks() const { return kv_.layout().num_blocks; }
 
   // Validates and queues a request; returns its id. INVALID_ARGUMENT names the field and the
@@ -141,6 +146,7 @@ class Engine {
   uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
   std::unique_ptr<KvTiers> tiers_;  // after the pool and scheduler that point to it
+  std::unique_ptr<ParallelExecutor> executor_;  // runs the steps when the layout has several ranks
   Clock::time_point started_;
 
   // Shared with submitting threads.

@@ -28,6 +28,11 @@ struct StepRecord {
   double sampling_seconds = 0.0;   // sampling and streaming events
   double comm_seconds = 0.0;       // collective communication (0 on one rank)
   double transfer_seconds = 0.0;   // KV moved between tiers (none yet)
+  // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
+  // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).
+  int64_t comm_bytes_observed = 0;
+  double expert_imbalance = 0.0;
+  double rank_imbalance = 0.0;
   // Work of the step, from the cost model.
   double flops = 0.0;
   double weight_bytes = 0.0, kv_read_bytes = 0.0, kv_write_bytes = 0.0, comm_bytes = 0.0, transfer_bytes = 0.0;

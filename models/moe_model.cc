@@ -22,13 +22,15 @@ KvLayout KvLayoutFor(const ModelConfig& c, int64_t num_blocks, int64_t block_siz
   return l;
 }
 
-MoeModel::MoeModel(const ModelWeights* weights, Backend* backend)
-    : weights_(weights), backend_(backend) {}
+MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard shard)
+    : weights_(weights), backend_(backend), shard_(std::move(shard)) {
+  if (shard_.layer_end < 0) shard_.layer_end = config().num_hidden_layers;
+}
 
 absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) const {
   const ModelConfig& c = config();
   const int64_t t = in.num_tokens();
-  if (t == 0) return absl::InvalidArgumentError("forward: no tokens");
+  if (t == 0 && !expert_parallel()) return absl::InvalidArgumentError("forward: no tokens");
   if (static_cast<int64_t>(in.positions.size()) != t || static_cast<int64_t>(in.token_seq.size()) != t ||
       static_cast<int64_t>(in.slots.size()) != t) {
     return absl::InvalidArgumentError("forward: token_ids, positions, token_seq and slots differ in length");
@@ -36,7 +38,14 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
   if (static_cast<int64_t>(in.block_tables.size()) != in.num_seqs * in.max_blocks_per_seq) {
     return absl::InvalidArgumentError("forward: block_tables is not num_seqs x max_blocks_per_seq");
   }
-  if (layout.num_layers != c.num_hidden_layers || layout.kv_heads != c.num_key_value_heads ||
+  if (shard_.layer_begin < 0 || shard_.layer_begin >= shard_.layer_end || shard_.layer_end > c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: layers [", shard_.layer_begin, ", ", shard_.layer_end,
+                                                   ") are not a stage of ", c.num_hidden_layers, " layers"));
+  }
+  if (expert_parallel() && static_cast<int64_t>(shard_.expert_owner.size()) != c.num_local_experts) {
+    return absl::InvalidArgumentError("forward: expert_owner must name the rank of every expert");
+  }
+  if (layout.num_layers != shard_.layer_end - shard_.layer_begin || layout.kv_heads != c.num_key_value_heads ||
       layout.head_dim != c.head_dim) {
     return absl::InvalidArgumentError("forward: KV layout does not match the model config");
   }
@@ -124,18 +133,134 @@ absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int6
   return absl::OkStatus();
 }
 
+absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
+  if (rows <= ws_.ep_capacity_rows) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const int64_t n = std::max<int64_t>(rows, 2 * ws_.ep_capacity_rows);
+  const size_t f = sizeof(float);
+  for (auto [buf, cols] : {std::pair<DeviceBuffer*, int64_t>{&ws_.ep_in, c.hidden_size},
+                           {&ws_.ep_gate_up, 2 * c.intermediate_size},
+                           {&ws_.ep_act, c.intermediate_size},
+                           {&ws_.ep_out, c.hidden_size}}) {
+    *buf = DeviceBuffer();
+    ASSIGN_OR_RETURN(*buf, backend_->Allocate(std::max<size_t>(n * cols * f, 64)));
+  }
+  ws_.ep_capacity_rows = n;
+  return absl::OkStatus();
+}
+
+absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, ForwardStats* stats) {
+  const ModelConfig& c = config();
+  const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
+  const int64_t inter = c.intermediate_size;
+  Communicator& ep = *shard_.ep;
+  const int n = ep.size(), me = ep.rank();
+  const CommStats before = ep.stats();
+  const int64_t a = t * k;  // (token, slot) assignments of this rank's tokens
+
+  // Order the assignments by destination rank, then expert (stable: token order within).
+  ep_order_.resize(a);
+  for (int64_t i = 0; i < a; ++i) ep_order_[i] = static_cast<int32_t>(i);
+  auto key = [&](int32_t i) { return int64_t{shard_.expert_owner[host_ids_[i]]} * e_count + host_ids_[i]; };
+  std::stable_sort(ep_order_.begin(), ep_order_.end(), [&](int32_t x, int32_t y) { return key(x) < key(y); });
+  std::vector<int64_t> send_rows(n, 0), recv_rows;
+  host_combine_.resize(a);
+  std::vector<float> xn_host(static_cast<size_t>(t * h));
+  if (t > 0) RETURN_IF_ERROR(backend_->CopyToHost(xn_host.data(), ws_.xn.data(), xn_host.size() * sizeof(float)));
+  ep_send_.resize(static_cast<size_t>(a * h));
+  ep_send_experts_.resize(a);
+  for (int64_t j = 0; j < a; ++j) {
+    const int32_t i = ep_order_[j];
+    const int32_t e = host_ids_[i];
+    ++send_rows[shard_.expert_owner[e]];
+    ep_send_experts_[j] = e;
+    host_combine_[i] = static_cast<int32_t>(j);  // its result comes back as row j
+    std::copy_n(xn_host.data() + (i / k) * h, h, ep_send_.data() + j * h);
+  }
+  // Dispatch: counts, then expert ids and hidden rows.
+  RETURN_IF_ERROR(ep.AllToAllCounts(send_rows, &recv_rows));
+  int64_t r_total = 0;
+  for (int64_t r : recv_rows) r_total += r;
+  auto scaled = [](const std::vector<int64_t>& rows, int64_t bytes) {
+    std::vector<int64_t> out(rows.size());
+    for (size_t p = 0; p < rows.size(); ++p) out[p] = rows[p] * bytes;
+    return out;
+  };
+  ep_recv_experts_.resize(r_total);
+  ep_recv_.resize(static_cast<size_t>(r_total * h));
+  RETURN_IF_ERROR(ep.AllToAll(ep_send_experts_.data(), scaled(send_rows, sizeof(int32_t)), ep_recv_experts_.data(),
+                              scaled(recv_rows, sizeof(int32_t))));
+  const int64_t row_bytes = h * static_cast<int64_t>(sizeof(float));
+  RETURN_IF_ERROR(ep.AllToAll(ep_send_.data(), scaled(send_rows, row_bytes), ep_recv_.data(), scaled(recv_rows, row_bytes)));
+
+  // Run this rank's experts on what it received, grouped by expert (stable).
+  ep_offsets_.assign(e_count + 1, 0);
+  for (int32_t e : ep_recv_experts_) {
+    if (e < 0 || e >= e_count || shard_.expert_owner[e] != me) {
+      return absl::InternalError(absl::StrCat("expert parallel: rank ", me, " received a row for expert ", e,
+                                              ", which it does not hold"));
+    }
+    ++ep_offsets_[e + 1];
+  }
+  for (int64_t e = 0; e < e_count; ++e) {
+    if (stats != nullptr) {
+      if (static_cast<int64_t>(stats->expert_rows.size()) != e_count) stats->expert_rows.assign(e_count, 0);
+      stats->expert_rows[e] += ep_offsets_[e + 1];
+      if (ep_offsets_[e + 1] > 0) ++stats->experts_hit;
+    }
+    ep_offsets_[e + 1] += ep_offsets_[e];
+  }
+  std::vector<int64_t> cursor(ep_offsets_.begin(), ep_offsets_.end() - 1);
+  std::vector<int64_t> sorted_of(r_total);  // received row -> its row in expert order
+  std::vector<float> grouped(static_cast<size_t>(r_total * h));
+  for (int64_t r = 0; r < r_total; ++r) {
+    sorted_of[r] = cursor[ep_recv_experts_[r]]++;
+    std::copy_n(ep_recv_.data() + r * h, h, grouped.data() + sorted_of[r] * h);
+  }
+  ep_back_.resize(static_cast<size_t>(r_total * h));
+  if (r_total > 0) {
+    RETURN_IF_ERROR(EnsureExpertRows(r_total));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_in.data(), grouped.data(), grouped.size() * sizeof(float)));
+    backend_->GroupedGemm(ws_.ep_in.as<float>(), lw.w13, ep_offsets_, ws_.ep_gate_up.as<float>());
+    backend_->SiluMul(ws_.ep_gate_up.as<float>(), r_total, inter, ws_.ep_act.as<float>());
+    backend_->GroupedGemm(ws_.ep_act.as<float>(), lw.w2, ep_offsets_, ws_.ep_out.as<float>());
+    RETURN_IF_ERROR(backend_->CopyToHost(grouped.data(), ws_.ep_out.data(), grouped.size() * sizeof(float)));
+    for (int64_t r = 0; r < r_total; ++r) std::copy_n(grouped.data() + sorted_of[r] * h, h, ep_back_.data() + r * h);
+  }
+  // Results go back the way they came, then combine as on one rank.
+  RETURN_IF_ERROR(ep.AllToAll(ep_back_.data(), scaled(recv_rows, row_bytes), ep_send_.data(), scaled(send_rows, row_bytes)));
+  if (stats != nullptr) {
+    const CommStats after = ep.stats();
+    stats->comm_seconds += after.seconds - before.seconds;
+    stats->comm_bytes += after.bytes_sent - before.bytes_sent;
+    stats->expert_assignments += a;
+  }
+  if (t == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.expert_out.data(), ep_send_.data(), ep_send_.size() * sizeof(float)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.combine_rows.data(), host_combine_.data(), a * sizeof(int32_t)));
+  backend_->ScatterCombine(ws_.expert_out.as<float>(), ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k, h,
+                           ws_.x.as<float>(), /*accumulate=*/true);
+  return absl::OkStatus();
+}
+
 absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t t, ForwardStats* stats) {
   const ModelConfig& c = config();
   const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
   const int64_t inter = c.intermediate_size;
   float* xn = ws_.xn.as<float>();
-  backend_->Gemm(xn, t, lw.router, ws_.router_logits.as<float>());
-  backend_->RouterTopK(ws_.router_logits.as<float>(), t, e_count, k, c.norm_topk_prob,
-                       ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+  host_ids_.resize(t * k);
+  if (t > 0) {
+    backend_->Gemm(xn, t, lw.router, ws_.router_logits.as<float>());
+    backend_->RouterTopK(ws_.router_logits.as<float>(), t, e_count, k, c.norm_topk_prob,
+                         ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+    RETURN_IF_ERROR(backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
+  }
+  if (expert_parallel()) {
+    RETURN_IF_ERROR(ExpertParallel(lw, t, stats));
+    return SharedExpert(lw, t);
+  }
 
   // Plan the dispatch on the host: sort the (token, slot) assignments by expert.
-  host_ids_.resize(t * k);
-  RETURN_IF_ERROR(backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
   offsets_.assign(e_count + 1, 0);
   for (int32_t e : host_ids_) ++offsets_[e + 1];
   for (int64_t e = 0; e < e_count; ++e) {
@@ -164,8 +289,17 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t t, ForwardStats*
   backend_->GroupedGemm(act, lw.w2, offsets_, expert_out);     // [t*k, hidden]
   backend_->ScatterCombine(expert_out, ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k, h,
                            ws_.x.as<float>(), /*accumulate=*/true);
+  return SharedExpert(lw, t);
+}
 
-  if (c.has_shared_expert()) {
+absl::Status MoeModel::SharedExpert(const LayerWeights& lw, int64_t t) {
+  const ModelConfig& c = config();
+  const int64_t h = c.hidden_size;
+  float* xn = ws_.xn.as<float>();
+  float* gate_up = ws_.gate_up.as<float>();
+  float* act = ws_.act.as<float>();
+  float* expert_out = ws_.expert_out.as<float>();
+  if (t > 0 && c.has_shared_expert()) {
     const int64_t si = c.shared_expert_intermediate_size;
     backend_->Gemm(xn, t, lw.shared_w13, gate_up);  // [t, 2*si]
     backend_->SiluMul(gate_up, t, si, act);         // [t, si]
@@ -179,23 +313,35 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t t, ForwardStats*
 
 absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                                std::vector<float>* logits, ForwardStats* stats) {
+  return ForwardShard(in, layout, kv_cache, nullptr, nullptr, logits, stats);
+}
+
+absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
+                                    const float* hidden_in, std::vector<float>* hidden_out,
+                                    std::vector<float>* logits, ForwardStats* stats) {
   RETURN_IF_ERROR(Validate(in, layout));
   const ModelConfig& c = config();
+  const bool first = shard_.layer_begin == 0, last = shard_.layer_end == c.num_hidden_layers;
+  if (!first && hidden_in == nullptr && in.num_tokens() > 0) {
+    return absl::InvalidArgumentError("forward: a stage after the first needs the previous stage's hidden states");
+  }
+  if (!last && hidden_out == nullptr) return absl::InvalidArgumentError("forward: a stage before the last needs hidden_out");
   const int64_t t = in.num_tokens();
   const int64_t h = c.hidden_size;
   const int64_t r = static_cast<int64_t>(in.logit_rows.size());
-  RETURN_IF_ERROR(EnsureWorkspace(t, static_cast<int64_t>(in.block_tables.size()), r));
+  RETURN_IF_ERROR(EnsureWorkspace(std::max<int64_t>(t, 1), std::max<int64_t>(in.block_tables.size(), 1), r));
   if (stats != nullptr) {
     *stats = ForwardStats();
     stats->tokens = t;
   }
-
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.positions.data(), in.positions.data(), t * sizeof(int32_t)));
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.token_seq.data(), in.token_seq.data(), t * sizeof(int32_t)));
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.slots.data(), in.slots.data(), t * sizeof(int64_t)));
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.block_tables.data(), in.block_tables.data(),
-                                         in.block_tables.size() * sizeof(int32_t)));
+  if (t > 0) {
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.positions.data(), in.positions.data(), t * sizeof(int32_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.token_seq.data(), in.token_seq.data(), t * sizeof(int32_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.slots.data(), in.slots.data(), t * sizeof(int64_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.block_tables.data(), in.block_tables.data(),
+                                           in.block_tables.size() * sizeof(int32_t)));
+  }
 
   AttentionBatch batch;
   batch.token_seq = ws_.token_seq.as<int32_t>();
@@ -213,26 +359,42 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
     if (stats != nullptr) stats->*field += phase.Seconds();
     phase.Reset();
   };
-  backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
+  if (t > 0) {
+    if (first) {
+      backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
+    } else {
+      RETURN_IF_ERROR(backend_->CopyToDevice(x, hidden_in, t * h * sizeof(float)));
+    }
+  }
   lap(&ForwardStats::head_seconds);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     const LayerWeights& lw = weights_->layer(l);
+    const int64_t kv_layer = l - shard_.layer_begin;  // the stage's cache holds its layers only
     const float eps = static_cast<float>(c.rms_norm_eps);
-    backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
-    backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
-    backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
-    backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
-    backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t,
-                   c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                   static_cast<float>(c.rope_theta));
-    backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout, l, kv_cache);
-    backend_->PagedAttention(ws_.q.as<float>(), batch, layout, l, kv_cache, c.num_attention_heads, scale,
-                             ws_.attn.as<float>());
-    backend_->Gemm(ws_.attn.as<float>(), t, lw.o, x, /*accumulate=*/true);  // residual
-    backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
+    if (t > 0) {
+      backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
+      backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
+      backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
+      backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
+      backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t,
+                     c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                     static_cast<float>(c.rope_theta));
+      backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout, kv_layer,
+                        kv_cache);
+      backend_->PagedAttention(ws_.q.as<float>(), batch, layout, kv_layer, kv_cache, c.num_attention_heads, scale,
+                               ws_.attn.as<float>());
+      backend_->Gemm(ws_.attn.as<float>(), t, lw.o, x, /*accumulate=*/true);  // residual
+      backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
+    }
     lap(&ForwardStats::attention_seconds);
     RETURN_IF_ERROR(MoeLayer(lw, t, stats));
     lap(&ForwardStats::moe_seconds);
+  }
+  if (!last) {
+    hidden_out->resize(static_cast<size_t>(t * h));
+    if (t > 0) RETURN_IF_ERROR(backend_->CopyToHost(hidden_out->data(), x, t * h * sizeof(float)));
+    if (logits != nullptr) logits->clear();
+    return backend_->Synchronize();
   }
   if (r == 0) {
     logits->clear();

@@ -13,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "models/model_weights.h"
+#include "parallel/communicator.h"
 
 namespace moeserve {
 
@@ -30,6 +31,22 @@ struct ForwardInput {
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
 
+// The part of the model one rank of a parallel layout runs. The default is the whole model.
+//   - Pipeline stage: layers [layer_begin, layer_end); the KV layout passed to Forward holds
+//     only these layers. The first stage embeds token ids, the others take the previous
+//     stage's hidden states; the last stage computes logits, the others hand hidden states on.
+//   - Expert parallelism: with an `ep` group of more than one rank, this rank computes only the
+//     experts it owns (expert_owner[e] == ep->rank()); each MoE layer sends every token's hidden
+//     state to the ranks owning its top-k experts (all-to-all with per-peer counts), runs its
+//     experts on what it received, and sends the results back to be combined. Attention stays
+//     data-parallel: each rank brings its own sequences, and may bring none.
+struct ModelShard {
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1: through the last layer
+  Communicator* ep = nullptr;
+  std::vector<int32_t> expert_owner;  // [experts]
+};
+
 // What one forward did, for instrumentation and the roofline.
 struct ForwardStats {
   int64_t tokens = 0;
@@ -40,6 +57,11 @@ struct ForwardStats {
   double attention_seconds = 0;  // norms, QKV/O projections, RoPE, KV writes, paged attention
   double moe_seconds = 0;        // router, experts, shared expert, combine
   double head_seconds = 0;       // embedding, final norm, lm_head, logits copy
+  // Expert parallelism: rows this rank's experts computed, per expert summed over layers, and
+  // the communication inside the MoE layers.
+  std::vector<int64_t> expert_rows;  // [experts], this rank's experts only (others 0)
+  double comm_seconds = 0;
+  int64_t comm_bytes = 0;            // sent to other ranks
 };
 
 // The KV layout of `config` with `num_blocks` blocks of `block_size` tokens.
@@ -47,7 +69,7 @@ KvLayout KvLayoutFor(const ModelConfig& config, int64_t num_blocks, int64_t bloc
 
 class MoeModel {
  public:
-  MoeModel(const ModelWeights* weights, Backend* backend);
+  MoeModel(const ModelWeights* weights, Backend* backend, ModelShard shard = {});
 
   const ModelConfig& config() const { return weights_->config(); }
 
@@ -58,6 +80,15 @@ class MoeModel {
   // Runs the step; writes logits [logit_rows, vocab] to host memory.
   absl::Status Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                        std::vector<float>* logits, ForwardStats* stats = nullptr);
+  // Runs this rank's shard of the step. `hidden_in` (host, [tokens, hidden]) replaces the
+  // embedding on a stage after the first; a stage before the last writes its output hidden
+  // states to `hidden_out` (host) instead of logits. With expert parallelism `in` may hold no
+  // tokens: the rank still takes part in every layer's all-to-all.
+  absl::Status ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache, const float* hidden_in,
+                            std::vector<float>* hidden_out, std::vector<float>* logits, ForwardStats* stats = nullptr);
+  const ModelShard& shard() const { return shard_; }
+  int64_t layer_begin() const { return shard_.layer_begin; }
+  int64_t layer_end() const { return shard_.layer_end; }
 
  private:
   // Device scratch buffers, grown on demand and reused across steps.
@@ -68,13 +99,27 @@ class MoeModel {
         block_tables, logit_rows, final_x, logits;
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
+    // Expert parallelism: rows received from all ranks, which may outnumber this rank's own.
+    DeviceBuffer ep_in, ep_gate_up, ep_act, ep_out;
+    int64_t ep_capacity_rows = 0;
   };
   absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
+  absl::Status EnsureExpertRows(int64_t rows);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
+  // The routed experts of an expert-parallel MoE layer (after routing), see ModelShard.
+  absl::Status ExpertParallel(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
+  // The gated shared expert, if the config has one (added to the residual).
+  absl::Status SharedExpert(const LayerWeights& lw, int64_t tokens);
+  bool expert_parallel() const { return shard_.ep != nullptr && shard_.ep->size() > 1; }
 
   const ModelWeights* weights_;
   Backend* backend_;
+  ModelShard shard_;
   Workspace ws_;
+  // Expert-parallel staging (host): rows out and back, their experts, per-peer counts.
+  std::vector<float> ep_send_, ep_recv_, ep_back_;
+  std::vector<int32_t> ep_send_experts_, ep_recv_experts_, ep_order_;
+  std::vector<int64_t> ep_offsets_;
   // Host mirrors of the routing, used to plan the expert dispatch.
   std::vector<int32_t> host_ids_;
   std::vector<int32_t> host_gather_, host_combine_;

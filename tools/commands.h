@@ -38,6 +38,8 @@ struct EngineFlags {
   double kv_cache_mb = 512;
   std::string kv_dtype = "f32";
   int threads = 0;
+  int64_t ep = 1, pp = 1, micro_batches = 0;
+  std::string expert_placement = "contiguous";
   bool reference = false;
   bool no_batch_invariant = false;
   std::string hardware;     // roofline profile: preset or calibrate JSON

@@ -2,6 +2,8 @@
 #include "absl/strings/str_cat.h"
 #include "tools/commands.h"
 
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "core/file_util.h"
@@ -56,6 +58,19 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--max-retain-seconds", f->max_retain_seconds,
                   "Largest retain_seconds (prompt-cache retention) a request may ask")
+      ->capture_default_str();
+  cmd->add_option("--ep", f->ep,
+                  "Expert-parallel ranks: each holds 1/N of every layer's experts and runs attention for its own "
+                  "sequences; MoE layers exchange hidden states by all-to-all. Each rank is a thread with its own "
+                  "share of --threads")
+      ->capture_default_str();
+  cmd->add_option("--pp", f->pp,
+                  "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
+                  "flow through them. With --ep, ep x pp ranks")
+      ->capture_default_str();
+  cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", f->micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
   cmd->add_option("--trace-jsonl", f->trace_jsonl, "Write every engine step's record here, one JSON per line");
   cmd->add_option("--trace-chrome", f->trace_chrome,
@@ -116,6 +131,25 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));
   }
   c.max_retain_seconds = f.max_retain_seconds;
+  c.parallel.ep = f.ep;
+  c.parallel.pp = f.pp;
+  c.parallel.micro_batches = f.micro_batches;
+  if (f.expert_placement == "round-robin") {
+    c.parallel.placement = ExpertPlacement::kRoundRobin;
+  } else if (f.expert_placement != "contiguous") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expert-placement must be contiguous or round-robin, got '", f.expert_placement, "'"));
+  }
+  if (c.parallel.enabled()) {
+    // Each rank: a CPU backend of its own with its share of the threads.
+    const CpuBackendOptions base = MakeBackendOptions(f);
+    c.rank_backends = [base](int, int ranks) -> std::unique_ptr<Backend> {
+      CpuBackendOptions o = base;
+      const int threads = o.num_threads > 0 ? o.num_threads : static_cast<int>(std::thread::hardware_concurrency());
+      o.num_threads = std::max(1, threads / ranks);
+      return std::make_unique<CpuBackend>(o);
+    };
+  }
   c.price_per_hour = f.price_per_hour;
   c.trace_jsonl = f.trace_jsonl;
   c.trace_chrome = f.trace_chrome;

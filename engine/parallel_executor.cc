@@ -1,0 +1,301 @@
+// Parallel executor.
+#include "engine/parallel_executor.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace moeserve {
+namespace {
+
+// Parameters of one layer outside the routed experts (attention, norms, router, shared expert).
+int64_t LayerDenseParams(const ModelConfig& c) {
+  int64_t p = 2 * c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + 2 * c.hidden_size +
+              c.hidden_size * c.num_local_experts;
+  if (c.has_shared_expert()) p += 3 * c.hidden_size * c.shared_expert_intermediate_size + c.hidden_size;
+  return p;
+}
+
+// One micro-batch of one EP rank: a sub-step and where its logit rows go in the step's output.
+struct SubStep {
+  ForwardInput in;
+  std::vector<int64_t> logit_dest;  // global logit row of each local logit row
+};
+
+}  // namespace
+
+absl::Status ParallelConfig::Validate(const ModelConfig& c) const {
+  if (ep < 1 || ep > c.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep must be in [1, ", c.num_local_experts,
+                                                   "] (the model's experts), got ", ep));
+  }
+  if (pp < 1 || pp > c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("--pp must be in [1, ", c.num_hidden_layers,
+                                                   "] (the model's layers), got ", pp));
+  }
+  if (micro_batches < 0 || micro_batches > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
+  }
+  return absl::OkStatus();
+}
+
+std::string ParallelConfig::Name() const {
+  return absl::StrCat("ep", ep, " pp", pp, placement == ExpertPlacement::kRoundRobin ? " round-robin" : "");
+}
+
+std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement) {
+  std::vector<int32_t> owner(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    owner[e] = static_cast<int32_t>(placement == ExpertPlacement::kRoundRobin ? e % ep : e * ep / experts);
+  }
+  return owner;
+}
+
+std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t begin = 0;
+  for (int64_t s = 0; s < pp; ++s) {
+    const int64_t n = layers / pp + (s < layers % pp ? 1 : 0);
+    out.emplace_back(begin, begin + n);
+    begin += n;
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const ParallelConfig& config,
+                                                                           const ModelWeights* weights,
+                                                                           const KvLayout& kv,
+                                                                           const BackendFactory& backends) {
+  const ModelConfig& c = weights->config();
+  RETURN_IF_ERROR(config.Validate(c));
+  if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");
+  std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config));
+  x->weights_ = weights;
+  const int64_t ep = config.ep, pp = config.pp, n = ep * pp;
+  const auto stages = StageLayers(c.num_hidden_layers, pp);
+  const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config.placement);
+  for (int64_t s = 0; s < pp; ++s) x->ep_comms_.push_back(MakeLocalComms(static_cast<int>(ep)));
+  for (int64_t e = 0; e < ep; ++e) x->pp_comms_.push_back(MakeLocalComms(static_cast<int>(pp)));
+  const double wbytes = static_cast<double>(DTypeSize(weights->dtype()));
+  const double kv_token_bytes = static_cast<double>(2 * c.kv_dim()) * static_cast<double>(DTypeSize(kv.dtype));
+  for (int64_t s = 0; s < pp; ++s) {
+    for (int64_t e = 0; e < ep; ++e) {
+      Rank r;
+      RankLayout& l = r.layout;
+      l.rank = s * ep + e;
+      l.stage = s;
+      l.ep_rank = e;
+      l.layer_begin = stages[s].first;
+      l.layer_end = stages[s].second;
+      for (int64_t ex = 0; ex < c.num_local_experts; ++ex) {
+        if (owner[ex] == e) l.experts.push_back(static_cast<int32_t>(ex));
+      }
+      const int64_t layers = l.layer_end - l.layer_begin;
+      double params = static_cast<double>(layers) *
+                      (LayerDenseParams(c) + static_cast<double>(l.experts.size()) * c.ExpertParams());
+      if (s == 0) params += static_cast<double>(c.vocab_size * c.hidden_size);  // embedding
+      if (s == pp - 1) {
+        params += c.hidden_size;  // final norm
+        if (!c.tie_word_embeddings || pp > 1) params += static_cast<double>(c.vocab_size * c.hidden_size);
+      }
+      l.weight_bytes = params * wbytes;
+      l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(layers);
+      r.backend = backends(static_cast<int>(l.rank), static_cast<int>(n));
+      if (r.backend == nullptr) return absl::InternalError(absl::StrCat("no backend for rank ", l.rank));
+      r.ep = x->ep_comms_[s].ranks[e].get();
+      r.pp = x->pp_comms_[e].ranks[s].get();
+      ModelShard shard;
+      shard.layer_begin = l.layer_begin;
+      shard.layer_end = l.layer_end;
+      shard.ep = r.ep;
+      shard.expert_owner = owner;
+      r.model = std::make_unique<MoeModel>(weights, r.backend.get(), std::move(shard));
+      x->layout_.push_back(l);
+      x->ranks_.push_back(std::move(r));
+    }
+    // The stage's KV arena: its layers only. Its EP ranks share it (one memory on the CPU
+    // backend); each writes only the blocks of the sequences it owns.
+    KvLayout stage_kv = kv;
+    stage_kv.num_layers = stages[s].second - stages[s].first;
+    ASSIGN_OR_RETURN(KvStorage arena, KvStorage::Create(x->ranks_[s * ep].backend.get(), stage_kv));
+    x->stage_kv_.push_back(std::move(arena));
+  }
+  return x;
+}
+
+size_t ParallelExecutor::kv_bytes() const {
+  size_t b = 0;
+  for (const auto& a : stage_kv_) b += a.bytes();
+  return b;
+}
+
+std::string ParallelExecutor::Describe() const {
+  std::vector<std::string> lines;
+  for (const RankLayout& l : layout_) {
+    std::string experts;
+    for (size_t i = 0; i < l.experts.size(); ++i) absl::StrAppend(&experts, i ? "," : "", l.experts[i]);
+    lines.push_back(absl::StrCat("rank ", l.rank, ": stage ", l.stage, " layers [", l.layer_begin, ", ", l.layer_end,
+                                 ") ep ", l.ep_rank, " experts ", experts, " (", l.weight_bytes / 1e6, " MB weights)"));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ids,
+                                       std::vector<float>* logits, ForwardStats* stats, ParallelStepStats* pstats) {
+  const ModelConfig& c = weights_->config();
+  const int64_t ep = config_.ep, pp = config_.pp;
+  if (static_cast<int64_t>(seq_ids.size()) != in.num_seqs) {
+    return absl::InvalidArgumentError("parallel forward: one sequence id per sequence is needed");
+  }
+  const int64_t micro = pp == 1 ? 1 : (config_.micro_batches > 0 ? config_.micro_batches : pp);
+
+  // Tokens of each sequence (the engine lays them out sequence by sequence).
+  std::vector<std::vector<int64_t>> seq_tokens(in.num_seqs);
+  for (int64_t i = 0; i < in.num_tokens(); ++i) seq_tokens[in.token_seq[i]].push_back(i);
+  std::vector<int64_t> logit_of_token(in.num_tokens(), -1);
+  for (size_t r = 0; r < in.logit_rows.size(); ++r) logit_of_token[in.logit_rows[r]] = static_cast<int64_t>(r);
+  // Sequences of each EP rank, cut into micro-batches of consecutive sequences.
+  std::vector<std::vector<int64_t>> rank_seqs(ep);
+  for (int64_t j = 0; j < in.num_seqs; ++j) rank_seqs[seq_ids[j] % ep].push_back(j);
+  std::vector<std::vector<SubStep>> subs(ep, std::vector<SubStep>(micro));
+  for (int64_t e = 0; e < ep; ++e) {
+    const auto& seqs = rank_seqs[e];
+    for (int64_t m = 0; m < micro; ++m) {
+      const size_t from = seqs.size() * m / micro, to = seqs.size() * (m + 1) / micro;
+      SubStep& sub = subs[e][m];
+      sub.in.num_seqs = static_cast<int64_t>(to - from);
+      sub.in.max_blocks_per_seq = in.max_blocks_per_seq;
+      for (size_t q = from; q < to; ++q) {
+        const int64_t j = seqs[q];
+        sub.in.block_tables.insert(sub.in.block_tables.end(), in.block_tables.begin() + j * in.max_blocks_per_seq,
+                                   in.block_tables.begin() + (j + 1) * in.max_blocks_per_seq);
+        for (int64_t i : seq_tokens[j]) {
+          if (logit_of_token[i] >= 0) {
+            sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
+            sub.logit_dest.push_back(logit_of_token[i]);
+          }
+          sub.in.token_ids.push_back(in.token_ids[i]);
+          sub.in.positions.push_back(in.positions[i]);
+          sub.in.token_seq.push_back(static_cast<int32_t>(q - from));
+          sub.in.slots.push_back(in.slots[i]);
+        }
+      }
+      // Checked before any rank starts, so that no rank fails halfway through a collective.
+      if (sub.in.num_tokens() > 0) {
+        for (int64_t s = 0; s < pp; ++s) {
+          RETURN_IF_ERROR(ranks_[s * ep + e].model->Validate(sub.in, stage_kv_[s].layout()));
+        }
+      }
+    }
+  }
+
+  logits->assign(in.logit_rows.size() * static_cast<size_t>(c.vocab_size), 0.0f);
+  std::vector<ForwardStats> rank_stats(ranks_.size());
+  std::vector<CommStats> ep_before(ranks_.size()), pp_before(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    ep_before[r] = ranks_[r].ep->stats();
+    pp_before[r] = ranks_[r].pp->stats();
+  }
+  std::vector<absl::Status> status(ranks_.size());
+  auto run_rank = [&](size_t r) -> absl::Status {
+    Rank& rank = ranks_[r];
+    const int64_t s = rank.layout.stage, e = rank.layout.ep_rank;
+    const int64_t h = c.hidden_size;
+    std::vector<float> hidden_in, hidden_out, local_logits;
+    for (int64_t m = 0; m < micro; ++m) {
+      const SubStep& sub = subs[e][m];
+      const int64_t t = sub.in.num_tokens();
+      if (s > 0) {
+        hidden_in.resize(static_cast<size_t>(t * h));
+        RETURN_IF_ERROR(rank.pp->Recv(hidden_in.data(), t * h * static_cast<int64_t>(sizeof(float)),
+                                      static_cast<int>(s - 1)));
+      }
+      ForwardStats fs;
+      if (t > 0 || ep > 1) {  // EP ranks without tokens still join the all-to-alls
+        RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, stage_kv_[s].layout(), stage_kv_[s].data(),
+                                                 s > 0 ? hidden_in.data() : nullptr, &hidden_out, &local_logits,
+                                                 &fs));
+      } else {
+        hidden_out.clear();
+        local_logits.clear();
+      }
+      ForwardStats& acc = rank_stats[r];
+      acc.tokens += fs.tokens;
+      acc.experts_hit += fs.experts_hit;
+      acc.expert_assignments += fs.expert_assignments;
+      acc.attention_seconds += fs.attention_seconds;
+      acc.moe_seconds += fs.moe_seconds;
+      acc.head_seconds += fs.head_seconds;
+      acc.comm_seconds += fs.comm_seconds;
+      acc.comm_bytes += fs.comm_bytes;
+      if (!fs.expert_rows.empty()) {
+        acc.expert_rows.resize(fs.expert_rows.size(), 0);
+        for (size_t x = 0; x < fs.expert_rows.size(); ++x) acc.expert_rows[x] += fs.expert_rows[x];
+      }
+      if (s < pp - 1) {
+        RETURN_IF_ERROR(rank.pp->Send(hidden_out.data(), static_cast<int64_t>(hidden_out.size() * sizeof(float)),
+                                      static_cast<int>(s + 1)));
+      } else {
+        for (size_t q = 0; q < sub.logit_dest.size(); ++q) {
+          std::copy_n(local_logits.data() + q * c.vocab_size, c.vocab_size,
+                      logits->data() + sub.logit_dest[q] * c.vocab_size);
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  {
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { status[r] = run_rank(r); });
+    status[0] = run_rank(0);
+    for (auto& t : threads) t.join();
+  }
+  for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+
+  // Aggregate: work sums over ranks; phase times are the slowest rank's.
+  ForwardStats total;
+  ParallelStepStats ps;
+  ps.expert_tokens.assign(c.num_local_experts, 0);
+  std::vector<double> ep_rows(ep, 0.0);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const ForwardStats& f = rank_stats[r];
+    total.tokens = std::max(total.tokens, f.tokens);
+    total.experts_hit += f.experts_hit;
+    total.expert_assignments += f.expert_assignments;
+    total.attention_seconds = std::max(total.attention_seconds, f.attention_seconds);
+    total.moe_seconds = std::max(total.moe_seconds, f.moe_seconds);
+    total.head_seconds = std::max(total.head_seconds, f.head_seconds);
+    for (size_t x = 0; x < f.expert_rows.size(); ++x) {
+      ps.expert_tokens[x] += f.expert_rows[x];
+      ep_rows[ranks_[r].layout.ep_rank] += static_cast<double>(f.expert_rows[x]);
+    }
+    const CommStats epc = ranks_[r].ep->stats(), ppc = ranks_[r].pp->stats();
+    ps.a2a_bytes += epc.bytes_sent - ep_before[r].bytes_sent;
+    ps.pp_bytes += ppc.bytes_sent - pp_before[r].bytes_sent;
+    ps.comm_seconds = std::max(ps.comm_seconds, (epc.seconds - ep_before[r].seconds) + (ppc.seconds - pp_before[r].seconds));
+  }
+  ps.comm_bytes = ps.a2a_bytes + ps.pp_bytes;
+  total.comm_seconds = ps.comm_seconds;
+  total.comm_bytes = ps.comm_bytes;
+  auto imbalance = [](const std::vector<double>& v) {
+    double sum = 0, mx = 0;
+    for (double x : v) {
+      sum += x;
+      mx = std::max(mx, x);
+    }
+    return sum > 0 ? mx / (sum / static_cast<double>(v.size())) : 0.0;
+  };
+  if (ep > 1) {
+    ps.expert_imbalance = imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
+    ps.rank_imbalance = imbalance(ep_rows);
+  }
+  if (stats != nullptr) *stats = total;
+  if (pstats != nullptr) *pstats = std::move(ps);
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve

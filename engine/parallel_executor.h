@@ -1,0 +1,105 @@
+// Runs an engine step over a parallel layout of ep x pp ranks, each a thread that owns one
+// device (on the CPU backend: a Backend of its own with its share of the cores).
+//
+//   - Expert parallelism (ep): in every stage, the experts are split over ep ranks (contiguous
+//     or round-robin); each sequence belongs to one EP rank (its id modulo ep), which runs its
+//     attention and keeps its KV; every MoE layer is an all-to-all of hidden states to the
+//     experts' owners and back (models/moe_model.h, ModelShard).
+//   - Pipeline stages (pp): the layers are split into pp contiguous stages; each stage keeps KV
+//     for its own layers only. The step's sequences are cut into micro-batches that flow
+//     through the stages one after another, so stage s works on micro-batch m while stage s+1
+//     works on m-1; hidden states go from stage to stage by send/recv.
+// The output (logits of the rows that want them) is the same as one rank's, bit for bit on a
+// batch-invariant backend: every row meets the same kernels in the same order.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kvcache/kv_storage.h"
+#include "models/moe_model.h"
+#include "parallel/local_communicator.h"
+
+namespace moeserve {
+
+enum class ExpertPlacement { kContiguous, kRoundRobin };
+
+struct ParallelConfig {
+  int64_t ep = 1;
+  int64_t pp = 1;
+  ExpertPlacement placement = ExpertPlacement::kContiguous;
+  int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
+  bool enabled() const { return ep * pp > 1; }
+  // Checks the layout against the model: ep <= experts, pp <= layers.
+  absl::Status Validate(const ModelConfig& config) const;
+  std::string Name() const;  // "ep2 pp1"
+};
+
+// Which layers and experts one rank holds.
+struct RankLayout {
+  int64_t rank = 0, stage = 0, ep_rank = 0;
+  int64_t layer_begin = 0, layer_end = 0;
+  std::vector<int32_t> experts;
+  double weight_bytes = 0;        // the weights this rank needs (its layers, its experts, replicated dense)
+  double kv_bytes_per_token = 0;  // KV of one token of a sequence it owns (its layers)
+};
+
+// What the parallel part of one step did.
+struct ParallelStepStats {
+  double comm_seconds = 0;   // the slowest rank's time in collectives and send/recv
+  int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
+  int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
+  int64_t pp_bytes = 0;      // ... of which hidden states between stages
+  std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
+  double expert_imbalance = 0;  // max over mean of expert_tokens
+  double rank_imbalance = 0;    // max over mean of rows computed per EP rank
+};
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;
+
+// Splits the experts of a layer over `ep` ranks; owner[e] is the rank holding expert e.
+std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement);
+// Contiguous layer ranges of `pp` stages (the first stages take one more when uneven).
+std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp);
+
+class ParallelExecutor {
+ public:
+  // `kv` describes the whole cache (all layers, the engine's block count and size); every stage
+  // gets an arena of its own layers with the same block ids.
+  static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
+                                                                  const ModelWeights* weights, const KvLayout& kv,
+                                                                  const BackendFactory& backends);
+
+  // One step. `seq_ids` ([in.num_seqs]) keep each sequence on one EP rank across steps.
+  absl::Status Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ids, std::vector<float>* logits,
+                       ForwardStats* stats, ParallelStepStats* pstats);
+
+  const ParallelConfig& config() const { return config_; }
+  const std::vector<RankLayout>& layout() const { return layout_; }
+  // One line per rank: "rank 0: stage 0 layers [0, 2) ep 0 experts 0-3".
+  std::string Describe() const;
+  // KV bytes held by the arenas of all stages.
+  size_t kv_bytes() const;
+
+ private:
+  struct Rank {
+    RankLayout layout;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<MoeModel> model;
+    Communicator* ep = nullptr;  // this stage's EP group
+    Communicator* pp = nullptr;  // this EP index's pipeline
+  };
+  explicit ParallelExecutor(const ParallelConfig& config) : config_(config) {}
+
+  ParallelConfig config_;
+  const ModelWeights* weights_ = nullptr;
+  std::vector<RankLayout> layout_;
+  std::vector<Rank> ranks_;                    // index = stage * ep + ep_rank
+  std::vector<KvStorage> stage_kv_;            // one arena per stage
+  std::vector<LocalComms> ep_comms_, pp_comms_;  // per stage, per EP index
+};
+
+}  // namespace moeserve

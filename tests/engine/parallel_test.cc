@@ -1,0 +1,205 @@
+// Expert parallelism and pipeline stages against one rank: the executor's logits for a random
+// mixed batch equal the single-rank forward's (max-abs and relative error reported), and a
+// batch of mixed requests through the engine gives token for token the same greedy output
+// with --ep 2, --ep 4, --pp 2, --ep 2 --pp 2 (and round-robin placement, uneven stages, more
+// micro-batches, a shared expert) as on one rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "engine/engine.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/weight_init.h"
+
+namespace moeserve {
+namespace {
+
+struct Layout {
+  int64_t ep, pp;
+  ExpertPlacement placement = ExpertPlacement::kContiguous;
+  int64_t micro = 0;
+};
+
+std::string Name(const Layout& l) {
+  return absl::StrCat("ep", l.ep, " pp", l.pp, l.placement == ExpertPlacement::kRoundRobin ? " rr" : "",
+                      l.micro ? absl::StrCat(" micro", l.micro) : "");
+}
+
+BackendFactory CpuRanks() {
+  return [](int, int) -> std::unique_ptr<Backend> {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    return std::make_unique<CpuBackend>(o);
+  };
+}
+
+ParallelConfig ToConfig(const Layout& l) {
+  ParallelConfig p;
+  p.ep = l.ep;
+  p.pp = l.pp;
+  p.placement = l.placement;
+  p.micro_batches = l.micro;
+  return p;
+}
+
+// A model with 3 layers (uneven over 2 stages), 8 experts and a shared expert.
+ModelConfig WideConfig() {
+  ModelConfig c = *PresetConfig("tiny");
+  c.num_hidden_layers = 3;
+  c.num_local_experts = 8;
+  c.shared_expert_intermediate_size = 32;
+  return c;
+}
+
+class ParallelTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    config_ = GetParam() ? WideConfig() : *PresetConfig("tiny");
+    seed_ = std::random_device{}();
+    weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
+                                   DType::kBF16);
+  }
+  CpuBackend backend_;
+  ModelConfig config_;
+  uint32_t seed_ = 0;
+  std::unique_ptr<ModelWeights> weights_;
+};
+
+// One forward of a random batch: 5 sequences mixing prefill chunks and decodes.
+TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
+  std::mt19937 gen(seed_);
+  const int64_t block = 8, blocks = 64;
+  const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
+  ForwardInput in;
+  in.num_seqs = 5;
+  in.max_blocks_per_seq = 6;
+  std::vector<uint64_t> ids;
+  int32_t next_block = 0;
+  for (int64_t j = 0; j < in.num_seqs; ++j) {
+    ids.push_back(gen() % 1000);
+    const int64_t len = 1 + gen() % 40;
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(next_block + b);
+    for (int64_t p = 0; p < len; ++p) {
+      in.token_ids.push_back(static_cast<int32_t>(gen() % config_.vocab_size));
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.token_seq.push_back(static_cast<int32_t>(j));
+      in.slots.push_back(static_cast<int64_t>(next_block + p / block) * block + p % block);
+    }
+    in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+    if (len > 3) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 3));
+    next_block += static_cast<int32_t>(in.max_blocks_per_seq);
+  }
+  std::sort(in.logit_rows.begin(), in.logit_rows.end());
+  auto kv = KvStorage::Create(&backend_, layout);
+  ASSERT_TRUE(kv.ok());
+  MoeModel one(weights_.get(), &backend_);
+  std::vector<float> want;
+  ForwardStats one_stats;
+  ASSERT_TRUE(one.Forward(in, layout, kv->data(), &want, &one_stats).ok());
+
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin},
+                                             {2, 2, ExpertPlacement::kContiguous, 3}}) {
+    auto x = ParallelExecutor::Create(ToConfig(l), weights_.get(), layout, CpuRanks());
+    ASSERT_TRUE(x.ok()) << x.status();
+    std::vector<float> got;
+    ForwardStats fs;
+    ParallelStepStats ps;
+    ASSERT_TRUE((*x)->Forward(in, ids, &got, &fs, &ps).ok()) << Name(l);
+    ASSERT_EQ(got.size(), want.size());
+    double max_abs = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i]) && std::isfinite(want[i])) << Name(l) << " logit " << i;
+      max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - want[i]));
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+    }
+    // Same kernels, same order per row: equal up to float rounding (in practice bit for bit).
+    EXPECT_LE(max_abs, 1e-5 * std::max(1.0, max_ref))
+        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed " << seed_ << ")";
+    if (l.ep > 1) {
+      int64_t rows = 0;
+      for (int64_t r : ps.expert_tokens) rows += r;
+      // Every (token, slot) assignment of every layer was computed by exactly one expert.
+      EXPECT_EQ(rows, in.num_tokens() * config_.num_experts_per_tok * config_.num_hidden_layers) << Name(l);
+      EXPECT_GE(ps.expert_imbalance, 1.0);
+      EXPECT_GT(ps.a2a_bytes, 0);
+    }
+    if (l.pp > 1) EXPECT_GT(ps.pp_bytes, 0) << Name(l);
+  }
+}
+
+// The engine with each layout: 24 mixed requests, greedy, against one rank.
+TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
+  std::mt19937 gen(seed_ + 1);
+  std::vector<GenerateRequest> reqs(24);
+  std::vector<int32_t> shared(20);
+  for (auto& t : shared) t = static_cast<int32_t>(gen() % 256);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 3 == 0) reqs[i].prompt = shared;
+    const int extra = 1 + static_cast<int>(gen() % 40);
+    for (int j = 0; j < extra; ++j) reqs[i].prompt.push_back(static_cast<int32_t>(gen() % 256));
+    reqs[i].max_tokens = 1 + static_cast<int32_t>(gen() % 12);
+  }
+  auto run = [&](const Layout& l) {
+    EngineConfig ec;
+    ec.num_kv_blocks = 200;
+    ec.block_size = 8;
+    ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
+    ec.parallel = ToConfig(l);
+    ec.rank_backends = CpuRanks();
+    auto e = Engine::Create(ec, weights_.get(), &backend_);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::mutex mu;
+    std::map<uint64_t, std::vector<int32_t>> out;
+    std::vector<uint64_t> ids;
+    for (const auto& r : reqs) {
+      auto id = (*e)->Submit(r, [&](const RequestEvent& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        auto& v = out[ev.request_id];
+        v.insert(v.end(), ev.tokens.begin(), ev.tokens.end());
+      });
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    EXPECT_TRUE((*e)->RunUntilIdle().ok());
+    EXPECT_TRUE((*e)->CheckAccounting());
+    std::vector<std::vector<int32_t>> result;
+    for (uint64_t id : ids) result.push_back(out[id]);
+    if (l.ep * l.pp > 1) {
+      const auto steps = (*e)->GetStats().recent_steps;
+      int64_t comm = 0;
+      for (const auto& s : steps) comm += s.comm_bytes_observed;
+      EXPECT_GT(comm, 0) << Name(l) << ": no communication recorded";
+    }
+    return result;
+  };
+  const auto want = run({1, 1});
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {2, 1, ExpertPlacement::kRoundRobin},
+                                             {1, 2, ExpertPlacement::kContiguous, 4}}) {
+    const auto got = run(l);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << Name(l) << " request " << i << " (seed " << seed_ << ")";
+    }
+  }
+}
+
+TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
+  const ModelConfig c = *PresetConfig("tiny");
+  ParallelConfig p;
+  p.ep = 5;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--ep must be in [1, 4]"), std::string::npos);
+  p.ep = 1;
+  p.pp = 3;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--pp must be in [1, 2]"), std::string::npos);
+  EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Wide" : "Tiny"; });
+
+}  // namespace
+}  // namespace moeserve
