@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "roofline/hardware.h"
 #include "tools/bench_sweep.h"
+#include "tools/bench_parallel.h"
 #include "tools/bench_tiers.h"
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
@@ -273,6 +274,15 @@ int RunBench(BenchOptions o) {
                        {"hit_rate", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
   j["preemptions"] = stats.preemptions;
   j["swaps"] = stats.swaps;
+  {
+    double seq_tokens = 0;
+    for (const auto& r : results) {
+      if (r.done) seq_tokens += r.final_event.usage.prompt_tokens + r.final_event.usage.completion_tokens;
+    }
+    seq_tokens /= std::max<double>(1.0, static_cast<double>(ttft.size()));
+    j["parallel"] = ParallelReport(**engine, (*weights)->dtype(), stats.recent_steps, seq_tokens, elapsed,
+                                   ecfg->hardware);
+  }
   if (stats.has_tiers) {
     const KvTierStats& t = stats.tiers;
     j["swap"] = {{"swapped_out", t.swapped_out},
@@ -311,6 +321,7 @@ int RunBench(BenchOptions o) {
               static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
               prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions),
               static_cast<long long>(stats.swaps));
+  PrintParallelReport(j["parallel"]);
   if (!ratio.empty()) {
     const Summary& r = ratio_summary;
     const Summary& b = bound_summary;
