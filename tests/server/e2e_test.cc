@@ -478,6 +478,45 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
 
 // Servers with their own flags.
 
+TEST(E2eServerFlagsTest, ExpertParallelPipelineServerMatchesOneRank) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--pp", "2", "--expert-placement", "round-robin"}))
+      << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_NE(info.parallel_layout().find("ep2 pp2"), std::string::npos) << info.parallel_layout();
+  EXPECT_NE(info.parallel_layout().find("rank 3: stage 1 layers [1, 2) ep 1 experts 1,3"), std::string::npos)
+      << info.parallel_layout();
+  std::mt19937_64 gen(FreshSeed());
+  std::vector<int32_t> prompt = {256};
+  for (int i = 0; i < 20; ++i) prompt.push_back(static_cast<int32_t>(gen() % 256));
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"generate", "--preset", "tiny", "--prompt-ids", absl::StrJoin(prompt, ","), "--max-tokens",
+                        "12", "--ids"},
+                       &out, &err),
+            0)
+      << err;
+  std::vector<int32_t> expected;
+  for (absl::string_view t : absl::StrSplit(absl::StripAsciiWhitespace(out), ',', absl::SkipEmpty())) {
+    expected.push_back(std::stoi(std::string(t)));
+  }
+  std::vector<Streamed> got(4);
+  std::vector<std::thread> threads;
+  for (auto& g : got) threads.emplace_back([&] { g = Stream(stub.get(), IdsRequest(prompt, 12)); });
+  for (auto& t : threads) t.join();
+  for (const Streamed& g : got) {
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.ids, expected);
+  }
+  EXPECT_TRUE(EventuallyIdle(stub.get()));
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  // A layout the model cannot take is refused at start with the limit named.
+  EXPECT_NE(RunCommand({"bench", "--preset", "tiny", "--ep", "9", "--num-requests", "1"}, &out, &err), 0);
+  EXPECT_NE(err.find("--ep must be in [1, 4]"), std::string::npos) << err;
+}
+
 TEST(E2eServerFlagsTest, FullQueueGivesResourceExhausted) {
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--max-num-seqs", "1", "--max-waiting", "2"})) << server.log();
