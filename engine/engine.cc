@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, own));
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
   if (config.parallel.enabled()) {
-    ASSIGN_OR_RETURN(engine->executor_, ParallelExecutor::Create(config.parallel, weights, full, config.rank_backends));
+    ASSIGN_OR_RETURN(engine->executor_, ParallelExecutor::Create(config.parallel, weights, backend, full, config.rank_backends));
   }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {

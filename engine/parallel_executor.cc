@@ -12,14 +12,6 @@
 namespace moeserve {
 namespace {
 
-// Parameters of one layer outside the routed experts (attention, norms, router, shared expert).
-int64_t LayerDenseParams(const ModelConfig& c) {
-  int64_t p = 2 * c.hidden_size * c.q_dim() + 2 * c.hidden_size * c.kv_dim() + 2 * c.hidden_size +
-              c.hidden_size * c.num_local_experts;
-  if (c.has_shared_expert()) p += 3 * c.hidden_size * c.shared_expert_intermediate_size + c.hidden_size;
-  return p;
-}
-
 // One micro-batch of one EP rank: a sub-step and where its logit rows go in the step's output.
 struct SubStep {
   ForwardInput in;
@@ -68,6 +60,7 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp)
 
 absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const ParallelConfig& config,
                                                                            const ModelWeights* weights,
+                                                                           Backend* weights_backend,
                                                                            const KvLayout& kv,
                                                                            const BackendFactory& backends) {
   const ModelConfig& c = weights->config();
@@ -80,7 +73,6 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config.placement);
   for (int64_t s = 0; s < pp; ++s) x->ep_comms_.push_back(MakeLocalComms(static_cast<int>(ep)));
   for (int64_t e = 0; e < ep; ++e) x->pp_comms_.push_back(MakeLocalComms(static_cast<int>(pp)));
-  const double wbytes = static_cast<double>(DTypeSize(weights->dtype()));
   const double kv_token_bytes = static_cast<double>(2 * c.kv_dim()) * static_cast<double>(DTypeSize(kv.dtype));
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t e = 0; e < ep; ++e) {
@@ -94,18 +86,17 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       for (int64_t ex = 0; ex < c.num_local_experts; ++ex) {
         if (owner[ex] == e) l.experts.push_back(static_cast<int32_t>(ex));
       }
-      const int64_t layers = l.layer_end - l.layer_begin;
-      double params = static_cast<double>(layers) *
-                      (LayerDenseParams(c) + static_cast<double>(l.experts.size()) * c.ExpertParams());
-      if (s == 0) params += static_cast<double>(c.vocab_size * c.hidden_size);  // embedding
-      if (s == pp - 1) {
-        params += c.hidden_size;  // final norm
-        if (!c.tie_word_embeddings || pp > 1) params += static_cast<double>(c.vocab_size * c.hidden_size);
-      }
-      l.weight_bytes = params * wbytes;
-      l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(layers);
+      l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(l.layer_end - l.layer_begin);
       r.backend = backends(static_cast<int>(l.rank), static_cast<int>(n));
       if (r.backend == nullptr) return absl::InternalError(absl::StrCat("no backend for rank ", l.rank));
+      WeightShard ws{l.layer_begin, l.layer_end, l.experts};
+      auto shard_weights = ModelWeights::Shard(*weights, weights_backend, ws, r.backend.get());
+      if (!shard_weights.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat("rank ", l.rank, " (stage ", s, ", ep ", e, "): ",
+                                                         shard_weights.status().message()));
+      }
+      r.weights = std::move(*shard_weights);
+      l.weight_bytes = static_cast<double>(r.weights->total_bytes());
       r.ep = x->ep_comms_[s].ranks[e].get();
       r.pp = x->pp_comms_[e].ranks[s].get();
       ModelShard shard;
@@ -113,7 +104,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       shard.layer_end = l.layer_end;
       shard.ep = r.ep;
       shard.expert_owner = owner;
-      r.model = std::make_unique<MoeModel>(weights, r.backend.get(), std::move(shard));
+      r.model = std::make_unique<MoeModel>(r.weights.get(), r.backend.get(), std::move(shard));
       x->layout_.push_back(l);
       x->ranks_.push_back(std::move(r));
     }
@@ -121,8 +112,11 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
     // backend); each writes only the blocks of the sequences it owns.
     KvLayout stage_kv = kv;
     stage_kv.num_layers = stages[s].second - stages[s].first;
-    ASSIGN_OR_RETURN(KvStorage arena, KvStorage::Create(x->ranks_[s * ep].backend.get(), stage_kv));
-    x->stage_kv_.push_back(std::move(arena));
+    auto arena = KvStorage::Create(x->ranks_[s * ep].backend.get(), stage_kv);
+    if (!arena.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("stage ", s, " KV arena: ", arena.status().message()));
+    }
+    x->stage_kv_.push_back(std::move(*arena));
   }
   return x;
 }
@@ -131,6 +125,12 @@ size_t ParallelExecutor::kv_bytes() const {
   size_t b = 0;
   for (const auto& a : stage_kv_) b += a.bytes();
   return b;
+}
+
+std::vector<std::pair<size_t, size_t>> ParallelExecutor::device_bytes() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Rank& r : ranks_) out.emplace_back(r.backend->used_bytes(), r.backend->capacity_bytes());
+  return out;
 }
 
 std::string ParallelExecutor::Describe() const {

@@ -43,7 +43,7 @@ struct RankLayout {
   int64_t rank = 0, stage = 0, ep_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;
   std::vector<int32_t> experts;
-  double weight_bytes = 0;        // the weights this rank needs (its layers, its experts, replicated dense)
+  double weight_bytes = 0;        // the weights on its device (its layers, its experts, replicated dense)
   double kv_bytes_per_token = 0;  // KV of one token of a sequence it owns (its layers)
 };
 
@@ -67,10 +67,12 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp)
 
 class ParallelExecutor {
  public:
-  // `kv` describes the whole cache (all layers, the engine's block count and size); every stage
-  // gets an arena of its own layers with the same block ids.
+  // Each rank copies its shard of `weights` (held on `weights_backend`) onto its own device,
+  // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
+  // block count and size); every stage gets an arena of its own layers with the same block ids.
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
-                                                                  const ModelWeights* weights, const KvLayout& kv,
+                                                                  const ModelWeights* weights,
+                                                                  Backend* weights_backend, const KvLayout& kv,
                                                                   const BackendFactory& backends);
 
   // One step. `seq_ids` ([in.num_seqs]) keep each sequence on one EP rank across steps.
@@ -83,11 +85,14 @@ class ParallelExecutor {
   std::string Describe() const;
   // KV bytes held by the arenas of all stages.
   size_t kv_bytes() const;
+  // Bytes in use on each rank's device (weights, KV arena, workspaces), and its capacity.
+  std::vector<std::pair<size_t, size_t>> device_bytes() const;
 
  private:
   struct Rank {
     RankLayout layout;
     std::unique_ptr<Backend> backend;
+    std::unique_ptr<ModelWeights> weights;  // its shard, on its device
     std::unique_ptr<MoeModel> model;
     Communicator* ep = nullptr;  // this stage's EP group
     Communicator* pp = nullptr;  // this EP index's pipeline

@@ -142,6 +142,94 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   return w;
 }
 
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWeights& full, Backend* from,
+                                                                   const WeightShard& shard, Backend* to) {
+  const ModelConfig& c = full.config_;
+  const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
+  if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", shard.layer_begin, ", ", end,
+                                                   ") are not within ", c.num_hidden_layers, " layers"));
+  }
+  std::vector<bool> held(c.num_local_experts, shard.experts.empty());
+  for (int32_t e : shard.experts) {
+    if (e < 0 || e >= c.num_local_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", c.num_local_experts));
+    }
+    held[e] = true;
+  }
+  auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
+  w->config_ = c;
+  w->dtype_ = full.dtype_;
+  std::vector<uint8_t> host;
+  auto copy_bytes = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
+    host.resize(bytes);
+    RETURN_IF_ERROR(from->CopyToHost(host.data(), src, bytes));
+    ASSIGN_OR_RETURN(DeviceBuffer buf, to->Allocate(bytes));
+    RETURN_IF_ERROR(to->CopyToDevice(buf.data(), host.data(), bytes));
+    const void* data = buf.data();
+    w->total_bytes_ += bytes;
+    w->buffers_.push_back(std::move(buf));
+    return data;
+  };
+  auto matrix = [&](const WeightRef& m) -> absl::StatusOr<WeightRef> {
+    WeightRef out = m;
+    if (m.data == nullptr) return out;
+    ASSIGN_OR_RETURN(out.data, copy_bytes(m.data, static_cast<size_t>(m.rows * m.cols) * DTypeSize(m.dtype)));
+    return out;
+  };
+  auto vec = [&](const float* v, int64_t n) -> absl::StatusOr<const float*> {
+    if (v == nullptr) return nullptr;
+    ASSIGN_OR_RETURN(const void* data, copy_bytes(v, static_cast<size_t>(n) * sizeof(float)));
+    return static_cast<const float*>(data);
+  };
+  auto shape_only = [](WeightRef m) {
+    m.data = nullptr;
+    return m;
+  };
+  const bool first = shard.layer_begin == 0, last = end == c.num_hidden_layers;
+  w->embed_ = shape_only(full.embed_);
+  if (first) {
+    ASSIGN_OR_RETURN(w->embed_, matrix(full.embed_));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& f = full.layers_[l];
+    LayerWeights lw;
+    const bool mine = l >= shard.layer_begin && l < end;
+    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      lw.w13.push_back(shape_only(f.w13[e]));
+      lw.w2.push_back(shape_only(f.w2[e]));
+    }
+    if (mine) {
+      ASSIGN_OR_RETURN(lw.attn_norm, vec(f.attn_norm, c.hidden_size));
+      ASSIGN_OR_RETURN(lw.mlp_norm, vec(f.mlp_norm, c.hidden_size));
+      ASSIGN_OR_RETURN(lw.q, matrix(f.q));
+      ASSIGN_OR_RETURN(lw.k, matrix(f.k));
+      ASSIGN_OR_RETURN(lw.v, matrix(f.v));
+      ASSIGN_OR_RETURN(lw.o, matrix(f.o));
+      ASSIGN_OR_RETURN(lw.router, matrix(f.router));
+      for (int64_t e = 0; e < c.num_local_experts; ++e) {
+        if (!held[e]) continue;
+        ASSIGN_OR_RETURN(lw.w13[e], matrix(f.w13[e]));
+        ASSIGN_OR_RETURN(lw.w2[e], matrix(f.w2[e]));
+      }
+      ASSIGN_OR_RETURN(lw.shared_w13, matrix(f.shared_w13));
+      ASSIGN_OR_RETURN(lw.shared_w2, matrix(f.shared_w2));
+      ASSIGN_OR_RETURN(lw.shared_gate, matrix(f.shared_gate));
+    }
+    w->layers_.push_back(std::move(lw));
+  }
+  w->lm_head_ = shape_only(full.lm_head_);
+  if (last) {
+    ASSIGN_OR_RETURN(w->final_norm_, vec(full.final_norm_, c.hidden_size));
+    if (c.tie_word_embeddings && first) {
+      w->lm_head_ = w->embed_;
+    } else {
+      ASSIGN_OR_RETURN(w->lm_head_, matrix(full.lm_head_));
+    }
+  }
+  return w;
+}
+
 size_t ModelWeights::expert_bytes() const {
   return static_cast<size_t>(config_.ExpertParams()) * DTypeSize(dtype_);
 }

@@ -25,12 +25,26 @@ struct LayerWeights {
   WeightRef shared_gate;             // [1, hidden], fp32
 };
 
+// The part of the weights one rank of a parallel layout holds: a pipeline stage's layers (plus
+// the embedding on the first stage, the final norm and lm_head on the last) and, of each of
+// those layers' routed experts, only the ones it owns.
+struct WeightShard {
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;        // -1: through the last layer
+  std::vector<int32_t> experts;  // routed experts held; empty: all
+};
+
 class ModelWeights {
  public:
   // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
                                                             const TensorSource& source,
                                                             Backend* backend, DType dtype);
+
+  // Copies the `shard` of `full` (whose buffers live on `from`) onto the device of `to`, within
+  // that device's capacity. Weights outside the shard keep their shapes but no data.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Shard(const ModelWeights& full, Backend* from,
+                                                             const WeightShard& shard, Backend* to);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }

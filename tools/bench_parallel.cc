@@ -20,8 +20,11 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   double weight_max = 0, weight_total = 0, kv_token_max = 0;
   nlohmann::json ranks = nlohmann::json::array();
   if (const ParallelExecutor* x = engine.parallel(); x != nullptr) {
+    const auto devices = x->device_bytes();
     for (const RankLayout& l : x->layout()) {
       ranks.push_back({{"rank", l.rank},
+                       {"device_bytes_used", devices[l.rank].first},
+                       {"device_bytes_capacity", devices[l.rank].second},
                        {"stage", l.stage},
                        {"ep_rank", l.ep_rank},
                        {"layers", {l.layer_begin, l.layer_end}},

@@ -39,6 +39,7 @@ struct EngineFlags {
   std::string kv_dtype = "f32";
   int threads = 0;
   int64_t ep = 1, pp = 1, micro_batches = 0;
+  double device_mb = 0;
   std::string expert_placement = "contiguous";
   bool reference = false;
   bool no_batch_invariant = false;

@@ -30,6 +30,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size in MiB when --kv-blocks is 0")->capture_default_str();
   cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
+  cmd->add_option("--device-mb", f->device_mb,
+                  "Capacity of each (virtual) CPU device in MiB: weights, KV cache and workspaces must fit; with "
+                  "--ep/--pp, of each rank's device (0: 3/4 of physical memory)")
+      ->capture_default_str();
   cmd->add_flag("--reference", f->reference, "Use the CPU reference path (slow, the test oracle)");
   cmd->add_flag("--no-batch-invariant", f->no_batch_invariant,
                 "Use OpenBLAS for large batches: faster prefill, but outputs may depend on batch mates "
@@ -131,6 +135,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));
   }
   c.max_retain_seconds = f.max_retain_seconds;
+  if (!(f.device_mb >= 0)) return absl::InvalidArgumentError(absl::StrCat("--device-mb must be >= 0, got ", f.device_mb));
   c.parallel.ep = f.ep;
   c.parallel.pp = f.pp;
   c.parallel.micro_batches = f.micro_batches;
@@ -143,8 +148,10 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   if (c.parallel.enabled()) {
     // Each rank: a CPU backend of its own with its share of the threads.
     const CpuBackendOptions base = MakeBackendOptions(f);
-    c.rank_backends = [base](int, int ranks) -> std::unique_ptr<Backend> {
+    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+    c.rank_backends = [base, device_bytes](int, int ranks) -> std::unique_ptr<Backend> {
       CpuBackendOptions o = base;
+      o.capacity_bytes = device_bytes;
       const int threads = o.num_threads > 0 ? o.num_threads : static_cast<int>(std::thread::hardware_concurrency());
       o.num_threads = std::max(1, threads / ranks);
       return std::make_unique<CpuBackend>(o);
@@ -163,6 +170,9 @@ CpuBackendOptions MakeBackendOptions(const EngineFlags& f) {
   o.path = f.reference ? CpuPath::kReference : CpuPath::kFast;
   o.num_threads = f.threads;
   o.batch_invariant = !f.no_batch_invariant;
+  // With several ranks this backend only stages the full weights in host memory; the ranks'
+  // own devices get the capacity.
+  if (f.ep * f.pp == 1) o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
   return o;
 }
 

@@ -102,7 +102,7 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
 
   for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin},
                                              {2, 2, ExpertPlacement::kContiguous, 3}}) {
-    auto x = ParallelExecutor::Create(ToConfig(l), weights_.get(), layout, CpuRanks());
+    auto x = ParallelExecutor::Create(ToConfig(l), weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
     std::vector<float> got;
     ForwardStats fs;
@@ -183,6 +183,42 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
       EXPECT_EQ(got[i], want[i]) << Name(l) << " request " << i << " (seed " << seed_ << ")";
     }
   }
+}
+
+// Capacity-limited virtual devices: weights that do not fit one device fit when ep4 x pp2
+// ranks each hold their shard, and a device too small even for a shard is refused by name.
+TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
+  const size_t total = weights_->total_bytes();
+  const KvLayout layout = KvLayoutFor(config_, 16, 8, DType::kF32);
+  auto ranks_with = [](size_t capacity) -> BackendFactory {
+    return [capacity](int, int) -> std::unique_ptr<Backend> {
+      CpuBackendOptions o;
+      o.num_threads = 1;
+      o.capacity_bytes = capacity;
+      return std::make_unique<CpuBackend>(o);
+    };
+  };
+  const size_t capacity = total * 6 / 10;
+  {
+    CpuBackendOptions o;
+    o.capacity_bytes = capacity;
+    CpuBackend one(o);
+    auto whole = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &one, DType::kBF16);
+    EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted) << "the whole model fits one device";
+  }
+  auto x = ParallelExecutor::Create(ToConfig({4, 2}), weights_.get(), &backend_, layout, ranks_with(capacity));
+  ASSERT_TRUE(x.ok()) << x.status();
+  double sum = 0;
+  for (const RankLayout& l : (*x)->layout()) {
+    EXPECT_LT(l.weight_bytes, static_cast<double>(capacity)) << "rank " << l.rank;
+    sum += l.weight_bytes;
+  }
+  EXPECT_GE(sum, static_cast<double>(total) * 0.99) << "every weight is held somewhere";
+  for (auto [used, cap] : (*x)->device_bytes()) EXPECT_LE(used, cap);
+  auto tiny = ParallelExecutor::Create(ToConfig({2, 1}), weights_.get(), &backend_, layout, ranks_with(total / 20));
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(tiny.status().message()).find("rank 0"), std::string::npos) << tiny.status();
 }
 
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
