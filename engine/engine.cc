@@ -403,6 +403,7 @@ absl::StatusOr<bool> Engine::Step() {
   rec.comm_seconds = fstats.comm_seconds;
   rec.comm_bytes_observed = pstats.comm_bytes;
   rec.expert_imbalance = pstats.expert_imbalance;
+  rec.expert_tokens = std::move(pstats.expert_tokens);
   rec.rank_imbalance = pstats.rank_imbalance;
   rec.sampling_seconds = rec.duration_seconds - forward_done;
   // The step's work from the cost model, and its prediction when a profile is configured.

@@ -31,6 +31,7 @@ struct StepRecord {
   // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
   // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).
   int64_t comm_bytes_observed = 0;
+  std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers (EP only)
   double expert_imbalance = 0.0;
   double rank_imbalance = 0.0;
   // Work of the step, from the cost model.

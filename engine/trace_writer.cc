@@ -60,6 +60,7 @@ std::string TraceWriter::ToJsonLine(const StepRecord& r) {
                         {"comm", r.comm_bytes},
                         {"comm_observed", r.comm_bytes_observed},
                         {"transfer", r.transfer_bytes}}},
+                      {"expert_tokens", r.expert_tokens},
                       {"expert_imbalance", r.expert_imbalance},
                       {"rank_imbalance", r.rank_imbalance},
                       {"predicted_s",

@@ -170,7 +170,16 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     if (l.ep * l.pp > 1) {
       const auto steps = (*e)->GetStats().recent_steps;
       int64_t comm = 0;
-      for (const auto& s : steps) comm += s.comm_bytes_observed;
+      for (const auto& s : steps) {
+        comm += s.comm_bytes_observed;
+        if (l.ep > 1) {
+          // Every step records its tokens per expert: top-k rows per token and layer in all.
+          int64_t rows = 0;
+          for (int64_t r : s.expert_tokens) rows += r;
+          EXPECT_EQ(rows, s.num_tokens * config_.num_experts_per_tok * config_.num_hidden_layers) << Name(l);
+          EXPECT_GE(s.expert_imbalance, 1.0) << Name(l);
+        }
+      }
       EXPECT_GT(comm, 0) << Name(l) << ": no communication recorded";
     }
     return result;
