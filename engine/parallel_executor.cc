@@ -248,13 +248,34 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
     }
     return absl::OkStatus();
   };
+  // A rank that fails aborts its groups, so that its peers return instead of waiting for it;
+  // their failures abort their other groups in turn, and every rank comes back.
+  auto run_or_abort = [&](size_t r) {
+    status[r] = run_rank(r);
+    if (!status[r].ok()) {
+      ranks_[r].ep->Abort();
+      ranks_[r].pp->Abort();
+    }
+  };
   {
     std::vector<std::thread> threads;
-    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { status[r] = run_rank(r); });
-    status[0] = run_rank(0);
+    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { run_or_abort(r); });
+    run_or_abort(0);
     for (auto& t : threads) t.join();
   }
-  for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (status[r].ok()) continue;
+    // Every rank has returned: clear the groups (flags, barriers, stale hand-offs) for the next
+    // step, and report the first failure that was not a consequence of another.
+    for (auto& g : ep_comms_) g.group->Reset();
+    for (auto& g : pp_comms_) g.group->Reset();
+    for (size_t q = 0; q < ranks_.size(); ++q) {
+      if (!status[q].ok() && status[q].code() != absl::StatusCode::kAborted) {
+        return absl::Status(status[q].code(), absl::StrCat("rank ", q, ": ", status[q].message()));
+      }
+    }
+    return status[r];
+  }
 
   // Aggregate: work sums over ranks; phase times are the slowest rank's.
   ForwardStats total;

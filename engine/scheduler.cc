@@ -170,9 +170,15 @@ bool Scheduler::ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, Sch
     n = *budget;
   }
   while (!Grow(seq, seq->num_computed + n)) {
-    // Victim: the lowest-priority, newest running sequence, which is never one already
-    // scheduled this step (those come earlier in the order).
-    Sequence* victim = running_.back();
+    // Victim: the lowest-priority, newest running sequence that has no chunk in this step yet
+    // (a fast-lane sequence admitted this step sits at the back of running_ with its chunk).
+    Sequence* victim = nullptr;
+    for (auto it = running_.rbegin(); it != running_.rend() && victim == nullptr; ++it) {
+      const bool scheduled = std::any_of(out->chunks.begin(), out->chunks.end(),
+                                         [&](const ScheduledChunk& c) { return c.seq == *it; });
+      if (!scheduled) victim = *it;
+    }
+    if (victim == nullptr) return false;  // unreachable: seq itself has no chunk yet
     Preempt(victim);
     out->preempted.push_back(victim);
     if (victim == seq) return false;

@@ -187,6 +187,14 @@ bool BlockPool::CheckInvariants() const {
   }
   // Walk both lists to check their links.
   int64_t walked = 0;
+  for (const List* l : {&free_, &cached_, &retained_}) {  // back links agree with forward links
+    int32_t prev = -1;
+    for (int32_t b = l->head; b >= 0; b = next_[b]) {
+      if (prev_[b] != prev) return false;
+      prev = b;
+    }
+    if (l->tail != prev) return false;
+  }
   for (int32_t b = free_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 1 ? 1 : 1000000;
   for (int32_t b = cached_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 2 ? 1 : 1000000;
   for (int32_t b = retained_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 3 ? 1 : 1000000;

@@ -192,8 +192,6 @@ bool FlashStore::MakeRoomLocked(uint64_t bytes, bool may_evict_retained) {
     EraseLocked(lru_.back());
     ++stats_.evictions;
   }
-  stats_.retained = 0;
-  for (const auto& [h, e] : index_) stats_.retained += e.retain_until > now;
   return fits();
 }
 
@@ -225,6 +223,11 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
 
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(hash); it != index_.end() && it->second.retain_until > retain_until) {
+      // A later deadline wins: rewrite the header with the old one.
+      h.retain_until = retain_until = it->second.retain_until;
+      h.Encode(header);
+    }
     EraseLocked(hash);
     if (!MakeRoomLocked(file_bytes, retain_until > options_.clock())) {
       ++stats_.refused_retained;
@@ -253,7 +256,6 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
   index_[hash] = Entry{file_bytes, lru_.begin(), retain_until};
   stats_.bytes += file_bytes;
   stats_.records = static_cast<int64_t>(index_.size());
-  stats_.retained += retain_until > options_.clock();
   ++stats_.writes;
   return absl::OkStatus();
 }
@@ -303,7 +305,11 @@ void FlashStore::Erase(const BlockHash& hash) {
 
 FlashStoreStats FlashStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  FlashStoreStats s = stats_;
+  const double now = options_.clock();
+  s.retained = 0;
+  for (const auto& [h, e] : index_) s.retained += e.retain_until > now;
+  return s;
 }
 
 }  // namespace moeserve

@@ -53,7 +53,7 @@ struct FlashStoreStats {
   uint64_t bytes = 0;
   uint64_t budget_bytes = 0;
   int64_t hits = 0, misses = 0, writes = 0, evictions = 0;
-  int64_t retained = 0;          // records whose retention deadline has not passed (at the last write)
+  int64_t retained = 0;          // records whose retention deadline has not passed
   int64_t refused_retained = 0;  // writes refused because retained records fill the budget
   // Records found bad and deleted, by reason (at open or on read).
   int64_t dropped_truncated = 0;   // shorter or longer than the header says

@@ -190,6 +190,7 @@ void HostKvTier::TransferLoop() {
   std::vector<uint8_t> buffer(options_.block_bytes);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    cv_.notify_all();  // whatever the last pass did, Flush may now be satisfied
     cv_.wait(lock, [&] { return stop_ || !write_queue_.empty() || !prefetch_queue_.empty(); });
     if (!write_queue_.empty()) {  // writes first: they free memory and make blocks durable
       const BlockHash hash = write_queue_.front();
@@ -221,6 +222,9 @@ void HostKvTier::TransferLoop() {
       const BlockHash hash = prefetch_queue_.front();
       prefetch_queue_.pop_front();
       if (index_.count(hash) || pending_.count(hash)) continue;
+      // Prefetching must not push other blocks into a full write queue (that would write to
+      // flash under the lock the engine thread needs).
+      if (free_slots_.empty() && static_cast<int64_t>(pending_.size()) >= options_.max_pending_writes) continue;
       ++in_flight_;
       lock.unlock();
       double until = 0;

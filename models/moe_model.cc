@@ -84,6 +84,13 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
 }
 
 absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
+  absl::Status s = GrowWorkspace(tokens, table_elems, logit_rows);
+  // A half-grown workspace would keep device memory that the next, smaller step may need.
+  if (!s.ok()) ws_ = Workspace();
+  return s;
+}
+
+absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
   const ModelConfig& c = config();
   auto grow = [&](DeviceBuffer& b, size_t bytes) -> absl::Status {
     if (b.bytes() >= bytes && !b.empty()) return absl::OkStatus();
@@ -135,6 +142,7 @@ absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int6
 
 absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
   if (rows <= ws_.ep_capacity_rows) return absl::OkStatus();
+  ws_.ep_capacity_rows = 0;  // until every buffer below has grown
   const ModelConfig& c = config();
   const int64_t n = std::max<int64_t>(rows, 2 * ws_.ep_capacity_rows);
   const size_t f = sizeof(float);
@@ -143,7 +151,12 @@ absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
                            {&ws_.ep_act, c.intermediate_size},
                            {&ws_.ep_out, c.hidden_size}}) {
     *buf = DeviceBuffer();
-    ASSIGN_OR_RETURN(*buf, backend_->Allocate(std::max<size_t>(n * cols * f, 64)));
+    auto grown = backend_->Allocate(std::max<size_t>(n * cols * f, 64));
+    if (!grown.ok()) {
+      for (DeviceBuffer* b : {&ws_.ep_in, &ws_.ep_gate_up, &ws_.ep_act, &ws_.ep_out}) *b = DeviceBuffer();
+      return grown.status();
+    }
+    *buf = std::move(*grown);
   }
   ws_.ep_capacity_rows = n;
   return absl::OkStatus();

@@ -103,7 +103,9 @@ class MoeModel {
     DeviceBuffer ep_in, ep_gate_up, ep_act, ep_out;
     int64_t ep_capacity_rows = 0;
   };
+  // Grows the workspace for a step; on failure frees all of it (the next step starts afresh).
   absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
+  absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
   absl::Status EnsureExpertRows(int64_t rows);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
   // The routed experts of an expert-parallel MoE layer (after routing), see ModelShard.

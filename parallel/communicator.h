@@ -39,6 +39,9 @@ class Communicator {
   virtual absl::Status Send(const void* data, int64_t bytes, int peer) = 0;
   virtual absl::Status Recv(void* data, int64_t bytes, int peer) = 0;
   virtual absl::Status Barrier() = 0;
+  // Gives up on the group after a local failure: every peer's pending and later calls return
+  // ABORTED instead of waiting for this rank. The group must be reset or rebuilt before reuse.
+  virtual void Abort() = 0;
 
   virtual CommStats stats() const = 0;
 };

@@ -8,8 +8,49 @@
 
 namespace moeserve {
 
-LocalGroup::LocalGroup(int size) : size_(size), barrier_(size), slots_(size) {
+LocalGroup::LocalGroup(int size) : size_(size), slots_(size) {
   for (int i = 0; i < size * size; ++i) channels_.push_back(std::make_unique<Channel>());
+}
+
+bool LocalGroup::ArriveAndWait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) return false;
+  const uint64_t gen = generation_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return true;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+  return generation_ != gen;
+}
+
+void LocalGroup::Abort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+  for (auto& ch : channels_) {
+    { std::lock_guard<std::mutex> lock(ch->mu); }  // a waiter checks the flag under this lock
+    ch->cv.notify_all();
+  }
+}
+
+bool LocalGroup::aborted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
+void LocalGroup::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = false;
+  arrived_ = 0;
+  for (auto& ch : channels_) {
+    std::lock_guard<std::mutex> ch_lock(ch->mu);
+    ch->messages.clear();
+  }
 }
 
 LocalComms MakeLocalComms(int size) {
@@ -18,6 +59,10 @@ LocalComms MakeLocalComms(int size) {
   for (int r = 0; r < size; ++r) c.ranks.push_back(std::make_unique<LocalCommunicator>(c.group.get(), r));
   return c;
 }
+
+namespace {
+absl::Status Aborted() { return absl::AbortedError("communicator: the group was aborted (a peer failed)"); }
+}  // namespace
 
 absl::Status LocalCommunicator::CheckPeer(int peer) const {
   if (peer < 0 || peer >= size() || peer == rank_) {
@@ -33,7 +78,7 @@ absl::Status LocalCommunicator::AllToAll(const void* send, const std::vector<int
   const bool shape_ok = static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n;
   // Every rank meets at both barriers, errors or not, so a bad call never hangs its peers.
   group_->slots_[rank_] = {send, shape_ok ? &send_counts : nullptr, nullptr, 0};
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   absl::Status status = shape_ok ? absl::OkStatus()
                                  : absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", n,
                                                                            " entries, got ", send_counts.size(),
@@ -64,7 +109,7 @@ absl::Status LocalCommunicator::AllToAll(const void* send, const std::vector<int
       }
     }
   }
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
   stats_.bytes_sent += sent;
@@ -79,7 +124,7 @@ absl::Status LocalCommunicator::AllToAllCounts(const std::vector<int64_t>& send_
   const int n = size();
   const bool shape_ok = static_cast<int>(send_counts.size()) == n;
   group_->slots_[rank_] = {nullptr, shape_ok ? &send_counts : nullptr, nullptr, 0};
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   absl::Status status = absl::OkStatus();
   recv_counts->assign(n, 0);
   for (int p = 0; p < n; ++p) {
@@ -91,7 +136,7 @@ absl::Status LocalCommunicator::AllToAllCounts(const std::vector<int64_t>& send_
     }
     (*recv_counts)[p] = (*counts)[rank_];
   }
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
   stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (n - 1);
@@ -104,7 +149,7 @@ absl::Status LocalCommunicator::AllGather(const void* send, int64_t bytes, void*
   Stopwatch sw;
   const int n = size();
   group_->slots_[rank_] = {send, nullptr, nullptr, bytes};
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   absl::Status status = absl::OkStatus();
   for (int p = 0; p < n; ++p) {
     const LocalGroup::Slot& peer = group_->slots_[p];
@@ -115,7 +160,7 @@ absl::Status LocalCommunicator::AllGather(const void* send, int64_t bytes, void*
     }
     if (bytes > 0) std::memcpy(static_cast<uint8_t*>(recv) + p * bytes, peer.send, bytes);
   }
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
   stats_.bytes_sent += bytes * (n - 1);
@@ -128,7 +173,7 @@ absl::Status LocalCommunicator::AllReduceSum(float* data, int64_t count) {
   Stopwatch sw;
   const int n = size();
   group_->slots_[rank_] = {nullptr, nullptr, data, count};
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   absl::Status status = absl::OkStatus();
   std::vector<float> sum(static_cast<size_t>(count), 0.0f);
   for (int p = 0; p < n && status.ok(); ++p) {  // rank order: the same bits everywhere
@@ -140,7 +185,7 @@ absl::Status LocalCommunicator::AllReduceSum(float* data, int64_t count) {
     }
     for (int64_t i = 0; i < count; ++i) sum[i] += peer.reduce[i];
   }
-  group_->barrier_.arrive_and_wait();  // everyone has read every buffer: now overwrite our own
+  if (!group_->ArriveAndWait()) return Aborted();  // everyone has read every buffer: now overwrite our own
   if (status.ok() && count > 0) std::memcpy(data, sum.data(), count * sizeof(float));
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
@@ -174,7 +219,8 @@ absl::Status LocalCommunicator::Recv(void* data, int64_t bytes, int peer) {
   std::vector<uint8_t> msg;
   {
     std::unique_lock<std::mutex> lock(ch.mu);
-    ch.cv.wait(lock, [&] { return !ch.messages.empty(); });
+    ch.cv.wait(lock, [&] { return !ch.messages.empty() || group_->aborted(); });
+    if (ch.messages.empty()) return Aborted();
     msg = std::move(ch.messages.front());
     ch.messages.pop_front();
   }
@@ -192,7 +238,7 @@ absl::Status LocalCommunicator::Recv(void* data, int64_t bytes, int peer) {
 
 absl::Status LocalCommunicator::Barrier() {
   Stopwatch sw;
-  group_->barrier_.arrive_and_wait();
+  if (!group_->ArriveAndWait()) return Aborted();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
   stats_.seconds += sw.Seconds();

@@ -6,7 +6,6 @@
 // queue per (source, destination) pair.
 #pragma once
 
-#include <barrier>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -21,9 +20,18 @@ class LocalGroup {
  public:
   explicit LocalGroup(int size);
   int size() const { return size_; }
+  // Makes every pending and later collective or Recv of the group return ABORTED, so that the
+  // peers of a rank that failed halfway through a step do not wait for it forever.
+  void Abort();
+  bool aborted() const;
+  // Clears an aborted group for reuse: flags, barrier, queued messages. Only while no rank is
+  // inside a call.
+  void Reset();
 
  private:
   friend class LocalCommunicator;
+  // A reusable barrier that an abort releases; false when the group was aborted.
+  bool ArriveAndWait();
   struct Slot {  // what a rank publishes for the collective in progress
     const void* send = nullptr;
     const std::vector<int64_t>* send_counts = nullptr;
@@ -36,7 +44,11 @@ class LocalGroup {
     std::deque<std::vector<uint8_t>> messages;
   };
   int size_;
-  std::barrier<> barrier_;
+  mutable std::mutex mu_;  // barrier state and the abort flag
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
   std::vector<Slot> slots_;
   std::vector<std::unique_ptr<Channel>> channels_;  // [src * size + dst]
 };
@@ -55,6 +67,7 @@ class LocalCommunicator final : public Communicator {
   absl::Status Recv(void* data, int64_t bytes, int peer) override;
   absl::Status Barrier() override;
   CommStats stats() const override;
+  void Abort() override { group_->Abort(); }
 
  private:
   absl::Status CheckPeer(int peer) const;

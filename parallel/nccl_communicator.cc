@@ -82,6 +82,7 @@ absl::Status NcclCommunicator::Finish(double seconds_before, int64_t sent, int64
 
 absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                         const std::vector<int64_t>& recv_counts) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
   if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_) {
     return absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", size_, " entries"));
   }
@@ -157,6 +158,13 @@ absl::Status NcclCommunicator::Recv(void* data, int64_t bytes, int peer) {
   NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclInt8, peer, impl_->comm, impl_->stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return Finish(sw.Seconds(), 0, bytes);
+}
+
+void NcclCommunicator::Abort() {
+  if (impl_ != nullptr && impl_->comm != nullptr) {
+    ncclCommAbort(impl_->comm);
+    impl_->comm = nullptr;
+  }
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -33,6 +33,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status Send(const void* data, int64_t bytes, int peer) override;
   absl::Status Recv(void* data, int64_t bytes, int peer) override;
   absl::Status Barrier() override;
+  void Abort() override;  // ncclCommAbort: the communicator cannot be used afterwards
   CommStats stats() const override { return stats_; }
 
  private:

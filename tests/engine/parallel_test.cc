@@ -230,6 +230,61 @@ TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
   EXPECT_NE(std::string(tiny.status().message()).find("rank 0"), std::string::npos) << tiny.status();
 }
 
+// A rank that fails mid-step (its device cannot grow a workspace) must not hang its peers:
+// the step returns the error, and the next step runs normally with the same output as one rank.
+TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
+  const KvLayout layout = KvLayoutFor(config_, 64, 8, DType::kF32);
+  auto make_input = [&](int64_t seqs, int64_t len) {
+    ForwardInput in;
+    in.num_seqs = seqs;
+    in.max_blocks_per_seq = (len + 7) / 8;
+    std::mt19937 gen(seed_ + static_cast<uint32_t>(seqs));
+    for (int64_t j = 0; j < seqs; ++j) {
+      for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
+        in.block_tables.push_back(static_cast<int32_t>(j * in.max_blocks_per_seq + b));
+      }
+      for (int64_t p = 0; p < len; ++p) {
+        in.token_ids.push_back(static_cast<int32_t>(gen() % config_.vocab_size));
+        in.positions.push_back(static_cast<int32_t>(p));
+        in.token_seq.push_back(static_cast<int32_t>(j));
+        in.slots.push_back((j * in.max_blocks_per_seq + p / 8) * 8 + p % 8);
+      }
+      in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+    }
+    return in;
+  };
+  // Capacity: what each rank needs at rest plus a little, too little for a 480-token step.
+  size_t at_rest = 0;
+  {
+    auto probe = ParallelExecutor::Create(ToConfig({2, 2}), weights_.get(), &backend_, layout, CpuRanks());
+    ASSERT_TRUE(probe.ok());
+    for (auto [used, cap] : (*probe)->device_bytes()) at_rest = std::max(at_rest, used);
+  }
+  const size_t capacity = at_rest + (256 << 10);
+  auto x = ParallelExecutor::Create(ToConfig({2, 2}), weights_.get(), &backend_, layout,
+                                    [capacity](int, int) -> std::unique_ptr<Backend> {
+                                      CpuBackendOptions o;
+                                      o.num_threads = 1;
+                                      o.capacity_bytes = capacity;
+                                      return std::make_unique<CpuBackend>(o);
+                                    });
+  ASSERT_TRUE(x.ok()) << x.status();
+  std::vector<float> logits;
+  const ForwardInput big = make_input(4, 120);
+  const absl::Status failed = (*x)->Forward(big, {0, 1, 2, 3}, &logits, nullptr, nullptr);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_NE(std::string(failed.message()).find("rank "), std::string::npos) << failed;
+  // The next step is unaffected: no stale hand-off, no barrier out of step.
+  const ForwardInput small = make_input(2, 5);
+  const absl::Status next = (*x)->Forward(small, {0, 1}, &logits, nullptr, nullptr);
+  ASSERT_TRUE(next.ok()) << next;
+  auto kv = KvStorage::Create(&backend_, layout);
+  MoeModel one(weights_.get(), &backend_);
+  std::vector<float> want;
+  ASSERT_TRUE(one.Forward(small, layout, kv->data(), &want).ok());
+  EXPECT_EQ(logits, want);
+}
+
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   const ModelConfig c = *PresetConfig("tiny");
   ParallelConfig p;
