@@ -69,7 +69,9 @@ int RunSweep(BenchOptions o) {
   if (!(o.sweep_max_kv_gb > 0)) return Fail(absl::InvalidArgumentError("--sweep-max-kv-gb must be > 0"));
   auto kv_dtype = DTypeFromShortName(o.engine.kv_dtype);
   if (!kv_dtype.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv_dtype.status().message())));
-  CpuBackend backend(MakeBackendOptions(o.engine));
+  auto backend_or = MakeBackend(o.engine);
+  if (!backend_or.ok()) return Fail(backend_or.status());
+  Backend& backend = **backend_or;
   roofline::HardwareProfile hw;
   if (o.engine.hardware.empty()) {
     std::fprintf(stderr, "bench: no --hardware given; calibrating this machine first (no disk)\n");
@@ -116,7 +118,9 @@ int RunTiers(BenchOptions o) {
   if (!ecfg.ok()) return Fail(ecfg.status());
   std::optional<roofline::HardwareProfile> hw;
   if (!o.engine.hardware.empty()) hw = *ecfg->hardware;
-  CpuBackend backend(MakeBackendOptions(o.engine));
+  auto backend_or = MakeBackend(o.engine);
+  if (!backend_or.ok()) return Fail(backend_or.status());
+  Backend& backend = **backend_or;
   std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
   auto weights = LoadModel(o.model, &backend);
   if (!weights.ok()) return Fail(weights.status());
@@ -157,7 +161,9 @@ int RunBench(BenchOptions o) {
   w.seed = o.seed;
   ecfg->max_tokens_limit = std::max<int64_t>(ecfg->max_tokens_limit, ol->Max());
 
-  CpuBackend backend(MakeBackendOptions(o.engine));
+  auto backend_or = MakeBackend(o.engine);
+  if (!backend_or.ok()) return Fail(backend_or.status());
+  Backend& backend = **backend_or;
   std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
   auto weights = LoadModel(o.model, &backend);
   if (!weights.ok()) return Fail(weights.status());

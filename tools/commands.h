@@ -39,6 +39,8 @@ struct EngineFlags {
   std::string kv_dtype = "f32";
   int threads = 0;
   int64_t ep = 1, pp = 1, micro_batches = 0;
+  std::string backend = "cpu";
+  int device = 0;
   double device_mb = 0;
   std::string expert_placement = "contiguous";
   bool reference = false;
@@ -58,6 +60,8 @@ struct EngineFlags {
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
 CpuBackendOptions MakeBackendOptions(const EngineFlags& flags);
+// The backend --backend names: the CPU (with MakeBackendOptions) or a GPU (--device).
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& flags);
 
 // The callback of the chosen command stores its exit status in *exit_code.
 void AddMakeModelCommand(CLI::App& app, int* exit_code);

@@ -9,6 +9,9 @@
 #include "core/file_util.h"
 #include "core/status.h"
 #include "roofline/hardware.h"
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moeserve::tools {
 
@@ -30,6 +33,11 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size in MiB when --kv-blocks is 0")->capture_default_str();
   cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
+  cmd->add_option("--backend", f->backend,
+                  "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; the CUDA backend "
+                  "has not been validated on a GPU yet)")
+      ->capture_default_str();
+  cmd->add_option("--device", f->device, "GPU ordinal for --backend cuda")->capture_default_str();
   cmd->add_option("--device-mb", f->device_mb,
                   "Capacity of each (virtual) CPU device in MiB: weights, KV cache and workspaces must fit; with "
                   "--ep/--pp, of each rank's device (0: 3/4 of physical memory)")
@@ -163,6 +171,24 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   absl::Status s = c.Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("engine flags: ", s.message()));
   return c;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
+  if (f.backend == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
+#if MOESERVE_HAVE_CUDA
+  if (f.backend == "cuda") {
+    if (f.ep * f.pp > 1) return absl::InvalidArgumentError("--backend cuda does not run --ep/--pp ranks yet");
+    CudaBackendOptions o;
+    o.device = f.device;
+    o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create(o));
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got '", f.backend, "'"));
+#else
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend must be cpu (this build has no CUDA: nvcc was not found), got '", f.backend, "'"));
+#endif
 }
 
 CpuBackendOptions MakeBackendOptions(const EngineFlags& f) {

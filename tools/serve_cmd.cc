@@ -24,7 +24,9 @@ int RunServe(ServeOptions o) {
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
   ecfg->max_tokens_limit = o.max_tokens_limit;
-  CpuBackend backend(MakeBackendOptions(o.engine));
+  auto backend_or = MakeBackend(o.engine);
+  if (!backend_or.ok()) return Fail(backend_or.status());
+  Backend& backend = **backend_or;
   Stopwatch sw;
   std::fprintf(stderr, "moeserve: loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
   auto weights = LoadModel(o.model, &backend);

@@ -206,7 +206,9 @@ TEST_F(KvTiersTest, RetainedBlocksKeepTheirPlaceInASmallDdr) {
     RunAlone(e.get(), scenario_.first, 4, retain);
     RunAlone(e.get(), big, 8);
     for (const auto& f : scenario_.fillers) RunAlone(e.get(), f, 8);
-    if (retain > 0) EXPECT_EQ(e->GetStats().tiers.host.retained, 3);
+    if (retain > 0) {
+      EXPECT_EQ(e->GetStats().tiers.host.retained, 3);
+    }
     const Result r = RunAlone(e.get(), scenario_.second, 10);
     EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
     EXPECT_EQ(r.final_event.usage.cached_prompt_tokens_ddr, retain > 0 ? 48 : 0) << "retain " << retain;

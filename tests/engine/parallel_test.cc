@@ -126,7 +126,9 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
       EXPECT_GE(ps.expert_imbalance, 1.0);
       EXPECT_GT(ps.a2a_bytes, 0);
     }
-    if (l.pp > 1) EXPECT_GT(ps.pp_bytes, 0) << Name(l);
+    if (l.pp > 1) {
+      EXPECT_GT(ps.pp_bytes, 0) << Name(l);
+    }
   }
 }
 

@@ -1,0 +1,241 @@
+// CUDA backend.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace moeserve {
+namespace {
+
+int ElemOf(DType d) {
+  switch (d) {
+    case DType::kBF16: return cuda::kElemBF16;
+    case DType::kF16: return cuda::kElemF16;
+    default: return cuda::kElemF32;
+  }
+}
+
+cuda::KvGeometry GeometryOf(const KvLayout& l) {
+  cuda::KvGeometry g;
+  g.num_blocks = l.num_blocks;
+  g.num_layers = l.num_layers;
+  g.block_size = l.block_size;
+  g.kv_heads = l.kv_heads;
+  g.head_dim = l.head_dim;
+  g.elem = ElemOf(l.dtype);
+  return g;
+}
+
+}  // namespace
+
+#define NOTE_CUDA(expr) Note(::moeserve::cuda::CudaStatus((expr), #expr, __FILE__, __LINE__))
+#define NOTE_CUBLAS(expr) Note(::moeserve::cuda::CublasStatus((expr), #expr, __FILE__, __LINE__))
+
+struct CudaBackend::Impl {
+  int device = 0;
+  std::string name;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* scratch = nullptr;  // activations rounded to the weight dtype for cublasGemmEx
+  size_t scratch_bytes = 0;
+  std::mutex mu;            // the sticky error
+  absl::Status error;
+};
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear it
+    return absl::FailedPreconditionError("cuda: no GPU is visible");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda: device ", options.device, " of ", count));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->device = options.device;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
+  impl->name = absl::StrCat("cuda (device ", options.device, ": ", prop.name, ")");
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&impl->cublas));
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(impl->cublas, impl->stream));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(std::move(impl)));
+  b->capacity_ = options.capacity_bytes > 0 ? options.capacity_bytes : free_bytes / 10 * 9;
+  return b;
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
+  if (impl_->cublas != nullptr) cublasDestroy(impl_->cublas);
+  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+}
+
+std::string CudaBackend::Name() const { return impl_->name; }
+
+void CudaBackend::Note(const absl::Status& s) {
+  if (s.ok()) return;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->error.ok()) impl_->error = s;
+}
+
+absl::Status CudaBackend::TakeError() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::Status s = impl_->error;
+  impl_->error = absl::OkStatus();
+  return s;
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+  if (used_ + rounded > capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat("cuda device arena: cannot allocate ", bytes, " bytes, ", used_,
+                                                     " of ", capacity_, " bytes in use"));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, rounded));
+  used_ += rounded;
+  return DeviceBuffer(this, p, rounded);
+}
+
+void CudaBackend::Free(void* data, size_t bytes) {
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);  // no kernel may still use it
+  cudaFree(data);
+  used_ -= bytes;
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return TakeError();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
+  // The host buffer may be reused as soon as this returns.
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return TakeError();
+}
+
+absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return TakeError();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return TakeError();
+}
+
+absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+  return TakeError();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  return TakeError();
+}
+
+void CudaBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
+  NOTE_CUDA(cuda::LaunchEmbedding(ids, n, table.data, ElemOf(table.dtype), table.cols, out, impl_->stream));
+}
+
+void CudaBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
+  if (m == 0 || w.rows == 0) return;
+  // Row-major y[m, rows] = x[m, cols] @ W[rows, cols]^T is, column-major, y^T = W^T^T x^T:
+  // A = W (cols x rows column-major, transposed), B = x (cols x m), C = y (rows x m).
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols), mm = static_cast<int>(m);
+  if (w.dtype == DType::kF32) {
+    NOTE_CUBLAS(cublasSgemm(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, mm, cols, &alpha,
+                            static_cast<const float*>(w.data), cols, x, cols, &beta, y, rows));
+    return;
+  }
+  // bf16 / f16 weights: round the activations to the same type, accumulate in fp32.
+  const size_t need = static_cast<size_t>(m * w.cols) * 2;
+  if (need > impl_->scratch_bytes) {
+    if (impl_->scratch != nullptr) {
+      NOTE_CUDA(cudaStreamSynchronize(impl_->stream));
+      NOTE_CUDA(cudaFree(impl_->scratch));
+      impl_->scratch = nullptr;
+    }
+    NOTE_CUDA(cudaMalloc(&impl_->scratch, need));
+    impl_->scratch_bytes = impl_->scratch != nullptr ? need : 0;
+    if (impl_->scratch == nullptr) return;
+  }
+  const int elem = ElemOf(w.dtype);
+  NOTE_CUDA(cuda::LaunchConvert(x, m * w.cols, elem, impl_->scratch, impl_->stream));
+  const cudaDataType_t t = elem == cuda::kElemBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  NOTE_CUBLAS(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, mm, cols, &alpha, w.data, t, cols,
+                           impl_->scratch, t, cols, &beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                              float* y) {
+  if (offsets.size() != w.size() + 1) {
+    Note(absl::InvalidArgumentError("grouped gemm: offsets must have one entry more than the weights"));
+    return;
+  }
+  // One GEMM per expert with rows (tokens are sorted by expert).
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Gemm(x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false);
+  }
+}
+
+void CudaBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {
+  NOTE_CUDA(cuda::LaunchRmsNorm(x, weight, rows, dim, eps, y, impl_->stream));
+}
+
+void CudaBackend::Add(float* y, const float* x, int64_t n) { NOTE_CUDA(cuda::LaunchAdd(y, x, n, impl_->stream)); }
+
+void CudaBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
+                       int64_t head_dim, float theta) {
+  NOTE_CUDA(cuda::LaunchRope(q, k, positions, n, q_heads, kv_heads, head_dim, theta, impl_->stream));
+}
+
+void CudaBackend::SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  NOTE_CUDA(cuda::LaunchSiluMul(gate_up, rows, inter, out, impl_->stream));
+}
+
+void CudaBackend::RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                             int32_t* expert_ids, float* expert_weights) {
+  NOTE_CUDA(cuda::LaunchRouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights,
+                                   impl_->stream));
+}
+
+void CudaBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out) {
+  NOTE_CUDA(cuda::LaunchGatherRows(x, src_rows, n, dim, out, impl_->stream));
+}
+
+void CudaBackend::ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,
+                                 int64_t dim, float* out, bool accumulate) {
+  NOTE_CUDA(cuda::LaunchScatterCombine(y, rows, weights, n, k, dim, out, accumulate, impl_->stream));
+}
+
+void CudaBackend::SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) {
+  NOTE_CUDA(cuda::LaunchSigmoidScaleRows(x, gate, rows, dim, impl_->stream));
+}
+
+void CudaBackend::WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n, const KvLayout& layout,
+                          int64_t layer, void* cache) {
+  NOTE_CUDA(cuda::LaunchWriteKv(k, v, slots, n, GeometryOf(layout), layer, cache, impl_->stream));
+}
+
+void CudaBackend::PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
+                                 const void* cache, int64_t q_heads, float scale, float* out) {
+  NOTE_CUDA(cuda::LaunchPagedAttention(q, batch.token_seq, batch.token_pos, batch.block_tables, batch.num_tokens,
+                                       batch.max_blocks_per_seq, GeometryOf(layout), layer, cache, q_heads, scale,
+                                       out, impl_->stream));
+}
+
+}  // namespace moeserve

@@ -1,0 +1,71 @@
+// The Backend interface on one NVIDIA GPU: a capacity-accounted device arena (cudaMalloc),
+// every op enqueued on one stream, GEMMs through cuBLAS (bf16 weights: the activations are
+// rounded to bf16 and multiplied with fp32 accumulation by cublasGemmEx; f32 weights:
+// cublasSgemm), one GEMM per expert for the grouped expert GEMM, and the kernels of
+// cuda_kernels.cu for everything else. Ops return void as the interface asks: the first CUDA
+// or cuBLAS error (with file and line) sticks and is returned by the next Synchronize or copy.
+// No CUDA headers here.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace moeserve {
+
+struct CudaBackendOptions {
+  int device = 0;
+  size_t capacity_bytes = 0;  // 0: 90% of the device's free memory at creation
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string Name() const override;
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  size_t capacity_bytes() const override { return capacity_; }
+  size_t used_bytes() const override { return used_; }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+
+  void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
+  void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate = false) override;
+  void GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                   float* y) override;
+  void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) override;
+  void Add(float* y, const float* x, int64_t n) override;
+  void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
+            int64_t head_dim, float theta) override;
+  void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
+  void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                  int32_t* expert_ids, float* expert_weights) override;
+  void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out) override;
+  void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k, int64_t dim,
+                      float* out, bool accumulate) override;
+  void SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) override;
+  void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n, const KvLayout& layout,
+               int64_t layer, void* cache) override;
+  void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
+                      const void* cache, int64_t q_heads, float scale, float* out) override;
+
+ protected:
+  void Free(void* data, size_t bytes) override;
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  // Records the first failure; later ones are dropped (the first explains them).
+  void Note(const absl::Status& s);
+  absl::Status TakeError();
+
+  std::unique_ptr<Impl> impl_;
+  size_t capacity_ = 0, used_ = 0;
+};
+
+}  // namespace moeserve

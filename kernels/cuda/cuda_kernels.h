@@ -1,0 +1,46 @@
+// Launchers for the CUDA backend's kernels (cuda_kernels.cu). Plain types only, so that this
+// header compiles as C++17 under nvcc and as C++20 in cuda_backend.cc. Every launcher enqueues
+// on `stream` and returns the launch error (cudaGetLastError), never waiting.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moeserve::cuda {
+
+// Element types of weights and KV as the kernels see them.
+enum ElemType : int { kElemF32 = 0, kElemBF16 = 1, kElemF16 = 2 };
+
+// The paged KV layout (kernels/backend.h KvLayout) in plain numbers.
+struct KvGeometry {
+  int64_t num_blocks = 0, num_layers = 0, block_size = 0, kv_heads = 0, head_dim = 0;
+  int elem = kElemF32;
+};
+
+cudaError_t LaunchEmbedding(const int32_t* ids, int64_t n, const void* table, int elem, int64_t cols, float* out,
+                            cudaStream_t stream);
+// out[i] = bf16(x[i]) (round to nearest even), or fp16 with `elem` = kElemF16.
+cudaError_t LaunchConvert(const float* x, int64_t n, int elem, void* out, cudaStream_t stream);
+cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y,
+                          cudaStream_t stream);
+cudaError_t LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t stream);
+cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
+                       int64_t head_dim, float theta, cudaStream_t stream);
+cudaError_t LaunchSiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out, cudaStream_t stream);
+cudaError_t LaunchRouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                             int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+cudaError_t LaunchGatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out,
+                             cudaStream_t stream);
+cudaError_t LaunchScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,
+                                 int64_t dim, float* out, bool accumulate, cudaStream_t stream);
+cudaError_t LaunchSigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim, cudaStream_t stream);
+cudaError_t LaunchWriteKv(const float* k, const float* v, const int64_t* slots, int64_t n, KvGeometry g,
+                          int64_t layer, void* cache, cudaStream_t stream);
+// One warp per (token, query head), online softmax over the token's causal context.
+cudaError_t LaunchPagedAttention(const float* q, const int32_t* token_seq, const int32_t* token_pos,
+                                 const int32_t* block_tables, int64_t num_tokens, int64_t max_blocks_per_seq,
+                                 KvGeometry g, int64_t layer, const void* cache, int64_t q_heads, float scale,
+                                 float* out, cudaStream_t stream);
+
+}  // namespace moeserve::cuda
