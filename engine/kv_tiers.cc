@@ -82,13 +82,15 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash) {
   if (!host_->Contains(hash)) return std::nullopt;
-  Stopwatch sw;
   // Take the block out of DDR first, so that the demotion the allocation below may cause
   // lands in the slot it frees instead of pushing another block (maybe the prefix's next) out.
+  Stopwatch read;
   double retain_until = 0;
   auto tier = host_->Get(hash, promote_staging_.data(), &retain_until, /*take=*/true);
   if (!tier.ok()) return std::nullopt;
+  const double read_seconds = read.Seconds();
   auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
+  Stopwatch copy;  // the copies are timed, the allocation (and its demotion) is not
   if (!got.ok() ||
       !backend_->CopyToDevice(BlockData((*got)[0]), promote_staging_.data(), promote_staging_.size()).ok()) {
     if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
@@ -99,8 +101,9 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   pool_->Register(block, hash);
   pool_->SetRetention(block, retain_until);
   transfer_bytes_ += static_cast<int64_t>(promote_staging_.size());
+  const int64_t ns = static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9);
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
-  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(Nanos(sw));
+  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(ns);
   return std::make_pair(block, *tier);
 }
 

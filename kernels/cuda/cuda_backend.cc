@@ -42,11 +42,17 @@ struct CudaBackend::Impl {
   std::string name;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  void* scratch = nullptr;  // activations rounded to the weight dtype for cublasGemmEx
-  size_t scratch_bytes = 0;
-  std::mutex mu;            // the sticky error
+  DeviceBuffer scratch;  // activations rounded to the weight dtype for cublasGemmEx (in the arena)
+  std::mutex mu;         // the sticky error
   absl::Status error;
+  ~Impl() {
+    cudaSetDevice(device);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
 };
+
+void CudaBackend::Use() const { cudaSetDevice(impl_->device); }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
   int count = 0;
@@ -76,11 +82,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 CudaBackend::~CudaBackend() {
-  cudaSetDevice(impl_->device);
+  Use();
   cudaStreamSynchronize(impl_->stream);
-  if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
-  if (impl_->cublas != nullptr) cublasDestroy(impl_->cublas);
-  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+  impl_->scratch = DeviceBuffer();  // while this object can still free it
 }
 
 std::string CudaBackend::Name() const { return impl_->name; }
@@ -101,24 +105,29 @@ absl::Status CudaBackend::TakeError() {
 absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
   const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
   if (used_ + rounded > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat("cuda device arena: cannot allocate ", bytes, " bytes, ", used_,
+    return absl::ResourceExhaustedError(absl::StrCat("cuda device arena: cannot allocate ", bytes, " bytes, ", used_.load(),
                                                      " of ", capacity_, " bytes in use"));
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   void* p = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, rounded));
+  if (cudaMalloc(&p, rounded) != cudaSuccess) {
+    cudaGetLastError();  // clear it, so that it is not reported by the next launch
+    return absl::ResourceExhaustedError(absl::StrCat("cuda: cudaMalloc of ", rounded, " bytes failed (", used_.load(),
+                                                     " of ", capacity_, " bytes in use by this backend)"));
+  }
   used_ += rounded;
   return DeviceBuffer(this, p, rounded);
 }
 
 void CudaBackend::Free(void* data, size_t bytes) {
-  cudaSetDevice(impl_->device);
+  Use();
   cudaStreamSynchronize(impl_->stream);  // no kernel may still use it
   cudaFree(data);
   used_ -= bytes;
 }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  Use();
   if (bytes == 0) return TakeError();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
   // The host buffer may be reused as soon as this returns.
@@ -127,6 +136,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes)
 }
 
 absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  Use();
   if (bytes == 0) return TakeError();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
@@ -134,20 +144,24 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  Use();
   if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
   return TakeError();
 }
 
 absl::Status CudaBackend::Synchronize() {
+  Use();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return TakeError();
 }
 
 void CudaBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
+  Use();
   NOTE_CUDA(cuda::LaunchEmbedding(ids, n, table.data, ElemOf(table.dtype), table.cols, out, impl_->stream));
 }
 
 void CudaBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
+  Use();
   if (m == 0 || w.rows == 0) return;
   // Row-major y[m, rows] = x[m, cols] @ W[rows, cols]^T is, column-major, y^T = W^T^T x^T:
   // A = W (cols x rows column-major, transposed), B = x (cols x m), C = y (rows x m).
@@ -160,21 +174,21 @@ void CudaBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, 
   }
   // bf16 / f16 weights: round the activations to the same type, accumulate in fp32.
   const size_t need = static_cast<size_t>(m * w.cols) * 2;
-  if (need > impl_->scratch_bytes) {
-    if (impl_->scratch != nullptr) {
-      NOTE_CUDA(cudaStreamSynchronize(impl_->stream));
-      NOTE_CUDA(cudaFree(impl_->scratch));
-      impl_->scratch = nullptr;
+  if (need > impl_->scratch.bytes()) {
+    const size_t old = impl_->scratch.bytes();
+    impl_->scratch = DeviceBuffer();  // Free waits for the stream
+    auto grown = Allocate(std::max(need, 2 * old));
+    if (!grown.ok()) {
+      Note(grown.status());
+      return;
     }
-    NOTE_CUDA(cudaMalloc(&impl_->scratch, need));
-    impl_->scratch_bytes = impl_->scratch != nullptr ? need : 0;
-    if (impl_->scratch == nullptr) return;
+    impl_->scratch = std::move(*grown);
   }
   const int elem = ElemOf(w.dtype);
-  NOTE_CUDA(cuda::LaunchConvert(x, m * w.cols, elem, impl_->scratch, impl_->stream));
+  NOTE_CUDA(cuda::LaunchConvert(x, m * w.cols, elem, impl_->scratch.data(), impl_->stream));
   const cudaDataType_t t = elem == cuda::kElemBF16 ? CUDA_R_16BF : CUDA_R_16F;
   NOTE_CUBLAS(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, mm, cols, &alpha, w.data, t, cols,
-                           impl_->scratch, t, cols, &beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                           impl_->scratch.data(), t, cols, &beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
 }
 
@@ -193,6 +207,7 @@ void CudaBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, std:
 }
 
 void CudaBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {
+  Use();
   NOTE_CUDA(cuda::LaunchRmsNorm(x, weight, rows, dim, eps, y, impl_->stream));
 }
 
@@ -200,39 +215,48 @@ void CudaBackend::Add(float* y, const float* x, int64_t n) { NOTE_CUDA(cuda::Lau
 
 void CudaBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float theta) {
+  Use();
+  Use();
   NOTE_CUDA(cuda::LaunchRope(q, k, positions, n, q_heads, kv_heads, head_dim, theta, impl_->stream));
 }
 
 void CudaBackend::SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+  Use();
   NOTE_CUDA(cuda::LaunchSiluMul(gate_up, rows, inter, out, impl_->stream));
 }
 
 void CudaBackend::RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                              int32_t* expert_ids, float* expert_weights) {
+  Use();
   NOTE_CUDA(cuda::LaunchRouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights,
                                    impl_->stream));
 }
 
 void CudaBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out) {
+  Use();
   NOTE_CUDA(cuda::LaunchGatherRows(x, src_rows, n, dim, out, impl_->stream));
 }
 
 void CudaBackend::ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,
                                  int64_t dim, float* out, bool accumulate) {
+  Use();
   NOTE_CUDA(cuda::LaunchScatterCombine(y, rows, weights, n, k, dim, out, accumulate, impl_->stream));
 }
 
 void CudaBackend::SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) {
+  Use();
   NOTE_CUDA(cuda::LaunchSigmoidScaleRows(x, gate, rows, dim, impl_->stream));
 }
 
 void CudaBackend::WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n, const KvLayout& layout,
                           int64_t layer, void* cache) {
+  Use();
   NOTE_CUDA(cuda::LaunchWriteKv(k, v, slots, n, GeometryOf(layout), layer, cache, impl_->stream));
 }
 
 void CudaBackend::PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
                                  const void* cache, int64_t q_heads, float scale, float* out) {
+  Use();
   NOTE_CUDA(cuda::LaunchPagedAttention(q, batch.token_seq, batch.token_pos, batch.block_tables, batch.num_tokens,
                                        batch.max_blocks_per_seq, GeometryOf(layout), layer, cache, q_heads, scale,
                                        out, impl_->stream));

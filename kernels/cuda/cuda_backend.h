@@ -4,9 +4,11 @@
 // cublasSgemm), one GEMM per expert for the grouped expert GEMM, and the kernels of
 // cuda_kernels.cu for everything else. Ops return void as the interface asks: the first CUDA
 // or cuBLAS error (with file and line) sticks and is returned by the next Synchronize or copy.
+// CopyOnDevice is an asynchronous device-to-device copy: the ranges must not overlap.
 // No CUDA headers here.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -63,9 +65,13 @@ class CudaBackend final : public Backend {
   // Records the first failure; later ones are dropped (the first explains them).
   void Note(const absl::Status& s);
   absl::Status TakeError();
+  // Makes this backend's GPU current on the calling thread (each thread has its own, and the
+  // engine loop is not the thread that created the backend).
+  void Use() const;
 
   std::unique_ptr<Impl> impl_;
-  size_t capacity_ = 0, used_ = 0;
+  size_t capacity_ = 0;
+  std::atomic<size_t> used_{0};
 };
 
 }  // namespace moeserve

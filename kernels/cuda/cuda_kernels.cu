@@ -53,6 +53,8 @@ __global__ void ConvertKernel(const float* x, int64_t n, int elem, void* out) {
   if (i < n) Store(out, elem, i, x[i]);
 }
 
+static_assert((kThreads & (kThreads - 1)) == 0, "the RMSNorm reduction halves the block");
+
 __global__ void RmsNormKernel(const float* x, const float* w, int64_t dim, float eps, float* y) {
   __shared__ float partial[kThreads];
   const int64_t r = blockIdx.x;
@@ -112,11 +114,11 @@ __global__ void RouterTopKKernel(const float* logits, int64_t n, int64_t num_exp
   float top_sum = 0.0f;
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
-    float best_p = -1.0f;
+    float best_p = 0.0f;
     for (int64_t e = 0; e < num_experts; ++e) {
       if (taken[e / 64] >> (e % 64) & 1) continue;
       const float p = expf(row[e] - mx) / sum;
-      if (p > best_p) {
+      if (best < 0 || p > best_p) {  // the first untaken expert, then strictly better ones (NaN-safe)
         best_p = p;
         best = e;
       }
