@@ -153,7 +153,25 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--expert-placement must be contiguous or round-robin, got '", f.expert_placement, "'"));
   }
-  if (c.parallel.enabled()) {
+  if (c.parallel.enabled() && f.backend == "cuda") {
+#if MOESERVE_HAVE_CUDA
+    // Each rank: a GPU of its own (rank r on GPU --device + r); the ranks exchange hidden states
+    // through host memory (the in-process communicator), not NCCL.
+    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+    const int first = f.device;
+    c.rank_backends = [device_bytes, first](int rank, int) -> std::unique_ptr<Backend> {
+      CudaBackendOptions o;
+      o.device = first + rank;
+      o.capacity_bytes = device_bytes;
+      auto b = CudaBackend::Create(o);
+      if (!b.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(b.status().message()).c_str());
+        return nullptr;
+      }
+      return std::move(*b);
+    };
+#endif
+  } else if (c.parallel.enabled()) {
     // Each rank: a CPU backend of its own with its share of the threads.
     const CpuBackendOptions base = MakeBackendOptions(f);
     const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
@@ -174,10 +192,11 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
-  if (f.backend == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
+  // With several ranks this backend only stages the full weights in host memory; the ranks get
+  // devices of their own (MakeEngineConfig's rank_backends).
+  if (f.backend == "cpu" || (f.ep * f.pp > 1 && f.backend == "cuda")) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
 #if MOESERVE_HAVE_CUDA
   if (f.backend == "cuda") {
-    if (f.ep * f.pp > 1) return absl::InvalidArgumentError("--backend cuda does not run --ep/--pp ranks yet");
     CudaBackendOptions o;
     o.device = f.device;
     o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);

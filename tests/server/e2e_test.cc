@@ -257,6 +257,27 @@ TEST_F(E2eTest, BadInputsNameTheFieldAndTheServerKeepsServing) {
   EXPECT_TRUE(EventuallyIdle(stub_.get()));
 }
 
+// Prompt-cache retention over gRPC: the prompt's full blocks stay retained in GetStats, a
+// repeat of the prompt is a cache hit, and usage reports preemptions and swaps (none here).
+TEST_F(E2eTest, RetainSecondsKeepsThePromptCached) {
+  std::mt19937_64 gen(FreshSeed());
+  std::vector<int32_t> prompt = {256};
+  for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<int32_t>(gen() % 256));  // three full blocks
+  const int64_t before = GetStats(stub_.get()).kv_blocks_retained();
+  v1::GenerateRequest req = IdsRequest(prompt, 3);
+  req.set_retain_seconds(300);
+  Streamed first = Stream(stub_.get(), req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.last.usage().preemptions(), 0);
+  EXPECT_EQ(first.last.usage().swaps(), 0);
+  ASSERT_TRUE(EventuallyIdle(stub_.get()));
+  EXPECT_GE(GetStats(stub_.get()).kv_blocks_retained(), before + 2);
+  Streamed again = Stream(stub_.get(), IdsRequest(prompt, 3));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_GE(again.last.usage().cached_prompt_tokens(), 32);
+  EXPECT_EQ(again.ids, first.ids);
+}
+
 TEST_F(E2eTest, CancellingMidStreamFreesKvBlocks) {
   const v1::Stats before = GetStats(stub_.get());
   grpc::ClientContext ctx;
