@@ -152,12 +152,18 @@ TEST_F(EngineTest, PrefixCacheHitsMatchEachRequestAlone) {
   EXPECT_GT(stats.cached_prompt_tokens, 200) << "shared prefixes must hit the cache";
 }
 
-TEST_F(EngineTest, PreemptionUnderATinyPoolMatchesEachRequestAlone) {
+// A pool of 30 blocks of 4 tokens (120 tokens) for up to 16 sequences: preemption is certain.
+EngineConfig PreemptingConfig() {
   EngineConfig cfg;
   cfg.scheduler.max_tokens_per_step = 64;
   cfg.scheduler.max_num_seqs = 16;
   cfg.block_size = 4;
-  cfg.num_kv_blocks = 30;  // 120 tokens for up to 16 sequences
+  cfg.num_kv_blocks = 30;
+  return cfg;
+}
+
+TEST_F(EngineTest, PreemptionUnderATinyPoolMatchesEachRequestAlone) {
+  EngineConfig cfg = PreemptingConfig();
   auto stats = RunAndCompare(cfg);
   EXPECT_GT(stats.preemptions, 0) << "the pool was meant to be small enough to preempt";
 }
@@ -165,11 +171,7 @@ TEST_F(EngineTest, PreemptionUnderATinyPoolMatchesEachRequestAlone) {
 // Swap-based preemption: a victim's KV (partial last block included) goes to host DDR and
 // comes back when it is readmitted; the output is still each request's output alone.
 TEST_F(EngineTest, SwapPreemptionMatchesEachRequestAlone) {
-  EngineConfig cfg;
-  cfg.scheduler.max_tokens_per_step = 64;
-  cfg.scheduler.max_num_seqs = 16;
-  cfg.block_size = 4;
-  cfg.num_kv_blocks = 30;
+  EngineConfig cfg = PreemptingConfig();
   cfg.kv_tiers.host_bytes = 8ull << 20;
   cfg.kv_tiers.preemption = PreemptionMode::kSwap;
   auto stats = RunAndCompare(cfg);
@@ -185,11 +187,7 @@ TEST_F(EngineTest, SwapPreemptionMatchesEachRequestAlone) {
 // an absurdly fast one swapping does. The outputs are the same either way.
 TEST_F(EngineTest, AutoPreemptionFollowsTheCostModel) {
   for (const double link : {1.0, 1e15}) {
-    EngineConfig cfg;
-    cfg.scheduler.max_tokens_per_step = 64;
-    cfg.scheduler.max_num_seqs = 16;
-    cfg.block_size = 4;
-    cfg.num_kv_blocks = 30;
+    EngineConfig cfg = PreemptingConfig();
     cfg.kv_tiers.host_bytes = 8ull << 20;
     cfg.hardware = *roofline::HardwarePreset("h100-sxm");
     cfg.hardware->host_link_bandwidth = link;
