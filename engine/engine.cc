@@ -112,7 +112,7 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
       price_per_hour_(config.price_per_hour >= 0 ? config.price_per_hour
                                                  : (config.hardware ? config.hardware->price_per_hour : 0.0)),
       kv_(std::move(kv)),
-      pool_(kv_.layout().num_blocks),
+      pool_(kv_.layout().num_blocks, config.parallel.enabled() ? config.parallel.ep : 1),
       fingerprint_(ModelFingerprint(*weights, backend)),
       scheduler_(config.scheduler, &pool_, config.block_size, fingerprint_),
       started_(Clock::now()),
@@ -185,10 +185,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   live->seq.max_total_tokens =
       std::min<int64_t>(live->seq.prompt_len + request.max_tokens, c.max_position_embeddings);
   const int64_t need = (live->seq.max_total_tokens + config_.block_size - 1) / config_.block_size;
-  if (need > num_kv_blocks()) {
+  const int64_t room = pool_.segment_blocks(0);  // the smallest segment (one per EP rank)
+  if (need > room) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt plus max_tokens is ", live->seq.max_total_tokens, " tokens, more than the KV cache holds (",
-        num_kv_blocks() * config_.block_size, " tokens)"));
+        room * config_.block_size, " tokens", pool_.num_segments() > 1 ? " per expert-parallel rank" : "", ")"));
   }
   live->request = std::move(request);
   live->callback = std::move(callback);

@@ -68,12 +68,20 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");
   std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config));
   x->weights_ = weights;
+  x->stage_block_size_ = kv.block_size;
   const int64_t ep = config.ep, pp = config.pp, n = ep * pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
   const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config.placement);
   for (int64_t s = 0; s < pp; ++s) x->ep_comms_.push_back(MakeLocalComms(static_cast<int>(ep)));
   for (int64_t e = 0; e < ep; ++e) x->pp_comms_.push_back(MakeLocalComms(static_cast<int>(pp)));
   const double kv_token_bytes = static_cast<double>(2 * c.kv_dim()) * static_cast<double>(DTypeSize(kv.dtype));
+  if (kv.num_blocks < ep) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep ", ep, " needs at least that many KV blocks, got ", kv.num_blocks));
+  }
+  // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
+  const int64_t seg = kv.num_blocks / ep;
+  for (int64_t e = 0; e < ep; ++e) x->segment_begin_.push_back(e * seg);
+  x->segment_begin_.push_back(kv.num_blocks);
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t e = 0; e < ep; ++e) {
       Rank r;
@@ -108,22 +116,25 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       x->layout_.push_back(l);
       x->ranks_.push_back(std::move(r));
     }
-    // The stage's KV arena: its layers only. Its EP ranks share it (one memory on the CPU
-    // backend); each writes only the blocks of the sequences it owns.
-    KvLayout stage_kv = kv;
-    stage_kv.num_layers = stages[s].second - stages[s].first;
-    auto arena = KvStorage::Create(x->ranks_[s * ep].backend.get(), stage_kv);
-    if (!arena.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat("stage ", s, " KV arena: ", arena.status().message()));
+    // Each rank's KV arena: its stage's layers, its segment's blocks, on its own device.
+    for (int64_t e = 0; e < ep; ++e) {
+      KvLayout rank_kv = kv;
+      rank_kv.num_layers = stages[s].second - stages[s].first;
+      rank_kv.num_blocks = x->segment_begin_[e + 1] - x->segment_begin_[e];
+      auto arena = KvStorage::Create(x->ranks_[s * ep + e].backend.get(), rank_kv);
+      if (!arena.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("rank ", s * ep + e, " KV arena: ", arena.status().message()));
+      }
+      x->rank_kv_.push_back(std::move(*arena));
     }
-    x->stage_kv_.push_back(std::move(*arena));
   }
   return x;
 }
 
 size_t ParallelExecutor::kv_bytes() const {
   size_t b = 0;
-  for (const auto& a : stage_kv_) b += a.bytes();
+  for (const auto& a : rank_kv_) b += a.bytes();
   return b;
 }
 
@@ -169,10 +180,16 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
       SubStep& sub = subs[e][m];
       sub.in.num_seqs = static_cast<int64_t>(to - from);
       sub.in.max_blocks_per_seq = in.max_blocks_per_seq;
+      const int64_t base = segment_begin_[e];  // the rank's arena numbers its segment from 0
+      const int64_t bs = stage_block_size_;
       for (size_t q = from; q < to; ++q) {
         const int64_t j = seqs[q];
-        sub.in.block_tables.insert(sub.in.block_tables.end(), in.block_tables.begin() + j * in.max_blocks_per_seq,
-                                   in.block_tables.begin() + (j + 1) * in.max_blocks_per_seq);
+        // Blocks the sequence's tokens reach, translated; the engine's padding stays 0.
+        const int64_t used = seq_tokens[j].empty() ? 0 : in.positions[seq_tokens[j].back()] / bs + 1;
+        for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
+          const int32_t id = in.block_tables[j * in.max_blocks_per_seq + b];
+          sub.in.block_tables.push_back(b < used ? static_cast<int32_t>(id - base) : 0);
+        }
         for (int64_t i : seq_tokens[j]) {
           if (logit_of_token[i] >= 0) {
             sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
@@ -181,13 +198,13 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
           sub.in.token_ids.push_back(in.token_ids[i]);
           sub.in.positions.push_back(in.positions[i]);
           sub.in.token_seq.push_back(static_cast<int32_t>(q - from));
-          sub.in.slots.push_back(in.slots[i]);
+          sub.in.slots.push_back(in.slots[i] - base * bs);
         }
       }
       // Checked before any rank starts, so that no rank fails halfway through a collective.
       if (sub.in.num_tokens() > 0) {
         for (int64_t s = 0; s < pp; ++s) {
-          RETURN_IF_ERROR(ranks_[s * ep + e].model->Validate(sub.in, stage_kv_[s].layout()));
+          RETURN_IF_ERROR(ranks_[s * ep + e].model->Validate(sub.in, rank_kv_[s * ep + e].layout()));
         }
       }
     }
@@ -216,7 +233,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
       }
       ForwardStats fs;
       if (t > 0 || ep > 1) {  // EP ranks without tokens still join the all-to-alls
-        RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, stage_kv_[s].layout(), stage_kv_[s].data(),
+        RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, rank_kv_[r].layout(), rank_kv_[r].data(),
                                                  s > 0 ? hidden_in.data() : nullptr, &hidden_out, &local_logits,
                                                  &fs));
       } else {

@@ -3,7 +3,8 @@
 //
 //   - Expert parallelism (ep): in every stage, the experts are split over ep ranks (contiguous
 //     or round-robin); each sequence belongs to one EP rank (its id modulo ep), which runs its
-//     attention and keeps its KV; every MoE layer is an all-to-all of hidden states to the
+//     attention and keeps its KV in an arena of its own: the engine's block pool is cut into ep
+//     segments (kvcache/block_pool.h) and rank e's arena holds segment e; every MoE layer is an all-to-all of hidden states to the
 //     experts' owners and back (models/moe_model.h, ModelShard).
 //   - Pipeline stages (pp): the layers are split into pp contiguous stages; each stage keeps KV
 //     for its own layers only. The step's sequences are cut into micro-batches that flow
@@ -69,7 +70,8 @@ class ParallelExecutor {
  public:
   // Each rank copies its shard of `weights` (held on `weights_backend`) onto its own device,
   // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
-  // block count and size); every stage gets an arena of its own layers with the same block ids.
+  // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
+  // gets an arena of its stage's layers for its segment's blocks.
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
@@ -83,7 +85,7 @@ class ParallelExecutor {
   const std::vector<RankLayout>& layout() const { return layout_; }
   // One line per rank: "rank 0: stage 0 layers [0, 2) ep 0 experts 0-3".
   std::string Describe() const;
-  // KV bytes held by the arenas of all stages.
+  // KV bytes held by the arenas of all ranks.
   size_t kv_bytes() const;
   // Bytes in use on each rank's device (weights, KV arena, workspaces), and its capacity.
   std::vector<std::pair<size_t, size_t>> device_bytes() const;
@@ -103,7 +105,9 @@ class ParallelExecutor {
   const ModelWeights* weights_ = nullptr;
   std::vector<RankLayout> layout_;
   std::vector<Rank> ranks_;                    // index = stage * ep + ep_rank
-  std::vector<KvStorage> stage_kv_;            // one arena per stage
+  std::vector<KvStorage> rank_kv_;             // one arena per rank: its layers, its segment
+  std::vector<int64_t> segment_begin_;         // first block id of each EP rank's segment (+ end)
+  int64_t stage_block_size_ = 16;
   std::vector<LocalComms> ep_comms_, pp_comms_;  // per stage, per EP index
 };
 

@@ -46,12 +46,15 @@ Scheduler::Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size
     : config_(config), pool_(pool), block_size_(block_size), fingerprint_(fingerprint) {}
 
 absl::Status Scheduler::Add(Sequence* seq) {
+  // With a segmented pool (expert parallelism) a sequence lives in the segment of its rank.
+  seq->segment = static_cast<int64_t>(seq->id % static_cast<uint64_t>(pool_->num_segments()));
   const int64_t need = BlocksFor(seq->max_total_tokens);
-  if (need > pool_->num_blocks()) {
+  const int64_t room = pool_->segment_blocks(seq->segment);
+  if (need > room) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt plus max_tokens is ", seq->max_total_tokens, " tokens, needing ", need,
-        " KV blocks, but the cache holds ", pool_->num_blocks(), " blocks (",
-        pool_->num_blocks() * block_size_, " tokens)"));
+        " KV blocks, but the cache holds ", room, " blocks (", room * block_size_, " tokens)",
+        pool_->num_segments() > 1 ? " per expert-parallel rank" : ""));
   }
   if (num_waiting() >= config_.max_waiting) {
     return absl::ResourceExhaustedError(
@@ -80,7 +83,7 @@ void Scheduler::Remove(Sequence* seq) {
 bool Scheduler::Grow(Sequence* seq, int64_t tokens) {
   const int64_t need = BlocksFor(tokens) - static_cast<int64_t>(seq->blocks.size());
   if (need <= 0) return true;
-  auto got = pool_->Allocate(need);
+  auto got = pool_->Allocate(need, seq->segment);
   if (!got.ok()) return false;
   seq->blocks.insert(seq->blocks.end(), got->begin(), got->end());
   return true;
@@ -114,7 +117,7 @@ void Scheduler::TakeCachedPrefix(Sequence* seq) {
   // from a lower tier never evicts a later block of the same prefix.
   std::vector<int32_t> resident(max_blocks, -1);
   for (int64_t b = 0; b < max_blocks; ++b) {
-    if (auto block = pool_->Lookup(seq->hashes[b]); block.has_value()) {
+    if (auto block = pool_->Lookup(seq->hashes[b], seq->segment); block.has_value()) {
       pool_->Retain(*block);
       resident[b] = *block;
     }
@@ -170,10 +173,12 @@ bool Scheduler::ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, Sch
     n = *budget;
   }
   while (!Grow(seq, seq->num_computed + n)) {
-    // Victim: the lowest-priority, newest running sequence that has no chunk in this step yet
-    // (a fast-lane sequence admitted this step sits at the back of running_ with its chunk).
+    // Victim: the lowest-priority, newest running sequence of the same pool segment that has no
+    // chunk in this step yet (a fast-lane sequence admitted this step sits at the back of
+    // running_ with its chunk).
     Sequence* victim = nullptr;
     for (auto it = running_.rbegin(); it != running_.rend() && victim == nullptr; ++it) {
+      if ((*it)->segment != seq->segment) continue;
       const bool scheduled = std::any_of(out->chunks.begin(), out->chunks.end(),
                                          [&](const ScheduledChunk& c) { return c.seq == *it; });
       if (!scheduled) victim = *it;

@@ -30,6 +30,7 @@ struct Sequence {
   int64_t cached_prompt_tokens = 0;  // prefix-cache hit at first admission (all tiers)
   int64_t cached_prompt_tokens_ddr = 0, cached_prompt_tokens_flash = 0;  // ... brought back from them
   int64_t promoted_ddr_blocks = 0, promoted_flash_blocks = 0;            // by the last prefix lookup
+  int64_t segment = 0;              // KV pool segment (= expert-parallel rank) holding its blocks
   int64_t preemptions = 0;
   int64_t swaps = 0;                // preemptions that swapped the KV out to DDR
   std::vector<int64_t> swap_slots;  // DDR slots holding the KV while swapped out

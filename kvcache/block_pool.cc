@@ -8,18 +8,28 @@
 
 namespace moeserve {
 
-BlockPool::BlockPool(int64_t num_blocks)
+BlockPool::BlockPool(int64_t num_blocks, int64_t segments)
     : ref_counts_(num_blocks, 0),
       prev_(num_blocks, -1),
       next_(num_blocks, -1),
       in_list_(num_blocks, 0),
       hash_of_(num_blocks),
-      retain_until_(num_blocks, 0.0) {
+      retain_until_(num_blocks, 0.0),
+      segs_(std::max<int64_t>(1, std::min(segments, num_blocks))),
+      seg_size_(std::max<int64_t>(1, num_blocks / static_cast<int64_t>(segs_.size()))) {
   for (int32_t b = 0; b < num_blocks; ++b) {
-    PushBack(free_, b);
+    Segment& sg = segs_[segment_of(b)];
+    PushBack(sg.free, b);
+    ++sg.free_count;
     in_list_[b] = 1;
   }
   num_free_ = num_blocks;
+}
+
+BlockHash BlockPool::KeyOf(const BlockHash& hash, int64_t segment) {
+  if (segment == 0) return hash;
+  return BlockHash{hash.lo ^ (static_cast<uint64_t>(segment) * 0x9e3779b97f4a7c15ull),
+                   hash.hi + static_cast<uint64_t>(segment)};
 }
 
 void BlockPool::PushBack(List& l, int32_t b) {
@@ -42,29 +52,35 @@ int32_t BlockPool::PopFront(List& l) {
   return b;
 }
 
-absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n) {
-  if (n > num_available()) {
-    return absl::ResourceExhaustedError(absl::StrCat("KV pool: need ", n, " blocks, ", num_available(),
-                                                     " of ", num_blocks(), " available"));
+absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n, int64_t segment) {
+  MS_CHECK(segment >= 0 && segment < num_segments());
+  Segment& sg = segs_[segment];
+  if (n > num_available(segment)) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV pool: need ", n, " blocks, ", num_available(segment), " of ",
+                                                     segment_blocks(segment), " available",
+                                                     num_segments() > 1 ? absl::StrCat(" in segment ", segment) : ""));
   }
   std::vector<int32_t> out(n);
   for (auto& b : out) {
-    if (num_free_ > 0) {
-      b = PopFront(free_);
+    if (sg.free_count > 0) {
+      b = PopFront(sg.free);
+      --sg.free_count;
       --num_free_;
     } else {
       // Evict the least recently released cached block; a retained one only when no ordinary
       // cached block is left (the sequences running now must not starve).
-      if (cached_.head >= 0) {
-        b = PopFront(cached_);
+      if (sg.cached.head >= 0) {
+        b = PopFront(sg.cached);
       } else {
-        b = PopFront(retained_);
+        b = PopFront(sg.retained);
+        --sg.retained_count;
         --num_retained_;
       }
+      --sg.cached_count;
       --num_cached_;
       ++evictions_;
       if (on_evict_) on_evict_(b, *hash_of_[b]);
-      index_.erase(*hash_of_[b]);
+      index_.erase(KeyOf(*hash_of_[b], segment));
       hash_of_[b].reset();
     }
     in_list_[b] = 0;
@@ -78,13 +94,16 @@ void BlockPool::Retain(int32_t block) {
   MS_CHECK(block >= 0 && block < num_blocks());
   if (ref_counts_[block] == 0) {
     MS_CHECK(in_list_[block] == 2 || in_list_[block] == 3);  // only cached blocks can be taken back
+    Segment& sg = segs_[segment_of(block)];
     if (in_list_[block] == 3) {
-      Unlink(retained_, block);
+      Unlink(sg.retained, block);
+      --sg.retained_count;
       --num_retained_;
     } else {
-      Unlink(cached_, block);
+      Unlink(sg.cached, block);
     }
     in_list_[block] = 0;
+    --sg.cached_count;
     --num_cached_;
   }
   ++ref_counts_[block];
@@ -96,21 +115,26 @@ void BlockPool::Release(int32_t block) {
   if (hash_of_[block].has_value()) {
     Park(block);
   } else {
-    PushBack(free_, block);
+    Segment& sg = segs_[segment_of(block)];
+    PushBack(sg.free, block);
     in_list_[block] = 1;
+    ++sg.free_count;
     ++num_free_;
   }
 }
 
 void BlockPool::Park(int32_t b) {
+  Segment& sg = segs_[segment_of(b)];
+  ++sg.cached_count;
   ++num_cached_;
   if (retain_until_[b] > now_) {
-    PushBack(retained_, b);
+    PushBack(sg.retained, b);
     in_list_[b] = 3;
+    ++sg.retained_count;
     ++num_retained_;
     next_expiry_ = num_retained_ == 1 ? retain_until_[b] : std::min(next_expiry_, retain_until_[b]);
   } else {
-    PushBack(cached_, b);
+    PushBack(sg.cached, b);
     in_list_[b] = 2;
   }
 }
@@ -121,7 +145,9 @@ void BlockPool::SetRetention(int32_t block, double until) {
   if (!hash_of_[block].has_value() || until <= retain_until_[block]) return;
   retain_until_[block] = until;
   if (in_list_[block] == 2 && until > now_) {
-    Unlink(cached_, block);
+    Segment& sg = segs_[segment_of(block)];
+    Unlink(sg.cached, block);
+    --sg.cached_count;
     --num_cached_;
     Park(block);
   }
@@ -132,20 +158,23 @@ void BlockPool::AdvanceClock(double now) {
   if (num_retained_ == 0 || now < next_expiry_) return;
   // Expired blocks go to the front of the LRU: the first ordinary candidates for eviction.
   double next = 0;
-  for (int32_t b = retained_.tail; b >= 0;) {
-    const int32_t prev = prev_[b];
-    if (retain_until_[b] <= now) {
-      Unlink(retained_, b);
-      --num_retained_;
-      prev_[b] = -1;
-      next_[b] = cached_.head;
-      if (cached_.head >= 0) prev_[cached_.head] = b; else cached_.tail = b;
-      cached_.head = b;
-      in_list_[b] = 2;
-    } else {
-      next = next == 0 ? retain_until_[b] : std::min(next, retain_until_[b]);
+  for (Segment& sg : segs_) {
+    for (int32_t b = sg.retained.tail; b >= 0;) {
+      const int32_t prev = prev_[b];
+      if (retain_until_[b] <= now) {
+        Unlink(sg.retained, b);
+        --sg.retained_count;
+        --num_retained_;
+        prev_[b] = -1;
+        next_[b] = sg.cached.head;
+        if (sg.cached.head >= 0) prev_[sg.cached.head] = b; else sg.cached.tail = b;
+        sg.cached.head = b;
+        in_list_[b] = 2;
+      } else {
+        next = next == 0 ? retain_until_[b] : std::min(next, retain_until_[b]);
+      }
+      b = prev;
     }
-    b = prev;
   }
   next_expiry_ = next;
 }
@@ -156,19 +185,21 @@ void BlockPool::Release(const std::vector<int32_t>& blocks) {
 
 void BlockPool::Register(int32_t block, const BlockHash& hash) {
   MS_CHECK(block >= 0 && block < num_blocks() && ref_counts_[block] > 0);
-  if (hash_of_[block].has_value() || index_.count(hash)) return;
+  const BlockHash key = KeyOf(hash, segment_of(block));
+  if (hash_of_[block].has_value() || index_.count(key)) return;
   hash_of_[block] = hash;
-  index_[hash] = block;
+  index_[key] = block;
 }
 
-std::optional<int32_t> BlockPool::Lookup(const BlockHash& hash) const {
-  auto it = index_.find(hash);
+std::optional<int32_t> BlockPool::Lookup(const BlockHash& hash, int64_t segment) const {
+  auto it = index_.find(KeyOf(hash, segment));
   if (it == index_.end()) return std::nullopt;
   return it->second;
 }
 
 bool BlockPool::CheckInvariants() const {
   int64_t free = 0, cached = 0, retained = 0;
+  std::vector<int64_t> seg_free(segs_.size(), 0), seg_cached(segs_.size(), 0), seg_retained(segs_.size(), 0);
   for (int32_t b = 0; b < num_blocks(); ++b) {
     const bool has_hash = hash_of_[b].has_value();
     if (ref_counts_[b] < 0) return false;
@@ -178,26 +209,35 @@ bool BlockPool::CheckInvariants() const {
     if (in_list_[b] >= 2 && !has_hash) return false;
     if (in_list_[b] == 3 && retain_until_[b] <= 0) return false;
     if (has_hash) {
-      auto it = index_.find(*hash_of_[b]);
+      auto it = index_.find(KeyOf(*hash_of_[b], segment_of(b)));
       if (it == index_.end() || it->second != b) return false;
     }
+    const int64_t s = segment_of(b);
     free += in_list_[b] == 1;
     cached += in_list_[b] >= 2;
     retained += in_list_[b] == 3;
+    seg_free[s] += in_list_[b] == 1;
+    seg_cached[s] += in_list_[b] >= 2;
+    seg_retained[s] += in_list_[b] == 3;
   }
-  // Walk both lists to check their links.
   int64_t walked = 0;
-  for (const List* l : {&free_, &cached_, &retained_}) {  // back links agree with forward links
-    int32_t prev = -1;
-    for (int32_t b = l->head; b >= 0; b = next_[b]) {
-      if (prev_[b] != prev) return false;
-      prev = b;
+  for (size_t s = 0; s < segs_.size(); ++s) {
+    const Segment& sg = segs_[s];
+    if (sg.free_count != seg_free[s] || sg.cached_count != seg_cached[s] || sg.retained_count != seg_retained[s]) {
+      return false;
     }
-    if (l->tail != prev) return false;
+    const std::pair<const List*, uint8_t> lists[] = {{&sg.free, 1}, {&sg.cached, 2}, {&sg.retained, 3}};
+    for (auto [l, state] : lists) {
+      int32_t prev = -1;
+      for (int32_t b = l->head; b >= 0; b = next_[b]) {
+        // Every block on a list is in that state, in this segment, with back links that agree.
+        if (in_list_[b] != state || segment_of(b) != static_cast<int64_t>(s) || prev_[b] != prev) return false;
+        prev = b;
+        ++walked;
+      }
+      if (l->tail != prev) return false;
+    }
   }
-  for (int32_t b = free_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 1 ? 1 : 1000000;
-  for (int32_t b = cached_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 2 ? 1 : 1000000;
-  for (int32_t b = retained_.head; b >= 0; b = next_[b]) walked += in_list_[b] == 3 ? 1 : 1000000;
   return free == num_free_ && cached == num_cached_ && retained == num_retained_ && walked == free + cached &&
          static_cast<int64_t>(index_.size()) >= cached;
 }

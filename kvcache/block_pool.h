@@ -9,8 +9,13 @@
 //              no ordinary cached block is left, and an ordinary cached block once expired;
 //   in use   - reference count > 0 (shared prefix blocks have counts above one).
 // Allocation takes free blocks first, then evicts cached ones.
+//
+// A pool may be cut into segments of consecutive block ids (one per expert-parallel rank, whose
+// device holds those blocks): every list, count and prefix-cache entry is per segment, an
+// allocation takes blocks of one segment, and a lookup finds only that segment's blocks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -24,20 +29,28 @@ namespace moeserve {
 
 class BlockPool {
  public:
-  explicit BlockPool(int64_t num_blocks);
+  explicit BlockPool(int64_t num_blocks, int64_t segments = 1);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
-  // Blocks an allocation can take now: free plus cached.
+  int64_t num_segments() const { return static_cast<int64_t>(segs_.size()); }
+  // Segment s holds blocks [segment_begin(s), segment_begin(s + 1)).
+  int64_t segment_begin(int64_t s) const { return s * seg_size_; }
+  int64_t segment_blocks(int64_t s) const {
+    return s + 1 == num_segments() ? num_blocks() - s * seg_size_ : seg_size_;
+  }
+  int64_t segment_of(int32_t block) const { return std::min<int64_t>(block / seg_size_, num_segments() - 1); }
+  // Blocks an allocation can take now: free plus cached (all segments, or one).
   int64_t num_available() const { return num_free_ + num_cached_; }
+  int64_t num_available(int64_t segment) const { return segs_[segment].free_count + segs_[segment].cached_count; }
   int64_t num_free() const { return num_free_; }
   int64_t num_cached() const { return num_cached_; }  // retained included
   int64_t num_retained() const { return num_retained_; }
   int64_t num_used() const { return num_blocks() - num_available(); }
   int64_t evictions() const { return evictions_; }
 
-  // Takes `n` blocks (reference count 1 each), or none: RESOURCE_EXHAUSTED when fewer than
-  // `n` are available.
-  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n);
+  // Takes `n` blocks of `segment` (reference count 1 each), or none: RESOURCE_EXHAUSTED when
+  // fewer than `n` are available there.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n, int64_t segment = 0);
   // Adds a reference to an in-use or cached block (a prefix hit takes a cached block back).
   void Retain(int32_t block);
   // Drops one reference; at zero the block becomes cached when it has a hash, else free.
@@ -49,10 +62,11 @@ class BlockPool {
   using EvictionObserver = std::function<void(int32_t block, const BlockHash& hash)>;
   void SetEvictionObserver(EvictionObserver observer) { on_evict_ = std::move(observer); }
 
-  // Indexes an in-use full block under `hash`, unless that hash already names another block.
+  // Indexes an in-use full block under `hash`, unless that hash already names another block of
+  // its segment.
   void Register(int32_t block, const BlockHash& hash);
-  // The block holding `hash`, if cached or in use.
-  std::optional<int32_t> Lookup(const BlockHash& hash) const;
+  // The block of `segment` holding `hash`, if cached or in use.
+  std::optional<int32_t> Lookup(const BlockHash& hash, int64_t segment = 0) const;
 
   // Retention: keeps `block` (in use or cached, with a hash) in preference to ordinary cached
   // blocks until `until` (seconds on the caller's clock; a later deadline wins).
@@ -71,9 +85,15 @@ class BlockPool {
   struct List {
     int32_t head = -1, tail = -1;
   };
+  struct Segment {
+    List free, cached, retained;
+    int64_t free_count = 0, cached_count = 0, retained_count = 0;  // cached includes retained
+  };
   void PushBack(List& l, int32_t b);
   void Unlink(List& l, int32_t b);
   int32_t PopFront(List& l);
+  // The prefix-cache key of `hash` in `segment` (the hash itself in segment 0).
+  static BlockHash KeyOf(const BlockHash& hash, int64_t segment);
 
   std::vector<int32_t> ref_counts_;
   std::vector<int32_t> prev_, next_;
@@ -85,7 +105,8 @@ class BlockPool {
   std::vector<double> retain_until_;  // 0: not retained
   double now_ = 0, next_expiry_ = 0;
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
-  List free_, cached_, retained_;
+  std::vector<Segment> segs_;
+  int64_t seg_size_ = 1;
   EvictionObserver on_evict_;
   int64_t num_free_ = 0, num_cached_ = 0, num_retained_ = 0, evictions_ = 0;
 };

@@ -154,11 +154,6 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
         absl::StrCat("--expert-placement must be contiguous or round-robin, got '", f.expert_placement, "'"));
   }
   if (c.parallel.enabled() && f.backend == "cuda") {
-    if (f.ep > 1) {
-      // The EP ranks of a stage share one KV arena (and prefix-cache blocks across ranks), which
-      // is one memory on the CPU but would span GPUs: per-rank block pools are not built.
-      return absl::InvalidArgumentError("--backend cuda runs --pp stages but not --ep > 1 yet (per-rank KV pools)");
-    }
 #if MOESERVE_HAVE_CUDA
     // Each rank: a GPU of its own (rank r on GPU --device + r); the ranks exchange hidden states
     // through host memory (the in-process communicator), not NCCL.

@@ -45,6 +45,40 @@ ParallelConfig ToConfig(const Layout& l) {
   return p;
 }
 
+// A step of prefills, sequence j (id j) of lens[j] tokens, with its blocks inside the pool
+// segment of its EP rank (j mod ep) as the engine's scheduler allocates them, and logit rows at
+// each sequence's last token (and a third-to-last one when it has more than 3).
+ForwardInput MakeStep(const ModelConfig& c, int64_t num_blocks, int64_t block, int64_t ep,
+                      const std::vector<int64_t>& lens, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int64_t> next(ep);
+  for (int64_t e = 0; e < ep; ++e) next[e] = e * (num_blocks / ep);
+  ForwardInput in;
+  in.num_seqs = static_cast<int64_t>(lens.size());
+  for (int64_t len : lens) in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, (len + block - 1) / block);
+  for (int64_t j = 0; j < in.num_seqs; ++j) {
+    const int64_t len = lens[j], need = (len + block - 1) / block;
+    const int64_t base = next[j % ep];
+    next[j % ep] += need;
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b < need ? static_cast<int32_t>(base + b) : 0);
+    for (int64_t p = 0; p < len; ++p) {
+      in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.token_seq.push_back(static_cast<int32_t>(j));
+      in.slots.push_back((base + p / block) * block + p % block);
+    }
+    if (len > 3) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 3));
+    in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+  }
+  return in;
+}
+
+std::vector<uint64_t> Ids(size_t n) {
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
 // A model with 3 layers (uneven over 2 stages), 8 experts and a shared expert.
 ModelConfig WideConfig() {
   ModelConfig c = *PresetConfig("tiny");
@@ -73,41 +107,25 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
   std::mt19937 gen(seed_);
   const int64_t block = 8, blocks = 64;
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
-  ForwardInput in;
-  in.num_seqs = 5;
-  in.max_blocks_per_seq = 6;
-  std::vector<uint64_t> ids;
-  int32_t next_block = 0;
-  for (int64_t j = 0; j < in.num_seqs; ++j) {
-    ids.push_back(gen() % 1000);
-    const int64_t len = 1 + gen() % 40;
-    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(next_block + b);
-    for (int64_t p = 0; p < len; ++p) {
-      in.token_ids.push_back(static_cast<int32_t>(gen() % config_.vocab_size));
-      in.positions.push_back(static_cast<int32_t>(p));
-      in.token_seq.push_back(static_cast<int32_t>(j));
-      in.slots.push_back(static_cast<int64_t>(next_block + p / block) * block + p % block);
-    }
-    in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
-    if (len > 3) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 3));
-    next_block += static_cast<int32_t>(in.max_blocks_per_seq);
-  }
-  std::sort(in.logit_rows.begin(), in.logit_rows.end());
-  auto kv = KvStorage::Create(&backend_, layout);
-  ASSERT_TRUE(kv.ok());
-  MoeModel one(weights_.get(), &backend_);
-  std::vector<float> want;
-  ForwardStats one_stats;
-  ASSERT_TRUE(one.Forward(in, layout, kv->data(), &want, &one_stats).ok());
-
+  std::vector<int64_t> lens(5);
+  for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
   for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin},
                                              {2, 2, ExpertPlacement::kContiguous, 3}}) {
+    // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
+    // one rank on the same step.
+    const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
+    auto kv = KvStorage::Create(&backend_, layout);
+    ASSERT_TRUE(kv.ok());
+    MoeModel one(weights_.get(), &backend_);
+    std::vector<float> want;
+    ASSERT_TRUE(one.Forward(in, layout, kv->data(), &want).ok());
     auto x = ParallelExecutor::Create(ToConfig(l), weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
     std::vector<float> got;
     ForwardStats fs;
     ParallelStepStats ps;
-    ASSERT_TRUE((*x)->Forward(in, ids, &got, &fs, &ps).ok()) << Name(l);
+    const absl::Status st = (*x)->Forward(in, Ids(lens.size()), &got, &fs, &ps);
+    ASSERT_TRUE(st.ok()) << Name(l) << ": " << st;
     ASSERT_EQ(got.size(), want.size());
     double max_abs = 0, max_ref = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -236,25 +254,6 @@ TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
 // the step returns the error, and the next step runs normally with the same output as one rank.
 TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
   const KvLayout layout = KvLayoutFor(config_, 64, 8, DType::kF32);
-  auto make_input = [&](int64_t seqs, int64_t len) {
-    ForwardInput in;
-    in.num_seqs = seqs;
-    in.max_blocks_per_seq = (len + 7) / 8;
-    std::mt19937 gen(seed_ + static_cast<uint32_t>(seqs));
-    for (int64_t j = 0; j < seqs; ++j) {
-      for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
-        in.block_tables.push_back(static_cast<int32_t>(j * in.max_blocks_per_seq + b));
-      }
-      for (int64_t p = 0; p < len; ++p) {
-        in.token_ids.push_back(static_cast<int32_t>(gen() % config_.vocab_size));
-        in.positions.push_back(static_cast<int32_t>(p));
-        in.token_seq.push_back(static_cast<int32_t>(j));
-        in.slots.push_back((j * in.max_blocks_per_seq + p / 8) * 8 + p % 8);
-      }
-      in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
-    }
-    return in;
-  };
   // Capacity: what each rank needs at rest plus a little, too little for a 480-token step.
   size_t at_rest = 0;
   {
@@ -272,13 +271,13 @@ TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
                                     });
   ASSERT_TRUE(x.ok()) << x.status();
   std::vector<float> logits;
-  const ForwardInput big = make_input(4, 120);
-  const absl::Status failed = (*x)->Forward(big, {0, 1, 2, 3}, &logits, nullptr, nullptr);
+  const ForwardInput big = MakeStep(config_, 64, 8, 2, {120, 120, 120, 120}, seed_);
+  const absl::Status failed = (*x)->Forward(big, Ids(4), &logits, nullptr, nullptr);
   EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
   EXPECT_NE(std::string(failed.message()).find("rank "), std::string::npos) << failed;
   // The next step is unaffected: no stale hand-off, no barrier out of step.
-  const ForwardInput small = make_input(2, 5);
-  const absl::Status next = (*x)->Forward(small, {0, 1}, &logits, nullptr, nullptr);
+  const ForwardInput small = MakeStep(config_, 64, 8, 2, {5, 5}, seed_ + 1);
+  const absl::Status next = (*x)->Forward(small, Ids(2), &logits, nullptr, nullptr);
   ASSERT_TRUE(next.ok()) << next;
   auto kv = KvStorage::Create(&backend_, layout);
   MoeModel one(weights_.get(), &backend_);

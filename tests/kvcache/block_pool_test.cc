@@ -104,5 +104,38 @@ TEST(BlockPoolTest, RetentionOutlivesPressureUntilItExpires) {
   EXPECT_TRUE(pool.CheckInvariants());
 }
 
+// Segments (one per expert-parallel rank): allocations stay inside their segment, a full segment
+// does not borrow from another, and the prefix cache answers per segment.
+TEST(BlockPoolTest, SegmentsKeepTheirBlocksAndPrefixesApart) {
+  BlockPool pool(10, 3);  // segments of 3, 3 and 4 blocks
+  EXPECT_EQ(pool.segment_blocks(0), 3);
+  EXPECT_EQ(pool.segment_blocks(2), 4);
+  auto a = pool.Allocate(3, 1);
+  ASSERT_TRUE(a.ok());
+  for (int32_t b : *a) EXPECT_EQ(pool.segment_of(b), 1) << b;
+  EXPECT_EQ(pool.Allocate(1, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.num_available(0), 3);
+  auto c = pool.Allocate(4, 2);
+  ASSERT_TRUE(c.ok());
+  for (int32_t b : *c) EXPECT_EQ(pool.segment_of(b), 2) << b;
+  // The same hash registered in two segments names two blocks; each lookup finds its own.
+  pool.Register((*a)[0], HashOf(7));
+  pool.Register((*c)[0], HashOf(7));
+  EXPECT_EQ(pool.Lookup(HashOf(7), 1), (*a)[0]);
+  EXPECT_EQ(pool.Lookup(HashOf(7), 2), (*c)[0]);
+  EXPECT_FALSE(pool.Lookup(HashOf(7), 0).has_value());
+  pool.Release(*a);
+  // Segment 1 evicts its own cached block for a new allocation; segment 2's copy stays.
+  auto d = pool.Allocate(3, 1);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(pool.Lookup(HashOf(7), 1).has_value());
+  EXPECT_EQ(pool.Lookup(HashOf(7), 2), (*c)[0]);
+  EXPECT_TRUE(pool.CheckInvariants());
+  pool.Release(*c);
+  pool.Release(*d);
+  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_TRUE(pool.CheckInvariants());
+}
+
 }  // namespace
 }  // namespace moeserve
