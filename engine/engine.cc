@@ -329,11 +329,11 @@ absl::StatusOr<bool> Engine::Step() {
   }
   in.block_tables.assign(in.num_seqs * in.max_blocks_per_seq, 0);
   int64_t context_tokens = 0;
-  std::vector<uint64_t> seq_ids;
+  std::vector<uint64_t> seq_ranks;  // EP rank of each sequence: its pool segment
   for (size_t j = 0; j < out.chunks.size(); ++j) {
     const ScheduledChunk& ch = out.chunks[j];
     const Sequence& s = *ch.seq;
-    seq_ids.push_back(s.id);
+    seq_ranks.push_back(static_cast<uint64_t>(s.segment));
     std::copy(s.blocks.begin(), s.blocks.end(), in.block_tables.begin() + j * in.max_blocks_per_seq);
     for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
       in.token_ids.push_back(s.tokens[p]);
@@ -349,7 +349,7 @@ absl::StatusOr<bool> Engine::Step() {
   const double schedule_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ForwardStats fstats;
   ParallelStepStats pstats;
-  absl::Status s = executor_ != nullptr ? executor_->Forward(in, seq_ids, &logits_, &fstats, &pstats)
+  absl::Status s = executor_ != nullptr ? executor_->Forward(in, seq_ranks, &logits_, &fstats, &pstats)
                                         : model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
   if (!s.ok()) {
     // Fail the requests of this step; the engine and everyone else keep going.

@@ -155,12 +155,12 @@ std::string ParallelExecutor::Describe() const {
   return absl::StrJoin(lines, "\n");
 }
 
-absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ids,
+absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks,
                                        std::vector<float>* logits, ForwardStats* stats, ParallelStepStats* pstats) {
   const ModelConfig& c = weights_->config();
   const int64_t ep = config_.ep, pp = config_.pp;
-  if (static_cast<int64_t>(seq_ids.size()) != in.num_seqs) {
-    return absl::InvalidArgumentError("parallel forward: one sequence id per sequence is needed");
+  if (static_cast<int64_t>(seq_ranks.size()) != in.num_seqs) {
+    return absl::InvalidArgumentError("parallel forward: one EP rank per sequence is needed");
   }
   const int64_t micro = pp == 1 ? 1 : (config_.micro_batches > 0 ? config_.micro_batches : pp);
 
@@ -171,7 +171,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
   for (size_t r = 0; r < in.logit_rows.size(); ++r) logit_of_token[in.logit_rows[r]] = static_cast<int64_t>(r);
   // Sequences of each EP rank, cut into micro-batches of consecutive sequences.
   std::vector<std::vector<int64_t>> rank_seqs(ep);
-  for (int64_t j = 0; j < in.num_seqs; ++j) rank_seqs[seq_ids[j] % ep].push_back(j);
+  for (int64_t j = 0; j < in.num_seqs; ++j) rank_seqs[seq_ranks[j] % ep].push_back(j);
   std::vector<std::vector<SubStep>> subs(ep, std::vector<SubStep>(micro));
   for (int64_t e = 0; e < ep; ++e) {
     const auto& seqs = rank_seqs[e];

@@ -2,7 +2,7 @@
 // device (on the CPU backend: a Backend of its own with its share of the cores).
 //
 //   - Expert parallelism (ep): in every stage, the experts are split over ep ranks (contiguous
-//     or round-robin); each sequence belongs to one EP rank (its id modulo ep), which runs its
+//     or round-robin); each sequence belongs to one EP rank (its pool segment), which runs its
 //     attention and keeps its KV in an arena of its own: the engine's block pool is cut into ep
 //     segments (kvcache/block_pool.h) and rank e's arena holds segment e; every MoE layer is an all-to-all of hidden states to the
 //     experts' owners and back (models/moe_model.h, ModelShard).
@@ -77,8 +77,9 @@ class ParallelExecutor {
                                                                   Backend* weights_backend, const KvLayout& kv,
                                                                   const BackendFactory& backends);
 
-  // One step. `seq_ids` ([in.num_seqs]) keep each sequence on one EP rank across steps.
-  absl::Status Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ids, std::vector<float>* logits,
+  // One step. `seq_ranks` ([in.num_seqs], taken modulo ep): the EP rank of each sequence, the
+  // segment of the block pool its blocks come from.
+  absl::Status Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, std::vector<float>* logits,
                        ForwardStats* stats, ParallelStepStats* pstats);
 
   const ParallelConfig& config() const { return config_; }

@@ -47,7 +47,14 @@ Scheduler::Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size
 
 absl::Status Scheduler::Add(Sequence* seq) {
   // With a segmented pool (expert parallelism) a sequence lives in the segment of its rank.
-  seq->segment = static_cast<int64_t>(seq->id % static_cast<uint64_t>(pool_->num_segments()));
+  // Prompts that share their first block go to the same rank, so that they share its prefix
+  // cache (cache-aware placement); shorter prompts are spread by id.
+  const uint64_t segments = static_cast<uint64_t>(pool_->num_segments());
+  seq->segment = static_cast<int64_t>(seq->id % segments);
+  if (segments > 1 && seq->prompt_len >= block_size_) {
+    const BlockHash first = HashBlock(BlockHash{}, std::span<const int32_t>(seq->tokens.data(), block_size_), fingerprint_);
+    seq->segment = static_cast<int64_t>(first.lo % segments);
+  }
   const int64_t need = BlocksFor(seq->max_total_tokens);
   const int64_t room = pool_->segment_blocks(seq->segment);
   if (need > room) {

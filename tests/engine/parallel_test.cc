@@ -286,6 +286,34 @@ TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
   EXPECT_EQ(logits, want);
 }
 
+// Cache-aware placement: requests that share their first KV block go to the same EP rank, so a
+// later one hits the prefix the earlier one left in that rank's pool segment.
+TEST_P(ParallelTest, SharedPrefixesMeetOnOneRankAndHitItsCache) {
+  EngineConfig ec;
+  ec.num_kv_blocks = 64;
+  ec.block_size = 8;
+  ec.parallel = ToConfig({2, 1});
+  ec.rank_backends = CpuRanks();
+  auto e = Engine::Create(ec, weights_.get(), &backend_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::mt19937 gen(seed_);
+  std::vector<int32_t> prefix(24);
+  for (auto& t : prefix) t = static_cast<int32_t>(gen() % 256);
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r;
+    r.prompt = prefix;
+    r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+    r.max_tokens = 2;
+    RequestEvent last;
+    ASSERT_TRUE((*e)->Submit(r, [&](const RequestEvent& ev) {
+                      if (ev.finished) last = ev;
+                    }).ok());
+    ASSERT_TRUE((*e)->RunUntilIdle().ok());
+    EXPECT_EQ(last.usage.cached_prompt_tokens, i == 0 ? 0 : 24) << "request " << i;
+  }
+  EXPECT_TRUE((*e)->CheckAccounting());
+}
+
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   const ModelConfig c = *PresetConfig("tiny");
   ParallelConfig p;
