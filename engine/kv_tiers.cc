@@ -36,7 +36,11 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   std::unique_ptr<KvTiers> t(new KvTiers(config, pool, kv, backend));
   const KvLayout& layout = kv->layout();
   if (!config.flash_dir.empty()) {
-    auto flash = FlashStore::Open({config.flash_dir, config.flash_bytes, fingerprint, clock});
+    FlashStoreOptions fo{config.flash_dir, config.flash_bytes, fingerprint, clock};
+    fo.expect_layers = static_cast<uint32_t>(layout.num_layers);
+    fo.expect_block_tokens = static_cast<uint32_t>(layout.block_size);
+    fo.expect_dtype = static_cast<int>(layout.dtype);
+    auto flash = FlashStore::Open(fo);
     if (!flash.ok()) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: ", flash.status().message()));
     t->flash_ = std::move(*flash);
   }

@@ -134,7 +134,7 @@ absl::Status FlashStore::Scan() {
       ++(h.status().code() == absl::StatusCode::kDataLoss ? stats_.dropped_corrupt : stats_.dropped_foreign);
       continue;
     }
-    if (h->model_fingerprint != options_.model_fingerprint) {
+    if (h->model_fingerprint != options_.model_fingerprint || !options_.ShapeMatches(*h)) {
       fs::remove(entry.path(), ec);
       ++stats_.dropped_foreign;
       continue;
@@ -282,7 +282,7 @@ absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes, dou
   if (h->model_fingerprint != options_.model_fingerprint || !(h->block_hash == hash)) {
     return drop(&stats_.dropped_foreign, "another model or block");
   }
-  if (h->payload_bytes != bytes) return drop(&stats_.dropped_foreign, "another block shape");
+  if (h->payload_bytes != bytes || !options_.ShapeMatches(*h)) return drop(&stats_.dropped_foreign, "another block shape");
   if (!f.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes)) || f.peek() != EOF) {
     return drop(&stats_.dropped_truncated, "length differs from the header");
   }

@@ -46,6 +46,17 @@ struct FlashStoreOptions {
   uint64_t budget_bytes = 0;   // files (headers included) never exceed this in total
   uint64_t model_fingerprint = 0;
   WallClock clock = WallSeconds;  // for retention deadlines
+  // The block shape this store's user writes; records of another shape (KV dtype, tokens per
+  // block, layer count) are foreign. 0 / -1: not checked.
+  uint32_t expect_layers = 0;
+  uint32_t expect_block_tokens = 0;
+  int expect_dtype = -1;
+  // Whether a decoded header describes a block of the expected shape.
+  bool ShapeMatches(const FlashRecordHeader& h) const {
+    return (expect_layers == 0 || (h.layer_begin == 0 && h.layer_end == expect_layers)) &&
+           (expect_block_tokens == 0 || h.block_tokens == expect_block_tokens) &&
+           (expect_dtype < 0 || h.dtype == static_cast<uint32_t>(expect_dtype));
+  }
 };
 
 struct FlashStoreStats {

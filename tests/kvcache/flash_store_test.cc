@@ -200,6 +200,29 @@ TEST(FlashStoreTest, AWriterKilledMidWriteLeavesNothingCorrupt) {
   fs::remove_all(dir);
 }
 
+// A record of another block shape (KV dtype, tokens per block, layer count) is foreign, at open
+// and on read, even when its payload happens to have the expected length.
+TEST(FlashStoreTest, RecordsOfAnotherBlockShapeAreForeign) {
+  const std::string dir = FreshDir("shape");
+  const size_t bytes = 2048;
+  {
+    auto s = OpenStore(dir, 1 << 20);
+    Write(s.get(), 1, bytes);  // 4 layers, bf16, 16 tokens
+    const auto p = PayloadOf(2, bytes);
+    ASSERT_TRUE(s->Put(HashOf(2), 0, 4, DType::kF32, 8, p.data(), p.size()).ok());  // same bytes, other shape
+  }
+  FlashStoreOptions o{dir, 1 << 20, kFingerprint};
+  o.expect_layers = 4;
+  o.expect_block_tokens = 16;
+  o.expect_dtype = static_cast<int>(DType::kBF16);
+  auto s = FlashStore::Open(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->stats().dropped_foreign, 1);
+  EXPECT_TRUE(ReadsBack(s->get(), 1, bytes));
+  EXPECT_FALSE((*s)->Contains(HashOf(2)));
+  fs::remove_all(dir);
+}
+
 // Retention: retained records outlive LRU pressure within the budget; once only retained ones
 // are left, an ordinary write is refused (and counted) while a retained one still gets in;
 // deadlines survive a restart (they are in the header) and expire into ordinary records.
