@@ -56,6 +56,13 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     st->set_weight_bytes(r.weight_bytes);
     st->set_kv_read_bytes(r.kv_read_bytes);
     st->set_flops(r.flops);
+    st->set_comm_ms(r.comm_seconds * 1e3);
+    st->set_comm_bytes(r.comm_bytes_observed);
+    st->set_predicted_comm_ms(r.predicted_comm_seconds * 1e3);
+    st->set_expert_imbalance(r.expert_imbalance);
+    st->set_rank_imbalance(r.rank_imbalance);
+    for (int64_t t : r.expert_tokens) st->add_expert_tokens(t);
+    st->set_transfer_bytes(r.transfer_bytes);
   }
   out->set_kv_blocks_total(s.kv_blocks_total);
   out->set_kv_blocks_used(s.kv_blocks_used);

@@ -532,6 +532,15 @@ TEST(E2eServerFlagsTest, ExpertParallelPipelineServerMatchesOneRank) {
     EXPECT_EQ(g.ids, expected);
   }
   EXPECT_TRUE(EventuallyIdle(stub.get()));
+  // The steps carry the communication they did and the experts' loads.
+  const v1::Stats stats = GetStats(stub.get());
+  int64_t comm = 0, rows = 0;
+  for (const auto& st : stats.recent_steps()) {
+    comm += st.comm_bytes();
+    for (int64_t t : st.expert_tokens()) rows += t;
+  }
+  EXPECT_GT(comm, 0);
+  EXPECT_GT(rows, 0);
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
   // A layout the model cannot take is refused at start with the limit named.
   EXPECT_NE(RunCommand({"bench", "--preset", "tiny", "--ep", "9", "--num-requests", "1"}, &out, &err), 0);
