@@ -38,10 +38,7 @@ void LocalGroup::Abort() {
   }
 }
 
-bool LocalGroup::aborted() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return aborted_;
-}
+bool LocalGroup::aborted() const { return aborted_.load(); }
 
 void LocalGroup::Reset() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -6,6 +6,7 @@
 // queue per (source, destination) pair.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -44,11 +45,12 @@ class LocalGroup {
     std::deque<std::vector<uint8_t>> messages;
   };
   int size_;
-  mutable std::mutex mu_;  // barrier state and the abort flag
+  std::mutex mu_;  // barrier state
   std::condition_variable cv_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
-  bool aborted_ = false;
+  // Read by Recv under a channel's lock, so not guarded by mu_ (one lock at a time there).
+  std::atomic<bool> aborted_{false};
   std::vector<Slot> slots_;
   std::vector<std::unique_ptr<Channel>> channels_;  // [src * size + dst]
 };
