@@ -34,6 +34,7 @@ struct LoadgenOptions {
   std::string prompt_len = "128";
   std::string output_len = "64";
   int64_t shared_prefix = 0;
+  double retain_seconds = 0;
   std::string priority = "normal";
   uint64_t seed = 0;
   std::string slo;
@@ -109,6 +110,7 @@ int RunLoadgen(const LoadgenOptions& o) {
   if (o.num_requests < 1) return Fail(absl::InvalidArgumentError("--num-requests must be >= 1"));
   if (!(o.burstiness > 0)) return Fail(absl::InvalidArgumentError("--burstiness must be > 0"));
   if (o.shared_prefix < 0) return Fail(absl::InvalidArgumentError("--shared-prefix must be >= 0"));
+  if (!(o.retain_seconds >= 0)) return Fail(absl::InvalidArgumentError("--retain-seconds must be >= 0"));
   if (o.timeout < 0) return Fail(absl::InvalidArgumentError("--timeout must be >= 0"));
   if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));
 
@@ -160,6 +162,7 @@ int RunLoadgen(const LoadgenOptions& o) {
   report["model_info"] = loadgen::ProtoToJson(info);
   report["workload"] = {{"num_requests", o.num_requests}, {"prompt_len", pl->ToString()},
                         {"output_len", ol->ToString()}, {"shared_prefix", o.shared_prefix},
+                        {"retain_seconds", o.retain_seconds},
                         {"burstiness", o.burstiness}, {"priority", o.priority}, {"seed", o.seed}};
   report["slo"] = slo->ToString();
   report["price_per_hour"] = o.price_per_hour;
@@ -192,6 +195,7 @@ int RunLoadgen(const LoadgenOptions& o) {
     ro.call.api_key = o.api_key;
     ro.call.timeout_seconds = o.timeout;
     ro.priority = *priority;
+    ro.retain_seconds = o.retain_seconds;
     ro.progress = !o.no_progress;
     ro.progress_label = absl::StrCat("level ", li + 1, "/", levels->size(), " ", level.Label());
     const loadgen::LevelRun run = loadgen::RunLevel(stub.get(), level, items, ro);
@@ -250,6 +254,9 @@ void AddLoadgenCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--output-len", o->output_len,
                   "Output tokens (generated exactly, EOS ignored): N, MIN:MAX or normal:MEAN:STD")
+      ->capture_default_str();
+  cmd->add_option("--retain-seconds", o->retain_seconds,
+                  "Ask the server to keep every prompt's KV cached this long (prompt-cache retention; 0: none)")
       ->capture_default_str();
   cmd->add_option("--shared-prefix", o->shared_prefix, "Tokens every prompt starts with (prefix-cache workload)")
       ->capture_default_str();

@@ -375,13 +375,14 @@ TEST_F(E2eTest, LoadgenSweepCountsAddUpAndPlotsRender) {
       << out << err;
   ASSERT_EQ(RunCommand({"loadgen", "--target", server_->target(), "--concurrency", "1,4", "--num-requests", "8",
                         "--prompt-len", "normal:12:4", "--output-len", "2:8", "--out", dir + "/closed.json",
-                        "--no-progress"},
+                        "--retain-seconds", "86400", "--no-progress"},
                        &out, &err),
             0)
       << out << err;
   for (const std::string name : {"open", "closed"}) {
     const auto j = nlohmann::json::parse(ReadAll(dir + "/" + name + ".json"));
     ASSERT_EQ(j["levels"].size(), 2u) << name;
+    EXPECT_EQ(j["workload"]["retain_seconds"].get<double>(), name == "closed" ? 86400.0 : 0.0);
     for (const auto& lv : j["levels"]) {
       const int64_t sent = lv["sent"], ok = lv["ok"], failed = lv["failed"];
       EXPECT_EQ(sent, name == "open" ? 12 : 8);

@@ -33,6 +33,7 @@ LevelRun RunLevel(moeserve::v1::Moeserve::Stub* stub, const LevelSpec& level, co
     req.set_max_tokens(item.max_tokens);
     req.set_ignore_eos(true);  // exact output lengths, as benchmark_serving does
     req.set_priority(options.priority);
+    if (options.retain_seconds > 0) req.set_retain_seconds(options.retain_seconds);
     {
       std::lock_guard<std::mutex> lock(mu);
       ++in_flight;

@@ -29,6 +29,7 @@ struct LevelRun {
 struct RunOptions {
   CallOptions call;
   moeserve::v1::Priority priority = moeserve::v1::PRIORITY_NORMAL;
+  double retain_seconds = 0;  // prompt-cache retention asked with every request (0: none)
   bool progress = true;
   std::string progress_label;
 };
