@@ -220,6 +220,7 @@ void Engine::Intake() {
   std::deque<std::unique_ptr<Live>> incoming;
   std::unordered_set<uint64_t> cancels;
   std::vector<std::pair<Live*, absl::Status>> refused;
+  std::vector<Sequence*> accepted;
   {
     // The waiting gauge is updated under the same lock that Submit checks it under, so the
     // queue bound is exact. (Finish runs callbacks, so it waits until the lock is released.)
@@ -233,12 +234,16 @@ void Engine::Intake() {
       absl::Status s = scheduler_.Add(&live.seq);
       if (!s.ok()) {
         refused.emplace_back(&live, std::move(s));
-      } else if (tiers_ != nullptr && config_.scheduler.prefix_caching) {
-        // Flash reads of its prefix start now and overlap the steps before its admission.
-        tiers_->Prefetch(&live.seq, config_.block_size, fingerprint_);
+      } else {
+        accepted.push_back(&live.seq);
       }
     }
     counters_.waiting = scheduler_.num_waiting();
+  }
+  // Flash reads of the new prefixes start now and overlap the steps before their admission;
+  // hashing the prompts happens here, outside the lock that Submit takes.
+  if (tiers_ != nullptr && config_.scheduler.prefix_caching) {
+    for (Sequence* seq : accepted) tiers_->Prefetch(seq, config_.block_size, fingerprint_);
   }
   for (auto& [live, s] : refused) Finish(*live, FinishReason::kError, std::string(s.message()));
   for (uint64_t id : cancels) {

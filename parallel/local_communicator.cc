@@ -107,11 +107,7 @@ absl::Status LocalCommunicator::AllToAll(const void* send, const std::vector<int
     }
   }
   if (!group_->ArriveAndWait()) return Aborted();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_sent += sent;
-  stats_.bytes_received += received;
-  stats_.seconds += sw.Seconds();
+  Book(sent, received, sw.Seconds());
   return status;
 }
 
@@ -134,11 +130,7 @@ absl::Status LocalCommunicator::AllToAllCounts(const std::vector<int64_t>& send_
     (*recv_counts)[p] = (*counts)[rank_];
   }
   if (!group_->ArriveAndWait()) return Aborted();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (n - 1);
-  stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (n - 1);
-  stats_.seconds += sw.Seconds();
+  Book(static_cast<int64_t>(sizeof(int64_t)) * (n - 1), static_cast<int64_t>(sizeof(int64_t)) * (n - 1), sw.Seconds());
   return status;
 }
 
@@ -158,11 +150,7 @@ absl::Status LocalCommunicator::AllGather(const void* send, int64_t bytes, void*
     if (bytes > 0) std::memcpy(static_cast<uint8_t*>(recv) + p * bytes, peer.send, bytes);
   }
   if (!group_->ArriveAndWait()) return Aborted();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_sent += bytes * (n - 1);
-  stats_.bytes_received += bytes * (n - 1);
-  stats_.seconds += sw.Seconds();
+  Book(bytes * (n - 1), bytes * (n - 1), sw.Seconds());
   return status;
 }
 
@@ -184,11 +172,8 @@ absl::Status LocalCommunicator::AllReduceSum(float* data, int64_t count) {
   }
   if (!group_->ArriveAndWait()) return Aborted();  // everyone has read every buffer: now overwrite our own
   if (status.ok() && count > 0) std::memcpy(data, sum.data(), count * sizeof(float));
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_sent += count * static_cast<int64_t>(sizeof(float)) * (n - 1);
-  stats_.bytes_received += count * static_cast<int64_t>(sizeof(float)) * (n - 1);
-  stats_.seconds += sw.Seconds();
+  const int64_t moved = count * static_cast<int64_t>(sizeof(float)) * (n - 1);
+  Book(moved, moved, sw.Seconds());
   return status;
 }
 
@@ -202,10 +187,7 @@ absl::Status LocalCommunicator::Send(const void* data, int64_t bytes, int peer) 
     ch.messages.emplace_back(p, p + bytes);
   }
   ch.cv.notify_all();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_sent += bytes;
-  stats_.seconds += sw.Seconds();
+  Book(bytes, 0, sw.Seconds());
   return absl::OkStatus();
 }
 
@@ -226,20 +208,23 @@ absl::Status LocalCommunicator::Recv(void* data, int64_t bytes, int peer) {
                                                    rank_, " expected ", bytes));
   }
   if (bytes > 0) std::memcpy(data, msg.data(), bytes);
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.calls;
-  stats_.bytes_received += bytes;
-  stats_.seconds += sw.Seconds();
+  Book(0, bytes, sw.Seconds());
   return absl::OkStatus();
 }
 
 absl::Status LocalCommunicator::Barrier() {
   Stopwatch sw;
   if (!group_->ArriveAndWait()) return Aborted();
+  Book(0, 0, sw.Seconds());
+  return absl::OkStatus();
+}
+
+void LocalCommunicator::Book(int64_t sent, int64_t received, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.calls;
-  stats_.seconds += sw.Seconds();
-  return absl::OkStatus();
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += received;
+  stats_.seconds += seconds;
 }
 
 CommStats LocalCommunicator::stats() const {

@@ -73,6 +73,8 @@ class LocalCommunicator final : public Communicator {
 
  private:
   absl::Status CheckPeer(int peer) const;
+  // Adds one call's traffic to the stats (read by other threads).
+  void Book(int64_t sent, int64_t received, double seconds);
   LocalGroup* group_;
   int rank_;
   mutable std::mutex mu_;  // stats are read by other threads
