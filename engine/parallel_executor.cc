@@ -222,22 +222,26 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
     Rank& rank = ranks_[r];
     const int64_t s = rank.layout.stage, e = rank.layout.ep_rank;
     const int64_t h = c.hidden_size;
-    std::vector<float> hidden_in, hidden_out, local_logits;
+    std::vector<float> local_logits;
+    const float* hidden_out = nullptr;
     for (int64_t m = 0; m < micro; ++m) {
       const SubStep& sub = subs[e][m];
       const int64_t t = sub.in.num_tokens();
-      if (s > 0) {
-        hidden_in.resize(static_cast<size_t>(t * h));
-        RETURN_IF_ERROR(rank.pp->Recv(hidden_in.data(), t * h * static_cast<int64_t>(sizeof(float)),
-                                      static_cast<int>(s - 1)));
+      const int64_t hidden_bytes = t * h * static_cast<int64_t>(sizeof(float));
+      if (s > 0) {  // the previous stage's hidden states, straight into this rank's device memory
+        if (rank.hidden_in.bytes() < static_cast<size_t>(hidden_bytes)) {
+          rank.hidden_in = DeviceBuffer();
+          ASSIGN_OR_RETURN(rank.hidden_in, rank.backend->Allocate(static_cast<size_t>(hidden_bytes)));
+        }
+        RETURN_IF_ERROR(rank.pp->Recv(rank.hidden_in.data(), hidden_bytes, static_cast<int>(s - 1)));
       }
       ForwardStats fs;
+      hidden_out = nullptr;
       if (t > 0 || ep > 1) {  // EP ranks without tokens still join the all-to-alls
         RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, rank_kv_[r].layout(), rank_kv_[r].data(),
-                                                 s > 0 ? hidden_in.data() : nullptr, &hidden_out, &local_logits,
-                                                 &fs));
+                                                 s > 0 ? rank.hidden_in.as<float>() : nullptr, &hidden_out,
+                                                 &local_logits, &fs));
       } else {
-        hidden_out.clear();
         local_logits.clear();
       }
       ForwardStats& acc = rank_stats[r];
@@ -254,8 +258,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
         for (size_t x = 0; x < fs.expert_rows.size(); ++x) acc.expert_rows[x] += fs.expert_rows[x];
       }
       if (s < pp - 1) {
-        RETURN_IF_ERROR(rank.pp->Send(hidden_out.data(), static_cast<int64_t>(hidden_out.size() * sizeof(float)),
-                                      static_cast<int>(s + 1)));
+        RETURN_IF_ERROR(rank.pp->Send(hidden_out, hidden_bytes, static_cast<int>(s + 1)));
       } else {
         for (size_t q = 0; q < sub.logit_dest.size(); ++q) {
           std::copy_n(local_logits.data() + q * c.vocab_size, c.vocab_size,

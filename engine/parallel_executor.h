@@ -99,6 +99,7 @@ class ParallelExecutor {
     std::unique_ptr<MoeModel> model;
     Communicator* ep = nullptr;  // this stage's EP group
     Communicator* pp = nullptr;  // this EP index's pipeline
+    DeviceBuffer hidden_in;      // the previous stage's hidden states (stages after the first)
   };
   explicit ParallelExecutor(const ParallelConfig& config) : config_(config) {}
 

@@ -118,6 +118,7 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.expert_out, n * k * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));
+    if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_send_ids, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.shared_gate, n * f));
     RETURN_IF_ERROR(grow(ws_.ids, n * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.positions, n * sizeof(int32_t)));
@@ -142,26 +143,30 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
 
 absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
   if (rows <= ws_.ep_capacity_rows) return absl::OkStatus();
-  ws_.ep_capacity_rows = 0;  // until every buffer below has grown
   const ModelConfig& c = config();
   const int64_t n = std::max<int64_t>(rows, 2 * ws_.ep_capacity_rows);
-  const size_t f = sizeof(float);
-  for (auto [buf, cols] : {std::pair<DeviceBuffer*, int64_t>{&ws_.ep_in, c.hidden_size},
-                           {&ws_.ep_gate_up, 2 * c.intermediate_size},
-                           {&ws_.ep_act, c.intermediate_size},
-                           {&ws_.ep_out, c.hidden_size}}) {
-    *buf = DeviceBuffer();
-    auto grown = backend_->Allocate(std::max<size_t>(n * cols * f, 64));
+  ws_.ep_capacity_rows = 0;  // until every buffer below has grown
+  const size_t f = sizeof(float), i32 = sizeof(int32_t);
+  DeviceBuffer* bufs[] = {&ws_.ep_recv, &ws_.ep_recv_ids, &ws_.ep_perm, &ws_.ep_unperm,
+                          &ws_.ep_in,   &ws_.ep_gate_up,  &ws_.ep_act,  &ws_.ep_out};
+  const size_t row_bytes[] = {c.hidden_size * f, i32, i32, i32, c.hidden_size * f, 2 * c.intermediate_size * f,
+                              c.intermediate_size * f, c.hidden_size * f};
+  for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
+  for (size_t i = 0; i < std::size(bufs); ++i) {
+    auto grown = backend_->Allocate(std::max<size_t>(n * row_bytes[i], 64));
     if (!grown.ok()) {
-      for (DeviceBuffer* b : {&ws_.ep_in, &ws_.ep_gate_up, &ws_.ep_act, &ws_.ep_out}) *b = DeviceBuffer();
+      for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
       return grown.status();
     }
-    *buf = std::move(*grown);
+    *bufs[i] = std::move(*grown);
   }
   ws_.ep_capacity_rows = n;
   return absl::OkStatus();
 }
 
+// Every buffer handed to the communicator is device memory of this rank's backend (host
+// memory on the CPU backend), so the same code runs over LocalCommunicator and over NCCL; only
+// the routing plan (expert ids and counts, a few bytes per row) visits the host.
 absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, ForwardStats* stats) {
   const ModelConfig& c = config();
   const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
@@ -178,17 +183,22 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
   std::stable_sort(ep_order_.begin(), ep_order_.end(), [&](int32_t x, int32_t y) { return key(x) < key(y); });
   std::vector<int64_t> send_rows(n, 0), recv_rows;
   host_combine_.resize(a);
-  std::vector<float> xn_host(static_cast<size_t>(t * h));
-  if (t > 0) RETURN_IF_ERROR(backend_->CopyToHost(xn_host.data(), ws_.xn.data(), xn_host.size() * sizeof(float)));
-  ep_send_.resize(static_cast<size_t>(a * h));
+  host_gather_.resize(a);
   ep_send_experts_.resize(a);
   for (int64_t j = 0; j < a; ++j) {
     const int32_t i = ep_order_[j];
     const int32_t e = host_ids_[i];
     ++send_rows[shard_.expert_owner[e]];
     ep_send_experts_[j] = e;
-    host_combine_[i] = static_cast<int32_t>(j);  // its result comes back as row j
-    std::copy_n(xn_host.data() + (i / k) * h, h, ep_send_.data() + j * h);
+    host_gather_[j] = static_cast<int32_t>(i / k);  // send row j is token i / k's hidden state
+    host_combine_[i] = static_cast<int32_t>(j);     // its result comes back as row j
+  }
+  // The send buffer: this rank's tokens, one row per assignment, in send order (on the device).
+  float* send = ws_.sorted_x.as<float>();
+  if (a > 0) {
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.gather_rows.data(), host_gather_.data(), a * sizeof(int32_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_send_ids.data(), ep_send_experts_.data(), a * sizeof(int32_t)));
+    backend_->GatherRows(ws_.xn.as<float>(), ws_.gather_rows.as<int32_t>(), a, h, send);
   }
   // Dispatch: counts, then expert ids and hidden rows.
   RETURN_IF_ERROR(ep.AllToAllCounts(send_rows, &recv_rows));
@@ -199,12 +209,16 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
     for (size_t p = 0; p < rows.size(); ++p) out[p] = rows[p] * bytes;
     return out;
   };
-  ep_recv_experts_.resize(r_total);
-  ep_recv_.resize(static_cast<size_t>(r_total * h));
-  RETURN_IF_ERROR(ep.AllToAll(ep_send_experts_.data(), scaled(send_rows, sizeof(int32_t)), ep_recv_experts_.data(),
-                              scaled(recv_rows, sizeof(int32_t))));
+  RETURN_IF_ERROR(EnsureExpertRows(std::max<int64_t>(r_total, 1)));
+  RETURN_IF_ERROR(backend_->Synchronize());  // the communicator reads what the compute stream wrote
   const int64_t row_bytes = h * static_cast<int64_t>(sizeof(float));
-  RETURN_IF_ERROR(ep.AllToAll(ep_send_.data(), scaled(send_rows, row_bytes), ep_recv_.data(), scaled(recv_rows, row_bytes)));
+  RETURN_IF_ERROR(ep.AllToAll(ws_.ep_send_ids.data(), scaled(send_rows, sizeof(int32_t)), ws_.ep_recv_ids.data(),
+                              scaled(recv_rows, sizeof(int32_t))));
+  RETURN_IF_ERROR(ep.AllToAll(send, scaled(send_rows, row_bytes), ws_.ep_recv.data(), scaled(recv_rows, row_bytes)));
+  ep_recv_experts_.resize(r_total);
+  if (r_total > 0) {
+    RETURN_IF_ERROR(backend_->CopyToHost(ep_recv_experts_.data(), ws_.ep_recv_ids.data(), r_total * sizeof(int32_t)));
+  }
 
   // Run this rank's experts on what it received, grouped by expert (stable).
   ep_offsets_.assign(e_count + 1, 0);
@@ -223,25 +237,27 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
     }
     ep_offsets_[e + 1] += ep_offsets_[e];
   }
+  // sorted_of[r]: the row of received row r in expert order; perm is its inverse.
   std::vector<int64_t> cursor(ep_offsets_.begin(), ep_offsets_.end() - 1);
-  std::vector<int64_t> sorted_of(r_total);  // received row -> its row in expert order
-  std::vector<float> grouped(static_cast<size_t>(r_total * h));
+  std::vector<int32_t> sorted_of(r_total), perm(r_total);
   for (int64_t r = 0; r < r_total; ++r) {
-    sorted_of[r] = cursor[ep_recv_experts_[r]]++;
-    std::copy_n(ep_recv_.data() + r * h, h, grouped.data() + sorted_of[r] * h);
+    sorted_of[r] = static_cast<int32_t>(cursor[ep_recv_experts_[r]]++);
+    perm[sorted_of[r]] = static_cast<int32_t>(r);
   }
-  ep_back_.resize(static_cast<size_t>(r_total * h));
+  float* back = ws_.ep_in.as<float>();  // free again once the first expert GEMM has read it
   if (r_total > 0) {
-    RETURN_IF_ERROR(EnsureExpertRows(r_total));
-    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_in.data(), grouped.data(), grouped.size() * sizeof(float)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_perm.data(), perm.data(), r_total * sizeof(int32_t)));
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_unperm.data(), sorted_of.data(), r_total * sizeof(int32_t)));
+    backend_->GatherRows(ws_.ep_recv.as<float>(), ws_.ep_perm.as<int32_t>(), r_total, h, ws_.ep_in.as<float>());
     backend_->GroupedGemm(ws_.ep_in.as<float>(), lw.w13, ep_offsets_, ws_.ep_gate_up.as<float>());
     backend_->SiluMul(ws_.ep_gate_up.as<float>(), r_total, inter, ws_.ep_act.as<float>());
     backend_->GroupedGemm(ws_.ep_act.as<float>(), lw.w2, ep_offsets_, ws_.ep_out.as<float>());
-    RETURN_IF_ERROR(backend_->CopyToHost(grouped.data(), ws_.ep_out.data(), grouped.size() * sizeof(float)));
-    for (int64_t r = 0; r < r_total; ++r) std::copy_n(grouped.data() + sorted_of[r] * h, h, ep_back_.data() + r * h);
+    backend_->GatherRows(ws_.ep_out.as<float>(), ws_.ep_unperm.as<int32_t>(), r_total, h, back);
   }
-  // Results go back the way they came, then combine as on one rank.
-  RETURN_IF_ERROR(ep.AllToAll(ep_back_.data(), scaled(recv_rows, row_bytes), ep_send_.data(), scaled(send_rows, row_bytes)));
+  // Results go back the way they came (into send order), then combine as on one rank.
+  RETURN_IF_ERROR(backend_->Synchronize());
+  float* results = ws_.expert_out.as<float>();
+  RETURN_IF_ERROR(ep.AllToAll(back, scaled(recv_rows, row_bytes), results, scaled(send_rows, row_bytes)));
   if (stats != nullptr) {
     const CommStats after = ep.stats();
     stats->comm_seconds += after.seconds - before.seconds;
@@ -249,9 +265,8 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
     stats->expert_assignments += a;
   }
   if (t == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.expert_out.data(), ep_send_.data(), ep_send_.size() * sizeof(float)));
   RETURN_IF_ERROR(backend_->CopyToDevice(ws_.combine_rows.data(), host_combine_.data(), a * sizeof(int32_t)));
-  backend_->ScatterCombine(ws_.expert_out.as<float>(), ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k, h,
+  backend_->ScatterCombine(results, ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k, h,
                            ws_.x.as<float>(), /*accumulate=*/true);
   return absl::OkStatus();
 }
@@ -330,7 +345,7 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
 }
 
 absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
-                                    const float* hidden_in, std::vector<float>* hidden_out,
+                                    const float* hidden_in, const float** hidden_out,
                                     std::vector<float>* logits, ForwardStats* stats) {
   RETURN_IF_ERROR(Validate(in, layout));
   const ModelConfig& c = config();
@@ -376,7 +391,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     if (first) {
       backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
     } else {
-      RETURN_IF_ERROR(backend_->CopyToDevice(x, hidden_in, t * h * sizeof(float)));
+      RETURN_IF_ERROR(backend_->CopyOnDevice(x, hidden_in, t * h * sizeof(float)));
     }
   }
   lap(&ForwardStats::head_seconds);
@@ -404,8 +419,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     lap(&ForwardStats::moe_seconds);
   }
   if (!last) {
-    hidden_out->resize(static_cast<size_t>(t * h));
-    if (t > 0) RETURN_IF_ERROR(backend_->CopyToHost(hidden_out->data(), x, t * h * sizeof(float)));
+    *hidden_out = x;
     if (logits != nullptr) logits->clear();
     return backend_->Synchronize();
   }

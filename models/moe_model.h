@@ -80,12 +80,13 @@ class MoeModel {
   // Runs the step; writes logits [logit_rows, vocab] to host memory.
   absl::Status Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                        std::vector<float>* logits, ForwardStats* stats = nullptr);
-  // Runs this rank's shard of the step. `hidden_in` (host, [tokens, hidden]) replaces the
-  // embedding on a stage after the first; a stage before the last writes its output hidden
-  // states to `hidden_out` (host) instead of logits. With expert parallelism `in` may hold no
-  // tokens: the rank still takes part in every layer's all-to-all.
+  // Runs this rank's shard of the step. `hidden_in` (device memory of this backend, [tokens,
+  // hidden]) replaces the embedding on a stage after the first; a stage before the last points
+  // `hidden_out` at its output hidden states on the device (valid until the next call, the
+  // compute stream synchronised) instead of computing logits. With expert parallelism `in`
+  // may hold no tokens: the rank still takes part in every layer's all-to-all.
   absl::Status ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache, const float* hidden_in,
-                            std::vector<float>* hidden_out, std::vector<float>* logits, ForwardStats* stats = nullptr);
+                            const float** hidden_out, std::vector<float>* logits, ForwardStats* stats = nullptr);
   const ModelShard& shard() const { return shard_; }
   int64_t layer_begin() const { return shard_.layer_begin; }
   int64_t layer_end() const { return shard_.layer_end; }
@@ -99,8 +100,11 @@ class MoeModel {
         block_tables, logit_rows, final_x, logits;
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
-    // Expert parallelism: rows received from all ranks, which may outnumber this rank's own.
-    DeviceBuffer ep_in, ep_gate_up, ep_act, ep_out;
+    // Expert parallelism: the expert ids of this rank's assignments in send order, then rows
+    // received from all ranks (which may outnumber this rank's own): hidden states and expert
+    // ids as received, the gather indices into expert order and back, the expert GEMMs.
+    DeviceBuffer ep_send_ids;
+    DeviceBuffer ep_recv, ep_recv_ids, ep_perm, ep_unperm, ep_in, ep_gate_up, ep_act, ep_out;
     int64_t ep_capacity_rows = 0;
   };
   // Grows the workspace for a step; on failure frees all of it (the next step starts afresh).
@@ -118,8 +122,7 @@ class MoeModel {
   Backend* backend_;
   ModelShard shard_;
   Workspace ws_;
-  // Expert-parallel staging (host): rows out and back, their experts, per-peer counts.
-  std::vector<float> ep_send_, ep_recv_, ep_back_;
+  // Expert-parallel routing plan (host): assignment order, expert ids sent and received.
   std::vector<int32_t> ep_send_experts_, ep_recv_experts_, ep_order_;
   std::vector<int64_t> ep_offsets_;
   // Host mirrors of the routing, used to plan the expert dispatch.
