@@ -32,6 +32,10 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c) const {
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }
+  if (!nccl_devices.empty() && static_cast<int64_t>(nccl_devices.size()) != ep * pp) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel layout: ", nccl_devices.size(), " GPUs for ", ep * pp,
+                                                   " NCCL ranks (--ep x --pp)"));
+  }
   return absl::OkStatus();
 }
 
@@ -72,8 +76,26 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   const int64_t ep = config.ep, pp = config.pp, n = ep * pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
   const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config.placement);
-  for (int64_t s = 0; s < pp; ++s) x->ep_comms_.push_back(MakeLocalComms(static_cast<int>(ep)));
-  for (int64_t e = 0; e < ep; ++e) x->pp_comms_.push_back(MakeLocalComms(static_cast<int>(pp)));
+  // One group per stage (its EP ranks) and per EP index (its stages): NCCL over the ranks' GPUs,
+  // or in-process; a group of one never communicates.
+  auto make_group = [&](const std::vector<int64_t>& ranks) -> absl::StatusOr<std::unique_ptr<CommGroup>> {
+    if (config.nccl_devices.empty() || ranks.size() == 1) return MakeLocalGroup(static_cast<int>(ranks.size()));
+    std::vector<int> devices;
+    for (int64_t r : ranks) devices.push_back(config.nccl_devices[r]);
+    return MakeNcclGroup(devices);
+  };
+  for (int64_t s = 0; s < pp; ++s) {
+    std::vector<int64_t> members;
+    for (int64_t e = 0; e < ep; ++e) members.push_back(s * ep + e);
+    ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> g, make_group(members));
+    x->ep_comms_.push_back(std::move(g));
+  }
+  for (int64_t e = 0; e < ep; ++e) {
+    std::vector<int64_t> members;
+    for (int64_t s = 0; s < pp; ++s) members.push_back(s * ep + e);
+    ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> g, make_group(members));
+    x->pp_comms_.push_back(std::move(g));
+  }
   const double kv_token_bytes = static_cast<double>(2 * c.kv_dim()) * static_cast<double>(DTypeSize(kv.dtype));
   if (kv.num_blocks < ep) {
     return absl::InvalidArgumentError(absl::StrCat("--ep ", ep, " needs at least that many KV blocks, got ", kv.num_blocks));
@@ -105,8 +127,8 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       }
       r.weights = std::move(*shard_weights);
       l.weight_bytes = static_cast<double>(r.weights->total_bytes());
-      r.ep = x->ep_comms_[s].ranks[e].get();
-      r.pp = x->pp_comms_[e].ranks[s].get();
+      r.ep = x->ep_comms_[s]->rank(static_cast<int>(e));
+      r.pp = x->pp_comms_[e]->rank(static_cast<int>(s));
       ModelShard shard;
       shard.layer_begin = l.layer_begin;
       shard.layer_end = l.layer_end;
@@ -287,8 +309,8 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
     if (status[r].ok()) continue;
     // Every rank has returned: clear the groups (flags, barriers, stale hand-offs) for the next
     // step, and report the first failure that was not a consequence of another.
-    for (auto& g : ep_comms_) g.group->Reset();
-    for (auto& g : pp_comms_) g.group->Reset();
+    for (auto& g : ep_comms_) RETURN_IF_ERROR(g->Reset());
+    for (auto& g : pp_comms_) RETURN_IF_ERROR(g->Reset());
     for (size_t q = 0; q < ranks_.size(); ++q) {
       if (!status[q].ok() && status[q].code() != absl::StatusCode::kAborted) {
         return absl::Status(status[q].code(), absl::StrCat("rank ", q, ": ", status[q].message()));

@@ -22,7 +22,7 @@
 #include "kernels/backend.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
-#include "parallel/local_communicator.h"
+#include "parallel/comm_group.h"
 
 namespace moeserve {
 
@@ -33,6 +33,10 @@ struct ParallelConfig {
   int64_t pp = 1;
   ExpertPlacement placement = ExpertPlacement::kContiguous;
   int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
+  // How the ranks talk. Empty: in-process ranks exchanging host memory (the CPU backend). Else
+  // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
+  // on those GPUs.
+  std::vector<int> nccl_devices;
   bool enabled() const { return ep * pp > 1; }
   // Checks the layout against the model: ep <= experts, pp <= layers.
   absl::Status Validate(const ModelConfig& config) const;
@@ -110,7 +114,7 @@ class ParallelExecutor {
   std::vector<KvStorage> rank_kv_;             // one arena per rank: its layers, its segment
   std::vector<int64_t> segment_begin_;         // first block id of each EP rank's segment (+ end)
   int64_t stage_block_size_ = 16;
-  std::vector<LocalComms> ep_comms_, pp_comms_;  // per stage, per EP index
+  std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;  // per stage, per EP index
 };
 
 }  // namespace moeserve

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -33,7 +34,36 @@ struct NcclCommunicator::Impl {
   int device = 0;
   int64_t* counts_send = nullptr;  // device scratch for count exchanges and barriers
   int64_t* counts_recv = nullptr;
+  std::shared_ptr<std::atomic<bool>> abort_flag;  // shared by the group's ranks; never null
+
+  // Also frees a half-built rank whose creation failed.
+  ~Impl() {
+    cudaSetDevice(device);
+    if (comm != nullptr) {
+      // After a peer's failure this rank's work may never complete: abort rather than wait.
+      if (abort_flag != nullptr && abort_flag->load()) {
+        ncclCommAbort(comm);
+      } else {
+        ncclCommDestroy(comm);
+      }
+    }
+    cudaFree(counts_send);
+    cudaFree(counts_recv);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
 };
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator::Impl>> NcclCommunicator::NewImpl(
+    int device, int size, std::shared_ptr<std::atomic<bool>> abort_flag) {
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  impl->abort_flag = abort_flag != nullptr ? std::move(abort_flag) : std::make_shared<std::atomic<bool>>(false);
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_send, sizeof(int64_t) * size));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_recv, sizeof(int64_t) * size));
+  return impl;
+}
 
 absl::StatusOr<std::string> NcclCommunicator::NewUniqueId() {
   ncclUniqueId id;
@@ -41,38 +71,62 @@ absl::StatusOr<std::string> NcclCommunicator::NewUniqueId() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
 }
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(const std::string& unique_id, int rank,
-                                                                           int size, int device) {
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    const std::string& unique_id, int rank, int size, int device, std::shared_ptr<std::atomic<bool>> abort_flag) {
   ncclUniqueId id;
   if (unique_id.size() != sizeof(id)) {
     return absl::InvalidArgumentError(absl::StrCat("nccl: unique id has ", unique_id.size(), " bytes, not ", sizeof(id)));
   }
   if (rank < 0 || rank >= size) return absl::InvalidArgumentError(absl::StrCat("nccl: rank ", rank, " of ", size));
   std::memcpy(&id, unique_id.data(), sizeof(id));
-  auto impl = std::make_unique<Impl>();
-  impl->device = device;
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_send, sizeof(int64_t) * size));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_recv, sizeof(int64_t) * size));
+  ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(device, size, std::move(abort_flag)));
   NCCL_RETURN_IF_ERROR(ncclCommInitRank(&impl->comm, size, id, rank));
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl), rank, size));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::CreateAll(
+    const std::vector<int>& devices) {
+  const int n = static_cast<int>(devices.size());
+  if (n < 1) return absl::InvalidArgumentError("nccl: a group needs at least one GPU");
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::unique_ptr<Impl>> impls;
+  for (int r = 0; r < n; ++r) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(devices[r], n, flag));
+    impls.push_back(std::move(impl));
+  }
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_RETURN_IF_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  for (int r = 0; r < n; ++r) {
+    impls[r]->comm = comms[r];
+    out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impls[r]), r, n)));
+  }
+  return out;
 }
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size)
     : impl_(std::move(impl)), rank_(rank), size_(size) {}
 
-NcclCommunicator::~NcclCommunicator() {
-  if (impl_ == nullptr) return;
-  cudaSetDevice(impl_->device);
-  if (impl_->comm != nullptr) ncclCommDestroy(impl_->comm);
-  cudaFree(impl_->counts_send);
-  cudaFree(impl_->counts_recv);
-  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+NcclCommunicator::~NcclCommunicator() = default;
+
+absl::Status NcclCommunicator::Wait() {
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(impl_->stream);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
+    ncclResult_t async = ncclSuccess;
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(impl_->comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress) NCCL_RETURN_IF_ERROR(async);
+    if (impl_->abort_flag->load(std::memory_order_acquire)) {
+      ncclCommAbort(impl_->comm);  // stops this rank's kernels, which wait for the failed peer
+      impl_->comm = nullptr;
+      return absl::AbortedError("nccl: the group was aborted (a peer failed)");
+    }
+    std::this_thread::yield();
+  }
 }
 
 absl::Status NcclCommunicator::Finish(double seconds_before, int64_t sent, int64_t received) {
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   ++stats_.calls;
   stats_.bytes_sent += sent;
   stats_.bytes_received += received;
@@ -107,12 +161,13 @@ absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int6
     }
   }
   NCCL_RETURN_IF_ERROR(ncclGroupEnd());
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), sent, received);
 }
 
 absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                               std::vector<int64_t>* recv_counts) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
   if (static_cast<int>(send_counts.size()) != size_) {
     return absl::InvalidArgumentError(absl::StrCat("all-to-all counts: ", send_counts.size(), " entries, not ", size_));
   }
@@ -122,57 +177,73 @@ absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_c
   const std::vector<int64_t> eight(size_, sizeof(int64_t));
   RETURN_IF_ERROR(AllToAll(impl_->counts_send, eight, impl_->counts_recv, eight));
   recv_counts->resize(size_);
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * size_,
-                                  cudaMemcpyDeviceToHost));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * size_,
+                                       cudaMemcpyDeviceToHost, impl_->stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::AllGather(const void* send, int64_t bytes, void* recv) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, bytes, ncclInt8, impl_->comm, impl_->stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
 absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t count) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, count, ncclFloat, ncclSum, impl_->comm, impl_->stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
   return Finish(sw.Seconds(), bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
 absl::Status NcclCommunicator::Send(const void* data, int64_t bytes, int peer) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl send: peer ", peer, " is not another rank of ", size_));
+  }
+  if (bytes == 0) return Finish(0, 0, 0);  // both sides skip an empty hand-off
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclSend(data, bytes, ncclInt8, peer, impl_->comm, impl_->stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), bytes, 0);
 }
 
 absl::Status NcclCommunicator::Recv(void* data, int64_t bytes, int peer) {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl recv: peer ", peer, " is not another rank of ", size_));
+  }
+  if (bytes == 0) return Finish(0, 0, 0);
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclInt8, peer, impl_->comm, impl_->stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), 0, bytes);
 }
 
 void NcclCommunicator::Abort() {
-  if (impl_ != nullptr && impl_->comm != nullptr) {
+  if (impl_ == nullptr) return;
+  impl_->abort_flag->store(true, std::memory_order_release);
+  if (impl_->comm != nullptr) {
     ncclCommAbort(impl_->comm);
     impl_->comm = nullptr;
   }
 }
 
 absl::Status NcclCommunicator::Barrier() {
+  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(impl_->counts_send, impl_->counts_recv, 1, ncclInt64, ncclSum, impl_->comm,
                                      impl_->stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+  RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), 0, 0);
 }
 

@@ -1,13 +1,21 @@
 // The communicator of one GPU rank over NCCL (compiled only with CUDA). Buffers are device
 // memory of the rank's GPU; every call is enqueued on the rank's stream and waited for, so a
-// returned call is complete. All-to-all is a group of ncclSend/ncclRecv, one pair per peer with
-// a non-zero count. Ranks are bootstrapped from a unique id created on one rank and handed to
-// the others by any channel (a thread, a file, a TCP socket), so the same code spans nodes.
-// No NCCL or CUDA headers here.
+// returned call is complete (Send therefore waits for the matching Recv, which a pipeline that
+// only sends forward tolerates). All-to-all is a group of ncclSend/ncclRecv, one pair per peer
+// with a non-zero count. Ranks are bootstrapped from a unique id created on one rank and handed
+// to the others by any channel (a thread, a file, a TCP socket), so the same code spans nodes;
+// CreateAll makes every rank of a single-process group at once.
+//
+// Aborting: a rank that fails calls Abort(), which raises the group's shared flag. The others
+// wait for their NCCL work by polling the stream, and on seeing the flag abort their own
+// communicator (ncclCommAbort, which stops kernels waiting for the failed rank) and return
+// ABORTED instead of hanging. No NCCL or CUDA headers here.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
@@ -19,8 +27,13 @@ class NcclCommunicator final : public Communicator {
   // A fresh bootstrap id (ncclGetUniqueId), as bytes to hand to every rank.
   static absl::StatusOr<std::string> NewUniqueId();
   // Joins the group as `rank` of `size` on GPU `device` (blocks until every rank has joined).
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(const std::string& unique_id, int rank, int size,
-                                                                  int device);
+  // `abort_flag` (optional) is shared by the group's ranks in this process, see Abort().
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
+      const std::string& unique_id, int rank, int size, int device,
+      std::shared_ptr<std::atomic<bool>> abort_flag = nullptr);
+  // Every rank of a group within this process, rank r on GPU devices[r] (ncclCommInitAll), with
+  // a shared abort flag.
+  static absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> CreateAll(const std::vector<int>& devices);
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -33,12 +46,19 @@ class NcclCommunicator final : public Communicator {
   absl::Status Send(const void* data, int64_t bytes, int peer) override;
   absl::Status Recv(void* data, int64_t bytes, int peer) override;
   absl::Status Barrier() override;
-  void Abort() override;  // ncclCommAbort: the communicator cannot be used afterwards
+  // Raises the group's abort flag and aborts this rank's communicator (ncclCommAbort); it
+  // cannot be used afterwards.
+  void Abort() override;
   CommStats stats() const override { return stats_; }
 
  private:
   struct Impl;
   NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size);
+  // Stream and scratch of one rank on `device` (the NCCL communicator is made by the caller).
+  static absl::StatusOr<std::unique_ptr<Impl>> NewImpl(int device, int size,
+                                                       std::shared_ptr<std::atomic<bool>> abort_flag);
+  // Waits for the rank's stream, watching the abort flag and NCCL's asynchronous errors.
+  absl::Status Wait();
   absl::Status Finish(double seconds, int64_t sent, int64_t received);
 
   std::unique_ptr<Impl> impl_;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds with CUDA, runs the GPU tests (every CUDA op against the
-# CPU reference, the engine's greedy output on the GPU against the CPU backend's, NCCL with two
-# or more GPUs), then a decode sweep on the GPU against the matching roofline preset, printing
+# CPU reference, the engine's greedy output on the GPU against the CPU backend's, NCCL and the
+# --ep/--pp executor over NCCL with two or more GPUs), then a decode sweep on the GPU against the matching roofline preset, printing
 # the achieved HBM bandwidth and FLOP/s as fractions of peak. Output also in gpu-check/.
 # Usage: scripts/gpu-check.sh [--quick]
 set -euo pipefail
@@ -13,6 +13,8 @@ BUILD_DIR=${BUILD_DIR:-build} scripts/build.sh -DMOESERVE_CUDA=ON
 BUILD_DIR=${BUILD_DIR:-build}
 "$BUILD_DIR/tests/cuda_test" 2>&1 | tee "$OUT/cuda_test.txt"
 "$BUILD_DIR/tests/parallel_test" 2>&1 | tee "$OUT/parallel_test.txt"
+# NCCL ranks of the executor (--ep/--pp, one GPU each) against one CPU rank; skips below 2 GPUs.
+"$BUILD_DIR/tests/engine_test" --gtest_filter='*Nccl*' 2>&1 | tee "$OUT/nccl_executor_test.txt"
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$name" in
   *H200*) preset=h200 ;;

@@ -37,7 +37,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; the CUDA backend "
                   "has not been validated on a GPU yet)")
       ->capture_default_str();
-  cmd->add_option("--device", f->device, "GPU ordinal for --backend cuda")->capture_default_str();
+  cmd->add_option("--device", f->device,
+                  "GPU ordinal for --backend cuda (with --ep/--pp: the first of ep x pp consecutive GPUs)")
+      ->capture_default_str();
   cmd->add_option("--device-mb", f->device_mb,
                   "Capacity of each (virtual) CPU device in MiB: weights, KV cache and workspaces must fit; with "
                   "--ep/--pp, of each rank's device (0: 3/4 of physical memory)")
@@ -74,7 +76,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--ep", f->ep,
                   "Expert-parallel ranks: each holds 1/N of every layer's experts and runs attention for its own "
                   "sequences; MoE layers exchange hidden states by all-to-all. Each rank is a thread with its own "
-                  "share of --threads")
+                  "share of --threads (cpu) or its own GPU, --device + rank, talking over NCCL (cuda)")
       ->capture_default_str();
   cmd->add_option("--pp", f->pp,
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
@@ -156,9 +158,10 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   if (c.parallel.enabled() && f.backend == "cuda") {
 #if MOESERVE_HAVE_CUDA
     // Each rank: a GPU of its own (rank r on GPU --device + r); the ranks exchange hidden states
-    // through host memory (the in-process communicator), not NCCL.
+    // over NCCL, device to device.
     const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
     const int first = f.device;
+    for (int64_t r = 0; r < f.ep * f.pp; ++r) c.parallel.nccl_devices.push_back(static_cast<int>(first + r));
     c.rank_backends = [device_bytes, first](int rank, int) -> std::unique_ptr<Backend> {
       CudaBackendOptions o;
       o.device = first + rank;

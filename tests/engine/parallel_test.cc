@@ -13,6 +13,10 @@
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_device.h"
+#endif
 
 namespace moeserve {
 namespace {
@@ -314,6 +318,53 @@ TEST_P(ParallelTest, SharedPrefixesMeetOnOneRankAndHitItsCache) {
   EXPECT_TRUE((*e)->CheckAccounting());
 }
 
+#if MOESERVE_HAVE_CUDA
+// NCCL ranks, one GPU each (CUDA backends), against one CPU rank on the same step. bf16 weights:
+// the GPU rounds activations to bf16 before each GEMM, hence the 3e-2 relative tolerance.
+TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
+  const int gpus = static_cast<int>(cuda::ListDevices().size());
+  if (gpus < 2) GTEST_SKIP() << "needs two or more GPUs, found " << gpus;
+  std::mt19937 gen(seed_);
+  const int64_t block = 8, blocks = 64;
+  const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
+  std::vector<int64_t> lens(5);
+  for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
+  std::vector<Layout> layouts = {{2, 1}, {1, 2}};
+  if (gpus >= 4) layouts.push_back({2, 2, ExpertPlacement::kContiguous, 3});
+  for (const Layout& l : layouts) {
+    const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
+    auto kv = KvStorage::Create(&backend_, layout);
+    ASSERT_TRUE(kv.ok());
+    MoeModel one(weights_.get(), &backend_);
+    std::vector<float> want;
+    ASSERT_TRUE(one.Forward(in, layout, kv->data(), &want).ok());
+    ParallelConfig config = ToConfig(l);
+    for (int r = 0; r < l.ep * l.pp; ++r) config.nccl_devices.push_back(r);
+    auto x = ParallelExecutor::Create(config, weights_.get(), &backend_, layout, [](int rank, int) {
+      CudaBackendOptions o;
+      o.device = rank;
+      auto b = CudaBackend::Create(o);
+      return b.ok() ? std::unique_ptr<Backend>(std::move(*b)) : nullptr;
+    });
+    ASSERT_TRUE(x.ok()) << Name(l) << ": " << x.status();
+    std::vector<float> got;
+    ParallelStepStats ps;
+    const absl::Status st = (*x)->Forward(in, Ids(lens.size()), &got, nullptr, &ps);
+    ASSERT_TRUE(st.ok()) << Name(l) << ": " << st;
+    ASSERT_EQ(got.size(), want.size());
+    double max_abs = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << Name(l) << " logit " << i;
+      max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - want[i]));
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+    }
+    EXPECT_LE(max_abs, 3e-2 * std::max(1.0, max_ref))
+        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed " << seed_ << ")";
+    EXPECT_GT(ps.comm_bytes, 0) << Name(l);
+  }
+}
+#endif
+
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   const ModelConfig c = *PresetConfig("tiny");
   ParallelConfig p;
@@ -322,6 +373,9 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   p.ep = 1;
   p.pp = 3;
   EXPECT_NE(std::string(p.Validate(c).message()).find("--pp must be in [1, 2]"), std::string::npos);
+  p.pp = 2;
+  p.nccl_devices = {0, 1, 2};
+  EXPECT_NE(std::string(p.Validate(c).message()).find("3 GPUs for 2 NCCL ranks"), std::string::npos);
   EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
