@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
     if (!flash.ok()) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: ", flash.status().message()));
     t->flash_ = std::move(*flash);
   }
+  auto allocate = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
   HostTierOptions ho;
   ho.budget_bytes = config.host_bytes;
   ho.block_bytes = layout.BlockBytes();
@@ -52,15 +53,23 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   ho.block_tokens = static_cast<uint32_t>(layout.block_size);
   ho.async = config.async_flash;
   ho.clock = clock;
+  ho.allocate = allocate;
   auto host = HostKvTier::Create(ho, t->flash_.get());
   if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-kv-mb: ", host.status().message()));
   t->host_ = std::move(*host);
-  t->staging_.resize(layout.BlockBytes());
-  t->promote_staging_.resize(layout.BlockBytes());
+  const size_t block_bytes = layout.BlockBytes();
+  ASSIGN_OR_RETURN(t->staging_, allocate(block_bytes));
+  for (HostBuffer& b : t->promote_staging_) {
+    ASSIGN_OR_RETURN(b, allocate(block_bytes));
+  }
   // The host link as this backend sees it: a few copies of block 0 (its contents do not matter).
   Stopwatch sw;
-  for (int i = 0; i < 8; ++i) RETURN_IF_ERROR(backend->CopyToHost(t->staging_.data(), t->BlockData(0), t->staging_.size()));
-  t->measured_link_ = 8.0 * static_cast<double>(t->staging_.size()) / std::max(sw.Seconds(), 1e-9);
+  uint64_t ticket = 0;
+  for (int i = 0; i < 8; ++i) {
+    ASSIGN_OR_RETURN(ticket, backend->CopyAsync(t->staging_.data(), t->BlockData(0), block_bytes));
+  }
+  RETURN_IF_ERROR(backend->WaitCopy(ticket));
+  t->measured_link_ = 8.0 * static_cast<double>(block_bytes) / std::max(sw.Seconds(), 1e-9);
   return t;
 }
 
@@ -74,13 +83,16 @@ uint8_t* KvTiers::BlockData(int32_t block) const {
 
 void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   Stopwatch sw;
-  if (!backend_->CopyToHost(staging_.data(), BlockData(block), staging_.size()).ok() ||
+  // The block's new owner may overwrite it in the next step: the copy must be done first, and
+  // the host reads the staging block at once, so this one waits.
+  auto ticket = backend_->CopyAsync(staging_.data(), BlockData(block), staging_.bytes());
+  if (!ticket.ok() || !backend_->WaitCopy(*ticket).ok() ||
       !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
   ++demoted_;
-  transfer_bytes_ += static_cast<int64_t>(staging_.size());
+  transfer_bytes_ += static_cast<int64_t>(staging_.bytes());
   demote_ns_ += Nanos(sw);
 }
 
@@ -89,22 +101,29 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   // Take the block out of DDR first, so that the demotion the allocation below may cause
   // lands in the slot it frees instead of pushing another block (maybe the prefix's next) out.
   Stopwatch read;
+  const int i = promote_next_;
+  promote_next_ = (promote_next_ + 1) % kPromoteRing;
+  HostBuffer& buf = promote_staging_[i];
+  if (!backend_->WaitCopy(promote_ticket_[i]).ok()) return std::nullopt;  // its last copy read it
   double retain_until = 0;
-  auto tier = host_->Get(hash, promote_staging_.data(), &retain_until, /*take=*/true);
+  auto tier = host_->Get(hash, buf.data(), &retain_until, /*take=*/true);
   if (!tier.ok()) return std::nullopt;
   const double read_seconds = read.Seconds();
   auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
   Stopwatch copy;  // the copies are timed, the allocation (and its demotion) is not
-  if (!got.ok() ||
-      !backend_->CopyToDevice(BlockData((*got)[0]), promote_staging_.data(), promote_staging_.size()).ok()) {
+  absl::StatusOr<uint64_t> ticket = absl::UnavailableError("no block");
+  if (got.ok()) ticket = backend_->CopyAsync(BlockData((*got)[0]), buf.data(), buf.bytes());
+  if (!ticket.ok()) {
     if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
-    (void)host_->Put(hash, promote_staging_.data(), retain_until);  // put it back where it was
+    (void)host_->Put(hash, buf.data(), retain_until);  // put it back where it was
     return std::nullopt;
   }
+  promote_ticket_[i] = *ticket;
+  backend_->OrderComputeAfterCopies();  // the step that reads the block runs after the copy
   const int32_t block = (*got)[0];
   pool_->Register(block, hash);
   pool_->SetRetention(block, retain_until);
-  transfer_bytes_ += static_cast<int64_t>(promote_staging_.size());
+  transfer_bytes_ += static_cast<int64_t>(buf.bytes());
   const int64_t ns = static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9);
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
   (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(ns);
@@ -159,13 +178,19 @@ bool KvTiers::SwapOut(Sequence* seq) {
   }
   Stopwatch sw;
   const size_t bytes = kv_->layout().BlockBytes();
+  // DMA straight into the (pinned) slots; the blocks go back to the pool at once, so compute
+  // that may reuse them is ordered after these copies. Nobody reads the slots until SwapIn.
   for (int64_t i = 0; i < n; ++i) {
-    if (!backend_->CopyToHost(host_->SwapData((*slots)[i]), BlockData(seq->blocks[i]), bytes).ok()) {
+    auto ticket = backend_->CopyAsync(host_->SwapData((*slots)[i]), BlockData(seq->blocks[i]), bytes);
+    if (!ticket.ok()) {
+      (void)backend_->WaitCopy(swap_ticket_);  // copies already issued into these slots
       host_->FreeSwap(*slots);
       ++swap_failures_;
       return false;
     }
+    swap_ticket_ = *ticket;
   }
+  backend_->OrderComputeAfterCopies();
   seq->swap_slots = std::move(*slots);
   ++swapped_out_;
   swap_out_blocks_ += n;
@@ -180,9 +205,12 @@ bool KvTiers::SwapIn(Sequence* seq) {
   const int64_t n = static_cast<int64_t>(seq->swap_slots.size());
   bool ok = n <= static_cast<int64_t>(seq->blocks.size());
   for (int64_t i = 0; ok && i < n; ++i) {
-    ok = backend_->CopyToDevice(BlockData(seq->blocks[i]), host_->SwapData(seq->swap_slots[i]), bytes).ok();
+    auto ticket = backend_->CopyAsync(BlockData(seq->blocks[i]), host_->SwapData(seq->swap_slots[i]), bytes);
+    ok = ticket.ok();
+    if (ok) swap_ticket_ = *ticket;
   }
-  DropSwap(seq);
+  backend_->OrderComputeAfterCopies();  // the step that resumes the sequence reads them
+  DropSwap(seq);  // waits for the copies out of the slots before the DDR tier reuses them
   if (!ok) {
     ++swap_failures_;
     return false;
@@ -195,6 +223,9 @@ bool KvTiers::SwapIn(Sequence* seq) {
 }
 
 void KvTiers::DropSwap(Sequence* seq) {
+  if (seq->swap_slots.empty()) return;
+  // A failed wait means a device fault; the slots are returned anyway (the step will fail).
+  (void)backend_->WaitCopy(swap_ticket_);
   host_->FreeSwap(seq->swap_slots);
   seq->swap_slots.clear();
 }
@@ -223,7 +254,7 @@ KvTierStats KvTiers::stats() const {
   s.promote_flash_seconds = promote_flash_ns_.load() * 1e-9;
   s.swap_out_seconds = swap_out_ns_.load() * 1e-9;
   s.swap_in_seconds = swap_in_ns_.load() * 1e-9;
-  s.block_bytes = static_cast<int64_t>(staging_.size());
+  s.block_bytes = static_cast<int64_t>(staging_.bytes());
   return s;
 }
 

@@ -8,8 +8,12 @@
 // - Swap: a preempted sequence's whole KV (partial last block included) can be parked in DDR
 //   slots and copied back when it is readmitted; ShouldSwap weighs the copies against
 //   recomputing the tokens with the swap policy's cost model.
-// Device-side copies run on the engine thread between steps (a CPU memcpy; on the GPU they
-// would be the copy stream's DMA into pinned memory); flash I/O runs on the transfer thread.
+// Device copies go through the backend's copy stream (Backend::CopyAsync) to and from pinned
+// host memory (the DDR slab and the staging buffers come from Backend::AllocateHost): on a GPU
+// they are DMA beside the compute stream, ordered against it by events; on the CPU, memcpy.
+// Promotions and swap-ins are ordered before the next step's compute without blocking the
+// host; the host waits only where it must touch the host side (demotion's staging block, a
+// reused promotion buffer, swap slots being returned). Flash I/O runs on the transfer thread.
 #pragma once
 
 #include <atomic>
@@ -106,9 +110,17 @@ class KvTiers final : public LowerTiers {
   Backend* backend_;
   std::unique_ptr<FlashStore> flash_;
   std::unique_ptr<HostKvTier> host_;
-  // One block each, host side (pinned memory under CUDA): promotion's buffer must survive the
-  // demotion that its own allocation may trigger.
-  std::vector<uint8_t> staging_, promote_staging_;
+  // Host-side blocks (pinned under CUDA). Demotion's: one. Promotion's: a ring, so that reading
+  // the next block from DDR or flash overlaps the copy of the previous one to the device (each
+  // waits for its previous copy before reuse); apart from demotion's, as a promotion's own
+  // allocation may demote.
+  static constexpr int kPromoteRing = 4;
+  HostBuffer staging_;
+  HostBuffer promote_staging_[kPromoteRing];
+  uint64_t promote_ticket_[kPromoteRing] = {};
+  int promote_next_ = 0;
+  // The last copy into or out of swap slots: slots go back to the DDR tier only after it.
+  uint64_t swap_ticket_ = 0;
   SwapCostModel swap_cost_;
   double measured_link_ = 0;
   std::atomic<int64_t> transfer_bytes_{0};

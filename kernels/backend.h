@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
+#include "core/host_buffer.h"
 
 namespace moeserve {
 
@@ -106,6 +107,22 @@ class Backend {
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
+
+  // ---- host memory and the copy stream (KV tiers: demotion, promotion, swap) ----
+  // Host memory that device copies go to and from: pinned (page-locked) under CUDA, so that
+  // copies run at the host link's speed and asynchronously; ordinary memory on the CPU.
+  virtual absl::StatusOr<HostBuffer> AllocateHost(size_t bytes) = 0;
+  // Enqueues a copy between device and host memory (either way) on the device's copy stream,
+  // beside the compute stream, and returns its ticket (1, 2, 3, ...). The copy sees everything
+  // that compute work enqueued before the call wrote. Compute work sees what it wrote, or stops
+  // reading its source, only if enqueued after OrderComputeAfterCopies(); the host may touch
+  // the host side only after WaitCopy(ticket).
+  virtual absl::StatusOr<uint64_t> CopyAsync(void* dst, const void* src, size_t bytes) = 0;
+  // Blocks until the copy with this ticket, and every one before it, is done.
+  virtual absl::Status WaitCopy(uint64_t ticket) = 0;
+  // Compute work enqueued from now on waits for every copy issued so far (on the device; the
+  // host does not block).
+  virtual void OrderComputeAfterCopies() = 0;
 
   // ---- ops ----
   // out[i, :] = table[ids[i], :] as fp32.  table: [vocab, hidden]

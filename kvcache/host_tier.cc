@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace moeserve {
 
@@ -25,11 +26,21 @@ absl::StatusOr<std::unique_ptr<HostKvTier>> HostKvTier::Create(const HostTierOpt
                                                    " bytes holds no block of ", options.block_bytes, " bytes"));
   }
   if (options.max_pending_writes < 0) return absl::InvalidArgumentError("host KV tier: max_pending_writes < 0");
-  return std::unique_ptr<HostKvTier>(new HostKvTier(options, flash, slots));
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(slots, 0)) * options.block_bytes;
+  HostBuffer slab;
+  if (options.allocate) {
+    ASSIGN_OR_RETURN(slab, options.allocate(bytes));
+  } else {
+    slab = HostBuffer::Plain(bytes);
+  }
+  if (slab.empty() || slab.bytes() < bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("host KV tier: cannot allocate a slab of ", bytes, " bytes"));
+  }
+  return std::unique_ptr<HostKvTier>(new HostKvTier(options, flash, std::move(slab), slots));
 }
 
-HostKvTier::HostKvTier(const HostTierOptions& options, FlashStore* flash, int64_t slots)
-    : options_(options), flash_(flash), slab_(static_cast<size_t>(slots) * options.block_bytes) {
+HostKvTier::HostKvTier(const HostTierOptions& options, FlashStore* flash, HostBuffer slab, int64_t slots)
+    : options_(options), flash_(flash), slab_(std::move(slab)) {
   for (int64_t s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
   stats_.capacity_blocks = slots;
   if (options_.async && flash_ != nullptr) thread_ = std::thread([this] { TransferLoop(); });

@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/clock.h"
+#include "core/host_buffer.h"
 #include "kvcache/flash_store.h"
 
 namespace moeserve {
@@ -46,6 +48,9 @@ struct HostTierOptions {
   bool async = true;
   int64_t max_pending_writes = 64;
   WallClock clock = WallSeconds;  // for retention deadlines
+  // Allocates the slab: Backend::AllocateHost (pinned under CUDA, so that the device's copy
+  // engine reads and writes swap slots directly); null: ordinary memory.
+  std::function<absl::StatusOr<HostBuffer>(size_t)> allocate;
 };
 
 struct HostTierStats {
@@ -108,7 +113,7 @@ class HostKvTier {
     double retain_until = 0;
   };
 
-  HostKvTier(const HostTierOptions& options, FlashStore* flash, int64_t slots);
+  HostKvTier(const HostTierOptions& options, FlashStore* flash, HostBuffer slab, int64_t slots);
   uint8_t* Slot(int64_t slot) { return slab_.data() + static_cast<size_t>(slot) * options_.block_bytes; }
   const uint8_t* Slot(int64_t slot) const { return slab_.data() + static_cast<size_t>(slot) * options_.block_bytes; }
   // Takes a slot, pushing the least recently used unretained block (else the least recently
@@ -124,7 +129,7 @@ class HostKvTier {
   FlashStore* flash_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<uint8_t> slab_;
+  HostBuffer slab_;
   std::vector<int64_t> free_slots_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::list<BlockHash> lru_;  // front: most recently used

@@ -70,16 +70,75 @@ void CpuBackend::Free(void* data, size_t bytes) {
 }
 
 absl::Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  RunOrderedCopies();
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  RunOrderedCopies();
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  RunOrderedCopies();
   if (bytes) std::memmove(dst, src, bytes);
   return absl::OkStatus();
+}
+absl::Status CpuBackend::Synchronize() {
+  RunOrderedCopies();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostBuffer> CpuBackend::AllocateHost(size_t bytes) {
+  HostBuffer b = HostBuffer::Plain(bytes);
+  if (b.empty()) return absl::ResourceExhaustedError(absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
+  return b;
+}
+
+absl::StatusOr<uint64_t> CpuBackend::CopyAsync(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  const uint64_t ticket = ++copies_issued_;
+  if (!options_.defer_copies) {
+    if (bytes) std::memcpy(dst, src, bytes);  // compute is synchronous here: nothing to order
+  } else {
+    copies_.push_back({ticket, dst, src, bytes});
+  }
+  return ticket;
+}
+
+void CpuBackend::RunCopies(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  while (!copies_.empty() && copies_.front().ticket <= ticket) {
+    const QueuedCopy c = copies_.front();
+    copies_.pop_front();
+    if (c.bytes) std::memcpy(c.dst, c.src, c.bytes);
+  }
+}
+
+void CpuBackend::RunOrderedCopies() {
+  if (!options_.defer_copies) return;
+  uint64_t ordered;
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    ordered = copies_ordered_;
+  }
+  RunCopies(ordered);
+}
+
+absl::Status CpuBackend::WaitCopy(uint64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    if (ticket > copies_issued_) {
+      return absl::InvalidArgumentError(absl::StrCat("wait for copy ", ticket, ": only ", copies_issued_, " issued"));
+    }
+  }
+  RunCopies(ticket);
+  return absl::OkStatus();
+}
+
+void CpuBackend::OrderComputeAfterCopies() {
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  copies_ordered_ = copies_issued_;
 }
 
 void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
@@ -152,6 +211,7 @@ void CpuBackend::SigmoidScaleRows(float* x, const float* gate, int64_t rows, int
 
 void CpuBackend::WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
                          const KvLayout& layout, int64_t layer, void* cache) {
+  RunOrderedCopies();
   if (fast()) return cpu_fast::WriteKv(k, v, slots, n, layout, layer, cache);
   cpu_ref::WriteKv(k, v, slots, n, layout, layer, cache);
 }
@@ -160,6 +220,7 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
                                 int64_t layer, const void* cache, int64_t q_heads, float scale,
                                 float* out) {
   MS_CHECK(layout.kv_heads > 0 && q_heads % layout.kv_heads == 0);
+  RunOrderedCopies();
   if (fast()) return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out);
   cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
 }

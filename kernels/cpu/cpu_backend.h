@@ -4,7 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/thread_pool.h"
@@ -21,6 +23,11 @@ struct CpuBackendOptions {
   // Fast path: compute every GEMM row in an order independent of the batch, so a request's
   // output does not depend on what shares its step. Off: OpenBLAS for large batches.
   bool batch_invariant = true;
+  // Emulates a GPU's asynchronous copy engine (tests): CopyAsync only queues the copy, which
+  // runs at the latest moment a GPU could run it: at WaitCopy, or, once ordered before compute
+  // by OrderComputeAfterCopies, at the next copy, Synchronize or KV op. A caller that forgets
+  // a wait or an ordering then reads stale or overwritten data, as it could on a GPU.
+  bool defer_copies = false;
 };
 
 class CpuBackend final : public Backend {
@@ -38,7 +45,11 @@ class CpuBackend final : public Backend {
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override;
+  absl::StatusOr<HostBuffer> AllocateHost(size_t bytes) override;
+  absl::StatusOr<uint64_t> CopyAsync(void* dst, const void* src, size_t bytes) override;
+  absl::Status WaitCopy(uint64_t ticket) override;
+  void OrderComputeAfterCopies() override;
 
   void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
   void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) override;
@@ -68,7 +79,21 @@ class CpuBackend final : public Backend {
 
  private:
   bool fast() const { return options_.path == CpuPath::kFast; }
+  // Runs queued copies with a ticket up to `ticket` (defer_copies).
+  void RunCopies(uint64_t ticket);
+  // Runs the copies that compute must see before it starts (defer_copies).
+  void RunOrderedCopies();
+
   CpuBackendOptions options_;
+  struct QueuedCopy {
+    uint64_t ticket;
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::mutex copy_mu_;
+  std::deque<QueuedCopy> copies_;
+  uint64_t copies_issued_ = 0, copies_ordered_ = 0;
   std::atomic<size_t> used_{0};
   std::unique_ptr<ThreadPool> pool_;  // fast path only
 };

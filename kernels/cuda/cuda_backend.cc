@@ -45,8 +45,23 @@ struct CudaBackend::Impl {
   DeviceBuffer scratch;  // activations rounded to the weight dtype for cublasGemmEx (in the arena)
   std::mutex mu;         // the sticky error
   absl::Status error;
+  // The copy stream: its copies wait for compute_event (recorded on the compute stream at each
+  // CopyAsync); ticket t's completion is ring[t % kRing]; the compute stream waits on barrier.
+  static constexpr uint64_t kRing = 64;
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t compute_event = nullptr, barrier_event = nullptr;
+  cudaEvent_t ring[kRing] = {};
+  std::mutex copy_mu;
+  uint64_t issued = 0, completed = 0;
   ~Impl() {
     cudaSetDevice(device);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
+    for (cudaEvent_t e : ring) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (compute_event != nullptr) cudaEventDestroy(compute_event);
+    if (barrier_event != nullptr) cudaEventDestroy(barrier_event);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -70,6 +85,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options.device));
   impl->name = absl::StrCat("cuda (device ", options.device, ": ", prop.name, ")");
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&impl->compute_event, cudaEventDisableTiming));
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&impl->barrier_event, cudaEventDisableTiming));
+  for (cudaEvent_t& e : impl->ring) CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&impl->cublas));
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(impl->cublas, impl->stream));
   size_t free_bytes = 0, total_bytes = 0;
@@ -153,6 +172,57 @@ absl::Status CudaBackend::Synchronize() {
   Use();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return TakeError();
+}
+
+absl::StatusOr<HostBuffer> CudaBackend::AllocateHost(size_t bytes) {
+  Use();
+  void* p = nullptr;
+  // Portable: pinned for every GPU of the process (the ranks of --ep/--pp share host tiers).
+  if (cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cuda: cudaHostAlloc of ", bytes, " pinned bytes failed"));
+  }
+  return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); }, /*pinned=*/true);
+}
+
+absl::StatusOr<uint64_t> CudaBackend::CopyAsync(void* dst, const void* src, size_t bytes) {
+  Use();
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.copy_mu);
+  const uint64_t t = m.issued + 1;
+  cudaEvent_t ev = m.ring[t % Impl::kRing];
+  if (t > Impl::kRing && m.completed < t - Impl::kRing) {  // the slot still tracks ticket t - kRing
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev));
+    m.completed = t - Impl::kRing;
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(m.compute_event, m.stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(m.copy_stream, m.compute_event, 0));
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, m.copy_stream));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, m.copy_stream));
+  m.issued = t;
+  return t;
+}
+
+absl::Status CudaBackend::WaitCopy(uint64_t ticket) {
+  Use();
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.copy_mu);
+  if (ticket > m.issued) {
+    return absl::InvalidArgumentError(absl::StrCat("wait for copy ", ticket, ": only ", m.issued, " issued"));
+  }
+  if (ticket <= m.completed) return absl::OkStatus();
+  // Not yet reused: a slot is re-recorded only after its previous ticket completed.
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(m.ring[ticket % Impl::kRing]));
+  m.completed = ticket;
+  return absl::OkStatus();
+}
+
+void CudaBackend::OrderComputeAfterCopies() {
+  Use();
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.copy_mu);
+  NOTE_CUDA(cudaEventRecord(m.barrier_event, m.copy_stream));
+  NOTE_CUDA(cudaStreamWaitEvent(m.stream, m.barrier_event, 0));
 }
 
 void CudaBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {

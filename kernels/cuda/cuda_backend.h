@@ -35,6 +35,11 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
+  // cudaHostAlloc; copies on a second stream, ordered against the compute stream by events.
+  absl::StatusOr<HostBuffer> AllocateHost(size_t bytes) override;
+  absl::StatusOr<uint64_t> CopyAsync(void* dst, const void* src, size_t bytes) override;
+  absl::Status WaitCopy(uint64_t ticket) override;
+  void OrderComputeAfterCopies() override;
 
   void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
   void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate = false) override;

@@ -22,11 +22,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// With `defer_copies`, the backend emulates a GPU's asynchronous copy engine (see
+// CpuBackendOptions): a missing wait or ordering of the tiers' copies shows as wrong output.
+CpuBackendOptions BackendOptions(bool defer_copies) {
+  CpuBackendOptions o;
+  o.defer_copies = defer_copies;
+  return o;
+}
 struct Model {
   CpuBackend backend;
   ModelConfig config = *PresetConfig("tiny");
   std::unique_ptr<ModelWeights> weights;
-  Model() { weights = *ModelWeights::Load(config, *GenerateRandomWeights(config, 7, DType::kF32), &backend, DType::kF32); }
+  explicit Model(bool defer_copies = false) : backend(BackendOptions(defer_copies)) {
+    weights = *ModelWeights::Load(config, *GenerateRandomWeights(config, 7, DType::kF32), &backend, DType::kF32);
+  }
 };
 
 // Runs requests one after another; returns each final event and the generated tokens.
@@ -97,7 +106,7 @@ std::string FreshDir() {
   return p.string();
 }
 
-class KvTiersTest : public ::testing::Test {
+class KvTiersTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     seed_ = std::random_device{}();
@@ -107,13 +116,13 @@ class KvTiersTest : public ::testing::Test {
     oracle_ = RunAlone(plain.get(), scenario_.second, 10).tokens;
     ASSERT_EQ(oracle_.size(), 10u);
   }
-  Model model_;
+  Model model_{GetParam()};
   uint64_t seed_ = 0;
   Scenario scenario_;
   std::vector<int32_t> oracle_;
 };
 
-TEST_F(KvTiersTest, WithoutTiersTheEvictedPrefixIsRecomputed) {
+TEST_P(KvTiersTest, WithoutTiersTheEvictedPrefixIsRecomputed) {
   auto e = MakeEngine(model_, {}, 12);
   const Result r = PlayScenario(e.get(), scenario_);
   EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
@@ -121,7 +130,7 @@ TEST_F(KvTiersTest, WithoutTiersTheEvictedPrefixIsRecomputed) {
   EXPECT_TRUE(e->CheckAccounting());
 }
 
-TEST_F(KvTiersTest, PrefixComesBackFromDdr) {
+TEST_P(KvTiersTest, PrefixComesBackFromDdr) {
   KvTierConfig t;
   t.host_bytes = 64ull << 20;
   auto e = MakeEngine(model_, t, 12);
@@ -135,7 +144,7 @@ TEST_F(KvTiersTest, PrefixComesBackFromDdr) {
   EXPECT_TRUE(e->CheckAccounting());
 }
 
-TEST_F(KvTiersTest, PrefixComesBackFromFlashAndSurvivesARestart) {
+TEST_P(KvTiersTest, PrefixComesBackFromFlashAndSurvivesARestart) {
   const std::string dir = FreshDir();
   KvTierConfig t;
   t.flash_dir = dir;  // no DDR: evicted blocks go straight to flash
@@ -157,7 +166,7 @@ TEST_F(KvTiersTest, PrefixComesBackFromFlashAndSurvivesARestart) {
   fs::remove_all(dir);
 }
 
-TEST_F(KvTiersTest, ASmallDdrCascadesIntoFlash) {
+TEST_P(KvTiersTest, ASmallDdrCascadesIntoFlash) {
   const std::string dir = FreshDir();
   KvTierConfig t;
   t.host_bytes = 2 * KvLayoutFor(model_.config, 1, 16, DType::kF32).BlockBytes();  // two blocks
@@ -175,7 +184,7 @@ TEST_F(KvTiersTest, ASmallDdrCascadesIntoFlash) {
 
 // Retention on the device: the retained prompt blocks survive fillers that evict everything
 // else, and turn into ordinary LRU blocks at their deadline.
-TEST_F(KvTiersTest, RetainedPrefixOutlivesDevicePressureUntilItExpires) {
+TEST_P(KvTiersTest, RetainedPrefixOutlivesDevicePressureUntilItExpires) {
   double now = 1000.0;
   auto e = MakeEngine(model_, {}, 12, [&] { return now; });
   RunAlone(e.get(), scenario_.first, 4, /*retain_seconds=*/300);
@@ -196,7 +205,7 @@ TEST_F(KvTiersTest, RetainedPrefixOutlivesDevicePressureUntilItExpires) {
 // Retention below the device: a request that needs the whole device pool pushes the retained
 // blocks down to a four-block DDR tier, where the fillers' blocks rotate through the one slot
 // left rather than pushing them out. Without retention they are lost.
-TEST_F(KvTiersTest, RetainedBlocksKeepTheirPlaceInASmallDdr) {
+TEST_P(KvTiersTest, RetainedBlocksKeepTheirPlaceInASmallDdr) {
   std::mt19937 gen(static_cast<uint32_t>(seed_) + 1);  // not the scenario's stream
   const std::vector<int32_t> big = RandomTokens(gen, 180);  // with 8 new tokens: all 12 blocks
   for (const double retain : {0.0, 600.0}) {
@@ -220,7 +229,7 @@ TEST_F(KvTiersTest, RetainedBlocksKeepTheirPlaceInASmallDdr) {
 // one record gets a flipped payload byte, one is truncated, a record of another model and a
 // half-written temp file appear. The restarted engine drops and counts the bad ones at open
 // and on read, serves only verified blocks, and its output equals the oracle.
-TEST_F(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
+TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   const std::string dir = FreshDir();
   KvTierConfig t;
   t.flash_dir = dir;
@@ -289,7 +298,7 @@ TEST_F(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
 // prompts), with cancellations from another thread: every request ends exactly once, the ones
 // that finish equal the oracle and the cancelled ones are prefixes of it, and afterwards no
 // device block, swap slot or queued write is left and flash stays within its budget.
-TEST_F(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
+TEST_P(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
   std::mt19937 gen(static_cast<uint32_t>(seed_));
   std::vector<std::vector<int32_t>> prefixes;
   for (int i = 0; i < 3; ++i) prefixes.push_back(RandomTokens(gen, 32));
@@ -313,6 +322,8 @@ TEST_F(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
   t.host_bytes = 6 * block_bytes;
   t.flash_dir = dir;
   t.flash_bytes = 12 * (block_bytes + FlashRecordHeader::kBytes);
+  // Under the copy-engine emulation every preemption swaps, to exercise the swap copies.
+  if (GetParam()) t.preemption = PreemptionMode::kSwap;
   EngineConfig ec;
   ec.num_kv_blocks = 16;
   ec.scheduler.max_num_seqs = 8;
@@ -384,6 +395,9 @@ TEST_F(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
   created->reset();
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Copies, KvTiersTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "DeferredCopyEngine" : "Synchronous"; });
 
 }  // namespace
 }  // namespace moeserve

@@ -303,6 +303,49 @@ TEST_F(CpuOpsTest, ArenaEnforcesCapacityAndReturnsMemory) {
   EXPECT_TRUE(small.Allocate(600 << 10).ok());
 }
 
+// The copy-engine emulation the KV tier tests run under: a copy lands only when waited for, or,
+// once ordered before compute, at the next copy or KV op; in issue order; tickets checked.
+TEST_F(CpuOpsTest, DeferredCopiesLandOnlyWhenWaitedForOrOrderedBeforeCompute) {
+  CpuBackendOptions o;
+  o.defer_copies = true;
+  CpuBackend b(o);
+  auto host = b.AllocateHost(256);
+  ASSERT_TRUE(host.ok());
+  EXPECT_FALSE(host->pinned());
+  auto dev = b.Allocate(256);
+  ASSERT_TRUE(dev.ok());
+  const auto src = RandomFloats(64, 3);
+  std::memcpy(host->data(), src.data(), 256);
+  std::memset(dev->data(), 0, 256);
+  auto t1 = b.CopyAsync(dev->data(), host->data(), 128);
+  auto t2 = b.CopyAsync(dev->as<uint8_t>() + 128, host->data() + 128, 128);
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  EXPECT_EQ(*t2, *t1 + 1);
+  EXPECT_EQ(dev->as<float>()[0], 0.0f) << "a queued copy landed before anything waited for it";
+  ASSERT_TRUE(b.WaitCopy(*t1).ok());
+  EXPECT_EQ(0, std::memcmp(dev->data(), src.data(), 128));
+  EXPECT_EQ(dev->as<float>()[32], 0.0f) << "WaitCopy ran a later copy";
+  b.OrderComputeAfterCopies();
+  EXPECT_EQ(dev->as<float>()[32], 0.0f);
+  ASSERT_TRUE(b.Synchronize().ok());  // the compute stream meets the ordering
+  EXPECT_EQ(0, std::memcmp(dev->data(), src.data(), 256));
+  // Device to host, the other way, and a ticket that was never issued.
+  std::vector<float> back(64, -1.0f);
+  auto t3 = b.CopyAsync(back.data(), dev->data(), 256);
+  ASSERT_TRUE(t3.ok());
+  EXPECT_EQ(back[5], -1.0f);
+  ASSERT_TRUE(b.WaitCopy(*t3).ok());
+  EXPECT_EQ(back, src);
+  const absl::Status bad = b.WaitCopy(*t3 + 5);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message()).find("issued"), std::string::npos) << bad;
+  // Without the emulation a copy lands at once.
+  CpuBackend now;
+  std::vector<float> dst(64, 0.0f);
+  ASSERT_TRUE(now.CopyAsync(dst.data(), src.data(), 256).ok());
+  EXPECT_EQ(dst, src);
+}
+
 }  // namespace
 }  // namespace moeserve
 

@@ -242,6 +242,46 @@ TEST_F(CudaBackendTest, EmbeddingKvWriteAndPagedAttention) {
   ExpectClose(Down(dout, want.size()), want, 0, "embedding");
 }
 
+// Pinned host memory and the copy stream: a copy sees what compute enqueued before it wrote,
+// compute enqueued after OrderComputeAfterCopies sees what a copy wrote, and WaitCopy makes a
+// device-to-host copy visible to the host; more copies than the ticket ring holds.
+TEST_F(CudaBackendTest, PinnedCopiesOnTheCopyStreamAreOrderedAgainstCompute) {
+  const int64_t n = 1 << 16;
+  auto host = gpu_->AllocateHost(n * sizeof(float));
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_TRUE(host->pinned());
+  const auto a = Random(n), b = Random(n);
+  float* da = Up(a);
+  float* db = Up(b);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  gpu_->Add(da, db, n);  // compute: a += b, then the copy must see it
+  auto t = gpu_->CopyAsync(host->data(), da, n * sizeof(float));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(gpu_->WaitCopy(*t).ok());
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = a[i] + b[i];
+  std::vector<float> got(n);
+  std::memcpy(got.data(), host->data(), n * sizeof(float));
+  ExpectClose(got, want, 0, "device to pinned host after compute");
+  // Host to device (a again), then compute ordered after the copy: b += a.
+  for (int64_t i = 0; i < n; ++i) reinterpret_cast<float*>(host->data())[i] = a[i];
+  auto t2 = gpu_->CopyAsync(da, host->data(), n * sizeof(float));
+  ASSERT_TRUE(t2.ok());
+  gpu_->OrderComputeAfterCopies();
+  gpu_->Add(db, da, n);
+  for (int64_t i = 0; i < n; ++i) want[i] = b[i] + a[i];
+  ExpectClose(Down(db, n), want, 0, "compute after an ordered host-to-device copy");
+  // Many small copies (past the ring of tickets), each waited for in turn at the end.
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 200; ++i) {
+    auto ti = gpu_->CopyAsync(host->data() + (i % 64) * 64, da + (i % 64) * 16, 64);
+    ASSERT_TRUE(ti.ok()) << ti.status();
+    tickets.push_back(*ti);
+  }
+  for (uint64_t ti : tickets) ASSERT_TRUE(gpu_->WaitCopy(ti).ok());
+  EXPECT_FALSE(gpu_->WaitCopy(tickets.back() + 1).ok());
+}
+
 // The whole engine on the GPU against the CPU backend: greedy tokens equal, or the first
 // divergence is a near-tie of the CPU's top two log-probabilities. f32 weights, so that both
 // sides multiply in fp32 (with bf16 weights the GPU rounds activations to bf16 and a flipped
