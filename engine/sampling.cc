@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/sample_ops.h"
 
 namespace moeserve {
 
@@ -26,44 +27,17 @@ int32_t ArgMax(const float* logits, int64_t vocab) {
 Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
     : params_(params), rng_(params.seed.value_or(fallback_seed)) {}
 
+SampleSpec Sampler::Next() {
+  SampleSpec s;
+  s.temperature = params_.temperature;
+  s.top_k = params_.top_k;
+  s.top_p = params_.top_p;
+  if (!params_.greedy()) s.u = rng_.UniformDouble();
+  return s;
+}
+
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (params_.greedy()) return ArgMax(logits, vocab);
-  // Candidates sorted by logit, descending; ties broken by the lower id for determinism.
-  candidates_.resize(vocab);
-  for (int64_t i = 0; i < vocab; ++i) candidates_[i] = {logits[i], static_cast<int32_t>(i)};
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  int64_t keep = vocab;
-  if (params_.top_k > 0 && params_.top_k < vocab) keep = params_.top_k;
-  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  candidates_.resize(keep);
-  // Probabilities at temperature over the kept candidates.
-  const double inv_t = 1.0 / params_.temperature;
-  const double mx = candidates_[0].first;
-  std::vector<double> p(keep);
-  double sum = 0.0;
-  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp((candidates_[i].first - mx) * inv_t);
-  // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
-  if (params_.top_p < 1.0f) {
-    double mass = 0.0;
-    int64_t n = 0;
-    while (n < keep) {
-      mass += p[n] / sum;
-      ++n;
-      if (mass >= params_.top_p) break;
-    }
-    keep = n;
-    sum = 0.0;
-    for (int64_t i = 0; i < keep; ++i) sum += p[i];
-  }
-  const double u = rng_.UniformDouble() * sum;
-  double acc = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return candidates_[i].second;
-  }
-  return candidates_[keep - 1].second;
+  return cpu_sample::SortSampleRow(logits, vocab, Next());
 }
 
 std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n) {

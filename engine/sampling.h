@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "core/rng.h"
+#include "kernels/backend.h"
 
 namespace moeserve {
 
@@ -33,13 +34,15 @@ class Sampler {
   // `fallback_seed` is used when params.seed is unset.
   Sampler(const SamplingParams& params, uint64_t fallback_seed);
 
-  // Picks the next token from logits [vocab].
+  // The next token's sampling spec, for Backend::SampleRows (which samples on the device): the
+  // parameters and, unless greedy, the next uniform number of this request's stream.
+  SampleSpec Next();
+  // Picks the next token from logits [vocab] on the host (the same rule, the same stream).
   int32_t Sample(const float* logits, int64_t vocab);
 
  private:
   SamplingParams params_;
   Rng rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
 };
 
 // Index of the largest logit (the lowest index among ties).

@@ -92,6 +92,16 @@ struct AttentionBatch {
   int64_t max_blocks_per_seq = 0;
 };
 
+// How one row of logits becomes a token (Backend::SampleRows). Plain data, the same bytes on
+// the host and the device.
+struct SampleSpec {
+  double u = 0;             // uniform in [0, 1), drawn from the request's own random stream
+  float temperature = 0;    // 0: greedy (the largest logit, the lowest id among ties)
+  float top_p = 1;          // (0, 1]: the smallest most-likely prefix holding this mass
+  int32_t top_k = 0;        // 0: no limit
+  int32_t reserved = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -173,6 +183,13 @@ class Backend {
   // slots[i] = block * block_size + offset.
   virtual void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
                        const KvLayout& layout, int64_t layer, void* cache) = 0;
+
+  // Picks one token per row of logits [rows, vocab] as engine/sampling.h's Sampler does: in the
+  // order (logit descending, lower id first) keep the top_k, then the smallest prefix whose
+  // probability at `temperature` reaches top_p, then the token where the cumulative
+  // probability first exceeds u. specs: [rows]; tokens: [rows].
+  virtual void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
+                          int32_t* tokens) = 0;
 
   // Paged causal attention with grouped-query heads.
   // q: [num_tokens, q_heads, head_dim] -> out: [num_tokens, q_heads, head_dim]

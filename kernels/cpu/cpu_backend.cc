@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cpu/sample_ops.h"
 
 namespace moeserve {
 namespace {
@@ -223,6 +224,15 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
   RunOrderedCopies();
   if (fast()) return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out);
   cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
+}
+
+}  // namespace moeserve
+
+namespace moeserve {
+
+void CpuBackend::SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
+                            int32_t* tokens) {
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = cpu_sample::SortSampleRow(logits + r * vocab, vocab, specs[r]);
 }
 
 }  // namespace moeserve

@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -330,6 +331,20 @@ void CudaBackend::PagedAttention(const float* q, const AttentionBatch& batch, co
   NOTE_CUDA(cuda::LaunchPagedAttention(q, batch.token_seq, batch.token_pos, batch.block_tables, batch.num_tokens,
                                        batch.max_blocks_per_seq, GeometryOf(layout), layer, cache, q_heads, scale,
                                        out, impl_->stream));
+}
+
+static_assert(sizeof(SampleSpec) == sizeof(cuda::SampleSpecDevice) &&
+              offsetof(SampleSpec, u) == offsetof(cuda::SampleSpecDevice, u) &&
+              offsetof(SampleSpec, temperature) == offsetof(cuda::SampleSpecDevice, temperature) &&
+              offsetof(SampleSpec, top_p) == offsetof(cuda::SampleSpecDevice, top_p) &&
+              offsetof(SampleSpec, top_k) == offsetof(cuda::SampleSpecDevice, top_k),
+              "SampleSpec and its device mirror must have the same layout");
+
+void CudaBackend::SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
+                             int32_t* tokens) {
+  Use();
+  NOTE_CUDA(cuda::LaunchSampleRows(logits, rows, vocab, reinterpret_cast<const cuda::SampleSpecDevice*>(specs),
+                                   tokens, impl_->stream));
 }
 
 }  // namespace moeserve

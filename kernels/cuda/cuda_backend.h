@@ -60,6 +60,8 @@ class CudaBackend final : public Backend {
                int64_t layer, void* cache) override;
   void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
                       const void* cache, int64_t q_heads, float scale, float* out) override;
+  void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
+                  int32_t* tokens) override;
 
  protected:
   void Free(void* data, size_t bytes) override;

@@ -43,4 +43,16 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* token_seq, const
                                  KvGeometry g, int64_t layer, const void* cache, int64_t q_heads, float scale,
                                  float* out, cudaStream_t stream);
 
+// kernels/backend.h SampleSpec, byte for byte (checked in cuda_backend.cc).
+struct SampleSpecDevice {
+  double u;
+  float temperature;
+  float top_p;
+  int32_t top_k;
+  int32_t reserved;
+};
+// One thread block per row (sample_kernel.cu): the token each row's spec picks.
+cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpecDevice* specs,
+                             int32_t* tokens, cudaStream_t stream);
+
 }  // namespace moeserve::cuda
