@@ -327,6 +327,7 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // Build the step's input: one row of the block table per scheduled sequence.
   ForwardInput in;
+  in.logits_to_host = false;  // set below by a request that wants logprobs
   const int64_t bs = config_.block_size;
   in.num_seqs = static_cast<int64_t>(out.chunks.size());
   for (const auto& ch : out.chunks) {
@@ -347,15 +348,21 @@ absl::StatusOr<bool> Engine::Step() {
       in.slots.push_back(static_cast<int64_t>(s.blocks[p / bs]) * bs + p % bs);
       context_tokens += p + 1;
     }
-    if (ch.wants_logits) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
     Live& live = *live_.at(s.id);
+    if (ch.wants_logits) {
+      // Sampled on the device; the logits come to the host only for requests that want logprobs.
+      in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+      in.sample.push_back(live.sampler->Next());
+      if (live.request.top_logprobs > 0) in.logits_to_host = true;
+    }
     if (!live.first_scheduled) live.first_scheduled = start;
   }
   const double schedule_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ForwardStats fstats;
   ParallelStepStats pstats;
-  absl::Status s = executor_ != nullptr ? executor_->Forward(in, seq_ranks, &logits_, &fstats, &pstats)
-                                        : model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats);
+  absl::Status s = executor_ != nullptr
+                       ? executor_->Forward(in, seq_ranks, &logits_, &fstats, &pstats, &sampled_)
+                       : model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats, &sampled_);
   if (!s.ok()) {
     // Fail the requests of this step; the engine and everyone else keep going.
     for (const auto& ch : out.chunks) Finish(*live_.at(ch.seq->id), FinishReason::kError, std::string(s.message()));
@@ -379,15 +386,17 @@ absl::StatusOr<bool> Engine::Step() {
   for (const auto& ch : out.chunks) {
     if (!ch.wants_logits) continue;
     Live& live = *live_.at(ch.seq->id);
-    const float* lg = logits_.data() + row++ * vocab;
-    const int32_t tok = live.sampler->Sample(lg, vocab);
+    const size_t r = row++;
+    const int32_t tok = sampled_[r];
     Sequence& seq = live.seq;
     seq.tokens.push_back(tok);
     if (!live.first_token) live.first_token = now;
     RequestEvent ev;
     ev.request_id = seq.id;
     ev.tokens = {tok};
-    if (live.request.top_logprobs > 0) ev.logprobs.push_back(TopLogprobs(lg, vocab, live.request.top_logprobs));
+    if (live.request.top_logprobs > 0) {
+      ev.logprobs.push_back(TopLogprobs(logits_.data() + r * vocab, vocab, live.request.top_logprobs));
+    }
     const auto& stop = live.request.stop_ids;
     const int64_t generated = seq.num_tokens() - seq.prompt_len;
     std::optional<FinishReason> reason;

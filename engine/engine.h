@@ -162,7 +162,8 @@ class Engine {
   // Owned by the loop thread.
   std::unordered_map<uint64_t, std::unique_ptr<Live>> live_;
   uint64_t arrivals_ = 0;
-  std::vector<float> logits_;
+  std::vector<float> logits_;    // of the last step, only when some request wanted logprobs
+  std::vector<int32_t> sampled_;  // the last step's token per logit row, sampled on the device
   double seconds_per_prefill_token_ = 0;  // measured, for the swap cost model without a profile
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.

@@ -178,7 +178,8 @@ std::string ParallelExecutor::Describe() const {
 }
 
 absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks,
-                                       std::vector<float>* logits, ForwardStats* stats, ParallelStepStats* pstats) {
+                                       std::vector<float>* logits, ForwardStats* stats, ParallelStepStats* pstats,
+                                       std::vector<int32_t>* sampled) {
   const ModelConfig& c = weights_->config();
   const int64_t ep = config_.ep, pp = config_.pp;
   if (static_cast<int64_t>(seq_ranks.size()) != in.num_seqs) {
@@ -201,6 +202,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
       const size_t from = seqs.size() * m / micro, to = seqs.size() * (m + 1) / micro;
       SubStep& sub = subs[e][m];
       sub.in.num_seqs = static_cast<int64_t>(to - from);
+      sub.in.logits_to_host = in.logits_to_host;
       sub.in.max_blocks_per_seq = in.max_blocks_per_seq;
       const int64_t base = segment_begin_[e];  // the rank's arena numbers its segment from 0
       const int64_t bs = stage_block_size_;
@@ -216,6 +218,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
           if (logit_of_token[i] >= 0) {
             sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
             sub.logit_dest.push_back(logit_of_token[i]);
+            if (!in.sample.empty()) sub.in.sample.push_back(in.sample[logit_of_token[i]]);
           }
           sub.in.token_ids.push_back(in.token_ids[i]);
           sub.in.positions.push_back(in.positions[i]);
@@ -232,7 +235,15 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
     }
   }
 
-  logits->assign(in.logit_rows.size() * static_cast<size_t>(c.vocab_size), 0.0f);
+  if (!in.sample.empty() && sampled == nullptr) {
+    return absl::InvalidArgumentError("parallel forward: sampling specs but nowhere to put the tokens");
+  }
+  if (in.logits_to_host) {
+    logits->assign(in.logit_rows.size() * static_cast<size_t>(c.vocab_size), 0.0f);
+  } else {
+    logits->clear();
+  }
+  if (sampled != nullptr) sampled->assign(in.sample.size(), -1);
   std::vector<ForwardStats> rank_stats(ranks_.size());
   std::vector<CommStats> ep_before(ranks_.size()), pp_before(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -245,6 +256,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
     const int64_t s = rank.layout.stage, e = rank.layout.ep_rank;
     const int64_t h = c.hidden_size;
     std::vector<float> local_logits;
+    std::vector<int32_t> local_sampled;
     const float* hidden_out = nullptr;
     for (int64_t m = 0; m < micro; ++m) {
       const SubStep& sub = subs[e][m];
@@ -262,9 +274,10 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
       if (t > 0 || ep > 1) {  // EP ranks without tokens still join the all-to-alls
         RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, rank_kv_[r].layout(), rank_kv_[r].data(),
                                                  s > 0 ? rank.hidden_in.as<float>() : nullptr, &hidden_out,
-                                                 &local_logits, &fs));
+                                                 &local_logits, &fs, &local_sampled));
       } else {
         local_logits.clear();
+        local_sampled.clear();
       }
       ForwardStats& acc = rank_stats[r];
       acc.tokens += fs.tokens;
@@ -283,8 +296,11 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
         RETURN_IF_ERROR(rank.pp->Send(hidden_out, hidden_bytes, static_cast<int>(s + 1)));
       } else {
         for (size_t q = 0; q < sub.logit_dest.size(); ++q) {
-          std::copy_n(local_logits.data() + q * c.vocab_size, c.vocab_size,
-                      logits->data() + sub.logit_dest[q] * c.vocab_size);
+          if (in.logits_to_host) {
+            std::copy_n(local_logits.data() + q * c.vocab_size, c.vocab_size,
+                        logits->data() + sub.logit_dest[q] * c.vocab_size);
+          }
+          if (!in.sample.empty()) (*sampled)[sub.logit_dest[q]] = local_sampled[q];
         }
       }
     }

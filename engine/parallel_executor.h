@@ -83,8 +83,10 @@ class ParallelExecutor {
 
   // One step. `seq_ranks` ([in.num_seqs], taken modulo ep): the EP rank of each sequence, the
   // segment of the block pool its blocks come from.
+  // With in.sample, `sampled` receives each logit row's token (sampled on the last stage's
+  // devices); with !in.logits_to_host, `logits` stays empty.
   absl::Status Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, std::vector<float>* logits,
-                       ForwardStats* stats, ParallelStepStats* pstats);
+                       ForwardStats* stats, ParallelStepStats* pstats, std::vector<int32_t>* sampled = nullptr);
 
   const ParallelConfig& config() const { return config_; }
   const std::vector<RankLayout>& layout() const { return layout_; }

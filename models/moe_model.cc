@@ -80,6 +80,17 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
   for (int32_t r : in.logit_rows) {
     if (r < 0 || r >= t) return absl::InvalidArgumentError(absl::StrCat("logit row ", r, " out of range"));
   }
+  if (!in.sample.empty() && in.sample.size() != in.logit_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sample: ", in.sample.size(), " specs for ", in.logit_rows.size(),
+                                                   " logit rows"));
+  }
+  for (const SampleSpec& s : in.sample) {
+    if (!(s.temperature >= 0.0f) || !(s.top_p > 0.0f && s.top_p <= 1.0f) || s.top_k < 0 || !(s.u >= 0.0 && s.u < 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("sample spec out of range: temperature ", s.temperature,
+                                                     " (>= 0), top_p ", s.top_p, " ((0, 1]), top_k ", s.top_k,
+                                                     " (>= 0), u ", s.u, " ([0, 1))"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -136,6 +147,8 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.logit_rows, n * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.final_x, n * c.hidden_size * sizeof(float)));
     RETURN_IF_ERROR(grow(ws_.logits, n * c.vocab_size * sizeof(float)));
+    RETURN_IF_ERROR(grow(ws_.sample_specs, n * sizeof(SampleSpec)));
+    RETURN_IF_ERROR(grow(ws_.sampled, n * sizeof(int32_t)));
     ws_.logit_capacity = n;
   }
   return absl::OkStatus();
@@ -340,13 +353,14 @@ absl::Status MoeModel::SharedExpert(const LayerWeights& lw, int64_t t) {
 }
 
 absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
-                               std::vector<float>* logits, ForwardStats* stats) {
-  return ForwardShard(in, layout, kv_cache, nullptr, nullptr, logits, stats);
+                               std::vector<float>* logits, ForwardStats* stats, std::vector<int32_t>* sampled) {
+  return ForwardShard(in, layout, kv_cache, nullptr, nullptr, logits, stats, sampled);
 }
 
 absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                                     const float* hidden_in, const float** hidden_out,
-                                    std::vector<float>* logits, ForwardStats* stats) {
+                                    std::vector<float>* logits, ForwardStats* stats,
+                                    std::vector<int32_t>* sampled) {
   RETURN_IF_ERROR(Validate(in, layout));
   const ModelConfig& c = config();
   const bool first = shard_.layer_begin == 0, last = shard_.layer_end == c.num_hidden_layers;
@@ -423,6 +437,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     if (logits != nullptr) logits->clear();
     return backend_->Synchronize();
   }
+  if (sampled != nullptr) sampled->clear();
   if (r == 0) {
     logits->clear();
     return backend_->Synchronize();
@@ -432,8 +447,20 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
   backend_->GatherRows(x, ws_.logit_rows.as<int32_t>(), r, h, fx);
   backend_->RmsNorm(fx, weights_->final_norm(), r, h, static_cast<float>(c.rms_norm_eps), fx);
   backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
-  logits->resize(static_cast<size_t>(r * c.vocab_size));
-  RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
+  if (!in.sample.empty()) {
+    if (sampled == nullptr) return absl::InvalidArgumentError("forward: sampling specs but nowhere to put the tokens");
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.sample_specs.data(), in.sample.data(), r * sizeof(SampleSpec)));
+    backend_->SampleRows(ws_.logits.as<float>(), r, c.vocab_size, ws_.sample_specs.as<SampleSpec>(),
+                         ws_.sampled.as<int32_t>());
+    sampled->resize(static_cast<size_t>(r));
+    RETURN_IF_ERROR(backend_->CopyToHost(sampled->data(), ws_.sampled.data(), r * sizeof(int32_t)));
+  }
+  if (in.logits_to_host) {
+    logits->resize(static_cast<size_t>(r * c.vocab_size));
+    RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
+  } else {
+    logits->clear();
+  }
   absl::Status s = backend_->Synchronize();
   lap(&ForwardStats::head_seconds);
   return s;

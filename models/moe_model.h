@@ -27,6 +27,10 @@ struct ForwardInput {
   int64_t num_seqs = 0;
   int64_t max_blocks_per_seq = 0;
   std::vector<int32_t> logit_rows;    // tokens whose next-token logits are wanted
+  // Sampling on the device: one spec per logit row (empty: none); the tokens come back instead
+  // of, or with, the logits. Without logits_to_host only the tokens cross the host link.
+  std::vector<SampleSpec> sample;
+  bool logits_to_host = true;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
@@ -77,16 +81,19 @@ class MoeModel {
   // inside the context, slots and block ids inside the cache, logit rows in range).
   absl::Status Validate(const ForwardInput& in, const KvLayout& layout) const;
 
-  // Runs the step; writes logits [logit_rows, vocab] to host memory.
+  // Runs the step; writes logits [logit_rows, vocab] to host memory (unless !logits_to_host:
+  // then empty) and, with in.sample, the sampled token of each logit row to `sampled`.
   absl::Status Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
-                       std::vector<float>* logits, ForwardStats* stats = nullptr);
+                       std::vector<float>* logits, ForwardStats* stats = nullptr,
+                       std::vector<int32_t>* sampled = nullptr);
   // Runs this rank's shard of the step. `hidden_in` (device memory of this backend, [tokens,
   // hidden]) replaces the embedding on a stage after the first; a stage before the last points
   // `hidden_out` at its output hidden states on the device (valid until the next call, the
   // compute stream synchronised) instead of computing logits. With expert parallelism `in`
   // may hold no tokens: the rank still takes part in every layer's all-to-all.
   absl::Status ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache, const float* hidden_in,
-                            const float** hidden_out, std::vector<float>* logits, ForwardStats* stats = nullptr);
+                            const float** hidden_out, std::vector<float>* logits, ForwardStats* stats = nullptr,
+                            std::vector<int32_t>* sampled = nullptr);
   const ModelShard& shard() const { return shard_; }
   int64_t layer_begin() const { return shard_.layer_begin; }
   int64_t layer_end() const { return shard_.layer_end; }
@@ -97,7 +104,7 @@ class MoeModel {
     int64_t capacity_tokens = 0;
     DeviceBuffer x, xn, q, k, v, attn, router_logits, topk_ids, topk_w, sorted_x, gate_up, act,
         expert_out, combine_rows, gather_rows, shared_gate, ids, positions, token_seq, slots,
-        block_tables, logit_rows, final_x, logits;
+        block_tables, logit_rows, final_x, logits, sample_specs, sampled;
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
     // Expert parallelism: the expert ids of this rank's assignments in send order, then rows

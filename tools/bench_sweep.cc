@@ -91,15 +91,19 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
         in.slots.push_back((j * blocks_per_seq + ctx / o.block_size) * o.block_size + ctx % o.block_size);
         in.logit_rows.push_back(static_cast<int32_t>(j));
       }
+      // Greedy on the device, as the engine samples: only the tokens come back.
+      in.sample.assign(static_cast<size_t>(b), SampleSpec{});
+      in.logits_to_host = false;
+      std::vector<int32_t> sampled;
       std::vector<double> times;
       std::vector<ForwardStats> stats;
       Stopwatch total;
       for (int step = 0; step < 1 + o.min_steps || total.Seconds() < o.min_seconds; ++step) {
         ForwardStats fs;
         Stopwatch sw;
-        RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs));
+        RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs, &sampled));
         const double t = sw.Seconds();  // the forward, which is what the cost model predicts
-        for (int64_t j = 0; j < b; ++j) in.token_ids[j] = ArgMax(logits.data() + j * c.vocab_size, c.vocab_size);
+        for (int64_t j = 0; j < b; ++j) in.token_ids[j] = sampled[j];
         if (step == 0) {
           total.Reset();
           continue;  // warm-up

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/sample_ops.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "models/weight_init.h"
@@ -240,6 +241,51 @@ TEST_F(CudaBackendTest, EmbeddingKvWriteAndPagedAttention) {
   float* dout = Up(std::vector<float>(want.size()));
   gpu_->Embedding(Up(ids), 4, {Up(tb), DType::kBF16, 50, 32}, dout);
   ExpectClose(Down(dout, want.size()), want, 0, "embedding");
+}
+
+// Sampling on the GPU against the host rule (sorting) on the same rows and uniform draws: vocab
+// sizes past one block's threads, ties, every top-k/top-p/temperature regime. The GPU sums
+// probabilities in another order, so a draw within 1e-9 of a boundary may land on a neighbour:
+// such rows are counted and must be rare; every other row must match.
+TEST_F(CudaBackendTest, SampleRowsPicksWhatTheHostSamplerPicks) {
+  const int64_t rows = 256, vocab = 3001;
+  std::vector<float> logits(rows * vocab);
+  std::vector<SampleSpec> specs(rows);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::normal_distribution<float> normal(0.0f, r % 3 == 0 ? 6.0f : 1.5f);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = normal(gen_);
+      logits[r * vocab + i] = r % 2 ? x : static_cast<float>(static_cast<int>(x * 2)) / 2;  // ties on even rows
+    }
+    const float temps[] = {0.0f, 0.1f, 0.8f, 2.0f};
+    const int32_t ks[] = {0, 1, 40, static_cast<int32_t>(vocab)};
+    const float ps[] = {1.0f, 0.9f, 0.3f};
+    specs[r].temperature = temps[r % 4];
+    specs[r].top_k = ks[(r / 4) % 4];
+    specs[r].top_p = ps[(r / 16) % 3];
+    specs[r].u = unit(gen_);
+  }
+  auto dtok = gpu_->Allocate(rows * sizeof(int32_t));
+  ASSERT_TRUE(dtok.ok());
+  gpu_->SampleRows(Up(logits), rows, vocab, Up(specs), dtok->as<int32_t>());
+  const auto got = Down(dtok->as<int32_t>(), rows);
+  int off_by_rounding = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t want = cpu_sample::SortSampleRow(logits.data() + r * vocab, vocab, specs[r]);
+    if (got[r] == want) continue;
+    // Accept only a draw sitting on a boundary: nudging u by 1e-9 must reach the GPU's pick.
+    SampleSpec lo = specs[r], hi = specs[r];
+    lo.u = std::max(0.0, lo.u - 1e-9);
+    hi.u = std::min(1.0 - 1e-12, hi.u + 1e-9);
+    const bool boundary = cpu_sample::SortSampleRow(logits.data() + r * vocab, vocab, lo) == got[r] ||
+                          cpu_sample::SortSampleRow(logits.data() + r * vocab, vocab, hi) == got[r];
+    EXPECT_TRUE(boundary) << "row " << r << " (temperature " << specs[r].temperature << ", top_k " << specs[r].top_k
+                          << ", top_p " << specs[r].top_p << ", u " << specs[r].u << "): GPU " << got[r] << ", host "
+                          << want << ", seed " << seed_;
+    ++off_by_rounding;
+  }
+  EXPECT_LE(off_by_rounding, 2) << "seed " << seed_;
 }
 
 // Pinned host memory and the copy stream: a copy sees what compute enqueued before it wrote,

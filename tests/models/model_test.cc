@@ -1,9 +1,11 @@
 // The whole model: logits of the engine's forward (fast and reference CPU paths, paged KV,
 // chunked prefill) against an independent naive forward with double accumulation, for the
 // prefill and every decode step; batched paged decode against each sequence alone; determinism.
+#include <random>
 #include <set>
 
 #include "engine/generator.h"
+#include "engine/sampling.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/moe_model.h"
 #include "models/tokenizer.h"
@@ -208,6 +210,68 @@ TEST(ModelTest, ForwardRejectsBadInput) {
   in.logit_rows = {1};
   EXPECT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
   EXPECT_EQ(logits.size(), static_cast<size_t>(c.vocab_size));
+  // Sampling specs: one per logit row, each within its range, and somewhere to put tokens.
+  std::vector<int32_t> sampled;
+  in.sample = {SampleSpec{}, SampleSpec{}};
+  s = model.Forward(in, kv->layout(), kv->data(), &logits, nullptr, &sampled);
+  EXPECT_NE(std::string(s.message()).find("2 specs for 1 logit rows"), std::string::npos) << s;
+  in.sample = {SampleSpec{}};
+  in.sample[0].u = 1.0;
+  in.sample[0].temperature = 1.0f;
+  s = model.Forward(in, kv->layout(), kv->data(), &logits, nullptr, &sampled);
+  EXPECT_NE(std::string(s.message()).find("u 1 ([0, 1))"), std::string::npos) << s;
+  in.sample[0].u = 0.5;
+  s = model.Forward(in, kv->layout(), kv->data(), &logits, nullptr, nullptr);
+  EXPECT_NE(std::string(s.message()).find("nowhere to put the tokens"), std::string::npos) << s;
+}
+
+// Sampling inside the forward (the engine's path): the tokens equal the host sampler's on the
+// logits of the same step, and without logits_to_host no logits come back.
+TEST(ModelTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
+  const ModelConfig c = Tiny();
+  const uint32_t seed = std::random_device{}();
+  CpuBackend backend;
+  auto weights = ModelWeights::Load(c, *GenerateRandomWeights(c, seed, DType::kF32), &backend, DType::kF32);
+  ASSERT_TRUE(weights.ok());
+  auto kv = KvStorage::Create(&backend, KvLayoutFor(c, 8, 16, DType::kF32));
+  ASSERT_TRUE(kv.ok());
+  MoeModel model(weights->get(), &backend);
+  std::mt19937 gen(seed);
+  ForwardInput in;
+  in.num_seqs = 4;
+  in.max_blocks_per_seq = 1;
+  for (int j = 0; j < 4; ++j) {
+    in.block_tables.push_back(j);
+    for (int p = 0; p < 5; ++p) {
+      in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+      in.positions.push_back(p);
+      in.token_seq.push_back(j);
+      in.slots.push_back(j * 16 + p);
+    }
+    in.logit_rows.push_back(j * 5 + 4);
+  }
+  std::vector<float> logits;
+  ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
+  const SamplingParams params[] = {{0.0f, 0, 1.0f, 1}, {0.8f, 0, 1.0f, 2}, {1.0f, 5, 1.0f, 3}, {1.5f, 0, 0.6f, 4}};
+  std::vector<Sampler> host, device;
+  for (const auto& p : params) {
+    host.emplace_back(p, 0);
+    device.emplace_back(p, 0);
+  }
+  for (int draw = 0; draw < 20; ++draw) {  // the same step, fresh uniform draws each time
+    in.sample.clear();
+    for (auto& d : device) in.sample.push_back(d.Next());
+    in.logits_to_host = false;
+    std::vector<float> none;
+    std::vector<int32_t> sampled;
+    ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &none, nullptr, &sampled).ok());
+    EXPECT_TRUE(none.empty());
+    ASSERT_EQ(sampled.size(), 4u);
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(sampled[j], host[j].Sample(logits.data() + j * c.vocab_size, c.vocab_size))
+          << "row " << j << " draw " << draw << " seed " << seed;
+    }
+  }
 }
 
 }  // namespace
