@@ -38,9 +38,14 @@ class NcclCommGroup final : public CommGroup {
   int size() const override { return static_cast<int>(devices_.size()); }
   Communicator* rank(int r) override { return ranks_[r].get(); }
   absl::Status Reset() override {
-    ranks_.clear();  // destroys (or, after an abort, releases) every rank's communicator first
-    ASSIGN_OR_RETURN(ranks_, NcclCommunicator::CreateAll(devices_));
-    return absl::OkStatus();
+    if (ranks_.empty()) {
+      ASSIGN_OR_RETURN(ranks_, NcclCommunicator::CreateAll(devices_));
+      return absl::OkStatus();
+    }
+    // In place: the executor's ranks and models hold pointers to these communicators.
+    std::vector<NcclCommunicator*> ranks;
+    for (auto& r : ranks_) ranks.push_back(r.get());
+    return NcclCommunicator::ReinitAll(devices_, ranks);
   }
 
  private:

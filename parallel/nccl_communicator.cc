@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator::Impl>> NcclCommunicator::NewImp
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_send, sizeof(int64_t) * size));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_recv, sizeof(int64_t) * size));
+  CUDA_RETURN_IF_ERROR(cudaMemset(impl->counts_send, 0, sizeof(int64_t) * size));
   return impl;
 }
 
@@ -86,8 +87,24 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::CreateAll(
     const std::vector<int>& devices) {
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  std::vector<NcclCommunicator*> ranks;
+  const int n = static_cast<int>(devices.size());
+  for (int r = 0; r < n; ++r) {
+    out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(nullptr, r, n)));
+    ranks.push_back(out.back().get());
+  }
+  RETURN_IF_ERROR(ReinitAll(devices, ranks));
+  return out;
+}
+
+absl::Status NcclCommunicator::ReinitAll(const std::vector<int>& devices, const std::vector<NcclCommunicator*>& ranks) {
   const int n = static_cast<int>(devices.size());
   if (n < 1) return absl::InvalidArgumentError("nccl: a group needs at least one GPU");
+  if (static_cast<int>(ranks.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl: ", ranks.size(), " ranks for ", n, " GPUs"));
+  }
+  for (NcclCommunicator* r : ranks) r->impl_.reset();  // the old communicators go first (aborted ones too)
   auto flag = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::unique_ptr<Impl>> impls;
   for (int r = 0; r < n; ++r) {
@@ -96,12 +113,50 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator:
   }
   std::vector<ncclComm_t> comms(n, nullptr);
   NCCL_RETURN_IF_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
-  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  for (int r = 0; r < n; ++r) impls[r]->comm = comms[r];
+  // Connect every pair and the collectives' rings now, from this one thread: NCCL connects peers
+  // lazily by default, and a rank blocked in such a handshake with a peer that has already failed
+  // would never reach the loop in Wait() that watches the abort flag.
+  absl::Status first;
+  auto note = [&first](ncclResult_t r, const char* what) {
+    if (first.ok() && r != ncclSuccess) first = NcclStatus(r, what, __FILE__, __LINE__);
+  };
+  note(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < n; ++r) {
-    impls[r]->comm = comms[r];
-    out.push_back(std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impls[r]), r, n)));
+    for (int p = 0; p < n; ++p) {
+      note(ncclSend(impls[r]->counts_send, 1, ncclInt8, p, impls[r]->comm, impls[r]->stream), "warm-up ncclSend");
+      note(ncclRecv(reinterpret_cast<char*>(impls[r]->counts_recv) + p, 1, ncclInt8, p, impls[r]->comm,
+                    impls[r]->stream),
+           "warm-up ncclRecv");
+    }
   }
-  return out;
+  note(ncclGroupEnd(), "ncclGroupEnd");
+  note(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < n; ++r) {
+    note(ncclAllReduce(impls[r]->counts_send, impls[r]->counts_recv, 1, ncclInt64, ncclSum, impls[r]->comm,
+                       impls[r]->stream),
+         "warm-up ncclAllReduce");
+  }
+  note(ncclGroupEnd(), "ncclGroupEnd");
+  RETURN_IF_ERROR(first);
+  for (int r = 0; r < n; ++r) {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impls[r]->stream));
+    ranks[r]->impl_ = std::move(impls[r]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::Usable() {
+  if (impl_ == nullptr || impl_->comm == nullptr) {
+    return absl::AbortedError("nccl: the communicator was aborted (or could not be rebuilt)");
+  }
+  if (impl_->abort_flag->load(std::memory_order_acquire)) {  // a peer failed: launch nothing more
+    ncclCommAbort(impl_->comm);
+    impl_->comm = nullptr;
+    return absl::AbortedError("nccl: the group was aborted (a peer failed)");
+  }
+  return absl::OkStatus();
 }
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size)
@@ -136,22 +191,28 @@ absl::Status NcclCommunicator::Finish(double seconds_before, int64_t sent, int64
 
 absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                         const std::vector<int64_t>& recv_counts) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_) {
     return absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", size_, " entries"));
   }
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   int64_t send_off = 0, recv_off = 0, sent = 0, received = 0;
-  NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  // The group is always closed, also after a failed call inside it: an open group would defer
+  // every later NCCL call of this thread.
+  absl::Status first;
+  auto note = [&first](ncclResult_t r, const char* what) {
+    if (first.ok() && r != ncclSuccess) first = NcclStatus(r, what, __FILE__, __LINE__);
+  };
+  note(ncclGroupStart(), "ncclGroupStart");
   for (int p = 0; p < size_; ++p) {
     if (send_counts[p] > 0) {
-      NCCL_RETURN_IF_ERROR(ncclSend(static_cast<const char*>(send) + send_off, send_counts[p], ncclInt8, p,
-                                    impl_->comm, impl_->stream));
+      note(ncclSend(static_cast<const char*>(send) + send_off, send_counts[p], ncclInt8, p, impl_->comm, impl_->stream),
+           "ncclSend");
     }
     if (recv_counts[p] > 0) {
-      NCCL_RETURN_IF_ERROR(ncclRecv(static_cast<char*>(recv) + recv_off, recv_counts[p], ncclInt8, p, impl_->comm,
-                                    impl_->stream));
+      note(ncclRecv(static_cast<char*>(recv) + recv_off, recv_counts[p], ncclInt8, p, impl_->comm, impl_->stream),
+           "ncclRecv");
     }
     send_off += send_counts[p];
     recv_off += recv_counts[p];
@@ -160,14 +221,15 @@ absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int6
       received += recv_counts[p];
     }
   }
-  NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  note(ncclGroupEnd(), "ncclGroupEnd");
+  RETURN_IF_ERROR(first);
   RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), sent, received);
 }
 
 absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                               std::vector<int64_t>* recv_counts) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   if (static_cast<int>(send_counts.size()) != size_) {
     return absl::InvalidArgumentError(absl::StrCat("all-to-all counts: ", send_counts.size(), " entries, not ", size_));
   }
@@ -184,7 +246,7 @@ absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_c
 }
 
 absl::Status NcclCommunicator::AllGather(const void* send, int64_t bytes, void* recv) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, bytes, ncclInt8, impl_->comm, impl_->stream));
@@ -193,7 +255,7 @@ absl::Status NcclCommunicator::AllGather(const void* send, int64_t bytes, void* 
 }
 
 absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t count) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, count, ncclFloat, ncclSum, impl_->comm, impl_->stream));
@@ -203,7 +265,7 @@ absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t count) {
 }
 
 absl::Status NcclCommunicator::Send(const void* data, int64_t bytes, int peer) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("nccl send: peer ", peer, " is not another rank of ", size_));
   }
@@ -216,7 +278,7 @@ absl::Status NcclCommunicator::Send(const void* data, int64_t bytes, int peer) {
 }
 
 absl::Status NcclCommunicator::Recv(void* data, int64_t bytes, int peer) {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("nccl recv: peer ", peer, " is not another rank of ", size_));
   }
@@ -229,7 +291,7 @@ absl::Status NcclCommunicator::Recv(void* data, int64_t bytes, int peer) {
 }
 
 void NcclCommunicator::Abort() {
-  if (impl_ == nullptr) return;
+  if (impl_ == nullptr) return;  // never built, or its rebuild failed
   impl_->abort_flag->store(true, std::memory_order_release);
   if (impl_->comm != nullptr) {
     ncclCommAbort(impl_->comm);
@@ -238,7 +300,7 @@ void NcclCommunicator::Abort() {
 }
 
 absl::Status NcclCommunicator::Barrier() {
-  if (impl_->comm == nullptr) return absl::AbortedError("nccl: the communicator was aborted");
+  RETURN_IF_ERROR(Usable());
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   NCCL_RETURN_IF_ERROR(ncclAllReduce(impl_->counts_send, impl_->counts_recv, 1, ncclInt64, ncclSum, impl_->comm,

@@ -34,6 +34,10 @@ class NcclCommunicator final : public Communicator {
   // Every rank of a group within this process, rank r on GPU devices[r] (ncclCommInitAll), with
   // a shared abort flag.
   static absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> CreateAll(const std::vector<int>& devices);
+  // Rebuilds such a group in place after an abort (the objects, and pointers to them, stay
+  // valid): destroys each rank's communicator and makes a fresh one on the same GPU. On failure
+  // the ranks are left unusable (every call returns ABORTED).
+  static absl::Status ReinitAll(const std::vector<int>& devices, const std::vector<NcclCommunicator*>& ranks);
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -59,6 +63,8 @@ class NcclCommunicator final : public Communicator {
                                                        std::shared_ptr<std::atomic<bool>> abort_flag);
   // Waits for the rank's stream, watching the abort flag and NCCL's asynchronous errors.
   absl::Status Wait();
+  // ABORTED when the communicator is gone or the group's flag is up (then aborts it first).
+  absl::Status Usable();
   absl::Status Finish(double seconds, int64_t sent, int64_t received);
 
   std::unique_ptr<Impl> impl_;

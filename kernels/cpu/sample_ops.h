@@ -16,6 +16,7 @@ namespace moeserve::cpu_sample {
 
 // Order key: larger = earlier in the sampling order (higher logit, then lower id).
 inline uint64_t OrderKey(float logit, int32_t id) {
+  if (logit == 0.0f) logit = 0.0f;  // -0 ties +0, as in the sort
   uint32_t b;
   static_assert(sizeof(b) == sizeof(logit));
   __builtin_memcpy(&b, &logit, sizeof(b));

@@ -141,7 +141,8 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 
 void CudaBackend::Free(void* data, size_t bytes) {
   Use();
-  cudaStreamSynchronize(impl_->stream);  // no kernel may still use it
+  cudaStreamSynchronize(impl_->stream);       // no kernel may still use it
+  cudaStreamSynchronize(impl_->copy_stream);  // nor a copy (cudaFree need not wait for them)
   cudaFree(data);
   used_ -= bytes;
 }
@@ -199,7 +200,11 @@ absl::StatusOr<uint64_t> CudaBackend::CopyAsync(void* dst, const void* src, size
   CUDA_RETURN_IF_ERROR(cudaEventRecord(m.compute_event, m.stream));
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(m.copy_stream, m.compute_event, 0));
   if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, m.copy_stream));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, m.copy_stream));
+  if (absl::Status s = cuda::CudaStatus(cudaEventRecord(ev, m.copy_stream), "cudaEventRecord", __FILE__, __LINE__);
+      !s.ok()) {
+    cudaStreamSynchronize(m.copy_stream);  // no untracked copy may outlive the failed call
+    return s;
+  }
   m.issued = t;
   return t;
 }
@@ -282,11 +287,13 @@ void CudaBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int
   NOTE_CUDA(cuda::LaunchRmsNorm(x, weight, rows, dim, eps, y, impl_->stream));
 }
 
-void CudaBackend::Add(float* y, const float* x, int64_t n) { NOTE_CUDA(cuda::LaunchAdd(y, x, n, impl_->stream)); }
+void CudaBackend::Add(float* y, const float* x, int64_t n) {
+  Use();
+  NOTE_CUDA(cuda::LaunchAdd(y, x, n, impl_->stream));
+}
 
 void CudaBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float theta) {
-  Use();
   Use();
   NOTE_CUDA(cuda::LaunchRope(q, k, positions, n, q_heads, kv_heads, head_dim, theta, impl_->stream));
 }

@@ -13,6 +13,7 @@ namespace {
 constexpr int kSampleThreads = 512;
 
 __device__ __forceinline__ uint64_t OrderKey(float x, int64_t id) {
+  if (x == 0.0f) x = 0.0f;  // -0 ties +0, as in the sort
   uint32_t b = __float_as_uint(x);
   b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
@@ -92,10 +93,11 @@ __device__ uint64_t Descend(const Row& r, bool counts, uint64_t floor, double ta
         }
         above = cum;
       }
-      if (chosen < 0) {
-        chosen = last_nonempty < 0 ? 0 : last_nonempty;
-        if (last_nonempty >= 0) above -= hist[chosen];
+      if (chosen < 0 && last_nonempty >= 0) {
+        chosen = last_nonempty;
+        above -= hist[chosen];
       }
+      if (chosen < 0) chosen = 0;  // no candidate at all: cannot happen (the first key always is one)
       *shared_prefix = prefix | (static_cast<uint64_t>(chosen) << shift);
       *shared_above = above;
     }
