@@ -79,9 +79,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   KvLayout own = full;
   if (config.parallel.enabled()) {
     // The ranks keep the KV in their stages' arenas; the engine's own cache is a stub of one layer.
-    if (config.kv_tiers.enabled()) {
-      return absl::InvalidArgumentError("KV tiers (--host-kv-mb, --flash-kv-dir) do not work with --ep/--pp yet");
-    }
     own.num_layers = 1;
   }
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, own));
@@ -94,8 +91,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     if (!config.scheduler.prefix_caching) {
       return absl::InvalidArgumentError("KV tiers hold prefix-cache blocks: they need prefix caching on");
     }
+    // The tiers hold whole blocks in the single-device layout; with --ep/--pp a block's pieces
+    // are on the stages of its EP rank.
+    KvTierDevices devices = KvTierDevices::Single(&engine->kv_, backend);
+    if (engine->executor_ != nullptr) {
+      ParallelExecutor* x = engine->executor_.get();
+      devices.layout = full;
+      devices.parts = [x](int32_t block, std::vector<KvBlockPart>* parts) { x->BlockParts(block, parts); };
+      devices.backends = x->backends();
+    }
     ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, engine->fingerprint_, &engine->pool_,
-                                                     &engine->kv_, backend, config.clock));
+                                                     std::move(devices), config.clock));
     engine->tiers_->Attach();
     engine->tiers_->SetSwapCostModel(engine->MakeSwapCostModel());
     engine->scheduler_.SetLowerTiers(engine->tiers_.get());

@@ -145,8 +145,10 @@ class Engine {
   BlockPool pool_;
   uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
-  std::unique_ptr<KvTiers> tiers_;  // after the pool and scheduler that point to it
   std::unique_ptr<ParallelExecutor> executor_;  // runs the steps when the layout has several ranks
+  // After the pool and scheduler that point to it, and after the executor whose devices hold
+  // the blocks it copies (destroyed first, it waits for its copies while they still exist).
+  std::unique_ptr<KvTiers> tiers_;
   Clock::time_point started_;
 
   // Shared with submitting threads.

@@ -12,6 +12,17 @@ namespace {
 
 int64_t Nanos(const Stopwatch& sw) { return static_cast<int64_t>(sw.Seconds() * 1e9); }
 
+// Tickets keep, per backend, the latest copy: waiting for it waits for the earlier ones too.
+void Note(Backend* b, uint64_t ticket, std::vector<std::pair<Backend*, uint64_t>>* tickets) {
+  for (auto& [backend, t] : *tickets) {
+    if (backend == b) {
+      t = std::max(t, ticket);
+      return;
+    }
+  }
+  tickets->emplace_back(b, ticket);
+}
+
 }  // namespace
 
 const char* PreemptionModeName(PreemptionMode m) {
@@ -30,11 +41,23 @@ absl::StatusOr<PreemptionMode> ParsePreemptionMode(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("--preemption must be auto, swap or recompute, got '", name, "'"));
 }
 
+KvTierDevices KvTierDevices::Single(KvStorage* kv, Backend* backend) {
+  KvTierDevices d;
+  d.layout = kv->layout();
+  const size_t bytes = kv->layout().BlockBytes();
+  uint8_t* base = static_cast<uint8_t*>(kv->data());
+  d.parts = [backend, base, bytes](int32_t block, std::vector<KvBlockPart>* parts) {
+    parts->assign(1, KvBlockPart{backend, base + static_cast<size_t>(block) * bytes, bytes});
+  };
+  d.backends = {backend};
+  return d;
+}
+
 absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvStorage* kv, Backend* backend,
-                                                         WallClock clock) {
-  std::unique_ptr<KvTiers> t(new KvTiers(config, pool, kv, backend));
-  const KvLayout& layout = kv->layout();
+                                                         BlockPool* pool, KvTierDevices devices, WallClock clock) {
+  if (devices.backends.empty() || !devices.parts) return absl::InvalidArgumentError("KV tiers: no device");
+  std::unique_ptr<KvTiers> t(new KvTiers(config, pool, std::move(devices)));
+  const KvLayout& layout = t->devices_.layout;
   if (!config.flash_dir.empty()) {
     FlashStoreOptions fo{config.flash_dir, config.flash_bytes, fingerprint, clock};
     fo.expect_layers = static_cast<uint32_t>(layout.num_layers);
@@ -44,7 +67,8 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
     if (!flash.ok()) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: ", flash.status().message()));
     t->flash_ = std::move(*flash);
   }
-  auto allocate = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
+  Backend* host_backend = t->devices_.backends.front();
+  auto allocate = [host_backend](size_t bytes) { return host_backend->AllocateHost(bytes); };
   HostTierOptions ho;
   ho.budget_bytes = config.host_bytes;
   ho.block_bytes = layout.BlockBytes();
@@ -62,32 +86,67 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   for (HostBuffer& b : t->promote_staging_) {
     ASSIGN_OR_RETURN(b, allocate(block_bytes));
   }
-  // The host link as this backend sees it: a few copies of block 0 (its contents do not matter).
+  // The host link as the devices see it: a few copies of block 0 (its contents do not matter).
   Stopwatch sw;
-  uint64_t ticket = 0;
+  Tickets tickets;
   for (int i = 0; i < 8; ++i) {
-    ASSIGN_OR_RETURN(ticket, backend->CopyAsync(t->staging_.data(), t->BlockData(0), block_bytes));
+    if (!t->CopyOut(0, t->staging_.data(), &tickets)) return absl::InternalError("KV tiers: a test copy failed");
   }
-  RETURN_IF_ERROR(backend->WaitCopy(ticket));
+  if (!t->Wait(tickets)) return absl::InternalError("KV tiers: a test copy failed");
   t->measured_link_ = 8.0 * static_cast<double>(block_bytes) / std::max(sw.Seconds(), 1e-9);
   return t;
+}
+
+KvTiers::~KvTiers() {
+  (void)Wait(swap_tickets_);
+  for (const Tickets& t : promote_tickets_) (void)Wait(t);
 }
 
 void KvTiers::Attach() {
   pool_->SetEvictionObserver([this](int32_t block, const BlockHash& hash) { Demote(block, hash); });
 }
 
-uint8_t* KvTiers::BlockData(int32_t block) const {
-  return static_cast<uint8_t*>(kv_->data()) + static_cast<size_t>(block) * kv_->layout().BlockBytes();
+bool KvTiers::CopyOut(int32_t block, uint8_t* host, Tickets* tickets) {
+  devices_.parts(block, &parts_);
+  size_t offset = 0;
+  for (const KvBlockPart& p : parts_) {
+    auto t = p.backend->CopyAsync(host + offset, p.data, p.bytes);
+    if (!t.ok()) return false;
+    Note(p.backend, *t, tickets);
+    offset += p.bytes;
+  }
+  return true;
+}
+
+bool KvTiers::CopyIn(int32_t block, const uint8_t* host, Tickets* tickets) {
+  devices_.parts(block, &parts_);
+  size_t offset = 0;
+  for (const KvBlockPart& p : parts_) {
+    auto t = p.backend->CopyAsync(p.data, host + offset, p.bytes);
+    if (!t.ok()) return false;
+    Note(p.backend, *t, tickets);
+    offset += p.bytes;
+  }
+  return true;
+}
+
+bool KvTiers::Wait(const Tickets& tickets) {
+  bool ok = true;
+  for (const auto& [backend, t] : tickets) ok = backend->WaitCopy(t).ok() && ok;
+  return ok;
+}
+
+void KvTiers::OrderCompute() {
+  for (Backend* b : devices_.backends) b->OrderComputeAfterCopies();
 }
 
 void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   Stopwatch sw;
   // The block's new owner may overwrite it in the next step: the copy must be done first, and
   // the host reads the staging block at once, so this one waits.
-  auto ticket = backend_->CopyAsync(staging_.data(), BlockData(block), staging_.bytes());
-  if (!ticket.ok() || !backend_->WaitCopy(*ticket).ok() ||
-      !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
+  Tickets tickets;
+  const bool copied = CopyOut(block, staging_.data(), &tickets);
+  if (!Wait(tickets) || !copied || !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
@@ -96,7 +155,7 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   demote_ns_ += Nanos(sw);
 }
 
-std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash) {
+std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash, int64_t segment) {
   if (!host_->Contains(hash)) return std::nullopt;
   // Take the block out of DDR first, so that the demotion the allocation below may cause
   // lands in the slot it frees instead of pushing another block (maybe the prefix's next) out.
@@ -104,22 +163,21 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   const int i = promote_next_;
   promote_next_ = (promote_next_ + 1) % kPromoteRing;
   HostBuffer& buf = promote_staging_[i];
-  if (!backend_->WaitCopy(promote_ticket_[i]).ok()) return std::nullopt;  // its last copy read it
+  if (!Wait(promote_tickets_[i])) return std::nullopt;  // its last copies read it
+  promote_tickets_[i].clear();
   double retain_until = 0;
   auto tier = host_->Get(hash, buf.data(), &retain_until, /*take=*/true);
   if (!tier.ok()) return std::nullopt;
   const double read_seconds = read.Seconds();
-  auto got = pool_->Allocate(1);  // may demote another cached block, never one in use
+  auto got = pool_->Allocate(1, segment);  // may demote another cached block, never one in use
   Stopwatch copy;  // the copies are timed, the allocation (and its demotion) is not
-  absl::StatusOr<uint64_t> ticket = absl::UnavailableError("no block");
-  if (got.ok()) ticket = backend_->CopyAsync(BlockData((*got)[0]), buf.data(), buf.bytes());
-  if (!ticket.ok()) {
+  if (!got.ok() || !CopyIn((*got)[0], buf.data(), &promote_tickets_[i])) {
+    (void)Wait(promote_tickets_[i]);  // a piece may have been enqueued before the failure
     if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
     (void)host_->Put(hash, buf.data(), retain_until);  // put it back where it was
     return std::nullopt;
   }
-  promote_ticket_[i] = *ticket;
-  backend_->OrderComputeAfterCopies();  // the step that reads the block runs after the copy
+  OrderCompute();  // the step that reads the block runs after the copy
   const int32_t block = (*got)[0];
   pool_->Register(block, hash);
   pool_->SetRetention(block, retain_until);
@@ -135,7 +193,7 @@ void KvTiers::Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint) 
   std::vector<BlockHash> wanted;
   const size_t max_blocks = static_cast<size_t>((seq->num_tokens() - 1) / block_size);
   for (size_t b = 0; b < seq->hashes.size() && b < max_blocks; ++b) {
-    if (!pool_->Lookup(seq->hashes[b]).has_value()) wanted.push_back(seq->hashes[b]);
+    if (!pool_->Lookup(seq->hashes[b], seq->segment).has_value()) wanted.push_back(seq->hashes[b]);
   }
   if (wanted.empty()) return;
   prefetch_requests_ += static_cast<int64_t>(wanted.size());
@@ -143,7 +201,7 @@ void KvTiers::Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint) 
 }
 
 int64_t KvTiers::SwapBlocks(const Sequence& seq) const {
-  const int64_t bs = kv_->layout().block_size;
+  const int64_t bs = devices_.layout.block_size;
   return std::min<int64_t>((seq.num_computed + bs - 1) / bs, static_cast<int64_t>(seq.blocks.size()));
 }
 
@@ -158,7 +216,7 @@ bool KvTiers::ShouldSwap(const Sequence& seq) {
       break;
     case PreemptionMode::kAuto: {
       // Out and back in over the host link, against recomputing every computed token.
-      const double bytes = 2.0 * static_cast<double>(SwapBlocks(seq) * kv_->layout().BlockBytes());
+      const double bytes = 2.0 * static_cast<double>(SwapBlocks(seq) * devices_.layout.BlockBytes());
       const double link = swap_cost_.link_bytes_per_second ? swap_cost_.link_bytes_per_second() : 0.0;
       const double recompute = swap_cost_.recompute_seconds ? swap_cost_.recompute_seconds(seq.num_computed) : 0.0;
       swap = link > 0 && bytes / link < recompute;
@@ -177,20 +235,18 @@ bool KvTiers::SwapOut(Sequence* seq) {
     return false;
   }
   Stopwatch sw;
-  const size_t bytes = kv_->layout().BlockBytes();
+  const size_t bytes = devices_.layout.BlockBytes();
   // DMA straight into the (pinned) slots; the blocks go back to the pool at once, so compute
   // that may reuse them is ordered after these copies. Nobody reads the slots until SwapIn.
   for (int64_t i = 0; i < n; ++i) {
-    auto ticket = backend_->CopyAsync(host_->SwapData((*slots)[i]), BlockData(seq->blocks[i]), bytes);
-    if (!ticket.ok()) {
-      (void)backend_->WaitCopy(swap_ticket_);  // copies already issued into these slots
+    if (!CopyOut(seq->blocks[i], host_->SwapData((*slots)[i]), &swap_tickets_)) {
+      (void)Wait(swap_tickets_);  // copies already issued into these slots
       host_->FreeSwap(*slots);
       ++swap_failures_;
       return false;
     }
-    swap_ticket_ = *ticket;
   }
-  backend_->OrderComputeAfterCopies();
+  OrderCompute();
   seq->swap_slots = std::move(*slots);
   ++swapped_out_;
   swap_out_blocks_ += n;
@@ -201,16 +257,12 @@ bool KvTiers::SwapOut(Sequence* seq) {
 
 bool KvTiers::SwapIn(Sequence* seq) {
   Stopwatch sw;
-  const size_t bytes = kv_->layout().BlockBytes();
+  const size_t bytes = devices_.layout.BlockBytes();
   const int64_t n = static_cast<int64_t>(seq->swap_slots.size());
   bool ok = n <= static_cast<int64_t>(seq->blocks.size());
-  for (int64_t i = 0; ok && i < n; ++i) {
-    auto ticket = backend_->CopyAsync(BlockData(seq->blocks[i]), host_->SwapData(seq->swap_slots[i]), bytes);
-    ok = ticket.ok();
-    if (ok) swap_ticket_ = *ticket;
-  }
-  backend_->OrderComputeAfterCopies();  // the step that resumes the sequence reads them
-  DropSwap(seq);  // waits for the copies out of the slots before the DDR tier reuses them
+  for (int64_t i = 0; ok && i < n; ++i) ok = CopyIn(seq->blocks[i], host_->SwapData(seq->swap_slots[i]), &swap_tickets_);
+  OrderCompute();  // the step that resumes the sequence reads them
+  DropSwap(seq);   // waits for the copies out of the slots before the DDR tier reuses them
   if (!ok) {
     ++swap_failures_;
     return false;
@@ -225,7 +277,8 @@ bool KvTiers::SwapIn(Sequence* seq) {
 void KvTiers::DropSwap(Sequence* seq) {
   if (seq->swap_slots.empty()) return;
   // A failed wait means a device fault; the slots are returned anyway (the step will fail).
-  (void)backend_->WaitCopy(swap_ticket_);
+  (void)Wait(swap_tickets_);
+  swap_tickets_.clear();
   host_->FreeSwap(seq->swap_slots);
   seq->swap_slots.clear();
 }
@@ -254,7 +307,7 @@ KvTierStats KvTiers::stats() const {
   s.promote_flash_seconds = promote_flash_ns_.load() * 1e-9;
   s.swap_out_seconds = swap_out_ns_.load() * 1e-9;
   s.swap_in_seconds = swap_in_ns_.load() * 1e-9;
-  s.block_bytes = static_cast<int64_t>(staging_.bytes());
+  s.block_bytes = static_cast<int64_t>(devices_.layout.BlockBytes());
   return s;
 }
 

@@ -44,6 +44,17 @@ struct KvTierConfig {
   bool enabled() const { return host_bytes > 0 || !flash_dir.empty(); }
 };
 
+// Where the device pool's blocks live: the single-device layout of a whole block (every layer),
+// the pieces of each block on the devices, and every device that holds blocks (host memory for
+// the tiers comes from the first).
+struct KvTierDevices {
+  KvLayout layout;
+  KvBlockParts parts;
+  std::vector<Backend*> backends;
+  // One device: the engine's own cache.
+  static KvTierDevices Single(KvStorage* kv, Backend* backend);
+};
+
 // The cost model behind swap-or-recompute: seconds to recompute a sequence's first `tokens`
 // tokens, and the host link's bytes per second (each direction) for the swap copies.
 struct SwapCostModel {
@@ -72,15 +83,17 @@ class KvTiers final : public LowerTiers {
  public:
   // Opens the flash store (scanning what an earlier run left) and sizes the DDR slab.
   static absl::StatusOr<std::unique_ptr<KvTiers>> Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvStorage* kv, Backend* backend,
+                                                         BlockPool* pool, KvTierDevices devices,
                                                          WallClock clock = WallSeconds);
+  // Waits for copies still in flight (they may target host buffers freed with this object).
+  ~KvTiers() override;
 
   // Installs the demotion hook on the pool (call once; the tiers must outlive the pool's use).
   void Attach();
   void SetSwapCostModel(SwapCostModel model) { swap_cost_ = std::move(model); }
 
   // LowerTiers.
-  std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash) override;
+  std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash, int64_t segment) override;
   bool ShouldSwap(const Sequence& seq) override;
   bool SwapOut(Sequence* seq) override;
   bool SwapIn(Sequence* seq) override;
@@ -98,16 +111,25 @@ class KvTiers final : public LowerTiers {
   KvTierStats stats() const;
 
  private:
-  KvTiers(const KvTierConfig& config, BlockPool* pool, KvStorage* kv, Backend* backend)
-      : config_(config), pool_(pool), kv_(kv), backend_(backend) {}
+  // Copies in flight, per device: the last ticket of each backend that a buffer depends on.
+  using Tickets = std::vector<std::pair<Backend*, uint64_t>>;
+
+  KvTiers(const KvTierConfig& config, BlockPool* pool, KvTierDevices devices)
+      : config_(config), pool_(pool), devices_(std::move(devices)) {}
   void Demote(int32_t block, const BlockHash& hash);
-  uint8_t* BlockData(int32_t block) const;
   int64_t SwapBlocks(const Sequence& seq) const;
+  // Enqueues the copies of every piece of `block` to (out) or from (in) a whole host block and
+  // notes their tickets; false if a copy could not be enqueued.
+  bool CopyOut(int32_t block, uint8_t* host, Tickets* tickets);
+  bool CopyIn(int32_t block, const uint8_t* host, Tickets* tickets);
+  bool Wait(const Tickets& tickets);
+  // Compute on every device waits for the copies issued so far.
+  void OrderCompute();
 
   KvTierConfig config_;
   BlockPool* pool_;
-  KvStorage* kv_;
-  Backend* backend_;
+  KvTierDevices devices_;
+  std::vector<KvBlockPart> parts_;  // scratch for one block
   std::unique_ptr<FlashStore> flash_;
   std::unique_ptr<HostKvTier> host_;
   // Host-side blocks (pinned under CUDA). Demotion's: one. Promotion's: a ring, so that reading
@@ -117,10 +139,10 @@ class KvTiers final : public LowerTiers {
   static constexpr int kPromoteRing = 4;
   HostBuffer staging_;
   HostBuffer promote_staging_[kPromoteRing];
-  uint64_t promote_ticket_[kPromoteRing] = {};
+  Tickets promote_tickets_[kPromoteRing];
   int promote_next_ = 0;
-  // The last copy into or out of swap slots: slots go back to the DDR tier only after it.
-  uint64_t swap_ticket_ = 0;
+  // The copies into and out of swap slots: slots go back to the DDR tier only after them.
+  Tickets swap_tickets_;
   SwapCostModel swap_cost_;
   double measured_link_ = 0;
   std::atomic<int64_t> transfer_bytes_{0};

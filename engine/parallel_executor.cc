@@ -160,6 +160,25 @@ size_t ParallelExecutor::kv_bytes() const {
   return b;
 }
 
+void ParallelExecutor::BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const {
+  const int64_t ep = config_.ep;
+  int64_t e = 0;
+  while (e + 1 < ep && block >= segment_begin_[e + 1]) ++e;
+  const int64_t local = block - segment_begin_[e];  // the arena numbers its segment from 0
+  parts->clear();
+  for (int64_t s = 0; s < config_.pp; ++s) {
+    const size_t r = static_cast<size_t>(s * ep + e);
+    const size_t bytes = rank_kv_[r].layout().BlockBytes();
+    parts->push_back({ranks_[r].backend.get(), static_cast<uint8_t*>(rank_kv_[r].data()) + local * bytes, bytes});
+  }
+}
+
+std::vector<Backend*> ParallelExecutor::backends() const {
+  std::vector<Backend*> out;
+  for (const Rank& r : ranks_) out.push_back(r.backend.get());
+  return out;
+}
+
 std::vector<std::pair<size_t, size_t>> ParallelExecutor::device_bytes() const {
   std::vector<std::pair<size_t, size_t>> out;
   for (const Rank& r : ranks_) out.emplace_back(r.backend->used_bytes(), r.backend->capacity_bytes());

@@ -94,6 +94,10 @@ class ParallelExecutor {
   std::string Describe() const;
   // KV bytes held by the arenas of all ranks.
   size_t kv_bytes() const;
+  // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment.
+  void BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const;
+  // Every rank's backend (rank order).
+  std::vector<Backend*> backends() const;
   // Bytes in use on each rank's device (weights, KV arena, workspaces), and its capacity.
   std::vector<std::pair<size_t, size_t>> device_bytes() const;
 

@@ -137,7 +137,7 @@ void Scheduler::TakeCachedPrefix(Sequence* seq) {
     }
     // A device miss: a lower tier may still hold the block (it comes back with a reference).
     if (tiers_ == nullptr) break;
-    auto promoted = tiers_->Promote(seq->hashes[b]);
+    auto promoted = tiers_->Promote(seq->hashes[b], seq->segment);
     if (!promoted.has_value()) break;
     seq->blocks.push_back(promoted->first);
     ++(promoted->second == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);

@@ -57,7 +57,8 @@ class LowerTiers {
   // On a device miss during a prefix lookup: brings the block back into a device block that it
   // allocates, fills, registers under the hash and returns with one reference, saying which
   // tier served it; nullopt when no tier holds it.
-  virtual std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash) = 0;
+  // The block goes into pool segment `segment` (the sequence's EP rank).
+  virtual std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash, int64_t segment) = 0;
   // Preemption: whether swapping `seq` out (and back in) is cheaper than recomputing it.
   virtual bool ShouldSwap(const Sequence& seq) = 0;
   // Copies the KV of seq's computed tokens out of seq->blocks into swap space it records in
