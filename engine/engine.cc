@@ -431,7 +431,10 @@ absl::StatusOr<bool> Engine::Step() {
   roofline::StepShape shape;
   for (const auto& ch : out.chunks) shape.seqs.push_back({ch.num_tokens, ch.start + ch.num_tokens, ch.wants_logits});
   shape.experts_hit = static_cast<double>(fstats.experts_hit);
-  if (tiers_ != nullptr) shape.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
+  if (tiers_ != nullptr) {
+    shape.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
+    rec.transfer_seconds = tiers_->TakeTransferSeconds();
+  }
   rec.transfer_bytes = shape.transfer_bytes;
   if (out.num_prefill_tokens > 0) {
     const double per_token = forward_done / static_cast<double>(out.num_tokens);

@@ -152,7 +152,9 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   }
   ++demoted_;
   transfer_bytes_ += static_cast<int64_t>(staging_.bytes());
-  demote_ns_ += Nanos(sw);
+  const int64_t ns = Nanos(sw);
+  demote_ns_ += ns;
+  transfer_ns_ += ns;
 }
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash, int64_t segment) {
@@ -185,6 +187,7 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   const int64_t ns = static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9);
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
   (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(ns);
+  transfer_ns_ += ns;
   return std::make_pair(block, *tier);
 }
 
@@ -251,7 +254,9 @@ bool KvTiers::SwapOut(Sequence* seq) {
   ++swapped_out_;
   swap_out_blocks_ += n;
   transfer_bytes_ += static_cast<int64_t>(n * bytes);
-  swap_out_ns_ += Nanos(sw);
+  const int64_t ns = Nanos(sw);
+  swap_out_ns_ += ns;
+  transfer_ns_ += ns;
   return true;
 }
 
@@ -270,7 +275,9 @@ bool KvTiers::SwapIn(Sequence* seq) {
   ++swapped_in_;
   swap_in_blocks_ += n;
   transfer_bytes_ += static_cast<int64_t>(n * bytes);
-  swap_in_ns_ += Nanos(sw);
+  const int64_t ns = Nanos(sw);
+  swap_in_ns_ += ns;
+  transfer_ns_ += ns;
   return true;
 }
 

@@ -108,6 +108,8 @@ class KvTiers final : public LowerTiers {
   double measured_link_bytes_per_second() const { return measured_link_; }
   // Bytes copied between the device and the tiers since the last call (the step's transfers).
   int64_t TakeTransferBytes() { return transfer_bytes_.exchange(0); }
+  // Host seconds spent in those copies (the waits they needed included), since the last call.
+  double TakeTransferSeconds() { return static_cast<double>(transfer_ns_.exchange(0)) * 1e-9; }
   KvTierStats stats() const;
 
  private:
@@ -145,7 +147,7 @@ class KvTiers final : public LowerTiers {
   Tickets swap_tickets_;
   SwapCostModel swap_cost_;
   double measured_link_ = 0;
-  std::atomic<int64_t> transfer_bytes_{0};
+  std::atomic<int64_t> transfer_bytes_{0}, transfer_ns_{0};
   // Written by the engine thread, read by GetStats.
   std::atomic<int64_t> demoted_{0}, demote_failures_{0}, promoted_ddr_{0}, promoted_flash_{0};
   std::atomic<int64_t> prefetch_requests_{0}, swap_decisions_{0}, recompute_decisions_{0};

@@ -24,10 +24,10 @@ struct StepRecord {
   double schedule_seconds = 0.0;   // scheduling and building the batch
   double attention_seconds = 0.0;
   double moe_seconds = 0.0;
-  double head_seconds = 0.0;       // embedding, final norm, lm_head
-  double sampling_seconds = 0.0;   // sampling and streaming events
+  double head_seconds = 0.0;       // embedding, final norm, lm_head, sampling (on the device)
+  double sampling_seconds = 0.0;   // after the forward: tokens and logprobs into events, streaming
   double comm_seconds = 0.0;       // collective communication (0 on one rank)
-  double transfer_seconds = 0.0;   // KV moved between tiers (none yet)
+  double transfer_seconds = 0.0;   // KV moved between the device and the tiers (inside scheduling)
   // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
   // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).
   int64_t comm_bytes_observed = 0;

@@ -63,6 +63,8 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     st->set_rank_imbalance(r.rank_imbalance);
     for (int64_t t : r.expert_tokens) st->add_expert_tokens(t);
     st->set_transfer_bytes(r.transfer_bytes);
+    st->set_transfer_ms(r.transfer_seconds * 1e3);
+    st->set_predicted_transfer_ms(r.predicted_transfer_seconds * 1e3);
   }
   out->set_kv_blocks_total(s.kv_blocks_total);
   out->set_kv_blocks_used(s.kv_blocks_used);

@@ -141,6 +141,13 @@ TEST_P(KvTiersTest, PrefixComesBackFromDdr) {
   const EngineStats s = e->GetStats();
   EXPECT_GE(s.tiers.demoted, 3);
   EXPECT_EQ(s.tiers.promoted_ddr, 3);
+  // The step that brought the prefix back records the copies: bytes and the time they took.
+  const double block_bytes = static_cast<double>(s.tiers.block_bytes);
+  bool recorded = false;
+  for (const StepRecord& r : s.recent_steps) {
+    if (r.transfer_bytes >= 3 * block_bytes) recorded = recorded || r.transfer_seconds > 0;
+  }
+  EXPECT_TRUE(recorded) << "no step recorded the promotion's " << 3 * block_bytes << " bytes with their time";
   EXPECT_TRUE(e->CheckAccounting());
 }
 

@@ -492,7 +492,7 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   EXPECT_EQ(tiers["flash_hit"]["cached_tokens_flash"].get<int64_t>(), 112);
   EXPECT_GT(tiers["measured"]["promote_from_flash_bytes_per_s"].get<double>(), 0);
   // A bad profile is refused with the key named.
-  WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})").ok());
   EXPECT_NE(RunCommand({"roofline", "--hardware", dir + "/bad.json"}, &out, &err), 0);
   EXPECT_NE(err.find("mem_bandwidth"), std::string::npos) << err;
   std::filesystem::remove_all(dir);
