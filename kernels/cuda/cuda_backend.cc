@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -44,6 +45,8 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   DeviceBuffer scratch;  // activations rounded to the weight dtype for cublasGemmEx (in the arena)
+  DeviceBuffer group_pointers;     // A, B and C pointer arrays of the grouped expert GEMM
+  bool grouped_gemm_supported = true;  // until cuBLAS says otherwise for our types
   std::mutex mu;         // the sticky error
   absl::Status error;
   // The copy stream: its copies wait for compute_event (recorded on the compute stream at each
@@ -268,13 +271,100 @@ void CudaBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, 
                            CUBLAS_GEMM_DEFAULT));
 }
 
+bool CudaBackend::GroupedGemmOneCall(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                                     float* y) {
+#if CUBLAS_VER_MAJOR > 12 || (CUBLAS_VER_MAJOR == 12 && CUBLAS_VER_MINOR >= 5)
+  if (!impl_->grouped_gemm_supported || w.empty()) return false;
+  const WeightRef& w0 = w[0];
+  for (const WeightRef& e : w) {
+    if (e.dtype != w0.dtype || e.rows != w0.rows || e.cols != w0.cols) return false;  // not one expert shape
+  }
+  // One problem per expert with rows, each its own group (the token counts differ).
+  const int64_t total = offsets.back();
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+  std::vector<int> m, n, k, lda, ldb, ldc, group_size;
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<float> alpha, beta;
+  const bool f32 = w0.dtype == DType::kF32;
+  const size_t in_elem = f32 ? sizeof(float) : 2;
+  if (!f32) {  // round every row to the weights' 16-bit type once
+    const size_t need = static_cast<size_t>(total * w0.cols) * 2;
+    if (need > impl_->scratch.bytes()) {
+      const size_t old = impl_->scratch.bytes();
+      impl_->scratch = DeviceBuffer();
+      auto grown = Allocate(std::max(need, 2 * old));
+      if (!grown.ok()) {
+        Note(grown.status());
+        return true;
+      }
+      impl_->scratch = std::move(*grown);
+    }
+    NOTE_CUDA(cuda::LaunchConvert(x, total * w0.cols, ElemOf(w0.dtype), impl_->scratch.data(), impl_->stream));
+  }
+  const uint8_t* xin = f32 ? reinterpret_cast<const uint8_t*>(x) : static_cast<const uint8_t*>(impl_->scratch.data());
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    a.push_back(w[g].data);
+    b.push_back(xin + static_cast<size_t>(offsets[g] * w0.cols) * in_elem);
+    c.push_back(y + offsets[g] * w0.rows);
+    m.push_back(static_cast<int>(w0.rows));
+    n.push_back(static_cast<int>(rows));
+    k.push_back(static_cast<int>(w0.cols));
+    lda.push_back(static_cast<int>(w0.cols));
+    ldb.push_back(static_cast<int>(w0.cols));
+    ldc.push_back(static_cast<int>(w0.rows));
+    ta.push_back(CUBLAS_OP_T);
+    tb.push_back(CUBLAS_OP_N);
+    alpha.push_back(1.0f);
+    beta.push_back(0.0f);
+    group_size.push_back(1);
+  }
+  const int groups = static_cast<int>(a.size());
+  if (groups == 0) return true;
+  // The pointer arrays live on the device: A's, then B's, then C's.
+  const size_t ptr_bytes = 3 * static_cast<size_t>(groups) * sizeof(void*);
+  if (ptr_bytes > impl_->group_pointers.bytes()) {
+    impl_->group_pointers = DeviceBuffer();
+    auto grown = Allocate(std::max<size_t>(ptr_bytes, 64 * 3 * sizeof(void*)));
+    if (!grown.ok()) return false;  // the per-expert loop needs no pointer arrays
+    impl_->group_pointers = std::move(*grown);
+  }
+  std::vector<const void*> ptrs;
+  ptrs.insert(ptrs.end(), a.begin(), a.end());
+  ptrs.insert(ptrs.end(), b.begin(), b.end());
+  for (void* p : c) ptrs.push_back(p);
+  // Pageable source: the call returns once the host array has been staged.
+  NOTE_CUDA(cudaMemcpyAsync(impl_->group_pointers.data(), ptrs.data(), ptr_bytes, cudaMemcpyHostToDevice,
+                            impl_->stream));
+  auto* dev = static_cast<void**>(impl_->group_pointers.data());
+  const cudaDataType_t t = f32 ? CUDA_R_32F : (ElemOf(w0.dtype) == cuda::kElemBF16 ? CUDA_R_16BF : CUDA_R_16F);
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      impl_->cublas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+      const_cast<const void* const*>(dev), t, lda.data(), const_cast<const void* const*>(dev + groups), t, ldb.data(),
+      beta.data(), dev + 2 * groups, CUDA_R_32F, ldc.data(), groups, group_size.data(), CUBLAS_COMPUTE_32F);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // this type mix: the per-expert loop from now on
+    impl_->grouped_gemm_supported = false;
+    return false;
+  }
+  NOTE_CUBLAS(st);
+  return true;
+#else
+  return false;
+#endif
+}
+
 void CudaBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                               float* y) {
+  Use();
   if (offsets.size() != w.size() + 1) {
     Note(absl::InvalidArgumentError("grouped gemm: offsets must have one entry more than the weights"));
     return;
   }
-  // One GEMM per expert with rows (tokens are sorted by expert).
+  // One cuBLAS call for every expert (cublasGemmGroupedBatchedEx, cuBLAS 12.5 and later) ...
+  if (GroupedGemmOneCall(x, w, offsets, y)) return;
+  // ... or one GEMM per expert with rows (tokens are sorted by expert).
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;

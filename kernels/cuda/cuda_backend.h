@@ -1,7 +1,8 @@
 // The Backend interface on one NVIDIA GPU: a capacity-accounted device arena (cudaMalloc),
 // every op enqueued on one stream, GEMMs through cuBLAS (bf16 weights: the activations are
 // rounded to bf16 and multiplied with fp32 accumulation by cublasGemmEx; f32 weights:
-// cublasSgemm), one GEMM per expert for the grouped expert GEMM, and the kernels of
+// cublasSgemm), the grouped expert GEMM as one cublasGemmGroupedBatchedEx call (one GEMM per expert where
+// cuBLAS lacks it or refuses the types), and the kernels of
 // cuda_kernels.cu for everything else. Ops return void as the interface asks: the first CUDA
 // or cuBLAS error (with file and line) sticks and is returned by the next Synchronize or copy.
 // CopyOnDevice is an asynchronous device-to-device copy: the ranges must not overlap.
@@ -75,6 +76,9 @@ class CudaBackend final : public Backend {
   // Makes this backend's GPU current on the calling thread (each thread has its own, and the
   // engine loop is not the thread that created the backend).
   void Use() const;
+  // The grouped expert GEMM as one cublasGemmGroupedBatchedEx call; false (nothing enqueued)
+  // when this cuBLAS lacks it, the experts differ in shape, or it refuses the types.
+  bool GroupedGemmOneCall(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets, float* y);
 
   std::unique_ptr<Impl> impl_;
   size_t capacity_ = 0;
