@@ -1,5 +1,5 @@
 // The Backend interface on one NVIDIA GPU: a capacity-accounted device arena (cudaMalloc),
-// every op enqueued on one stream, GEMMs through cuBLAS (bf16 weights: the activations are
+// every op enqueued on one compute stream (the KV tiers' host copies on a second), GEMMs through cuBLAS (bf16 weights: the activations are
 // rounded to bf16 and multiplied with fp32 accumulation by cublasGemmEx; f32 weights:
 // cublasSgemm), the grouped expert GEMM as one cublasGemmGroupedBatchedEx call (one GEMM per expert where
 // cuBLAS lacks it or refuses the types), and the kernels of
