@@ -90,7 +90,10 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   Stopwatch sw;
   Tickets tickets;
   for (int i = 0; i < 8; ++i) {
-    if (!t->CopyOut(0, t->staging_.data(), &tickets)) return absl::InternalError("KV tiers: a test copy failed");
+    if (!t->CopyOut(0, t->staging_.data(), &tickets)) {
+      (void)t->Wait(tickets);  // earlier copies into the staging block must land before it is freed
+      return absl::InternalError("KV tiers: a test copy failed");
+    }
   }
   if (!t->Wait(tickets)) return absl::InternalError("KV tiers: a test copy failed");
   t->measured_link_ = 8.0 * static_cast<double>(block_bytes) / std::max(sw.Seconds(), 1e-9);

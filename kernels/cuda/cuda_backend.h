@@ -1,8 +1,9 @@
 // The Backend interface on one NVIDIA GPU: a capacity-accounted device arena (cudaMalloc),
 // every op enqueued on one compute stream (the KV tiers' host copies on a second), GEMMs through cuBLAS (bf16 weights: the activations are
 // rounded to bf16 and multiplied with fp32 accumulation by cublasGemmEx; f32 weights:
-// cublasSgemm), the grouped expert GEMM as one cublasGemmGroupedBatchedEx call (one GEMM per expert where
-// cuBLAS lacks it or refuses the types), and the kernels of
+// cublasSgemm), the grouped expert GEMM as one cublasGemmGroupedBatchedEx call for f32 weights
+// (one GEMM per expert for 16-bit weights, which that API only multiplies into a 16-bit
+// output, and where cuBLAS lacks it), and the kernels of
 // cuda_kernels.cu for everything else. Ops return void as the interface asks: the first CUDA
 // or cuBLAS error (with file and line) sticks and is returned by the next Synchronize or copy.
 // CopyOnDevice is an asynchronous device-to-device copy: the ranges must not overlap.
@@ -76,8 +77,9 @@ class CudaBackend final : public Backend {
   // Makes this backend's GPU current on the calling thread (each thread has its own, and the
   // engine loop is not the thread that created the backend).
   void Use() const;
-  // The grouped expert GEMM as one cublasGemmGroupedBatchedEx call; false (nothing enqueued)
-  // when this cuBLAS lacks it, the experts differ in shape, or it refuses the types.
+  // The grouped expert GEMM as one cublasGemmGroupedBatchedEx call (f32 weights); false when
+  // this cuBLAS lacks it, the weights are 16-bit or differ in shape, or it refuses the call
+  // (the caller then runs one GEMM per expert; only the pointer upload may have been enqueued).
   bool GroupedGemmOneCall(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets, float* y);
 
   std::unique_ptr<Impl> impl_;
