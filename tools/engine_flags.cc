@@ -57,7 +57,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--price-per-hour", f->price_per_hour,
                   "$ per hour of this machine for request receipts (default: the profile's price)");
   cmd->add_option("--host-kv-mb", f->host_kv_mb,
-                  "Host DDR tier for evicted prefix-cache blocks and swapped-out sequences, MiB (0: none)")
+                  "Host DDR tier for evicted prefix-cache blocks and swapped-out sequences, MiB (0: none); pinned "
+                  "memory with --backend cuda; works with --ep/--pp (blocks are assembled from every stage)")
       ->capture_default_str();
   cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
                   "Directory of the flash tier below DDR (verified records; survives restarts)");
