@@ -15,6 +15,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 "$BUILD_DIR/tests/parallel_test" 2>&1 | tee "$OUT/parallel_test.txt"
 # NCCL ranks of the executor (--ep/--pp, one GPU each) against one CPU rank; skips below 2 GPUs.
 "$BUILD_DIR/tests/engine_test" --gtest_filter='*Nccl*' 2>&1 | tee "$OUT/nccl_executor_test.txt"
+# KV tiers through pinned memory and the copy stream, byte for byte.
+"$BUILD_DIR/tests/engine_test" --gtest_filter='KvTiersCopyTest.*' 2>&1 | tee "$OUT/kv_tiers_gpu_test.txt"
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$name" in
   *H200*) preset=h200 ;;
