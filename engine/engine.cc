@@ -426,6 +426,7 @@ absl::StatusOr<bool> Engine::Step() {
   rec.expert_imbalance = pstats.expert_imbalance;
   rec.expert_tokens = std::move(pstats.expert_tokens);
   rec.rank_imbalance = pstats.rank_imbalance;
+  rec.attention_imbalance = pstats.attention_imbalance;
   rec.sampling_seconds = rec.duration_seconds - forward_done;
   // The step's work from the cost model, and its prediction when a profile is configured.
   roofline::StepShape shape;

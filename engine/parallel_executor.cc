@@ -390,6 +390,11 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
   if (ep > 1) {
     ps.expert_imbalance = imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
     ps.rank_imbalance = imbalance(ep_rows);
+    std::vector<double> ep_tokens(ep, 0.0);  // attention is data-parallel: each rank its own sequences
+    for (int64_t e = 0; e < ep; ++e) {
+      for (const SubStep& sub : subs[e]) ep_tokens[e] += static_cast<double>(sub.in.num_tokens());
+    }
+    ps.attention_imbalance = imbalance(ep_tokens);
   }
   if (stats != nullptr) *stats = total;
   if (pstats != nullptr) *pstats = std::move(ps);

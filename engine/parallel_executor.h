@@ -61,6 +61,7 @@ struct ParallelStepStats {
   std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
   double expert_imbalance = 0;  // max over mean of expert_tokens
   double rank_imbalance = 0;    // max over mean of rows computed per EP rank
+  double attention_imbalance = 0;  // max over mean of tokens per EP rank (its own sequences)
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;

@@ -36,6 +36,10 @@ absl::Status SchedulerConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens_per_step must be >= 1, got ", max_tokens_per_step));
   }
   if (max_waiting < 1) return absl::InvalidArgumentError(absl::StrCat("max_waiting must be >= 1, got ", max_waiting));
+  if (!(ep_balance_ratio == 0 || ep_balance_ratio >= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep-balance (ep_balance_ratio) must be 0 (off) or >= 1, got ", ep_balance_ratio));
+  }
   if (fast_lane_max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("fast_lane_max_batch must be >= 1, got ", fast_lane_max_batch));
   }
@@ -45,16 +49,29 @@ absl::Status SchedulerConfig::Validate() const {
 Scheduler::Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint)
     : config_(config), pool_(pool), block_size_(block_size), fingerprint_(fingerprint) {}
 
+int64_t Scheduler::PlaceSegment(const Sequence& seq) const {
+  const int64_t segments = pool_->num_segments();
+  if (segments == 1) return 0;
+  // Outstanding tokens (left to compute or generate) of each segment's sequences.
+  std::vector<int64_t> load(segments, 0);
+  for (const Sequence* s : waiting_) load[s->segment] += s->max_total_tokens - s->num_computed;
+  for (const Sequence* s : running_) load[s->segment] += s->max_total_tokens - s->num_computed;
+  const int64_t least = std::min_element(load.begin(), load.end()) - load.begin();
+  if (seq.prompt_len < block_size_) return least;  // nothing to share: the least loaded rank
+  // Cache-aware: prompts that share their first block meet in one rank's prefix cache ...
+  const BlockHash first = HashBlock(BlockHash{}, std::span<const int32_t>(seq.tokens.data(), block_size_), fingerprint_);
+  const int64_t preferred = static_cast<int64_t>(first.lo % static_cast<uint64_t>(segments));
+  if (config_.ep_balance_ratio == 0) return preferred;
+  // ... unless that rank is loaded well beyond the least loaded one (SGLang's router does the same).
+  const double own = static_cast<double>(seq.max_total_tokens);
+  return static_cast<double>(load[preferred]) > config_.ep_balance_ratio * (static_cast<double>(load[least]) + own)
+             ? least
+             : preferred;
+}
+
 absl::Status Scheduler::Add(Sequence* seq) {
   // With a segmented pool (expert parallelism) a sequence lives in the segment of its rank.
-  // Prompts that share their first block go to the same rank, so that they share its prefix
-  // cache (cache-aware placement); shorter prompts are spread by id.
-  const uint64_t segments = static_cast<uint64_t>(pool_->num_segments());
-  seq->segment = static_cast<int64_t>(seq->id % segments);
-  if (segments > 1 && seq->prompt_len >= block_size_) {
-    const BlockHash first = HashBlock(BlockHash{}, std::span<const int32_t>(seq->tokens.data(), block_size_), fingerprint_);
-    seq->segment = static_cast<int64_t>(first.lo % segments);
-  }
+  seq->segment = PlaceSegment(*seq);
   const int64_t need = BlocksFor(seq->max_total_tokens);
   const int64_t room = pool_->segment_blocks(seq->segment);
   if (need > room) {

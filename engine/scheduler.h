@@ -30,6 +30,11 @@ struct SchedulerConfig {
   bool prefix_caching = true;
   int64_t max_waiting = 1024;         // waiting-queue bound; beyond it requests are refused
   int64_t fast_lane_max_batch = 4;    // batch cap while a fast-lane sequence is in it
+  // Expert-parallel placement: a prompt goes to the rank its first block hashes to (so shared
+  // prefixes meet in one rank's cache) unless that rank's outstanding tokens exceed this many
+  // times the least loaded rank's (plus the prompt's own); then to the least loaded. 0: never
+  // balance (pure cache affinity).
+  double ep_balance_ratio = 2.0;
 
   absl::Status Validate() const;
 };
@@ -108,6 +113,8 @@ class Scheduler {
   // Keeps the prompt's blocks among [from, to) cached until seq->retain_until, if it asks.
   void ApplyRetention(const Sequence& seq, int64_t from, int64_t to);
   void InsertWaiting(Sequence* seq);
+  // The pool segment (EP rank) for a new sequence, see SchedulerConfig::ep_balance_ratio.
+  int64_t PlaceSegment(const Sequence& seq) const;
   // Schedules a running sequence's next chunk, preempting from the back of running_ when the
   // pool is short. False when nothing more can be scheduled this step.
   bool ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, SchedulerOutput* out);

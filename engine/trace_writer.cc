@@ -63,6 +63,7 @@ std::string TraceWriter::ToJsonLine(const StepRecord& r) {
                       {"expert_tokens", r.expert_tokens},
                       {"expert_imbalance", r.expert_imbalance},
                       {"rank_imbalance", r.rank_imbalance},
+                      {"attention_imbalance", r.attention_imbalance},
                       {"predicted_s",
                        {{"compute", r.predicted_compute_seconds},
                         {"memory", r.predicted_memory_seconds},

@@ -61,6 +61,7 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     st->set_predicted_comm_ms(r.predicted_comm_seconds * 1e3);
     st->set_expert_imbalance(r.expert_imbalance);
     st->set_rank_imbalance(r.rank_imbalance);
+    st->set_attention_imbalance(r.attention_imbalance);
     for (int64_t t : r.expert_tokens) st->add_expert_tokens(t);
     st->set_transfer_bytes(r.transfer_bytes);
     st->set_transfer_ms(r.transfer_seconds * 1e3);

@@ -46,7 +46,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   // A sequence lives on one EP rank and, with pp stages, on one device per stage.
   j["kv_bytes_per_sequence_per_device"] = kv_token_max * mean_seq_tokens;
   int64_t tokens = 0, comm = 0, seqs = 0;
-  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0;
+  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0, attn_imb = 0;
   int64_t imb_steps = 0;
   for (const StepRecord& s : steps) {
     tokens += s.num_tokens;
@@ -57,6 +57,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
     if (s.expert_imbalance > 0) {
       expert_imb += s.expert_imbalance;
       rank_imb += s.rank_imbalance;
+      attn_imb += s.attention_imbalance;
       ++imb_steps;
     }
   }
@@ -75,6 +76,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   j["comm_share_of_step_time"] = busy > 0 ? comm_s / busy : 0.0;
   j["mean_expert_imbalance"] = imb_steps ? expert_imb / imb_steps : 0.0;
   j["mean_rank_imbalance"] = imb_steps ? rank_imb / imb_steps : 0.0;
+  j["mean_attention_imbalance"] = imb_steps ? attn_imb / imb_steps : 0.0;
   if (hw) {
     // The batch one device needs before compute catches up with its weight reads, with this layout.
     roofline::RooflineInputs in;
@@ -100,9 +102,11 @@ void PrintParallelReport(const nlohmann::json& j) {
               j["kv_bytes_per_sequence_per_device"].get<double>() / 1e6);
   std::printf("    in flight: %.1f sequences per micro-batch; KV per device for all of them %.2f MB\n",
               j["sequences_per_micro_batch"].get<double>(), j["kv_bytes_per_device_in_flight"].get<double>() / 1e6);
-  std::printf("    communication: %.0f bytes per token, %.1f%% of step time; imbalance experts %.2f, EP ranks %.2f\n",
+  std::printf("    communication: %.0f bytes per token, %.1f%% of step time; imbalance experts %.2f, EP ranks %.2f "
+              "(expert rows), %.2f (attention tokens)\n",
               j["comm_bytes_per_token"].get<double>(), 100 * j["comm_share_of_step_time"].get<double>(),
-              j["mean_expert_imbalance"].get<double>(), j["mean_rank_imbalance"].get<double>());
+              j["mean_expert_imbalance"].get<double>(), j["mean_rank_imbalance"].get<double>(),
+              j["mean_attention_imbalance"].get<double>());
   if (j.contains("critical_batch")) {
     std::printf("    roofline: critical batch %.0f, routed experts alone %.0f (sparsity E/k = %.0f), MoE-aware %.0f\n",
                 j["critical_batch"].get<double>(), j["critical_batch_routed_experts"].get<double>(),

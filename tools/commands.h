@@ -33,6 +33,7 @@ struct EngineFlags {
   bool no_prefix_caching = false;
   int64_t max_waiting = 1024;
   int64_t fast_lane_max_batch = 4;
+  double ep_balance = 2.0;
   int64_t block_size = 16;
   int64_t kv_blocks = 0;
   double kv_cache_mb = 512;

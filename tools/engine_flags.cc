@@ -83,6 +83,11 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
                   "flow through them. With --ep, ep x pp ranks")
       ->capture_default_str();
+  cmd->add_option("--ep-balance", f->ep_balance,
+                  "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "
+                  "one rank's cache) unless that rank has more than this many times the outstanding tokens of "
+                  "the least loaded rank; then to the least loaded (0: always the hashed rank)")
+      ->capture_default_str();
   cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
       ->capture_default_str();
   cmd->add_option("--micro-batches", f->micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
@@ -100,6 +105,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.scheduler.prefix_caching = !f.no_prefix_caching;
   c.scheduler.max_waiting = f.max_waiting;
   c.scheduler.fast_lane_max_batch = f.fast_lane_max_batch;
+  c.scheduler.ep_balance_ratio = f.ep_balance;
   c.block_size = f.block_size;
   c.num_kv_blocks = f.kv_blocks;
   if (!(f.kv_cache_mb > 0)) return absl::InvalidArgumentError(absl::StrCat("--kv-cache-mb must be > 0, got ", f.kv_cache_mb));

@@ -458,6 +458,55 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
 }
 #endif
 
+// Placement under --ep 2 when every prompt shares its first block: pure cache affinity puts
+// them all on one rank (every step's attention imbalance 2); balancing sends some to the other rank
+// once the first is loaded beyond the ratio. Outputs equal one rank either way.
+TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
+  std::mt19937 gen(seed_ + 3);
+  std::vector<int32_t> shared(8);
+  for (auto& t : shared) t = static_cast<int32_t>(gen() % 256);
+  std::vector<GenerateRequest> reqs(16);
+  for (auto& r : reqs) {
+    r.prompt = shared;
+    for (int j = 0; j < 8 + static_cast<int>(gen() % 16); ++j) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+    r.max_tokens = 6;
+  }
+  auto run = [&](const Layout& l, double ratio, double* min_attention_imbalance) {
+    EngineConfig ec;
+    ec.num_kv_blocks = 200;
+    ec.block_size = 8;
+    ec.scheduler.ep_balance_ratio = ratio;
+    ec.parallel = ToConfig(l);
+    ec.rank_backends = CpuRanks();
+    auto e = Engine::Create(ec, weights_.get(), &backend_);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::map<uint64_t, std::vector<int32_t>> out;
+    std::vector<uint64_t> ids;
+    for (const auto& r : reqs) {  // all queued before the first step
+      auto id = (*e)->Submit(r, [&](const RequestEvent& ev) {
+        auto& v = out[ev.request_id];
+        v.insert(v.end(), ev.tokens.begin(), ev.tokens.end());
+      });
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    EXPECT_TRUE((*e)->RunUntilIdle().ok());
+    *min_attention_imbalance = 1e9;
+    for (const auto& st : (*e)->GetStats().recent_steps) {
+      if (st.num_tokens > 0 && l.ep > 1) *min_attention_imbalance = std::min(*min_attention_imbalance, st.attention_imbalance);
+    }
+    std::vector<std::vector<int32_t>> result;
+    for (uint64_t id : ids) result.push_back(out[id]);
+    return result;
+  };
+  double unused = 0, affinity = 0, balanced = 0;
+  const auto want = run({1, 1}, 2.0, &unused);
+  EXPECT_EQ(run({2, 1}, 0.0, &affinity), want) << "seed " << seed_;
+  EXPECT_EQ(run({2, 1}, 2.0, &balanced), want) << "seed " << seed_;
+  EXPECT_DOUBLE_EQ(affinity, 2.0) << "pure affinity: every step on one rank";
+  EXPECT_LT(balanced, 1.5) << "balancing should bring the second rank in";
+}
+
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   const ModelConfig c = *PresetConfig("tiny");
   ParallelConfig p;
@@ -469,6 +518,9 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   p.pp = 2;
   p.nccl_devices = {0, 1, 2};
   EXPECT_NE(std::string(p.Validate(c).message()).find("3 GPUs for 2 NCCL ranks"), std::string::npos);
+  SchedulerConfig sc;
+  sc.ep_balance_ratio = 0.5;
+  EXPECT_NE(std::string(sc.Validate().message()).find("--ep-balance"), std::string::npos);
   EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
