@@ -307,6 +307,10 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
       case FinishReason::kDeadline: ++counters_.deadline_exceeded; break;
       case FinishReason::kError: ++counters_.errors; break;
     }
+    counters_.e2e.Observe(ev.timing.e2e_seconds);
+    counters_.queue.Observe(ev.timing.queue_seconds);
+    if (live.first_token) counters_.ttft.Observe(ev.timing.ttft_seconds);
+    if (ev.usage.completion_tokens > 1) counters_.tpot.Observe(ev.timing.tpot_seconds);
     counters_.prompt_tokens += ev.usage.prompt_tokens;
     counters_.cached_prompt_tokens += ev.usage.cached_prompt_tokens;
     counters_.generated_tokens += ev.usage.completion_tokens;
@@ -468,6 +472,7 @@ absl::StatusOr<bool> Engine::Step() {
     std::lock_guard<std::mutex> lock(mu_);
     rec.step = counters_.steps++;
     counters_.busy_seconds += rec.duration_seconds;
+    counters_.step.Observe(rec.duration_seconds);
     counters_.batched_seqs += rec.num_seqs;
     counters_.step_prefill_tokens += rec.prefill_tokens;
     counters_.step_decode_tokens += rec.decode_tokens;

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/histogram.h"
 #include "engine/kv_tiers.h"
 #include "engine/parallel_executor.h"
 #include "engine/request.h"
@@ -70,6 +71,10 @@ struct EngineStats {
   KvTierStats tiers;
   int64_t finished_length = 0, finished_stop = 0, cancelled = 0, deadline_exceeded = 0, errors = 0,
           refused = 0;
+  // Latencies of finished requests (ttft and tpot only where there was a first / second token)
+  // and durations of steps, cumulative.
+  Histogram queue = Histogram::Latency(), ttft = Histogram::Latency(), tpot = Histogram::Latency(),
+            e2e = Histogram::Latency(), step = Histogram::Latency();
   std::vector<StepRecord> recent_steps;  // newest last
 };
 

@@ -12,6 +12,7 @@ PACKAGES=(
   libxxhash-dev
   nlohmann-json3-dev
   libcli11-dev
+  prometheus-cpp-dev
   python3 python3-grpcio python3-protobuf python3-matplotlib python3-numpy
 )
 

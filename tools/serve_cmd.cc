@@ -3,6 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "core/file_util.h"
+#include "server/metrics_exporter.h"
 #include "server/server_main.h"
 #include "tools/commands.h"
 
@@ -16,6 +18,8 @@ struct ServeOptions {
   server::ServerOptions server;
   std::string api_key;
   int64_t max_tokens_limit = 4096;
+  std::string metrics_listen;     // empty: no Prometheus endpoint
+  std::string metrics_port_file;
 };
 
 int RunServe(ServeOptions o) {
@@ -72,6 +76,23 @@ int RunServe(ServeOptions o) {
   }
 
   (*engine)->Start();
+  std::unique_ptr<server::MetricsExporter> metrics;  // scraped until the server returns
+  if (!o.metrics_listen.empty()) {
+    auto m = server::MetricsExporter::Start(o.metrics_listen, engine->get());
+    if (!m.ok()) {
+      (*engine)->Stop();
+      return Fail(m.status());
+    }
+    metrics = std::move(*m);
+    std::fprintf(stderr, "moeserve: Prometheus metrics on http://%s/metrics (port %d)\n", o.metrics_listen.c_str(),
+                 metrics->port());
+    if (!o.metrics_port_file.empty()) {
+      if (absl::Status w = WriteFileAtomically(o.metrics_port_file, std::to_string(metrics->port())); !w.ok()) {
+        (*engine)->Stop();
+        return Fail(w);
+      }
+    }
+  }
   absl::Status s = server::RunServer(o.server, so, engine->get());
   if (!s.ok()) {
     (*engine)->Stop();
@@ -98,6 +119,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")
       ->capture_default_str();
   cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
+  cmd->add_option("--metrics-listen", o->metrics_listen,
+                  "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics: request, token, preemption "
+                  "and KV-tier counters, queue and KV gauges, latency histograms (queue, TTFT, TPOT, end to end, "
+                  "step); port 0 picks a free one (empty: off)");
+  cmd->add_option("--metrics-port-file", o->metrics_port_file, "Write the metrics port to this file once listening");
   cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
       ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunServe(*o); });

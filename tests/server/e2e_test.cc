@@ -1,8 +1,11 @@
 // End-to-end tests over real gRPC: the `moeserve serve` binary on an ephemeral loopback port,
 // driven by generated C++ stubs, the `moeserve generate` and `moeserve loadgen` binaries, and
 // the Python client when python3-grpcio is installed.
+#include <arpa/inet.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cmath>
@@ -546,6 +549,63 @@ TEST(E2eServerFlagsTest, ExpertParallelPipelineServerMatchesOneRank) {
   // A layout the model cannot take is refused at start with the limit named.
   EXPECT_NE(RunCommand({"bench", "--preset", "tiny", "--ep", "9", "--num-requests", "1"}, &out, &err), 0);
   EXPECT_NE(err.find("--ep must be in [1, 4]"), std::string::npos) << err;
+}
+
+// GET `path` from 127.0.0.1:`port` over plain HTTP/1.0; the whole response, headers included.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return response;
+}
+
+// The Prometheus endpoint: counters, gauges and latency histograms after three requests, in the
+// text format; a bad address is refused naming the flag.
+TEST(E2eServerFlagsTest, PrometheusMetricsCountWhatWasServed) {
+  const std::string dir = MakeTempDir("metrics");
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
+                            dir + "/port"}))
+      << server.log();
+  const int port = std::stoi(ReadAll(dir + "/port"));
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  for (int i = 0; i < 3; ++i) {
+    const Streamed s = Stream(stub.get(), IdsRequest({256, 10 + i, 20, 30}, 5));
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  }
+  ASSERT_TRUE(EventuallyIdle(stub.get()));
+  const std::string text = HttpGet(port, "/metrics");
+  ASSERT_NE(text.find("200 OK"), std::string::npos) << text.substr(0, 200);
+  for (const char* want : {"# TYPE moeserve_time_to_first_token_seconds histogram",
+                           "# TYPE moeserve_generation_tokens_total counter",
+                           "moeserve_request_success_total{reason=\"length\"} 3",
+                           "moeserve_generation_tokens_total 15", "moeserve_prompt_tokens_total 12",
+                           "moeserve_time_to_first_token_seconds_count 3",
+                           "moeserve_e2e_request_latency_seconds_bucket{le=\"+Inf\"} 3",
+                           "moeserve_time_per_output_token_seconds_count 3", "moeserve_kv_blocks_used 0",
+                           "moeserve_num_requests_running 0"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << "missing: " << want << "\n" << text;
+  }
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  std::filesystem::remove_all(dir);
+  std::string out, err;
+  EXPECT_NE(RunCommand({"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--metrics-listen", "256.1.1.1:1"}, &out,
+                       &err),
+            0);
+  EXPECT_NE(err.find("--metrics-listen"), std::string::npos) << err;
 }
 
 TEST(E2eServerFlagsTest, FullQueueGivesResourceExhausted) {

@@ -1,0 +1,215 @@
+// Prometheus exporter.
+#include "server/metrics_exporter.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = "moeserve_" + std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+ClientMetric Value(MetricType type, double v, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = v;
+  } else {
+    m.gauge.value = v;
+  }
+  return m;
+}
+
+void Add(std::vector<MetricFamily>* out, std::string name, std::string help, MetricType type, double v) {
+  MetricFamily f = Family(std::move(name), std::move(help), type);
+  f.metric.push_back(Value(type, v));
+  out->push_back(std::move(f));
+}
+
+void AddHistogram(std::vector<MetricFamily>* out, std::string name, std::string help, const Histogram& h) {
+  MetricFamily f = Family(std::move(name), std::move(help), MetricType::Histogram);
+  ClientMetric m;
+  m.histogram.sample_count = static_cast<uint64_t>(h.count);
+  m.histogram.sample_sum = h.sum;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.counts.size(); ++i) {
+    cumulative += static_cast<uint64_t>(h.counts[i]);
+    const double le = i < h.bounds.size() ? h.bounds[i] : std::numeric_limits<double>::infinity();
+    m.histogram.bucket.push_back({cumulative, le});
+  }
+  f.metric.push_back(std::move(m));
+  out->push_back(std::move(f));
+}
+
+// Parses host:port (an IPv4 host; port 0 picks a free one).
+absl::StatusOr<sockaddr_in> ParseListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  int port = -1;
+  if (colon != std::string::npos) {
+    try {
+      port = std::stoi(listen.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  if (colon == std::string::npos || port < 0 || port > 65535 ||
+      inet_pton(AF_INET, listen.substr(0, colon).c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen must be IPV4-HOST:PORT with a port in [0, 65535], got '", listen, "'"));
+  }
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+}  // namespace
+
+std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
+  std::vector<MetricFamily> out;
+  const auto C = MetricType::Counter;
+  const auto G = MetricType::Gauge;
+  Add(&out, "num_requests_running", "Sequences in the running batch", G, static_cast<double>(s.running));
+  Add(&out, "num_requests_waiting", "Requests waiting for admission", G, static_cast<double>(s.waiting));
+  {
+    MetricFamily f = Family("request_success_total", "Finished requests by reason", C);
+    const std::pair<const char*, int64_t> reasons[] = {{"length", s.finished_length}, {"stop", s.finished_stop},
+                                                       {"cancelled", s.cancelled},    {"deadline", s.deadline_exceeded},
+                                                       {"error", s.errors},           {"refused", s.refused}};
+    for (const auto& [reason, n] : reasons) f.metric.push_back(Value(C, static_cast<double>(n), {{"reason", reason}}));
+    out.push_back(std::move(f));
+  }
+  Add(&out, "prompt_tokens_total", "Prompt tokens of finished requests", C, static_cast<double>(s.prompt_tokens));
+  Add(&out, "cached_prompt_tokens_total", "Prompt tokens served from the prefix cache (any tier)", C,
+      static_cast<double>(s.cached_prompt_tokens));
+  Add(&out, "generation_tokens_total", "Generated tokens of finished requests", C,
+      static_cast<double>(s.generated_tokens));
+  Add(&out, "num_preemptions_total", "Sequences preempted under KV pressure", C, static_cast<double>(s.preemptions));
+  Add(&out, "num_swaps_total", "Preemptions that swapped the KV to host DDR", C, static_cast<double>(s.swaps));
+  Add(&out, "steps_total", "Engine steps", C, static_cast<double>(s.steps));
+  Add(&out, "busy_seconds_total", "Time spent in steps", C, s.busy_seconds);
+  Add(&out, "step_sequences_total", "Sequences over all steps (mean batch = this / steps_total)", C,
+      static_cast<double>(s.batched_seqs));
+  Add(&out, "uptime_seconds", "Seconds since the engine was created", G, s.uptime_seconds);
+  Add(&out, "kv_blocks_total", "KV blocks on the device", G, static_cast<double>(s.kv_blocks_total));
+  Add(&out, "kv_blocks_used", "KV blocks held by sequences", G, static_cast<double>(s.kv_blocks_used));
+  Add(&out, "kv_blocks_cached", "Free KV blocks still holding a cached prefix", G,
+      static_cast<double>(s.kv_blocks_cached));
+  Add(&out, "kv_cache_usage_perc", "Fraction of KV blocks held by sequences", G,
+      s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / static_cast<double>(s.kv_blocks_total) : 0.0);
+  if (s.has_tiers) {
+    const KvTierStats& t = s.tiers;
+    Add(&out, "kv_ddr_blocks", "Cached KV blocks in host DDR", G, static_cast<double>(t.host.blocks));
+    Add(&out, "kv_ddr_swap_blocks", "DDR slots lent to swapped-out sequences", G,
+        static_cast<double>(t.host.swap_blocks));
+    Add(&out, "kv_flash_records", "KV blocks on flash", G, static_cast<double>(t.flash.records));
+    Add(&out, "kv_demoted_blocks_total", "Device blocks copied down to DDR on eviction", C,
+        static_cast<double>(t.demoted));
+    MetricFamily f = Family("kv_promoted_blocks_total", "Blocks brought back to the device, by tier", C);
+    f.metric.push_back(Value(C, static_cast<double>(t.promoted_ddr), {{"tier", "ddr"}}));
+    f.metric.push_back(Value(C, static_cast<double>(t.promoted_flash), {{"tier", "flash"}}));
+    out.push_back(std::move(f));
+  }
+  AddHistogram(&out, "request_queue_time_seconds", "Submission to first scheduled step", s.queue);
+  AddHistogram(&out, "time_to_first_token_seconds", "Submission to first token", s.ttft);
+  AddHistogram(&out, "time_per_output_token_seconds", "Mean time per output token after the first", s.tpot);
+  AddHistogram(&out, "e2e_request_latency_seconds", "Submission to the final event", s.e2e);
+  AddHistogram(&out, "step_duration_seconds", "Duration of engine steps", s.step);
+  if (!s.recent_steps.empty()) {
+    const StepRecord& r = s.recent_steps.back();
+    Add(&out, "last_step_observed_over_predicted", "Last step's time over the roofline prediction (0 without --hardware)",
+        G, r.predicted_seconds > 0 ? r.duration_seconds / r.predicted_seconds : 0.0);
+    Add(&out, "last_step_expert_imbalance", "Last step's max over mean rows per expert (0 on one rank)", G,
+        r.expert_imbalance);
+    Add(&out, "last_step_attention_imbalance", "Last step's max over mean tokens per EP rank (0 on one rank)", G,
+        r.attention_imbalance);
+  }
+  return out;
+}
+
+std::string EngineMetricsText(const EngineStats& stats) {
+  return prometheus::TextSerializer().Serialize(EngineMetrics(stats));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::string& listen,
+                                                                        const Engine* engine) {
+  ASSIGN_OR_RETURN(sockaddr_in addr, ParseListen(listen));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("--metrics-listen: socket() failed");
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 16) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen ", listen, ": cannot listen there"));
+  }
+  std::unique_ptr<MetricsExporter> x(new MetricsExporter());
+  x->fd_ = fd;
+  x->port_ = ntohs(addr.sin_port);
+  x->engine_ = engine;
+  x->thread_ = std::thread([p = x.get()] { p->Serve(); });
+  return x;
+}
+
+void MetricsExporter::Serve() {
+  while (!stop_.load()) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;  // wakes up to notice stop_
+    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    // One short request at a time: read the head (bounded, with a timeout), answer, close.
+    timeval tv{2, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string head;
+    char buf[1024];
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
+      const ssize_t n = recv(c, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      head.append(buf, static_cast<size_t>(n));
+    }
+    const bool metrics = head.rfind("GET /metrics ", 0) == 0 || head.rfind("GET /metrics?", 0) == 0;
+    const std::string body = metrics ? EngineMetricsText(engine_->GetStats()) : "not found: try GET /metrics\n";
+    const std::string response =
+        absl::StrCat(metrics ? "HTTP/1.0 200 OK" : "HTTP/1.0 404 Not Found",
+                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: ", body.size(),
+                     "\r\nConnection: close\r\n\r\n", body);
+    size_t sent = 0;
+    while (sent < response.size()) {
+      const ssize_t n = send(c, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    close(c);
+  }
+}
+
+MetricsExporter::~MetricsExporter() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace moeserve::server
