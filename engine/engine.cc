@@ -308,9 +308,9 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
       case FinishReason::kError: ++counters_.errors; break;
     }
     counters_.e2e.Observe(ev.timing.e2e_seconds);
-    counters_.queue.Observe(ev.timing.queue_seconds);
+    if (live.first_scheduled) counters_.queue.Observe(ev.timing.queue_seconds);
     if (live.first_token) counters_.ttft.Observe(ev.timing.ttft_seconds);
-    if (ev.usage.completion_tokens > 1) counters_.tpot.Observe(ev.timing.tpot_seconds);
+    if (live.first_token && ev.usage.completion_tokens > 1) counters_.tpot.Observe(ev.timing.tpot_seconds);
     counters_.prompt_tokens += ev.usage.prompt_tokens;
     counters_.cached_prompt_tokens += ev.usage.cached_prompt_tokens;
     counters_.generated_tokens += ev.usage.completion_tokens;

@@ -56,7 +56,12 @@ int64_t Scheduler::PlaceSegment(const Sequence& seq) const {
   std::vector<int64_t> load(segments, 0);
   for (const Sequence* s : waiting_) load[s->segment] += s->max_total_tokens - s->num_computed;
   for (const Sequence* s : running_) load[s->segment] += s->max_total_tokens - s->num_computed;
-  const int64_t least = std::min_element(load.begin(), load.end()) - load.begin();
+  // The least loaded segment; among equals, the one the sequence id picks (so an idle engine
+  // still spreads short prompts).
+  int64_t least = static_cast<int64_t>(seq.id % static_cast<uint64_t>(segments));
+  for (int64_t g = 0; g < segments; ++g) {
+    if (load[g] < load[least]) least = g;
+  }
   if (seq.prompt_len < block_size_) return least;  // nothing to share: the least loaded rank
   // Cache-aware: prompts that share their first block meet in one rank's prefix cache ...
   const BlockHash first = HashBlock(BlockHash{}, std::span<const int32_t>(seq.tokens.data(), block_size_), fingerprint_);

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -70,10 +72,9 @@ absl::StatusOr<sockaddr_in> ParseListen(const std::string& listen) {
   addr.sin_family = AF_INET;
   int port = -1;
   if (colon != std::string::npos) {
-    try {
-      port = std::stoi(listen.substr(colon + 1));
-    } catch (const std::exception&) {
-      port = -1;
+    const std::string digits = listen.substr(colon + 1);
+    if (!digits.empty() && digits.size() <= 5 && digits.find_first_not_of("0123456789") == std::string::npos) {
+      port = std::stoi(digits);
     }
   }
   if (colon == std::string::npos || port < 0 || port > 65535 ||
@@ -113,7 +114,7 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
   Add(&out, "step_sequences_total", "Sequences over all steps (mean batch = this / steps_total)", C,
       static_cast<double>(s.batched_seqs));
   Add(&out, "uptime_seconds", "Seconds since the engine was created", G, s.uptime_seconds);
-  Add(&out, "kv_blocks_total", "KV blocks on the device", G, static_cast<double>(s.kv_blocks_total));
+  Add(&out, "kv_blocks_capacity", "KV blocks on the device", G, static_cast<double>(s.kv_blocks_total));
   Add(&out, "kv_blocks_used", "KV blocks held by sequences", G, static_cast<double>(s.kv_blocks_used));
   Add(&out, "kv_blocks_cached", "Free KV blocks still holding a cached prefix", G,
       static_cast<double>(s.kv_blocks_cached));
@@ -149,6 +150,8 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
   return out;
 }
 
+absl::Status CheckMetricsListen(const std::string& listen) { return ParseListen(listen).status(); }
+
 std::string EngineMetricsText(const EngineStats& stats) {
   return prometheus::TextSerializer().Serialize(EngineMetrics(stats));
 }
@@ -175,32 +178,47 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const st
 }
 
 void MetricsExporter::Serve() {
+  using Clock = std::chrono::steady_clock;
   while (!stop_.load()) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;  // wakes up to notice stop_
-    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    // One short request at a time: read the head (bounded, with a timeout), answer, close.
-    timeval tv{2, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {  // e.g. out of descriptors: back off instead of spinning on a readable socket
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    // One short exchange at a time, the whole of it within 2 s, so that a stuck or slow client
+    // cannot hold the endpoint (or shutdown) for longer.
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    auto wait = [&](short events) {
+      while (!stop_.load()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) return false;
+        pollfd q{c, events, 0};
+        const int r = poll(&q, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+        if (r > 0) return true;
+        if (r < 0 && errno != EINTR) return false;
+      }
+      return false;
+    };
     std::string head;
     char buf[1024];
-    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192 && wait(POLLIN)) {
       const ssize_t n = recv(c, buf, sizeof(buf), 0);
       if (n <= 0) break;
       head.append(buf, static_cast<size_t>(n));
     }
     const bool metrics = head.rfind("GET /metrics ", 0) == 0 || head.rfind("GET /metrics?", 0) == 0;
     const std::string body = metrics ? EngineMetricsText(engine_->GetStats()) : "not found: try GET /metrics\n";
-    const std::string response =
-        absl::StrCat(metrics ? "HTTP/1.0 200 OK" : "HTTP/1.0 404 Not Found",
-                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: ", body.size(),
-                     "\r\nConnection: close\r\n\r\n", body);
+    const std::string response = absl::StrCat(
+        metrics ? "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8"
+                : "HTTP/1.0 404 Not Found\r\nContent-Type: text/plain; charset=utf-8",
+        "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
     size_t sent = 0;
-    while (sent < response.size()) {
+    while (sent < response.size() && wait(POLLOUT)) {
       const ssize_t n = send(c, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
+      if (n <= 0 && errno != EAGAIN) break;
+      if (n > 0) sent += static_cast<size_t>(n);
     }
     close(c);
   }

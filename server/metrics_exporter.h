@@ -29,6 +29,9 @@ std::vector<prometheus::MetricFamily> EngineMetrics(const EngineStats& stats);
 // The same, serialised in the Prometheus text format.
 std::string EngineMetricsText(const EngineStats& stats);
 
+// INVALID_ARGUMENT naming --metrics-listen unless `listen` is IPV4-HOST:PORT.
+absl::Status CheckMetricsListen(const std::string& listen);
+
 class MetricsExporter {
  public:
   // Serves GET /metrics on `listen` (IPv4 host:port; port 0 picks a free one) from a thread of

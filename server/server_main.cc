@@ -132,6 +132,13 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
       return absl::InvalidArgumentError(absl::StrCat("--port-file: ", s.message()));
     }
   }
+  if (!options.extra_port_file.empty()) {
+    absl::Status s = WriteFileAtomically(options.extra_port_file, absl::StrCat(options.extra_port, "\n"));
+    if (!s.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-port-file: ", s.message()));
+    }
+  }
 
   // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
   std::thread signals([&] {

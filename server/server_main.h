@@ -17,6 +17,10 @@ struct ServerOptions {
   int max_message_bytes = 4 << 20;
   double grace_seconds = 10.0;
   std::string port_file;  // when set, the bound port is written here
+  // Written with port_file, once the signal handlers are in place: another listener's port
+  // (the Prometheus endpoint), so that a supervisor waiting on it can signal safely.
+  std::string extra_port_file;
+  int extra_port = 0;
 };
 
 // Serves `engine` (already started) until SIGTERM or SIGINT; then stops the engine. Installs its

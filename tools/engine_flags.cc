@@ -86,7 +86,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--ep-balance", f->ep_balance,
                   "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "
                   "one rank's cache) unless that rank has more than this many times the outstanding tokens of "
-                  "the least loaded rank; then to the least loaded (0: always the hashed rank)")
+                  "the least loaded rank plus the prompt's own; then to the least loaded (0: always the hashed "
+                  "rank). Prompts shorter than a block always go to the least loaded rank")
       ->capture_default_str();
   cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
       ->capture_default_str();

@@ -24,6 +24,11 @@ struct ServeOptions {
 
 int RunServe(ServeOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (!o.metrics_listen.empty()) {  // a bad address fails before the model loads
+    if (absl::Status s = server::CheckMetricsListen(o.metrics_listen); !s.ok()) return Fail(s);
+  } else if (!o.metrics_port_file.empty()) {
+    return Fail(absl::InvalidArgumentError("--metrics-port-file needs --metrics-listen"));
+  }
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
@@ -84,14 +89,10 @@ int RunServe(ServeOptions o) {
       return Fail(m.status());
     }
     metrics = std::move(*m);
-    std::fprintf(stderr, "moeserve: Prometheus metrics on http://%s/metrics (port %d)\n", o.metrics_listen.c_str(),
-                 metrics->port());
-    if (!o.metrics_port_file.empty()) {
-      if (absl::Status w = WriteFileAtomically(o.metrics_port_file, std::to_string(metrics->port())); !w.ok()) {
-        (*engine)->Stop();
-        return Fail(w);
-      }
-    }
+    const std::string host = o.metrics_listen.substr(0, o.metrics_listen.rfind(':'));
+    std::fprintf(stderr, "moeserve: Prometheus metrics on http://%s:%d/metrics\n", host.c_str(), metrics->port());
+    o.server.extra_port_file = o.metrics_port_file;
+    o.server.extra_port = metrics->port();
   }
   absl::Status s = server::RunServer(o.server, so, engine->get());
   if (!s.ok()) {
@@ -120,10 +121,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
   cmd->add_option("--metrics-listen", o->metrics_listen,
-                  "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics: request, token, preemption "
+                  "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics (HOST an IPv4 address): request, token, preemption "
                   "and KV-tier counters, queue and KV gauges, latency histograms (queue, TTFT, TPOT, end to end, "
                   "step); port 0 picks a free one (empty: off)");
-  cmd->add_option("--metrics-port-file", o->metrics_port_file, "Write the metrics port to this file once listening");
+  cmd->add_option("--metrics-port-file", o->metrics_port_file,
+                  "Write the metrics port to this file once serving (with --port-file's, after the signal handlers)");
   cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
       ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunServe(*o); });

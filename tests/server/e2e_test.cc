@@ -580,7 +580,13 @@ TEST(E2eServerFlagsTest, PrometheusMetricsCountWhatWasServed) {
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                             dir + "/port"}))
       << server.log();
-  const int port = std::stoi(ReadAll(dir + "/port"));
+  // Written right after the gRPC port file, once the signal handlers are in place.
+  std::string port_text;
+  for (int i = 0; i < 250 && (port_text = ReadAll(dir + "/port")).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(port_text.empty()) << server.log();
+  const int port = std::stoi(port_text);
   auto stub = v1::Moeserve::NewStub(server.channel());
   for (int i = 0; i < 3; ++i) {
     const Streamed s = Stream(stub.get(), IdsRequest({256, 10 + i, 20, 30}, 5));
@@ -589,6 +595,9 @@ TEST(E2eServerFlagsTest, PrometheusMetricsCountWhatWasServed) {
   ASSERT_TRUE(EventuallyIdle(stub.get()));
   const std::string text = HttpGet(port, "/metrics");
   ASSERT_NE(text.find("200 OK"), std::string::npos) << text.substr(0, 200);
+  // Whole lines, so that "... 3" cannot match "... 30".
+  std::string lines = "\n";
+  lines += text.substr(text.find("\r\n\r\n") + 4);
   for (const char* want : {"# TYPE moeserve_time_to_first_token_seconds histogram",
                            "# TYPE moeserve_generation_tokens_total counter",
                            "moeserve_request_success_total{reason=\"length\"} 3",
@@ -597,7 +606,8 @@ TEST(E2eServerFlagsTest, PrometheusMetricsCountWhatWasServed) {
                            "moeserve_e2e_request_latency_seconds_bucket{le=\"+Inf\"} 3",
                            "moeserve_time_per_output_token_seconds_count 3", "moeserve_kv_blocks_used 0",
                            "moeserve_num_requests_running 0"}) {
-    EXPECT_NE(text.find(want), std::string::npos) << "missing: " << want << "\n" << text;
+    const std::string line = absl::StrCat("\n", want, "\n");
+    EXPECT_NE(lines.find(line), std::string::npos) << "missing: " << want << "\n" << text;
   }
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
   std::filesystem::remove_all(dir);
@@ -606,6 +616,8 @@ TEST(E2eServerFlagsTest, PrometheusMetricsCountWhatWasServed) {
                        &err),
             0);
   EXPECT_NE(err.find("--metrics-listen"), std::string::npos) << err;
+  EXPECT_EQ(err.find("loading"), std::string::npos) << "refused before the model loads: " << err;
+  EXPECT_EQ(HttpGet(port, "/metrics").find("200 OK"), std::string::npos) << "the endpoint outlived its server";
 }
 
 TEST(E2eServerFlagsTest, FullQueueGivesResourceExhausted) {
