@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   Stopwatch sw;
   Tickets tickets;
   for (int i = 0; i < 8; ++i) {
-    if (!t->CopyOut(0, t->staging_.data(), &tickets)) {
+    if (!t->CopyBlock(0, t->staging_.data(), /*to_host=*/true, &tickets)) {
       (void)t->Wait(tickets);  // earlier copies into the staging block must land before it is freed
       return absl::InternalError("KV tiers: a test copy failed");
     }
@@ -109,11 +109,12 @@ void KvTiers::Attach() {
   pool_->SetEvictionObserver([this](int32_t block, const BlockHash& hash) { Demote(block, hash); });
 }
 
-bool KvTiers::CopyOut(int32_t block, uint8_t* host, Tickets* tickets) {
+bool KvTiers::CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets) {
   devices_.parts(block, &parts_);
   size_t offset = 0;
   for (const KvBlockPart& p : parts_) {
-    auto t = p.backend->CopyAsync(host + offset, p.data, p.bytes);
+    auto t = to_host ? p.backend->CopyAsync(host + offset, p.data, p.bytes)
+                     : p.backend->CopyAsync(p.data, host + offset, p.bytes);
     if (!t.ok()) return false;
     Note(p.backend, *t, tickets);
     offset += p.bytes;
@@ -121,16 +122,10 @@ bool KvTiers::CopyOut(int32_t block, uint8_t* host, Tickets* tickets) {
   return true;
 }
 
-bool KvTiers::CopyIn(int32_t block, const uint8_t* host, Tickets* tickets) {
-  devices_.parts(block, &parts_);
-  size_t offset = 0;
-  for (const KvBlockPart& p : parts_) {
-    auto t = p.backend->CopyAsync(p.data, host + offset, p.bytes);
-    if (!t.ok()) return false;
-    Note(p.backend, *t, tickets);
-    offset += p.bytes;
-  }
-  return true;
+void KvTiers::BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind_ns) {
+  transfer_bytes_ += bytes;
+  transfer_ns_ += ns;
+  *kind_ns += ns;
 }
 
 bool KvTiers::Wait(const Tickets& tickets) {
@@ -148,16 +143,13 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   // The block's new owner may overwrite it in the next step: the copy must be done first, and
   // the host reads the staging block at once, so this one waits.
   Tickets tickets;
-  const bool copied = CopyOut(block, staging_.data(), &tickets);
+  const bool copied = CopyBlock(block, staging_.data(), /*to_host=*/true, &tickets);
   if (!Wait(tickets) || !copied || !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
   ++demoted_;
-  transfer_bytes_ += static_cast<int64_t>(staging_.bytes());
-  const int64_t ns = Nanos(sw);
-  demote_ns_ += ns;
-  transfer_ns_ += ns;
+  BookTransfer(static_cast<int64_t>(staging_.bytes()), Nanos(sw), &demote_ns_);
 }
 
 std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash, int64_t segment) {
@@ -176,7 +168,7 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   const double read_seconds = read.Seconds();
   auto got = pool_->Allocate(1, segment);  // may demote another cached block, never one in use
   Stopwatch copy;  // the copies are timed, the allocation (and its demotion) is not
-  if (!got.ok() || !CopyIn((*got)[0], buf.data(), &promote_tickets_[i])) {
+  if (!got.ok() || !CopyBlock((*got)[0], buf.data(), /*to_host=*/false, &promote_tickets_[i])) {
     (void)Wait(promote_tickets_[i]);  // a piece may have been enqueued before the failure
     if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
     (void)host_->Put(hash, buf.data(), retain_until);  // put it back where it was
@@ -186,11 +178,9 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
   const int32_t block = (*got)[0];
   pool_->Register(block, hash);
   pool_->SetRetention(block, retain_until);
-  transfer_bytes_ += static_cast<int64_t>(buf.bytes());
-  const int64_t ns = static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9);
   (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
-  (*tier == KvTier::kFlash ? promote_flash_ns_ : promote_ddr_ns_).fetch_add(ns);
-  transfer_ns_ += ns;
+  BookTransfer(static_cast<int64_t>(buf.bytes()), static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9),
+               *tier == KvTier::kFlash ? &promote_flash_ns_ : &promote_ddr_ns_);
   return std::make_pair(block, *tier);
 }
 
@@ -245,7 +235,7 @@ bool KvTiers::SwapOut(Sequence* seq) {
   // DMA straight into the (pinned) slots; the blocks go back to the pool at once, so compute
   // that may reuse them is ordered after these copies. Nobody reads the slots until SwapIn.
   for (int64_t i = 0; i < n; ++i) {
-    if (!CopyOut(seq->blocks[i], host_->SwapData((*slots)[i]), &swap_tickets_)) {
+    if (!CopyBlock(seq->blocks[i], host_->SwapData((*slots)[i]), /*to_host=*/true, &swap_tickets_)) {
       (void)Wait(swap_tickets_);  // copies already issued into these slots
       host_->FreeSwap(*slots);
       ++swap_failures_;
@@ -256,10 +246,7 @@ bool KvTiers::SwapOut(Sequence* seq) {
   seq->swap_slots = std::move(*slots);
   ++swapped_out_;
   swap_out_blocks_ += n;
-  transfer_bytes_ += static_cast<int64_t>(n * bytes);
-  const int64_t ns = Nanos(sw);
-  swap_out_ns_ += ns;
-  transfer_ns_ += ns;
+  BookTransfer(static_cast<int64_t>(n * bytes), Nanos(sw), &swap_out_ns_);
   return true;
 }
 
@@ -268,7 +255,9 @@ bool KvTiers::SwapIn(Sequence* seq) {
   const size_t bytes = devices_.layout.BlockBytes();
   const int64_t n = static_cast<int64_t>(seq->swap_slots.size());
   bool ok = n <= static_cast<int64_t>(seq->blocks.size());
-  for (int64_t i = 0; ok && i < n; ++i) ok = CopyIn(seq->blocks[i], host_->SwapData(seq->swap_slots[i]), &swap_tickets_);
+  for (int64_t i = 0; ok && i < n; ++i) {
+    ok = CopyBlock(seq->blocks[i], host_->SwapData(seq->swap_slots[i]), /*to_host=*/false, &swap_tickets_);
+  }
   OrderCompute();  // the step that resumes the sequence reads them
   DropSwap(seq);   // waits for the copies out of the slots before the DDR tier reuses them
   if (!ok) {
@@ -277,10 +266,7 @@ bool KvTiers::SwapIn(Sequence* seq) {
   }
   ++swapped_in_;
   swap_in_blocks_ += n;
-  transfer_bytes_ += static_cast<int64_t>(n * bytes);
-  const int64_t ns = Nanos(sw);
-  swap_in_ns_ += ns;
-  transfer_ns_ += ns;
+  BookTransfer(static_cast<int64_t>(n * bytes), Nanos(sw), &swap_in_ns_);
   return true;
 }
 

@@ -120,10 +120,11 @@ class KvTiers final : public LowerTiers {
       : config_(config), pool_(pool), devices_(std::move(devices)) {}
   void Demote(int32_t block, const BlockHash& hash);
   int64_t SwapBlocks(const Sequence& seq) const;
-  // Enqueues the copies of every piece of `block` to (out) or from (in) a whole host block and
+  // Enqueues the copies of every piece of `block` to (to_host) or from a whole host block and
   // notes their tickets; false if a copy could not be enqueued.
-  bool CopyOut(int32_t block, uint8_t* host, Tickets* tickets);
-  bool CopyIn(int32_t block, const uint8_t* host, Tickets* tickets);
+  bool CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets);
+  // Books a finished tier copy: its bytes and time for the step, its time for its kind.
+  void BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind_ns);
   bool Wait(const Tickets& tickets);
   // Compute on every device waits for the copies issued so far.
   void OrderCompute();

@@ -26,6 +26,15 @@ absl::Status NcclStatus(ncclResult_t r, const char* expr, const char* file, int 
     if (!_s.ok()) return _s;                                                    \
   } while (0)
 
+// The first failure among the calls of an NCCL group, which is closed whatever happens: an open
+// group would defer every later NCCL call of this thread.
+struct FirstError {
+  absl::Status status;
+  void Note(ncclResult_t r, const char* what) {
+    if (status.ok() && r != ncclSuccess) status = NcclStatus(r, what, __FILE__, __LINE__);
+  }
+};
+
 }  // namespace
 
 struct NcclCommunicator::Impl {
@@ -117,28 +126,26 @@ absl::Status NcclCommunicator::ReinitAll(const std::vector<int>& devices, const 
   // Connect every pair and the collectives' rings now, from this one thread: NCCL connects peers
   // lazily by default, and a rank blocked in such a handshake with a peer that has already failed
   // would never reach the loop in Wait() that watches the abort flag.
-  absl::Status first;
-  auto note = [&first](ncclResult_t r, const char* what) {
-    if (first.ok() && r != ncclSuccess) first = NcclStatus(r, what, __FILE__, __LINE__);
-  };
-  note(ncclGroupStart(), "ncclGroupStart");
+  FirstError first;
+  first.Note(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < n; ++r) {
     for (int p = 0; p < n; ++p) {
-      note(ncclSend(impls[r]->counts_send, 1, ncclInt8, p, impls[r]->comm, impls[r]->stream), "warm-up ncclSend");
-      note(ncclRecv(reinterpret_cast<char*>(impls[r]->counts_recv) + p, 1, ncclInt8, p, impls[r]->comm,
-                    impls[r]->stream),
-           "warm-up ncclRecv");
+      first.Note(ncclSend(impls[r]->counts_send, 1, ncclInt8, p, impls[r]->comm, impls[r]->stream),
+                 "warm-up ncclSend");
+      first.Note(ncclRecv(reinterpret_cast<char*>(impls[r]->counts_recv) + p, 1, ncclInt8, p, impls[r]->comm,
+                          impls[r]->stream),
+                 "warm-up ncclRecv");
     }
   }
-  note(ncclGroupEnd(), "ncclGroupEnd");
-  note(ncclGroupStart(), "ncclGroupStart");
+  first.Note(ncclGroupEnd(), "ncclGroupEnd");
+  first.Note(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < n; ++r) {
-    note(ncclAllReduce(impls[r]->counts_send, impls[r]->counts_recv, 1, ncclInt64, ncclSum, impls[r]->comm,
-                       impls[r]->stream),
-         "warm-up ncclAllReduce");
+    first.Note(ncclAllReduce(impls[r]->counts_send, impls[r]->counts_recv, 1, ncclInt64, ncclSum, impls[r]->comm,
+                             impls[r]->stream),
+               "warm-up ncclAllReduce");
   }
-  note(ncclGroupEnd(), "ncclGroupEnd");
-  RETURN_IF_ERROR(first);
+  first.Note(ncclGroupEnd(), "ncclGroupEnd");
+  RETURN_IF_ERROR(first.status);
   for (int r = 0; r < n; ++r) {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impls[r]->stream));
@@ -172,11 +179,7 @@ absl::Status NcclCommunicator::Wait() {
     ncclResult_t async = ncclSuccess;
     NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(impl_->comm, &async));
     if (async != ncclSuccess && async != ncclInProgress) NCCL_RETURN_IF_ERROR(async);
-    if (impl_->abort_flag->load(std::memory_order_acquire)) {
-      ncclCommAbort(impl_->comm);  // stops this rank's kernels, which wait for the failed peer
-      impl_->comm = nullptr;
-      return absl::AbortedError("nccl: the group was aborted (a peer failed)");
-    }
+    RETURN_IF_ERROR(Usable());  // a peer failed: abort, which stops kernels waiting for it
     std::this_thread::yield();
   }
 }
@@ -198,21 +201,18 @@ absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int6
   Stopwatch sw;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   int64_t send_off = 0, recv_off = 0, sent = 0, received = 0;
-  // The group is always closed, also after a failed call inside it: an open group would defer
-  // every later NCCL call of this thread.
-  absl::Status first;
-  auto note = [&first](ncclResult_t r, const char* what) {
-    if (first.ok() && r != ncclSuccess) first = NcclStatus(r, what, __FILE__, __LINE__);
-  };
-  note(ncclGroupStart(), "ncclGroupStart");
+  FirstError first;
+  first.Note(ncclGroupStart(), "ncclGroupStart");
   for (int p = 0; p < size_; ++p) {
     if (send_counts[p] > 0) {
-      note(ncclSend(static_cast<const char*>(send) + send_off, send_counts[p], ncclInt8, p, impl_->comm, impl_->stream),
-           "ncclSend");
+      first.Note(ncclSend(static_cast<const char*>(send) + send_off, send_counts[p], ncclInt8, p, impl_->comm,
+                          impl_->stream),
+                 "ncclSend");
     }
     if (recv_counts[p] > 0) {
-      note(ncclRecv(static_cast<char*>(recv) + recv_off, recv_counts[p], ncclInt8, p, impl_->comm, impl_->stream),
-           "ncclRecv");
+      first.Note(ncclRecv(static_cast<char*>(recv) + recv_off, recv_counts[p], ncclInt8, p, impl_->comm,
+                          impl_->stream),
+                 "ncclRecv");
     }
     send_off += send_counts[p];
     recv_off += recv_counts[p];
@@ -221,8 +221,8 @@ absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int6
       received += recv_counts[p];
     }
   }
-  note(ncclGroupEnd(), "ncclGroupEnd");
-  RETURN_IF_ERROR(first);
+  first.Note(ncclGroupEnd(), "ncclGroupEnd");
+  RETURN_IF_ERROR(first.status);
   RETURN_IF_ERROR(Wait());
   return Finish(sw.Seconds(), sent, received);
 }
