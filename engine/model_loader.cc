@@ -11,14 +11,40 @@
 
 namespace moeserve {
 
-ModelSpec DefaultModelSpec() { return ModelSpec{"", "small", 0, std::nullopt}; }
+ModelSpec DefaultModelSpec() { return ModelSpec{"", "small", 0, std::nullopt, false}; }
 
 std::string DescribeModelSpec(const ModelSpec& spec) {
+  if (!spec.model_dir.empty() && spec.dummy_weights) {
+    return absl::StrCat(spec.model_dir, " (dummy weights, seed ", spec.seed, ", generated in memory)");
+  }
   if (!spec.model_dir.empty()) return spec.model_dir;
   return absl::StrCat("preset ", spec.preset, " (seed ", spec.seed, ", generated in memory)");
 }
 
+namespace {
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, const ModelSpec& spec,
+                                                           Backend* backend) {
+  const DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
+  config.torch_dtype = dtype;
+  ThreadPool pool(0);
+  auto tensors = GenerateRandomWeights(config, spec.seed, dtype, &pool);
+  return ModelWeights::Load(config, *tensors, backend, dtype);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend) {
+  if (spec.dummy_weights) {
+    if (spec.model_dir.empty()) {
+      return absl::InvalidArgumentError("--load-format dummy needs --model (a checkpoint directory or a config.json)");
+    }
+    const std::filesystem::path p(spec.model_dir);
+    const std::string config_path =
+        std::filesystem::is_directory(p) ? (p / "config.json").string() : p.string();
+    ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
+    return GenerateModel(std::move(config), spec, backend);
+  }
   if (!spec.model_dir.empty()) {
     const std::string config_path = (std::filesystem::path(spec.model_dir) / "config.json").string();
     ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
@@ -29,11 +55,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     return w;
   }
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(spec.preset));
-  const DType dtype = spec.dtype.value_or(config.torch_dtype);
-  config.torch_dtype = dtype;
-  ThreadPool pool(0);
-  auto tensors = GenerateRandomWeights(config, spec.seed, dtype, &pool);
-  return ModelWeights::Load(config, *tensors, backend, dtype);
+  return GenerateModel(std::move(config), spec, backend);
 }
 
 }  // namespace moeserve

@@ -1,5 +1,7 @@
-// Loads a model for serving: from a checkpoint directory (config.json + safetensors), or from
-// a built-in preset whose weights are generated in memory from a seed (the embedded default).
+// Loads a model for serving: from a checkpoint directory (config.json + safetensors), from a
+// built-in preset whose weights are generated in memory from a seed (the embedded default), or,
+// with dummy weights, from any config.json with generated weights (vLLM's --load-format dummy):
+// for measuring an architecture without its checkpoint.
 #pragma once
 
 #include <memory>
@@ -16,6 +18,9 @@ struct ModelSpec {
   std::string preset = "small";
   uint64_t seed = 0;
   std::optional<DType> dtype;  // storage dtype; default: the config's torch_dtype (f16 -> f32)
+  // Generate the weights from `seed` for model_dir's config.json (or model_dir itself when it
+  // names a JSON file) instead of reading safetensors.
+  bool dummy_weights = false;
 };
 
 // The model the main command runs when no model is named.

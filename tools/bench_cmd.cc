@@ -28,6 +28,7 @@ namespace {
 struct BenchOptions {
   ModelSpec model = DefaultModelSpec();
   std::string dtype;
+  std::string load_format = "auto";
   EngineFlags engine;
   int64_t num_requests = 64;
   std::string prompt_len = "128";
@@ -139,7 +140,7 @@ int RunTiers(BenchOptions o) {
 }
 
 int RunBench(BenchOptions o) {
-  if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
   if (o.tier_scenario) return RunTiers(std::move(o));
   if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
   auto ecfg = MakeEngineConfig(o.engine);
@@ -350,7 +351,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Offline engine benchmark: N synthetic requests through continuous batching, no server");
-  AddModelFlags(cmd, &o->model, &o->dtype);
+  AddModelFlags(cmd, &o->model, &o->dtype, &o->load_format);
   AddEngineFlags(cmd, &o->engine);
   cmd->add_option("--num-requests", o->num_requests, "Requests to run")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt length: N, MIN:MAX (uniform) or normal:MEAN:STD")

@@ -148,6 +148,7 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
   report.fit = roofline::FitEfficiency(all);
   if (!even.empty() && !odd.empty()) report.holdout = roofline::Evaluate(odd, roofline::FitEfficiency(even).efficiency);
   for (SweepPoint& p : report.points) p.calibrated_seconds = roofline::PredictWithEfficiency(p.peak, report.fit.efficiency);
+  report.num_experts = c.num_local_experts;
   for (int64_t ctx : o.contexts) {
     std::vector<double> bs, ts, bound, calibrated;
     for (const SweepPoint& p : report.points) {
@@ -166,6 +167,9 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
     k.calibrated_knee = roofline::MeasuredKnee(bs, calibrated);
     k.predicted_critical = PredictedCritical(costs, hw, ctx + 1);
     k.ratio = k.predicted_knee > 0 ? k.measured / k.predicted_knee : 0;
+    k.experts_hit_batch1 = roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, 1);
+    k.experts_hit_at_critical =
+        roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, k.predicted_critical);
     report.knees.push_back(k);
   }
   return report;
@@ -193,7 +197,11 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
                           {"calibrated_knee", k.calibrated_knee},
                           {"predicted_critical_batch", k.predicted_critical},
                           {"measured_over_predicted_knee", k.ratio},
-                          {"measured_over_critical_batch", k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0}});
+                          {"measured_over_critical_batch", k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0},
+                          {"predicted_knee_over_critical_batch",
+                           k.predicted_critical > 0 ? k.predicted_knee / k.predicted_critical : 0},
+                          {"experts_hit_batch1", k.experts_hit_batch1},
+                          {"experts_hit_at_critical_batch", k.experts_hit_at_critical}});
   }
   for (const SweepPoint& p : r.points) {
     const double t = p.observed_seconds;
@@ -251,6 +259,16 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
                 "critical batch (compute = memory at the peaks) %.1f (ratio %.2f)\n",
                 static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee,
                 k.predicted_critical, k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0.0);
+    // A knee at the critical batch presumes a flat weight term below it; say when the model's
+    // own bound already bends elsewhere: then the knee criterion is not physics on this machine.
+    if (k.predicted_critical > 0 && k.predicted_knee < k.predicted_critical / 1.5) {
+      std::printf("    the roofline bound itself bends at %.2fx the critical batch: the weights read grow with "
+                  "the experts hit (%.1f of %lld per layer at batch 1, %.1f at the critical batch), so the "
+                  "critical batch does not mark a knee for this model on this machine; an implementation at "
+                  "the bound would bend there, a measured knee near the critical batch is a coincidence\n",
+                  k.predicted_knee / k.predicted_critical, k.experts_hit_batch1,
+                  static_cast<long long>(r.num_experts), k.experts_hit_at_critical);
+    }
   }
   if (!r.skipped.empty()) {
     std::printf("  skipped (KV over the limit): %s\n", absl::StrJoin(r.skipped, " ").c_str());

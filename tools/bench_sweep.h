@@ -52,7 +52,12 @@ struct SweepReport {
     double calibrated_knee = 0;        // ... and on the calibrated model's curve
     double predicted_critical = 0;     // compute time = memory time at the peaks (experts expected)
     double ratio = 0;                  // measured / predicted_knee
+    // Expected distinct experts per layer read at batch 1 and at the critical batch: while they
+    // still grow, the weight term is not flat and even the roofline bound has no knee there.
+    double experts_hit_batch1 = 0;
+    double experts_hit_at_critical = 0;
   };
+  int64_t num_experts = 0;
   std::vector<Knee> knees;
   int64_t beats_bound = 0;  // points observed faster than the peak bound by more than 5%
 };

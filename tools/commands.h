@@ -21,9 +21,9 @@ inline int Fail(const absl::Status& s) {
 }
 
 // Adds --model / --preset / --seed / --dtype to a subcommand.
-void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag);
+void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format);
 // Applies the parsed --dtype spelling to `spec`.
-absl::Status FinishModelSpec(const std::string& dtype_flag, ModelSpec* spec);
+absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec);
 
 // Engine flags shared by `bench` and `serve`: scheduler limits and the KV cache.
 struct EngineFlags {

@@ -17,6 +17,7 @@ namespace {
 struct GenerateOptions {
   ModelSpec model = DefaultModelSpec();
   std::string dtype;
+  std::string load_format = "auto";
   std::string prompt = "The future of inference is";
   std::string prompt_ids;
   int32_t max_tokens = 64;
@@ -45,7 +46,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
 }
 
 int RunGenerate(GenerateOptions o) {
-  if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
   GenerationRequest req;
   req.max_tokens = o.max_tokens;
   req.sampling.temperature = o.temperature;
@@ -136,7 +137,7 @@ int RunGenerate(GenerateOptions o) {
 void AddGenerateCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text for one prompt and print it with a timing line");
-  AddModelFlags(cmd, &o->model, &o->dtype);
+  AddModelFlags(cmd, &o->model, &o->dtype, &o->load_format);
   cmd->add_option("--prompt", o->prompt, "Prompt text (byte tokenizer, BOS prepended)")->capture_default_str();
   cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids, e.g. 256,72,105 (overrides --prompt)");
   cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate at most")->capture_default_str();

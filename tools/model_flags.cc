@@ -4,7 +4,7 @@
 
 namespace moeserve::tools {
 
-void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag) {
+void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format) {
   cmd->add_option("--model", spec->model_dir,
                   "Checkpoint directory (config.json + model.safetensors or a sharded index). "
                   "Default: the embedded model, preset 'small' generated in memory from seed 0");
@@ -12,13 +12,26 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag) {
                   "Built-in model to generate in memory when --model is not given: " +
                       absl::StrJoin(PresetNames(), ", "))
       ->capture_default_str();
-  cmd->add_option("--model-seed", spec->seed, "Seed of the preset's generated weights")
+  cmd->add_option("--model-seed", spec->seed, "Seed of generated weights (a preset's, or --load-format dummy)")
+      ->capture_default_str();
+  cmd->add_option("--load-format", *load_format,
+                  "auto: read --model's safetensors; dummy: generate random weights for --model's "
+                  "config.json (a directory or the JSON file itself), to measure an architecture "
+                  "without its checkpoint")
       ->capture_default_str();
   cmd->add_option("--dtype", *dtype_flag,
                   "Weight storage dtype: f32 or bf16 (default: the checkpoint's torch_dtype)");
 }
 
-absl::Status FinishModelSpec(const std::string& dtype_flag, ModelSpec* spec) {
+absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec) {
+  if (load_format != "auto" && load_format != "dummy") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load-format: \"", load_format, "\" is not one of auto, dummy"));
+  }
+  spec->dummy_weights = load_format == "dummy";
+  if (spec->dummy_weights && spec->model_dir.empty()) {
+    return absl::InvalidArgumentError("--load-format dummy needs --model (a checkpoint directory or a config.json)");
+  }
   if (dtype_flag.empty()) return absl::OkStatus();
   auto dt = DTypeFromShortName(dtype_flag);
   if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dt.status().message()));

@@ -14,6 +14,7 @@ namespace {
 struct ServeOptions {
   ModelSpec model = DefaultModelSpec();
   std::string dtype;
+  std::string load_format = "auto";
   EngineFlags engine;
   server::ServerOptions server;
   std::string api_key;
@@ -23,7 +24,7 @@ struct ServeOptions {
 };
 
 int RunServe(ServeOptions o) {
-  if (absl::Status s = FinishModelSpec(o.dtype, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
   if (!o.metrics_listen.empty()) {  // a bad address fails before the model loads
     if (absl::Status s = server::CheckMetricsListen(o.metrics_listen); !s.ok()) return Fail(s);
   } else if (!o.metrics_port_file.empty()) {
@@ -107,7 +108,7 @@ int RunServe(ServeOptions o) {
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the model over gRPC (moeserve.v1.Moeserve, health, reflection)");
-  AddModelFlags(cmd, &o->model, &o->dtype);
+  AddModelFlags(cmd, &o->model, &o->dtype, &o->load_format);
   AddEngineFlags(cmd, &o->engine);
   cmd->add_option("--listen", o->server.listen, "Address to listen on, host:port (port 0 picks a free one)")
       ->capture_default_str();

@@ -482,6 +482,12 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   }
   EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
   EXPECT_EQ(sweep["knees"].size(), 2u);
+  for (const auto& k : sweep["knees"]) {
+    // tiny: 4 experts, top-2. Expected distinct experts of B tokens: E (1 - (1 - k/E)^B).
+    const double b = k["predicted_critical_batch"].get<double>();
+    EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
+    EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)), 1e-9) << b;
+  }
   // The long-prompt scenario over the KV tiers (short prompt: the tiny model).
   ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--tier-scenario", "--tier-prompt", "128", "--flash-kv-dir",
                         dir + "/flash", "--out", dir + "/tiers.json"},
@@ -498,6 +504,36 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   ASSERT_TRUE(WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})").ok());
   EXPECT_NE(RunCommand({"roofline", "--hardware", dir + "/bad.json"}, &out, &err), 0);
   EXPECT_NE(err.find("mem_bandwidth"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// --load-format dummy generates the weights a checkpoint would hold from its config.json alone:
+// with make-model's seed it must produce exactly the checkpoint's tokens (read from safetensors).
+TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
+  const std::string dir = MakeTempDir("dummy");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", dir + "/ck"},
+                       &out, &err),
+            0)
+      << err;
+  auto generate = [&](std::vector<std::string> model_args) {
+    std::vector<std::string> args = {"generate", "--prompt-ids", "5,9,200,31,7", "--max-tokens", "12", "--ids"};
+    args.insert(args.end(), model_args.begin(), model_args.end());
+    std::string o, e;
+    EXPECT_EQ(RunCommand(args, &o, &e), 0) << e;
+    return o;
+  };
+  const std::string from_checkpoint = generate({"--model", dir + "/ck"});
+  ASSERT_FALSE(from_checkpoint.empty());
+  EXPECT_EQ(generate({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "3"}),
+            from_checkpoint);
+  EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}), from_checkpoint)
+      << "another seed, other weights";
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck", "--load-format", "lazy", "--prompt-ids", "5"}, &out, &err),
+            2);
+  EXPECT_NE(err.find("--load-format"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"bench", "--load-format", "dummy", "--num-requests", "1"}, &out, &err), 2);
+  EXPECT_NE(err.find("--model"), std::string::npos) << err;
   std::filesystem::remove_all(dir);
 }
 
