@@ -22,21 +22,20 @@ namespace moeserve::tools {
 
 namespace {
 
-// The batch where predicted compute time meets memory time for decodes at `context`.
+// The smallest batch whose predicted compute time reaches its memory time for decodes at
+// `context` (experts hit as expected for that many tokens); 0 when no batch up to 2^20 does.
 double PredictedCritical(const roofline::ModelCosts& m, const roofline::HardwareProfile& hw, int64_t context) {
-  auto gap = [&](double b) {
-    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(std::llround(b)));
+  auto compute_bound = [&](int64_t n) {
     const roofline::StepCost c = roofline::PredictStep(m, roofline::StepShape::Decode(n, context), hw);
-    return c.compute_seconds - c.memory_seconds;
+    return c.compute_seconds >= c.memory_seconds;
   };
-  if (gap(1) >= 0) return 1;
-  double lo = 1, hi = 1 << 20;
-  if (gap(hi) < 0) return 0;  // never compute-bound
-  while (hi - lo > 0.5) {
-    const double mid = (lo + hi) / 2;
-    (gap(mid) < 0 ? lo : hi) = mid;
+  int64_t lo = 0, hi = int64_t{1} << 20;  // invariant: lo is memory-bound (or 0), hi compute-bound
+  if (!compute_bound(hi)) return 0;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (compute_bound(mid) ? hi : lo) = mid;
   }
-  return hi;
+  return static_cast<double>(hi);
 }
 
 }  // namespace
@@ -260,12 +259,11 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
                 static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee,
                 k.predicted_critical, k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0.0);
     // A knee at the critical batch presumes a flat weight term below it; say when the model's
-    // own bound already bends elsewhere: then the knee criterion is not physics on this machine.
+    // own bound already bends well below it, i.e. where even an ideal implementation would.
     if (k.predicted_critical > 0 && k.predicted_knee < k.predicted_critical / 1.5) {
-      std::printf("    the roofline bound itself bends at %.2fx the critical batch: the weights read grow with "
-                  "the experts hit (%.1f of %lld per layer at batch 1, %.1f at the critical batch), so the "
-                  "critical batch does not mark a knee for this model on this machine; an implementation at "
-                  "the bound would bend there, a measured knee near the critical batch is a coincidence\n",
+      std::printf("    not a knee here: the roofline bound itself bends at %.2fx the critical batch, since the "
+                  "weights read grow with the experts hit (%.1f of %lld per layer at batch 1, %.1f at the "
+                  "critical batch)\n",
                   k.predicted_knee / k.predicted_critical, k.experts_hit_batch1,
                   static_cast<long long>(r.num_experts), k.experts_hit_at_critical);
     }

@@ -485,6 +485,7 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   for (const auto& k : sweep["knees"]) {
     // tiny: 4 experts, top-2. Expected distinct experts of B tokens: E (1 - (1 - k/E)^B).
     const double b = k["predicted_critical_batch"].get<double>();
+    EXPECT_EQ(b, std::floor(b)) << "the critical batch is the smallest compute-bound batch";
     EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
     EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)), 1e-9) << b;
   }

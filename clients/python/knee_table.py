@@ -1,0 +1,55 @@
+#!/usr/bin/python3
+"""Summarises decode sweeps (`moeserve bench --sweep-batch ... --out FILE.json`) as a Markdown
+table of where the knee sits against the critical batch, one row per model and weight dtype.
+
+    clients/python/knee_table.py sweep1.json sweep2.json ...
+
+Columns: experts hit per layer at batch 1 and at the critical batch, the critical batch (compute
+time = memory time at the profile's peaks), the knee of the roofline bound and the measured knee
+as multiples of it (ranges over every context and file), how many of those measured ratios lie
+within a factor 1.5, and the calibrated model's median error.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweeps", nargs="+", help="JSON files written by moeserve bench --sweep-batch --out")
+    args = ap.parse_args()
+    rows = defaultdict(list)
+    for path in args.sweeps:
+        with open(path) as f:
+            j = json.load(f)
+        if "knees" not in j:
+            sys.exit(f"{path}: no \"knees\" (not a decode sweep report)")
+        key = (os.path.basename(j["model"].split(" ")[0]).removesuffix(".json"), j["weight_dtype"])
+        for k in j["knees"]:
+            rows[key].append((k, j["calibrated_median_abs_error"], j["points_beating_bound"]))
+
+    def span(values, fmt="{:.2f}"):
+        lo, hi = min(values), max(values)
+        return fmt.format(lo) if lo == hi else (fmt + "-" + fmt).format(lo, hi)
+
+    print("| model | weights | experts hit, batch 1 / critical | critical batch | bound knee / critical "
+          "| measured knee / critical | within 1.5x | median error | faster than bound |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (model, dtype), ks in sorted(rows.items()):
+        knees = [k for k, _, _ in ks]
+        crit = [k["predicted_critical_batch"] for k in knees]
+        measured = [k["measured_over_critical_batch"] for k in knees]
+        inside = sum(1 for r in measured if 1 / 1.5 <= r <= 1.5)
+        hits = "{:.1f} / {}".format(knees[0]["experts_hit_batch1"],
+                                     span([k["experts_hit_at_critical_batch"] for k in knees], "{:.1f}"))
+        print(f"| {model} | {dtype} | {hits} | {span(crit, '{:.0f}')} | "
+              f"{span([k['predicted_knee_over_critical_batch'] for k in knees])} | {span(measured)} | "
+              f"{inside}/{len(measured)} | {span([100 * e for _, e, _ in ks], '{:.1f}')}% | "
+              f"{max(b for _, _, b in ks)} |")
+
+
+if __name__ == "__main__":
+    main()
