@@ -78,6 +78,37 @@ BENCHMARK(BM_Gemm)
     ->Args({256, 2048, 512, 0})
     ->UseRealTime();
 
+// The same GEMM with its weights cold, as in a decode step: each iteration takes the next of
+// enough matrices to fill 512 MiB, so every weight byte comes from DRAM, not from the caches.
+void BM_GemmColdWeights(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const DType dtype = DType::kBF16;
+  const size_t bytes = static_cast<size_t>(n * k) * DTypeSize(dtype);
+  const size_t count = std::max<size_t>(2, (size_t{512} << 20) / bytes);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> wf(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (float& v : wf) v = u(gen);
+  for (float& v : x) v = u(gen);
+  std::vector<uint8_t> w(bytes * count);
+  for (size_t i = 0; i < count; ++i) ConvertFromF32(wf.data(), wf.size(), dtype, w.data() + i * bytes);
+  size_t next = 0;
+  for (auto _ : state) {
+    const WeightRef ref{w.data() + next * bytes, dtype, n, k};
+    TheBackend().Gemm(x.data(), m, ref, y.data());
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % count;
+  }
+  Report(state, 2.0 * m * n * k, static_cast<double>(bytes), dtype);
+}
+BENCHMARK(BM_GemmColdWeights)
+    ->ArgNames({"m", "n", "k"})
+    ->Args({1, 2048, 512})
+    ->Args({1, 512, 1024})
+    ->Args({4, 2048, 512})
+    ->Args({1, 16384, 8192})
+    ->UseRealTime();
+
 void BM_PagedDecodeAttention(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1);
   const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
