@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -87,11 +88,17 @@ void BM_GemmColdWeights(benchmark::State& state) {
   const size_t count = std::max<size_t>(2, (size_t{512} << 20) / bytes);
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> wf(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
-  for (float& v : wf) v = u(gen);
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (float& v : x) v = u(gen);
-  std::vector<uint8_t> w(bytes * count);
-  for (size_t i = 0; i < count; ++i) ConvertFromF32(wf.data(), wf.size(), dtype, w.data() + i * bytes);
+  // Google Benchmark calls this several times per shape: fill the 512 MiB once per shape.
+  static std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> cache;
+  std::vector<uint8_t>& w = cache[{n, k}];
+  if (w.empty()) {
+    std::vector<float> wf(static_cast<size_t>(n * k));
+    for (float& v : wf) v = u(gen);
+    w.resize(bytes * count);
+    for (size_t i = 0; i < count; ++i) ConvertFromF32(wf.data(), wf.size(), dtype, w.data() + i * bytes);
+  }
   size_t next = 0;
   for (auto _ : state) {
     const WeightRef ref{w.data() + next * bytes, dtype, n, k};

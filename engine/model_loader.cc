@@ -42,10 +42,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     const std::filesystem::path p(spec.model_dir);
     const std::string config_path =
         std::filesystem::is_directory(p) ? (p / "config.json").string() : p.string();
-    ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
-    return GenerateModel(std::move(config), spec, backend);
+    auto config = ModelConfig::FromFile(config_path);
+    if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("--model: ", config.status().message()));
+    return GenerateModel(std::move(*config), spec, backend);
   }
   if (!spec.model_dir.empty()) {
+    if (std::filesystem::is_regular_file(spec.model_dir)) {
+      return absl::InvalidArgumentError(absl::StrCat("--model: ", spec.model_dir,
+                                                     " is a file; a checkpoint directory is expected (to run a "
+                                                     "config.json alone with generated weights, add --load-format dummy)"));
+    }
     const std::string config_path = (std::filesystem::path(spec.model_dir) / "config.json").string();
     ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
     ASSIGN_OR_RETURN(auto checkpoint, SafetensorsCheckpoint::Open(spec.model_dir));

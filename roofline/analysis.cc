@@ -64,4 +64,20 @@ RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
   return r;
 }
 
+int64_t SmallestComputeBoundBatch(const ModelCosts& m, const HardwareProfile& hw, int64_t context) {
+  auto compute_bound = [&](int64_t n) {
+    const StepCost c = PredictStep(m, StepShape::Decode(n, context), hw);
+    return c.compute_seconds >= c.memory_seconds;
+  };
+  // Compute grows linearly in the batch and memory concavely (experts saturate, KV is linear),
+  // so the batches split into a memory-bound prefix and a compute-bound rest: bisect.
+  int64_t lo = 0, hi = int64_t{1} << 20;  // lo memory-bound (or 0), hi compute-bound
+  if (!compute_bound(hi)) return 0;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (compute_bound(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 }  // namespace moeserve::roofline

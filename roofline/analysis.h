@@ -47,4 +47,9 @@ struct RooflineReport {
 
 RooflineReport AnalyzeRoofline(const RooflineInputs& in);
 
+// The smallest batch of decodes at `context` whose predicted compute time reaches its memory
+// time (weights of the experts expected to be hit, plus KV), by PredictStep on one device;
+// 0 when no batch up to 2^20 is compute-bound.
+int64_t SmallestComputeBoundBatch(const ModelCosts& m, const HardwareProfile& hw, int64_t context);
+
 }  // namespace moeserve::roofline

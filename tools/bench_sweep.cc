@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/progress.h"
@@ -16,27 +17,12 @@
 #include "engine/sampling.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
+#include "roofline/analysis.h"
 #include "roofline/cost_model.h"
 
 namespace moeserve::tools {
 
 namespace {
-
-// The smallest batch whose predicted compute time reaches its memory time for decodes at
-// `context` (experts hit as expected for that many tokens); 0 when no batch up to 2^20 does.
-double PredictedCritical(const roofline::ModelCosts& m, const roofline::HardwareProfile& hw, int64_t context) {
-  auto compute_bound = [&](int64_t n) {
-    const roofline::StepCost c = roofline::PredictStep(m, roofline::StepShape::Decode(n, context), hw);
-    return c.compute_seconds >= c.memory_seconds;
-  };
-  int64_t lo = 0, hi = int64_t{1} << 20;  // invariant: lo is memory-bound (or 0), hi compute-bound
-  if (!compute_bound(hi)) return 0;
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (compute_bound(mid) ? hi : lo) = mid;
-  }
-  return static_cast<double>(hi);
-}
 
 }  // namespace
 
@@ -164,7 +150,7 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
     k.measured = roofline::MeasuredKnee(bs, ts);
     k.predicted_knee = roofline::MeasuredKnee(bs, bound);
     k.calibrated_knee = roofline::MeasuredKnee(bs, calibrated);
-    k.predicted_critical = PredictedCritical(costs, hw, ctx + 1);
+    k.predicted_critical = static_cast<double>(roofline::SmallestComputeBoundBatch(costs, hw, ctx + 1));
     k.ratio = k.predicted_knee > 0 ? k.measured / k.predicted_knee : 0;
     k.experts_hit_batch1 = roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, 1);
     k.experts_hit_at_critical =
@@ -258,14 +244,17 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
                 "critical batch (compute = memory at the peaks) %.1f (ratio %.2f)\n",
                 static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee,
                 k.predicted_critical, k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0.0);
-    // A knee at the critical batch presumes a flat weight term below it; say when the model's
+    // A knee at the critical batch presumes a memory term flat below it; say when the model's
     // own bound already bends well below it, i.e. where even an ideal implementation would.
-    if (k.predicted_critical > 0 && k.predicted_knee < k.predicted_critical / 1.5) {
-      std::printf("    not a knee here: the roofline bound itself bends at %.2fx the critical batch, since the "
-                  "weights read grow with the experts hit (%.1f of %lld per layer at batch 1, %.1f at the "
-                  "critical batch)\n",
-                  k.predicted_knee / k.predicted_critical, k.experts_hit_batch1,
-                  static_cast<long long>(r.num_experts), k.experts_hit_at_critical);
+    if (k.predicted_critical > 1 && k.predicted_knee < k.predicted_critical / 1.5) {
+      const std::string why =
+          k.experts_hit_at_critical > k.experts_hit_batch1 + 0.5
+              ? absl::StrFormat("the weights read grow with the experts hit (%.1f of %d per layer at batch 1, "
+                                "%.1f at the critical batch)",
+                                k.experts_hit_batch1, r.num_experts, k.experts_hit_at_critical)
+              : std::string("the KV read grows with the batch at this context");
+      std::printf("    not a knee here: the roofline bound itself bends at %.2fx the critical batch, since %s\n",
+                  k.predicted_knee / k.predicted_critical, why.c_str());
     }
   }
   if (!r.skipped.empty()) {

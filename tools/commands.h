@@ -20,9 +20,9 @@ inline int Fail(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-// Adds --model / --preset / --seed / --dtype to a subcommand.
+// Adds --model / --preset / --model-seed / --load-format / --dtype to a subcommand.
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format);
-// Applies the parsed --dtype spelling to `spec`.
+// Applies the parsed --dtype and --load-format spellings to `spec`.
 absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec);
 
 // Engine flags shared by `bench` and `serve`: scheduler limits and the KV cache.

@@ -6,8 +6,9 @@ namespace moeserve::tools {
 
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format) {
   cmd->add_option("--model", spec->model_dir,
-                  "Checkpoint directory (config.json + model.safetensors or a sharded index). "
-                  "Default: the embedded model, preset 'small' generated in memory from seed 0");
+                  "Checkpoint directory (config.json + model.safetensors or a sharded index), or with "
+                  "--load-format dummy a config.json alone. Default: the embedded model, preset 'small' "
+                  "generated in memory from seed 0");
   cmd->add_option("--preset", spec->preset,
                   "Built-in model to generate in memory when --model is not given: " +
                       absl::StrJoin(PresetNames(), ", "))

@@ -27,7 +27,12 @@ def main():
             j = json.load(f)
         if "knees" not in j:
             sys.exit(f"{path}: no \"knees\" (not a decode sweep report)")
-        key = (os.path.basename(j["model"].split(" ")[0]).removesuffix(".json"), j["weight_dtype"])
+        # "PATH (dummy weights, ...)" or "preset small (seed 0, ...)": the name before " (".
+        name = j["model"].split(" (")[0]
+        key = (os.path.basename(name).removesuffix(".json"), j["weight_dtype"])
+        if not j["knees"]:
+            print(f"{path}: no knees (fewer than two batch sizes per context); skipped", file=sys.stderr)
+            continue
         for k in j["knees"]:
             rows[key].append((k, j["calibrated_median_abs_error"], j["points_beating_bound"]))
 

@@ -182,6 +182,43 @@ TEST(RooflineTest, DenseModelCriticalBatchIsTheFlopByteRatio) {
   EXPECT_DOUBLE_EQ(AnalyzeRoofline(in).critical_batch, 2 * 989.4 / 3.35);
 }
 
+// The sweep's critical batch: the smallest compute-bound decode batch, against a linear scan of
+// PredictStep, for sparse and dense models on a GPU preset and on a CPU-like profile (FLOP/byte 2.4).
+TEST(RooflineTest, SmallestComputeBoundBatchMatchesALinearScan) {
+  HardwareProfile cpu = *HardwarePreset("h100-sxm");
+  cpu.peak_flops_bf16 = 60e9;
+  cpu.peak_flops_f32 = 60e9;
+  cpu.mem_bandwidth = 25e9;
+  int checked = 0;
+  for (const char* preset : {"mixtral-8x7b", "small", "tiny"}) {
+    for (int dense = 0; dense < 2; ++dense) {
+      auto c = AnalysisPreset(preset);
+      ASSERT_TRUE(c.ok()) << preset;
+      if (dense) c->num_experts_per_tok = c->num_local_experts;
+      const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+      for (const HardwareProfile& hw : {*HardwarePreset("h100-sxm"), cpu}) {
+        for (int64_t ctx : {1, 128, 4096}) {
+          int64_t scan = 0;
+          for (int64_t b = 1; b <= 4096 && scan == 0; ++b) {
+            const StepCost s = PredictStep(m, StepShape::Decode(b, ctx), hw);
+            if (s.compute_seconds >= s.memory_seconds) scan = b;
+          }
+          if (scan == 0) continue;  // past the scan: only checked where the scan reaches
+          EXPECT_EQ(SmallestComputeBoundBatch(m, hw, ctx), scan)
+              << preset << (dense ? " (all experts)" : "") << " on " << hw.name << ", context " << ctx;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 20) << "the scan reaches most cases";
+  // A model whose KV read outgrows its compute is never compute-bound.
+  auto c = AnalysisPreset("tiny");
+  HardwareProfile slow_memory = cpu;
+  slow_memory.mem_bandwidth = 1e6;
+  EXPECT_EQ(SmallestComputeBoundBatch(ModelCosts::From(*c, "bf16", "bf16"), slow_memory, 1 << 20), 0);
+}
+
 TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
   auto c = AnalysisPreset("small");
   ASSERT_TRUE(c.ok());

@@ -486,6 +486,7 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
     // tiny: 4 experts, top-2. Expected distinct experts of B tokens: E (1 - (1 - k/E)^B).
     const double b = k["predicted_critical_batch"].get<double>();
     EXPECT_EQ(b, std::floor(b)) << "the critical batch is the smallest compute-bound batch";
+    EXPECT_GE(b, 1) << "tiny is compute-bound at some batch on any CPU";
     EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
     EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)), 1e-9) << b;
   }
@@ -525,7 +526,9 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
     return o;
   };
   const std::string from_checkpoint = generate({"--model", dir + "/ck"});
-  ASSERT_FALSE(from_checkpoint.empty());
+  const std::vector<std::string> ids =
+      absl::StrSplit(absl::StripAsciiWhitespace(from_checkpoint), ',', absl::SkipEmpty());
+  ASSERT_GE(ids.size(), 4u) << "too few tokens to tell weights apart: " << from_checkpoint;
   EXPECT_EQ(generate({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "3"}),
             from_checkpoint);
   EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}), from_checkpoint)
@@ -535,10 +538,50 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   EXPECT_NE(err.find("--load-format"), std::string::npos) << err;
   EXPECT_EQ(RunCommand({"bench", "--load-format", "dummy", "--num-requests", "1"}, &out, &err), 2);
   EXPECT_NE(err.find("--model"), std::string::npos) << err;
+  // A config.json without dummy weights, and dummy weights from a file that is not there.
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck/config.json", "--prompt-ids", "5"}, &out, &err), 2);
+  EXPECT_NE(err.find("--load-format dummy"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/missing.json", "--load-format", "dummy", "--prompt-ids", "5"},
+                       &out, &err),
+            2);
+  EXPECT_NE(err.find("--model: "), std::string::npos) << err;
   std::filesystem::remove_all(dir);
 }
 
 // Servers with their own flags.
+
+// A server on dummy weights from a config.json serves what `generate` computes from the
+// checkpoint make-model wrote with the same seed, and says in GetModelInfo that they are dummy.
+TEST(E2eServerFlagsTest, DummyWeightsServerMatchesTheCheckpoint) {
+  const std::string dir = MakeTempDir("dummy_serve");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "f32", "--seed", "5", "--out", dir + "/ck"},
+                       &out, &err),
+            0)
+      << err;
+  const std::vector<int32_t> prompt = {256, 7, 99, 13, 42};
+  ASSERT_EQ(RunCommand({"generate", "--model", dir + "/ck", "--prompt-ids", absl::StrJoin(prompt, ","),
+                        "--max-tokens", "10", "--ids"},
+                       &out, &err),
+            0)
+      << err;
+  std::vector<int32_t> expected;
+  for (absl::string_view t : absl::StrSplit(absl::StripAsciiWhitespace(out), ',', absl::SkipEmpty())) {
+    expected.push_back(std::stoi(std::string(t)));
+  }
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "5"}))
+      << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_NE(info.model().find("dummy weights, seed 5"), std::string::npos) << info.model();
+  const Streamed got = Stream(stub.get(), IdsRequest(prompt, 10));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, expected);
+  std::filesystem::remove_all(dir);
+}
 
 TEST(E2eServerFlagsTest, ExpertParallelPipelineServerMatchesOneRank) {
   ServerProcess server;
