@@ -230,6 +230,24 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
   return w;
 }
 
+void ModelWeights::ReleaseTensors() {
+  auto drop = [](WeightRef& w) { w.data = nullptr; };
+  drop(embed_);
+  drop(lm_head_);
+  final_norm_ = nullptr;
+  for (LayerWeights& lw : layers_) {
+    lw.attn_norm = lw.mlp_norm = nullptr;
+    for (WeightRef* w : {&lw.q, &lw.k, &lw.v, &lw.o, &lw.router, &lw.shared_w13, &lw.shared_w2, &lw.shared_gate}) {
+      drop(*w);
+    }
+    for (WeightRef& w : lw.w13) drop(w);
+    for (WeightRef& w : lw.w2) drop(w);
+  }
+  buffers_.clear();  // frees the device memory
+  total_bytes_ = 0;
+  released_ = true;
+}
+
 size_t ModelWeights::expert_bytes() const {
   return static_cast<size_t>(config_.ExpertParams()) * DTypeSize(dtype_);
 }

@@ -56,6 +56,12 @@ class ModelWeights {
   size_t total_bytes() const { return total_bytes_; }
   size_t expert_bytes() const;
 
+  // Frees every tensor, keeping the config, dtype and shapes (data pointers become null): for
+  // the full copy a parallel layout was sharded from, once every rank holds its shard, so the
+  // staging memory does not stay in use for the life of the server. Forward refuses afterwards.
+  void ReleaseTensors();
+  bool released() const { return released_; }
+
  private:
   ModelWeights() = default;
   ModelConfig config_;
@@ -65,6 +71,7 @@ class ModelWeights {
   std::vector<LayerWeights> layers_;
   std::vector<DeviceBuffer> buffers_;
   size_t total_bytes_ = 0;
+  bool released_ = false;
 };
 
 }  // namespace moeserve

@@ -28,6 +28,9 @@ MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard sha
 }
 
 absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) const {
+  if (weights_->released()) {
+    return absl::FailedPreconditionError("forward: these weights were released (the copy the ranks were sharded from)");
+  }
   const ModelConfig& c = config();
   const int64_t t = in.num_tokens();
   if (t == 0 && !expert_parallel()) return absl::InvalidArgumentError("forward: no tokens");

@@ -170,6 +170,7 @@ int RunBench(BenchOptions o) {
   if (!weights.ok()) return Fail(weights.status());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
+  ReleaseStagingCopy(*ecfg, weights->get(), "");
   const ModelConfig& c = (*weights)->config();
   w.vocab = 256;
   auto items = MakeWorkload(w);

@@ -25,6 +25,11 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std:
 // Applies the parsed --dtype and --load-format spellings to `spec`.
 absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec);
 
+// With a parallel layout, once the engine exists every rank holds its shard: frees the full
+// copy of the weights the ranks were cut from (it would stay in memory for the whole run) and
+// says so on stderr after `log_prefix`. Does nothing on one rank.
+void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix);
+
 // Engine flags shared by `bench` and `serve`: scheduler limits and the KV cache.
 struct EngineFlags {
   int64_t max_num_seqs = 64;

@@ -202,6 +202,14 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   return c;
 }
 
+void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix) {
+  if (!config.parallel.enabled()) return;
+  const double staged_mb = static_cast<double>(weights->total_bytes()) / 1048576.0;
+  weights->ReleaseTensors();
+  std::fprintf(stderr, "%sfreed the %.1f MiB staging copy of the weights; each rank holds its shard\n", log_prefix,
+               staged_mb);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
   // With several ranks this backend only stages the full weights in host memory; the ranks get
   // devices of their own (MakeEngineConfig's rank_backends).

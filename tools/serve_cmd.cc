@@ -43,6 +43,7 @@ int RunServe(ServeOptions o) {
   if (!weights.ok()) return Fail(weights.status());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
+  ReleaseStagingCopy(*ecfg, weights->get(), "moeserve: ");
   const ModelConfig& c = (*weights)->config();
   std::fprintf(stderr, "moeserve: loaded in %.2f s: %.1fM parameters (%.1fM active), KV cache %lld blocks of %lld tokens\n",
                sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,

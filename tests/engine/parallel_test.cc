@@ -181,8 +181,21 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
     ec.parallel = ToConfig(l);
     ec.rank_backends = CpuRanks();
-    auto e = Engine::Create(ec, weights_.get(), &backend_);
+    // With several ranks, shard a copy of its own and free it once the ranks hold their
+    // shards, as serve and bench do: the engine must not need it afterwards.
+    std::unique_ptr<ModelWeights> staged;
+    if (l.ep * l.pp > 1) {
+      staged = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
+                                   DType::kBF16);
+    }
+    auto e = Engine::Create(ec, staged ? staged.get() : weights_.get(), &backend_);
     EXPECT_TRUE(e.ok()) << e.status();
+    if (staged) {
+      const size_t before = backend_.used_bytes(), bytes = staged->total_bytes();
+      staged->ReleaseTensors();
+      EXPECT_EQ(backend_.used_bytes(), before - bytes) << Name(l) << ": the staging copy's memory is freed";
+      EXPECT_TRUE(staged->released());
+    }
     std::mutex mu;
     std::map<uint64_t, std::vector<int32_t>> out;
     std::vector<uint64_t> ids;
@@ -507,6 +520,34 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
   EXPECT_EQ(run({2, 1}, 2.0, &balanced), want) << "seed " << seed_;
   EXPECT_DOUBLE_EQ(affinity, 2.0) << "pure affinity: every step on one rank";
   EXPECT_LT(balanced, 1.5) << "balancing should bring the second rank in";
+}
+
+// A released copy keeps its config and shapes but refuses to run a forward pass.
+TEST_P(ParallelTest, ReleasedWeightsRefuseToForward) {
+  auto copy = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
+                                  DType::kBF16);
+  copy->ReleaseTensors();
+  EXPECT_EQ(copy->config().hidden_size, config_.hidden_size);
+  EXPECT_EQ(copy->embed().rows, config_.vocab_size);
+  EXPECT_EQ(copy->embed().data, nullptr);
+  EXPECT_EQ(copy->total_bytes(), 0u);
+  const KvLayout layout = KvLayoutFor(config_, 4, 8, DType::kF32);
+  auto kv = KvStorage::Create(&backend_, layout);
+  ASSERT_TRUE(kv.ok());
+  ForwardInput in;
+  in.token_ids = {1};
+  in.positions = {0};
+  in.token_seq = {0};
+  in.slots = {0};
+  in.num_seqs = 1;
+  in.max_blocks_per_seq = 1;
+  in.block_tables = {0};
+  in.logit_rows = {0};
+  MoeModel model(copy.get(), &backend_);
+  std::vector<float> logits;
+  const absl::Status s = model.Forward(in, layout, kv->data(), &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("released"), std::string::npos) << s;
 }
 
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
