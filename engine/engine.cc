@@ -66,6 +66,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                        const ModelWeights* weights,
                                                        Backend* backend) {
   RETURN_IF_ERROR(config.Validate());
+  if (weights->released()) {
+    return absl::FailedPreconditionError("engine: the weights were released (a staging copy already sharded)");
+  }
   const ModelConfig& c = weights->config();
   int64_t blocks = config.num_kv_blocks;
   if (blocks == 0) {

@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
                                                                            Backend* weights_backend,
                                                                            const KvLayout& kv,
                                                                            const BackendFactory& backends) {
+  if (weights->released()) {
+    return absl::FailedPreconditionError("parallel layout: the weights to shard were released");
+  }
   const ModelConfig& c = weights->config();
   RETURN_IF_ERROR(config.Validate(c));
   if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");

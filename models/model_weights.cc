@@ -144,6 +144,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWeights& full, Backend* from,
                                                                    const WeightShard& shard, Backend* to) {
+  if (full.released_) return absl::FailedPreconditionError("weight shard: the full weights were released");
   const ModelConfig& c = full.config_;
   const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
   if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_hidden_layers) {

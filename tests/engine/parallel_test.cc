@@ -184,17 +184,22 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     // With several ranks, shard a copy of its own and free it once the ranks hold their
     // shards, as serve and bench do: the engine must not need it afterwards.
     std::unique_ptr<ModelWeights> staged;
+    size_t staged_alloc = 0;  // what the copy occupies on the backend, as allocated (rounded)
     if (l.ep * l.pp > 1) {
+      const size_t before = backend_.used_bytes();
       staged = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
                                    DType::kBF16);
+      staged_alloc = backend_.used_bytes() - before;
     }
     auto e = Engine::Create(ec, staged ? staged.get() : weights_.get(), &backend_);
     EXPECT_TRUE(e.ok()) << e.status();
     if (staged) {
-      const size_t before = backend_.used_bytes(), bytes = staged->total_bytes();
+      const size_t with_copy = backend_.used_bytes();
       staged->ReleaseTensors();
-      EXPECT_EQ(backend_.used_bytes(), before - bytes) << Name(l) << ": the staging copy's memory is freed";
+      EXPECT_EQ(backend_.used_bytes(), with_copy - staged_alloc) << Name(l) << ": the staging copy is freed";
       EXPECT_TRUE(staged->released());
+      EXPECT_EQ(Engine::Create(ec, staged.get(), &backend_).status().code(), absl::StatusCode::kFailedPrecondition)
+          << "a released copy cannot start another engine";
     }
     std::mutex mu;
     std::map<uint64_t, std::vector<int32_t>> out;
