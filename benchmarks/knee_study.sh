@@ -48,4 +48,9 @@ for round in $(seq 1 "$rounds"); do
     sweeps+=("$sweep")
   done
 done
-python3 clients/python/knee_table.py "${sweeps[@]}"
+# The table, and the plot where matplotlib is installed (scripts/setup.sh installs it for /usr/bin/python3).
+if python3 -c "import matplotlib" 2> /dev/null; then
+  python3 clients/python/knee_table.py "${sweeps[@]}" --plot "$out/knees.png"
+else
+  python3 clients/python/knee_table.py "${sweeps[@]}"
+fi

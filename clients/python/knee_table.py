@@ -2,12 +2,14 @@
 """Summarises decode sweeps (`moeserve bench --sweep-batch ... --out FILE.json`) as a Markdown
 table of where the knee sits against the critical batch, one row per model and weight dtype.
 
-    clients/python/knee_table.py sweep1.json sweep2.json ...
+    clients/python/knee_table.py sweep1.json sweep2.json ... [--plot knees.png]
 
 Columns: experts hit per layer at batch 1 and at the critical batch, the critical batch (compute
 time = memory time at the profile's peaks), the knee of the roofline bound and the measured knee
 as multiples of it (ranges over every context and file), how many of those measured ratios lie
-within a factor 1.5, and the calibrated model's median error.
+within a factor 1.5, and the calibrated model's median error. With --plot, a PNG of the measured
+knee against the roofline bound's knee (both over the critical batch), one marker per model,
+with the band the bar allows (1/1.5 to 1.5) shaded.
 """
 
 import argparse
@@ -20,6 +22,7 @@ from collections import defaultdict
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweeps", nargs="+", help="JSON files written by moeserve bench --sweep-batch --out")
+    ap.add_argument("--plot", help="also write this PNG")
     args = ap.parse_args()
     rows = defaultdict(list)
     for path in args.sweeps:
@@ -54,6 +57,36 @@ def main():
               f"{span([k['predicted_knee_over_critical_batch'] for k in knees])} | {span(measured)} | "
               f"{inside}/{len(measured)} | {span([100 * e for _, e, _ in ks], '{:.1f}')}% | "
               f"{max(b for _, _, b in ks)} |")
+
+
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    ax.axhspan(1 / 1.5, 1.5, color="tab:green", alpha=0.12, label="within 1.5x of the critical batch")
+    ax.plot([0.1, 1.6], [0.1, 1.6], color="grey", linestyle=":", linewidth=1, label="measured knee = bound's knee")
+    markers = "osD^v<>px*"
+    for i, ((model, dtype), ks) in enumerate(sorted(rows.items())):
+        xs = [k["predicted_knee_over_critical_batch"] for k, _, _ in ks]
+        ys = [k["measured_over_critical_batch"] for k, _, _ in ks]
+        ax.scatter(xs, ys, marker=markers[i % len(markers)], s=36, label=f"{model}, {dtype}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("knee of the roofline bound / critical batch")
+    ax.set_ylabel("measured knee / critical batch")
+    ax.set_title("Where the decode knee sits against the critical batch")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
