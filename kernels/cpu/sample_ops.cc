@@ -28,21 +28,7 @@ uint64_t Descend(const std::vector<uint64_t>& keys, const std::vector<Weight>& w
     for (size_t i = 0; i < keys.size(); ++i) {
       if (keys[i] >= floor && (keys[i] & mask) == prefix) hist[(keys[i] >> shift) & 0xFF] += static_cast<double>(w[i]);
     }
-    int chosen = -1, last_nonempty = -1;
-    for (int d = 255; d >= 0; --d) {
-      if (hist[d] == 0) continue;
-      last_nonempty = d;
-      const double cum = above + hist[d];
-      if (inclusive ? cum >= target : cum > target) {
-        chosen = d;
-        break;
-      }
-      above = cum;
-    }
-    if (chosen < 0) {  // rounding: take the last (least likely) bucket, as the sort does
-      chosen = last_nonempty;
-      above -= hist[chosen];
-    }
+    const int chosen = ChooseKeyByte(hist.data(), target, inclusive, &above);
     prefix |= static_cast<uint64_t>(chosen) << shift;
     mask |= uint64_t{0xFF} << shift;
   }

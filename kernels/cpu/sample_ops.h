@@ -11,18 +11,9 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/sample_order.h"
 
 namespace moeserve::cpu_sample {
-
-// Order key: larger = earlier in the sampling order (higher logit, then lower id).
-inline uint64_t OrderKey(float logit, int32_t id) {
-  if (logit == 0.0f) logit = 0.0f;  // -0 ties +0, as in the sort
-  uint32_t b;
-  static_assert(sizeof(b) == sizeof(logit));
-  __builtin_memcpy(&b, &logit, sizeof(b));
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // monotone in the float's value
-  return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
-}
 
 int32_t SortSampleRow(const float* logits, int64_t vocab, const SampleSpec& spec);
 int32_t RadixSampleRow(const float* logits, int64_t vocab, const SampleSpec& spec);

@@ -6,18 +6,12 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/sample_order.h"
 
 namespace moeserve::cuda {
 namespace {
 
 constexpr int kSampleThreads = 512;
-
-__device__ __forceinline__ uint64_t OrderKey(float x, int64_t id) {
-  if (x == 0.0f) x = 0.0f;  // -0 ties +0, as in the sort
-  uint32_t b = __float_as_uint(x);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
-}
 
 // Block-wide max of a key and sum of a double; every thread gets the result.
 __device__ uint64_t BlockMaxKey(uint64_t v, uint64_t* scratch) {
@@ -82,21 +76,7 @@ __device__ uint64_t Descend(const Row& r, bool counts, uint64_t floor, double ta
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      int chosen = -1, last_nonempty = -1;
-      for (int d = 255; d >= 0; --d) {
-        if (hist[d] == 0) continue;
-        last_nonempty = d;
-        const double cum = above + hist[d];
-        if (inclusive ? cum >= target : cum > target) {
-          chosen = d;
-          break;
-        }
-        above = cum;
-      }
-      if (chosen < 0 && last_nonempty >= 0) {
-        chosen = last_nonempty;
-        above -= hist[chosen];
-      }
+      int chosen = ChooseKeyByte(hist, target, inclusive, &above);
       if (chosen < 0) chosen = 0;  // no candidate at all: cannot happen (the first key always is one)
       *shared_prefix = prefix | (static_cast<uint64_t>(chosen) << shift);
       *shared_above = above;
