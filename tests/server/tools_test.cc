@@ -1,0 +1,129 @@
+// End-to-end tests of the offline tools, run as the real binary: `roofline`, `calibrate`, the
+// decode sweep and the tier scenario of `bench`, and `--load-format dummy` against `make-model`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "core/file_util.h"
+#include "tests/server/server_process.h"
+
+namespace moeserve::testing {
+namespace {
+
+TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
+  const std::string dir = MakeTempDir("tools");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"roofline", "--preset", "deepseek-v3-like", "--hardware", "gb200-nvl72", "--json",
+                        dir + "/ds.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto ds = nlohmann::json::parse(ReadAll(dir + "/ds.json"));
+  EXPECT_DOUBLE_EQ(ds["flops_per_byte"].get<double>(), 312.5);
+  EXPECT_NEAR(ds["critical_batch"].get<double>(), 5400, 300);
+  EXPECT_DOUBLE_EQ(ds["critical_batch_routed_experts"].get<double>(), 10000);
+  EXPECT_NE(out.find("critical batch"), std::string::npos) << out;
+
+  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-progress", "--disk-dir", dir, "--out", dir + "/hw.json"}, &out,
+                       &err),
+            0)
+      << err;
+  const auto hw = nlohmann::json::parse(ReadAll(dir + "/hw.json"));
+  for (const char* key : {"peak_flops_bf16", "peak_flops_f32", "mem_bandwidth", "mem_capacity", "disk_read_bandwidth",
+                          "disk_write_bandwidth", "host_link_bandwidth"}) {
+    EXPECT_GT(hw[key].get<double>(), 0) << key;
+  }
+  EXPECT_FALSE(hw["measurements"]["gemm"].empty());
+
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--sweep-batch", "1,2,4", "--context", "8,32", "--hardware",
+                        dir + "/hw.json", "--sweep-steps", "1", "--out", dir + "/sweep.json"},
+                       &out, &err),
+            0)
+      << out << err;
+  const auto sweep = nlohmann::json::parse(ReadAll(dir + "/sweep.json"));
+  ASSERT_EQ(sweep["points"].size(), 6u);
+  for (const auto& p : sweep["points"]) {
+    EXPECT_GT(p["observed_s"].get<double>(), 0);
+    EXPECT_GT(p["bound_s"].get<double>(), 0);
+    EXPECT_GT(p["calibrated_s"].get<double>(), 0);
+    EXPECT_NEAR(p["observed_over_bound"].get<double>(), p["observed_s"].get<double>() / p["bound_s"].get<double>(),
+                1e-9);
+  }
+  EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
+  EXPECT_EQ(sweep["knees"].size(), 2u);
+  for (const auto& k : sweep["knees"]) {
+    // tiny: 4 experts, top-2. Expected distinct experts of B tokens: E (1 - (1 - k/E)^B).
+    const double b = k["predicted_critical_batch"].get<double>();
+    EXPECT_EQ(b, std::floor(b)) << "the critical batch is the smallest compute-bound batch";
+    EXPECT_GE(b, 1) << "tiny is compute-bound at some batch on any CPU";
+    EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
+    EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)), 1e-9) << b;
+  }
+  // The long-prompt scenario over the KV tiers (short prompt: the tiny model).
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--tier-scenario", "--tier-prompt", "128", "--flash-kv-dir",
+                        dir + "/flash", "--out", dir + "/tiers.json"},
+                       &out, &err),
+            0)
+      << out << err;
+  const auto tiers = nlohmann::json::parse(ReadAll(dir + "/tiers.json"));
+  EXPECT_EQ(tiers["cold"]["cached_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(tiers["device_hit"]["cached_tokens"].get<int64_t>(), 128 - 16) << "all full blocks but the last token's";
+  EXPECT_EQ(tiers["ddr_hit"]["cached_tokens_ddr"].get<int64_t>(), 112);
+  EXPECT_EQ(tiers["flash_hit"]["cached_tokens_flash"].get<int64_t>(), 112);
+  EXPECT_GT(tiers["measured"]["promote_from_flash_bytes_per_s"].get<double>(), 0);
+  // A bad profile is refused with the key named.
+  ASSERT_TRUE(WriteFileAtomically(dir + "/bad.json", R"({"peak_flops_bf16": 1})").ok());
+  EXPECT_NE(RunCommand({"roofline", "--hardware", dir + "/bad.json"}, &out, &err), 0);
+  EXPECT_NE(err.find("mem_bandwidth"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// --load-format dummy generates the weights a checkpoint would hold from its config.json alone:
+// with make-model's seed it must produce exactly the checkpoint's tokens (read from safetensors).
+TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
+  const std::string dir = MakeTempDir("dummy");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", dir + "/ck"},
+                       &out, &err),
+            0)
+      << err;
+  auto generate = [&](std::vector<std::string> model_args) {
+    std::vector<std::string> args = {"generate", "--prompt-ids", "5,9,200,31,7", "--max-tokens", "12", "--ids"};
+    args.insert(args.end(), model_args.begin(), model_args.end());
+    std::string o, e;
+    EXPECT_EQ(RunCommand(args, &o, &e), 0) << e;
+    return o;
+  };
+  const std::string from_checkpoint = generate({"--model", dir + "/ck"});
+  const std::vector<std::string> ids =
+      absl::StrSplit(absl::StripAsciiWhitespace(from_checkpoint), ',', absl::SkipEmpty());
+  ASSERT_GE(ids.size(), 4u) << "too few tokens to tell weights apart: " << from_checkpoint;
+  EXPECT_EQ(generate({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "3"}),
+            from_checkpoint);
+  EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}), from_checkpoint)
+      << "another seed, other weights";
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck", "--load-format", "lazy", "--prompt-ids", "5"}, &out, &err),
+            2);
+  EXPECT_NE(err.find("--load-format"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"bench", "--load-format", "dummy", "--num-requests", "1"}, &out, &err), 2);
+  EXPECT_NE(err.find("--model"), std::string::npos) << err;
+  // A config.json without dummy weights, and dummy weights from a file that is not there.
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck/config.json", "--prompt-ids", "5"}, &out, &err), 2);
+  EXPECT_NE(err.find("--load-format dummy"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/missing.json", "--load-format", "dummy", "--prompt-ids", "5"},
+                       &out, &err),
+            2);
+  EXPECT_NE(err.find("--model: "), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// Servers with their own flags.
+
+}  // namespace
+}  // namespace moeserve::testing
