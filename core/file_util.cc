@@ -73,12 +73,12 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return std::string(reinterpret_cast<const char*>(mapped->data()), mapped->size());
 }
 
-absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path, int mode) {
   AtomicFileWriter w;
   w.path_ = path;
   // Unique per writing thread, so concurrent writers of one path never share a temp file.
   w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid(), ".", ::gettid());
-  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (w.fd_ < 0) return ErrnoError("cannot create", w.tmp_);
   return w;
 }

@@ -36,9 +36,11 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Streams a file into `path.tmp.PID` and renames it over `path` on Commit, so readers see
 // either the old file or the whole new one. An uncommitted writer removes its temp file.
+// The temp file is created with `mode` (less the umask), so a private file is never readable
+// by others, not even while it is written.
 class AtomicFileWriter {
  public:
-  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
+  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path, int mode = 0644);
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;
   AtomicFileWriter& operator=(AtomicFileWriter&&) = delete;
   AtomicFileWriter(const AtomicFileWriter&) = delete;

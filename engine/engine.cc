@@ -43,20 +43,17 @@ absl::Status EngineConfig::Validate() const {
   return absl::OkStatus();
 }
 
-uint64_t ModelFingerprint(const ModelWeights& weights, Backend* backend) {
+uint64_t ModelFingerprint(const ModelWeights& weights, DType kv_dtype, int64_t block_size) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   const std::string cfg = weights.config().ToJson();
   XXH3_64bits_update(st, cfg.data(), cfg.size());
-  const DType dt = weights.dtype();
-  XXH3_64bits_update(st, &dt, sizeof(dt));
-  // A sample of the weights, so two checkpoints of one config differ.
-  for (const WeightRef* w : {&weights.embed(), &weights.lm_head(), &weights.layer(0).q}) {
-    std::vector<uint8_t> sample(std::min<size_t>(4096, w->rows * w->cols * DTypeSize(w->dtype)));
-    if (backend->CopyToHost(sample.data(), w->data, sample.size()).ok()) {
-      XXH3_64bits_update(st, sample.data(), sample.size());
-    }
-  }
+  // Every weight byte with its name, shape and dtype (hashed while loading), and what a KV
+  // block's bytes mean: a block written by any other model or layout never matches.
+  const uint64_t parts[] = {weights.content_digest(), static_cast<uint64_t>(weights.dtype()),
+                            static_cast<uint64_t>(kv_dtype), static_cast<uint64_t>(block_size),
+                            KvLayout::kFormatVersion};
+  XXH3_64bits_update(st, parts, sizeof(parts));
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;
@@ -122,7 +119,7 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
                                                  : (config.hardware ? config.hardware->price_per_hour : 0.0)),
       kv_(std::move(kv)),
       pool_(kv_.layout().num_blocks, config.parallel.enabled() ? config.parallel.ep : 1),
-      fingerprint_(ModelFingerprint(*weights, backend)),
+      fingerprint_(ModelFingerprint(*weights, config.kv_dtype, config.block_size)),
       scheduler_(config.scheduler, &pool_, config.block_size, fingerprint_),
       started_(Clock::now()),
       recorder_(config.step_history) {

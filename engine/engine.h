@@ -177,7 +177,8 @@ class Engine {
   EngineStats counters_;
 };
 
-// Fingerprint of a model for prefix-cache keys: its config and a sample of its weights.
-uint64_t ModelFingerprint(const ModelWeights& weights, Backend* backend);
+// Fingerprint of a model for prefix-cache keys in every tier: its config, every weight byte
+// (ModelWeights::content_digest), the weight and KV dtypes, the block size and the KV format.
+uint64_t ModelFingerprint(const ModelWeights& weights, DType kv_dtype, int64_t block_size);
 
 }  // namespace moeserve

@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
     fo.expect_layers = static_cast<uint32_t>(layout.num_layers);
     fo.expect_block_tokens = static_cast<uint32_t>(layout.block_size);
     fo.expect_dtype = static_cast<int>(layout.dtype);
+    fo.purge_foreign = config.purge_foreign_flash;
     auto flash = FlashStore::Open(fo);
     if (!flash.ok()) return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: ", flash.status().message()));
     t->flash_ = std::move(*flash);

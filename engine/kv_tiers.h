@@ -40,6 +40,7 @@ struct KvTierConfig {
   std::string flash_dir;       // empty: no flash tier
   uint64_t flash_bytes = 1ull << 30;
   bool async_flash = true;     // flash writes and prefetch reads on a transfer thread
+  bool purge_foreign_flash = false;  // delete other models' records found in flash_dir
   PreemptionMode preemption = PreemptionMode::kAuto;
   bool enabled() const { return host_bytes > 0 || !flash_dir.empty(); }
 };

@@ -63,6 +63,10 @@ struct WeightRef {
 // and V of `block_size` tokens for every layer: [num_layers][2][block_size][kv_heads][head_dim],
 // so that a whole block moves between tiers as one contiguous copy.
 struct KvLayout {
+  // Version of what a block's bytes mean (element order above, RoPE applied to K before it is
+  // stored): part of every prefix-cache key, so a build that changes it never reads old blocks.
+  static constexpr uint32_t kFormatVersion = 1;
+
   int64_t num_blocks = 0;
   int64_t num_layers = 0;
   int64_t block_size = 16;

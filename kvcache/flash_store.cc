@@ -90,10 +90,9 @@ absl::StatusOr<std::unique_ptr<FlashStore>> FlashStore::Open(const FlashStoreOpt
     return absl::InvalidArgumentError(absl::StrCat("flash store: budget of ", options.budget_bytes,
                                                    " bytes holds no record"));
   }
-  std::error_code ec;
-  fs::create_directories(options.dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("flash store: cannot create ", options.dir, ": ", ec.message()));
-  std::unique_ptr<FlashStore> store(new FlashStore(options));
+  auto lock = FlashDirLock::Acquire(options.dir);
+  if (!lock.ok()) return absl::Status(lock.status().code(), absl::StrCat("flash store: ", lock.status().message()));
+  std::unique_ptr<FlashStore> store(new FlashStore(options, std::move(*lock)));
   store->stats_.budget_bytes = options.budget_bytes;
   if (absl::Status s = store->Scan(); !s.ok()) return s;
   return store;
@@ -101,6 +100,10 @@ absl::StatusOr<std::unique_ptr<FlashStore>> FlashStore::Open(const FlashStoreOpt
 
 std::string FlashStore::PathOf(const BlockHash& hash) const {
   return absl::StrFormat("%s/%016x%016x.kvb", options_.dir, hash.hi, hash.lo);
+}
+
+bool FlashStore::Foreign(const FlashRecordHeader& h) const {
+  return h.model_fingerprint != options_.model_fingerprint || !options_.ShapeMatches(h);
 }
 
 absl::Status FlashStore::Scan() {
@@ -111,47 +114,66 @@ absl::Status FlashStore::Scan() {
     double retain_until;
   };
   std::vector<Found> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(options_.dir, ec)) {
+  std::error_code list_ec;
+  // Each entry has its own error code: junk in the directory is skipped and counted, and only a
+  // directory that cannot be listed at all stops the open.
+  for (fs::directory_iterator it(options_.dir, list_ec), end; !list_ec && it != end; it.increment(list_ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
-    if (absl::StrContains(name, ".tmp.")) {  // a writer died before its rename
-      fs::remove(entry.path(), ec);
-      ++stats_.dropped_incomplete;
+    if (name == FlashDirLock::kLockFile) continue;
+    std::error_code ec;
+    const fs::file_status st = entry.symlink_status(ec);
+    if (ec || !fs::is_regular_file(st)) {  // directories, links, devices: not ours to read or delete
+      ++stats_.skipped_other;
       continue;
     }
-    if (!absl::EndsWith(name, ".kvb")) continue;  // not ours
+    auto remove = [&](int64_t* counter) {
+      std::error_code rm_ec;
+      fs::remove(entry.path(), rm_ec);
+      ++*counter;
+    };
+    if (absl::StrContains(name, ".kvb.tmp.")) {  // a writer died before its rename
+      remove(&stats_.dropped_incomplete);
+      continue;
+    }
+    if (!absl::EndsWith(name, ".kvb")) {
+      ++stats_.skipped_other;
+      continue;
+    }
     const uint64_t size = entry.file_size(ec);
     uint8_t buf[FlashRecordHeader::kBytes];
     std::ifstream f(entry.path(), std::ios::binary);
     if (ec || size < FlashRecordHeader::kBytes || !f.read(reinterpret_cast<char*>(buf), sizeof(buf))) {
-      fs::remove(entry.path(), ec);
-      ++stats_.dropped_truncated;
+      remove(&stats_.dropped_truncated);
       continue;
     }
     auto h = FlashRecordHeader::Decode(buf);
-    if (!h.ok()) {
-      fs::remove(entry.path(), ec);
-      ++(h.status().code() == absl::StatusCode::kDataLoss ? stats_.dropped_corrupt : stats_.dropped_foreign);
+    const bool foreign = h.ok() ? Foreign(*h) : h.status().code() != absl::StatusCode::kDataLoss;
+    if (foreign) {  // another model's, format's or block shape's: left alone unless asked
+      if (options_.purge_foreign) {
+        remove(&stats_.dropped_foreign);
+      } else {
+        ++stats_.skipped_foreign;
+      }
       continue;
     }
-    if (h->model_fingerprint != options_.model_fingerprint || !options_.ShapeMatches(*h)) {
-      fs::remove(entry.path(), ec);
-      ++stats_.dropped_foreign;
+    if (!h.ok()) {
+      remove(&stats_.dropped_corrupt);
       continue;
     }
     if (size != FlashRecordHeader::kBytes + h->payload_bytes) {
-      fs::remove(entry.path(), ec);
-      ++stats_.dropped_truncated;
+      remove(&stats_.dropped_truncated);
       continue;
     }
     if (entry.path().string() != PathOf(h->block_hash)) {  // renamed or copied over another
-      fs::remove(entry.path(), ec);
-      ++stats_.dropped_corrupt;
+      remove(&stats_.dropped_corrupt);
       continue;
     }
     found.push_back({h->block_hash, size, entry.last_write_time(ec), h->retain_until});
   }
-  if (ec) return absl::UnavailableError(absl::StrCat("flash store: cannot list ", options_.dir, ": ", ec.message()));
+  if (list_ec) {
+    return absl::UnavailableError(absl::StrCat("flash store: cannot list ", options_.dir, ": ", list_ec.message()));
+  }
   // Most recently written first, as the LRU order.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime > b.mtime; });
   for (const Found& f : found) {
@@ -166,10 +188,15 @@ absl::Status FlashStore::Scan() {
 }
 
 void FlashStore::EraseLocked(const BlockHash& hash) {
-  auto it = index_.find(hash);
-  if (it == index_.end()) return;
+  if (index_.count(hash) == 0) return;
   std::error_code ec;
   fs::remove(PathOf(hash), ec);
+  UnindexLocked(hash);
+}
+
+void FlashStore::UnindexLocked(const BlockHash& hash) {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return;
   stats_.bytes -= it->second.file_bytes;
   lru_.erase(it->second.lru);
   index_.erase(it);
@@ -239,7 +266,7 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
   // The slow part (write, fsync, rename) runs without the lock, so reads of other records
   // proceed meanwhile; the rename makes the record visible whole or not at all.
   absl::Status written = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Create(PathOf(hash)));
+    ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Create(PathOf(hash), 0600));
     RETURN_IF_ERROR(writer.Append(header, sizeof(header)));
     RETURN_IF_ERROR(writer.Append(payload, bytes));
     return writer.Commit();
@@ -279,10 +306,13 @@ absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes, dou
   if (!f.read(reinterpret_cast<char*>(header), sizeof(header))) return drop(&stats_.dropped_truncated, "truncated");
   auto h = FlashRecordHeader::Decode(header);
   if (!h.ok()) return drop(&stats_.dropped_corrupt, h.status().message());
-  if (h->model_fingerprint != options_.model_fingerprint || !(h->block_hash == hash)) {
-    return drop(&stats_.dropped_foreign, "another model or block");
+  if (Foreign(*h) || h->payload_bytes != bytes) {  // not ours (any more): forgotten, left in place
+    UnindexLocked(hash);
+    ++stats_.dropped_foreign;
+    ++stats_.misses;
+    return absl::NotFoundError("flash store: record skipped: another model or block shape");
   }
-  if (h->payload_bytes != bytes || !options_.ShapeMatches(*h)) return drop(&stats_.dropped_foreign, "another block shape");
+  if (!(h->block_hash == hash)) return drop(&stats_.dropped_corrupt, "the header names another block");
   if (!f.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes)) || f.peek() != EOF) {
     return drop(&stats_.dropped_truncated, "length differs from the header");
   }

@@ -1,9 +1,13 @@
 // The flash tier of the KV cache: full blocks as self-describing files in a directory, within a
-// byte budget. Each record is written atomically (temporary file, fsync, rename) and carries a
-// header (magic, format version, model fingerprint, block hash, layer range, dtype, payload
-// length, retention deadline, checksums). Opening a store scans and indexes the directory, so the cache survives a
-// restart; a truncated, corrupted, foreign or half-written record is detected, deleted and
-// counted, and never served. Thread-safe: the engine's transfer thread and lookups may share it.
+// byte budget. Each record is written atomically (temporary file, fsync, rename; mode 0600) and
+// carries a header (magic, format version, model fingerprint, block hash, layer range, dtype,
+// payload length, retention deadline, checksums). The directory is private and locked by one
+// store at a time (FlashDirLock). Opening a store scans and indexes the directory, so the cache
+// survives a restart; a truncated, corrupted or half-written record is detected, deleted and
+// counted, and never served; a foreign record (another model, format version or block shape)
+// and anything that is not a record file are skipped and counted, and left in place unless
+// the operator asks to purge foreign records. Thread-safe: the engine's transfer thread and
+// lookups may share it.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "kvcache/block_hash.h"
+#include "kvcache/flash_dir.h"
 
 namespace moeserve {
 
@@ -51,6 +56,8 @@ struct FlashStoreOptions {
   uint32_t expect_layers = 0;
   uint32_t expect_block_tokens = 0;
   int expect_dtype = -1;
+  // Delete foreign records found at open instead of leaving them (--flash-kv-purge-foreign).
+  bool purge_foreign = false;
   // Whether a decoded header describes a block of the expected shape.
   bool ShapeMatches(const FlashRecordHeader& h) const {
     return (expect_layers == 0 || (h.layer_begin == 0 && h.layer_end == expect_layers)) &&
@@ -69,8 +76,11 @@ struct FlashStoreStats {
   // Records found bad and deleted, by reason (at open or on read).
   int64_t dropped_truncated = 0;   // shorter or longer than the header says
   int64_t dropped_corrupt = 0;     // bad magic, header checksum or payload checksum
-  int64_t dropped_foreign = 0;     // another model, format version or block shape
+  int64_t dropped_foreign = 0;     // another model, version or shape, purged (or met on read)
   int64_t dropped_incomplete = 0;  // temporary files of a writer that did not finish
+  // Left in place at open.
+  int64_t skipped_foreign = 0;  // records of another model, format version or block shape
+  int64_t skipped_other = 0;    // entries that are not record files (directories, links, other names)
 };
 
 class FlashStore {
@@ -101,15 +111,19 @@ class FlashStore {
     double retain_until = 0;
   };
 
-  explicit FlashStore(FlashStoreOptions options) : options_(std::move(options)) {}
+  FlashStore(FlashStoreOptions options, FlashDirLock lock) : options_(std::move(options)), lock_(std::move(lock)) {}
   absl::Status Scan();
+  // Whether a decoded header is another model's, format's or block shape's.
+  bool Foreign(const FlashRecordHeader& h) const;
   void EraseLocked(const BlockHash& hash);
+  void UnindexLocked(const BlockHash& hash);  // forgets a record, leaving its file
   void TouchLocked(Entry& e, const BlockHash& hash);
   // Evicts until `bytes` more fit (reserved_ included); false if only retained records are
   // left and `may_evict_retained` is false.
   bool MakeRoomLocked(uint64_t bytes, bool may_evict_retained);
 
   FlashStoreOptions options_;
+  FlashDirLock lock_;
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
   std::list<BlockHash> lru_;

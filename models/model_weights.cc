@@ -1,6 +1,8 @@
 // Weight loading and validation.
 #include "models/model_weights.h"
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <map>
 
@@ -16,12 +18,14 @@ namespace tn = tensor_names;
 
 std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
-// Uploads tensors (converted to `dtype`, stacked along rows) into one device buffer.
+// Uploads tensors (converted to `dtype`, stacked along rows) into one device buffer, and
+// hashes every uploaded byte with its names, shape and dtype on the way (the bytes are in
+// memory then, so the digest costs one more pass over what loading reads anyway).
 class Uploader {
  public:
   Uploader(const TensorSource& src, const std::map<std::string, std::vector<int64_t>>& shapes,
-           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total)
-      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total) {}
+           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total, XXH3_state_t* digest)
+      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total), digest_(digest) {}
 
   absl::StatusOr<const TensorView*> Get(const std::string& name) {
     const TensorView* t = src_.Find(name);
@@ -66,6 +70,10 @@ class Uploader {
       }
       at += n * DTypeSize(dtype);
     }
+    for (const auto& n : names) XXH3_64bits_update(digest_, n.data(), n.size() + 1);  // with the NUL
+    const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
+    XXH3_64bits_update(digest_, shape, sizeof(shape));
+    XXH3_64bits_update(digest_, host.data(), host.size());
     RETURN_IF_ERROR(backend_->CopyToDevice(buf.data(), host.data(), host.size()));
     WeightRef w{buf.data(), dtype, rows, cols};
     *total_ += host.size();
@@ -84,6 +92,7 @@ class Uploader {
   Backend* backend_;
   std::vector<DeviceBuffer>* buffers_;
   size_t* total_;
+  XXH3_state_t* digest_;
 };
 
 }  // namespace
@@ -107,7 +116,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = config;
   w->dtype_ = dtype;
-  Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_);
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> digest(XXH3_createState(), &XXH3_freeState);
+  XXH3_64bits_reset(digest.get());
+  Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_, digest.get());
   ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, dtype));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights lw;
@@ -139,6 +150,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   } else {
     ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, dtype));
   }
+  w->content_digest_ = XXH3_64bits_digest(digest.get());
   return w;
 }
 
@@ -161,6 +173,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = c;
   w->dtype_ = full.dtype_;
+  w->content_digest_ = full.content_digest_;
   std::vector<uint8_t> host;
   auto copy_bytes = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
     host.resize(bytes);

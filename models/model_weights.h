@@ -55,6 +55,9 @@ class ModelWeights {
   // Device bytes of all weights, and of one routed expert (for the roofline).
   size_t total_bytes() const { return total_bytes_; }
   size_t expert_bytes() const;
+  // XXH3-64 of every tensor as stored (names, shapes, dtypes and bytes), computed while
+  // loading; a shard and a released copy keep the digest of the weights they came from.
+  uint64_t content_digest() const { return content_digest_; }
 
   // Frees every tensor, keeping the config, dtype and shapes (data pointers become null): for
   // the full copy a parallel layout was sharded from, once every rank holds its shard, so the
@@ -71,6 +74,7 @@ class ModelWeights {
   std::vector<LayerWeights> layers_;
   std::vector<DeviceBuffer> buffers_;
   size_t total_bytes_ = 0;
+  uint64_t content_digest_ = 0;
   bool released_ = false;
 };
 

@@ -102,6 +102,7 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     t->set_recompute_decisions(s.tiers.recompute_decisions);
     t->set_prefetched_blocks(s.tiers.host.prefetched);
     t->set_pending_flash_writes(s.tiers.host.pending_writes);
+    t->set_flash_skipped(s.tiers.flash.skipped_foreign + s.tiers.flash.skipped_other);
   }
   out->set_busy_seconds(s.busy_seconds);
   out->set_batched_seqs(s.batched_seqs);

@@ -61,6 +61,7 @@ struct EngineFlags {
   double flash_kv_mb = 1024;
   std::string preemption = "auto";
   bool sync_flash = false;
+  bool flash_kv_purge_foreign = false;
   double max_retain_seconds = 86400;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);

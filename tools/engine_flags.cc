@@ -65,7 +65,12 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "memory with --backend cuda; works with --ep/--pp (blocks are assembled from every stage)")
       ->capture_default_str();
   cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
-                  "Directory of the flash tier below DDR (verified records; survives restarts)");
+                  "Directory of the flash tier below DDR (verified records; survives restarts). Created 0700 "
+                  "with records 0600; refused when another user owns it, when group or others have any access "
+                  "(stored KV reveals prompts), or while another server holds its lock");
+  cmd->add_flag("--flash-kv-purge-foreign", f->flash_kv_purge_foreign,
+                "Delete records of other models, KV formats or block shapes found in --flash-kv-dir at start "
+                "(by default they are skipped, counted and left in place)");
   cmd->add_option("--flash-kv-mb", f->flash_kv_mb, "Byte budget of the flash tier, MiB")->capture_default_str();
   cmd->add_flag("--sync-flash", f->sync_flash,
                 "Write evicted blocks to flash on the engine thread instead of the transfer thread (no "
@@ -152,6 +157,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_tiers.flash_dir = f.flash_kv_dir;
   c.kv_tiers.flash_bytes = static_cast<uint64_t>(f.flash_kv_mb * 1048576.0);
   c.kv_tiers.async_flash = !f.sync_flash;
+  c.kv_tiers.purge_foreign_flash = f.flash_kv_purge_foreign;
   ASSIGN_OR_RETURN(c.kv_tiers.preemption, ParsePreemptionMode(f.preemption));
   if (!(f.max_retain_seconds >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));

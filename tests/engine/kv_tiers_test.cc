@@ -250,7 +250,7 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
     auto e = MakeEngine(model_, t, 12);
     PlayScenario(e.get(), scenario_);
   }
-  const uint64_t fp = ModelFingerprint(*model_.weights, &model_.backend);
+  const uint64_t fp = ModelFingerprint(*model_.weights, DType::kF32, 16);
   std::vector<BlockHash> prefix;
   ExtendBlockHashes(scenario_.prefix, 16, fp, &prefix);
   ASSERT_EQ(prefix.size(), 3u);
@@ -290,7 +290,8 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   auto e = MakeEngine(model_, t, 12);
   FlashStoreStats fs0 = e->GetStats().tiers.flash;
   EXPECT_EQ(fs0.dropped_truncated, 1);
-  EXPECT_EQ(fs0.dropped_foreign, 1);
+  EXPECT_EQ(fs0.skipped_foreign, 1) << "another model's record is skipped and left in place";
+  EXPECT_EQ(fs0.dropped_foreign, 0);
   EXPECT_EQ(fs0.dropped_incomplete, 1);
   EXPECT_EQ(fs0.dropped_corrupt, 0) << "the flipped payload byte is only caught on read";
   Result r = RunAlone(e.get(), scenario_.second, 10);
@@ -302,6 +303,53 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
   EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 48);
   EXPECT_TRUE(e->CheckAccounting());
+  fs::remove_all(dir);
+}
+
+// A checkpoint that differs from another in one tensor of one layer (layer 0's k_proj, which
+// the old fingerprint's sample of three tensors never read) has another fingerprint, so a
+// server of it started on the other one's flash directory serves none of its records, leaves
+// them in place, and computes its own output.
+TEST_P(KvTiersTest, FlashRecordsOfACheckpointDifferingInOneTensorAreNeverServed) {
+  auto tensors = GenerateRandomWeights(model_.config, 7, DType::kF32);  // model_'s weights
+  const TensorView* k = tensors->Find("model.layers.0.self_attn.k_proj.weight");
+  ASSERT_NE(k, nullptr);
+  std::mt19937 gen(static_cast<uint32_t>(seed_));
+  float* values = const_cast<float*>(static_cast<const float*>(k->data));
+  values[gen() % k->numel()] += 0.5f;
+  Model other_model(GetParam());
+  auto other = ModelWeights::Load(model_.config, *tensors, &other_model.backend, DType::kF32);
+  ASSERT_TRUE(other.ok()) << other.status();
+  other_model.weights = std::move(*other);
+  const uint64_t fp = ModelFingerprint(*model_.weights, DType::kF32, 16);
+  EXPECT_NE(ModelFingerprint(*other_model.weights, DType::kF32, 16), fp);
+  // What a KV block means is part of the key too.
+  EXPECT_NE(ModelFingerprint(*model_.weights, DType::kBF16, 16), fp);
+  EXPECT_NE(ModelFingerprint(*model_.weights, DType::kF32, 8), fp);
+  EXPECT_EQ(ModelFingerprint(*model_.weights, DType::kF32, 16), fp) << "the fingerprint is deterministic";
+
+  const std::string dir = FreshDir();
+  KvTierConfig t;
+  t.flash_dir = dir;
+  t.flash_bytes = 64ull << 20;
+  {
+    auto e = MakeEngine(model_, t, 12);
+    const Result r = PlayScenario(e.get(), scenario_);
+    ASSERT_EQ(r.final_event.usage.cached_prompt_tokens_flash, 48) << "the first model's prefix is on flash";
+  }
+  auto plain = MakeEngine(other_model, {}, 64);
+  const std::vector<int32_t> oracle = RunAlone(plain.get(), scenario_.second, 10).tokens;
+  auto e = MakeEngine(other_model, t, 12);
+  const FlashStoreStats st = e->GetStats().tiers.flash;
+  EXPECT_EQ(st.records, 0);
+  EXPECT_GE(st.skipped_foreign, 3) << "the first model's records are skipped";
+  const Result r = RunAlone(e.get(), scenario_.second, 10);
+  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 0) << "another checkpoint's KV was served";
+  EXPECT_EQ(r.tokens, oracle) << "seed " << seed_;
+  e.reset();
+  // The first model's records are still there and still served to it.
+  auto again = MakeEngine(model_, t, 12);
+  EXPECT_EQ(RunAlone(again.get(), scenario_.second, 10).final_event.usage.cached_prompt_tokens_flash, 48);
   fs::remove_all(dir);
 }
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,7 +106,9 @@ TEST(FlashStoreTest, StaysWithinItsBudgetByLru) {
   auto smaller = OpenStore(dir, 2 * record);
   EXPECT_EQ(smaller->stats().records, 2);
   size_t on_disk = 0;
-  for (const auto& e : fs::directory_iterator(dir)) on_disk += e.file_size();
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() != FlashDirLock::kLockFile) on_disk += e.file_size();
+  }
   EXPECT_LE(on_disk, 2 * record);
   fs::remove_all(dir);
 }
@@ -124,22 +127,37 @@ TEST(FlashStoreTest, CorruptPayloadIsFoundOnReadAndForeignRecordsOnOpen) {
     EXPECT_EQ(s->stats().dropped_corrupt, 1);
     EXPECT_FALSE(fs::exists(s->PathOf(HashOf(0))));
     EXPECT_TRUE(ReadsBack(s.get(), 1, bytes));
-    // Asking with the wrong size (another block shape) is refused, not served.
+    // Asking with the wrong size (another block shape) is refused, not served; the record
+    // is forgotten but left in place.
     std::vector<uint8_t> small(bytes / 2);
     EXPECT_FALSE(s->Get(HashOf(2), small.data(), small.size()).ok());
     EXPECT_EQ(s->stats().dropped_foreign, 1);
+    EXPECT_FALSE(s->Contains(HashOf(2)));
     // A record of another model copied into this directory.
     auto theirs = OpenStore(dir + "_theirs", 1 << 20, kFingerprint + 1);
     Write(theirs.get(), 7, bytes);
     fs::copy_file(theirs->PathOf(HashOf(7)), s->PathOf(HashOf(7)));
     fs::remove_all(dir + "_theirs");
   }
-  auto reopened = OpenStore(dir, 1 << 20);
-  EXPECT_EQ(reopened->stats().dropped_foreign, 1);
-  EXPECT_EQ(reopened->stats().records, 2);  // 1 and 3
-  EXPECT_TRUE(ReadsBack(reopened.get(), 1, bytes));
-  EXPECT_TRUE(ReadsBack(reopened.get(), 3, bytes));
-  EXPECT_FALSE(reopened->Contains(HashOf(7)));
+  {
+    auto reopened = OpenStore(dir, 1 << 20);
+    EXPECT_EQ(reopened->stats().skipped_foreign, 1) << "the other model's record is skipped";
+    EXPECT_EQ(reopened->stats().dropped_foreign, 0);
+    EXPECT_EQ(reopened->stats().records, 3);  // 1, 2 (only asked with the wrong size) and 3
+    EXPECT_TRUE(ReadsBack(reopened.get(), 1, bytes));
+    EXPECT_TRUE(ReadsBack(reopened.get(), 2, bytes));
+    EXPECT_TRUE(ReadsBack(reopened.get(), 3, bytes));
+    EXPECT_FALSE(reopened->Contains(HashOf(7)));
+    EXPECT_TRUE(fs::exists(reopened->PathOf(HashOf(7)))) << "a foreign record was deleted";
+  }
+  // Purged when the operator asks.
+  FlashStoreOptions purge{dir, 1 << 20, kFingerprint};
+  purge.purge_foreign = true;
+  auto purged = FlashStore::Open(purge);
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ((*purged)->stats().dropped_foreign, 1);
+  EXPECT_EQ((*purged)->stats().records, 3);
+  EXPECT_FALSE(fs::exists((*purged)->PathOf(HashOf(7))));
   fs::remove_all(dir);
 }
 
@@ -195,6 +213,7 @@ TEST(FlashStoreTest, AWriterKilledMidWriteLeavesNothingCorrupt) {
   EXPECT_EQ(served, st.records);
   EXPECT_EQ(s->stats().dropped_corrupt + s->stats().dropped_truncated, 0) << "rename makes records all-or-nothing";
   for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() == FlashDirLock::kLockFile) continue;
     EXPECT_EQ(e.path().extension(), ".kvb") << e.path() << " left behind";
   }
   fs::remove_all(dir);
@@ -217,7 +236,7 @@ TEST(FlashStoreTest, RecordsOfAnotherBlockShapeAreForeign) {
   o.expect_dtype = static_cast<int>(DType::kBF16);
   auto s = FlashStore::Open(o);
   ASSERT_TRUE(s.ok());
-  EXPECT_EQ((*s)->stats().dropped_foreign, 1);
+  EXPECT_EQ((*s)->stats().skipped_foreign, 1);
   EXPECT_TRUE(ReadsBack(s->get(), 1, bytes));
   EXPECT_FALSE((*s)->Contains(HashOf(2)));
   fs::remove_all(dir);
@@ -265,6 +284,119 @@ TEST(FlashStoreTest, RetainedRecordsOutliveLruPressureAndRestarts) {
   EXPECT_TRUE(s->Contains(HashOf(1)));
   EXPECT_LE(s->stats().bytes, 4 * record);
   fs::remove_all(dir);
+}
+
+// The directory is private: created 0700, records 0600 (even while being written), and a
+// directory that group or others can reach is refused, naming the path and its mode.
+TEST(FlashStoreTest, DirectoryIsPrivateAndOthersCannotReachIt) {
+  const std::string parent = FreshDir("private");
+  const std::string dir = parent + "/a/b/flash";  // parents created too
+  {
+    auto s = OpenStore(dir, 1 << 20);
+    ASSERT_NE(s, nullptr);
+    Write(s.get(), 1, 256);
+    EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);
+    EXPECT_EQ(fs::status(s->PathOf(HashOf(1))).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(fs::status(dir + "/" + FlashDirLock::kLockFile).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  for (const auto& [mode, name] : {std::pair{fs::perms(0755), "0755"}, {fs::perms(0770), "0770"},
+                                   {fs::perms(0702), "0702"}, {fs::perms(0710), "0710"}}) {
+    fs::permissions(dir, mode);
+    auto s = FlashStore::Open({dir, 1 << 20, kFingerprint});
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(s.status().message().find(dir), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find(name), std::string::npos) << s.status();
+  }
+  fs::permissions(dir, fs::perms(0700));
+  auto s = OpenStore(dir, 1 << 20);
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(ReadsBack(s.get(), 1, 256));
+  // A path that is a file, not a directory.
+  const std::string file = parent + "/plain";
+  std::ofstream(file) << "x";
+  auto f = FlashStore::Open({file, 1 << 20, kFingerprint});
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("not a directory"), std::string::npos) << f.status();
+  fs::remove_all(parent);
+}
+
+// One server per directory: a second store, in this process or another, is refused with the
+// holder's pid while the first lives; the lock goes with the holder (exit or kill -9).
+TEST(FlashStoreTest, ASecondServerOnTheDirectoryIsRefusedWithTheHoldersPid) {
+  const std::string dir = FreshDir("lock");
+  {
+    auto first = OpenStore(dir, 1 << 20);
+    Write(first.get(), 1, 256);
+    auto second = FlashStore::Open({dir, 1 << 20, kFingerprint + 1});
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find(dir), std::string::npos) << second.status();
+    EXPECT_NE(second.status().message().find("pid " + std::to_string(getpid())), std::string::npos)
+        << second.status();
+    EXPECT_TRUE(ReadsBack(first.get(), 1, 256)) << "the refused store touched the first one's records";
+  }
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto s = FlashStore::Open({dir, 1 << 20, kFingerprint});
+    const char c = s.ok() ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  auto refused = FlashStore::Open({dir, 1 << 20, kFingerprint});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("pid " + std::to_string(child)), std::string::npos) << refused.status();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  auto after = OpenStore(dir, 1 << 20);
+  ASSERT_NE(after, nullptr) << "the lock outlived its holder";
+  EXPECT_TRUE(ReadsBack(after.get(), 1, 256));
+  fs::remove_all(dir);
+}
+
+// Start-up never fails on junk: a non-empty directory named like a record, a symlink and a
+// FIFO named like records, other files and a directory named like a temp file are skipped,
+// counted and left alone, and the real records are served.
+TEST(FlashStoreTest, JunkInTheDirectoryIsSkippedAndCounted) {
+  const std::string dir = FreshDir("junk");
+  const std::string elsewhere = FreshDir("junk_target");
+  {
+    auto s = OpenStore(dir, 1 << 20);
+    Write(s.get(), 1, 512);
+    Write(s.get(), 2, 512);
+  }
+  fs::create_directories(dir + "/0000000000000000000000000000abcd.kvb/inner");
+  std::ofstream(dir + "/0000000000000000000000000000abcd.kvb/inner/file") << "data";
+  fs::create_directories(elsewhere);
+  std::ofstream(elsewhere + "/target") << "not a record";
+  fs::create_symlink(elsewhere + "/target", dir + "/00000000000000000000000000001234.kvb");
+  ASSERT_EQ(mkfifo((dir + "/00000000000000000000000000005678.kvb").c_str(), 0600), 0);
+  std::ofstream(dir + "/README") << "operator notes";
+  fs::create_directories(dir + "/x.kvb.tmp.1");
+  auto s = FlashStore::Open({dir, 1 << 20, kFingerprint});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const FlashStoreStats st = (*s)->stats();
+  EXPECT_EQ(st.skipped_other, 5);
+  EXPECT_EQ(st.records, 2);
+  EXPECT_EQ(st.dropped_corrupt + st.dropped_truncated + st.dropped_incomplete + st.dropped_foreign, 0);
+  EXPECT_TRUE(ReadsBack(s->get(), 1, 512));
+  EXPECT_TRUE(ReadsBack(s->get(), 2, 512));
+  EXPECT_TRUE(fs::exists(dir + "/0000000000000000000000000000abcd.kvb/inner/file"));
+  EXPECT_TRUE(fs::exists(elsewhere + "/target")) << "a symlink's target was deleted";
+  EXPECT_TRUE(fs::exists(dir + "/README"));
+  fs::remove_all(dir);
+  fs::remove_all(elsewhere);
 }
 
 }  // namespace
