@@ -174,6 +174,11 @@ absl::Status Engine::ValidateRequest(const GenerateRequest& r) const {
     return absl::InvalidArgumentError(absl::StrCat("retain_seconds must be in [0, ", config_.max_retain_seconds,
                                                    "], got ", r.retain_seconds));
   }
+  if (r.cache_salt.size() > kMaxCacheSaltBytes || r.cache_tenant.size() > kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt and the tenant name must be at most ",
+                                                   kMaxCacheSaltBytes, " bytes, got ", r.cache_salt.size(), " and ",
+                                                   r.cache_tenant.size()));
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > 20) {
     return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ", r.top_logprobs));
   }
@@ -186,6 +191,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   auto live = std::make_unique<Live>();
   live->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
   live->seq.tokens = request.prompt;
+  live->seq.cache_root = CacheRoot(request.cache_tenant, request.cache_salt);
   live->seq.priority = request.priority;
   if (request.retain_seconds > 0) live->seq.retain_until = config_.clock() + request.retain_seconds;
   live->seq.max_total_tokens =

@@ -186,7 +186,7 @@ std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash
 }
 
 void KvTiers::Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint) {
-  ExtendBlockHashes(seq->tokens, block_size, fingerprint, &seq->hashes);
+  ExtendBlockHashes(seq->tokens, block_size, fingerprint, seq->cache_root, &seq->hashes);
   std::vector<BlockHash> wanted;
   const size_t max_blocks = static_cast<size_t>((seq->num_tokens() - 1) / block_size);
   for (size_t b = 0; b < seq->hashes.size() && b < max_blocks; ++b) {

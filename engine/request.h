@@ -13,6 +13,9 @@
 
 namespace moeserve {
 
+// Longest cache_salt (and tenant name) a request may carry.
+inline constexpr size_t kMaxCacheSaltBytes = 256;
+
 struct GenerateRequest {
   std::vector<int32_t> prompt;
   int32_t max_tokens = 16;
@@ -25,6 +28,10 @@ struct GenerateRequest {
   // prompt caches of hosted APIs offer: retained blocks outlive eviction pressure in every tier
   // within its budget.
   double retain_seconds = 0;
+  // The prefix cache's namespace: a request shares cached blocks (and learns of them through
+  // usage.cached_prompt_tokens) only with requests of the same tenant and salt.
+  std::string cache_tenant;  // who sent it (the API key's tenant); empty: the default tenant
+  std::string cache_salt;    // the request's own salt (as vLLM's cache_salt); empty: none
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kDeadline, kError };

@@ -64,7 +64,8 @@ int64_t Scheduler::PlaceSegment(const Sequence& seq) const {
   }
   if (seq.prompt_len < block_size_) return least;  // nothing to share: the least loaded rank
   // Cache-aware: prompts that share their first block meet in one rank's prefix cache ...
-  const BlockHash first = HashBlock(BlockHash{}, std::span<const int32_t>(seq.tokens.data(), block_size_), fingerprint_);
+  const BlockHash first =
+      HashBlock(seq.cache_root, std::span<const int32_t>(seq.tokens.data(), block_size_), fingerprint_);
   const int64_t preferred = static_cast<int64_t>(first.lo % static_cast<uint64_t>(segments));
   if (config_.ep_balance_ratio == 0) return preferred;
   // ... unless that rank is loaded well beyond the least loaded one (SGLang's router does the same).
@@ -138,7 +139,7 @@ void Scheduler::Preempt(Sequence* seq) {
 }
 
 void Scheduler::TakeCachedPrefix(Sequence* seq) {
-  ExtendBlockHashes(seq->tokens, block_size_, fingerprint_, &seq->hashes);
+  ExtendBlockHashes(seq->tokens, block_size_, fingerprint_, seq->cache_root, &seq->hashes);
   // Whole blocks only, leaving a token to compute.
   const int64_t max_blocks = std::min<int64_t>((seq->num_tokens() - 1) / block_size_, seq->hashes.size());
   seq->promoted_ddr_blocks = seq->promoted_flash_blocks = 0;
@@ -296,7 +297,7 @@ void Scheduler::OnStepComputed(const SchedulerOutput& out) {
     seq->num_computed = c.start + c.num_tokens;
     if (!config_.prefix_caching) continue;
     ExtendBlockHashes(std::span<const int32_t>(seq->tokens.data(), seq->num_computed), block_size_,
-                      fingerprint_, &seq->hashes);
+                      fingerprint_, seq->cache_root, &seq->hashes);
     const int64_t full = std::min<int64_t>(seq->num_computed / block_size_, seq->hashes.size());
     for (int64_t b = seq->registered_blocks; b < full; ++b) pool_->Register(seq->blocks[b], seq->hashes[b]);
     ApplyRetention(*seq, seq->registered_blocks, full);

@@ -26,6 +26,7 @@ struct Sequence {
   int64_t num_computed = 0;         // leading tokens whose KV is in the cache
   std::vector<int32_t> blocks;      // block table
   std::vector<BlockHash> hashes;    // of the full blocks of `tokens`
+  BlockHash cache_root;             // the prefix cache's namespace (tenant, salt): hashes[0]'s parent
   int64_t registered_blocks = 0;    // leading blocks already indexed in the prefix cache
   int64_t cached_prompt_tokens = 0;  // prefix-cache hit at first admission (all tiers)
   int64_t cached_prompt_tokens_ddr = 0, cached_prompt_tokens_flash = 0;  // ... brought back from them

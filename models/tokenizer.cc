@@ -73,6 +73,15 @@ std::string SanitizeUtf8(absl::string_view s) {
   return out;
 }
 
+std::optional<size_t> FirstInvalidUtf8(absl::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const int len = SequenceLength(s, i);
+    if (len <= 0) return i;
+    i += static_cast<size_t>(len);
+  }
+  return std::nullopt;
+}
+
 std::string IncrementalDecoder::Push(int32_t id) {
   std::string out;
   if (id < 0 || id > 255) {

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 namespace moeserve {
 
@@ -39,5 +41,9 @@ class IncrementalDecoder {
 
 // Replaces each byte that starts no valid UTF-8 sequence, and a truncated tail, with U+FFFD.
 std::string SanitizeUtf8(absl::string_view bytes);
+
+// Offset of the first byte that is not part of a valid UTF-8 sequence (a truncated tail
+// included); nullopt when `bytes` is valid UTF-8.
+std::optional<size_t> FirstInvalidUtf8(absl::string_view bytes);
 
 }  // namespace moeserve

@@ -1,15 +1,17 @@
 // Generate stream reactor.
 #include "server/generate_reactor.h"
 
+#include "server/wire.h"
+
 namespace moeserve::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx,
-                                 const v1::GenerateRequest* request, const ValidationLimits& limits,
-                                 bool authorized, DrainGate* gate)
+GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw,
+                                 const ValidationLimits& limits, const std::optional<std::string>& tenant,
+                                 DrainGate* gate)
     : engine_(engine) {
   if (gate != nullptr) {
     if (!gate->TryEnter()) {
@@ -19,17 +21,24 @@ GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ct
     }
     entered_gate_ = gate;
   }
-  if (!authorized) {
+  if (!tenant.has_value()) {
     finished_ = true;
-    Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
+    Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kUnauthenticatedMessage));
     return;
   }
-  auto req = ToEngineRequest(*request, engine->model_config(), limits);
+  v1::GenerateRequest request;
+  if (absl::Status s = ParseRequest(raw, &request); !s.ok()) {
+    finished_ = true;
+    Finish(ToGrpcStatus(s));
+    return;
+  }
+  auto req = ToEngineRequest(request, engine->model_config(), limits);
   if (!req.ok()) {
     finished_ = true;
     Finish(ToGrpcStatus(req.status()));
     return;
   }
+  req->cache_tenant = *tenant;
   const auto deadline = ctx->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
     req->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
@@ -112,8 +121,15 @@ void GenerateReactor::OnEvent(const RequestEvent& ev) {
 void GenerateReactor::WriteNextLocked() {
   if (writing_ || finished_) return;
   if (!queue_.empty() && !client_gone_) {
-    in_flight_ = std::move(queue_.front());
+    SerializeResponse(queue_.front(), &in_flight_);
     queue_.pop_front();
+    if (queue_.empty() && final_status_.has_value() && final_status_->ok()) {
+      // The last message and the OK status in one operation: nothing (a deadline passing, a
+      // cancellation) can come between them. OnDone follows, not OnWriteDone.
+      finished_ = true;
+      StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), *final_status_);
+      return;
+    }
     writing_ = true;
     StartWrite(&in_flight_);
     return;

@@ -1,6 +1,8 @@
-// One self-owning reactor per Generate stream (gRPC callback API). It submits the request to
-// the engine and never blocks a gRPC thread: the engine's callback queues responses and the
-// reactor writes them one at a time, coalescing tokens that arrive while a write is in flight.
+// One self-owning reactor per Generate stream (gRPC callback API). It parses the raw request,
+// submits it to the engine and never blocks a gRPC thread: the engine's callback queues
+// responses and the reactor writes them one at a time, coalescing tokens that arrive while a
+// write is in flight. The last message goes out with the OK status in one operation
+// (StartWriteAndFinish), so a request that finished is never reported as failed.
 #pragma once
 
 #include <deque>
@@ -17,12 +19,15 @@
 
 namespace moeserve::server {
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+inline constexpr char kUnauthenticatedMessage[] = "missing or wrong \"authorization: Bearer <key>\"";
+
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // Starts the call: on bad input or refusal it finishes at once with the matching status.
+  // `tenant` is the caller's (nullopt: not authenticated), the prefix cache's namespace.
   // `gate` (may be null) counts the stream while it runs and refuses it once draining.
-  GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
-                  const ValidationLimits& limits, bool authorized, DrainGate* gate);
+  GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& request,
+                  const ValidationLimits& limits, const std::optional<std::string>& tenant, DrainGate* gate);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -44,7 +49,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::optional<uint64_t> id_;
   bool cancel_requested_ = false;
   std::deque<v1::GenerateResponse> queue_;
-  v1::GenerateResponse in_flight_;
+  grpc::ByteBuffer in_flight_;
   bool writing_ = false;
   bool client_gone_ = false;
   std::optional<grpc::Status> final_status_;

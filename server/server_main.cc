@@ -123,7 +123,9 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::printf("moeserve: listening on %s:%d%s\n", host.c_str(), port,
-              service_options.api_key.empty() ? "" : " (api key required)");
+              service_options.api_keys.required()
+                  ? absl::StrCat(" (api key required: ", service_options.api_keys.num_keys(), " key(s))").c_str()
+                  : "");
   std::fflush(stdout);
   if (!options.port_file.empty()) {
     absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(port, "\n"));

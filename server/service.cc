@@ -2,33 +2,45 @@
 #include "server/service.h"
 
 #include "server/generate_reactor.h"
+#include "server/wire.h"
 
 namespace moeserve::server {
 
 MoeserveService::MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate)
     : engine_(engine), options_(std::move(options)), gate_(gate) {}
 
-bool MoeserveService::Authorized(grpc::CallbackServerContext* ctx) const {
-  if (options_.api_key.empty()) return true;
+std::optional<std::string> MoeserveService::Tenant(grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) return false;
-  return std::string(it->second.data(), it->second.size()) == "Bearer " + options_.api_key;
+  if (it == md.end()) return options_.api_keys.Authenticate(nullptr);
+  const absl::string_view value(it->second.data(), it->second.size());
+  return options_.api_keys.Authenticate(&value);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
-                                                                         const v1::GenerateRequest* request) {
-  return new GenerateReactor(engine_, ctx, request, options_.limits, Authorized(ctx), gate_);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
+                                                                     const grpc::ByteBuffer* request) {
+  return new GenerateReactor(engine_, ctx, *request, options_.limits, Tenant(ctx), gate_);
+}
+
+bool MoeserveService::AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                  google::protobuf::Message* parsed, grpc::ServerUnaryReactor* reactor) const {
+  if (!Tenant(ctx).has_value()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kUnauthenticatedMessage));
+    return false;
+  }
+  if (absl::Status s = ParseRequest(*request, parsed); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return false;
+  }
+  return true;
 }
 
 grpc::ServerUnaryReactor* MoeserveService::GetModelInfo(grpc::CallbackServerContext* ctx,
-                                                        const v1::GetModelInfoRequest*, v1::ModelInfo* response) {
+                                                        const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (!Authorized(ctx)) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
-    return reactor;
-  }
-  *response = options_.model_info;
+  v1::GetModelInfoRequest parsed;
+  if (!AcceptUnary(ctx, request, &parsed, reactor)) return reactor;
+  SerializeResponse(options_.model_info, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -117,14 +129,14 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   m["refused"] = s.refused;
 }
 
-grpc::ServerUnaryReactor* MoeserveService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
-                                                    v1::Stats* response) {
+grpc::ServerUnaryReactor* MoeserveService::GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
   auto* reactor = ctx->DefaultReactor();
-  if (!Authorized(ctx)) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong \"authorization: Bearer <key>\""));
-    return reactor;
-  }
-  FillStats(engine_->GetStats(), response);
+  v1::GetStatsRequest parsed;
+  if (!AcceptUnary(ctx, request, &parsed, reactor)) return reactor;
+  v1::Stats stats;
+  FillStats(engine_->GetStats(), &stats);
+  SerializeResponse(stats, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
+#include "server/api_keys.h"
 #include "server/drain_gate.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "server/validation.h"
@@ -13,25 +14,34 @@
 namespace moeserve::server {
 
 struct ServiceOptions {
-  std::string api_key;  // empty: no authentication
+  ApiKeys api_keys;  // none: no authentication
   ValidationLimits limits;
   v1::ModelInfo model_info;  // static part of GetModelInfo
 };
 
-class MoeserveService final : public v1::Moeserve::CallbackService {
+// Every method takes raw bytes and parses them itself (server/wire.h), so a request that does
+// not parse gets INVALID_ARGUMENT with the reason.
+using RawService = v1::Moeserve::WithRawCallbackMethod_Generate<
+    v1::Moeserve::WithRawCallbackMethod_GetModelInfo<v1::Moeserve::WithRawCallbackMethod_GetStats<v1::Moeserve::Service>>>;
+
+class MoeserveService final : public RawService {
  public:
   // `gate` (may be null) tracks Generate streams for graceful shutdown.
   MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate = nullptr);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                           const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* request,
-                                     v1::Stats* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
  private:
-  bool Authorized(grpc::CallbackServerContext* ctx) const;
+  // The caller's tenant ("" for the default one); nullopt when a key is required and wrong.
+  std::optional<std::string> Tenant(grpc::CallbackServerContext* ctx) const;
+  // Authenticates and parses a unary call's (empty) request; finishes the reactor on failure.
+  bool AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                   google::protobuf::Message* parsed, grpc::ServerUnaryReactor* reactor) const;
 
   Engine* engine_;
   ServiceOptions options_;

@@ -84,6 +84,11 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req, 
     return Invalid("retain_seconds", absl::StrCat("must be in [0, ", limits.max_retain_seconds, "], got ", req.retain_seconds()));
   }
   out.retain_seconds = req.retain_seconds();
+  if (req.cache_salt().size() > kMaxCacheSaltBytes) {
+    return Invalid("cache_salt", absl::StrCat("must be at most ", kMaxCacheSaltBytes, " bytes, got ",
+                                              req.cache_salt().size()));
+  }
+  out.cache_salt = req.cache_salt();
   return out;
 }
 

@@ -18,6 +18,7 @@ struct ServeOptions {
   EngineFlags engine;
   server::ServerOptions server;
   std::string api_key;
+  std::string api_keys_file;
   int64_t max_tokens_limit = 4096;
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
@@ -30,6 +31,8 @@ int RunServe(ServeOptions o) {
   } else if (!o.metrics_port_file.empty()) {
     return Fail(absl::InvalidArgumentError("--metrics-port-file needs --metrics-listen"));
   }
+  auto api_keys = server::ApiKeys::FromFlags(o.api_key, o.api_keys_file);
+  if (!api_keys.ok()) return Fail(api_keys.status());
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
@@ -50,7 +53,7 @@ int RunServe(ServeOptions o) {
                static_cast<long long>((*engine)->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
 
   server::ServiceOptions so;
-  so.api_key = o.api_key;
+  so.api_keys = *std::move(api_keys);
   so.limits.max_tokens_limit = o.max_tokens_limit;
   so.limits.max_retain_seconds = ecfg->max_retain_seconds;
   auto& mi = so.model_info;
@@ -113,7 +116,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   AddEngineFlags(cmd, &o->engine);
   cmd->add_option("--listen", o->server.listen, "Address to listen on, host:port (port 0 picks a free one)")
       ->capture_default_str();
-  cmd->add_option("--api-key", o->api_key, "Require \"authorization: Bearer KEY\" on every moeserve.v1 call");
+  cmd->add_option("--api-key", o->api_key, "Require \"authorization: Bearer KEY\" on every moeserve.v1 call (one tenant)");
+  cmd->add_option("--api-keys-file", o->api_keys_file,
+                  "Require one of the keys in this file, one \"TENANT KEY\" line each ('#' comments; mode 600): "
+                  "requests share prefix-cache blocks, and learn of cached prompts, only within their tenant "
+                  "(and their request's cache_salt). Excludes --api-key");
   cmd->add_option("--tls-cert", o->server.tls_cert, "PEM certificate chain; with --tls-key enables TLS");
   cmd->add_option("--tls-key", o->server.tls_key, "PEM private key for --tls-cert");
   cmd->add_option("--max-message-bytes", o->server.max_message_bytes, "Largest request or response message")

@@ -252,7 +252,7 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   }
   const uint64_t fp = ModelFingerprint(*model_.weights, DType::kF32, 16);
   std::vector<BlockHash> prefix;
-  ExtendBlockHashes(scenario_.prefix, 16, fp, &prefix);
+  ExtendBlockHashes(scenario_.prefix, 16, fp, BlockHash{}, &prefix);
   ASSERT_EQ(prefix.size(), 3u);
   std::vector<std::string> prefix_paths, other_paths;
   {
