@@ -10,7 +10,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw,
-                                 const ValidationLimits& limits, const std::optional<std::string>& tenant,
+                                 const ValidationLimits& limits, const absl::StatusOr<std::string>& tenant,
                                  DrainGate* gate)
     : engine_(engine) {
   if (gate != nullptr) {
@@ -21,9 +21,9 @@ GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ct
     }
     entered_gate_ = gate;
   }
-  if (!tenant.has_value()) {
+  if (!tenant.ok()) {
     finished_ = true;
-    Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kUnauthenticatedMessage));
+    Finish(ToGrpcStatus(tenant.status()));
     return;
   }
   v1::GenerateRequest request;

@@ -24,10 +24,10 @@ inline constexpr char kUnauthenticatedMessage[] = "missing or wrong \"authorizat
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // Starts the call: on bad input or refusal it finishes at once with the matching status.
-  // `tenant` is the caller's (nullopt: not authenticated), the prefix cache's namespace.
+  // `tenant` is the caller's, the prefix cache's namespace, or why the call is not admitted.
   // `gate` (may be null) counts the stream while it runs and refuses it once draining.
   GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& request,
-                  const ValidationLimits& limits, const std::optional<std::string>& tenant, DrainGate* gate);
+                  const ValidationLimits& limits, const absl::StatusOr<std::string>& tenant, DrainGate* gate);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;

@@ -117,6 +117,7 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.transport_metadata_bytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

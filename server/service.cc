@@ -1,6 +1,7 @@
 // Service handlers.
 #include "server/service.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/generate_reactor.h"
 #include "server/wire.h"
 
@@ -9,23 +10,35 @@ namespace moeserve::server {
 MoeserveService::MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate)
     : engine_(engine), options_(std::move(options)), gate_(gate) {}
 
-std::optional<std::string> MoeserveService::Tenant(grpc::CallbackServerContext* ctx) const {
+absl::StatusOr<std::string> MoeserveService::Admit(grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
+  size_t bytes = 0;
+  for (const auto& [key, value] : md) bytes += key.size() + value.size() + 32;
+  if (bytes > options_.max_metadata_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("request metadata of ", bytes, " bytes exceeds the limit of ",
+                                                     options_.max_metadata_bytes, " (--max-metadata-bytes)"));
+  }
   auto it = md.find("authorization");
-  if (it == md.end()) return options_.api_keys.Authenticate(nullptr);
-  const absl::string_view value(it->second.data(), it->second.size());
-  return options_.api_keys.Authenticate(&value);
+  std::optional<std::string> tenant;
+  if (it == md.end()) {
+    tenant = options_.api_keys.Authenticate(nullptr);
+  } else {
+    const absl::string_view value(it->second.data(), it->second.size());
+    tenant = options_.api_keys.Authenticate(&value);
+  }
+  if (!tenant.has_value()) return absl::UnauthenticatedError(kUnauthenticatedMessage);
+  return *std::move(tenant);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
                                                                      const grpc::ByteBuffer* request) {
-  return new GenerateReactor(engine_, ctx, *request, options_.limits, Tenant(ctx), gate_);
+  return new GenerateReactor(engine_, ctx, *request, options_.limits, Admit(ctx), gate_);
 }
 
 bool MoeserveService::AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                   google::protobuf::Message* parsed, grpc::ServerUnaryReactor* reactor) const {
-  if (!Tenant(ctx).has_value()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kUnauthenticatedMessage));
+  if (auto tenant = Admit(ctx); !tenant.ok()) {
+    reactor->Finish(ToGrpcStatus(tenant.status()));
     return false;
   }
   if (absl::Status s = ParseRequest(*request, parsed); !s.ok()) {

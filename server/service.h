@@ -16,6 +16,10 @@ namespace moeserve::server {
 struct ServiceOptions {
   ApiKeys api_keys;  // none: no authentication
   ValidationLimits limits;
+  // Largest request metadata a call may carry (HPACK size: name + value + 32 per entry). The
+  // transport's own limit is set far above it (ServerOptions), so an oversized call is refused
+  // here, alone, and the connection's other streams live.
+  size_t max_metadata_bytes = 16 << 10;
   v1::ModelInfo model_info;  // static part of GetModelInfo
 };
 
@@ -37,8 +41,9 @@ class MoeserveService final : public RawService {
                                      grpc::ByteBuffer* response) override;
 
  private:
-  // The caller's tenant ("" for the default one); nullopt when a key is required and wrong.
-  std::optional<std::string> Tenant(grpc::CallbackServerContext* ctx) const;
+  // Admits a call: RESOURCE_EXHAUSTED when its metadata is over the limit, UNAUTHENTICATED
+  // when a key is required and missing or wrong; else the caller's tenant ("": the default).
+  absl::StatusOr<std::string> Admit(grpc::CallbackServerContext* ctx) const;
   // Authenticates and parses a unary call's (empty) request; finishes the reactor on failure.
   bool AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                    google::protobuf::Message* parsed, grpc::ServerUnaryReactor* reactor) const;

@@ -19,6 +19,7 @@ struct ServeOptions {
   server::ServerOptions server;
   std::string api_key;
   std::string api_keys_file;
+  size_t max_metadata_bytes = 16 << 10;
   int64_t max_tokens_limit = 4096;
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
@@ -33,6 +34,11 @@ int RunServe(ServeOptions o) {
   }
   auto api_keys = server::ApiKeys::FromFlags(o.api_key, o.api_keys_file);
   if (!api_keys.ok()) return Fail(api_keys.status());
+  const size_t max_metadata = static_cast<size_t>(o.server.transport_metadata_bytes) / 4;
+  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > max_metadata) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--max-metadata-bytes must be in [1024, ", max_metadata, "], got ", o.max_metadata_bytes)));
+  }
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
@@ -54,6 +60,7 @@ int RunServe(ServeOptions o) {
 
   server::ServiceOptions so;
   so.api_keys = *std::move(api_keys);
+  so.max_metadata_bytes = o.max_metadata_bytes;
   so.limits.max_tokens_limit = o.max_tokens_limit;
   so.limits.max_retain_seconds = ecfg->max_retain_seconds;
   auto& mi = so.model_info;
@@ -124,6 +131,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-cert", o->server.tls_cert, "PEM certificate chain; with --tls-key enables TLS");
   cmd->add_option("--tls-key", o->server.tls_key, "PEM private key for --tls-cert");
   cmd->add_option("--max-message-bytes", o->server.max_message_bytes, "Largest request or response message")
+      ->capture_default_str();
+  cmd->add_option("--max-metadata-bytes", o->max_metadata_bytes,
+                  "Largest request metadata (headers) a call may carry, counted as HPACK does (name + value + "
+                  "32 per entry); a larger call gets RESOURCE_EXHAUSTED alone, its connection's other streams "
+                  "go on. The transport refuses whole connections only past 1 MiB")
       ->capture_default_str();
   cmd->add_option("--grace-seconds", o->server.grace_seconds,
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")

@@ -48,12 +48,15 @@ struct Result {
   std::vector<int32_t> tokens;
   RequestEvent final_event;
 };
-Result RunAlone(Engine* engine, const std::vector<int32_t>& prompt, int32_t max_tokens, double retain_seconds = 0) {
+Result RunAlone(Engine* engine, const std::vector<int32_t>& prompt, int32_t max_tokens, double retain_seconds = 0,
+                const std::string& tenant = "", const std::string& salt = "") {
   Result r;
   GenerateRequest g;
   g.prompt = prompt;
   g.max_tokens = max_tokens;
   g.retain_seconds = retain_seconds;
+  g.cache_tenant = tenant;
+  g.cache_salt = salt;
   auto id = engine->Submit(g, [&](const RequestEvent& ev) {
     r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
     if (ev.finished) r.final_event = ev;
@@ -350,6 +353,35 @@ TEST_P(KvTiersTest, FlashRecordsOfACheckpointDifferingInOneTensorAreNeverServed)
   // The first model's records are still there and still served to it.
   auto again = MakeEngine(model_, t, 12);
   EXPECT_EQ(RunAlone(again.get(), scenario_.second, 10).final_event.usage.cached_prompt_tokens_flash, 48);
+  fs::remove_all(dir);
+}
+
+// Cache namespaces hold in every tier: a prefix pushed down to DDR and flash by tenant "a" is
+// served to "a" again, never to tenant "b" or to "a" with a salt, whose outputs are the same.
+TEST_P(KvTiersTest, PrefixesAreSharedOnlyWithinATenantAndSaltInEveryTier) {
+  const std::string dir = FreshDir();
+  KvTierConfig t;
+  t.host_bytes = 2 * KvLayoutFor(model_.config, 1, 16, DType::kF32).BlockBytes();  // cascades into flash
+  t.flash_dir = dir;
+  t.flash_bytes = 64ull << 20;
+  auto e = MakeEngine(model_, t, 12);
+  RunAlone(e.get(), scenario_.first, 4, 0, "a");
+  for (const auto& f : scenario_.fillers) RunAlone(e.get(), f, 8);
+  e->WaitForTransfers();
+  for (const auto& [tenant, salt] : {std::pair<std::string, std::string>{"b", ""}, {"a", "s"}, {"", ""}}) {
+    const Result r = RunAlone(e.get(), scenario_.second, 10, 0, tenant, salt);
+    EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
+    EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 0) << "tenant '" << tenant << "' salt '" << salt << "'";
+  }
+  // Those three pushed tenant "a"'s blocks down further; "a" still finds them below the device.
+  for (const auto& f : scenario_.fillers) RunAlone(e.get(), f, 8);
+  e->WaitForTransfers();
+  const Result r = RunAlone(e.get(), scenario_.second, 10, 0, "a");
+  EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
+  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 48);
+  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens_ddr + r.final_event.usage.cached_prompt_tokens_flash, 48);
+  EXPECT_TRUE(e->CheckAccounting());
+  e.reset();  // its transfer thread may still be writing to flash
   fs::remove_all(dir);
 }
 

@@ -42,6 +42,7 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
       last_ = now;
       result_.output_tokens += response_.token_ids_size();
     }
+    if (!response_.finish_reason().empty()) got_final_ = true;
     if (response_.has_usage()) {
       result_.prompt_tokens = response_.usage().prompt_tokens();
       result_.cached_prompt_tokens = response_.usage().cached_prompt_tokens();
@@ -52,8 +53,11 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   void OnDone(const grpc::Status& status) override {
     // As vLLM measures it: to the last message that carried tokens (not the trailers).
     result_.e2e_seconds = Seconds(sent_, result_.output_tokens > 0 ? last_ : Clock::now());
-    result_.status_code = static_cast<int>(status.error_code());
-    result_.error = status.error_message();
+    // The server sends the last message and its OK status together, but this client's own
+    // deadline can still fire between the two frames: a stream whose last message arrived is
+    // complete, whatever the library says after it.
+    result_.status_code = got_final_ ? 0 : static_cast<int>(status.error_code());
+    result_.error = got_final_ ? "" : status.error_message();
     done_(std::move(result_));
     delete this;
   }
@@ -68,6 +72,7 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   v1::GenerateResponse response_;
   Clock::time_point origin_, sent_, last_;
   RequestResult result_;
+  bool got_final_ = false;
   std::function<void(RequestResult)> done_;
 };
 
