@@ -28,7 +28,8 @@ struct SchedulerConfig {
   int64_t max_tokens_per_step = 512;  // token budget per step
   bool chunked_prefill = true;        // split long prompts across steps
   bool prefix_caching = true;
-  int64_t max_waiting = 1024;         // waiting-queue bound; beyond it requests are refused
+  int64_t max_waiting = 1024;         // admission bound: new requests are refused at this many waiting
+                                      // (preempted ones may exceed it, by at most max_num_seqs)
   int64_t fast_lane_max_batch = 4;    // batch cap while a fast-lane sequence is in it
   // Expert-parallel placement: a prompt goes to the rank its first block hashes to (so shared
   // prefixes meet in one rank's cache) unless that rank's outstanding tokens exceed this many

@@ -27,7 +27,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
                 "Prefill each prompt in one step instead of chunks under the budget");
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
-  cmd->add_option("--max-waiting", f->max_waiting, "Waiting-queue bound; beyond it requests are refused")
+  cmd->add_option("--max-waiting", f->max_waiting, "Waiting-queue bound for admissions: a new request is refused (RESOURCE_EXHAUSTED) while this many "
+                  "wait; sequences preempted under KV pressure go back to the queue even beyond it (by at most "
+                  "--max-num-seqs)")
       ->capture_default_str();
   cmd->add_option("--fast-lane-max-batch", f->fast_lane_max_batch,
                   "Batch size cap while a fast-lane request is in the batch")

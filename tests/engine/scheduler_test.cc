@@ -172,6 +172,35 @@ TEST_F(SchedulerTest, WaitingQueueIsBounded) {
   Drain();
 }
 
+// --max-waiting bounds admissions: while preempted sequences sit in the queue, new requests
+// are refused, and the queue never holds more than max_waiting + max_num_seqs sequences.
+TEST_F(SchedulerTest, PreemptedSequencesExceedTheWaitingBoundOnlyByTheRunningOnes) {
+  SchedulerConfig cfg;
+  cfg.max_waiting = 2;
+  cfg.max_num_seqs = 4;
+  cfg.max_tokens_per_step = 64;
+  Make(cfg, 10);  // 40 tokens: four sequences growing to 20 tokens each cannot all stay
+  int64_t most_waiting = 0, refused = 0;
+  bool refused_with_preempted_waiting = false;
+  std::mt19937 gen(std::random_device{}());
+  for (int i = 0; i < 400 && (i < 100 || sched_->num_running() + sched_->num_waiting() > 0); ++i) {
+    if (i < 100) {
+      const absl::Status s = sched_->Add(NewSeq(4 + static_cast<int64_t>(gen() % 4), 12));
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+        ++refused;
+        for (const auto& q : seqs_) refused_with_preempted_waiting |= q->state == Sequence::State::kWaiting && q->preemptions > 0;
+      }
+    }
+    Step();
+    most_waiting = std::max(most_waiting, sched_->num_waiting());
+    EXPECT_LE(sched_->num_waiting(), cfg.max_waiting + cfg.max_num_seqs);
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_TRUE(refused_with_preempted_waiting) << "no admission was refused while a preempted sequence waited";
+  Drain();
+}
+
 TEST_F(SchedulerTest, RemovingWaitingAndRunningSequencesFreesTheirBlocks) {
   Make(SchedulerConfig(), 50);
   Sequence* running = NewSeq(9, 10);
