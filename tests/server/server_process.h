@@ -127,6 +127,7 @@ class ServerProcess {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
+  pid_t pid() const { return pid_; }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string log() const { return ReadAll(dir_ + "/out") + ReadAll(dir_ + "/err"); }
