@@ -11,10 +11,12 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/file_util.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/weight_layout.h"
 #include "roofline/hardware.h"
 
 namespace moeserve {
@@ -50,33 +52,38 @@ void Report(benchmark::State& state, double flops, double bytes, DType dtype) {
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
+  const WeightLayout layout = state.range(4) ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> wf(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (float& v : wf) v = u(gen);
   for (float& v : x) v = u(gen);
-  std::vector<uint8_t> w(wf.size() * DTypeSize(dtype));
-  ConvertFromF32(wf.data(), wf.size(), dtype, w.data());
-  const WeightRef ref{w.data(), dtype, n, k};
+  std::vector<uint8_t> row_major(wf.size() * DTypeSize(dtype));
+  ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
+  std::vector<uint8_t> w(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype));
+  PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data());
+  const WeightRef ref{w.data(), dtype, n, k, layout};
   for (auto _ : state) {
     TheBackend().Gemm(x.data(), m, ref, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  Report(state, 2.0 * m * n * k, static_cast<double>(w.size()), dtype);
+  Report(state, 2.0 * m * n * k, static_cast<double>(row_major.size()), dtype);
 }
 // Decode shapes of the small preset's experts (w13: 2048 x 512, w2: 512 x 1024) and a weight
 // matrix far larger than the last-level cache.
 BENCHMARK(BM_Gemm)
-    ->ArgNames({"m", "n", "k", "bf16"})
-    ->Args({1, 2048, 512, 1})
-    ->Args({16, 2048, 512, 1})
-    ->Args({64, 2048, 512, 1})
-    ->Args({1, 8192, 4096, 1})
-    ->Args({1, 16384, 8192, 1})
-    ->Args({16, 8192, 4096, 1})
-    ->Args({256, 2048, 512, 1})
-    ->Args({1, 8192, 4096, 0})
-    ->Args({256, 2048, 512, 0})
+    ->ArgNames({"m", "n", "k", "bf16", "tiled"})
+    ->Args({1, 2048, 512, 1, 1})
+    ->Args({16, 2048, 512, 1, 1})
+    ->Args({64, 2048, 512, 1, 1})
+    ->Args({64, 2048, 512, 1, 0})
+    ->Args({1, 8192, 4096, 1, 1})
+    ->Args({1, 16384, 8192, 1, 1})
+    ->Args({16, 8192, 4096, 1, 1})
+    ->Args({256, 2048, 512, 1, 1})
+    ->Args({256, 1024, 2048, 1, 1})
+    ->Args({1, 8192, 4096, 0, 1})
+    ->Args({256, 2048, 512, 0, 1})
     ->UseRealTime();
 
 // The same GEMM with its weights cold, as in a decode step: each iteration takes the next of
@@ -84,24 +91,27 @@ BENCHMARK(BM_Gemm)
 void BM_GemmColdWeights(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = DType::kBF16;
-  const size_t bytes = static_cast<size_t>(n * k) * DTypeSize(dtype);
+  const WeightLayout layout = state.range(3) ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
+  const size_t bytes = static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype);
   const size_t count = std::max<size_t>(2, (size_t{512} << 20) / bytes);
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (float& v : x) v = u(gen);
   // Google Benchmark calls this several times per shape: fill the 512 MiB once per shape.
-  static std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> cache;
-  std::vector<uint8_t>& w = cache[{n, k}];
+  static std::map<std::tuple<int64_t, int64_t, WeightLayout>, std::vector<uint8_t>> cache;
+  std::vector<uint8_t>& w = cache[{n, k, layout}];
   if (w.empty()) {
     std::vector<float> wf(static_cast<size_t>(n * k));
     for (float& v : wf) v = u(gen);
+    std::vector<uint8_t> row_major(static_cast<size_t>(n * k) * DTypeSize(dtype));
+    ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
     w.resize(bytes * count);
-    for (size_t i = 0; i < count; ++i) ConvertFromF32(wf.data(), wf.size(), dtype, w.data() + i * bytes);
+    for (size_t i = 0; i < count; ++i) PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data() + i * bytes);
   }
   size_t next = 0;
   for (auto _ : state) {
-    const WeightRef ref{w.data() + next * bytes, dtype, n, k};
+    const WeightRef ref{w.data() + next * bytes, dtype, n, k, layout};
     TheBackend().Gemm(x.data(), m, ref, y.data());
     benchmark::DoNotOptimize(y.data());
     next = (next + 1) % count;
@@ -109,11 +119,13 @@ void BM_GemmColdWeights(benchmark::State& state) {
   Report(state, 2.0 * m * n * k, static_cast<double>(bytes), dtype);
 }
 BENCHMARK(BM_GemmColdWeights)
-    ->ArgNames({"m", "n", "k"})
-    ->Args({1, 2048, 512})
-    ->Args({1, 512, 1024})
-    ->Args({4, 2048, 512})
-    ->Args({1, 16384, 8192})
+    ->ArgNames({"m", "n", "k", "tiled"})
+    ->Args({1, 2048, 512, 1})
+    ->Args({1, 2048, 512, 0})
+    ->Args({1, 512, 1024, 1})
+    ->Args({4, 2048, 512, 1})
+    ->Args({1, 4096, 1024, 1})
+    ->Args({1, 16384, 8192, 1})
     ->UseRealTime();
 
 void BM_PagedDecodeAttention(benchmark::State& state) {

@@ -51,12 +51,19 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// How a weight matrix's elements are ordered in memory (kernels/weight_layout.h).
+enum class WeightLayout : int32_t {
+  kRowMajor = 0,  // [rows][cols], as checkpoints store it
+  kTiled8 = 1,    // tiles of 8 rows, each [cols / 8][8 rows][8 cols] (the CPU fast path's GEMM order)
+};
+
 // A weight matrix [rows = out_features, cols = in_features] on the device.
 struct WeightRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
+  WeightLayout layout = WeightLayout::kRowMajor;
 };
 
 // Where a layer's K and V live inside the paged cache. Each block holds, contiguously, the K
@@ -111,6 +118,10 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string Name() const = 0;
+
+  // The layout this backend's GEMMs read fastest; weights are uploaded in it
+  // (kernels/weight_layout.h). Every op also accepts kRowMajor.
+  virtual WeightLayout PreferredWeightLayout() const { return WeightLayout::kRowMajor; }
 
   // ---- memory ----
   // Allocates `bytes` on the device; RESOURCE_EXHAUSTED when its capacity would be exceeded.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "kernels/weight_layout.h"
 #include "models/tensor_names.h"
 
 namespace moeserve {
@@ -38,8 +39,9 @@ class Uploader {
     return t;
   }
 
-  // Stacks the named matrices row-wise into one weight of `dtype`.
-  absl::StatusOr<WeightRef> Matrix(const std::vector<std::string>& names, DType dtype) {
+  // Stacks the named matrices row-wise into one weight of `dtype`, stored in the backend's
+  // preferred layout (a GEMM operand) or row-major (a vector read directly).
+  absl::StatusOr<WeightRef> Matrix(const std::vector<std::string>& names, DType dtype, bool gemm_operand = true) {
     std::vector<const TensorView*> parts;
     int64_t rows = 0, cols = -1;
     for (const auto& n : names) {
@@ -55,7 +57,6 @@ class Uploader {
       parts.push_back(t);
     }
     const size_t elems = static_cast<size_t>(rows * cols);
-    ASSIGN_OR_RETURN(DeviceBuffer buf, backend_->Allocate(elems * DTypeSize(dtype)));
     std::vector<uint8_t> host(elems * DTypeSize(dtype));
     size_t at = 0;
     std::vector<float> tmp;
@@ -74,15 +75,16 @@ class Uploader {
     const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
     XXH3_64bits_update(digest_, shape, sizeof(shape));
     XXH3_64bits_update(digest_, host.data(), host.size());
-    RETURN_IF_ERROR(backend_->CopyToDevice(buf.data(), host.data(), host.size()));
-    WeightRef w{buf.data(), dtype, rows, cols};
-    *total_ += host.size();
+    const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
+    ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), dtype, rows, cols, layout));
+    WeightRef w{buf.data(), dtype, rows, cols, layout};
+    *total_ += buf.bytes();
     buffers_->push_back(std::move(buf));
     return w;
   }
 
   absl::StatusOr<const float*> Vector(const std::string& name) {
-    ASSIGN_OR_RETURN(WeightRef w, Matrix({name}, DType::kF32));
+    ASSIGN_OR_RETURN(WeightRef w, Matrix({name}, DType::kF32, /*gemm_operand=*/false));
     return static_cast<const float*>(w.data);
   }
 
@@ -96,6 +98,21 @@ class Uploader {
 };
 
 }  // namespace
+
+absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_major, DType dtype, int64_t rows,
+                                          int64_t cols, WeightLayout layout) {
+  const size_t eb = DTypeSize(dtype);
+  const size_t bytes = static_cast<size_t>(WeightStorageElems(layout, rows, cols)) * eb;
+  ASSIGN_OR_RETURN(DeviceBuffer buf, backend->Allocate(bytes));
+  if (layout == WeightLayout::kRowMajor) {
+    RETURN_IF_ERROR(backend->CopyToDevice(buf.data(), row_major, bytes));
+  } else {
+    std::vector<uint8_t> packed(bytes);
+    PackWeight(layout, row_major, rows, cols, eb, packed.data());
+    RETURN_IF_ERROR(backend->CopyToDevice(buf.data(), packed.data(), bytes));
+  }
+  return buf;
+}
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,
@@ -185,10 +202,26 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
     w->buffers_.push_back(std::move(buf));
     return data;
   };
+  // A GEMM operand moves in the destination's preferred layout (re-tiled on the host if the
+  // source backend prefers another).
   auto matrix = [&](const WeightRef& m) -> absl::StatusOr<WeightRef> {
     WeightRef out = m;
     if (m.data == nullptr) return out;
-    ASSIGN_OR_RETURN(out.data, copy_bytes(m.data, static_cast<size_t>(m.rows * m.cols) * DTypeSize(m.dtype)));
+    const WeightLayout want = to->PreferredWeightLayout();
+    const size_t eb = DTypeSize(m.dtype);
+    if (m.layout == want) {
+      ASSIGN_OR_RETURN(out.data, copy_bytes(m.data, static_cast<size_t>(WeightStorageElems(m.layout, m.rows, m.cols)) * eb));
+      return out;
+    }
+    host.resize(static_cast<size_t>(WeightStorageElems(m.layout, m.rows, m.cols)) * eb);
+    RETURN_IF_ERROR(from->CopyToHost(host.data(), m.data, host.size()));
+    std::vector<uint8_t> row_major(static_cast<size_t>(m.rows * m.cols) * eb);
+    UnpackWeight(m.layout, host.data(), m.rows, m.cols, eb, row_major.data());
+    ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(to, row_major.data(), m.dtype, m.rows, m.cols, want));
+    out.data = buf.data();
+    out.layout = want;
+    w->total_bytes_ += buf.bytes();
+    w->buffers_.push_back(std::move(buf));
     return out;
   };
   auto vec = [&](const float* v, int64_t n) -> absl::StatusOr<const float*> {

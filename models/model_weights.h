@@ -34,6 +34,10 @@ struct WeightShard {
   std::vector<int32_t> experts;  // routed experts held; empty: all
 };
 
+// Allocates a weight on `backend` and copies the row-major host matrix into it in `layout`.
+absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_major, DType dtype, int64_t rows,
+                                          int64_t cols, WeightLayout layout);
+
 class ModelWeights {
  public:
   // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.

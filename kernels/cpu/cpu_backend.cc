@@ -154,6 +154,7 @@ void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, b
 
 void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w,
                              std::span<const int64_t> offsets, float* y) {
+  if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant);
   MS_CHECK(offsets.size() == w.size() + 1);
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];

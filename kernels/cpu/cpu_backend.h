@@ -36,6 +36,10 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string Name() const override;
+  // The fast path's GEMM streams 8-row tiles (kernels/weight_layout.h).
+  WeightLayout PreferredWeightLayout() const override {
+    return options_.path == CpuPath::kFast ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
+  }
   CpuPath path() const { return options_.path; }
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 

@@ -2,14 +2,14 @@
 // (-fopenmp-simd) without relaxing floating-point semantics elsewhere.
 #include "kernels/cpu/fast_ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/weight_layout.h"
 
 namespace moeserve::cpu_fast {
 namespace {
@@ -50,148 +50,39 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
   pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       MS_CHECK(ids[i] >= 0 && ids[i] < table.rows);
-      LoadRowF32(table.data, table.dtype, ids[i] * table.cols, table.cols, out + i * table.cols);
-    }
-  });
-}
-
-namespace {
-
-#if defined(__FMA__)
-inline float Fma(float a, float b, float c) { return std::fma(a, b, c); }
-#else
-inline float Fma(float a, float b, float c) { return a * b + c; }
-#endif
-
-// The batch-invariant dot product order, identical for every output element whatever the
-// kernel shape: lane l accumulates k = l, l + 16, ... with FMA, the 16 lanes are reduced in a
-// fixed tree, then the tail k >= 16 * floor(K / 16) is added in order. 16 lanes fill one
-// AVX-512 register or two AVX2 registers.
-constexpr int64_t kLanes = 16;
-
-inline float ReduceLanes(const float* a) {
-  float b[8];
-  for (int i = 0; i < 8; ++i) b[i] = a[i] + a[i + 8];
-  return ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
-}
-
-inline float WeightValue(float v) { return v; }
-inline float WeightValue(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// out[i][j] = dot(x row i, w row j) for an MR x NR block. x: [MR, ldx] fp32; w: [NR, ldw] of
-// fp32 or bf16 (converted in registers, so weights are read once at their stored width).
-template <int MR, int NR, typename W>
-inline void MicroKernel(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
-                        float* y, int64_t ldy, bool accumulate) {
-  float acc[MR][NR][kLanes] = {};
-  const int64_t k_main = k / kLanes * kLanes;
-  for (int64_t c = 0; c < k_main; c += kLanes) {
-    for (int i = 0; i < MR; ++i) {
-      for (int j = 0; j < NR; ++j) {
-        for (int l = 0; l < kLanes; ++l) {
-          acc[i][j][l] = Fma(x[i * ldx + c + l], WeightValue(w[j * ldw + c + l]), acc[i][j][l]);
-        }
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = ReduceLanes(acc[i][j]);
-      for (int64_t c = k_main; c < k; ++c) s = Fma(x[i * ldx + c], WeightValue(w[j * ldw + c]), s);
-      y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
-    }
-  }
-}
-
-// Rows of W per tile (converted to fp32 once per tile) and rows of x per work item.
-constexpr int64_t kTileRows = 32;
-constexpr int64_t kRowChunk = 64;
-
-// Batch-invariant GEMM: every element is computed by the same sequence of operations whatever
-// m is, so a request's logits do not depend on its batch mates.
-template <typename W>
-void InvariantGemmTyped(ThreadPool& pool, const float* x, int64_t m, const W* w, int64_t n,
-                        int64_t k, float* y, bool accumulate) {
-  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  const int64_t chunks = (m + kRowChunk - 1) / kRowChunk;
-  pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t t = item / chunks, ch = item % chunks;
-      const int64_t r0 = t * kTileRows, rows = std::min(kTileRows, n - r0);
-      const W* wt = w + r0 * k;
-      const int64_t m0 = ch * kRowChunk, m1 = std::min(m, m0 + kRowChunk);
-      int64_t i = m0;
-      for (; i + 2 <= m1; i += 2) {
-        int64_t j = 0;
-        for (; j + 4 <= rows; j += 4) {
-          MicroKernel<2, 4>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
-        }
-        for (; j < rows; ++j) MicroKernel<2, 1>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
-      }
-      for (; i < m1; ++i) {
-        int64_t j = 0;
-        for (; j + 4 <= rows; j += 4) {
-          MicroKernel<1, 4>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
-        }
-        for (; j < rows; ++j) MicroKernel<1, 1>(x + i * k, k, wt + j * k, k, k, y + i * n + r0 + j, n, accumulate);
+      // A tiled table holds a row as runs of 8 columns, one per chunk of its tile.
+      const int64_t run = table.layout == WeightLayout::kRowMajor ? table.cols : kTileCols;
+      for (int64_t c = 0; c < table.cols; c += run) {
+        LoadRowF32(table.data, table.dtype, WeightIndex(table.layout, table.rows, table.cols, ids[i], c),
+                   std::min(run, table.cols - c), out + i * table.cols + c);
       }
     }
   });
 }
-
-// Batch-invariant GEMM: every element is computed by the same sequence of operations whatever
-// m is, so a request's logits do not depend on its batch mates.
-void InvariantGemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-                   bool accumulate) {
-  if (w.dtype == DType::kF32) {
-    return InvariantGemmTyped(pool, x, m, static_cast<const float*>(w.data), w.rows, w.cols, y, accumulate);
-  }
-  MS_CHECK(w.dtype == DType::kBF16);
-  InvariantGemmTyped(pool, x, m, static_cast<const uint16_t*>(w.data), w.rows, w.cols, y, accumulate);
-}
-
-// OpenBLAS GEMM on tiles of output columns, each a single-threaded sgemm (our pool does the
-// parallelism); non-fp32 tiles are converted first. Faster for large m, but a row's result
-// can depend on m.
-void BlasGemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-              bool accumulate) {
-  const int64_t n = w.rows, k = w.cols;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  constexpr int64_t kBlasTile = 64;
-  const int64_t tiles = (n + kBlasTile - 1) / kBlasTile;
-  pool.ParallelFor(tiles, 1, [&](int64_t tb, int64_t te) {
-    std::vector<float> tile;
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t r0 = t * kBlasTile;
-      const int64_t rows = std::min(kBlasTile, n - r0);
-      const float* wt;
-      if (w.dtype == DType::kF32) {
-        wt = static_cast<const float*>(w.data) + r0 * k;
-      } else {
-        tile.resize(static_cast<size_t>(rows * k));
-        LoadRowF32(w.data, w.dtype, r0 * k, rows * k, tile.data());
-        wt = tile.data();
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), wt,
-                  static_cast<int>(k), beta, y + r0, static_cast<int>(n));
-    }
-  });
-}
-
-}  // namespace
 
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant) {
-  if (m == 0 || w.rows == 0) return;
+  const GemmTask task{x, m, w, y, accumulate};
   // Small m is memory-bound and the invariant kernel is as fast as BLAS there.
-  if (batch_invariant || m <= kBlasMinRows) return InvariantGemm(pool, x, m, w, y, accumulate);
-  BlasGemm(pool, x, m, w, y, accumulate);
+  if (!batch_invariant && m > kBlasMinRows) return BlasGemm(pool, task);
+  RunGemms(pool, std::span<const GemmTask>(&task, 1));
+}
+
+void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                 float* y, bool batch_invariant) {
+  MS_CHECK(offsets.size() == w.size() + 1);
+  std::vector<GemmTask> tasks;
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    const GemmTask t{x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false};
+    if (!batch_invariant && rows > kBlasMinRows) {
+      BlasGemm(pool, t);
+    } else {
+      tasks.push_back(t);
+    }
+  }
+  RunGemms(pool, tasks);  // the experts together: one parallel region, both cores busy
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

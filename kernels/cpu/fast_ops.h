@@ -1,4 +1,5 @@
-// Fast CPU ops: OpenBLAS GEMM on fp32 tiles, SIMD loops and a thread pool. Each is tested
+// Fast CPU ops: the batch-invariant GEMM of gemm.h (OpenBLAS optionally), SIMD loops and a
+// thread pool. Each is tested
 // against the reference op of the same name (reference_ops.h).
 #pragma once
 
@@ -10,10 +11,13 @@
 namespace moeserve::cpu_fast {
 
 void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
-// batch_invariant: every row is computed in the same order whatever m is (our kernel);
-// otherwise large m uses OpenBLAS, faster for prefill but batch-dependent in the last bits.
+// batch_invariant: every row is computed in the same order whatever m is (kernels/cpu/gemm.h);
+// otherwise large m uses OpenBLAS, batch-dependent in the last bits.
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant);
+// Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).
+void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                 float* y, bool batch_invariant);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

@@ -1,6 +1,8 @@
 // Reference CPU ops (see reference_ops.h).
 #include "kernels/cpu/reference_ops.h"
 
+#include "kernels/weight_layout.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -31,7 +33,8 @@ void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out
   for (int64_t i = 0; i < n; ++i) {
     MS_CHECK(ids[i] >= 0 && ids[i] < table.rows);
     for (int64_t c = 0; c < table.cols; ++c) {
-      out[i * table.cols + c] = WeightAt(table, ids[i] * table.cols + c);
+      out[i * table.cols + c] =
+          WeightAt(table, WeightIndex(table.layout, table.rows, table.cols, ids[i], c));
     }
   }
 }
@@ -41,7 +44,7 @@ void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumula
     for (int64_t j = 0; j < w.rows; ++j) {
       double acc = accumulate ? y[i * w.rows + j] : 0.0;
       for (int64_t c = 0; c < w.cols; ++c) {
-        acc += static_cast<double>(x[i * w.cols + c]) * WeightAt(w, j * w.cols + c);
+        acc += static_cast<double>(x[i * w.cols + c]) * WeightAt(w, WeightIndex(w.layout, w.rows, w.cols, j, c));
       }
       y[i * w.rows + j] = static_cast<float>(acc);
     }
