@@ -297,6 +297,14 @@ void RunItem(const GemmTask& t, const Item& it, Widened* widened) {
 
 }  // namespace
 
+const char* GemmInstructionKind() {
+#if MOESERVE_GEMM_AVX2
+  return "f32-fma-256";
+#else
+  return "f32-scalar";
+#endif
+}
+
 void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks) {
   std::vector<Item> items;
   double work = 0;

@@ -29,6 +29,10 @@ struct GemmTask {
   bool accumulate = false;   // y += x @ w^T
 };
 
+// The instruction kind the kernels' inner loop issues, as `moeserve calibrate` names its peaks:
+// "f32-fma-256" (AVX2 + FMA), or "f32-scalar" in a build without them.
+const char* GemmInstructionKind();
+
 // Runs all tasks (batch-invariant, as above) in one parallel region.
 void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks);
 

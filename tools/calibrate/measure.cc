@@ -13,11 +13,15 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/clock.h"
 #include "core/progress.h"
 #include "core/status.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/gemm.h"
+#include "models/model_weights.h"
+#include "tools/calibrate/peak_flops.h"
 
 namespace moeserve::calibrate {
 
@@ -84,17 +88,17 @@ absl::StatusOr<GemmPoint> MeasureGemm(Backend* backend, DType dtype, int64_t m, 
   for (float& v : wf) v = dist(gen);
   std::vector<uint8_t> wbytes(wf.size() * DTypeSize(dtype));
   ConvertFromF32(wf.data(), wf.size(), dtype, wbytes.data());
-  auto wbuf = backend->Allocate(wbytes.size());
+  // In the layout the engine uploads weights in.
+  auto wbuf = UploadWeight(backend, wbytes.data(), dtype, n, k, backend->PreferredWeightLayout());
   if (!wbuf.ok()) return wbuf.status();
   auto xbuf = backend->Allocate(static_cast<size_t>(m * k) * sizeof(float));
   if (!xbuf.ok()) return xbuf.status();
   auto ybuf = backend->Allocate(static_cast<size_t>(m * n) * sizeof(float));
   if (!ybuf.ok()) return ybuf.status();
-  if (absl::Status s = backend->CopyToDevice(wbuf->data(), wbytes.data(), wbytes.size()); !s.ok()) return s;
   std::vector<float> x(static_cast<size_t>(m * k));
   for (float& v : x) v = dist(gen);
   if (absl::Status s = backend->CopyToDevice(xbuf->data(), x.data(), x.size() * sizeof(float)); !s.ok()) return s;
-  WeightRef w{wbuf->data(), dtype, n, k};
+  WeightRef w{wbuf->data(), dtype, n, k, backend->PreferredWeightLayout()};
   backend->Gemm(xbuf->as<float>(), m, w, ybuf->as<float>());  // warm-up
   if (absl::Status s = backend->Synchronize(); !s.ok()) return s;
   double best = 1e30;
@@ -187,11 +191,13 @@ absl::StatusOr<Calibration> Calibrate(Backend* backend, const CalibrateSettings&
               : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                     {1, 16384, 8192}, {16, 2048, 2048}, {64, 2048, 512},  {64, 1024, 1024},
                     {256, 1024, 1024}, {256, 2048, 512}, {256, 4096, 1024}, {512, 2048, 512}};
-  Progress progress("calibrate", 3 + 2 * static_cast<int64_t>(shapes.size()) + (o.disk ? 1 : 0), o.progress);
+  Progress progress("calibrate", 4 + 2 * static_cast<int64_t>(shapes.size()) + (o.disk ? 1 : 0), o.progress);
   int64_t done = 0;
   progress.Update(done, "memory bandwidth");
   const double triad = TriadBandwidth(static_cast<size_t>(array_mb * (1 << 20)), threads, repeats);
   const double read = ReadBandwidth(static_cast<size_t>(3 * array_mb * (1 << 20)), threads, repeats);
+  progress.Update(++done, "peak FLOP/s");
+  const std::vector<PeakFlops> peaks = MeasurePeakFlops(threads, o.quick ? 0.1 : 0.5);
   progress.Update(++done, "GEMM");
   nlohmann::json gemm = nlohmann::json::array();
   double peak_bf16 = 0, peak_f32 = 0, gemv_stream = 0;
@@ -227,6 +233,18 @@ absl::StatusOr<Calibration> Calibrate(Backend* backend, const CalibrateSettings&
   roofline::HardwareProfile& p = c.profile;
   p.name = absl::StrCat("calibrated-", host);
   p.source = absl::StrCat("calibrated on ", host, " at ", date, " (", backend->Name(), ")");
+  // The peak is the hardware's, for the instructions the kernels issue: bf16 weights are widened
+  // to fp32 in registers, so both weight dtypes run on the same fp32 FMAs. Without a
+  // register-loop measurement of that kind, our best GEMM stands in.
+  const std::string kind = cpu_fast::GemmInstructionKind();
+  double hardware_peak = 0;
+  nlohmann::json peak_json = nlohmann::json::object();
+  for (const PeakFlops& pk : peaks) {
+    peak_json[pk.kind] = pk.flops_per_second;
+    if (pk.kind == kind) hardware_peak = pk.flops_per_second;
+  }
+  const double gemm_best_bf16 = peak_bf16, gemm_best_f32 = peak_f32;
+  if (hardware_peak > 0) peak_bf16 = peak_f32 = hardware_peak;
   p.peak_flops_bf16 = peak_bf16;
   p.peak_flops_f32 = peak_f32;
   // The triad does not count its write-allocate traffic, and one sequential stream per thread
@@ -247,15 +265,21 @@ absl::StatusOr<Calibration> Calibrate(Backend* backend, const CalibrateSettings&
                             {"gemv_weight_stream_bytes_per_second", gemv_stream},
                             {"array_bytes", array_mb * (1 << 20)},
                             {"gemm", gemm},
+                            {"peak_flops_by_instruction", peak_json},
+                            {"kernel_instruction", kind},
                             {"copy_to_device_bytes_per_second", copy.first},
                             {"copy_to_host_bytes_per_second", copy.second},
                             {"disk_read_bytes_per_second", disk.first},
                             {"disk_write_bytes_per_second", disk.second}};
+  std::string peak_text;
+  for (const PeakFlops& pk : peaks) absl::StrAppend(&peak_text, peak_text.empty() ? "" : ", ", pk.kind, " ", absl::StrFormat("%.1f", pk.flops_per_second / 1e9));
   std::fprintf(stderr,
-               "calibrate: triad %.2f GB/s, read %.2f GB/s, GEMV stream %.2f GB/s | GEMM peak bf16 %.1f GFLOP/s, f32 %.1f GFLOP/s | "
+               "calibrate: triad %.2f GB/s, read %.2f GB/s, GEMV stream %.2f GB/s | peak GFLOP/s (register loops): %s; "
+               "kernels issue %s | best GEMM bf16 %.1f GFLOP/s (%.0f%% of peak), f32 %.1f (%.0f%%) | "
                "copy %.2f/%.2f GB/s | disk read %.2f GB/s, write %.2f GB/s | FLOP/byte %.1f\n",
-               triad / 1e9, read / 1e9, gemv_stream / 1e9, peak_bf16 / 1e9, peak_f32 / 1e9, copy.first / 1e9, copy.second / 1e9,
-               disk.first / 1e9, disk.second / 1e9, peak_bf16 / p.mem_bandwidth);
+               triad / 1e9, read / 1e9, gemv_stream / 1e9, peak_text.empty() ? "none" : peak_text.c_str(), kind.c_str(),
+               gemm_best_bf16 / 1e9, 100 * gemm_best_bf16 / peak_bf16, gemm_best_f32 / 1e9, 100 * gemm_best_f32 / peak_f32,
+               copy.first / 1e9, copy.second / 1e9, disk.first / 1e9, disk.second / 1e9, peak_bf16 / p.mem_bandwidth);
   return c;
 }
 
