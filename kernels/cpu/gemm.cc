@@ -10,67 +10,12 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/vec8.h"
 #include "kernels/weight_layout.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define MOESERVE_GEMM_AVX2 1
-#endif
 
 namespace moeserve::cpu_fast {
 namespace {
-
-// ---- 8 fp32 lanes: AVX2 registers, or a plain array with the same arithmetic ----
-#if MOESERVE_GEMM_AVX2
-struct V8 {
-  __m256 v;
-};
-inline V8 Zero() { return {_mm256_setzero_ps()}; }
-inline V8 Load(const float* p) { return {_mm256_loadu_ps(p)}; }
-inline V8 Load(const uint16_t* p) {  // bf16 -> fp32 is a 16-bit shift, exact
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
-}
-inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline void Store(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
-// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
-inline float Reduce(V8 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-#else
-struct V8 {
-  float v[8];
-};
-inline V8 Zero() { return V8{}; }
-inline V8 Load(const float* p) {
-  V8 r;
-  std::memcpy(r.v, p, sizeof(r.v));
-  return r;
-}
-inline V8 Load(const uint16_t* p) {
-  V8 r;
-  for (int l = 0; l < 8; ++l) {
-    const uint32_t bits = static_cast<uint32_t>(p[l]) << 16;
-    std::memcpy(&r.v[l], &bits, sizeof(float));
-  }
-  return r;
-}
-inline V8 Fma(V8 a, V8 b, V8 c) {
-  for (int l = 0; l < 8; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
-  return c;
-}
-inline void Store(float* p, V8 a) { std::memcpy(p, a.v, sizeof(a.v)); }
-inline float Reduce(V8 a) {
-  float s[4];
-  for (int l = 0; l < 4; ++l) s[l] = a.v[l] + a.v[l + 4];
-  return (s[0] + s[2]) + (s[1] + s[3]);
-}
-inline void Prefetch(const void*) {}
-#endif
 
 constexpr int64_t kLanes = 8;
 static_assert(kLanes == kTileCols);
@@ -230,7 +175,7 @@ void Tile(const float* x, int64_t m0, int64_t m1, const Rows<T>& w, int64_t rows
 
 // Up to this many x rows a GEMM streams its stored weights directly; above, each tile is
 // widened to fp32 once and reused by every x row (the same arithmetic either way).
-constexpr int64_t kDirectMaxRows = 6;
+constexpr int64_t kDirectMaxRows = 16;  // measured: direct is faster to ~16 rows, widened from ~32
 // x rows per work item of a large GEMM (even: the kernel takes 2 rows at a time).
 constexpr int64_t kRowChunk = 48;
 // How far ahead of the tile being computed the stream is prefetched.
@@ -254,8 +199,10 @@ struct Widened {
   float* data = nullptr;
   const void* from = nullptr;  // the weight and tile it holds
   int64_t tile = -1;
+  // Room for n floats, not cleared: every element a kernel reads is written by the widening
+  // (rows past the matrix are never read; see Tile).
   float* Reset(size_t n) {
-    storage.assign(n + 16, 0.0f);
+    if (storage.size() < n + 16) storage.resize(n + 16);
     data = storage.data() + (16 - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(float)) % 16) % 16;
     return data;
   }
@@ -298,7 +245,7 @@ void RunItem(const GemmTask& t, const Item& it, Widened* widened) {
 }  // namespace
 
 const char* GemmInstructionKind() {
-#if MOESERVE_GEMM_AVX2
+#if MOESERVE_VEC8_AVX2
   return "f32-fma-256";
 #else
   return "f32-scalar";

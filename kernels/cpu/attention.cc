@@ -1,0 +1,167 @@
+// Paged causal attention on the CPU fast path (declared in fast_ops.h), vectorised on 8-lane
+// registers (vec8.h).
+//
+// Work items are (tile, kv head): a tile is up to 16 consecutive tokens of one sequence (a
+// prefill chunk; a decode token is a tile of one), and the group of query heads that share a
+// kv head reads each K/V row once, converted to fp32 eight keys at a time. Exact and
+// batch-invariant: a token's scores, softmax and weighted sum are the same operations in the
+// same order whatever its tile or batch mates: each score is an 8-lane FMA chain over the head
+// dimension summed by one tree (Reduce8x8); the max is order-free; the exponentials (vec8.h's
+// Exp) are summed lane-wise over keys in order, then by Reduce's tree; the output is a chain of
+// FMAs over keys in order, per element.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/reference_ops.h"
+#include "kernels/cpu/vec8.h"
+
+namespace moeserve::cpu_fast {
+namespace {
+
+constexpr int64_t kTile = 16;  // tokens of one sequence per work item
+constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
+
+// Rows of keys [k0, k0 + 8) (K or V, kv head g) as fp32 [8][hd]; keys at or past ctx are zeros.
+void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
+                int64_t k0, int64_t ctx, float* dst) {
+  const int64_t hd = layout.head_dim, bs = layout.block_size;
+  for (int64_t k = 0; k < kKeys; ++k) {
+    float* row = dst + k * hd;
+    const int64_t j = k0 + k;
+    if (j >= ctx) {
+      std::fill(row, row + hd, 0.0f);
+      continue;
+    }
+    const int64_t off = layout.Offset(table[j / bs], layer, kv, j % bs) + g * hd;
+    if (layout.dtype == DType::kF32) {
+      std::memcpy(row, static_cast<const float*>(cache) + off, static_cast<size_t>(hd) * sizeof(float));
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
+      for (int64_t c = 0; c < hd; c += 8) Store(row + c, Load(src + c));
+    }
+  }
+}
+
+// scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector.
+V8 Scores(const float* q, const float* keys, int64_t hd, float scale) {
+  V8 p[kKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
+  for (int64_t c = 0; c < hd; c += 8) {
+    const V8 qc = Load(q + c);
+    for (int64_t k = 0; k < kKeys; ++k) p[k] = Fma(qc, Load(keys + k * hd + c), p[k]);
+  }
+  return Mul(Reduce8x8(p), Set1(scale));
+}
+
+// out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][0 .. 8N), keys in order.
+template <int N>
+void AddWeighted(const float* probs, int64_t nk, const float* values, int64_t hd, float* out) {
+  V8 a[N];
+  for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
+  for (int64_t k = 0; k < nk; ++k) {
+    const V8 pk = Set1(probs[k]);
+    for (int c = 0; c < N; ++c) a[c] = Fma(pk, Load(values + k * hd + 8 * c), a[c]);
+  }
+  for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
+}
+
+void AddWeightedRow(const float* probs, int64_t nk, const float* values, int64_t hd, float* out) {
+  for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
+    const int64_t left = (hd - c) / 8;
+    if (left >= 8) {
+      AddWeighted<8>(probs, nk, values + c, hd, out + c);
+      c += 64;
+    } else if (left >= 4) {
+      AddWeighted<4>(probs, nk, values + c, hd, out + c);
+      c += 32;
+    } else if (left >= 2) {
+      AddWeighted<2>(probs, nk, values + c, hd, out + c);
+      c += 16;
+    } else {
+      AddWeighted<1>(probs, nk, values + c, hd, out + c);
+      c += 8;
+    }
+  }
+}
+
+// Softmax in place over sc[0, ctx), leaving zeros up to the next multiple of 8.
+void Softmax(float* sc, int64_t ctx) {
+  const int64_t padded = (ctx + kKeys - 1) / kKeys * kKeys;
+  for (int64_t j = ctx; j < padded; ++j) sc[j] = -INFINITY;
+  V8 m = Set1(-INFINITY);
+  for (int64_t j = 0; j < padded; j += kKeys) m = Max(m, Load(sc + j));
+  float lanes[8];
+  Store(lanes, m);
+  const float mx = *std::max_element(lanes, lanes + 8);
+  V8 sum = Zero();
+  const V8 neg = Set1(-mx);
+  for (int64_t j = 0; j < padded; j += kKeys) {
+    V8 e = Exp(Add(Load(sc + j), neg));
+    if (j + kKeys > ctx) {  // the partial last group: its padding lanes are zero, not e^-inf
+      float t[8];
+      Store(t, e);
+      for (int64_t l = ctx - j; l < kKeys; ++l) t[l] = 0.0f;
+      e = Load(t);
+    }
+    sum = Add(sum, e);
+    Store(sc + j, e);
+  }
+  const V8 inv = Set1(1.0f / Reduce(sum));
+  for (int64_t j = 0; j < padded; j += kKeys) Store(sc + j, Mul(Load(sc + j), inv));
+}
+
+}  // namespace
+
+void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch, const KvLayout& layout,
+                    int64_t layer, const void* cache, int64_t q_heads, float scale, float* out) {
+  const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
+  if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
+    return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
+  }
+  std::vector<int64_t> tile_start;
+  for (int64_t t = 0; t < batch.num_tokens; ++t) {
+    const bool extends = t > 0 && t - tile_start.back() < kTile && batch.token_seq[t] == batch.token_seq[t - 1] &&
+                         batch.token_pos[t] == batch.token_pos[t - 1] + 1;
+    if (!extends) tile_start.push_back(t);
+  }
+  const int64_t tiles = static_cast<int64_t>(tile_start.size());
+  tile_start.push_back(batch.num_tokens);
+  pool.ParallelFor(tiles * kvh, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores, acc, rows(static_cast<size_t>(kKeys * hd));
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t tile = item / kvh, g = item % kvh;
+      const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
+      const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
+      const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
+      const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
+      const int64_t nrows = nt * group;  // (token, query head) pairs, token-major
+      scores.resize(static_cast<size_t>(nrows * padded));
+      acc.assign(static_cast<size_t>(nrows * hd), 0.0f);
+      auto ctx_of = [&](int64_t r) { return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1; };
+      auto q_of = [&](int64_t r) { return q + ((t0 + r / group) * q_heads + g * group + r % group) * hd; };
+      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
+        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, rows.data());
+        for (int64_t r = 0; r < nrows; ++r) {
+          if (k0 < ctx_of(r)) Store(scores.data() + r * padded + k0, Scores(q_of(r), rows.data(), hd, scale));
+        }
+      }
+      for (int64_t r = 0; r < nrows; ++r) Softmax(scores.data() + r * padded, ctx_of(r));
+      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
+        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, rows.data());
+        for (int64_t r = 0; r < nrows; ++r) {
+          const int64_t nk = std::min(kKeys, ctx_of(r) - k0);
+          if (nk > 0) AddWeightedRow(scores.data() + r * padded + k0, nk, rows.data(), hd, acc.data() + r * hd);
+        }
+      }
+      for (int64_t r = 0; r < nrows; ++r) {
+        std::memcpy(out + ((t0 + r / group) * q_heads + g * group + r % group) * hd, acc.data() + r * hd,
+                    static_cast<size_t>(hd) * sizeof(float));
+      }
+    }
+  });
+}
+
+}  // namespace moeserve::cpu_fast
