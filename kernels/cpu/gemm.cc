@@ -150,6 +150,61 @@ void Kernel2x4(const float* x0, const float* x1, const T* const* w, int64_t cs, 
   }
 }
 
+// 3 x rows by 4 w rows: 12 accumulators, 3 x chunks and the w chunk fill AVX2's 16 registers;
+// 7 loads for 12 FMAs.
+template <typename T>
+void Kernel3x4(const float* x0, const float* x1, const float* x2, const T* const* w, int64_t cs, int64_t cols,
+               bool w_padded, float* const* y, int store_rows, int store_cols, bool accumulate, const char* pf) {
+  V8 a00 = Zero(), a01 = Zero(), a02 = Zero(), a03 = Zero(), a10 = Zero(), a11 = Zero(), a12 = Zero(), a13 = Zero(),
+     a20 = Zero(), a21 = Zero(), a22 = Zero(), a23 = Zero();
+  const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+  const int64_t full = cols / kLanes;
+  // One chunk: each w chunk is loaded into a register once (Pin keeps the compiler from folding
+  // it into the FMAs as a memory operand three times) and used by the three x rows.
+  auto step = [&](V8 xa, V8 xb, V8 xc, auto load_w) {
+    V8 wv = load_w(w0);
+    Pin(wv);
+    a00 = Fma(xa, wv, a00);
+    a10 = Fma(xb, wv, a10);
+    a20 = Fma(xc, wv, a20);
+    wv = load_w(w1);
+    Pin(wv);
+    a01 = Fma(xa, wv, a01);
+    a11 = Fma(xb, wv, a11);
+    a21 = Fma(xc, wv, a21);
+    wv = load_w(w2);
+    Pin(wv);
+    a02 = Fma(xa, wv, a02);
+    a12 = Fma(xb, wv, a12);
+    a22 = Fma(xc, wv, a22);
+    wv = load_w(w3);
+    Pin(wv);
+    a03 = Fma(xa, wv, a03);
+    a13 = Fma(xb, wv, a13);
+    a23 = Fma(xc, wv, a23);
+  };
+  constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(T);
+  for (int64_t c = 0; c < full; ++c) {
+    if (pf != nullptr) {
+      for (int64_t b = 0; b < kPfBytes; b += 64) Prefetch(pf + c * kPfBytes + b);
+    }
+    const int64_t o = c * cs;
+    step(Load(x0 + c * kLanes), Load(x1 + c * kLanes), Load(x2 + c * kLanes), [&](const T* p) { return Load(p + o); });
+  }
+  if (const int64_t rem = cols - full * kLanes; rem > 0) {
+    const int64_t o = full * cs;
+    step(LoadTail(x0 + full * kLanes, rem), LoadTail(x1 + full * kLanes, rem), LoadTail(x2 + full * kLanes, rem),
+         [&](const T* p) { return w_padded ? Load(p + o) : LoadTail(p + o, rem); });
+  }
+  const V8 r[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
+  for (int i = 0; i < store_rows; ++i) {
+    for (int j = 0; j < store_cols; ++j) {
+      const float s = Reduce(r[i][j]);
+      y[i][j] = accumulate ? y[i][j] + s : s;
+    }
+  }
+}
+
 // Rows [r0, r0 + 8) of w (those below `rows`) against x rows [m0, m1).
 template <typename T>
 void Tile(const float* x, int64_t m0, int64_t m1, const Rows<T>& w, int64_t rows, int64_t r0, float* y, bool accumulate,
@@ -163,6 +218,17 @@ void Tile(const float* x, int64_t m0, int64_t m1, const Rows<T>& w, int64_t rows
       Kernel1x8<T>(x + i * cols, wr, w.chunk_stride, cols, w.tiled, y + i * rows + r0, static_cast<int>(nrows),
                    accumulate, prefetch);
       i += 1;
+      continue;
+    }
+    if (m1 - i >= 3) {
+      const float *xa = x + i * cols, *xb = xa + cols, *xc = xb + cols;
+      float* yr[3] = {y + i * rows + r0, y + (i + 1) * rows + r0, y + (i + 2) * rows + r0};
+      Kernel3x4<T>(xa, xb, xc, wr, w.chunk_stride, cols, w.tiled, yr, 3, lo, accumulate, i == m0 ? prefetch : nullptr);
+      if (hi > 0) {
+        float* yh[3] = {yr[0] + 4, yr[1] + 4, yr[2] + 4};
+        Kernel3x4<T>(xa, xb, xc, wr + 4, w.chunk_stride, cols, w.tiled, yh, 3, hi, accumulate, nullptr);
+      }
+      i += 3;
       continue;
     }
     const float *xa = x + i * cols, *xb = x + (i + 1) * cols;

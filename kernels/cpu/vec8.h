@@ -46,6 +46,8 @@ inline V8 Reduce8x8(const V8 p[8]) {
   return {_mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31))};
 }
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// Keeps a value in a register: the compiler may not fold its load into later instructions.
+inline void Pin(V8& a) { __asm__("" : "+x"(a.v)); }
 #else
 struct V8 {
   float v[8];
@@ -100,6 +102,7 @@ inline V8 Reduce8x8(const V8 p[8]) {
   return r;
 }
 inline void Prefetch(const void*) {}
+inline void Pin(V8&) {}
 #endif
 
 // e^x for softmax, to about 2 ulp (Cephes' expf: x = n ln 2 + r, a degree-6 polynomial in r,
