@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/weight_layout.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -352,23 +353,192 @@ TEST_F(CpuOpsTest, DeferredCopiesLandOnlyWhenWaitedForOrOrderedBeforeCompute) {
 namespace moeserve {
 namespace {
 
+// The same weight in the tiled layout the fast path uploads (kernels/weight_layout.h).
+struct TiledWeight {
+  std::vector<uint8_t> bytes;
+  WeightRef ref;
+};
+TiledWeight Tiled(const HostWeight& w) {
+  TiledWeight t;
+  const size_t eb = DTypeSize(w.ref.dtype);
+  t.bytes.resize(static_cast<size_t>(WeightStorageElems(WeightLayout::kTiled8, w.ref.rows, w.ref.cols)) * eb);
+  PackWeight(WeightLayout::kTiled8, w.bytes.data(), w.ref.rows, w.ref.cols, eb, t.bytes.data());
+  t.ref = w.ref;
+  t.ref.data = t.bytes.data();
+  t.ref.layout = WeightLayout::kTiled8;
+  return t;
+}
+
+TEST_F(CpuOpsTest, WeightLayoutsRoundTripAndIndexAlike) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {64, 512}}) {
+    HostWeight w = MakeWeight(rows, cols, DType::kF32, static_cast<uint32_t>(rows * 131 + cols));
+    TiledWeight t = Tiled(w);
+    const float* lin = reinterpret_cast<const float*>(w.bytes.data());
+    const float* til = reinterpret_cast<const float*>(t.bytes.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(til[WeightIndex(WeightLayout::kTiled8, rows, cols, r, c)], lin[r * cols + c]) << r << "," << c;
+      }
+    }
+    std::vector<uint8_t> back(w.bytes.size());
+    UnpackWeight(WeightLayout::kTiled8, t.bytes.data(), rows, cols, sizeof(float), back.data());
+    EXPECT_EQ(back, w.bytes) << rows << "x" << cols;
+  }
+}
+
+// The tiled layout changes where the weights are, not the arithmetic: every shape, dtype and
+// batch size (both GEMM paths: direct to 16 rows, widened above) gives the row-major result
+// bit for bit, and the reference's within tolerance. Embedding reads tiled tables too.
+TEST_F(CpuOpsTest, TiledWeightsGiveTheRowMajorResultBitForBit) {
+  uint32_t seed = 300;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {13, 100}, {64, 64}, {515, 300}}) {
+      HostWeight w = MakeWeight(n, k, dt, ++seed);
+      TiledWeight t = Tiled(w);
+      for (int64_t m : {1, 2, 3, 4, 5, 16, 17, 40}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(absl::StrFormat("%s n=%d k=%d m=%d accumulate=%d", DTypeShortName(dt), n, k, m, accumulate));
+          auto x = RandomFloats(m * k, ++seed);
+          auto init = RandomFloats(m * n, ++seed);
+          std::vector<float> y_rm = init, y_tiled = init, y_ref = init;
+          fast_.Gemm(x.data(), m, w.ref, y_rm.data(), accumulate);
+          fast_.Gemm(x.data(), m, t.ref, y_tiled.data(), accumulate);
+          ref_.Gemm(x.data(), m, t.ref, y_ref.data(), accumulate);
+          ASSERT_EQ(std::memcmp(y_rm.data(), y_tiled.data(), y_rm.size() * sizeof(float)), 0);
+          EXPECT_TRUE(AllClose(y_tiled, y_ref, 1e-5, 1e-4));
+        }
+      }
+      std::vector<int32_t> ids = {0, static_cast<int32_t>(n - 1), static_cast<int32_t>(n / 2)};
+      std::vector<float> e_rm(ids.size() * k), e_tiled(ids.size() * k), e_ref(ids.size() * k);
+      fast_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), w.ref, e_rm.data());
+      fast_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), t.ref, e_tiled.data());
+      ref_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), t.ref, e_ref.data());
+      EXPECT_EQ(e_rm, e_tiled);
+      EXPECT_EQ(e_ref, e_tiled);
+    }
+  }
+}
+
 // Batch invariance: a row's result must not depend on how many other rows share the GEMM, so
-// that a request's greedy tokens do not depend on its batch mates.
+// that a request's greedy tokens do not depend on its batch mates. Both layouts; m = 77 runs
+// the widened path, the parts both paths and every kernel shape.
 TEST_F(CpuOpsTest, GemmRowsAreBatchInvariant) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {515, 300}, {1024, 512}, {96, 2048}}) {
-      HostWeight w = MakeWeight(n, k, dt, 5);
+      const HostWeight rm = MakeWeight(n, k, dt, 5);
+      const TiledWeight tiled = Tiled(rm);
+      for (const WeightRef& w : {rm.ref, tiled.ref}) {
+        const int64_t m = 77;
+        auto x = RandomFloats(m * k, 6);
+        std::vector<float> all(m * n);
+        fast_.Gemm(x.data(), m, w, all.data(), false);
+        for (int64_t rows : {1, 2, 3, 4, 8, 9, 16, 17, 33}) {
+          std::vector<float> part(rows * n);
+          fast_.Gemm(x.data() + 11 * k, rows, w, part.data(), false);
+          for (int64_t i = 0; i < rows * n; ++i) {
+            ASSERT_EQ(part[i], all[11 * n + i]) << DTypeShortName(dt) << " n=" << n << " k=" << k << " rows=" << rows
+                                                << " tiled=" << (w.layout == WeightLayout::kTiled8) << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// The same weight in the tiled layout the fast path uploads (kernels/weight_layout.h).
+struct TiledWeight {
+  std::vector<uint8_t> bytes;
+  WeightRef ref;
+};
+TiledWeight Tiled(const HostWeight& w) {
+  TiledWeight t;
+  const size_t eb = DTypeSize(w.ref.dtype);
+  t.bytes.resize(static_cast<size_t>(WeightStorageElems(WeightLayout::kTiled8, w.ref.rows, w.ref.cols)) * eb);
+  PackWeight(WeightLayout::kTiled8, w.bytes.data(), w.ref.rows, w.ref.cols, eb, t.bytes.data());
+  t.ref = w.ref;
+  t.ref.data = t.bytes.data();
+  t.ref.layout = WeightLayout::kTiled8;
+  return t;
+}
+
+TEST_F(CpuOpsTest, WeightLayoutsRoundTripAndIndexAlike) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {64, 512}}) {
+    HostWeight w = MakeWeight(rows, cols, DType::kF32, static_cast<uint32_t>(rows * 131 + cols));
+    TiledWeight t = Tiled(w);
+    const float* lin = reinterpret_cast<const float*>(w.bytes.data());
+    const float* til = reinterpret_cast<const float*>(t.bytes.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(til[WeightIndex(WeightLayout::kTiled8, rows, cols, r, c)], lin[r * cols + c]) << r << "," << c;
+      }
+    }
+    std::vector<uint8_t> back(w.bytes.size());
+    UnpackWeight(WeightLayout::kTiled8, t.bytes.data(), rows, cols, sizeof(float), back.data());
+    EXPECT_EQ(back, w.bytes) << rows << "x" << cols;
+  }
+}
+
+// The tiled layout changes where the weights are, not the arithmetic: every shape, dtype and
+// batch size (both GEMM paths: direct to 16 rows, widened above) gives the row-major result
+// bit for bit, and the reference's within tolerance. Embedding reads tiled tables too.
+TEST_F(CpuOpsTest, TiledWeightsGiveTheRowMajorResultBitForBit) {
+  uint32_t seed = 300;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {13, 100}, {64, 64}, {515, 300}}) {
+      HostWeight w = MakeWeight(n, k, dt, ++seed);
+      TiledWeight t = Tiled(w);
+      for (int64_t m : {1, 2, 3, 4, 5, 16, 17, 40}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(absl::StrFormat("%s n=%d k=%d m=%d accumulate=%d", DTypeShortName(dt), n, k, m, accumulate));
+          auto x = RandomFloats(m * k, ++seed);
+          auto init = RandomFloats(m * n, ++seed);
+          std::vector<float> y_rm = init, y_tiled = init, y_ref = init;
+          fast_.Gemm(x.data(), m, w.ref, y_rm.data(), accumulate);
+          fast_.Gemm(x.data(), m, t.ref, y_tiled.data(), accumulate);
+          ref_.Gemm(x.data(), m, t.ref, y_ref.data(), accumulate);
+          ASSERT_EQ(std::memcmp(y_rm.data(), y_tiled.data(), y_rm.size() * sizeof(float)), 0);
+          EXPECT_TRUE(AllClose(y_tiled, y_ref, 1e-5, 1e-4));
+        }
+      }
+      std::vector<int32_t> ids = {0, static_cast<int32_t>(n - 1), static_cast<int32_t>(n / 2)};
+      std::vector<float> e_rm(ids.size() * k), e_tiled(ids.size() * k), e_ref(ids.size() * k);
+      fast_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), w.ref, e_rm.data());
+      fast_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), t.ref, e_tiled.data());
+      ref_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), t.ref, e_ref.data());
+      EXPECT_EQ(e_rm, e_tiled);
+      EXPECT_EQ(e_ref, e_tiled);
+    }
+  }
+}
+
+// Batch invariance: a row's result must not depend on how many other rows share the GEMM, so
+// that a request's greedy tokens do not depend on its batch mates. Both layouts; m = 77 runs
+// the widened path, the parts both paths and every kernel shape.
+TEST_F(CpuOpsTest, GemmRowsAreBatchInvariant) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {515, 300}, {1024, 512}, {96, 2048}}) {
+      HostWeight rm = MakeWeight(n, k, dt, 5);
+      TiledWeight tiled = Tiled(rm);
+      for (const WeightRef& wref : {rm.ref, tiled.ref}) {
+      struct { WeightRef ref; } w{wref};
       const int64_t m = 77;
       auto x = RandomFloats(m * k, 6);
       std::vector<float> all(m * n);
       fast_.Gemm(x.data(), m, w.ref, all.data(), false);
-      for (int64_t rows : {1, 2, 3, 8, 9, 16, 33}) {
+      for (int64_t rows : {1, 2, 3, 4, 8, 9, 16, 17, 33}) {
         std::vector<float> part(rows * n);
         fast_.Gemm(x.data() + 11 * k, rows, w.ref, part.data(), false);
         for (int64_t i = 0; i < rows * n; ++i) {
           ASSERT_EQ(part[i], all[11 * n + i]) << DTypeShortName(dt) << " n=" << n << " k=" << k
                                               << " rows=" << rows << " element " << i;
         }
+      }
       }
     }
   }
