@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -180,8 +181,10 @@ int RunBench(BenchOptions o) {
     bool done = false;
   };
   std::mutex mu;
+  std::condition_variable all_done;
   std::vector<Result> results(items.size());
   int64_t done = 0, failed_submit = 0;
+  double elapsed = 0;  // the run itself: from the start to the last request's end
   Stopwatch wall;
   (*engine)->Start();
   for (size_t i = 0; i < items.size(); ++i) {
@@ -195,29 +198,30 @@ int RunBench(BenchOptions o) {
       std::lock_guard<std::mutex> lock(mu);
       results[i].final_event = ev;
       results[i].done = true;
-      ++done;
+      if (++done == static_cast<int64_t>(results.size())) {
+        elapsed = wall.Seconds();
+        all_done.notify_all();
+      }
     });
     if (!id.ok()) {
       std::fprintf(stderr, "request %zu refused: %s\n", i, std::string(id.status().message()).c_str());
       std::lock_guard<std::mutex> lock(mu);
       ++failed_submit;
-      ++done;
+      if (++done == static_cast<int64_t>(results.size())) elapsed = wall.Seconds();
     }
   }
   // Progress until every request has finished.
   Progress progress("bench", static_cast<int64_t>(items.size()), true);
-  while (true) {
-    int64_t d;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      d = done;
+  {
+    // The progress line is redrawn every 100 ms; the run's time is taken when the last request
+    // ends (in its callback), not at the next redraw.
+    std::unique_lock<std::mutex> lock(mu);
+    while (done < static_cast<int64_t>(items.size())) {
+      progress.Update(done, "requests");
+      all_done.wait_for(lock, std::chrono::milliseconds(100));
     }
-    if (d == static_cast<int64_t>(items.size())) break;
-    progress.Update(d, "requests");
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   progress.Finish(static_cast<int64_t>(items.size()), "requests");
-  const double elapsed = wall.Seconds();
   (*engine)->Stop();
   const EngineStats stats = (*engine)->GetStats();
 

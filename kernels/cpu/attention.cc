@@ -25,63 +25,65 @@ namespace {
 constexpr int64_t kTile = 16;  // tokens of one sequence per work item
 constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
 
-// Rows of keys [k0, k0 + 8) (K or V, kv head g) as fp32 [8][hd]; keys at or past ctx are zeros.
+// The fp32 rows of keys [k0, k0 + 8) (K or V, kv head g): pointers into an fp32 cache, or
+// rows widened into `scratch` [8][hd] from a bf16 one; keys at or past ctx read `zeros`.
 void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
-                int64_t k0, int64_t ctx, float* dst) {
+                int64_t k0, int64_t ctx, float* scratch, const float* zeros, const float* rows[kKeys]) {
   const int64_t hd = layout.head_dim, bs = layout.block_size;
   for (int64_t k = 0; k < kKeys; ++k) {
-    float* row = dst + k * hd;
     const int64_t j = k0 + k;
     if (j >= ctx) {
-      std::fill(row, row + hd, 0.0f);
+      rows[k] = zeros;
       continue;
     }
     const int64_t off = layout.Offset(table[j / bs], layer, kv, j % bs) + g * hd;
     if (layout.dtype == DType::kF32) {
-      std::memcpy(row, static_cast<const float*>(cache) + off, static_cast<size_t>(hd) * sizeof(float));
+      rows[k] = static_cast<const float*>(cache) + off;
     } else {
       const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
+      float* row = scratch + k * hd;
       for (int64_t c = 0; c < hd; c += 8) Store(row + c, Load(src + c));
+      rows[k] = row;
     }
   }
 }
 
 // scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector.
-V8 Scores(const float* q, const float* keys, int64_t hd, float scale) {
+V8 Scores(const float* q, const float* const keys[kKeys], int64_t hd, float scale) {
   V8 p[kKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
   for (int64_t c = 0; c < hd; c += 8) {
     const V8 qc = Load(q + c);
-    for (int64_t k = 0; k < kKeys; ++k) p[k] = Fma(qc, Load(keys + k * hd + c), p[k]);
+    for (int64_t k = 0; k < kKeys; ++k) p[k] = Fma(qc, Load(keys[k] + c), p[k]);
   }
   return Mul(Reduce8x8(p), Set1(scale));
 }
 
-// out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][0 .. 8N), keys in order.
+// out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.
 template <int N>
-void AddWeighted(const float* probs, int64_t nk, const float* values, int64_t hd, float* out) {
+void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys], int64_t c0, float* out) {
   V8 a[N];
   for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
   for (int64_t k = 0; k < nk; ++k) {
     const V8 pk = Set1(probs[k]);
-    for (int c = 0; c < N; ++c) a[c] = Fma(pk, Load(values + k * hd + 8 * c), a[c]);
+    for (int c = 0; c < N; ++c) a[c] = Fma(pk, Load(values[k] + c0 + 8 * c), a[c]);
   }
   for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
 }
 
-void AddWeightedRow(const float* probs, int64_t nk, const float* values, int64_t hd, float* out) {
+void AddWeightedRow(const float* probs, int64_t nk, const float* const values[kKeys], int64_t hd, float* out) {
   for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
     const int64_t left = (hd - c) / 8;
     if (left >= 8) {
-      AddWeighted<8>(probs, nk, values + c, hd, out + c);
+      AddWeighted<8>(probs, nk, values, c, out + c);
       c += 64;
     } else if (left >= 4) {
-      AddWeighted<4>(probs, nk, values + c, hd, out + c);
+      AddWeighted<4>(probs, nk, values, c, out + c);
       c += 32;
     } else if (left >= 2) {
-      AddWeighted<2>(probs, nk, values + c, hd, out + c);
+      AddWeighted<2>(probs, nk, values, c, out + c);
       c += 16;
     } else {
-      AddWeighted<1>(probs, nk, values + c, hd, out + c);
+      AddWeighted<1>(probs, nk, values, c, out + c);
       c += 8;
     }
   }
@@ -130,7 +132,8 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   const int64_t tiles = static_cast<int64_t>(tile_start.size());
   tile_start.push_back(batch.num_tokens);
   pool.ParallelFor(tiles * kvh, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, rows(static_cast<size_t>(kKeys * hd));
+    std::vector<float> scores, acc, scratch(static_cast<size_t>(kKeys * hd)), zeros(static_cast<size_t>(hd), 0.0f);
+    const float* rows[kKeys];
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / kvh, g = item % kvh;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
@@ -143,17 +146,17 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
       auto ctx_of = [&](int64_t r) { return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1; };
       auto q_of = [&](int64_t r) { return q + ((t0 + r / group) * q_heads + g * group + r % group) * hd; };
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, rows.data());
+        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t r = 0; r < nrows; ++r) {
-          if (k0 < ctx_of(r)) Store(scores.data() + r * padded + k0, Scores(q_of(r), rows.data(), hd, scale));
+          if (k0 < ctx_of(r)) Store(scores.data() + r * padded + k0, Scores(q_of(r), rows, hd, scale));
         }
       }
       for (int64_t r = 0; r < nrows; ++r) Softmax(scores.data() + r * padded, ctx_of(r));
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, rows.data());
+        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t r = 0; r < nrows; ++r) {
           const int64_t nk = std::min(kKeys, ctx_of(r) - k0);
-          if (nk > 0) AddWeightedRow(scores.data() + r * padded + k0, nk, rows.data(), hd, acc.data() + r * hd);
+          if (nk > 0) AddWeightedRow(scores.data() + r * padded + k0, nk, rows, hd, acc.data() + r * hd);
         }
       }
       for (int64_t r = 0; r < nrows; ++r) {

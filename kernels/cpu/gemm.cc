@@ -305,7 +305,9 @@ void RunItem(const GemmTask& t, const Item& it, Widened* widened) {
   }
   // The widened tile is rows [r0, r0 + 8) of a tiled fp32 matrix with t.w.rows rows.
   const Rows<float> f{widened->data, t.w.cols, kTileRows * kTileCols, true, r0};
-  Tile<float>(t.x, it.m0, it.m1, f, t.w.rows, r0, t.y, t.accumulate, nullptr);
+  // While this tile computes, the next one streams in (the widening above read this one cold).
+  const char* next = w.tiled && r0 + kTileRows < t.w.rows ? reinterpret_cast<const char*>(w.Row(r0 + kTileRows)) : nullptr;
+  Tile<float>(t.x, it.m0, it.m1, f, t.w.rows, r0, t.y, t.accumulate, next);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ inline void Store(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
 inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline V8 Add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline V8 Mul(V8 a, V8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline V8 Div(V8 a, V8 b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline V8 Max(V8 a, V8 b) { return {_mm256_max_ps(a.v, b.v)}; }
 // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
 inline float Reduce(V8 a) {
@@ -86,6 +87,10 @@ inline V8 Mul(V8 a, V8 b) {
 }
 inline V8 Max(V8 a, V8 b) {
   for (int l = 0; l < 8; ++l) a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
+  return a;
+}
+inline V8 Div(V8 a, V8 b) {
+  for (int l = 0; l < 8; ++l) a.v[l] /= b.v[l];
   return a;
 }
 inline float Reduce(V8 a) {
