@@ -17,6 +17,7 @@ struct CalibrateOptions {
   double array_mb = 256;
   std::string disk_dir = "/tmp";
   double disk_mb = 512;
+  bool no_disk = false;
   double price_per_hour = 0;
   bool quick = false;
   bool no_progress = false;
@@ -30,6 +31,7 @@ int RunCalibrate(const CalibrateOptions& o) {
   cs.array_mb = o.array_mb;
   cs.disk_dir = o.disk_dir;
   cs.disk_mb = o.disk_mb;
+  cs.disk = !o.no_disk;
   cs.quick = o.quick;
   cs.progress = !o.no_progress;
   cs.price_per_hour = o.price_per_hour;
@@ -61,6 +63,7 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--disk-dir", o->disk_dir, "Directory on the disk to measure")->capture_default_str();
   cmd->add_option("--disk-mb", o->disk_mb, "MiB written and read back on the disk")->capture_default_str();
+  cmd->add_flag("--no-disk", o->no_disk, "Skip the disk measurement (the profile's disk bandwidths are 0)");
   cmd->add_option("--price-per-hour", o->price_per_hour, "$ per hour of this machine, stored in the profile")
       ->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small sizes and few repeats (seconds; for tests, less accurate)");

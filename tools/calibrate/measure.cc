@@ -69,10 +69,18 @@ double ReadBandwidth(size_t bytes, int threads, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     Stopwatch sw;
     pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
+      // Eight independent sums over each 64-byte line, and a prefetch 2 KiB ahead: as many
+      // misses in flight as the core allows, as the GEMV's stream has (one dependent chain and
+      // no prefetch measured a third less on one core).
       const uint64_t* __restrict p = a.get();
-      uint64_t s = 0;
-      for (int64_t i = lo; i < hi; ++i) s += p[i];
-      sink.fetch_add(s, std::memory_order_relaxed);
+      uint64_t s[8] = {};
+      int64_t i = lo;
+      for (; i + 8 <= hi; i += 8) {
+        __builtin_prefetch(p + i + 256);
+        for (int l = 0; l < 8; ++l) s[l] += p[i + l];
+      }
+      for (; i < hi; ++i) s[0] += p[i];
+      sink.fetch_add(s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7], std::memory_order_relaxed);
     });
     best = std::max(best, sizeof(uint64_t) * static_cast<double>(n) / sw.Seconds());
   }
