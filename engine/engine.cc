@@ -43,11 +43,13 @@ absl::Status EngineConfig::Validate() const {
   return absl::OkStatus();
 }
 
-uint64_t ModelFingerprint(const ModelWeights& weights, DType kv_dtype, int64_t block_size) {
+uint64_t ModelFingerprint(const ModelWeights& weights, const Backend& backend, DType kv_dtype, int64_t block_size) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   const std::string cfg = weights.config().ToJson();
   XXH3_64bits_update(st, cfg.data(), cfg.size());
+  const std::string numerics = backend.KernelNumerics();
+  XXH3_64bits_update(st, numerics.data(), numerics.size() + 1);
   // Every weight byte with its name, shape and dtype (hashed while loading), and what a KV
   // block's bytes mean: a block written by any other model or layout never matches.
   const uint64_t parts[] = {weights.content_digest(), static_cast<uint64_t>(weights.dtype()),
@@ -119,7 +121,7 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
                                                  : (config.hardware ? config.hardware->price_per_hour : 0.0)),
       kv_(std::move(kv)),
       pool_(kv_.layout().num_blocks, config.parallel.enabled() ? config.parallel.ep : 1),
-      fingerprint_(ModelFingerprint(*weights, config.kv_dtype, config.block_size)),
+      fingerprint_(ModelFingerprint(*weights, *backend, config.kv_dtype, config.block_size)),
       scheduler_(config.scheduler, &pool_, config.block_size, fingerprint_),
       started_(Clock::now()),
       recorder_(config.step_history) {

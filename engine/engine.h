@@ -178,7 +178,8 @@ class Engine {
 };
 
 // Fingerprint of a model for prefix-cache keys in every tier: its config, every weight byte
-// (ModelWeights::content_digest), the weight and KV dtypes, the block size and the KV format.
-uint64_t ModelFingerprint(const ModelWeights& weights, DType kv_dtype, int64_t block_size);
+// (ModelWeights::content_digest), the weight and KV dtypes, the block size, the KV format and
+// the backend's kernel numerics.
+uint64_t ModelFingerprint(const ModelWeights& weights, const Backend& backend, DType kv_dtype, int64_t block_size);
 
 }  // namespace moeserve

@@ -119,6 +119,11 @@ class Backend {
 
   virtual std::string Name() const = 0;
 
+  // Names the arithmetic that produces KV values (kernels and their operation order), with a
+  // version bumped whenever a change alters the bytes: part of every prefix-cache key, so KV
+  // computed by another backend or an older kernel is never served as this one's.
+  virtual std::string KernelNumerics() const = 0;
+
   // The layout this backend's GEMMs read fastest; weights are uploaded in it
   // (kernels/weight_layout.h). Every op also accepts kRowMajor.
   virtual WeightLayout PreferredWeightLayout() const { return WeightLayout::kRowMajor; }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -22,16 +23,38 @@ std::string Mode(mode_t m) { return absl::StrFormat("%04o", m & 07777); }
 
 }  // namespace
 
-absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& dir) {
+absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& requested) {
   namespace fs = std::filesystem;
+  fs::path normal = fs::path(requested).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "dir/" is "dir"
   std::error_code ec;
-  const fs::path parent = fs::path(dir).parent_path();
+  const fs::path parent = normal.parent_path();
   if (!parent.empty()) fs::create_directories(parent, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
+  if (::mkdir(normal.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create ", normal.string(), ": ", std::strerror(errno)));
   }
+  // Every later path names the directory itself (symbolic links resolved once, here), and no
+  // one else may swap a component of that path: each ancestor belongs to root or to us, and is
+  // writable by others only with the sticky bit (as /tmp).
+  char resolved[PATH_MAX];
+  if (::realpath(normal.c_str(), resolved) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", normal.string(), ": ", std::strerror(errno)));
+  }
+  const std::string dir = resolved;
   struct stat st;
+  for (fs::path a = fs::path(dir).parent_path();; a = a.parent_path()) {
+    if (::stat(a.c_str(), &st) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot stat ", a.string(), ": ", std::strerror(errno)));
+    }
+    if ((st.st_uid != 0 && st.st_uid != ::geteuid()) || ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          dir, " lies under ", a.string(), " (owner uid ", st.st_uid, ", mode ", Mode(st.st_mode),
+          "), which someone else could use to replace it: use a directory whose ancestors only root or this "
+          "server's user can write (or that have the sticky bit, as /tmp)"));
+    }
+    if (a == a.parent_path()) break;
+  }
   if (::stat(dir.c_str(), &st) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot stat ", dir, ": ", std::strerror(errno)));
   }
@@ -48,6 +71,7 @@ absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& dir) {
   }
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
   FlashDirLock lock;
+  lock.path_ = dir;
   lock.fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock.fd_ < 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
@@ -71,12 +95,14 @@ absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& dir) {
   return lock;
 }
 
-FlashDirLock::FlashDirLock(FlashDirLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+FlashDirLock::FlashDirLock(FlashDirLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
 
 FlashDirLock& FlashDirLock::operator=(FlashDirLock&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
   }
   return *this;
 }

@@ -61,15 +61,17 @@ void FlashRecordHeader::Encode(uint8_t out[kBytes]) const {
 
 absl::StatusOr<FlashRecordHeader> FlashRecordHeader::Decode(const uint8_t in[kBytes]) {
   if (std::memcmp(in, kMagic, sizeof(kMagic)) != 0) return absl::DataLossError("bad magic");
-  uint64_t stored;
-  std::memcpy(&stored, in + kChecksummedBytes, sizeof(stored));
-  if (stored != XXH3_64bits(in, kChecksummedBytes)) return absl::DataLossError("header checksum mismatch");
   const uint8_t* p = in + sizeof(kMagic);
   const uint32_t version = Take<uint32_t>(p);
   const uint32_t header_bytes = Take<uint32_t>(p);
+  // Another format's header has another length, so its checksum is not where ours is: the
+  // version decides first (foreign, left alone), the checksum after (corrupt).
   if (version != kVersion || header_bytes != kBytes) {
     return absl::FailedPreconditionError(absl::StrCat("format version ", version, " (this build reads ", kVersion, ")"));
   }
+  uint64_t stored;
+  std::memcpy(&stored, in + kChecksummedBytes, sizeof(stored));
+  if (stored != XXH3_64bits(in, kChecksummedBytes)) return absl::DataLossError("header checksum mismatch");
   FlashRecordHeader h;
   h.model_fingerprint = Take<uint64_t>(p);
   h.block_hash.lo = Take<uint64_t>(p);
@@ -92,7 +94,9 @@ absl::StatusOr<std::unique_ptr<FlashStore>> FlashStore::Open(const FlashStoreOpt
   }
   auto lock = FlashDirLock::Acquire(options.dir);
   if (!lock.ok()) return absl::Status(lock.status().code(), absl::StrCat("flash store: ", lock.status().message()));
-  std::unique_ptr<FlashStore> store(new FlashStore(options, std::move(*lock)));
+  FlashStoreOptions resolved = options;
+  resolved.dir = lock->path();  // records are named from the resolved directory
+  std::unique_ptr<FlashStore> store(new FlashStore(std::move(resolved), std::move(*lock)));
   store->stats_.budget_bytes = options.budget_bytes;
   if (absl::Status s = store->Scan(); !s.ok()) return s;
   return store;
@@ -165,7 +169,7 @@ absl::Status FlashStore::Scan() {
       remove(&stats_.dropped_truncated);
       continue;
     }
-    if (entry.path().string() != PathOf(h->block_hash)) {  // renamed or copied over another
+    if (name != fs::path(PathOf(h->block_hash)).filename().string()) {  // renamed or copied over another
       remove(&stats_.dropped_corrupt);
       continue;
     }

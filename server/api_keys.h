@@ -3,6 +3,8 @@
 // requests share prefix-cache blocks only among themselves. Keys are compared in constant time.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,6 +34,7 @@ class ApiKeys {
 
  private:
   std::vector<std::pair<std::string, std::string>> keys_;  // (key, tenant)
+  std::vector<std::array<uint8_t, 16>> digests_;             // XXH3-128 of each key
 };
 
 }  // namespace moeserve::server

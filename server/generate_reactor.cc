@@ -124,8 +124,8 @@ void GenerateReactor::WriteNextLocked() {
     SerializeResponse(queue_.front(), &in_flight_);
     queue_.pop_front();
     if (queue_.empty() && final_status_.has_value() && final_status_->ok()) {
-      // The last message and the OK status in one operation: nothing (a deadline passing, a
-      // cancellation) can come between them. OnDone follows, not OnWriteDone.
+      // The last message and the OK status in one operation, so the server does not act on a
+      // deadline or cancellation between them. OnDone follows, not OnWriteDone.
       finished_ = true;
       StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), *final_status_);
       return;

@@ -2,7 +2,8 @@
 // submits it to the engine and never blocks a gRPC thread: the engine's callback queues
 // responses and the reactor writes them one at a time, coalescing tokens that arrive while a
 // write is in flight. The last message goes out with the OK status in one operation
-// (StartWriteAndFinish), so a request that finished is never reported as failed.
+// (StartWriteAndFinish), so no server-side deadline or cancellation can land between them (a
+// client's own deadline timer still can: docs/hardening.md).
 #pragma once
 
 #include <deque>

@@ -17,9 +17,9 @@ struct ServerOptions {
   int max_message_bytes = 4 << 20;
   // gRPC 1.51's HPACK parser stops at its metadata limit and leaves the connection's header
   // table out of step, which ends every other stream on that connection; so the transport's
-  // limit is set this far above the service's own (ServiceOptions::max_metadata_bytes), which
-  // refuses an oversized call alone. Beyond this, HTTP/2 offers no way to refuse one call alone.
-  int transport_metadata_bytes = 1 << 20;
+  // limit is set well above the service's own (ServiceOptions::max_metadata_bytes; serve uses 8x),
+  // which refuses an oversized call alone. Beyond it, one call cannot be refused alone.
+  int transport_metadata_bytes = 128 << 10;
   double grace_seconds = 10.0;
   std::string port_file;  // when set, the bound port is written here
   // Written with port_file, once the signal handlers are in place: another listener's port

@@ -44,10 +44,11 @@ std::string FindInvalidUtf8(const pb::UnknownFieldSet& fields, const pb::Descrip
 
 absl::Status ParseRequest(const grpc::ByteBuffer& in, pb::Message* out) {
   std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (in.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (!in.Valid() || !in.Dump(&slices).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("no ", out->GetDescriptor()->full_name(), " message in the call"));
   }
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   if (out->ParseFromString(bytes)) return absl::OkStatus();
   const std::string type = out->GetDescriptor()->full_name();
   pb::UnknownFieldSet fields;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -54,10 +56,17 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
   const std::vector<int32_t> filler_a = random_prompt(), filler_b = random_prompt(),
                               filler_c = random_prompt();
   const int64_t prompt_blocks = (o.prompt_tokens + 1 + base.block_size - 1) / base.block_size;
-  const std::string flash_dir =
-      o.flash_dir.empty() ? (std::filesystem::temp_directory_path() / absl::StrCat("moeserve_tiers_", getpid())).string()
-                          : o.flash_dir;
-  std::filesystem::remove_all(flash_dir);
+  // A fresh private directory of its own (inside --flash-kv-dir when given: the disk to measure),
+  // so the scenario never touches records or the lock of a server using that directory.
+  const std::string parent = o.flash_dir.empty() ? std::filesystem::temp_directory_path().string() : o.flash_dir;
+  std::error_code mk_ec;
+  std::filesystem::create_directories(parent, mk_ec);
+  std::string tmpl = absl::StrCat(parent, "/moeserve_tier_scenario_XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--flash-kv-dir: cannot create a directory in ", parent, ": ",
+                                                   std::strerror(errno)));
+  }
+  const std::string flash_dir = tmpl;
 
   // Room on the device for the prompt and one filler: the second and third fillers evict all of
   // the prompt's blocks.

@@ -34,11 +34,13 @@ int RunServe(ServeOptions o) {
   }
   auto api_keys = server::ApiKeys::FromFlags(o.api_key, o.api_keys_file);
   if (!api_keys.ok()) return Fail(api_keys.status());
-  const size_t max_metadata = static_cast<size_t>(o.server.transport_metadata_bytes) / 4;
-  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > max_metadata) {
+  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (256 << 10)) {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--max-metadata-bytes must be in [1024, ", max_metadata, "], got ", o.max_metadata_bytes)));
+        absl::StrCat("--max-metadata-bytes must be in [1024, 262144], got ", o.max_metadata_bytes)));
   }
+  // The transport's own limit, far enough above ours that an oversized call reaches the service
+  // and is refused alone (server_main.h), and bounded so that headers cannot take much memory.
+  o.server.transport_metadata_bytes = static_cast<int>(8 * o.max_metadata_bytes);
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
@@ -58,6 +60,17 @@ int RunServe(ServeOptions o) {
                sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
                static_cast<long long>((*engine)->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
 
+  if (!ecfg->kv_tiers.flash_dir.empty()) {
+    const FlashStoreStats f = (*engine)->GetStats().tiers.flash;
+    std::fprintf(stderr,
+                 "moeserve: flash tier %s: %lld records (%.1f MiB) of this model; left in place: %lld records of "
+                 "other models or formats, %lld other entries%s; dropped %lld damaged\n",
+                 ecfg->kv_tiers.flash_dir.c_str(), static_cast<long long>(f.records), f.bytes / 1048576.0,
+                 static_cast<long long>(f.skipped_foreign), static_cast<long long>(f.skipped_other),
+                 f.skipped_foreign > 0 ? " (--flash-kv-purge-foreign deletes the records)" : "",
+                 static_cast<long long>(f.dropped_corrupt + f.dropped_truncated + f.dropped_incomplete +
+                                        f.dropped_foreign));
+  }
   server::ServiceOptions so;
   so.api_keys = *std::move(api_keys);
   so.max_metadata_bytes = o.max_metadata_bytes;
@@ -135,7 +148,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-metadata-bytes", o->max_metadata_bytes,
                   "Largest request metadata (headers) a call may carry, counted as HPACK does (name + value + "
                   "32 per entry); a larger call gets RESOURCE_EXHAUSTED alone, its connection's other streams "
-                  "go on. The transport refuses whole connections only past 1 MiB")
+                  "go on. Past 8 times this the transport refuses it, and with gRPC 1.51 that ends its connection")
       ->capture_default_str();
   cmd->add_option("--grace-seconds", o->server.grace_seconds,
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")

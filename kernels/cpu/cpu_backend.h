@@ -36,6 +36,11 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string Name() const override;
+  // v2: tiled GEMM with lane-strided FMA order, vectorised attention and exp (this change).
+  std::string KernelNumerics() const override {
+    return options_.path == CpuPath::kFast ? (options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2")
+                                           : "cpu-reference-1";
+  }
   // The fast path's GEMM streams 8-row tiles (kernels/weight_layout.h).
   WeightLayout PreferredWeightLayout() const override {
     return options_.path == CpuPath::kFast ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;

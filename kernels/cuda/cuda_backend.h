@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string Name() const override;
+  std::string KernelNumerics() const override { return "cuda-1"; }
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   size_t capacity_bytes() const override { return capacity_; }
   size_t used_bytes() const override { return used_; }

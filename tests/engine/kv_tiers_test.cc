@@ -253,7 +253,7 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
     auto e = MakeEngine(model_, t, 12);
     PlayScenario(e.get(), scenario_);
   }
-  const uint64_t fp = ModelFingerprint(*model_.weights, DType::kF32, 16);
+  const uint64_t fp = ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 16);
   std::vector<BlockHash> prefix;
   ExtendBlockHashes(scenario_.prefix, 16, fp, BlockHash{}, &prefix);
   ASSERT_EQ(prefix.size(), 3u);
@@ -324,12 +324,14 @@ TEST_P(KvTiersTest, FlashRecordsOfACheckpointDifferingInOneTensorAreNeverServed)
   auto other = ModelWeights::Load(model_.config, *tensors, &other_model.backend, DType::kF32);
   ASSERT_TRUE(other.ok()) << other.status();
   other_model.weights = std::move(*other);
-  const uint64_t fp = ModelFingerprint(*model_.weights, DType::kF32, 16);
-  EXPECT_NE(ModelFingerprint(*other_model.weights, DType::kF32, 16), fp);
+  const uint64_t fp = ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 16);
+  EXPECT_NE(ModelFingerprint(*other_model.weights, other_model.backend, DType::kF32, 16), fp);
   // What a KV block means is part of the key too.
-  EXPECT_NE(ModelFingerprint(*model_.weights, DType::kBF16, 16), fp);
-  EXPECT_NE(ModelFingerprint(*model_.weights, DType::kF32, 8), fp);
-  EXPECT_EQ(ModelFingerprint(*model_.weights, DType::kF32, 16), fp) << "the fingerprint is deterministic";
+  EXPECT_NE(ModelFingerprint(*model_.weights, model_.backend, DType::kBF16, 16), fp);
+  EXPECT_NE(ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 8), fp);
+  EXPECT_EQ(ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 16), fp) << "the fingerprint is deterministic";
+  CpuBackend reference(CpuBackendOptions{CpuPath::kReference, 1, 0});
+  EXPECT_NE(ModelFingerprint(*model_.weights, reference, DType::kF32, 16), fp) << "another backend's arithmetic";
 
   const std::string dir = FreshDir();
   KvTierConfig t;

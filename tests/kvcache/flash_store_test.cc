@@ -314,6 +314,16 @@ TEST(FlashStoreTest, DirectoryIsPrivateAndOthersCannotReachIt) {
   auto s = OpenStore(dir, 1 << 20);
   ASSERT_NE(s, nullptr);
   EXPECT_TRUE(ReadsBack(s.get(), 1, 256));
+  // Under a directory anyone may write (without the sticky bit), someone could swap it: refused,
+  // naming that ancestor; with the sticky bit (as /tmp) it is fine.
+  const std::string open_parent = parent + "/shared";
+  fs::create_directories(open_parent);
+  fs::permissions(open_parent, fs::perms(0777));
+  auto swappable = FlashStore::Open({open_parent + "/flash", 1 << 20, kFingerprint});
+  ASSERT_FALSE(swappable.ok());
+  EXPECT_NE(swappable.status().message().find(open_parent), std::string::npos) << swappable.status();
+  fs::permissions(open_parent, fs::perms(01777));
+  EXPECT_TRUE(FlashStore::Open({open_parent + "/flash", 1 << 20, kFingerprint}).ok());
   // A path that is a file, not a directory.
   const std::string file = parent + "/plain";
   std::ofstream(file) << "x";
@@ -397,6 +407,34 @@ TEST(FlashStoreTest, JunkInTheDirectoryIsSkippedAndCounted) {
   EXPECT_TRUE(fs::exists(dir + "/README"));
   fs::remove_all(dir);
   fs::remove_all(elsewhere);
+}
+
+// A record of another format version (its header of another length, so its checksum is not
+// where this build looks) is foreign: skipped and left, not deleted as corrupt. A trailing "/"
+// names the same directory and finds the same records.
+TEST(FlashStoreTest, OtherVersionsAreSkippedAndATrailingSlashIsTheSameDirectory) {
+  const std::string dir = FreshDir("version");
+  std::string other_version;
+  {
+    auto s = OpenStore(dir, 1 << 20);
+    Write(s.get(), 1, 512);
+    Write(s.get(), 2, 512);
+    other_version = s->PathOf(HashOf(2));
+  }
+  {  // record 2 becomes version 3 with a 96-byte header
+    std::fstream f(other_version, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    const uint32_t v[2] = {3, 96};
+    f.write(reinterpret_cast<const char*>(v), sizeof(v));
+  }
+  auto s = OpenStore(dir + "/", 1 << 20);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->stats().skipped_foreign, 1);
+  EXPECT_EQ(s->stats().dropped_corrupt, 0) << "another version was deleted as corrupt";
+  EXPECT_TRUE(fs::exists(other_version));
+  EXPECT_EQ(s->stats().records, 1);
+  EXPECT_TRUE(ReadsBack(s.get(), 1, 512)) << "a trailing slash lost the records";
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -86,18 +87,28 @@ TEST(E2eHardeningTest, OversizedMetadataIsRefusedAloneOnASharedConnection) {
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--preset", "tiny"})) << server.log();
   auto stub = v1::Moeserve::NewStub(server.channel());  // one channel, one HTTP/2 connection
-  for (const size_t big : {20u << 10, 100u << 10, 600u << 10}) {
+  for (const size_t big : {20u << 10, 60u << 10, 100u << 10}) {
+    constexpr int kTokens = 300;  // long enough to be mid-stream when the oversized call arrives
     std::vector<Streamed> before(3), after(3);
     std::vector<std::thread> threads;
+    std::atomic<int> streaming{0};  // "before" streams that have received their first message
     auto run = [&](Streamed* out, int i) {
       grpc::ClientContext ctx;
       ctx.AddMetadata("x-small", std::string(100 + i, 'b'));
-      v1::GenerateRequest req = IdsRequest({256, 7, static_cast<int32_t>(i)}, 40);
+      v1::GenerateRequest req = IdsRequest({256, 7, static_cast<int32_t>(i)}, kTokens);
       req.set_ignore_eos(true);
-      *out = Stream(stub.get(), req, &ctx);
+      auto reader = stub->Generate(&ctx, req);
+      v1::GenerateResponse r;
+      while (reader->Read(&r)) {
+        if (out->ids.empty() && i < 10) ++streaming;
+        out->ids.insert(out->ids.end(), r.token_ids().begin(), r.token_ids().end());
+      }
+      out->status = reader->Finish();
     };
     for (int i = 0; i < 3; ++i) threads.emplace_back(run, &before[i], i);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // The oversized call goes out while all three are mid-stream on the same connection.
+    for (int w = 0; w < 2000 && streaming.load() < 3; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(streaming.load(), 3) << "the first streams did not start";
     grpc::ClientContext ctx;
     // Many indexable entries, as well as one large value: both reach the limit.
     for (int i = 0; i < 64; ++i) ctx.AddMetadata("x-entry-" + std::to_string(i), std::string(big / 128, 'e'));
@@ -110,8 +121,8 @@ TEST(E2eHardeningTest, OversizedMetadataIsRefusedAloneOnASharedConnection) {
     for (int i = 0; i < 3; ++i) {
       EXPECT_TRUE(before[i].status.ok()) << big << " bytes, stream before #" << i << ": " << before[i].status.error_message();
       EXPECT_TRUE(after[i].status.ok()) << big << " bytes, stream after #" << i << ": " << after[i].status.error_message();
-      EXPECT_EQ(before[i].ids.size(), 40u);
-      EXPECT_EQ(after[i].ids.size(), 40u);
+      EXPECT_EQ(before[i].ids.size(), static_cast<size_t>(kTokens));
+      EXPECT_EQ(after[i].ids.size(), static_cast<size_t>(kTokens));
     }
   }
   // Metadata within the limit is served.

@@ -139,7 +139,7 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   rss.push_back(RssMiB(server.pid()));
 
   EXPECT_EQ(other.load(), 0) << "unexpected outcomes:" << failures;
-  EXPECT_EQ(ok + cancelled + deadline + other, total) << "every request ends exactly once";
+
   EXPECT_GT(greedy_runs.load(), 0);
   EXPECT_EQ(greedy_wrong.load(), 0) << "greedy repeats that differ from their solo run (seed " << seed << ")";
   const v1::Stats st = GetStats(stub.get());
@@ -151,6 +151,9 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   EXPECT_EQ(out.at("cancelled") + out.at("deadline_exceeded"), cancelled + deadline);
   EXPECT_EQ(out.at("error"), 0);
   EXPECT_EQ(out.at("refused"), 0);
+  // Exactly once on the server: every request it took ended in exactly one outcome.
+  EXPECT_EQ(finished + out.at("cancelled") + out.at("deadline_exceeded"), total + solo)
+      << "the server ended more or fewer requests than were sent";
   EXPECT_EQ(st.kv_blocks_used(), 0);
   EXPECT_EQ(st.kv_tiers().ddr_swap_blocks(), 0) << "swap slots still held";
   EXPECT_GT(st.preemptions(), 0) << "the KV pool was never short: the test did not exercise preemption";
