@@ -14,7 +14,8 @@ int64_t WeightStorageElems(WeightLayout layout, int64_t rows, int64_t cols) {
 namespace {
 
 // Copies runs of up to 8 columns between row-major and `layout`, one direction or the other.
-void Convert(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t eb, void* dst, bool pack) {
+void Convert(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t eb, void* dst,
+             bool pack) {
   if (layout == WeightLayout::kRowMajor) {
     std::memcpy(dst, src, static_cast<size_t>(rows * cols) * eb);
     return;
@@ -38,11 +39,13 @@ void Convert(WeightLayout layout, const void* src, int64_t rows, int64_t cols, s
 
 }  // namespace
 
-void PackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes, void* dst) {
+void PackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes,
+                void* dst) {
   Convert(layout, src, rows, cols, elem_bytes, dst, /*pack=*/true);
 }
 
-void UnpackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes, void* dst) {
+void UnpackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols,
+                  size_t elem_bytes, void* dst) {
   Convert(layout, src, rows, cols, elem_bytes, dst, /*pack=*/false);
 }
 

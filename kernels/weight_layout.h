@@ -14,8 +14,8 @@
 
 namespace moeserve {
 
-inline constexpr int64_t kTileRows = 8;   // rows per kTiled8 tile
-inline constexpr int64_t kTileCols = 8;   // columns per chunk of a tile
+inline constexpr int64_t kTileRows = 8;  // rows per kTiled8 tile
+inline constexpr int64_t kTileCols = 8;  // columns per chunk of a tile
 
 inline int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -23,7 +23,8 @@ inline int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 int64_t WeightStorageElems(WeightLayout layout, int64_t rows, int64_t cols);
 
 // Element index of (row, col) in `layout`.
-inline int64_t WeightIndex(WeightLayout layout, int64_t rows, int64_t cols, int64_t row, int64_t col) {
+inline int64_t WeightIndex(WeightLayout layout, int64_t rows, int64_t cols, int64_t row,
+                           int64_t col) {
   if (layout == WeightLayout::kRowMajor) return row * cols + col;
   const int64_t cols8 = RoundUp(cols, kTileCols);
   return (row / kTileRows) * kTileRows * cols8 + (col / kTileCols) * (kTileRows * kTileCols) +
@@ -32,7 +33,9 @@ inline int64_t WeightIndex(WeightLayout layout, int64_t rows, int64_t cols, int6
 
 // Reorders `rows` x `cols` elements of `elem_bytes` each from row-major `src` into `layout` at
 // `dst` (WeightStorageElems elements; padding zeroed), or back.
-void PackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes, void* dst);
-void UnpackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes, void* dst);
+void PackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols, size_t elem_bytes,
+                void* dst);
+void UnpackWeight(WeightLayout layout, const void* src, int64_t rows, int64_t cols,
+                  size_t elem_bytes, void* dst);
 
 }  // namespace moeserve

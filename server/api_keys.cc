@@ -23,7 +23,8 @@ constexpr size_t kMaxTenantChars = 64;
 bool ValidTenant(absl::string_view t) {
   if (t.empty() || t.size() > kMaxTenantChars) return false;
   for (char c : t) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
+      return false;
   }
   return true;
 }
@@ -45,14 +46,17 @@ bool ConstantTimeEquals(const Digest& a, const Digest& b) {
 
 }  // namespace
 
-absl::StatusOr<ApiKeys> ApiKeys::FromFlags(const std::string& api_key, const std::string& keys_file) {
+absl::StatusOr<ApiKeys> ApiKeys::FromFlags(const std::string& api_key,
+                                           const std::string& keys_file) {
   ApiKeys keys;
   if (!api_key.empty() && !keys_file.empty()) {
     return absl::InvalidArgumentError(
-        "--api-key and --api-keys-file exclude each other: put the single key in the file with a tenant name");
+        "--api-key and --api-keys-file exclude each other: put the single key in the file with a "
+        "tenant name");
   }
   if (!api_key.empty()) {
-    if (absl::StrContains(api_key, ' ')) return absl::InvalidArgumentError("--api-key must not contain spaces");
+    if (absl::StrContains(api_key, ' '))
+      return absl::InvalidArgumentError("--api-key must not contain spaces");
     keys.keys_.emplace_back(api_key, "");
     keys.digests_.push_back(DigestOf(api_key));
     return keys;
@@ -61,52 +65,61 @@ absl::StatusOr<ApiKeys> ApiKeys::FromFlags(const std::string& api_key, const std
   // The owner and mode of the file actually read (fstat of the open file, no symbolic link).
   const int fd = ::open(keys_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--api-keys-file: cannot open ", keys_file, ": ", std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api-keys-file: cannot open ", keys_file, ": ", std::strerror(errno)));
   }
   struct stat st;
   std::string text;
   const bool stat_ok = ::fstat(fd, &st) == 0;
   if (stat_ok && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 077) == 0) {
     char buf[4096];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) text.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;)
+      text.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
   if (!stat_ok || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("--api-keys-file: ", keys_file, " is not a regular file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api-keys-file: ", keys_file, " is not a regular file"));
   }
   if (st.st_uid != ::geteuid()) {
-    return absl::InvalidArgumentError(absl::StrCat("--api-keys-file: ", keys_file, " is owned by uid ", st.st_uid,
+    return absl::InvalidArgumentError(absl::StrCat("--api-keys-file: ", keys_file,
+                                                   " is owned by uid ", st.st_uid,
                                                    ", not by this server's uid ", ::geteuid()));
   }
   if ((st.st_mode & 077) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--api-keys-file: %s has mode %04o: group or others can reach the keys; chmod 600 it", keys_file,
-        st.st_mode & 07777));
+        "--api-keys-file: %s has mode %04o: group or others can reach the keys; chmod 600 it",
+        keys_file, st.st_mode & 07777));
   }
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
-    const std::vector<absl::string_view> parts = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    const std::vector<absl::string_view> parts =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     const std::string where = absl::StrCat("--api-keys-file ", keys_file, " line ", line_no, ": ");
     if (parts.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "expected \"TENANT KEY\", got ", parts.size(), " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "expected \"TENANT KEY\", got ", parts.size(), " fields"));
     }
     if (!ValidTenant(parts[0])) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "tenant \"", parts[0], "\" must be 1-", kMaxTenantChars,
+      return absl::InvalidArgumentError(absl::StrCat(where, "tenant \"", parts[0], "\" must be 1-",
+                                                     kMaxTenantChars,
                                                      " characters of A-Z a-z 0-9 . _ -"));
     }
     for (const auto& [key, tenant] : keys.keys_) {
       if (key == parts[1]) {
-        return absl::InvalidArgumentError(absl::StrCat(where, "this key is already given to tenant \"", tenant, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "this key is already given to tenant \"", tenant, "\""));
       }
     }
     keys.keys_.emplace_back(std::string(parts[1]), std::string(parts[0]));
     keys.digests_.push_back(DigestOf(parts[1]));
   }
   if (keys.keys_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--api-keys-file: ", keys_file, " holds no \"TENANT KEY\" line"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api-keys-file: ", keys_file, " holds no \"TENANT KEY\" line"));
   }
   return keys;
 }

@@ -23,7 +23,8 @@ class ApiKeys {
   // tenant names of 1-64 characters [A-Za-z0-9._-]; keys without whitespace, each used once;
   // the file may not be readable or writable by group or others. Errors name the flag, the
   // file's line and the limit.
-  static absl::StatusOr<ApiKeys> FromFlags(const std::string& api_key, const std::string& keys_file);
+  static absl::StatusOr<ApiKeys> FromFlags(const std::string& api_key,
+                                           const std::string& keys_file);
 
   bool required() const { return !keys_.empty(); }
   size_t num_keys() const { return keys_.size(); }
@@ -34,7 +35,7 @@ class ApiKeys {
 
  private:
   std::vector<std::pair<std::string, std::string>> keys_;  // (key, tenant)
-  std::vector<std::array<uint8_t, 16>> digests_;             // XXH3-128 of each key
+  std::vector<std::array<uint8_t, 16>> digests_;           // XXH3-128 of each key
 };
 
 }  // namespace moeserve::server

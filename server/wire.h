@@ -4,9 +4,8 @@
 // own deserialisation answers. These parse and serialise the moeserve.v1 messages.
 #pragma once
 
-#include <grpcpp/support/byte_buffer.h>
-
 #include <google/protobuf/message.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/status.h"
 

@@ -27,8 +27,9 @@ constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
 
 // The fp32 rows of keys [k0, k0 + 8) (K or V, kv head g): pointers into an fp32 cache, or
 // rows widened into `scratch` [8][hd] from a bf16 one; keys at or past ctx read `zeros`.
-void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
-                int64_t k0, int64_t ctx, float* scratch, const float* zeros, const float* rows[kKeys]) {
+void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer,
+                int kv, int64_t g, int64_t k0, int64_t ctx, float* scratch, const float* zeros,
+                const float* rows[kKeys]) {
   const int64_t hd = layout.head_dim, bs = layout.block_size;
   for (int64_t k = 0; k < kKeys; ++k) {
     const int64_t j = k0 + k;
@@ -60,7 +61,8 @@ V8 Scores(const float* q, const float* const keys[kKeys], int64_t hd, float scal
 
 // out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.
 template <int N>
-void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys], int64_t c0, float* out) {
+void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys], int64_t c0,
+                 float* out) {
   V8 a[N];
   for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
   for (int64_t k = 0; k < nk; ++k) {
@@ -70,7 +72,8 @@ void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys
   for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
 }
 
-void AddWeightedRow(const float* probs, int64_t nk, const float* const values[kKeys], int64_t hd, float* out) {
+void AddWeightedRow(const float* probs, int64_t nk, const float* const values[kKeys], int64_t hd,
+                    float* out) {
   for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
     const int64_t left = (hd - c) / 8;
     if (left >= 8) {
@@ -117,22 +120,25 @@ void Softmax(float* sc, int64_t ctx) {
 
 }  // namespace
 
-void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch, const KvLayout& layout,
-                    int64_t layer, const void* cache, int64_t q_heads, float scale, float* out) {
+void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
+                    const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
+                    float scale, float* out) {
   const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
   std::vector<int64_t> tile_start;
   for (int64_t t = 0; t < batch.num_tokens; ++t) {
-    const bool extends = t > 0 && t - tile_start.back() < kTile && batch.token_seq[t] == batch.token_seq[t - 1] &&
+    const bool extends = t > 0 && t - tile_start.back() < kTile &&
+                         batch.token_seq[t] == batch.token_seq[t - 1] &&
                          batch.token_pos[t] == batch.token_pos[t - 1] + 1;
     if (!extends) tile_start.push_back(t);
   }
   const int64_t tiles = static_cast<int64_t>(tile_start.size());
   tile_start.push_back(batch.num_tokens);
   pool.ParallelFor(tiles * kvh, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, scratch(static_cast<size_t>(kKeys * hd)), zeros(static_cast<size_t>(hd), 0.0f);
+    std::vector<float> scores, acc, scratch(static_cast<size_t>(kKeys * hd)),
+        zeros(static_cast<size_t>(hd), 0.0f);
     const float* rows[kKeys];
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / kvh, g = item % kvh;
@@ -143,25 +149,33 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
       const int64_t nrows = nt * group;  // (token, query head) pairs, token-major
       scores.resize(static_cast<size_t>(nrows * padded));
       acc.assign(static_cast<size_t>(nrows * hd), 0.0f);
-      auto ctx_of = [&](int64_t r) { return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1; };
-      auto q_of = [&](int64_t r) { return q + ((t0 + r / group) * q_heads + g * group + r % group) * hd; };
+      auto ctx_of = [&](int64_t r) {
+        return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1;
+      };
+      auto q_of = [&](int64_t r) {
+        return q + ((t0 + r / group) * q_heads + g * group + r % group) * hd;
+      };
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, scratch.data(), zeros.data(),
+                   rows);
         for (int64_t r = 0; r < nrows; ++r) {
-          if (k0 < ctx_of(r)) Store(scores.data() + r * padded + k0, Scores(q_of(r), rows, hd, scale));
+          if (k0 < ctx_of(r))
+            Store(scores.data() + r * padded + k0, Scores(q_of(r), rows, hd, scale));
         }
       }
       for (int64_t r = 0; r < nrows; ++r) Softmax(scores.data() + r * padded, ctx_of(r));
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, scratch.data(), zeros.data(),
+                   rows);
         for (int64_t r = 0; r < nrows; ++r) {
           const int64_t nk = std::min(kKeys, ctx_of(r) - k0);
-          if (nk > 0) AddWeightedRow(scores.data() + r * padded + k0, nk, rows, hd, acc.data() + r * hd);
+          if (nk > 0)
+            AddWeightedRow(scores.data() + r * padded + k0, nk, rows, hd, acc.data() + r * hd);
         }
       }
       for (int64_t r = 0; r < nrows; ++r) {
-        std::memcpy(out + ((t0 + r / group) * q_heads + g * group + r % group) * hd, acc.data() + r * hd,
-                    static_cast<size_t>(hd) * sizeof(float));
+        std::memcpy(out + ((t0 + r / group) * q_heads + g * group + r % group) * hd,
+                    acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
       }
     }
   });

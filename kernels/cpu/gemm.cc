@@ -13,7 +13,6 @@
 #include "kernels/cpu/vec8.h"
 #include "kernels/weight_layout.h"
 
-
 namespace moeserve::cpu_fast {
 namespace {
 
@@ -32,17 +31,19 @@ struct Rows {
   const T* Row(int64_t j) const {
     j -= first_row;
     if (!tiled) return base + j * cols;
-    return base + (j / kTileRows) * kTileRows * RoundUp(cols, kTileCols) + (j % kTileRows) * kTileCols;
+    return base + (j / kTileRows) * kTileRows * RoundUp(cols, kTileCols) +
+           (j % kTileRows) * kTileCols;
   }
 };
 
-// The two register-blocked kernels. Each computes whole dot products of x rows with w rows:
+// The register-blocked kernels (1x8, 2x4, 3x4). Each computes whole dot products of x rows
+// with w rows:
 // rows by pointer (rows past the matrix point at a valid one and are not stored), chunk c of a
 // w row at w[j] + c * cs. The last partial chunk is read through zero-padded copies (tiled
 // weights are zero-padded in memory already). Written out register by register: the compiler
 // then keeps every accumulator in a register (as arrays in loops, GCC spilled them).
 
-// The last partial chunk (rem columns from column `at`) of a row, zero-padded.
+// The last partial chunk of a row (its first `rem` elements at p), zero-padded.
 template <typename T>
 inline V8 LoadTail(const T* p, int64_t rem) {
   T t[kLanes] = {};
@@ -53,10 +54,12 @@ inline V8 LoadTail(const T* p, int64_t rem) {
 // 1 x row by 8 w rows (decode). `pf`: prefetched ahead along the tile, 64 * sizeof(T) bytes
 // (the whole tile's chunk) per chunk.
 template <typename T>
-void Kernel1x8(const float* x, const T* const* w, int64_t cs, int64_t cols, bool w_padded, float* y, int store_cols,
-               bool accumulate, const char* pf) {
-  V8 a0 = Zero(), a1 = Zero(), a2 = Zero(), a3 = Zero(), a4 = Zero(), a5 = Zero(), a6 = Zero(), a7 = Zero();
-  const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5], *w6 = w[6], *w7 = w[7];
+void Kernel1x8(const float* x, const T* const* w, int64_t cs, int64_t cols, bool w_padded, float* y,
+               int store_cols, bool accumulate, const char* pf) {
+  V8 a0 = Zero(), a1 = Zero(), a2 = Zero(), a3 = Zero(), a4 = Zero(), a5 = Zero(), a6 = Zero(),
+     a7 = Zero();
+  const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5], *w6 = w[6],
+          *w7 = w[7];
   const int64_t full = cols / kLanes;
   constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(T);
   for (int64_t c = 0; c < full; ++c) {
@@ -97,9 +100,11 @@ void Kernel1x8(const float* x, const T* const* w, int64_t cs, int64_t cols, bool
 // 2 x rows by 4 w rows: 8 accumulators, 2 x chunks and a w chunk in 11 of AVX2's 16 registers,
 // so each chunk is loaded once: 6 loads for 8 FMAs (compute-bound shapes).
 template <typename T>
-void Kernel2x4(const float* x0, const float* x1, const T* const* w, int64_t cs, int64_t cols, bool w_padded,
-               float* y0, float* y1, int store_cols, bool accumulate, const char* pf) {
-  V8 a00 = Zero(), a01 = Zero(), a02 = Zero(), a03 = Zero(), a10 = Zero(), a11 = Zero(), a12 = Zero(), a13 = Zero();
+void Kernel2x4(const float* x0, const float* x1, const T* const* w, int64_t cs, int64_t cols,
+               bool w_padded, float* y0, float* y1, int store_cols, bool accumulate,
+               const char* pf) {
+  V8 a00 = Zero(), a01 = Zero(), a02 = Zero(), a03 = Zero(), a10 = Zero(), a11 = Zero(),
+     a12 = Zero(), a13 = Zero();
   const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
   const int64_t full = cols / kLanes;
   constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(T);
@@ -153,10 +158,11 @@ void Kernel2x4(const float* x0, const float* x1, const T* const* w, int64_t cs, 
 // 3 x rows by 4 w rows: 12 accumulators, 3 x chunks and the w chunk fill AVX2's 16 registers;
 // 7 loads for 12 FMAs.
 template <typename T>
-void Kernel3x4(const float* x0, const float* x1, const float* x2, const T* const* w, int64_t cs, int64_t cols,
-               bool w_padded, float* const* y, int store_rows, int store_cols, bool accumulate, const char* pf) {
-  V8 a00 = Zero(), a01 = Zero(), a02 = Zero(), a03 = Zero(), a10 = Zero(), a11 = Zero(), a12 = Zero(), a13 = Zero(),
-     a20 = Zero(), a21 = Zero(), a22 = Zero(), a23 = Zero();
+void Kernel3x4(const float* x0, const float* x1, const float* x2, const T* const* w, int64_t cs,
+               int64_t cols, bool w_padded, float* const* y, int store_rows, int store_cols,
+               bool accumulate, const char* pf) {
+  V8 a00 = Zero(), a01 = Zero(), a02 = Zero(), a03 = Zero(), a10 = Zero(), a11 = Zero(),
+     a12 = Zero(), a13 = Zero(), a20 = Zero(), a21 = Zero(), a22 = Zero(), a23 = Zero();
   const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
   const int64_t full = cols / kLanes;
   // One chunk: each w chunk is loaded into a register once (Pin keeps the compiler from folding
@@ -189,11 +195,13 @@ void Kernel3x4(const float* x0, const float* x1, const float* x2, const T* const
       for (int64_t b = 0; b < kPfBytes; b += 64) Prefetch(pf + c * kPfBytes + b);
     }
     const int64_t o = c * cs;
-    step(Load(x0 + c * kLanes), Load(x1 + c * kLanes), Load(x2 + c * kLanes), [&](const T* p) { return Load(p + o); });
+    step(Load(x0 + c * kLanes), Load(x1 + c * kLanes), Load(x2 + c * kLanes),
+         [&](const T* p) { return Load(p + o); });
   }
   if (const int64_t rem = cols - full * kLanes; rem > 0) {
     const int64_t o = full * cs;
-    step(LoadTail(x0 + full * kLanes, rem), LoadTail(x1 + full * kLanes, rem), LoadTail(x2 + full * kLanes, rem),
+    step(LoadTail(x0 + full * kLanes, rem), LoadTail(x1 + full * kLanes, rem),
+         LoadTail(x2 + full * kLanes, rem),
          [&](const T* p) { return w_padded ? Load(p + o) : LoadTail(p + o, rem); });
   }
   const V8 r[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
@@ -207,34 +215,39 @@ void Kernel3x4(const float* x0, const float* x1, const float* x2, const T* const
 
 // Rows [r0, r0 + 8) of w (those below `rows`) against x rows [m0, m1).
 template <typename T>
-void Tile(const float* x, int64_t m0, int64_t m1, const Rows<T>& w, int64_t rows, int64_t r0, float* y, bool accumulate,
-          const char* prefetch) {
+void Tile(const float* x, int64_t m0, int64_t m1, const Rows<T>& w, int64_t rows, int64_t r0,
+          float* y, bool accumulate, const char* prefetch) {
   const int64_t cols = w.cols, nrows = std::min<int64_t>(kTileRows, rows - r0);
   const T* wr[kTileRows];
   for (int64_t j = 0; j < kTileRows; ++j) wr[j] = w.Row(r0 + std::min<int64_t>(j, nrows - 1));
   const int lo = static_cast<int>(std::min<int64_t>(nrows, 4)), hi = static_cast<int>(nrows) - lo;
   for (int64_t i = m0; i < m1;) {
     if (m1 - i == 1) {
-      Kernel1x8<T>(x + i * cols, wr, w.chunk_stride, cols, w.tiled, y + i * rows + r0, static_cast<int>(nrows),
-                   accumulate, prefetch);
+      Kernel1x8<T>(x + i * cols, wr, w.chunk_stride, cols, w.tiled, y + i * rows + r0,
+                   static_cast<int>(nrows), accumulate, prefetch);
       i += 1;
       continue;
     }
     if (m1 - i >= 3) {
       const float *xa = x + i * cols, *xb = xa + cols, *xc = xb + cols;
       float* yr[3] = {y + i * rows + r0, y + (i + 1) * rows + r0, y + (i + 2) * rows + r0};
-      Kernel3x4<T>(xa, xb, xc, wr, w.chunk_stride, cols, w.tiled, yr, 3, lo, accumulate, i == m0 ? prefetch : nullptr);
+      Kernel3x4<T>(xa, xb, xc, wr, w.chunk_stride, cols, w.tiled, yr, 3, lo, accumulate,
+                   i == m0 ? prefetch : nullptr);
       if (hi > 0) {
         float* yh[3] = {yr[0] + 4, yr[1] + 4, yr[2] + 4};
-        Kernel3x4<T>(xa, xb, xc, wr + 4, w.chunk_stride, cols, w.tiled, yh, 3, hi, accumulate, nullptr);
+        Kernel3x4<T>(xa, xb, xc, wr + 4, w.chunk_stride, cols, w.tiled, yh, 3, hi, accumulate,
+                     nullptr);
       }
       i += 3;
       continue;
     }
     const float *xa = x + i * cols, *xb = x + (i + 1) * cols;
     float *ya = y + i * rows + r0, *yb = y + (i + 1) * rows + r0;
-    Kernel2x4<T>(xa, xb, wr, w.chunk_stride, cols, w.tiled, ya, yb, lo, accumulate, i == m0 ? prefetch : nullptr);
-    if (hi > 0) Kernel2x4<T>(xa, xb, wr + 4, w.chunk_stride, cols, w.tiled, ya + 4, yb + 4, hi, accumulate, nullptr);
+    Kernel2x4<T>(xa, xb, wr, w.chunk_stride, cols, w.tiled, ya, yb, lo, accumulate,
+                 i == m0 ? prefetch : nullptr);
+    if (hi > 0)
+      Kernel2x4<T>(xa, xb, wr + 4, w.chunk_stride, cols, w.tiled, ya + 4, yb + 4, hi, accumulate,
+                   nullptr);
     i += 2;
   }
 }
@@ -256,7 +269,8 @@ struct Item {
 template <typename T>
 Rows<T> RowsOf(const WeightRef& w) {
   const bool tiled = w.layout == WeightLayout::kTiled8;
-  return Rows<T>{static_cast<const T*>(w.data), w.cols, tiled ? kTileRows * kTileCols : kLanes, tiled};
+  return Rows<T>{static_cast<const T*>(w.data), w.cols, tiled ? kTileRows * kTileCols : kLanes,
+                 tiled};
 }
 
 // A thread's fp32 copy of the tile it works on (64-byte aligned: split loads cost).
@@ -269,7 +283,8 @@ struct Widened {
   // (rows past the matrix are never read; see Tile).
   float* Reset(size_t n) {
     if (storage.size() < n + 16) storage.resize(n + 16);
-    data = storage.data() + (16 - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(float)) % 16) % 16;
+    data = storage.data() +
+           (16 - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(float)) % 16) % 16;
     return data;
   }
 };
@@ -293,7 +308,8 @@ void RunItem(const GemmTask& t, const Item& it, Widened* widened) {
     for (int64_t j = 0; j < nrows; ++j) {
       const T* src = w.Row(r0 + j);
       float* dst = widened->data + j * kTileCols;
-      for (int64_t c = 0; c < full; ++c) Store(dst + c * kTileRows * kTileCols, Load(src + c * w.chunk_stride));
+      for (int64_t c = 0; c < full; ++c)
+        Store(dst + c * kTileRows * kTileCols, Load(src + c * w.chunk_stride));
       if (rem > 0) {
         T tail[kTileCols] = {};
         std::memcpy(tail, src + full * w.chunk_stride, static_cast<size_t>(rem) * sizeof(T));
@@ -306,7 +322,9 @@ void RunItem(const GemmTask& t, const Item& it, Widened* widened) {
   // The widened tile is rows [r0, r0 + 8) of a tiled fp32 matrix with t.w.rows rows.
   const Rows<float> f{widened->data, t.w.cols, kTileRows * kTileCols, true, r0};
   // While this tile computes, the next one streams in (the widening above read this one cold).
-  const char* next = w.tiled && r0 + kTileRows < t.w.rows ? reinterpret_cast<const char*>(w.Row(r0 + kTileRows)) : nullptr;
+  const char* next = w.tiled && r0 + kTileRows < t.w.rows
+                         ? reinterpret_cast<const char*>(w.Row(r0 + kTileRows))
+                         : nullptr;
   Tile<float>(t.x, it.m0, it.m1, f, t.w.rows, r0, t.y, t.accumulate, next);
 }
 
@@ -339,7 +357,8 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks) {
   if (items.empty()) return;
   // Enough items per part that a part streams at least ~64 KiB of weights or does ~2 MFLOP.
   const double per_item = work / static_cast<double>(items.size());
-  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(32768.0 / std::max(1.0, per_item)));
+  const int64_t grain =
+      std::max<int64_t>(1, static_cast<int64_t>(32768.0 / std::max(1.0, per_item)));
   pool.ParallelFor(static_cast<int64_t>(items.size()), grain, [&](int64_t b, int64_t e) {
     Widened widened;
     for (int64_t n = b; n < e; ++n) {
@@ -367,16 +386,17 @@ void BlasGemm(ThreadPool& pool, const GemmTask& t) {
     for (int64_t b = bb; b < be; ++b) {
       const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
       for (int64_t j = 0; j < rows; ++j) {
-        for (int64_t c = 0; c < k; c += kTileCols) {  // runs of 8 columns are contiguous in both layouts
+        for (int64_t c = 0; c < k;
+             c += kTileCols) {  // runs of 8 columns are contiguous in both layouts
           const int64_t at = WeightIndex(t.w.layout, n, k, r0 + j, c);
           std::memcpy(row.data() + c * eb, static_cast<const uint8_t*>(t.w.data) + at * eb,
                       static_cast<size_t>(std::min<int64_t>(kTileCols, k - c)) * eb);
         }
         ConvertToF32(row.data(), t.w.dtype, static_cast<size_t>(k), block.data() + j * k);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t.m), static_cast<int>(rows),
-                  static_cast<int>(k), 1.0f, t.x, static_cast<int>(k), block.data(), static_cast<int>(k), beta,
-                  t.y + r0, static_cast<int>(n));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t.m),
+                  static_cast<int>(rows), static_cast<int>(k), 1.0f, t.x, static_cast<int>(k),
+                  block.data(), static_cast<int>(k), beta, t.y + r0, static_cast<int>(n));
     }
   });
 }

@@ -25,8 +25,8 @@ struct GemmTask {
   const float* x = nullptr;  // [m, w.cols]
   int64_t m = 0;
   WeightRef w;
-  float* y = nullptr;        // [m, w.rows]
-  bool accumulate = false;   // y += x @ w^T
+  float* y = nullptr;       // [m, w.rows]
+  bool accumulate = false;  // y += x @ w^T
 };
 
 // The instruction kind the kernels' inner loop issues, as `moeserve calibrate` names its peaks:

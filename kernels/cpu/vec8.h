@@ -38,13 +38,15 @@ inline float Reduce(V8 a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-// Lane k of the result is the sum of p[k]'s lanes, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+// Lane k of the result is the sum of p[k]'s lanes, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+// l7)).
 inline V8 Reduce8x8(const V8 p[8]) {
   const __m256 s01 = _mm256_hadd_ps(p[0].v, p[1].v), s23 = _mm256_hadd_ps(p[2].v, p[3].v);
   const __m256 s45 = _mm256_hadd_ps(p[4].v, p[5].v), s67 = _mm256_hadd_ps(p[6].v, p[7].v);
   const __m256 t0 = _mm256_hadd_ps(s01, s23), t1 = _mm256_hadd_ps(s45, s67);
   // t0 = [p0:0123 p1:0123 p2:0123 p3:0123 | p0:4567 ...], t1 the same for p4..p7.
-  return {_mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31))};
+  return {
+      _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31))};
 }
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 // Keeps a value in a register: the compiler may not fold its load into later instructions.
@@ -124,13 +126,15 @@ struct ExpConst {
 inline V8 Exp(V8 x) {
   using C = ExpConst;
   __m256 v = _mm256_min_ps(_mm256_max_ps(x.v, _mm256_set1_ps(C::kLo)), _mm256_set1_ps(C::kHi));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(C::kLog2e), _mm256_set1_ps(0.5f)));
+  const __m256 n =
+      _mm256_floor_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(C::kLog2e), _mm256_set1_ps(0.5f)));
   v = _mm256_fmadd_ps(n, _mm256_set1_ps(C::kC1), v);
   v = _mm256_fmadd_ps(n, _mm256_set1_ps(C::kC2), v);
   __m256 y = _mm256_set1_ps(C::kP[0]);
   for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, v, _mm256_set1_ps(C::kP[i]));
   y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(v, v), v), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
   return {_mm256_mul_ps(y, _mm256_castsi256_ps(e))};
 }
 #else

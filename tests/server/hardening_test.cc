@@ -1,6 +1,7 @@
 // End-to-end tests of the hardening an outside probe asked for: unparseable requests, oversized
 // metadata beside healthy streams on one connection, tenant-isolated prefix caches (API keys
 // file and cache_salt), and start-up refusals that name the flag.
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -9,15 +10,14 @@
 #include <random>
 #include <thread>
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include "tests/server/grpc_client.h"
 
 namespace moeserve::testing {
 namespace {
 
 // Sends raw bytes as a Generate request (a client that does not use the generated stub).
-grpc::Status SendRawGenerate(const std::shared_ptr<grpc::Channel>& channel, const std::string& bytes) {
+grpc::Status SendRawGenerate(const std::shared_ptr<grpc::Channel>& channel,
+                             const std::string& bytes) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -29,7 +29,8 @@ grpc::Status SendRawGenerate(const std::shared_ptr<grpc::Channel>& channel, cons
   cq.Next(&tag, &ok);
   grpc::Slice slice(bytes);
   grpc::ByteBuffer request(&slice, 1);
-  call->Write(request, grpc::WriteOptions().set_last_message(), reinterpret_cast<void*>(2));  // and half-closes
+  call->Write(request, grpc::WriteOptions().set_last_message(),
+              reinterpret_cast<void*>(2));  // and half-closes
   cq.Next(&tag, &ok);
   grpc::ByteBuffer response;
   for (;;) {  // read until the stream ends
@@ -67,16 +68,20 @@ TEST(E2eHardeningTest, UnparseableRequestsGetInvalidArgumentWithTheReason) {
   };
   const std::vector<Case> cases = {
       {"garbage bytes", garbage, "malformed or truncated"},
-      {"a truncated message", good_bytes.substr(0, good_bytes.size() - 3), "malformed or truncated"},
+      {"a truncated message", good_bytes.substr(0, good_bytes.size() - 3),
+       "malformed or truncated"},
       {"invalid UTF-8 in text", bad_utf8, "text: invalid UTF-8 at byte 2"},
   };
   for (const Case& c : cases) {
     const grpc::Status s = SendRawGenerate(server.channel(), c.bytes);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name << ": " << s.error_message();
-    EXPECT_NE(s.error_message().find(c.reason), std::string::npos) << c.name << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(c.reason), std::string::npos)
+        << c.name << ": " << s.error_message();
     EXPECT_TRUE(Stream(stub.get(), IdsRequest({256, 5}, 3)).status.ok()) << "after " << c.name;
   }
-  EXPECT_TRUE(SendRawGenerate(server.channel(), good_bytes).ok()) << "the same path serves a good request";
+  EXPECT_TRUE(SendRawGenerate(server.channel(), good_bytes).ok())
+      << "the same path serves a good request";
   EXPECT_TRUE(EventuallyIdle(stub.get()));
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
 }
@@ -107,11 +112,13 @@ TEST(E2eHardeningTest, OversizedMetadataIsRefusedAloneOnASharedConnection) {
     };
     for (int i = 0; i < 3; ++i) threads.emplace_back(run, &before[i], i);
     // The oversized call goes out while all three are mid-stream on the same connection.
-    for (int w = 0; w < 2000 && streaming.load() < 3; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int w = 0; w < 2000 && streaming.load() < 3; ++w)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_EQ(streaming.load(), 3) << "the first streams did not start";
     grpc::ClientContext ctx;
     // Many indexable entries, as well as one large value: both reach the limit.
-    for (int i = 0; i < 64; ++i) ctx.AddMetadata("x-entry-" + std::to_string(i), std::string(big / 128, 'e'));
+    for (int i = 0; i < 64; ++i)
+      ctx.AddMetadata("x-entry-" + std::to_string(i), std::string(big / 128, 'e'));
     ctx.AddMetadata("x-big", std::string(big / 2, 'a'));
     Streamed refused = Stream(stub.get(), IdsRequest({256, 8}, 40), &ctx);
     for (int i = 0; i < 3; ++i) threads.emplace_back(run, &after[i], 10 + i);
@@ -119,8 +126,10 @@ TEST(E2eHardeningTest, OversizedMetadataIsRefusedAloneOnASharedConnection) {
     EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << big << " bytes: " << refused.status.error_message();
     for (int i = 0; i < 3; ++i) {
-      EXPECT_TRUE(before[i].status.ok()) << big << " bytes, stream before #" << i << ": " << before[i].status.error_message();
-      EXPECT_TRUE(after[i].status.ok()) << big << " bytes, stream after #" << i << ": " << after[i].status.error_message();
+      EXPECT_TRUE(before[i].status.ok())
+          << big << " bytes, stream before #" << i << ": " << before[i].status.error_message();
+      EXPECT_TRUE(after[i].status.ok())
+          << big << " bytes, stream after #" << i << ": " << after[i].status.error_message();
       EXPECT_EQ(before[i].ids.size(), static_cast<size_t>(kTokens));
       EXPECT_EQ(after[i].ids.size(), static_cast<size_t>(kTokens));
     }
@@ -140,8 +149,8 @@ std::string WriteKeysFile(const std::string& dir, const std::string& contents, m
   return path;
 }
 
-Streamed AsTenant(v1::Moeserve::Stub* stub, const std::string& key, const std::vector<int32_t>& prompt,
-                  const std::string& salt = "") {
+Streamed AsTenant(v1::Moeserve::Stub* stub, const std::string& key,
+                  const std::vector<int32_t>& prompt, const std::string& salt = "") {
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer " + key);
   v1::GenerateRequest req = IdsRequest(prompt, 4);
@@ -154,33 +163,45 @@ Streamed AsTenant(v1::Moeserve::Stub* stub, const std::string& key, const std::v
 // and a salt splits a tenant's cache further. Output is the same either way.
 TEST(E2eHardeningTest, TenantsAndSaltsNeverShareCachedPrefixes) {
   const std::string dir = MakeTempDir("tenants");
-  const std::string keys = WriteKeysFile(dir, "# tenant key\nalice key-alice-1\nbob   key-bob-1\nalice key-alice-2\n");
+  const std::string keys =
+      WriteKeysFile(dir, "# tenant key\nalice key-alice-1\nbob   key-bob-1\nalice key-alice-2\n");
   ServerProcess server;
-  ASSERT_TRUE(server.Start({"--preset", "tiny", "--api-keys-file", keys, "--host-kv-mb", "16"})) << server.log();
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--api-keys-file", keys, "--host-kv-mb", "16"}))
+      << server.log();
   auto stub = v1::Moeserve::NewStub(server.channel());
   std::mt19937 gen(std::random_device{}());
   std::vector<int32_t> prompt = {256};
-  for (int i = 0; i < 70; ++i) prompt.push_back(static_cast<int32_t>(gen() % 256));  // four full blocks
+  for (int i = 0; i < 70; ++i)
+    prompt.push_back(static_cast<int32_t>(gen() % 256));  // four full blocks
 
   const Streamed first = AsTenant(stub.get(), "key-alice-1", prompt);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
   EXPECT_EQ(first.last.usage().cached_prompt_tokens(), 0);
   const Streamed bob = AsTenant(stub.get(), "key-bob-1", prompt);
   ASSERT_TRUE(bob.status.ok()) << bob.status.error_message();
-  EXPECT_EQ(bob.last.usage().cached_prompt_tokens(), 0) << "bob learned that alice sent this prompt";
+  EXPECT_EQ(bob.last.usage().cached_prompt_tokens(), 0)
+      << "bob learned that alice sent this prompt";
   EXPECT_EQ(bob.ids, first.ids);
-  const Streamed alice = AsTenant(stub.get(), "key-alice-2", prompt);  // the same tenant, another key
+  const Streamed alice =
+      AsTenant(stub.get(), "key-alice-2", prompt);  // the same tenant, another key
   EXPECT_EQ(alice.last.usage().cached_prompt_tokens(), 64);
   EXPECT_EQ(alice.ids, first.ids);
   const Streamed salted = AsTenant(stub.get(), "key-alice-1", prompt, "session-42");
-  EXPECT_EQ(salted.last.usage().cached_prompt_tokens(), 0) << "a salt shares nothing with the unsalted cache";
-  EXPECT_EQ(AsTenant(stub.get(), "key-alice-1", prompt, "session-42").last.usage().cached_prompt_tokens(), 64);
-  EXPECT_EQ(AsTenant(stub.get(), "key-bob-1", prompt, "session-42").last.usage().cached_prompt_tokens(), 0)
+  EXPECT_EQ(salted.last.usage().cached_prompt_tokens(), 0)
+      << "a salt shares nothing with the unsalted cache";
+  EXPECT_EQ(
+      AsTenant(stub.get(), "key-alice-1", prompt, "session-42").last.usage().cached_prompt_tokens(),
+      64);
+  EXPECT_EQ(
+      AsTenant(stub.get(), "key-bob-1", prompt, "session-42").last.usage().cached_prompt_tokens(),
+      0)
       << "the same salt in another tenant is another namespace";
-  EXPECT_EQ(AsTenant(stub.get(), "key-unknown", prompt).status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(AsTenant(stub.get(), "key-unknown", prompt).status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   const Streamed long_salt = AsTenant(stub.get(), "key-bob-1", prompt, std::string(300, 's'));
   EXPECT_EQ(long_salt.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(long_salt.status.error_message().rfind("cache_salt:", 0), 0u) << long_salt.status.error_message();
+  EXPECT_EQ(long_salt.status.error_message().rfind("cache_salt:", 0), 0u)
+      << long_salt.status.error_message();
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
   std::filesystem::remove_all(dir);
 }
@@ -203,14 +224,19 @@ TEST(E2eHardeningTest, BadApiKeysFilesAreRefusedNamingTheFlag) {
   for (const Case& c : cases) {
     const std::string keys = WriteKeysFile(dir, c.contents, c.mode);
     std::string out, err;
-    EXPECT_EQ(RunCommand({"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--api-keys-file", keys}, &out, &err),
+    EXPECT_EQ(RunCommand(
+                  {"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--api-keys-file", keys},
+                  &out, &err),
               2)
         << c.contents;
     EXPECT_NE(err.find("--api-keys-file"), std::string::npos) << err;
     EXPECT_NE(err.find(c.says), std::string::npos) << "expected '" << c.says << "' in: " << err;
   }
   std::string out, err;
-  EXPECT_EQ(RunCommand({"serve", "--preset", "tiny", "--api-key", "k", "--api-keys-file", dir + "/keys"}, &out, &err), 2);
+  EXPECT_EQ(
+      RunCommand({"serve", "--preset", "tiny", "--api-key", "k", "--api-keys-file", dir + "/keys"},
+                 &out, &err),
+      2);
   EXPECT_NE(err.find("exclude each other"), std::string::npos) << err;
   std::filesystem::remove_all(dir);
 }

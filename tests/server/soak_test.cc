@@ -47,8 +47,8 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
   ServerProcess server;
-  ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "48", "--host-kv-mb", "4", "--preemption", "swap",
-                            "--max-num-seqs", "16"}))
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "48", "--host-kv-mb", "4",
+                            "--preemption", "swap", "--max-num-seqs", "16"}))
       << server.log();
   auto stub = v1::Moeserve::NewStub(server.channel());
   const uint64_t seed = std::random_device{}();
@@ -66,7 +66,8 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   }
   const int64_t solo = static_cast<int64_t>(greedy.size());
 
-  std::atomic<int64_t> next{0}, ok{0}, cancelled{0}, deadline{0}, other{0}, greedy_runs{0}, greedy_wrong{0};
+  std::atomic<int64_t> next{0}, ok{0}, cancelled{0}, deadline{0}, other{0}, greedy_runs{0},
+      greedy_wrong{0};
   std::mutex mu;
   std::string failures;
   std::vector<double> rss;  // at each quarter of the run
@@ -95,7 +96,8 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
       } else if (kind == 4) {  // a deadline it cannot meet
         req = IdsRequest(RandomPrompt(g, 10, 80), 600);
         req.set_ignore_eos(true);
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(5 + g() % 20));
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(5 + g() % 20));
       } else {  // sampled, with a priority and sometimes retention
         req = IdsRequest(RandomPrompt(g, 1, 150), 1 + static_cast<int>(g() % 60));
         req.mutable_sampling()->set_temperature(0.8f);
@@ -121,12 +123,17 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
             if (s.ids != expected[greedy_index]) ++greedy_wrong;
           }
           break;
-        case grpc::StatusCode::CANCELLED: ++cancelled; break;
-        case grpc::StatusCode::DEADLINE_EXCEEDED: ++deadline; break;
+        case grpc::StatusCode::CANCELLED:
+          ++cancelled;
+          break;
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+          ++deadline;
+          break;
         default: {
           ++other;
           std::lock_guard<std::mutex> lock(mu);
-          failures += "\n  " + std::to_string(s.status.error_code()) + ": " + s.status.error_message();
+          failures +=
+              "\n  " + std::to_string(s.status.error_code()) + ": " + s.status.error_message();
         }
       }
     }
@@ -134,14 +141,16 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   ASSERT_TRUE(EventuallyIdle(stub.get()));
   rss.push_back(RssMiB(server.pid()));
 
   EXPECT_EQ(other.load(), 0) << "unexpected outcomes:" << failures;
 
   EXPECT_GT(greedy_runs.load(), 0);
-  EXPECT_EQ(greedy_wrong.load(), 0) << "greedy repeats that differ from their solo run (seed " << seed << ")";
+  EXPECT_EQ(greedy_wrong.load(), 0)
+      << "greedy repeats that differ from their solo run (seed " << seed << ")";
   const v1::Stats st = GetStats(stub.get());
   const auto& out = st.requests_by_outcome();
   const int64_t finished = out.at("length") + out.at("stop");
@@ -156,25 +165,29 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
       << "the server ended more or fewer requests than were sent";
   EXPECT_EQ(st.kv_blocks_used(), 0);
   EXPECT_EQ(st.kv_tiers().ddr_swap_blocks(), 0) << "swap slots still held";
-  EXPECT_GT(st.preemptions(), 0) << "the KV pool was never short: the test did not exercise preemption";
+  EXPECT_GT(st.preemptions(), 0)
+      << "the KV pool was never short: the test did not exercise preemption";
   // Resident memory levels off: from the middle of the run to its end it grows by at most 10%
   // (or 16 MiB, for short runs still warming the allocator).
   ASSERT_GE(rss.size(), 3u);
   const double mid = rss[rss.size() / 2], end = rss.back();
-  EXPECT_LE(end, std::max(mid * 1.10, mid + 16.0)) << "RSS grew from " << mid << " to " << end << " MiB";
+  EXPECT_LE(end, std::max(mid * 1.10, mid + 16.0))
+      << "RSS grew from " << mid << " to " << end << " MiB";
   std::string rss_text;
   for (double r : rss) rss_text += " " + std::to_string(static_cast<int>(r));
   std::printf(
-      "soak: %lld requests, %lld threads, %.1f s (%.0f requests/s): ok %lld, cancelled %lld, deadline %lld, "
-      "other %lld; greedy repeats %lld (all equal their solo run: %s); server preemptions %lld, swaps %lld, "
+      "soak: %lld requests, %lld threads, %.1f s (%.0f requests/s): ok %lld, cancelled %lld, "
+      "deadline %lld, "
+      "other %lld; greedy repeats %lld (all equal their solo run: %s); server preemptions %lld, "
+      "swaps %lld, "
       "KV blocks used %lld, swap slots %lld; RSS MiB at start, quarters and end:%s\n",
       static_cast<long long>(total), static_cast<long long>(threads), seconds, total / seconds,
       static_cast<long long>(ok.load()), static_cast<long long>(cancelled.load()),
       static_cast<long long>(deadline.load()), static_cast<long long>(other.load()),
       static_cast<long long>(greedy_runs.load()), greedy_wrong.load() == 0 ? "yes" : "NO",
       static_cast<long long>(st.preemptions()), static_cast<long long>(st.swaps()),
-      static_cast<long long>(st.kv_blocks_used()), static_cast<long long>(st.kv_tiers().ddr_swap_blocks()),
-      rss_text.c_str());
+      static_cast<long long>(st.kv_blocks_used()),
+      static_cast<long long>(st.kv_tiers().ddr_swap_blocks()), rss_text.c_str());
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
 }
 

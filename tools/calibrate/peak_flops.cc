@@ -45,9 +45,10 @@ __attribute__((target("avx2,fma"))) double Fma256(int64_t iters) {
     a11 = _mm256_fmadd_ps(a11, b, c);
     Keep(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11);
   }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                 _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)),
-                                               _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11))));
+  const __m256 s =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)),
+                                  _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11))));
   float out[8];
   _mm256_storeu_ps(out, s);
   return out[0];
@@ -75,9 +76,10 @@ __attribute__((target("avx512f"))) double Fma512(int64_t iters) {
     a11 = _mm512_fmadd_ps(a11, b, c);
     Keep(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11);
   }
-  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                 _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
-                                               _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  const __m512 s =
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                  _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
   return _mm512_reduce_add_ps(s);
 }
 constexpr double kFma512Flops = 12 * 16 * 2;
@@ -104,9 +106,10 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16Dot512(int64_t iters) {
     a11 = _mm512_dpbf16_ps(a11, b, c);
     Keep(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11);
   }
-  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                 _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
-                                               _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  const __m512 s =
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)),
+                                  _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
   return _mm512_reduce_add_ps(s);
 }
 constexpr double kBf16Dot512Flops = 12 * 16 * 4;

@@ -11,7 +11,7 @@
 namespace moeserve::calibrate {
 
 struct PeakFlops {
-  std::string kind;       // "f32-fma-256", "f32-fma-512", "bf16-dot-512"
+  std::string kind;             // "f32-fma-256", "f32-fma-512", "bf16-dot-512"
   double flops_per_second = 0;  // all threads together; a multiply-add counts 2
 };
 
