@@ -13,122 +13,16 @@
 #include <random>
 #include <thread>
 
-#include "engine/engine.h"
-#include "engine/kv_tiers.h"
-#include "kernels/cpu/cpu_backend.h"
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #endif
-#include "models/weight_init.h"
 
-namespace moeserve {
+#include "tests/engine/kv_tiers_fixture.h"
+
+namespace moeserve::kv_tiers_test {
 namespace {
 
-namespace fs = std::filesystem;
-
-// With `defer_copies`, the backend emulates a GPU's asynchronous copy engine (see
-// CpuBackendOptions): a missing wait or ordering of the tiers' copies shows as wrong output.
-CpuBackendOptions BackendOptions(bool defer_copies) {
-  CpuBackendOptions o;
-  o.defer_copies = defer_copies;
-  return o;
-}
-struct Model {
-  CpuBackend backend;
-  ModelConfig config = *PresetConfig("tiny");
-  std::unique_ptr<ModelWeights> weights;
-  explicit Model(bool defer_copies = false) : backend(BackendOptions(defer_copies)) {
-    weights = *ModelWeights::Load(config, *GenerateRandomWeights(config, 7, DType::kF32), &backend, DType::kF32);
-  }
-};
-
-// Runs requests one after another; returns each final event and the generated tokens.
-struct Result {
-  std::vector<int32_t> tokens;
-  RequestEvent final_event;
-};
-Result RunAlone(Engine* engine, const std::vector<int32_t>& prompt, int32_t max_tokens, double retain_seconds = 0,
-                const std::string& tenant = "", const std::string& salt = "") {
-  Result r;
-  GenerateRequest g;
-  g.prompt = prompt;
-  g.max_tokens = max_tokens;
-  g.retain_seconds = retain_seconds;
-  g.cache_tenant = tenant;
-  g.cache_salt = salt;
-  auto id = engine->Submit(g, [&](const RequestEvent& ev) {
-    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-    if (ev.finished) r.final_event = ev;
-  });
-  EXPECT_TRUE(id.ok()) << id.status();
-  EXPECT_TRUE(engine->RunUntilIdle().ok());
-  return r;
-}
-
-std::vector<int32_t> RandomTokens(std::mt19937& gen, int n) {
-  std::vector<int32_t> v(n);
-  for (auto& t : v) t = static_cast<int32_t>(gen() % 256);
-  return v;
-}
-
-std::unique_ptr<Engine> MakeEngine(Model& m, KvTierConfig tiers, int64_t blocks, WallClock clock = WallSeconds) {
-  EngineConfig ec;
-  ec.num_kv_blocks = blocks;
-  ec.kv_tiers = tiers;
-  ec.clock = std::move(clock);
-  auto e = Engine::Create(ec, m.weights.get(), &m.backend);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? std::move(*e) : nullptr;
-}
-
-struct Scenario {
-  std::vector<int32_t> prefix, first, second;
-  std::vector<std::vector<int32_t>> fillers;
-};
-Scenario MakeScenario(uint64_t seed) {
-  std::mt19937 gen(static_cast<uint32_t>(seed));
-  Scenario s;
-  s.prefix = RandomTokens(gen, 48);  // three full blocks of 16
-  s.first = s.prefix;
-  for (int32_t t : RandomTokens(gen, 5)) s.first.push_back(t);
-  s.second = s.prefix;
-  for (int32_t t : RandomTokens(gen, 7)) s.second.push_back(t);
-  for (int i = 0; i < 6; ++i) s.fillers.push_back(RandomTokens(gen, 64));
-  return s;
-}
-
-// Fills the cache with the prefix, pushes it out of the 12-block device pool with unrelated
-// requests, then asks for the prefix again.
-Result PlayScenario(Engine* e, const Scenario& s) {
-  RunAlone(e, s.first, 4);
-  for (const auto& f : s.fillers) RunAlone(e, f, 8);
-  e->WaitForTransfers();  // blocks queued for flash are on flash before the lookup
-  return RunAlone(e, s.second, 10);
-}
-
-std::string FreshDir() {
-  const fs::path p = fs::temp_directory_path() /
-                     ("moeserve_tiers_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()));
-  fs::remove_all(p);
-  return p.string();
-}
-
-class KvTiersTest : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    seed_ = std::random_device{}();
-    scenario_ = MakeScenario(seed_);
-    // The oracle: the second request alone on an engine without tiers, its prefix computed.
-    auto plain = MakeEngine(model_, {}, 64);
-    oracle_ = RunAlone(plain.get(), scenario_.second, 10).tokens;
-    ASSERT_EQ(oracle_.size(), 10u);
-  }
-  Model model_{GetParam()};
-  uint64_t seed_ = 0;
-  Scenario scenario_;
-  std::vector<int32_t> oracle_;
-};
 
 TEST_P(KvTiersTest, WithoutTiersTheEvictedPrefixIsRecomputed) {
   auto e = MakeEngine(model_, {}, 12);
@@ -308,85 +202,6 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   EXPECT_TRUE(e->CheckAccounting());
   fs::remove_all(dir);
 }
-
-// A checkpoint that differs from another in one tensor of one layer (layer 0's k_proj, which
-// the old fingerprint's sample of three tensors never read) has another fingerprint, so a
-// server of it started on the other one's flash directory serves none of its records, leaves
-// them in place, and computes its own output.
-TEST_P(KvTiersTest, FlashRecordsOfACheckpointDifferingInOneTensorAreNeverServed) {
-  auto tensors = GenerateRandomWeights(model_.config, 7, DType::kF32);  // model_'s weights
-  const TensorView* k = tensors->Find("model.layers.0.self_attn.k_proj.weight");
-  ASSERT_NE(k, nullptr);
-  std::mt19937 gen(static_cast<uint32_t>(seed_));
-  float* values = const_cast<float*>(static_cast<const float*>(k->data));
-  values[gen() % k->numel()] += 0.5f;
-  Model other_model(GetParam());
-  auto other = ModelWeights::Load(model_.config, *tensors, &other_model.backend, DType::kF32);
-  ASSERT_TRUE(other.ok()) << other.status();
-  other_model.weights = std::move(*other);
-  const uint64_t fp = ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 16);
-  EXPECT_NE(ModelFingerprint(*other_model.weights, other_model.backend, DType::kF32, 16), fp);
-  // What a KV block means is part of the key too.
-  EXPECT_NE(ModelFingerprint(*model_.weights, model_.backend, DType::kBF16, 16), fp);
-  EXPECT_NE(ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 8), fp);
-  EXPECT_EQ(ModelFingerprint(*model_.weights, model_.backend, DType::kF32, 16), fp) << "the fingerprint is deterministic";
-  CpuBackend reference(CpuBackendOptions{CpuPath::kReference, 1, 0});
-  EXPECT_NE(ModelFingerprint(*model_.weights, reference, DType::kF32, 16), fp) << "another backend's arithmetic";
-
-  const std::string dir = FreshDir();
-  KvTierConfig t;
-  t.flash_dir = dir;
-  t.flash_bytes = 64ull << 20;
-  {
-    auto e = MakeEngine(model_, t, 12);
-    const Result r = PlayScenario(e.get(), scenario_);
-    ASSERT_EQ(r.final_event.usage.cached_prompt_tokens_flash, 48) << "the first model's prefix is on flash";
-  }
-  auto plain = MakeEngine(other_model, {}, 64);
-  const std::vector<int32_t> oracle = RunAlone(plain.get(), scenario_.second, 10).tokens;
-  auto e = MakeEngine(other_model, t, 12);
-  const FlashStoreStats st = e->GetStats().tiers.flash;
-  EXPECT_EQ(st.records, 0);
-  EXPECT_GE(st.skipped_foreign, 3) << "the first model's records are skipped";
-  const Result r = RunAlone(e.get(), scenario_.second, 10);
-  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 0) << "another checkpoint's KV was served";
-  EXPECT_EQ(r.tokens, oracle) << "seed " << seed_;
-  e.reset();
-  // The first model's records are still there and still served to it.
-  auto again = MakeEngine(model_, t, 12);
-  EXPECT_EQ(RunAlone(again.get(), scenario_.second, 10).final_event.usage.cached_prompt_tokens_flash, 48);
-  fs::remove_all(dir);
-}
-
-// Cache namespaces hold in every tier: a prefix pushed down to DDR and flash by tenant "a" is
-// served to "a" again, never to tenant "b" or to "a" with a salt, whose outputs are the same.
-TEST_P(KvTiersTest, PrefixesAreSharedOnlyWithinATenantAndSaltInEveryTier) {
-  const std::string dir = FreshDir();
-  KvTierConfig t;
-  t.host_bytes = 2 * KvLayoutFor(model_.config, 1, 16, DType::kF32).BlockBytes();  // cascades into flash
-  t.flash_dir = dir;
-  t.flash_bytes = 64ull << 20;
-  auto e = MakeEngine(model_, t, 12);
-  RunAlone(e.get(), scenario_.first, 4, 0, "a");
-  for (const auto& f : scenario_.fillers) RunAlone(e.get(), f, 8);
-  e->WaitForTransfers();
-  for (const auto& [tenant, salt] : {std::pair<std::string, std::string>{"b", ""}, {"a", "s"}, {"", ""}}) {
-    const Result r = RunAlone(e.get(), scenario_.second, 10, 0, tenant, salt);
-    EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
-    EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 0) << "tenant '" << tenant << "' salt '" << salt << "'";
-  }
-  // Those three pushed tenant "a"'s blocks down further; "a" still finds them below the device.
-  for (const auto& f : scenario_.fillers) RunAlone(e.get(), f, 8);
-  e->WaitForTransfers();
-  const Result r = RunAlone(e.get(), scenario_.second, 10, 0, "a");
-  EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
-  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens, 48);
-  EXPECT_EQ(r.final_event.usage.cached_prompt_tokens_ddr + r.final_event.usage.cached_prompt_tokens_flash, 48);
-  EXPECT_TRUE(e->CheckAccounting());
-  e.reset();  // its transfer thread may still be writing to flash
-  fs::remove_all(dir);
-}
-
 // Random traffic through every tier at once (a 16-block device pool, a 6-block DDR tier, a
 // flash tier of about 12 records, swap-or-recompute by measured costs, retention on some
 // prompts), with cancellations from another thread: every request ends exactly once, the ones
@@ -582,4 +397,4 @@ INSTANTIATE_TEST_SUITE_P(Copies, KvTiersTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "DeferredCopyEngine" : "Synchronous"; });
 
 }  // namespace
-}  // namespace moeserve
+}  // namespace moeserve::kv_tiers_test
