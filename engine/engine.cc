@@ -1,65 +1,13 @@
 // The engine loop.
 #include "engine/engine.h"
 
-#include <xxhash.h>
-
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/batch_builder.h"
+#include "engine/output_processor.h"
+#include "engine/step_accounting.h"
 
 namespace moeserve {
-
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kDeadline:
-      return "deadline_exceeded";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "?";
-}
-
-absl::Status EngineConfig::Validate() const {
-  RETURN_IF_ERROR(scheduler.Validate());
-  if (block_size < 1 || block_size > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("block_size must be in [1, 1024], got ", block_size));
-  }
-  if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
-  if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("kv_dtype must be f32 or bf16");
-  }
-  if (max_tokens_limit < 1) return absl::InvalidArgumentError("max_tokens_limit must be >= 1");
-  if (!(max_retain_seconds >= 0)) return absl::InvalidArgumentError("max_retain_seconds must be >= 0");
-  if (parallel.ep < 1 || parallel.pp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--ep and --pp must be >= 1, got ", parallel.ep, " and ", parallel.pp));
-  }
-  return absl::OkStatus();
-}
-
-uint64_t ModelFingerprint(const ModelWeights& weights, const Backend& backend, DType kv_dtype, int64_t block_size) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  const std::string cfg = weights.config().ToJson();
-  XXH3_64bits_update(st, cfg.data(), cfg.size());
-  const std::string numerics = backend.KernelNumerics();
-  XXH3_64bits_update(st, numerics.data(), numerics.size() + 1);
-  // Every weight byte with its name, shape and dtype (hashed while loading), and what a KV
-  // block's bytes mean: a block written by any other model or layout never matches.
-  const uint64_t parts[] = {weights.content_digest(), static_cast<uint64_t>(weights.dtype()),
-                            static_cast<uint64_t>(kv_dtype), static_cast<uint64_t>(block_size),
-                            KvLayout::kFormatVersion};
-  XXH3_64bits_update(st, parts, sizeof(parts));
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
-}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelWeights* weights,
@@ -87,6 +35,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
   if (config.parallel.enabled()) {
     ASSIGN_OR_RETURN(engine->executor_, ParallelExecutor::Create(config.parallel, weights, backend, full, config.rank_backends));
+    engine->runner_ = std::make_unique<ParallelRunner>(engine->executor_.get());
+  } else {
+    engine->runner_ = std::make_unique<SingleDeviceRunner>(&engine->model_, &engine->kv_);
   }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {
@@ -125,6 +76,7 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
       scheduler_(config.scheduler, &pool_, config.block_size, fingerprint_),
       started_(Clock::now()),
       recorder_(config.step_history) {
+  lookup_ = [this](uint64_t id) -> LiveRequest& { return *live_.at(id); };
   counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
 }
 
@@ -274,37 +226,7 @@ void Engine::Intake() {
 
 void Engine::Finish(Live& live, FinishReason reason, const std::string& message) {
   scheduler_.Remove(&live.seq);
-  RequestEvent ev;
-  ev.request_id = live.seq.id;
-  ev.finished = true;
-  ev.reason = reason;
-  ev.message = message;
-  ev.usage.prompt_tokens = live.seq.prompt_len;
-  ev.usage.cached_prompt_tokens = live.seq.cached_prompt_tokens;
-  ev.usage.cached_prompt_tokens_ddr = live.seq.cached_prompt_tokens_ddr;
-  ev.usage.cached_prompt_tokens_flash = live.seq.cached_prompt_tokens_flash;
-  ev.usage.completion_tokens = live.seq.num_tokens() - live.seq.prompt_len;
-  ev.preemptions = live.seq.preemptions;
-  ev.swaps = live.seq.swaps;
-  const auto now = Clock::now();
-  auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
-  ev.timing.e2e_seconds = secs(now - live.submitted);
-  ev.timing.queue_seconds = live.first_scheduled ? secs(*live.first_scheduled - live.submitted) : ev.timing.e2e_seconds;
-  if (live.first_token) {
-    ev.timing.ttft_seconds = secs(*live.first_token - live.submitted);
-    if (ev.usage.completion_tokens > 1) {
-      ev.timing.tpot_seconds = secs(now - *live.first_token) / (ev.usage.completion_tokens - 1);
-    }
-  }
-  RequestReceipt& rc = ev.receipt;
-  rc.queue_seconds = ev.timing.queue_seconds;
-  if (live.first_scheduled && live.first_token) rc.prefill_seconds = secs(*live.first_token - *live.first_scheduled);
-  if (live.first_token) rc.decode_seconds = secs(now - *live.first_token);
-  rc.steps = live.steps;
-  rc.mean_batch_size = live.steps ? static_cast<double>(live.batch_sum) / live.steps : 0.0;
-  rc.cached_tokens = live.seq.cached_prompt_tokens;
-  rc.device_seconds = live.device_seconds;
-  rc.cost_usd = live.device_seconds * price_per_hour_ / 3600.0;
+  const RequestEvent ev = FinalEvent(live, reason, message, price_per_hour_, Clock::now());
   if (live.callback) live.callback(ev);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -329,153 +251,50 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message)
   live_.erase(live.seq.id);  // destroys `live`
 }
 
+// One step in one pass: schedule (tier copies included) -> build the batch -> run the model ->
+// process the outputs -> account.
 absl::StatusOr<bool> Engine::Step() {
   Intake();
   pool_.AdvanceClock(config_.clock());  // expired retention turns into ordinary LRU
   const auto start = Clock::now();
+  auto since = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   SchedulerOutput out = scheduler_.Schedule();
   {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.waiting = scheduler_.num_waiting();
+    if (out.empty()) UpdateGaugesLocked();
   }
-  if (out.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    UpdateGaugesLocked();
-    return false;
-  }
-  // Build the step's input: one row of the block table per scheduled sequence.
-  ForwardInput in;
-  in.logits_to_host = false;  // set below by a request that wants logprobs
-  const int64_t bs = config_.block_size;
-  in.num_seqs = static_cast<int64_t>(out.chunks.size());
-  for (const auto& ch : out.chunks) {
-    in.max_blocks_per_seq = std::max<int64_t>(in.max_blocks_per_seq, ch.seq->blocks.size());
-  }
-  in.block_tables.assign(in.num_seqs * in.max_blocks_per_seq, 0);
-  int64_t context_tokens = 0;
-  std::vector<uint64_t> seq_ranks;  // EP rank of each sequence: its pool segment
-  for (size_t j = 0; j < out.chunks.size(); ++j) {
-    const ScheduledChunk& ch = out.chunks[j];
-    const Sequence& s = *ch.seq;
-    seq_ranks.push_back(static_cast<uint64_t>(s.segment));
-    std::copy(s.blocks.begin(), s.blocks.end(), in.block_tables.begin() + j * in.max_blocks_per_seq);
-    for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
-      in.token_ids.push_back(s.tokens[p]);
-      in.positions.push_back(static_cast<int32_t>(p));
-      in.token_seq.push_back(static_cast<int32_t>(j));
-      in.slots.push_back(static_cast<int64_t>(s.blocks[p / bs]) * bs + p % bs);
-      context_tokens += p + 1;
-    }
-    Live& live = *live_.at(s.id);
-    if (ch.wants_logits) {
-      // Sampled on the device; the logits come to the host only for requests that want logprobs.
-      in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
-      in.sample.push_back(live.sampler->Next());
-      if (live.request.top_logprobs > 0) in.logits_to_host = true;
-    }
-    if (!live.first_scheduled) live.first_scheduled = start;
-  }
-  const double schedule_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  ForwardStats fstats;
-  ParallelStepStats pstats;
-  absl::Status s = executor_ != nullptr
-                       ? executor_->Forward(in, seq_ranks, &logits_, &fstats, &pstats, &sampled_)
-                       : model_.Forward(in, kv_.layout(), kv_.data(), &logits_, &fstats, &sampled_);
-  if (!s.ok()) {
+  if (out.empty()) return false;
+  StepBatch batch = BuildBatch(out, config_.block_size, lookup_, start);
+  StepTiming timing;
+  timing.start_seconds = std::chrono::duration<double>(start - started_).count();
+  timing.schedule_seconds = since();
+  RunnerOutput run;
+  run.logits = &logits_;
+  run.sampled = &sampled_;
+  if (absl::Status s = runner_->Execute(batch.input, batch.seq_ranks, &run); !s.ok()) {
     // Fail the requests of this step; the engine and everyone else keep going.
     for (const auto& ch : out.chunks) Finish(*live_.at(ch.seq->id), FinishReason::kError, std::string(s.message()));
     return true;
   }
   scheduler_.OnStepComputed(out);
-  // Receipts: each sequence's share of the step so far is its share of the step's tokens.
-  const double forward_done = std::chrono::duration<double>(Clock::now() - start).count();
-  for (const auto& ch : out.chunks) {
-    Live& live = *live_.at(ch.seq->id);
-    ++live.steps;
-    live.batch_sum += in.num_seqs;
-    live.device_seconds += forward_done * static_cast<double>(ch.num_tokens) / static_cast<double>(out.num_tokens);
-  }
-  const int64_t vocab = model_.config().vocab_size;
-  const auto now = Clock::now();
+  timing.forward_seconds = since();
+  BookReceipts(out, batch.input.num_seqs, timing.forward_seconds, lookup_);
   // Requests that end with this step finish after the step is booked in the stats, so that a
   // client that has its last token also finds the step that made it in GetStats.
-  std::vector<std::pair<Live*, FinishReason>> to_finish;
-  size_t row = 0;
-  for (const auto& ch : out.chunks) {
-    if (!ch.wants_logits) continue;
-    Live& live = *live_.at(ch.seq->id);
-    const size_t r = row++;
-    const int32_t tok = sampled_[r];
-    Sequence& seq = live.seq;
-    seq.tokens.push_back(tok);
-    if (!live.first_token) live.first_token = now;
-    RequestEvent ev;
-    ev.request_id = seq.id;
-    ev.tokens = {tok};
-    if (live.request.top_logprobs > 0) {
-      ev.logprobs.push_back(TopLogprobs(logits_.data() + r * vocab, vocab, live.request.top_logprobs));
-    }
-    const auto& stop = live.request.stop_ids;
-    const int64_t generated = seq.num_tokens() - seq.prompt_len;
-    std::optional<FinishReason> reason;
-    if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
-      reason = FinishReason::kStop;
-    } else if (generated >= live.request.max_tokens || seq.num_tokens() >= seq.max_total_tokens) {
-      reason = FinishReason::kLength;
-    }
-    if (live.callback) live.callback(ev);
-    if (reason) to_finish.emplace_back(&live, *reason);
-  }
-  StepRecord rec;
-  rec.start_seconds = std::chrono::duration<double>(start - started_).count();
-  rec.duration_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  rec.schedule_seconds = schedule_seconds;
-  rec.attention_seconds = fstats.attention_seconds;
-  rec.moe_seconds = fstats.moe_seconds;
-  rec.head_seconds = fstats.head_seconds;
-  rec.comm_seconds = fstats.comm_seconds;
-  rec.comm_bytes_observed = pstats.comm_bytes;
-  rec.expert_imbalance = pstats.expert_imbalance;
-  rec.expert_tokens = std::move(pstats.expert_tokens);
-  rec.rank_imbalance = pstats.rank_imbalance;
-  rec.attention_imbalance = pstats.attention_imbalance;
-  rec.sampling_seconds = rec.duration_seconds - forward_done;
-  // The step's work from the cost model, and its prediction when a profile is configured.
-  roofline::StepShape shape;
-  for (const auto& ch : out.chunks) shape.seqs.push_back({ch.num_tokens, ch.start + ch.num_tokens, ch.wants_logits});
-  shape.experts_hit = static_cast<double>(fstats.experts_hit);
-  if (tiers_ != nullptr) {
-    shape.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
-    rec.transfer_seconds = tiers_->TakeTransferSeconds();
-  }
-  rec.transfer_bytes = shape.transfer_bytes;
+  const auto finishing = ProcessOutputs(out, sampled_, logits_, model_.config().vocab_size, Clock::now(), lookup_);
   if (out.num_prefill_tokens > 0) {
-    const double per_token = forward_done / static_cast<double>(out.num_tokens);
+    const double per_token = timing.forward_seconds / static_cast<double>(out.num_tokens);
     seconds_per_prefill_token_ = seconds_per_prefill_token_ == 0 ? per_token : 0.8 * seconds_per_prefill_token_ + 0.2 * per_token;
   }
-  if (config_.hardware) {
-    const roofline::ParallelLayout layout{config_.parallel.ep, config_.parallel.pp};
-    const roofline::StepCost cost = roofline::PredictStep(costs_, shape, *config_.hardware, layout, config_.efficiency);
-    rec.flops = cost.flops;
-    rec.weight_bytes = cost.weight_bytes;
-    rec.kv_read_bytes = cost.kv_read_bytes;
-    rec.kv_write_bytes = cost.kv_write_bytes;
-    rec.comm_bytes = cost.comm_bytes;
-    rec.transfer_bytes = cost.transfer_bytes;
-    rec.predicted_compute_seconds = cost.compute_seconds;
-    rec.predicted_memory_seconds = cost.memory_seconds;
-    rec.predicted_comm_seconds = cost.comm_seconds;
-    rec.predicted_transfer_seconds = cost.transfer_seconds;
-    rec.predicted_bound_seconds = cost.bound_seconds;
-    rec.predicted_seconds = cost.seconds;
+  if (tiers_ != nullptr) {
+    timing.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
+    timing.transfer_seconds = tiers_->TakeTransferSeconds();
   }
-  rec.num_seqs = in.num_seqs;
-  rec.num_tokens = out.num_tokens;
-  rec.prefill_tokens = out.num_prefill_tokens;
-  rec.decode_tokens = out.num_decode_tokens;
-  rec.context_tokens = context_tokens;
-  rec.experts_hit = fstats.experts_hit;
-  rec.preempted = static_cast<int64_t>(out.preempted.size());
+  timing.duration_seconds = since();
+  const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
+                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp}, config_.efficiency};
+  StepRecord rec = AccountStep(out, batch, run, timing, pricing);
   {
     std::lock_guard<std::mutex> lock(mu_);
     rec.step = counters_.steps++;
@@ -489,7 +308,7 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // File I/O stays outside the lock that Submit takes.
   if (trace_.enabled()) trace_.Write(rec, pool_.num_used());
-  for (auto& [live, reason] : to_finish) Finish(*live, reason, "");
+  for (auto& [live, reason] : finishing) Finish(*live, reason, "");
   return true;
 }
 

@@ -18,6 +18,8 @@
 
 #include "core/histogram.h"
 #include "engine/kv_tiers.h"
+#include "engine/live_request.h"
+#include "engine/model_runner.h"
 #include "engine/parallel_executor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -119,16 +121,7 @@ class Engine {
   bool CheckAccounting() const;
 
  private:
-  struct Live {
-    GenerateRequest request;
-    EventCallback callback;
-    Sequence seq;
-    std::unique_ptr<Sampler> sampler;
-    Clock::time_point submitted;
-    std::optional<Clock::time_point> first_scheduled, first_token;
-    int64_t steps = 0, batch_sum = 0;
-    double device_seconds = 0.0;
-  };
+  using Live = LiveRequest;
 
   Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv);
   absl::Status ValidateRequest(const GenerateRequest& r) const;
@@ -151,6 +144,7 @@ class Engine {
   uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
   std::unique_ptr<ParallelExecutor> executor_;  // runs the steps when the layout has several ranks
+  std::unique_ptr<ModelRunner> runner_;         // the engine's device, or the executor's ranks
   // After the pool and scheduler that point to it, and after the executor whose devices hold
   // the blocks it copies (destroyed first, it waits for its copies while they still exist).
   std::unique_ptr<KvTiers> tiers_;
@@ -171,6 +165,7 @@ class Engine {
   uint64_t arrivals_ = 0;
   std::vector<float> logits_;    // of the last step, only when some request wanted logprobs
   std::vector<int32_t> sampled_;  // the last step's token per logit row, sampled on the device
+  LiveLookup lookup_;             // the live request of a sequence id
   double seconds_per_prefill_token_ = 0;  // measured, for the swap cost model without a profile
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.

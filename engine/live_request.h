@@ -1,0 +1,32 @@
+// A request the engine has accepted, as the loop thread holds it from intake to its final
+// event: what was asked, where its tokens go, its sequence, its random stream and the times and
+// shares of work its receipt reports.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "core/clock.h"
+#include "engine/request.h"
+#include "engine/sampling.h"
+#include "engine/sequence.h"
+
+namespace moeserve {
+
+struct LiveRequest {
+  GenerateRequest request;
+  EventCallback callback;
+  Sequence seq;
+  std::unique_ptr<Sampler> sampler;
+  Clock::time_point submitted;
+  std::optional<Clock::time_point> first_scheduled, first_token;
+  int64_t steps = 0, batch_sum = 0;  // steps joined, and the sequences of those steps in all
+  double device_seconds = 0.0;       // its share of those steps' time
+};
+
+// The live request of a sequence id (the engine's map; every scheduled sequence has one).
+using LiveLookup = std::function<LiveRequest&(uint64_t id)>;
+
+}  // namespace moeserve

@@ -1,0 +1,93 @@
+// Output processing.
+#include "engine/output_processor.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace moeserve {
+
+void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds,
+                  const LiveLookup& live) {
+  for (const auto& ch : out.chunks) {
+    LiveRequest& r = live(ch.seq->id);
+    ++r.steps;
+    r.batch_sum += num_seqs;
+    r.device_seconds +=
+        step_seconds * static_cast<double>(ch.num_tokens) / static_cast<double>(out.num_tokens);
+  }
+}
+
+std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
+    const SchedulerOutput& out, const std::vector<int32_t>& sampled,
+    const std::vector<float>& logits, int64_t vocab, Clock::time_point now,
+    const LiveLookup& live) {
+  std::vector<std::pair<LiveRequest*, FinishReason>> finishing;
+  size_t row = 0;
+  for (const auto& ch : out.chunks) {
+    if (!ch.wants_logits) continue;
+    LiveRequest& r = live(ch.seq->id);
+    const size_t lr = row++;
+    const int32_t tok = sampled[lr];
+    Sequence& seq = r.seq;
+    seq.tokens.push_back(tok);
+    if (!r.first_token) r.first_token = now;
+    RequestEvent ev;
+    ev.request_id = seq.id;
+    ev.tokens = {tok};
+    if (r.request.top_logprobs > 0) {
+      ev.logprobs.push_back(TopLogprobs(logits.data() + lr * vocab, vocab, r.request.top_logprobs));
+    }
+    const auto& stop = r.request.stop_ids;
+    const int64_t generated = seq.num_tokens() - seq.prompt_len;
+    std::optional<FinishReason> reason;
+    if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
+      reason = FinishReason::kStop;
+    } else if (generated >= r.request.max_tokens || seq.num_tokens() >= seq.max_total_tokens) {
+      reason = FinishReason::kLength;
+    }
+    if (r.callback) r.callback(ev);
+    if (reason) finishing.emplace_back(&r, *reason);
+  }
+  return finishing;
+}
+
+RequestEvent FinalEvent(const LiveRequest& live, FinishReason reason, const std::string& message,
+                        double price_per_hour, Clock::time_point now) {
+  RequestEvent ev;
+  ev.request_id = live.seq.id;
+  ev.finished = true;
+  ev.reason = reason;
+  ev.message = message;
+  ev.usage.prompt_tokens = live.seq.prompt_len;
+  ev.usage.cached_prompt_tokens = live.seq.cached_prompt_tokens;
+  ev.usage.cached_prompt_tokens_ddr = live.seq.cached_prompt_tokens_ddr;
+  ev.usage.cached_prompt_tokens_flash = live.seq.cached_prompt_tokens_flash;
+  ev.usage.completion_tokens = live.seq.num_tokens() - live.seq.prompt_len;
+  ev.preemptions = live.seq.preemptions;
+  ev.swaps = live.seq.swaps;
+  auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+  ev.timing.e2e_seconds = secs(now - live.submitted);
+  ev.timing.queue_seconds =
+      live.first_scheduled ? secs(*live.first_scheduled - live.submitted) : ev.timing.e2e_seconds;
+  if (live.first_token) {
+    ev.timing.ttft_seconds = secs(*live.first_token - live.submitted);
+    if (ev.usage.completion_tokens > 1) {
+      ev.timing.tpot_seconds =
+          secs(now - *live.first_token) / static_cast<double>(ev.usage.completion_tokens - 1);
+    }
+  }
+  RequestReceipt& rc = ev.receipt;
+  rc.queue_seconds = ev.timing.queue_seconds;
+  if (live.first_scheduled && live.first_token)
+    rc.prefill_seconds = secs(*live.first_token - *live.first_scheduled);
+  if (live.first_token) rc.decode_seconds = secs(now - *live.first_token);
+  rc.steps = live.steps;
+  rc.mean_batch_size =
+      live.steps ? static_cast<double>(live.batch_sum) / static_cast<double>(live.steps) : 0.0;
+  rc.cached_tokens = live.seq.cached_prompt_tokens;
+  rc.device_seconds = live.device_seconds;
+  rc.cost_usd = live.device_seconds * price_per_hour / 3600.0;
+  return ev;
+}
+
+}  // namespace moeserve
