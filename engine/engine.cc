@@ -100,47 +100,8 @@ SwapCostModel Engine::MakeSwapCostModel() {
   return m;
 }
 
-absl::Status Engine::ValidateRequest(const GenerateRequest& r) const {
-  const ModelConfig& c = model_.config();
-  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
-  const int64_t n = static_cast<int64_t>(r.prompt.size());
-  if (n >= c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", n, " tokens; the context holds at most ",
-                                                   c.max_position_embeddings - 1, " prompt tokens"));
-  }
-  for (size_t i = 0; i < r.prompt.size(); ++i) {
-    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", r.prompt[i],
-                                                     ", outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
-  for (int32_t s : r.stop_ids) {
-    if (s < 0 || s >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop token id ", s, " is outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
-    }
-  }
-  if (r.max_tokens < 1 || r.max_tokens > config_.max_tokens_limit) {
-    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", config_.max_tokens_limit,
-                                                   "], got ", r.max_tokens));
-  }
-  if (!(r.retain_seconds >= 0 && r.retain_seconds <= config_.max_retain_seconds)) {
-    return absl::InvalidArgumentError(absl::StrCat("retain_seconds must be in [0, ", config_.max_retain_seconds,
-                                                   "], got ", r.retain_seconds));
-  }
-  if (r.cache_salt.size() > kMaxCacheSaltBytes || r.cache_tenant.size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_salt and the tenant name must be at most ",
-                                                   kMaxCacheSaltBytes, " bytes, got ", r.cache_salt.size(), " and ",
-                                                   r.cache_tenant.size()));
-  }
-  if (r.top_logprobs < 0 || r.top_logprobs > 20) {
-    return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, 20], got ", r.top_logprobs));
-  }
-  return r.sampling.Validate();
-}
-
 absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback callback) {
-  RETURN_IF_ERROR(ValidateRequest(request));
+  RETURN_IF_ERROR(ValidateRequest(request, model_.config(), config_.limits));
   const ModelConfig& c = model_.config();
   auto live = std::make_unique<Live>();
   live->seq.prompt_len = static_cast<int64_t>(request.prompt.size());

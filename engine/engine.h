@@ -22,6 +22,7 @@
 #include "engine/model_runner.h"
 #include "engine/parallel_executor.h"
 #include "engine/request.h"
+#include "engine/request_validation.h"
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
 #include "engine/trace_writer.h"
@@ -36,9 +37,9 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int64_t block_size = 16;
   int64_t num_kv_blocks = 0;     // 0: as many as kv_cache_bytes holds
-  size_t kv_cache_bytes = 256ull << 20;
+  size_t kv_cache_bytes = 512ull << 20;
   DType kv_dtype = DType::kF32;
-  int64_t max_tokens_limit = 4096;  // largest max_tokens a request may ask
+  RequestLimits limits;             // what a request may ask (engine/request_validation.h)
   size_t step_history = 256;        // StepRecords kept for stats (benchmarks keep them all)
   // Roofline predictions for every step, when a hardware profile is given.
   std::optional<roofline::HardwareProfile> hardware;
@@ -47,7 +48,6 @@ struct EngineConfig {
   std::string trace_jsonl;          // write every StepRecord here, one JSON object per line
   std::string trace_chrome;         // ... and as a Chrome/Perfetto trace
   KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)
-  double max_retain_seconds = 86400;  // largest retain_seconds a request may ask
   WallClock clock = WallSeconds;    // for retention deadlines (tests pass a fake one)
   ParallelConfig parallel;          // --ep / --pp: ranks of their own (see parallel_executor.h)
   BackendFactory rank_backends;     // makes each rank's device when parallel.enabled()
@@ -124,7 +124,6 @@ class Engine {
   using Live = LiveRequest;
 
   Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv);
-  absl::Status ValidateRequest(const GenerateRequest& r) const;
   void Intake();
   void Finish(Live& live, FinishReason reason, const std::string& message);
   void Loop();

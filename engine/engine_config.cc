@@ -33,9 +33,7 @@ absl::Status EngineConfig::Validate() const {
   if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
     return absl::InvalidArgumentError("kv_dtype must be f32 or bf16");
   }
-  if (max_tokens_limit < 1) return absl::InvalidArgumentError("max_tokens_limit must be >= 1");
-  if (!(max_retain_seconds >= 0))
-    return absl::InvalidArgumentError("max_retain_seconds must be >= 0");
+  RETURN_IF_ERROR(limits.Validate());
   if (parallel.ep < 1 || parallel.pp < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ep and --pp must be >= 1, got ", parallel.ep, " and ", parallel.pp));

@@ -10,7 +10,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw,
-                                 const ValidationLimits& limits, const absl::StatusOr<std::string>& tenant,
+                                 const RequestLimits& limits, const absl::StatusOr<std::string>& tenant,
                                  DrainGate* gate)
     : engine_(engine) {
   if (gate != nullptr) {

@@ -28,7 +28,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   // `tenant` is the caller's, the prefix cache's namespace, or why the call is not admitted.
   // `gate` (may be null) counts the stream while it runs and refuses it once draining.
   GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& request,
-                  const ValidationLimits& limits, const absl::StatusOr<std::string>& tenant, DrainGate* gate);
+                  const RequestLimits& limits, const absl::StatusOr<std::string>& tenant, DrainGate* gate);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;

@@ -15,7 +15,7 @@ namespace moeserve::server {
 
 struct ServiceOptions {
   ApiKeys api_keys;  // none: no authentication
-  ValidationLimits limits;
+  RequestLimits limits;  // the engine's (EngineConfig::limits)
   // Largest request metadata a call may carry (HPACK size: name + value + 32 per entry). The
   // transport's own limit is set far above it (ServerOptions), so an oversized call is refused
   // here, alone, and the connection's other streams live.

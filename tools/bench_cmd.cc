@@ -161,7 +161,7 @@ int RunBench(BenchOptions o) {
   w.shared_prefix_len = o.shared_prefix;
   w.rate = o.rate;
   w.seed = o.seed;
-  ecfg->max_tokens_limit = std::max<int64_t>(ecfg->max_tokens_limit, ol->Max());
+  ecfg->limits.max_tokens = std::max<int64_t>(ecfg->limits.max_tokens, ol->Max());
 
   auto backend_or = MakeBackend(o.engine);
   if (!backend_or.ok()) return Fail(backend_or.status());

@@ -164,7 +164,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   if (!(f.max_retain_seconds >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));
   }
-  c.max_retain_seconds = f.max_retain_seconds;
+  c.limits.max_retain_seconds = f.max_retain_seconds;
   if (!(f.device_mb >= 0)) return absl::InvalidArgumentError(absl::StrCat("--device-mb must be >= 0, got ", f.device_mb));
   c.parallel.ep = f.ep;
   c.parallel.pp = f.pp;

@@ -20,7 +20,7 @@ struct ServeOptions {
   std::string api_key;
   std::string api_keys_file;
   size_t max_metadata_bytes = 16 << 10;
-  int64_t max_tokens_limit = 4096;
+  int64_t max_tokens_limit = RequestLimits().max_tokens;
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
 };
@@ -43,8 +43,8 @@ int RunServe(ServeOptions o) {
   o.server.transport_metadata_bytes = static_cast<int>(8 * o.max_metadata_bytes);
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
-  if (o.max_tokens_limit < 1) return Fail(absl::InvalidArgumentError("--max-tokens-limit must be >= 1"));
-  ecfg->max_tokens_limit = o.max_tokens_limit;
+  ecfg->limits.max_tokens = o.max_tokens_limit;
+  if (absl::Status s = ecfg->limits.Validate(); !s.ok()) return Fail(s);
   auto backend_or = MakeBackend(o.engine);
   if (!backend_or.ok()) return Fail(backend_or.status());
   Backend& backend = **backend_or;
@@ -74,8 +74,7 @@ int RunServe(ServeOptions o) {
   server::ServiceOptions so;
   so.api_keys = *std::move(api_keys);
   so.max_metadata_bytes = o.max_metadata_bytes;
-  so.limits.max_tokens_limit = o.max_tokens_limit;
-  so.limits.max_retain_seconds = ecfg->max_retain_seconds;
+  so.limits = ecfg->limits;
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
   mi.set_config_json(c.ToJson());

@@ -291,7 +291,7 @@ TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
   EngineConfig cfg;
   cfg.num_kv_blocks = 20;
   cfg.scheduler.max_waiting = 3;
-  cfg.max_tokens_limit = 64;
+  cfg.limits.max_tokens = 64;
   auto e = *Engine::Create(cfg, weights_, backend_);
   auto expect_invalid = [&](GenerateRequest r, const std::string& needle) {
     auto id = e->Submit(r, nullptr);
@@ -302,16 +302,16 @@ TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
   GenerateRequest ok = (*requests_)[4];
   GenerateRequest r = ok;
   r.prompt.clear();
-  expect_invalid(r, "prompt is empty");
+  expect_invalid(r, "prompt: the prompt is empty");
   r = ok;
   r.prompt[0] = static_cast<int32_t>(config_->vocab_size);
   expect_invalid(r, "outside the vocabulary");
   r = ok;
   r.max_tokens = 0;
-  expect_invalid(r, "max_tokens must be in [1, 64]");
+  expect_invalid(r, "max_tokens: must be in [1, 64]");
   r = ok;
   r.sampling.top_p = 1.5f;
-  expect_invalid(r, "top_p");
+  expect_invalid(r, "sampling.top_p: must be in (0, 1]");
   r = ok;
   r.prompt.assign(400, 3);
   expect_invalid(r, "KV cache");

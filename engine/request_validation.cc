@@ -1,0 +1,87 @@
+// Request validation.
+#include "engine/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace moeserve {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+}  // namespace
+
+absl::Status RequestLimits::Validate() const {
+  if (max_tokens < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tokens-limit must be >= 1, got ", max_tokens));
+  if (default_max_tokens < 1 || default_max_tokens > max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("the default max_tokens must be in [1, ",
+                                                   max_tokens, "], got ", default_max_tokens));
+  }
+  if (!(max_retain_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-retain-seconds must be >= 0, got ", max_retain_seconds));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
+                             const RequestLimits& limits, absl::string_view prompt_field) {
+  if (r.prompt.empty()) return Invalid(prompt_field, "the prompt is empty");
+  const int64_t max_prompt = c.max_position_embeddings - 1;
+  if (static_cast<int64_t>(r.prompt.size()) > max_prompt) {
+    return Invalid(prompt_field, absl::StrCat("the prompt has ", r.prompt.size(),
+                                              " tokens; at most ", max_prompt, " fit the context"));
+  }
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size) {
+      return Invalid(prompt_field,
+                     absl::StrCat("token id ", r.prompt[i], " at index ", i,
+                                  " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (r.max_tokens < 1 || r.max_tokens > limits.max_tokens) {
+    return Invalid("max_tokens",
+                   absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));
+  }
+  const SamplingParams& s = r.sampling;
+  if (!std::isfinite(s.temperature) || s.temperature < 0.0f || s.temperature > 100.0f) {
+    return Invalid("sampling.temperature",
+                   absl::StrCat("must be in [0, 100], got ", s.temperature));
+  }
+  if (s.top_k < 0)
+    return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0 = off), got ", s.top_k));
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], got ", s.top_p));
+  }
+  for (int32_t id : r.stop_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return Invalid(
+          "stop_token_ids",
+          absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (r.top_logprobs < 0 || r.top_logprobs > limits.max_top_logprobs) {
+    return Invalid("logprobs", absl::StrCat("must be in [0, ", limits.max_top_logprobs, "], got ",
+                                            r.top_logprobs));
+  }
+  if (!(r.retain_seconds >= 0 && r.retain_seconds <= limits.max_retain_seconds)) {
+    return Invalid("retain_seconds", absl::StrCat("must be in [0, ", limits.max_retain_seconds,
+                                                  "], got ", r.retain_seconds));
+  }
+  if (r.cache_salt.size() > limits.max_cache_salt_bytes) {
+    return Invalid("cache_salt", absl::StrCat("must be at most ", limits.max_cache_salt_bytes,
+                                              " bytes, got ", r.cache_salt.size()));
+  }
+  if (r.cache_tenant.size() > limits.max_cache_salt_bytes) {
+    return Invalid("tenant", absl::StrCat("the name must be at most ", limits.max_cache_salt_bytes,
+                                          " bytes, got ", r.cache_tenant.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve
