@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       x->rank_kv_.push_back(std::move(*arena));
     }
   }
+  x->workers_ = std::make_unique<RankWorkers>(static_cast<int>(x->ranks_.size()));
   return x;
 }
 
@@ -337,12 +338,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in, const std::vector
       ranks_[r].pp->Abort();
     }
   };
-  {
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { run_or_abort(r); });
-    run_or_abort(0);
-    for (auto& t : threads) t.join();
-  }
+  workers_->Run([&](int r) { run_or_abort(static_cast<size_t>(r)); });  // a barrier, not new threads
   for (size_t r = 0; r < ranks_.size(); ++r) {
     if (status[r].ok()) continue;
     // Every rank has returned: clear the groups (flags, barriers, stale hand-offs) for the next

@@ -23,6 +23,7 @@
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
 #include "parallel/comm_group.h"
+#include "parallel/rank_workers.h"
 
 namespace moeserve {
 
@@ -122,6 +123,7 @@ class ParallelExecutor {
   std::vector<int64_t> segment_begin_;         // first block id of each EP rank's segment (+ end)
   int64_t stage_block_size_ = 16;
   std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;  // per stage, per EP index
+  std::unique_ptr<RankWorkers> workers_;  // one persistent thread per rank after the first
 };
 
 }  // namespace moeserve
