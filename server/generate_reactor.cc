@@ -11,8 +11,8 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw,
                                  const RequestLimits& limits, const absl::StatusOr<std::string>& tenant,
-                                 DrainGate* gate)
-    : engine_(engine) {
+                                 DrainGate* gate, StreamEncoder* encoder)
+    : engine_(engine), encoder_(encoder) {
   if (gate != nullptr) {
     if (!gate->TryEnter()) {
       finished_ = true;
@@ -57,6 +57,25 @@ GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ct
 
 void GenerateReactor::OnEvent(const RequestEvent& ev) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (encoder_ == nullptr) return AppendLocked(ev);
+  // On the engine thread: keep the event and hand the encoding to the encoder thread, once
+  // per batch of events (the stream cannot end while it is posted: its final event is in it).
+  raw_.push_back(ev);
+  if (!encode_posted_) {
+    encode_posted_ = true;
+    encoder_->Post([this] { Encode(); });
+  }
+}
+
+void GenerateReactor::Encode() {
+  std::lock_guard<std::mutex> lock(mu_);
+  encode_posted_ = false;
+  std::deque<RequestEvent> events;
+  events.swap(raw_);
+  for (const RequestEvent& ev : events) AppendLocked(ev);
+}
+
+void GenerateReactor::AppendLocked(const RequestEvent& ev) {
   // Coalesce into the last queued response while a write is in flight.
   if (queue_.empty() || !queue_.back().finish_reason().empty()) queue_.emplace_back();
   v1::GenerateResponse& r = queue_.back();

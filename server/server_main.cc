@@ -109,8 +109,9 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     creds = grpc::InsecureServerCredentials();
   }
 
-  DrainGate gate;  // outlives the server, whose reactors leave it
-  MoeserveService service(engine, service_options, &gate);
+  DrainGate gate;          // outlives the server, whose reactors leave it
+  StreamEncoder encoder;   // outlives the server and the engine's last events (engine->Stop below)
+  MoeserveService service(engine, service_options, &gate, &encoder);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, creds, &port);

@@ -7,8 +7,8 @@
 
 namespace moeserve::server {
 
-MoeserveService::MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate)
-    : engine_(engine), options_(std::move(options)), gate_(gate) {}
+MoeserveService::MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate, StreamEncoder* encoder)
+    : engine_(engine), options_(std::move(options)), gate_(gate), encoder_(encoder) {}
 
 absl::StatusOr<std::string> MoeserveService::Admit(grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
@@ -32,7 +32,7 @@ absl::StatusOr<std::string> MoeserveService::Admit(grpc::CallbackServerContext* 
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
                                                                      const grpc::ByteBuffer* request) {
-  return new GenerateReactor(engine_, ctx, *request, options_.limits, Admit(ctx), gate_);
+  return new GenerateReactor(engine_, ctx, *request, options_.limits, Admit(ctx), gate_, encoder_);
 }
 
 bool MoeserveService::AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "server/api_keys.h"
 #include "server/drain_gate.h"
+#include "server/stream_encoder.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "server/validation.h"
 
@@ -31,7 +32,8 @@ using RawService = v1::Moeserve::WithRawCallbackMethod_Generate<
 class MoeserveService final : public RawService {
  public:
   // `gate` (may be null) tracks Generate streams for graceful shutdown.
-  MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate = nullptr);
+  // `encoder` (may be null: the engine thread encodes) builds the Generate streams' messages.
+  MoeserveService(Engine* engine, ServiceOptions options, DrainGate* gate = nullptr, StreamEncoder* encoder = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request) override;
@@ -51,6 +53,7 @@ class MoeserveService final : public RawService {
   Engine* engine_;
   ServiceOptions options_;
   DrainGate* gate_;
+  StreamEncoder* encoder_;
 };
 
 // Fills the parts of GetStats that come from the engine.
