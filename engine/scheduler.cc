@@ -64,8 +64,7 @@ int64_t Scheduler::PlaceSegment(const Sequence& seq) const {
   }
   if (seq.prompt_len < block_size_) return least;  // nothing to share: the least loaded rank
   // Cache-aware: prompts that share their first block meet in one rank's prefix cache ...
-  const BlockHash first =
-      HashBlock(seq.cache_root, std::span<const int32_t>(seq.tokens.data(), block_size_), fingerprint_);
+  const BlockHash first = seq.hashes.front();  // hashed once, in Add
   const int64_t preferred = static_cast<int64_t>(first.lo % static_cast<uint64_t>(segments));
   if (config_.ep_balance_ratio == 0) return preferred;
   // ... unless that rank is loaded well beyond the least loaded one (SGLang's router does the same).
@@ -76,6 +75,12 @@ int64_t Scheduler::PlaceSegment(const Sequence& seq) const {
 }
 
 absl::Status Scheduler::Add(Sequence* seq) {
+  // The first block's hash places the sequence; the chain goes on from it later (each block of
+  // a sequence is hashed once, by ExtendBlockHashes).
+  if (seq->prompt_len >= block_size_ && seq->hashes.empty()) {
+    ExtendBlockHashes(std::span<const int32_t>(seq->tokens.data(), block_size_), block_size_, fingerprint_,
+                      seq->cache_root, &seq->hashes);
+  }
   // With a segmented pool (expert parallelism) a sequence lives in the segment of its rank.
   seq->segment = PlaceSegment(*seq);
   const int64_t need = BlocksFor(seq->max_total_tokens);
