@@ -1,6 +1,8 @@
 // ModelConfig parsing, validation and presets.
 #include "models/model_config.h"
 
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +58,72 @@ absl::Status Positive(absl::string_view key, int64_t v, int64_t limit = 1) {
   return absl::OkStatus();
 }
 
+// Keys that change nothing at inference (training knobs, token ids the tokenizer files own,
+// bookkeeping): read past. Every other key is either read below or refused by name, so that no
+// checkpoint runs with a setting this build does not implement.
+constexpr const char* kIgnoredKeys[] = {
+    "attention_dropout",   "bos_token_id",       "eos_token_id",      "pad_token_id",  "initializer_range",
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "transformers_version", "use_cache",
+    "_name_or_path",       "return_dict",        "torchscript",       "chunk_size_feed_forward", "is_encoder_decoder",
+    "tokenizer_class",     "keys_to_ignore_at_inference"};
+constexpr const char* kReadKeys[] = {
+    "architectures",      "model_type",          "hidden_size",       "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim",          "num_local_experts", "num_experts_per_tok",
+    "rms_norm_eps",       "rope_theta",          "rope_parameters",   "rope_scaling",      "vocab_size",
+    "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob", "shared_expert_intermediate_size",
+    "torch_dtype",        "dtype",               "hidden_act",        "sliding_window",    "attention_bias",
+    "mlp_bias"};
+
+bool OneOf(const std::string& key, const auto& list) {
+  for (const char* k : list) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+// The settings this build implements only one way: anything else is refused, naming the key.
+absl::Status CheckUnsupported(const Json& j) {
+  for (const auto& [key, value] : j.items()) {
+    if (!OneOf(key, kIgnoredKeys) && !OneOf(key, kReadKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: key \"", key, "\" is not understood by this build; refusing rather than guessing "
+          "whether it changes the model's arithmetic"));
+    }
+  }
+  if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != 1 || !(*it)[0].is_string() || (*it)[0] != "MixtralForCausalLM") {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: architectures ", it->dump(),
+                                                     " is not supported (this build implements MixtralForCausalLM)"));
+    }
+  }
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null() && *it != "mixtral") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: model_type ", it->dump(), " is not supported (this build implements mixtral)"));
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null() && *it != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act ", it->dump(), " is not supported (silu)"));
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (auto it = j.find(bias); it != j.end() && !it->is_null() && *it != false) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", bias, " ", it->dump(),
+                                                     " is not supported (projections without bias)"));
+    }
+  }
+  for (const char* rope : {"rope_scaling", "rope_parameters"}) {
+    auto it = j.find(rope);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) return TypeError(rope, "an object", *it);
+    for (const auto& [k, v] : it->items()) {
+      const bool default_type = (k == "rope_type" || k == "type") && v == "default";
+      if (!default_type && k != "rope_theta") {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: ", rope, ".", k, " ", v.dump(),
+                                                       " is not supported (only default rotary embeddings)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
@@ -99,6 +167,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("config.json: top level must be an object");
+  RETURN_IF_ERROR(CheckUnsupported(j));
   ModelConfig c;
   RETURN_IF_ERROR(ReadInt(j, "hidden_size", true, &c.hidden_size));
   RETURN_IF_ERROR(ReadInt(j, "intermediate_size", true, &c.intermediate_size));
@@ -112,17 +181,45 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(ReadInt(j, "num_experts_per_tok", true, &c.num_experts_per_tok));
   RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
   RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
+  // transformers 5 writes the base under rope_parameters; both places must agree.
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object() && it->contains("rope_theta")) {
+    double theta = 0;
+    RETURN_IF_ERROR(ReadDouble(*it, "rope_theta", &theta));
+    if (j.contains("rope_theta") && !j["rope_theta"].is_null() && theta != c.rope_theta) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: rope_theta ", c.rope_theta,
+                                                     " and rope_parameters.rope_theta ", theta, " disagree"));
+    }
+    c.rope_theta = theta;
+  }
   RETURN_IF_ERROR(ReadInt(j, "vocab_size", true, &c.vocab_size));
   RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c.norm_topk_prob));
   RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", false,
                           &c.shared_expert_intermediate_size));
-  if (auto it = j.find("torch_dtype"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) return TypeError("torch_dtype", "a string", *it);
+  // The checkpoint's dtype: "torch_dtype", or "dtype" as transformers 5 writes it.
+  std::optional<DType> dtype;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return TypeError(key, "a string", *it);
     auto dt = DTypeFromTorchName(it->get<std::string>());
-    if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", dt.status().message()));
-    c.torch_dtype = *dt;
+    if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ": ", dt.status().message()));
+    if (dtype.has_value() && *dtype != *dt) {
+      return absl::InvalidArgumentError("config.json: torch_dtype and dtype disagree");
+    }
+    dtype = *dt;
+  }
+  if (dtype.has_value()) c.torch_dtype = *dtype;
+  // A sliding window shorter than the context changes attention; this build attends to all of it.
+  if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
+    int64_t window = 0;
+    RETURN_IF_ERROR(ReadInt(j, "sliding_window", false, &window));
+    if (window < c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window ", window, " (shorter than the ",
+                                                     c.max_position_embeddings,
+                                                     "-token context) is not supported: attention here is full"));
+    }
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

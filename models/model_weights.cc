@@ -124,10 +124,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   }
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& e : ExpectedTensors(config)) shapes[e.name] = e.shape;
-  // Report the first missing tensor before allocating anything.
+  // Report the first missing tensor before allocating anything, and refuse a tensor the config
+  // does not explain: it belongs to something this build does not compute (biases, another
+  // architecture's parts), and ignoring it would run a different model.
   for (const auto& [name, shape] : shapes) {
     if (source.Find(name) == nullptr) {
       return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
+    }
+  }
+  for (const std::string& name : source.Names()) {
+    if (shapes.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
+                                                     "\", which this build's Mixtral model does not use"));
     }
   }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());

@@ -186,6 +186,44 @@ TEST(ModelConfigErrorTest, ZeroRmsNormEps) {
   ExpectParseError(MixtralJson("rms_norm_eps", "0.0"), {"rms_norm_eps"});
 }
 
+// config.json as transformers 5 writes it: the RoPE base under rope_parameters, "dtype"
+// instead of "torch_dtype", "head_dim": null. Before, this ran with the default base (1e6) and
+// an f32 checkpoint was stored as bf16.
+TEST(ModelConfigTest, ReadsTheTransformers5Form) {
+  auto fields = MixtralFields();
+  std::string out = "{";
+  for (const auto& [k, v] : fields) {
+    if (k == "rope_theta" || k == "torch_dtype") continue;
+    absl::StrAppend(&out, "\"", k, "\": ", v, ", ");
+  }
+  absl::StrAppend(&out, R"("rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}, )",
+                  R"("dtype": "float32", "head_dim": null})");
+  auto c = ModelConfig::FromJson(out);
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << out;
+  EXPECT_EQ(c->rope_theta, 250000.0);
+  EXPECT_EQ(c->torch_dtype, DType::kF32);
+  EXPECT_EQ(c->head_dim, 128);
+}
+
+// What this build does not implement is refused, naming it, never run as something else.
+TEST(ModelConfigErrorTest, UnsupportedSettingsAreRefusedByName) {
+  ExpectParseError(MixtralJson("architectures", R"(["Qwen2MoeForCausalLM"])"), {"architectures", "Qwen2Moe"});
+  ExpectParseError(MixtralJson("model_type", R"("qwen2_moe")"), {"model_type", "qwen2_moe"});
+  ExpectParseError(MixtralJson("sliding_window", "4096"), {"sliding_window", "4096"});
+  ExpectParseError(MixtralJson("rope_scaling", R"({"rope_type": "yarn", "factor": 4.0})"), {"rope_scaling"});
+  ExpectParseError(MixtralJson("rope_parameters", R"({"rope_type": "llama3", "rope_theta": 5e5})"),
+                   {"rope_parameters.rope_type", "llama3"});
+  ExpectParseError(MixtralJson("rope_parameters", R"({"rope_type": "default", "rope_theta": 5e5})"),
+                   {"disagree"});  // with rope_theta 1e6 beside it
+  ExpectParseError(MixtralJson("hidden_act", R"("gelu")"), {"hidden_act"});
+  ExpectParseError(MixtralJson("attention_bias", "true"), {"attention_bias"});
+  ExpectParseError(MixtralJson("dtype", R"("float16")"), {"torch_dtype and dtype disagree"});
+  ExpectParseError(MixtralJson("qk_layernorm", "true"), {"qk_layernorm", "not understood"});
+  // A window as long as the context is no window.
+  EXPECT_TRUE(ModelConfig::FromJson(MixtralJson("sliding_window", "32768")).ok());
+  EXPECT_TRUE(ModelConfig::FromJson(MixtralJson("rope_scaling", "null")).ok());
+}
+
 TEST(ModelConfigTest, ToJsonRoundTripsEveryPreset) {
   const std::vector<std::string> names = PresetNames();
   ASSERT_FALSE(names.empty());

@@ -136,6 +136,20 @@ TEST(ModelTest, BatchedPagedDecodeEqualsEachSequenceAlone) {
   }
 }
 
+// A tensor the config does not explain (a bias, another architecture's part) is refused by name:
+// loading past it would compute a different model than the checkpoint means.
+TEST(ModelTest, ACheckpointWithATensorTheModelDoesNotUseIsRefused) {
+  const ModelConfig config = *PresetConfig("tiny");
+  auto tensors = GenerateRandomWeights(config, 3, DType::kF32);
+  tensors->Add("model.layers.0.self_attn.q_proj.bias", DType::kF32, {config.q_dim()});
+  CpuBackend backend(CpuBackendOptions{CpuPath::kReference});
+  auto w = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
+  ASSERT_FALSE(w.ok()) << "loaded a checkpoint with an unused tensor";
+  EXPECT_NE(std::string(w.status().message()).find("model.layers.0.self_attn.q_proj.bias"), std::string::npos)
+      << w.status();
+  EXPECT_EQ(backend.used_bytes(), 0u);
+}
+
 TEST(ModelTest, SeededWeightsAreDeterministic) {
   const ModelConfig c = Tiny();
   auto a = GenerateRandomWeights(c, 5, DType::kBF16);
