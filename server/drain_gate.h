@@ -1,4 +1,4 @@
-// Counts the Generate streams in flight and, once draining starts, refuses new ones, so that a
+// Counts the generation calls in flight (gRPC streams and HTTP completions) and, once draining starts, refuses new ones, so that a
 // graceful shutdown waits for exactly the requests that were running and no longer.
 #pragma once
 
@@ -25,6 +25,10 @@ class DrainGate {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
   }
+  bool draining() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return draining_;
+  }
   // Waits until no stream is in flight or the deadline passes; true when idle.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -32,7 +36,7 @@ class DrainGate {
   }
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   int active_ = 0;
   bool draining_ = false;

@@ -123,12 +123,32 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  std::unique_ptr<HttpApi> http;
+  if (!options.http.listen.empty()) {
+    auto started = HttpApi::Start(options.http, engine, service_options, &gate);
+    if (!started.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      return started.status();
+    }
+    http = *std::move(started);
+    std::printf("moeserve: OpenAI-compatible HTTP API on http://%s:%d/v1 (model \"%s\")\n",
+                options.http.listen.substr(0, options.http.listen.rfind(':')).c_str(), http->port(),
+                options.http.served_model_name.c_str());
+  }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::printf("moeserve: listening on %s:%d%s\n", host.c_str(), port,
               service_options.api_keys.required()
                   ? absl::StrCat(" (api key required: ", service_options.api_keys.num_keys(), " key(s))").c_str()
                   : "");
   std::fflush(stdout);
+  // Before the gRPC port file, which supervisors and tests wait for.
+  if (http != nullptr && !options.http_port_file.empty()) {
+    absl::Status s = WriteFileAtomically(options.http_port_file, absl::StrCat(http->port(), "\n"));
+    if (!s.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      return absl::InvalidArgumentError(absl::StrCat("--http-port-file: ", s.message()));
+    }
+  }
   if (!options.port_file.empty()) {
     absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(port, "\n"));
     if (!s.ok()) {
@@ -161,7 +181,9 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   });
   server->Wait();
   signals.join();
+  // Requests still running over HTTP end here (cancelled), so their threads can return.
   engine->Stop("server shutting down");
+  http.reset();
   std::fprintf(stderr, "moeserve: stopped cleanly\n");
   return absl::OkStatus();
 }

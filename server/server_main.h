@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
+#include "server/http_api.h"
 #include "server/service.h"
 
 namespace moeserve::server {
@@ -26,6 +27,10 @@ struct ServerOptions {
   // (the Prometheus endpoint), so that a supervisor waiting on it can signal safely.
   std::string extra_port_file;
   int extra_port = 0;
+  // The OpenAI-compatible HTTP API beside gRPC (http.listen empty: none), and where to write
+  // its bound port.
+  HttpOptions http;
+  std::string http_port_file;
 };
 
 // Serves `engine` (already started) until SIGTERM or SIGINT; then stops the engine. Installs its

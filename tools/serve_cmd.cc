@@ -23,6 +23,7 @@ struct ServeOptions {
   int64_t max_tokens_limit = RequestLimits().max_tokens;
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
+  std::string served_model_name;
 };
 
 int RunServe(ServeOptions o) {
@@ -74,6 +75,10 @@ int RunServe(ServeOptions o) {
   server::ServiceOptions so;
   so.api_keys = *std::move(api_keys);
   so.max_metadata_bytes = o.max_metadata_bytes;
+  o.server.http.max_body_bytes = static_cast<size_t>(o.server.max_message_bytes);
+  o.server.http.served_model_name = !o.served_model_name.empty() ? o.served_model_name
+                                    : !o.model.model_dir.empty()  ? o.model.model_dir
+                                                                  : absl::StrCat("moeserve-", o.model.preset);
   so.limits = ecfg->limits;
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
@@ -153,6 +158,17 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")
       ->capture_default_str();
   cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
+  cmd->add_option("--http-listen", o->server.http.listen,
+                  "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+                  "/health, /metrics, /tokenize, /detokenize) on HOST:PORT; port 0 picks a free one; empty: off")
+      ->capture_default_str();
+  cmd->add_option("--http-port-file", o->server.http_port_file, "Write the HTTP API's bound port to this file");
+  cmd->add_option("--http-threads", o->server.http.threads,
+                  "HTTP requests served at once (each streaming completion holds one thread until it ends)")
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "The model's id in /v1/models and in requests' \"model\" (default: the checkpoint directory, "
+                  "or moeserve-PRESET)");
   cmd->add_option("--metrics-listen", o->metrics_listen,
                   "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics (HOST an IPv4 address): request, token, preemption "
                   "and KV-tier counters, queue and KV gauges, latency histograms (queue, TTFT, TPOT, end to end, "

@@ -227,7 +227,7 @@ TEST(E2eServerFlagsTest, TlsServesOnlyTlsClients) {
       << err;
   // Start by hand: the helper's readiness check connects without TLS.
   const std::string port_file = dir + "/port";
-  const pid_t pid = Spawn({"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--port-file", port_file,
+  const pid_t pid = Spawn({"serve", "--preset", "tiny", "--listen", "127.0.0.1:0", "--port-file", port_file, "--http-listen", "127.0.0.1:0",
                            "--tls-cert", dir + "/cert.pem", "--tls-key", dir + "/key.pem"},
                           dir + "/out", dir + "/err");
   ASSERT_GT(pid, 0);

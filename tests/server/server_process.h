@@ -95,7 +95,8 @@ class ServerProcess {
   // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
   bool Start(std::vector<std::string> extra_args) {
     dir_ = MakeTempDir("server");
-    std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--port-file", dir_ + "/port"};
+    std::vector<std::string> args = {"serve",         "--listen",     "127.0.0.1:0", "--port-file", dir_ + "/port",
+                                     "--http-listen", "127.0.0.1:0", "--http-port-file", dir_ + "/http_port"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
     if (pid_ < 0) return false;
@@ -104,6 +105,8 @@ class ServerProcess {
       const std::string p = ReadAll(dir_ + "/port");
       if (!p.empty() && p.back() == '\n') {
         port_ = std::stoi(p);
+        const std::string hp = ReadAll(dir_ + "/http_port");  // written before the gRPC port file
+        http_port_ = hp.empty() ? 0 : std::stoi(hp);
         channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
         return channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
       }
@@ -129,12 +132,14 @@ class ServerProcess {
 
   pid_t pid() const { return pid_; }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  int http_port() const { return http_port_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string log() const { return ReadAll(dir_ + "/out") + ReadAll(dir_ + "/err"); }
 
  private:
   pid_t pid_ = -1;
   int port_ = 0;
+  int http_port_ = 0;
   std::string dir_;
   std::shared_ptr<grpc::Channel> channel_;
 };

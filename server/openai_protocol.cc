@@ -1,0 +1,394 @@
+// OpenAI request parsing and response objects.
+#include "server/openai_protocol.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "models/tokenizer.h"
+
+namespace moeserve::server {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(absl::string_view param, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(param, ": ", what));
+}
+
+// The engine validator's field names in OpenAI's spelling.
+std::string OpenAiParam(absl::string_view field) {
+  if (absl::StartsWith(field, "sampling.")) return std::string(field.substr(9));
+  if (field == "text" || field == "token_ids") return "prompt";
+  return std::string(field);
+}
+
+// A token as text and bytes, for logprobs: a byte token alone may be part of a character.
+Json TokenJson(int32_t id, float logprob, bool chat) {
+  std::string text;
+  Json bytes = Json::array();
+  if (id >= 0 && id < 256) {
+    text = SanitizeUtf8(std::string(1, static_cast<char>(id)));
+    bytes.push_back(id);
+  } else {
+    text = id == ByteTokenizer::kBos   ? "<bos>"
+           : id == ByteTokenizer::kEos ? "<eos>"
+           : id == ByteTokenizer::kPad ? "<pad>"
+                                       : "<unk>";
+  }
+  Json j = {{"token", text}, {"logprob", logprob}};
+  if (chat) j["bytes"] = bytes;
+  return j;
+}
+
+// Logprobs of generated tokens: the chosen token's, when it is among the top n, and the top n.
+Json LogprobsJson(const CompletionText& out, bool chat) {
+  if (out.logprobs.empty()) return nullptr;
+  if (chat) {
+    Json content = Json::array();
+    for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
+      Json top = Json::array();
+      Json chosen = TokenJson(out.token_ids[i], 0.0f, true);
+      chosen["logprob"] = nullptr;
+      for (const TokenLogprob& lp : out.logprobs[i]) {
+        top.push_back(TokenJson(lp.token, lp.logprob, true));
+        if (lp.token == out.token_ids[i]) chosen["logprob"] = lp.logprob;
+      }
+      chosen["top_logprobs"] = top;
+      content.push_back(chosen);
+    }
+    return {{"content", content}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
+  for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
+    tokens.push_back(TokenJson(out.token_ids[i], 0, false)["token"]);
+    Json chosen = nullptr, alternatives = Json::object();
+    for (const TokenLogprob& lp : out.logprobs[i]) {
+      alternatives[TokenJson(lp.token, 0, false)["token"].get<std::string>()] = lp.logprob;
+      if (lp.token == out.token_ids[i]) chosen = lp.logprob;
+    }
+    token_logprobs.push_back(chosen);
+    top.push_back(alternatives);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
+}
+
+template <typename T>
+absl::Status Read(const Json& j, const char* key, T* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) return Bad(key, "must be true or false");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return Bad(key, "must be an integer");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number()) return Bad(key, "must be a number");
+  } else {
+    if (!it->is_string()) return Bad(key, "must be a string");
+  }
+  *out = it->get<T>();
+  return absl::OkStatus();
+}
+
+// Parameters that change the outcome and that this engine does not implement, at a value that
+// would need them.
+absl::Status RefuseUnsupported(const Json& j) {
+  auto at = [&](const char* key) -> const Json* {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const Json* v = at("n"); v && *v != 1)
+    return Bad("n", "only 1 choice per request is supported");
+  if (const Json* v = at("best_of"); v && *v != 1) return Bad("best_of", "only 1 is supported");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (const Json* v = at(penalty); v && (!v->is_number() || v->get<double>() != 0)) {
+      return Bad(penalty, "penalties are not supported (only 0)");
+    }
+  }
+  if (const Json* v = at("repetition_penalty"); v && (!v->is_number() || v->get<double>() != 1)) {
+    return Bad("repetition_penalty", "penalties are not supported (only 1)");
+  }
+  if (const Json* v = at("logit_bias"); v && !(v->is_object() && v->empty())) {
+    return Bad("logit_bias", "not supported");
+  }
+  if (const Json* v = at("echo"); v && *v != false) return Bad("echo", "not supported");
+  if (const Json* v = at("suffix"); v && *v != "") return Bad("suffix", "not supported");
+  for (const char* tools : {"tools", "functions"}) {
+    if (const Json* v = at(tools); v && !(v->is_array() && v->empty()))
+      return Bad(tools, "not supported");
+  }
+  if (const Json* v = at("response_format");
+      v && !(v->is_object() && v->value("type", "text") == "text")) {
+    return Bad("response_format", "only text is supported");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt) {
+  ByteTokenizer tok;
+  if (prompt.is_string()) return tok.Encode(prompt.get<std::string>());
+  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
+    return PromptTokens(prompt[0]);
+  }
+  if (prompt.is_array() && std::all_of(prompt.begin(), prompt.end(),
+                                       [](const Json& v) { return v.is_number_integer(); })) {
+    std::vector<int32_t> ids;
+    for (const Json& v : prompt) ids.push_back(v.get<int32_t>());
+    return ids;
+  }
+  return Bad("prompt", "must be a string or an array of token ids (one prompt per request)");
+}
+
+}  // namespace
+
+Json ApiError::ToJson() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? Json(nullptr) : Json(param)},
+            {"code", http_status}}}};
+}
+
+ApiError ToApiError(const absl::Status& s) {
+  ApiError e;
+  e.message = std::string(s.message());
+  // A message that starts with "field: " names the parameter.
+  const size_t colon = e.message.find(": ");
+  if (colon != std::string::npos && e.message.find(' ') > colon) {
+    e.param = OpenAiParam(e.message.substr(0, colon));
+    e.message = e.param + e.message.substr(colon);
+  }
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      e.http_status = 400;
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      e.http_status = 401;
+      e.type = "authentication_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.http_status = 404;
+      e.type = "not_found_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "internal_error";
+  }
+  return e;
+}
+
+std::string RenderChat(const Json& messages) {
+  std::string out;
+  for (const Json& m : messages) {
+    absl::StrAppend(&out, "<|im_start|>", m["role"].get<std::string>(), "\n",
+                    m["content"].get<std::string>(), "<|im_end|>\n");
+  }
+  return out + "<|im_start|>assistant\n";
+}
+
+absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
+                                                 const ModelConfig& config,
+                                                 const RequestLimits& limits) {
+  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError("the body is not a JSON object");
+  RETURN_IF_ERROR(RefuseUnsupported(j));
+  ParsedCompletion p;
+  p.chat = chat;
+  GenerateRequest& r = p.request;
+  RETURN_IF_ERROR(Read(j, "model", &p.model));
+  RETURN_IF_ERROR(Read(j, "stream", &p.stream));
+  if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
+    RETURN_IF_ERROR(Read(*it, "include_usage", &p.include_usage));
+  }
+  if (chat) {
+    auto it = j.find("messages");
+    if (it == j.end() || !it->is_array() || it->empty())
+      return Bad("messages", "must be a non-empty array");
+    Json messages = Json::array();
+    for (const Json& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return Bad("messages", "each message needs a role (system, user or assistant)");
+      }
+      const std::string role = m["role"];
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+        return Bad("messages", absl::StrCat("role \"", role, "\" is not supported"));
+      }
+      std::string content;
+      const Json& c = m.value("content", Json(""));
+      if (c.is_string()) {
+        content = c.get<std::string>();
+      } else if (c.is_array()) {  // text parts only
+        for (const Json& part : c) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text")) {
+            return Bad("messages", "only text content parts are supported");
+          }
+          content += part["text"].get<std::string>();
+        }
+      } else if (!c.is_null()) {
+        return Bad("messages", "content must be a string or an array of text parts");
+      }
+      messages.push_back({{"role", role}, {"content", content}});
+    }
+    r.prompt = ByteTokenizer().Encode(RenderChat(messages));
+  } else {
+    auto it = j.find("prompt");
+    if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
+    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it));
+  }
+  const int64_t room =
+      std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
+  int64_t max_tokens =
+      chat ? std::min<int64_t>(limits.max_tokens, room) : limits.default_max_tokens;
+  RETURN_IF_ERROR(Read(j, "max_tokens", &max_tokens));
+  if (chat) RETURN_IF_ERROR(Read(j, "max_completion_tokens", &max_tokens));
+  if (max_tokens < 0 || max_tokens > limits.max_tokens) {
+    return Bad("max_tokens",
+               absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", max_tokens));
+  }
+  r.max_tokens = static_cast<int32_t>(max_tokens);
+  double temperature = 1.0, top_p = 1.0;
+  RETURN_IF_ERROR(Read(j, "temperature", &temperature));
+  RETURN_IF_ERROR(Read(j, "top_p", &top_p));
+  r.sampling.temperature = static_cast<float>(temperature);
+  r.sampling.top_p = static_cast<float>(top_p);
+  int64_t top_k = 0;
+  RETURN_IF_ERROR(Read(j, "top_k", &top_k));
+  r.sampling.top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return Bad("seed", "must be an integer");
+    r.sampling.seed = j["seed"].get<uint64_t>();
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p.stop.push_back(it->get<std::string>());
+    } else if (it->is_array() &&
+               std::all_of(it->begin(), it->end(), [](const Json& v) { return v.is_string(); })) {
+      for (const Json& v : *it) p.stop.push_back(v.get<std::string>());
+    } else {
+      return Bad("stop", "must be a string or an array of strings");
+    }
+    for (const std::string& s : p.stop) {
+      if (s.empty()) return Bad("stop", "stop strings must not be empty");
+    }
+  }
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
+    for (const Json& v : *it) {
+      if (!v.is_number_integer()) return Bad("stop_token_ids", "must be an array of token ids");
+      r.stop_ids.push_back(v.get<int32_t>());
+    }
+  }
+  if (chat) {
+    bool want = false;
+    int64_t top = 0;
+    RETURN_IF_ERROR(Read(j, "logprobs", &want));
+    RETURN_IF_ERROR(Read(j, "top_logprobs", &top));
+    p.logprobs = want ? static_cast<int>(std::max<int64_t>(1, top)) : 0;
+  } else {
+    int64_t n = 0;
+    RETURN_IF_ERROR(Read(j, "logprobs", &n));
+    p.logprobs = static_cast<int>(n);
+  }
+  r.top_logprobs = p.logprobs;
+  std::string priority = "normal";
+  RETURN_IF_ERROR(Read(j, "priority", &priority));
+  if (priority == "fast") {
+    r.priority = Priority::kFast;
+  } else if (priority == "high") {
+    r.priority = Priority::kHigh;
+  } else if (priority == "low") {
+    r.priority = Priority::kLow;
+  } else if (priority != "normal") {
+    return Bad("priority",
+               absl::StrCat("must be fast, high, normal or low, got \"", priority, "\""));
+  }
+  RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
+  RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));
+  bool ignore_eos = false;
+  RETURN_IF_ERROR(Read(j, "ignore_eos", &ignore_eos));
+  RETURN_IF_ERROR(ValidateRequest(r, config, limits, chat ? "messages" : "prompt"));
+  if (!ignore_eos) r.stop_ids.push_back(ByteTokenizer::kEos);
+  return p;
+}
+
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop) {
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop) cut = std::min(cut, text->find(s));
+  if (cut == std::string::npos) return false;
+  text->resize(cut);
+  return true;
+}
+
+Json UsageObject(const RequestEvent& ev) {
+  const RequestUsage& u = ev.usage;
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}},
+          {"moeserve",
+           {{"cached_prompt_tokens_ddr", u.cached_prompt_tokens_ddr},
+            {"cached_prompt_tokens_flash", u.cached_prompt_tokens_flash},
+            {"preemptions", ev.preemptions},
+            {"swaps", ev.swaps},
+            {"timing",
+             {{"queue_seconds", ev.timing.queue_seconds},
+              {"time_to_first_token_seconds", ev.timing.ttft_seconds},
+              {"time_per_output_token_seconds", ev.timing.tpot_seconds},
+              {"e2e_seconds", ev.timing.e2e_seconds}}},
+            {"receipt",
+             {{"steps", ev.receipt.steps},
+              {"mean_batch_size", ev.receipt.mean_batch_size},
+              {"device_seconds", ev.receipt.device_seconds},
+              {"cost_usd", ev.receipt.cost_usd}}}}}};
+}
+
+Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                      const CompletionText& out, const std::string& finish_reason,
+                      const RequestEvent& final_event) {
+  Json choice = {
+      {"index", 0}, {"logprobs", LogprobsJson(out, p.chat)}, {"finish_reason", finish_reason}};
+  if (p.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+  } else {
+    choice["text"] = out.text;
+  }
+  return {{"id", id},
+          {"object", p.chat ? "chat.completion" : "text_completion"},
+          {"created", created},
+          {"model", p.model},
+          {"choices", Json::array({choice})},
+          {"usage", UsageObject(final_event)}};
+}
+
+Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                 const CompletionText& delta, const std::optional<std::string>& finish_reason,
+                 bool first) {
+  Json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(delta, p.chat)},
+                 {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
+  if (p.chat) {
+    Json d = Json::object();
+    if (first) d["role"] = "assistant";
+    if (!delta.text.empty() || !finish_reason) d["content"] = delta.text;
+    choice["delta"] = d;
+  } else {
+    choice["text"] = delta.text;
+  }
+  return {{"id", id},
+          {"object", p.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", p.model},
+          {"choices", Json::array({choice})}};
+}
+
+}  // namespace moeserve::server

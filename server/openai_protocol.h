@@ -1,0 +1,71 @@
+// The OpenAI API's request and response bodies (POST /v1/completions, /v1/chat/completions),
+// mapped onto the engine: a body becomes a GenerateRequest checked by the engine's one
+// validator (errors name the OpenAI parameter and the limit), and events become completion
+// objects or server-sent-event chunks. Parameters that would change the outcome and that this
+// engine does not implement (n > 1, penalties, logit_bias, tools, echo, ...) are refused.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/request.h"
+#include "engine/request_validation.h"
+#include "models/model_config.h"
+
+namespace moeserve::server {
+
+// An OpenAI error: the HTTP status and the error object's fields.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending parameter, when one is
+  nlohmann::json ToJson() const;
+};
+// 400 for INVALID_ARGUMENT (the message's leading "field:" becomes `param`, in OpenAI's
+// spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, else 500.
+ApiError ToApiError(const absl::Status& status);
+
+struct ParsedCompletion {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  std::string model;              // as the client named it (checked by the caller)
+  GenerateRequest request;        // validated
+  std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
+  int logprobs = 0;               // top-n per token (0: none)
+};
+
+// The embedded models' chat format (they bring no chat template of their own): ChatML turns,
+// then the assistant's turn opened.
+std::string RenderChat(const nlohmann::json& messages);
+
+// Parses a completions (`chat` false) or chat completions body; the prompt goes through the
+// byte tokenizer (BOS first) unless given as token ids.
+absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
+                                                 const ModelConfig& config,
+                                                 const RequestLimits& limits);
+
+// Cuts `text` at the earliest stop string; true when one was found.
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop);
+
+// The response objects. `id` is "cmpl-..." or "chatcmpl-...".
+struct CompletionText {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per token, when asked
+};
+nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                                const CompletionText& out, const std::string& finish_reason,
+                                const RequestEvent& final_event);
+// One streamed chunk: new text (and its tokens' logprobs), or, with finish_reason set, the last.
+nlohmann::json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                           const CompletionText& delta,
+                           const std::optional<std::string>& finish_reason, bool first);
+// The usage object (with the cached prompt tokens and moeserve's receipt and timing).
+nlohmann::json UsageObject(const RequestEvent& final_event);
+
+}  // namespace moeserve::server
