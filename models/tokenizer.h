@@ -1,5 +1,7 @@
-// A byte-level tokenizer: ids 0..255 are bytes, then BOS, EOS and PAD. A model's vocabulary may
-// be larger; ids past the tokenizer's (and invalid UTF-8) decode to U+FFFD, never to garbage.
+// What serving needs of a tokenizer (Tokenizer), and moeserve's own byte-level one: ids 0..255
+// are bytes, then BOS, EOS and PAD. A model's vocabulary may be larger; ids past the
+// tokenizer's (and invalid UTF-8) decode to U+FFFD, never to garbage. Hugging Face tokenizers
+// are models/hf_tokenizer.h.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +9,29 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace moeserve {
 
-class ByteTokenizer {
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // `add_special_tokens`: the tokens the tokenizer puts around a text (a BOS), as in Hugging
+  // Face's encode. Fails on text that is not valid UTF-8.
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                                      bool add_special_tokens) const = 0;
+  // Valid UTF-8; special tokens are left out when `skip_special_tokens`.
+  virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
+  // The id of a token named in the vocabulary (a chat template's "<|im_end|>"), if any.
+  virtual std::optional<int32_t> TokenId(absl::string_view token) const = 0;
+  virtual bool IsSpecial(int32_t id) const = 0;
+  // Ids are in [0, vocab_size()).
+  virtual int32_t vocab_size() const = 0;
+};
+
+class ByteTokenizer final : public Tokenizer {
  public:
   static constexpr int32_t kBos = 256;
   static constexpr int32_t kEos = 257;
@@ -19,12 +39,19 @@ class ByteTokenizer {
   static constexpr int32_t kMinVocab = 259;
 
   // Bytes of `text`, preceded by BOS when `add_bos`.
-  std::vector<int32_t> Encode(absl::string_view text, bool add_bos = true) const;
-  // Valid UTF-8: special tokens are dropped, other non-byte ids become U+FFFD, and invalid or
-  // truncated UTF-8 sequences become U+FFFD.
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  static std::vector<int32_t> Bytes(absl::string_view text, bool add_bos);
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text, bool add_bos) const override {
+    return Bytes(text, add_bos);
+  }
+  // Valid UTF-8: special tokens are dropped (or named "<bos>", "<eos>", "<pad>" when not
+  // skipped), other non-byte ids become U+FFFD, and invalid or truncated UTF-8 sequences become
+  // U+FFFD.
+  std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens = true) const override;
+  std::optional<int32_t> TokenId(absl::string_view token) const override;
+  bool IsSpecial(int32_t id) const override { return IsSpecialId(id); }
+  int32_t vocab_size() const override { return kMinVocab; }
 
-  static bool IsSpecial(int32_t id) { return id == kBos || id == kEos || id == kPad; }
+  static bool IsSpecialId(int32_t id) { return id == kBos || id == kEos || id == kPad; }
 };
 
 // Streams text as tokens arrive: returns only complete UTF-8 characters and holds back a
@@ -41,6 +68,10 @@ class IncrementalDecoder {
 
 // Replaces each byte that starts no valid UTF-8 sequence, and a truncated tail, with U+FFFD.
 std::string SanitizeUtf8(absl::string_view bytes);
+
+// As Rust's String::from_utf8_lossy (which the tokenizers library decodes with): each maximal
+// ill-formed subsequence becomes one U+FFFD.
+std::string Utf8Lossy(absl::string_view bytes);
 
 // Offset of the first byte that is not part of a valid UTF-8 sequence (a truncated tail
 // included); nullopt when `bytes` is valid UTF-8.

@@ -145,7 +145,7 @@ void HttpApi::Routes() {
           res, absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\""));
     }
     const bool special = !j.contains("add_special_tokens") || j["add_special_tokens"] != false;
-    const std::vector<int32_t> ids = ByteTokenizer().Encode(text, special);
+    const std::vector<int32_t> ids = ByteTokenizer::Bytes(text, special);
     res.set_content(Json({{"tokens", ids},
                           {"count", ids.size()},
                           {"max_model_len", config.max_position_embeddings}})

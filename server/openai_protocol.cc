@@ -127,7 +127,7 @@ absl::Status RefuseUnsupported(const Json& j) {
 
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt) {
   ByteTokenizer tok;
-  if (prompt.is_string()) return tok.Encode(prompt.get<std::string>());
+  if (prompt.is_string()) return tok.Encode(prompt.get<std::string>(), true);
   if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
     return PromptTokens(prompt[0]);
   }
@@ -239,7 +239,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
       }
       messages.push_back({{"role", role}, {"content", content}});
     }
-    r.prompt = ByteTokenizer().Encode(RenderChat(messages));
+    r.prompt = ByteTokenizer::Bytes(RenderChat(messages), true);
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) return Bad("prompt", "is required");

@@ -13,7 +13,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   switch (req.prompt_case()) {
     case v1::GenerateRequest::kText:
       prompt_field = "text";
-      if (!req.text().empty()) out.prompt = ByteTokenizer().Encode(req.text());
+      if (!req.text().empty()) out.prompt = ByteTokenizer::Bytes(req.text(), true);
       break;
     case v1::GenerateRequest::kTokenIds:
       prompt_field = "token_ids";

@@ -83,7 +83,7 @@ int RunGenerate(GenerateOptions o) {
     if (!ids.ok()) return Fail(ids.status());
     req.prompt = *ids;
   } else {
-    req.prompt = tok.Encode(o.prompt);
+    req.prompt = ByteTokenizer::Bytes(o.prompt, true);
   }
   if (req.prompt.empty()) return Fail(absl::InvalidArgumentError("--prompt-ids: the prompt is empty"));
   for (int32_t id : req.prompt) {

@@ -188,7 +188,7 @@ TEST(ModelTest, SeededSamplingIsReproducibleAndGreedyDoesNotCollapse) {
   EXPECT_EQ(alone[0].tokens, again[1].tokens) << "a seeded request must not depend on its batch mates";
 
   GenerationRequest greedy;
-  greedy.prompt = ByteTokenizer().Encode("Hello, world");
+  greedy.prompt = ByteTokenizer::Bytes("Hello, world", true);
   greedy.max_tokens = 48;
   auto g = Generate(**weights, &backend, DType::kF32, {greedy}, 512);
   std::set<int32_t> distinct(g[0].tokens.begin(), g[0].tokens.end());

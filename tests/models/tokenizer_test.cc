@@ -89,12 +89,12 @@ TEST(Utf8ValidatorTest, SelfCheck) {
 
 TEST(ByteTokenizerTest, EncodeAddsBosThenBytes) {
   ByteTokenizer tok;
-  EXPECT_EQ(tok.Encode("hi"), (std::vector<int32_t>{ByteTokenizer::kBos, 'h', 'i'}));
-  EXPECT_EQ(tok.Encode("hi", /*add_bos=*/false), (std::vector<int32_t>{'h', 'i'}));
-  EXPECT_EQ(tok.Encode(""), (std::vector<int32_t>{256}));
+  EXPECT_EQ(ByteTokenizer::Bytes("hi", true), (std::vector<int32_t>{ByteTokenizer::kBos, 'h', 'i'}));
+  EXPECT_EQ(ByteTokenizer::Bytes("hi", /*add_bos=*/false), (std::vector<int32_t>{'h', 'i'}));
+  EXPECT_EQ(ByteTokenizer::Bytes("", true), (std::vector<int32_t>{256}));
   EXPECT_EQ(ByteTokenizer::kBos, 256);
   // Bytes >= 0x80 are ids 128..255, never negative.
-  EXPECT_EQ(tok.Encode("\xC3\xA9"), (std::vector<int32_t>{256, 0xC3, 0xA9}));
+  EXPECT_EQ(ByteTokenizer::Bytes("\xC3\xA9", true), (std::vector<int32_t>{256, 0xC3, 0xA9}));
 }
 
 TEST(ByteTokenizerTest, DecodeInvertsEncode) {
@@ -106,9 +106,9 @@ TEST(ByteTokenizerTest, DecodeInvertsEncode) {
       "\xF4\x8F\xBF\xBF",                                           // U+10FFFF
   };
   for (const auto& t : texts) {
-    const std::string got = tok.Decode(tok.Encode(t));
+    const std::string got = tok.Decode(ByteTokenizer::Bytes(t, true));
     EXPECT_EQ(got, t) << "got " << Hex(got) << "want " << Hex(t);
-    EXPECT_EQ(tok.Decode(tok.Encode(t, false)), t);
+    EXPECT_EQ(tok.Decode(ByteTokenizer::Bytes(t, false)), t);
   }
 }
 
@@ -116,11 +116,11 @@ TEST(ByteTokenizerTest, SpecialIdsAreDropped) {
   ByteTokenizer tok;
   EXPECT_EQ(tok.Decode({ByteTokenizer::kBos, 'a', ByteTokenizer::kEos, 'b', ByteTokenizer::kPad}), "ab");
   EXPECT_EQ(tok.Decode({ByteTokenizer::kPad, ByteTokenizer::kPad}), "");
-  EXPECT_TRUE(ByteTokenizer::IsSpecial(256));
-  EXPECT_TRUE(ByteTokenizer::IsSpecial(257));
-  EXPECT_TRUE(ByteTokenizer::IsSpecial(258));
-  EXPECT_FALSE(ByteTokenizer::IsSpecial(255));
-  EXPECT_FALSE(ByteTokenizer::IsSpecial(259));
+  EXPECT_TRUE(ByteTokenizer::IsSpecialId(256));
+  EXPECT_TRUE(ByteTokenizer::IsSpecialId(257));
+  EXPECT_TRUE(ByteTokenizer::IsSpecialId(258));
+  EXPECT_FALSE(ByteTokenizer::IsSpecialId(255));
+  EXPECT_FALSE(ByteTokenizer::IsSpecialId(259));
 }
 
 TEST(ByteTokenizerTest, OutOfRangeIdsDecodeToReplacement) {
@@ -205,7 +205,7 @@ std::string ExpectedDecode(const std::vector<int32_t>& ids) {
       continue;
     }
     end_run();
-    if (!ByteTokenizer::IsSpecial(id)) out += kReplacement;
+    if (!ByteTokenizer::IsSpecialId(id)) out += kReplacement;
   }
   end_run();
   return out;
