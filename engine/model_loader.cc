@@ -64,4 +64,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
   return GenerateModel(std::move(config), spec, backend);
 }
 
+absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const ModelSpec& spec, int64_t model_vocab) {
+  if (spec.model_dir.empty() || !std::filesystem::is_directory(spec.model_dir)) {
+    return ModelTokenizer::Bytes();
+  }
+  return ModelTokenizer::FromDirectory(spec.model_dir, model_vocab);
+}
+
 }  // namespace moeserve

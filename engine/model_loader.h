@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "models/model_tokenizer.h"
 #include "models/model_weights.h"
 
 namespace moeserve {
@@ -30,5 +31,9 @@ ModelSpec DefaultModelSpec();
 std::string DescribeModelSpec(const ModelSpec& spec);
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend);
+
+// The tokenizer, EOS ids and chat template of the model `spec` names: a checkpoint directory's
+// files (ModelTokenizer::FromDirectory), else the byte tokenizer (presets, a config.json alone).
+absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const ModelSpec& spec, int64_t model_vocab);
 
 }  // namespace moeserve

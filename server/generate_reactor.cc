@@ -10,9 +10,11 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw,
-                                 const RequestLimits& limits, const absl::StatusOr<std::string>& tenant,
-                                 DrainGate* gate, StreamEncoder* encoder)
-    : engine_(engine), encoder_(encoder) {
+                                 const RequestLimits& limits,
+                                 std::shared_ptr<const ModelTokenizer> tokenizer,
+                                 const absl::StatusOr<std::string>& tenant, DrainGate* gate,
+                                 StreamEncoder* encoder)
+    : engine_(engine), encoder_(encoder), tokenizer_(std::move(tokenizer)) {
   if (gate != nullptr) {
     if (!gate->TryEnter()) {
       finished_ = true;
@@ -32,13 +34,14 @@ GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ct
     Finish(ToGrpcStatus(s));
     return;
   }
-  auto req = ToEngineRequest(request, engine->model_config(), limits);
+  auto req = ToEngineRequest(request, engine->model_config(), limits, *tokenizer_);
   if (!req.ok()) {
     finished_ = true;
     Finish(ToGrpcStatus(req.status()));
     return;
   }
   req->cache_tenant = *tenant;
+  decoder_.emplace(tokenizer_->tokenizer.get(), req->prompt);
   const auto deadline = ctx->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
     req->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
@@ -81,7 +84,7 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
   v1::GenerateResponse& r = queue_.back();
   for (size_t i = 0; i < ev.tokens.size(); ++i) {
     r.add_token_ids(ev.tokens[i]);
-    r.mutable_text()->append(decoder_.Push(ev.tokens[i]));
+    r.mutable_text()->append(decoder_->Push(ev.tokens[i]));
     if (i < ev.logprobs.size()) {
       v1::TokenInfo* info = r.add_logprobs();
       for (const auto& lp : ev.logprobs[i]) {
@@ -95,7 +98,7 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
     switch (ev.reason) {
       case FinishReason::kLength:
       case FinishReason::kStop: {
-        r.mutable_text()->append(decoder_.Flush());
+        r.mutable_text()->append(decoder_->Flush());
         r.set_finish_reason(FinishReasonName(ev.reason));
         v1::Usage* u = r.mutable_usage();
         u->set_prompt_tokens(ev.usage.prompt_tokens);

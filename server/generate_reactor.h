@@ -14,7 +14,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
-#include "models/tokenizer.h"
+#include "models/model_tokenizer.h"
+#include "models/stream_detokenizer.h"
 #include "server/drain_gate.h"
 #include "server/stream_encoder.h"
 #include "server/proto/moeserve.grpc.pb.h"
@@ -30,8 +31,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   // `tenant` is the caller's, the prefix cache's namespace, or why the call is not admitted.
   // `gate` (may be null) counts the stream while it runs and refuses it once draining.
   GenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& request,
-                  const RequestLimits& limits, const absl::StatusOr<std::string>& tenant, DrainGate* gate,
-                  StreamEncoder* encoder);
+                  const RequestLimits& limits, std::shared_ptr<const ModelTokenizer> tokenizer,
+                  const absl::StatusOr<std::string>& tenant, DrainGate* gate, StreamEncoder* encoder);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -64,7 +65,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   bool client_gone_ = false;
   std::optional<grpc::Status> final_status_;
   bool finished_ = false;
-  IncrementalDecoder decoder_;
+  std::shared_ptr<const ModelTokenizer> tokenizer_;
+  std::optional<StreamDetokenizer> decoder_;  // set once the request is parsed
 };
 
 // Maps absl status codes onto gRPC's (they share numbering).

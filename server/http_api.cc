@@ -93,7 +93,8 @@ void HttpApi::Routes() {
         unauthorized(res);
         return leave();
       }
-      auto parsed = ParseCompletion(req.body, chat, engine_->model_config(), service_.limits);
+      auto parsed = ParseCompletion(req.body, chat, engine_->model_config(), service_.limits,
+                                    service_.tokenizer);
       if (!parsed.ok()) {
         Reply(res, parsed.status());
         return leave();
@@ -131,21 +132,31 @@ void HttpApi::Routes() {
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(EngineMetricsText(engine_->GetStats()), "text/plain; version=0.0.4");
   });
-  s.Post("/tokenize", [tenant, unauthorized, &config](const httplib::Request& req,
-                                                      httplib::Response& res) {
+  s.Post("/tokenize", [tenant, unauthorized, &config, tok = service_.tokenizer](
+                          const httplib::Request& req, httplib::Response& res) {
     if (!tenant(req).has_value()) return unauthorized(res);
     const Json j = Json::parse(req.body, nullptr, false);
     std::string text;
     if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
       text = j["prompt"];
     } else if (j.is_object() && j.contains("messages") && j["messages"].is_array()) {
-      text = RenderChat(j["messages"]);
+      // As the chat endpoint renders them (its template adds the special tokens).
+      auto ids = ChatPrompt(j["messages"], *tok);
+      if (!ids.ok()) return Reply(res, ids.status());
+      res.set_content(Json({{"tokens", *ids},
+                            {"count", ids->size()},
+                            {"max_model_len", config.max_position_embeddings}})
+                          .dump(),
+                      "application/json");
+      return;
     } else {
       return Reply(
           res, absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\""));
     }
     const bool special = !j.contains("add_special_tokens") || j["add_special_tokens"] != false;
-    const std::vector<int32_t> ids = ByteTokenizer::Bytes(text, special);
+    auto encoded = tok->tokenizer->Encode(text, special);
+    if (!encoded.ok()) return Reply(res, encoded.status());
+    const std::vector<int32_t>& ids = *encoded;
     res.set_content(Json({{"tokens", ids},
                           {"count", ids.size()},
                           {"max_model_len", config.max_position_embeddings}})
@@ -153,7 +164,8 @@ void HttpApi::Routes() {
                     "application/json");
   });
   s.Post(
-      "/detokenize", [tenant, unauthorized](const httplib::Request& req, httplib::Response& res) {
+      "/detokenize", [tenant, unauthorized, tok = service_.tokenizer](const httplib::Request& req,
+                                                                       httplib::Response& res) {
         if (!tenant(req).has_value()) return unauthorized(res);
         const Json j = Json::parse(req.body, nullptr, false);
         if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array()) {
@@ -165,7 +177,7 @@ void HttpApi::Routes() {
             return Reply(res, absl::InvalidArgumentError("tokens: must be an array of token ids"));
           ids.push_back(v.get<int32_t>());
         }
-        res.set_content(Json({{"prompt", ByteTokenizer().Decode(ids)}}).dump(), "application/json");
+        res.set_content(Json({{"prompt", tok->tokenizer->Decode(ids, true)}}).dump(), "application/json");
       });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "models/tokenizer.h"
+#include "models/stream_detokenizer.h"
 
 namespace moeserve::server {
 namespace {
@@ -29,7 +29,8 @@ struct Job {
 // the first stop string.
 class TextStream {
  public:
-  explicit TextStream(const std::vector<std::string>& stop) : stop_(stop) {
+  TextStream(const std::vector<std::string>& stop, const ParsedCompletion& p)
+      : stop_(stop), decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
     for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
   }
   std::string Push(int32_t token) {
@@ -62,7 +63,7 @@ class TextStream {
 
   std::vector<std::string> stop_;
   size_t hold_ = 0;
-  IncrementalDecoder decoder_;
+  StreamDetokenizer decoder_;
   std::string pending_;
   bool stopped_ = false;
 };
@@ -135,7 +136,7 @@ void RunCompletion(Engine* engine, ParsedCompletion p, httplib::Response& res,
   const int64_t created = Now();
 
   if (!p.stream) {  // wait for the whole answer on this thread
-    TextStream text(p.stop);
+    TextStream text(p.stop, p);
     CompletionText out;
     bool cancelled = false;
     RequestEvent final_event;
@@ -175,11 +176,11 @@ void RunCompletion(Engine* engine, ParsedCompletion p, httplib::Response& res,
 
   // Streaming: httplib calls the provider until it finishes the stream or the client is gone.
   struct StreamState {
-    explicit StreamState(const std::vector<std::string>& stop) : text(stop) {}
+    explicit StreamState(const ParsedCompletion& p) : text(p.stop, p) {}
     TextStream text;
     bool first = true, cancelled = false, done = false;
   };
-  auto state = std::make_shared<StreamState>(p.stop);
+  auto state = std::make_shared<StreamState>(p);
   auto parsed = std::make_shared<ParsedCompletion>(std::move(p));
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(

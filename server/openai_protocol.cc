@@ -24,18 +24,15 @@ std::string OpenAiParam(absl::string_view field) {
   return std::string(field);
 }
 
-// A token as text and bytes, for logprobs: a byte token alone may be part of a character.
-Json TokenJson(int32_t id, float logprob, bool chat) {
-  std::string text;
+// A token as text and bytes, for logprobs. A token alone may be part of a character: its text
+// then shows U+FFFD (the bytes of the byte tokenizer's tokens are exact).
+Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer) {
+  const std::string text = tokenizer.Decode(std::vector<int32_t>{id}, false);
   Json bytes = Json::array();
-  if (id >= 0 && id < 256) {
-    text = SanitizeUtf8(std::string(1, static_cast<char>(id)));
+  if (dynamic_cast<const ByteTokenizer*>(&tokenizer) != nullptr && id >= 0 && id < 256) {
     bytes.push_back(id);
   } else {
-    text = id == ByteTokenizer::kBos   ? "<bos>"
-           : id == ByteTokenizer::kEos ? "<eos>"
-           : id == ByteTokenizer::kPad ? "<pad>"
-                                       : "<unk>";
+    for (unsigned char b : text) bytes.push_back(b);
   }
   Json j = {{"token", text}, {"logprob", logprob}};
   if (chat) j["bytes"] = bytes;
@@ -43,16 +40,16 @@ Json TokenJson(int32_t id, float logprob, bool chat) {
 }
 
 // Logprobs of generated tokens: the chosen token's, when it is among the top n, and the top n.
-Json LogprobsJson(const CompletionText& out, bool chat) {
+Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
   if (out.logprobs.empty()) return nullptr;
   if (chat) {
     Json content = Json::array();
     for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
       Json top = Json::array();
-      Json chosen = TokenJson(out.token_ids[i], 0.0f, true);
+      Json chosen = TokenJson(out.token_ids[i], 0.0f, true, tok);
       chosen["logprob"] = nullptr;
       for (const TokenLogprob& lp : out.logprobs[i]) {
-        top.push_back(TokenJson(lp.token, lp.logprob, true));
+        top.push_back(TokenJson(lp.token, lp.logprob, true, tok));
         if (lp.token == out.token_ids[i]) chosen["logprob"] = lp.logprob;
       }
       chosen["top_logprobs"] = top;
@@ -62,10 +59,10 @@ Json LogprobsJson(const CompletionText& out, bool chat) {
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
   for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
-    tokens.push_back(TokenJson(out.token_ids[i], 0, false)["token"]);
+    tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok)["token"]);
     Json chosen = nullptr, alternatives = Json::object();
     for (const TokenLogprob& lp : out.logprobs[i]) {
-      alternatives[TokenJson(lp.token, 0, false)["token"].get<std::string>()] = lp.logprob;
+      alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
       if (lp.token == out.token_ids[i]) chosen = lp.logprob;
     }
     token_logprobs.push_back(chosen);
@@ -125,11 +122,14 @@ absl::Status RefuseUnsupported(const Json& j) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt) {
-  ByteTokenizer tok;
-  if (prompt.is_string()) return tok.Encode(prompt.get<std::string>(), true);
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Tokenizer& tok) {
+  if (prompt.is_string()) {
+    auto ids = tok.Encode(prompt.get<std::string>(), true);
+    if (!ids.ok()) return Bad("prompt", std::string(ids.status().message()));
+    return ids;
+  }
   if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
-    return PromptTokens(prompt[0]);
+    return PromptTokens(prompt[0], tok);
   }
   if (prompt.is_array() && std::all_of(prompt.begin(), prompt.end(),
                                        [](const Json& v) { return v.is_number_integer(); })) {
@@ -138,6 +138,38 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt) {
     return ids;
   }
   return Bad("prompt", "must be a string or an array of token ids (one prompt per request)");
+}
+
+// The messages as {role, content} objects with string content, or why not.
+absl::StatusOr<Json> NormalizeMessages(const Json& in) {
+  if (!in.is_array() || in.empty()) return Bad("messages", "must be a non-empty array");
+  Json messages = Json::array();
+  for (const Json& m : in) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Bad("messages", "each message needs a role (system, user or assistant)");
+    }
+    const std::string role = m["role"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+      return Bad("messages", absl::StrCat("role \"", role, "\" is not supported"));
+    }
+    std::string content;
+    const Json& c = m.value("content", Json(""));
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {  // text parts only
+      for (const Json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return Bad("messages", "only text content parts are supported");
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else if (!c.is_null()) {
+      return Bad("messages", "content must be a string or an array of text parts");
+    }
+    messages.push_back({{"role", role}, {"content", content}});
+  }
+  return messages;
 }
 
 }  // namespace
@@ -195,15 +227,38 @@ std::string RenderChat(const Json& messages) {
   return out + "<|im_start|>assistant\n";
 }
 
+absl::StatusOr<std::vector<int32_t>> ChatPrompt(const Json& raw, const ModelTokenizer& tok) {
+  ASSIGN_OR_RETURN(const Json messages, NormalizeMessages(raw));
+  if (tok.chat == nullptr) {
+    auto ids = tok.tokenizer->Encode(RenderChat(messages), true);
+    if (!ids.ok()) return Bad("messages", std::string(ids.status().message()));
+    return ids;
+  }
+  // As transformers' apply_chat_template(tokenize=True): the template writes the special
+  // tokens itself, so the tokenizer adds none.
+  nlohmann::ordered_json context = {{"messages", nlohmann::ordered_json::parse(messages.dump())},
+                                    {"add_generation_prompt", true},
+                                    {"bos_token", tok.bos_token},
+                                    {"eos_token", tok.eos_token}};
+  absl::StatusOr<std::string> text = tok.chat->Render(context);
+  if (!text.ok()) return Bad("messages", std::string(text.status().message()));
+  auto ids = tok.tokenizer->Encode(*text, false);
+  if (!ids.ok()) return Bad("messages", std::string(ids.status().message()));
+  return ids;
+}
+
 absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
                                                  const ModelConfig& config,
-                                                 const RequestLimits& limits) {
+                                                 const RequestLimits& limits,
+                                                 std::shared_ptr<const ModelTokenizer> tokenizer) {
   const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return absl::InvalidArgumentError("the body is not a JSON object");
   RETURN_IF_ERROR(RefuseUnsupported(j));
   ParsedCompletion p;
   p.chat = chat;
+  p.tokenizer = std::move(tokenizer);
+  const Tokenizer& tok = *p.tokenizer->tokenizer;
   GenerateRequest& r = p.request;
   RETURN_IF_ERROR(Read(j, "model", &p.model));
   RETURN_IF_ERROR(Read(j, "stream", &p.stream));
@@ -212,38 +267,12 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   }
   if (chat) {
     auto it = j.find("messages");
-    if (it == j.end() || !it->is_array() || it->empty())
-      return Bad("messages", "must be a non-empty array");
-    Json messages = Json::array();
-    for (const Json& m : *it) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return Bad("messages", "each message needs a role (system, user or assistant)");
-      }
-      const std::string role = m["role"];
-      if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
-        return Bad("messages", absl::StrCat("role \"", role, "\" is not supported"));
-      }
-      std::string content;
-      const Json& c = m.value("content", Json(""));
-      if (c.is_string()) {
-        content = c.get<std::string>();
-      } else if (c.is_array()) {  // text parts only
-        for (const Json& part : c) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text")) {
-            return Bad("messages", "only text content parts are supported");
-          }
-          content += part["text"].get<std::string>();
-        }
-      } else if (!c.is_null()) {
-        return Bad("messages", "content must be a string or an array of text parts");
-      }
-      messages.push_back({{"role", role}, {"content", content}});
-    }
-    r.prompt = ByteTokenizer::Bytes(RenderChat(messages), true);
+    if (it == j.end()) return Bad("messages", "must be a non-empty array");
+    ASSIGN_OR_RETURN(r.prompt, ChatPrompt(*it, *p.tokenizer));
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
-    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it));
+    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it, tok));
   }
   const int64_t room =
       std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
@@ -317,7 +346,9 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   bool ignore_eos = false;
   RETURN_IF_ERROR(Read(j, "ignore_eos", &ignore_eos));
   RETURN_IF_ERROR(ValidateRequest(r, config, limits, chat ? "messages" : "prompt"));
-  if (!ignore_eos) r.stop_ids.push_back(ByteTokenizer::kEos);
+  if (!ignore_eos) {
+    r.stop_ids.insert(r.stop_ids.end(), p.tokenizer->eos_ids.begin(), p.tokenizer->eos_ids.end());
+  }
   return p;
 }
 
@@ -356,7 +387,7 @@ Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t 
                       const CompletionText& out, const std::string& finish_reason,
                       const RequestEvent& final_event) {
   Json choice = {
-      {"index", 0}, {"logprobs", LogprobsJson(out, p.chat)}, {"finish_reason", finish_reason}};
+      {"index", 0}, {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)}, {"finish_reason", finish_reason}};
   if (p.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
   } else {
@@ -374,7 +405,7 @@ Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t creat
                  const CompletionText& delta, const std::optional<std::string>& finish_reason,
                  bool first) {
   Json choice = {{"index", 0},
-                 {"logprobs", LogprobsJson(delta, p.chat)},
+                 {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer)},
                  {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
   if (p.chat) {
     Json d = Json::object();

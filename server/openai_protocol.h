@@ -14,6 +14,7 @@
 #include "engine/request.h"
 #include "engine/request_validation.h"
 #include "models/model_config.h"
+#include "models/model_tokenizer.h"
 
 namespace moeserve::server {
 
@@ -37,17 +38,25 @@ struct ParsedCompletion {
   GenerateRequest request;        // validated
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
   int logprobs = 0;               // top-n per token (0: none)
+  std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
 // The embedded models' chat format (they bring no chat template of their own): ChatML turns,
 // then the assistant's turn opened.
 std::string RenderChat(const nlohmann::json& messages);
 
+// Chat messages ({role, content} objects) as prompt ids: through the model's chat template
+// with a generation prompt, or, when it has none, RenderChat with the tokenizer's BOS.
+absl::StatusOr<std::vector<int32_t>> ChatPrompt(const nlohmann::json& messages,
+                                                const ModelTokenizer& tokenizer);
+
 // Parses a completions (`chat` false) or chat completions body; the prompt goes through the
-// byte tokenizer (BOS first) unless given as token ids.
+// model's tokenizer (with its special tokens) unless given as token ids, and chat messages
+// through its chat template (moeserve's ChatML rendering when it has none).
 absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
                                                  const ModelConfig& config,
-                                                 const RequestLimits& limits);
+                                                 const RequestLimits& limits,
+                                                 std::shared_ptr<const ModelTokenizer> tokenizer);
 
 // Cuts `text` at the earliest stop string; true when one was found.
 bool CutAtStop(std::string* text, const std::vector<std::string>& stop);

@@ -32,7 +32,8 @@ absl::StatusOr<std::string> MoeserveService::Admit(grpc::CallbackServerContext* 
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MoeserveService::Generate(grpc::CallbackServerContext* ctx,
                                                                      const grpc::ByteBuffer* request) {
-  return new GenerateReactor(engine_, ctx, *request, options_.limits, Admit(ctx), gate_, encoder_);
+  return new GenerateReactor(engine_, ctx, *request, options_.limits, options_.tokenizer, Admit(ctx),
+                             gate_, encoder_);
 }
 
 bool MoeserveService::AcceptUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,

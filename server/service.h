@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
+#include "models/model_tokenizer.h"
 #include "server/api_keys.h"
 #include "server/drain_gate.h"
 #include "server/stream_encoder.h"
@@ -22,6 +23,9 @@ struct ServiceOptions {
   // here, alone, and the connection's other streams live.
   size_t max_metadata_bytes = 16 << 10;
   v1::ModelInfo model_info;  // static part of GetModelInfo
+  // The served checkpoint's tokenizer, EOS ids and chat template.
+  std::shared_ptr<const ModelTokenizer> tokenizer =
+      std::make_shared<const ModelTokenizer>(ModelTokenizer::Bytes());
 };
 
 // Every method takes raw bytes and parses them itself (server/wire.h), so a request that does

@@ -2,18 +2,21 @@
 #include "server/validation.h"
 
 #include "absl/strings/str_cat.h"
-#include "models/tokenizer.h"
+#include "core/status.h"
 
 namespace moeserve::server {
 
 absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
-                                                const ModelConfig& c, const RequestLimits& limits) {
+                                                const ModelConfig& c, const RequestLimits& limits,
+                                                const ModelTokenizer& tokenizer) {
   GenerateRequest out;
   absl::string_view prompt_field = "prompt";
   switch (req.prompt_case()) {
     case v1::GenerateRequest::kText:
       prompt_field = "text";
-      if (!req.text().empty()) out.prompt = ByteTokenizer::Bytes(req.text(), true);
+      if (!req.text().empty()) {
+        ASSIGN_OR_RETURN(out.prompt, tokenizer.tokenizer->Encode(req.text(), true));
+      }
       break;
     case v1::GenerateRequest::kTokenIds:
       prompt_field = "token_ids";
@@ -54,7 +57,9 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   if (absl::Status v = ValidateRequest(out, c, limits, prompt_field); !v.ok()) return v;
   // EOS stops generation unless the client asks to go past it (added after validation: it is
   // the tokenizer's, not the client's).
-  if (!req.ignore_eos()) out.stop_ids.push_back(ByteTokenizer::kEos);
+  if (!req.ignore_eos()) {
+    out.stop_ids.insert(out.stop_ids.end(), tokenizer.eos_ids.begin(), tokenizer.eos_ids.end());
+  }
   return out;
 }
 

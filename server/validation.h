@@ -1,5 +1,5 @@
-// Maps a wire GenerateRequest onto the engine's request: the prompt (text through the byte
-// tokenizer with BOS, or token ids), the proto3 defaults (max_tokens 0 means the limits'
+// Maps a wire GenerateRequest onto the engine's request: the prompt (text through the model's
+// tokenizer with its special tokens, or token ids), the proto3 defaults (max_tokens 0 means the limits'
 // default, an unset top_p means 1), and the priority enum. The fields are then checked by the
 // engine's one validator (engine/request_validation.h), with the prompt named as the client
 // sent it ("text" or "token_ids"): INVALID_ARGUMENT naming the field and the limit.
@@ -9,12 +9,14 @@
 #include "engine/request.h"
 #include "engine/request_validation.h"
 #include "models/model_config.h"
+#include "models/model_tokenizer.h"
 #include "server/proto/moeserve.pb.h"
 
 namespace moeserve::server {
 
 absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
                                                 const ModelConfig& config,
-                                                const RequestLimits& limits);
+                                                const RequestLimits& limits,
+                                                const ModelTokenizer& tokenizer);
 
 }  // namespace moeserve::server

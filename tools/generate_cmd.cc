@@ -8,7 +8,8 @@
 #include "core/clock.h"
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "models/tokenizer.h"
+#include "engine/model_loader.h"
+#include "models/stream_detokenizer.h"
 #include "tools/commands.h"
 
 namespace moeserve::tools {
@@ -58,7 +59,6 @@ int RunGenerate(GenerateOptions o) {
   auto stop = ParseIds("--stop-ids", o.stop_ids);
   if (!stop.ok()) return Fail(stop.status());
   req.stop_ids = *stop;
-  req.stop_ids.push_back(ByteTokenizer::kEos);
   auto kv_dtype = DTypeFromShortName(o.kv_dtype);
   if (!kv_dtype.ok() || *kv_dtype == DType::kF16) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or bf16, got \"", o.kv_dtype, "\"")));
@@ -77,13 +77,17 @@ int RunGenerate(GenerateOptions o) {
                load_sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
                std::string(DTypeShortName((*weights)->dtype())).c_str(), (*weights)->total_bytes() / 1048576.0);
 
-  ByteTokenizer tok;
+  auto text = LoadModelTokenizer(o.model, c.vocab_size);
+  if (!text.ok()) return Fail(text.status());
+  req.stop_ids.insert(req.stop_ids.end(), text->eos_ids.begin(), text->eos_ids.end());
   if (!o.prompt_ids.empty()) {
     auto ids = ParseIds("--prompt-ids", o.prompt_ids);
     if (!ids.ok()) return Fail(ids.status());
     req.prompt = *ids;
   } else {
-    req.prompt = ByteTokenizer::Bytes(o.prompt, true);
+    auto ids = text->tokenizer->Encode(o.prompt, true);
+    if (!ids.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--prompt: ", ids.status().message())));
+    req.prompt = *ids;
   }
   if (req.prompt.empty()) return Fail(absl::InvalidArgumentError("--prompt-ids: the prompt is empty"));
   for (int32_t id : req.prompt) {
@@ -104,7 +108,7 @@ int RunGenerate(GenerateOptions o) {
   MoeModel model(weights->get(), &backend);
   Generator gen(&model, &*kv, &pool);
 
-  IncrementalDecoder dec;
+  StreamDetokenizer dec(text->tokenizer.get(), req.prompt);
   bool first = true;
   auto on_token = [&](size_t, int32_t t) {
     if (o.ids) {

@@ -1,7 +1,10 @@
-// `moeserve make-model`: writes config.json and safetensors with deterministic random weights.
+// `moeserve make-model`: writes a Hugging Face directory (config.json, safetensors with
+// deterministic random weights, tokenizer.json, tokenizer_config.json with a chat template,
+// generation_config.json).
 #include <cstdio>
 #include <filesystem>
 
+#include "models/tokenizer_files.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/file_util.h"
@@ -54,6 +57,7 @@ int RunMakeModel(const MakeModelOptions& o) {
   if (s.ok()) {
     s = WriteFileAtomically((std::filesystem::path(o.out) / "config.json").string(), config->ToJson());
   }
+  if (s.ok()) s = WriteByteTokenizerFiles(o.out);
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -68,8 +72,9 @@ int RunMakeModel(const MakeModelOptions& o) {
 void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MakeModelOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "make-model", "Write a Mixtral-format checkpoint (config.json + safetensors) with "
-                    "deterministic random weights");
+      "make-model", "Write a Hugging Face MixtralForCausalLM directory with deterministic random weights: "
+                    "config.json, safetensors, generation_config.json, and a byte-level tokenizer.json "
+                    "and tokenizer_config.json (with a ChatML chat template) that transformers also loads");
   cmd->add_option("--preset", opts->preset, "tiny (unit tests), small (~100M, 8 experts top-2) or medium (~0.8B, 16 experts top-2)")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the weights: the same seed gives the same bytes")

@@ -53,6 +53,9 @@ int RunServe(ServeOptions o) {
   std::fprintf(stderr, "moeserve: loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
   auto weights = LoadModel(o.model, &backend);
   if (!weights.ok()) return Fail(weights.status());
+  auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
+  if (!text.ok()) return Fail(text.status());
+  std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
   ReleaseStagingCopy(*ecfg, weights->get(), "moeserve: ");
@@ -80,6 +83,7 @@ int RunServe(ServeOptions o) {
                                     : !o.model.model_dir.empty()  ? o.model.model_dir
                                                                   : absl::StrCat("moeserve-", o.model.preset);
   so.limits = ecfg->limits;
+  so.tokenizer = std::make_shared<const ModelTokenizer>(*std::move(text));
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
   mi.set_config_json(c.ToJson());
