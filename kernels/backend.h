@@ -173,6 +173,8 @@ class Backend {
 
   // y += x, elementwise over n values.
   virtual void Add(float* y, const float* x, int64_t n) = 0;
+  // y[r, :] += bias for each of `rows` rows of `dim`.
+  virtual void AddBias(float* y, const float* bias, int64_t rows, int64_t dim) = 0;
 
   // Rotary embedding, Hugging Face rotate-half convention, applied in place.
   // q: [n, q_heads, head_dim], k: [n, kv_heads, head_dim], positions: [n]

@@ -1,6 +1,7 @@
 // ModelConfig parsing, validation and presets.
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -68,11 +69,30 @@ constexpr const char* kIgnoredKeys[] = {
     "tokenizer_class",     "keys_to_ignore_at_inference"};
 constexpr const char* kReadKeys[] = {
     "architectures",      "model_type",          "hidden_size",       "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim",          "num_local_experts", "num_experts_per_tok",
+    "num_attention_heads", "num_key_value_heads", "head_dim",          "num_experts_per_tok",
     "rms_norm_eps",       "rope_theta",          "rope_parameters",   "rope_scaling",      "vocab_size",
-    "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob", "shared_expert_intermediate_size",
+    "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob",
     "torch_dtype",        "dtype",               "hidden_act",        "sliding_window",    "attention_bias",
     "mlp_bias"};
+// Keys of one family only.
+constexpr const char* kMixtralKeys[] = {"num_local_experts", "shared_expert_intermediate_size"};
+constexpr const char* kQwen2MoeKeys[] = {"num_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+                                         "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
+                                         "max_window_layers", "qkv_bias", "layer_types"};
+constexpr const char* kQwen3MoeKeys[] = {"num_experts", "moe_intermediate_size", "decoder_sparse_step",
+                                         "mlp_only_layers", "use_sliding_window", "max_window_layers",
+                                         "layer_types"};
+constexpr const char* kOlmoeKeys[] = {"num_experts", "clip_qkv"};
+
+struct FamilyName {
+  ModelFamily family;
+  const char* architecture;
+  const char* model_type;
+};
+constexpr FamilyName kFamilies[] = {{ModelFamily::kMixtral, "MixtralForCausalLM", "mixtral"},
+                                    {ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
+                                    {ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+                                    {ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe"}};
 
 bool OneOf(const std::string& key, const auto& list) {
   for (const char* k : list) {
@@ -81,24 +101,74 @@ bool OneOf(const std::string& key, const auto& list) {
   return false;
 }
 
+// The family `architectures` and `model_type` name (they must agree); Mixtral when neither is
+// given (moeserve's first checkpoints).
+absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
+  std::optional<ModelFamily> by_arch, by_type;
+  if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
+    for (const FamilyName& f : kFamilies) {
+      if (it->is_array() && it->size() == 1 && (*it)[0] == f.architecture) by_arch = f.family;
+    }
+    if (!by_arch) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: architectures ", it->dump(),
+          " is not supported (this build implements MixtralForCausalLM, Qwen2MoeForCausalLM, "
+          "Qwen3MoeForCausalLM and OlmoeForCausalLM)"));
+    }
+  }
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    for (const FamilyName& f : kFamilies) {
+      if (*it == f.model_type) by_type = f.family;
+    }
+    if (!by_type) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe)"));
+    }
+  }
+  if (by_arch && by_type && *by_arch != *by_type) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: architectures ", j["architectures"].dump(),
+                                                   " and model_type ", j["model_type"].dump(), " disagree"));
+  }
+  return by_arch.value_or(by_type.value_or(ModelFamily::kMixtral));
+}
+
 // The settings this build implements only one way: anything else is refused, naming the key.
-absl::Status CheckUnsupported(const Json& j) {
+absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
   for (const auto& [key, value] : j.items()) {
-    if (!OneOf(key, kIgnoredKeys) && !OneOf(key, kReadKeys)) {
+    const bool family_key = family == ModelFamily::kMixtral    ? OneOf(key, kMixtralKeys)
+                            : family == ModelFamily::kQwen2Moe ? OneOf(key, kQwen2MoeKeys)
+                            : family == ModelFamily::kQwen3Moe ? OneOf(key, kQwen3MoeKeys)
+                                                               : OneOf(key, kOlmoeKeys);
+    if (!OneOf(key, kIgnoredKeys) && !OneOf(key, kReadKeys) && !family_key) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: key \"", key, "\" is not understood by this build; refusing rather than guessing "
           "whether it changes the model's arithmetic"));
     }
   }
-  if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() != 1 || !(*it)[0].is_string() || (*it)[0] != "MixtralForCausalLM") {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: architectures ", it->dump(),
-                                                     " is not supported (this build implements MixtralForCausalLM)"));
-    }
+  auto at = [&](const char* key) -> const Json* {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const Json* v = at("use_sliding_window"); v && *v != false) {
+    return absl::InvalidArgumentError("config.json: use_sliding_window true is not supported: attention here is full");
   }
-  if (auto it = j.find("model_type"); it != j.end() && !it->is_null() && *it != "mixtral") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: model_type ", it->dump(), " is not supported (this build implements mixtral)"));
+  if (const Json* v = at("clip_qkv")) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: clip_qkv ", v->dump(),
+                                                   " is not supported (only null: no clipping)"));
+  }
+  if (const Json* v = at("mlp_only_layers"); v && !(v->is_array() && v->empty())) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: mlp_only_layers ", v->dump(),
+                                                   " is not supported (dense MLP layers; only [] is)"));
+  }
+  if (const Json* v = at("decoder_sparse_step"); v && *v != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: decoder_sparse_step ", v->dump(),
+                                                   " is not supported (dense MLP layers; only 1 is)"));
+  }
+  if (const Json* v = at("layer_types")) {
+    if (!v->is_array() || std::any_of(v->begin(), v->end(), [](const Json& t) { return t != "full_attention"; })) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types ", v->dump(),
+                                                     " is not supported (only full_attention layers)"));
+    }
   }
   if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null() && *it != "silu") {
     return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act ", it->dump(), " is not supported (silu)"));
@@ -167,17 +237,31 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("config.json: top level must be an object");
-  RETURN_IF_ERROR(CheckUnsupported(j));
+  ASSIGN_OR_RETURN(const ModelFamily family, DetectFamily(j));
+  RETURN_IF_ERROR(CheckUnsupported(j, family));
   ModelConfig c;
+  c.family = family;
+  const bool qwen = family == ModelFamily::kQwen2Moe || family == ModelFamily::kQwen3Moe;
+  // Each family's names, and transformers' defaults for the keys it may leave out.
+  const char* experts_key = family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts";
+  const char* inter_key = qwen ? "moe_intermediate_size" : "intermediate_size";
+  c.rope_theta = family == ModelFamily::kMixtral ? 1e6 : 1e4;
+  c.rms_norm_eps = qwen ? 1e-6 : 1e-5;
+  c.norm_topk_prob = family == ModelFamily::kMixtral;  // Mixtral always renormalises
+  c.qkv_bias = family == ModelFamily::kQwen2Moe;
+  c.qk_norm = family == ModelFamily::kQwen3Moe ? QkNorm::kPerHead
+              : family == ModelFamily::kOlmoe  ? QkNorm::kWhole
+                                               : QkNorm::kNone;
   RETURN_IF_ERROR(ReadInt(j, "hidden_size", true, &c.hidden_size));
-  RETURN_IF_ERROR(ReadInt(j, "intermediate_size", true, &c.intermediate_size));
+  RETURN_IF_ERROR(ReadInt(j, inter_key, true, &c.intermediate_size));
   RETURN_IF_ERROR(ReadInt(j, "num_hidden_layers", true, &c.num_hidden_layers));
   RETURN_IF_ERROR(ReadInt(j, "num_attention_heads", true, &c.num_attention_heads));
   c.num_key_value_heads = c.num_attention_heads;
   RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", false, &c.num_key_value_heads));
   if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (family == ModelFamily::kQwen3Moe) c.head_dim = 128;  // Qwen3MoeConfig's default
   RETURN_IF_ERROR(ReadInt(j, "head_dim", false, &c.head_dim));
-  RETURN_IF_ERROR(ReadInt(j, "num_local_experts", true, &c.num_local_experts));
+  RETURN_IF_ERROR(ReadInt(j, experts_key, true, &c.num_local_experts));
   RETURN_IF_ERROR(ReadInt(j, "num_experts_per_tok", true, &c.num_experts_per_tok));
   RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
   RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
@@ -195,8 +279,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c.norm_topk_prob));
-  RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", false,
+  RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", family == ModelFamily::kQwen2Moe,
                           &c.shared_expert_intermediate_size));
+  RETURN_IF_ERROR(ReadBool(j, "qkv_bias", &c.qkv_bias));
   // The checkpoint's dtype: "torch_dtype", or "dtype" as transformers 5 writes it.
   std::optional<DType> dtype;
   for (const char* key : {"torch_dtype", "dtype"}) {
@@ -212,7 +297,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (dtype.has_value()) c.torch_dtype = *dtype;
   // A sliding window shorter than the context changes attention; this build attends to all of it.
-  if (auto it = j.find("sliding_window"); it != j.end() && !it->is_null()) {
+  // (Qwen configs carry a window that use_sliding_window, checked above, leaves unused.)
+  if (auto it = j.find("sliding_window"); !qwen && it != j.end() && !it->is_null()) {
     int64_t window = 0;
     RETURN_IF_ERROR(ReadInt(j, "sliding_window", false, &window));
     if (window < c.max_position_embeddings) {
@@ -232,17 +318,32 @@ absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
   return c;
 }
 
+const char* ModelConfig::architecture() const {
+  for (const FamilyName& f : kFamilies) {
+    if (f.family == family) return f.architecture;
+  }
+  return "";
+}
+
+const char* ModelConfig::model_type() const {
+  for (const FamilyName& f : kFamilies) {
+    if (f.family == family) return f.model_type;
+  }
+  return "";
+}
+
 std::string ModelConfig::ToJson() const {
+  const bool qwen = family == ModelFamily::kQwen2Moe || family == ModelFamily::kQwen3Moe;
   Json j;
-  j["architectures"] = Json::array({"MixtralForCausalLM"});
-  j["model_type"] = "mixtral";
+  j["architectures"] = Json::array({architecture()});
+  j["model_type"] = model_type();
   j["hidden_size"] = hidden_size;
-  j["intermediate_size"] = intermediate_size;
+  j[qwen ? "moe_intermediate_size" : "intermediate_size"] = intermediate_size;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
-  j["num_local_experts"] = num_local_experts;
+  j[family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts"] = num_local_experts;
   j["num_experts_per_tok"] = num_experts_per_tok;
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -251,7 +352,10 @@ std::string ModelConfig::ToJson() const {
   j["torch_dtype"] = std::string(DTypeTorchName(torch_dtype));
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["norm_topk_prob"] = norm_topk_prob;
-  j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  if (family == ModelFamily::kMixtral || family == ModelFamily::kQwen2Moe) {
+    j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  }
+  if (family == ModelFamily::kQwen2Moe) j["qkv_bias"] = qkv_bias;
   j["hidden_act"] = "silu";
   j["bos_token_id"] = ByteTokenizer::kBos;
   j["eos_token_id"] = ByteTokenizer::kEos;
@@ -265,6 +369,9 @@ int64_t ModelConfig::TotalParams() const {
                       + num_local_experts * h            // router
                       + num_local_experts * ExpertParams();
   if (has_shared_expert()) per_layer += 3 * h * shared_expert_intermediate_size + h;
+  if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (qk_norm == QkNorm::kPerHead) per_layer += 2 * head_dim;
+  if (qk_norm == QkNorm::kWhole) per_layer += q_dim() + kv_dim();
   int64_t total = per_layer * num_hidden_layers + vocab_size * h + h;
   if (!tie_word_embeddings) total += vocab_size * h;
   return total;

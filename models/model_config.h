@@ -1,5 +1,7 @@
-// ModelConfig: the Mixtral-architecture hyperparameters, read from a Hugging Face style
-// config.json, validated once, plus the built-in presets and parameter counts.
+// ModelConfig: the hyperparameters of a Mixture-of-Experts transformer of one of the supported
+// Hugging Face families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), read from its config.json with
+// that family's key names and defaults, validated once; plus the built-in presets (Mixtral) and
+// parameter counts.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,14 @@
 
 namespace moeserve {
 
+// The families differ only in the attention's extras and the tensor names: Qwen2-MoE adds
+// q/k/v biases and a shared expert, Qwen3-MoE an RMSNorm per head on q and k, OLMoE an RMSNorm
+// over the whole q and k projections.
+enum class ModelFamily { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe };
+enum class QkNorm { kNone, kPerHead, kWhole };
+
 struct ModelConfig {
+  ModelFamily family = ModelFamily::kMixtral;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // per routed expert
   int64_t num_hidden_layers = 0;
@@ -32,6 +41,8 @@ struct ModelConfig {
   // Optional shared expert (Qwen2-MoE style): applied to every token, scaled by
   // sigmoid(shared_expert_gate . x). 0 means none.
   int64_t shared_expert_intermediate_size = 0;
+  bool qkv_bias = false;        // Qwen2-MoE
+  QkNorm qk_norm = QkNorm::kNone;  // Qwen3-MoE per head, OLMoE whole
 
   // Checks every field; the error names the key and the limit.
   absl::Status Validate() const;
@@ -39,6 +50,10 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
   std::string ToJson() const;
+
+  // "MixtralForCausalLM", ... and "mixtral", ...
+  const char* architecture() const;
+  const char* model_type() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }

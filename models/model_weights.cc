@@ -135,7 +135,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   for (const std::string& name : source.Names()) {
     if (shapes.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
-                                                     "\", which this build's Mixtral model does not use"));
+                                                     "\", which this build's ", config.architecture(), " does not use"));
     }
   }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
@@ -153,10 +153,19 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     ASSIGN_OR_RETURN(lw.k, up.Matrix({tn::Layer(l, "self_attn.k_proj.weight")}, dtype));
     ASSIGN_OR_RETURN(lw.v, up.Matrix({tn::Layer(l, "self_attn.v_proj.weight")}, dtype));
     ASSIGN_OR_RETURN(lw.o, up.Matrix({tn::Layer(l, "self_attn.o_proj.weight")}, dtype));
-    ASSIGN_OR_RETURN(lw.router, up.Matrix({tn::Layer(l, "block_sparse_moe.gate.weight")}, DType::kF32));
+    if (config.qkv_bias) {
+      ASSIGN_OR_RETURN(lw.q_bias, up.Vector(tn::Layer(l, "self_attn.q_proj.bias")));
+      ASSIGN_OR_RETURN(lw.k_bias, up.Vector(tn::Layer(l, "self_attn.k_proj.bias")));
+      ASSIGN_OR_RETURN(lw.v_bias, up.Vector(tn::Layer(l, "self_attn.v_proj.bias")));
+    }
+    if (config.qk_norm != QkNorm::kNone) {
+      ASSIGN_OR_RETURN(lw.q_norm, up.Vector(tn::Layer(l, "self_attn.q_norm.weight")));
+      ASSIGN_OR_RETURN(lw.k_norm, up.Vector(tn::Layer(l, "self_attn.k_norm.weight")));
+    }
+    ASSIGN_OR_RETURN(lw.router, up.Matrix({tn::Router(config, l)}, DType::kF32));
     for (int64_t e = 0; e < config.num_local_experts; ++e) {
-      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix({tn::Expert(l, e, "w1"), tn::Expert(l, e, "w3")}, dtype));
-      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix({tn::Expert(l, e, "w2")}, dtype));
+      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix({tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")}, dtype));
+      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix({tn::Expert(config, l, e, "w2")}, dtype));
       lw.w13.push_back(w13);
       lw.w2.push_back(w2);
     }
@@ -261,6 +270,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       ASSIGN_OR_RETURN(lw.k, matrix(f.k));
       ASSIGN_OR_RETURN(lw.v, matrix(f.v));
       ASSIGN_OR_RETURN(lw.o, matrix(f.o));
+      ASSIGN_OR_RETURN(lw.q_bias, vec(f.q_bias, c.q_dim()));
+      ASSIGN_OR_RETURN(lw.k_bias, vec(f.k_bias, c.kv_dim()));
+      ASSIGN_OR_RETURN(lw.v_bias, vec(f.v_bias, c.kv_dim()));
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      ASSIGN_OR_RETURN(lw.q_norm, vec(f.q_norm, per_head ? c.head_dim : c.q_dim()));
+      ASSIGN_OR_RETURN(lw.k_norm, vec(f.k_norm, per_head ? c.head_dim : c.kv_dim()));
       ASSIGN_OR_RETURN(lw.router, matrix(f.router));
       for (int64_t e = 0; e < c.num_local_experts; ++e) {
         if (!held[e]) continue;
@@ -292,6 +307,7 @@ void ModelWeights::ReleaseTensors() {
   final_norm_ = nullptr;
   for (LayerWeights& lw : layers_) {
     lw.attn_norm = lw.mlp_norm = nullptr;
+    lw.q_bias = lw.k_bias = lw.v_bias = lw.q_norm = lw.k_norm = nullptr;
     for (WeightRef* w : {&lw.q, &lw.k, &lw.v, &lw.o, &lw.router, &lw.shared_w13, &lw.shared_w2, &lw.shared_gate}) {
       drop(*w);
     }

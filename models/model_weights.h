@@ -17,6 +17,11 @@ struct LayerWeights {
   const float* attn_norm = nullptr;  // [hidden]
   const float* mlp_norm = nullptr;   // [hidden]
   WeightRef q, k, v, o;
+  const float* q_bias = nullptr;     // [q_dim] (Qwen2-MoE), else null
+  const float* k_bias = nullptr;     // [kv_dim]
+  const float* v_bias = nullptr;     // [kv_dim]
+  const float* q_norm = nullptr;     // [head_dim] per head (Qwen3-MoE) or [q_dim] (OLMoE), else null
+  const float* k_norm = nullptr;     // [head_dim] or [kv_dim]
   WeightRef router;                  // [experts, hidden], fp32
   std::vector<WeightRef> w13;        // per expert [2 * inter, hidden]
   std::vector<WeightRef> w2;         // per expert [hidden, inter]

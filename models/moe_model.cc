@@ -355,6 +355,27 @@ absl::Status MoeModel::SharedExpert(const LayerWeights& lw, int64_t t) {
   return absl::OkStatus();
 }
 
+// What the families add between the projections and RoPE: Qwen2-MoE's q/k/v biases, Qwen3-MoE's
+// RMSNorm of each head of q and k, OLMoE's RMSNorm of the whole q and k projections.
+void MoeModel::AttentionExtras(const LayerWeights& lw, int64_t t) {
+  const ModelConfig& c = config();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  float* q = ws_.q.as<float>();
+  float* k = ws_.k.as<float>();
+  if (lw.q_bias != nullptr) {
+    backend_->AddBias(q, lw.q_bias, t, c.q_dim());
+    backend_->AddBias(k, lw.k_bias, t, c.kv_dim());
+    backend_->AddBias(ws_.v.as<float>(), lw.v_bias, t, c.kv_dim());
+  }
+  if (c.qk_norm == QkNorm::kPerHead) {
+    backend_->RmsNorm(q, lw.q_norm, t * c.num_attention_heads, c.head_dim, eps, q);
+    backend_->RmsNorm(k, lw.k_norm, t * c.num_key_value_heads, c.head_dim, eps, k);
+  } else if (c.qk_norm == QkNorm::kWhole) {
+    backend_->RmsNorm(q, lw.q_norm, t, c.q_dim(), eps, q);
+    backend_->RmsNorm(k, lw.k_norm, t, c.kv_dim(), eps, k);
+  }
+}
+
 absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                                std::vector<float>* logits, ForwardStats* stats, std::vector<int32_t>* sampled) {
   return ForwardShard(in, layout, kv_cache, nullptr, nullptr, logits, stats, sampled);
@@ -421,6 +442,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
       backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
       backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
       backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
+      AttentionExtras(lw, t);
       backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t,
                      c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                      static_cast<float>(c.rope_theta));

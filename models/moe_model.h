@@ -122,6 +122,7 @@ class MoeModel {
   // The routed experts of an expert-parallel MoE layer (after routing), see ModelShard.
   absl::Status ExpertParallel(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
   // The gated shared expert, if the config has one (added to the residual).
+  void AttentionExtras(const LayerWeights& lw, int64_t t);
   absl::Status SharedExpert(const LayerWeights& lw, int64_t tokens);
   bool expert_parallel() const { return shard_.ep != nullptr && shard_.ep->size() > 1; }
 

@@ -16,6 +16,15 @@ std::string Expert(int64_t layer, int64_t expert, const std::string& w) {
   return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", expert, ".", w, ".weight");
 }
 
+std::string Router(const ModelConfig& c, int64_t layer) {
+  return Layer(layer, c.family == ModelFamily::kMixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+}
+std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const std::string& w) {
+  if (c.family == ModelFamily::kMixtral) return Expert(layer, expert, w);
+  const char* name = w == "w1" ? "gate_proj" : w == "w2" ? "down_proj" : "up_proj";
+  return absl::StrCat("model.layers.", layer, ".mlp.experts.", expert, ".", name, ".weight");
+}
+
 }  // namespace tensor_names
 
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
@@ -29,12 +38,22 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
     out.push_back({tn::Layer(l, "self_attn.k_proj.weight"), {c.kv_dim(), h}});
     out.push_back({tn::Layer(l, "self_attn.v_proj.weight"), {c.kv_dim(), h}});
     out.push_back({tn::Layer(l, "self_attn.o_proj.weight"), {h, c.q_dim()}});
+    if (c.qkv_bias) {
+      out.push_back({tn::Layer(l, "self_attn.q_proj.bias"), {c.q_dim()}});
+      out.push_back({tn::Layer(l, "self_attn.k_proj.bias"), {c.kv_dim()}});
+      out.push_back({tn::Layer(l, "self_attn.v_proj.bias"), {c.kv_dim()}});
+    }
+    if (c.qk_norm != QkNorm::kNone) {
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      out.push_back({tn::Layer(l, "self_attn.q_norm.weight"), {per_head ? c.head_dim : c.q_dim()}});
+      out.push_back({tn::Layer(l, "self_attn.k_norm.weight"), {per_head ? c.head_dim : c.kv_dim()}});
+    }
     out.push_back({tn::Layer(l, "post_attention_layernorm.weight"), {h}});
-    out.push_back({tn::Layer(l, "block_sparse_moe.gate.weight"), {c.num_local_experts, h}});
+    out.push_back({tn::Router(c, l), {c.num_local_experts, h}});
     for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      out.push_back({tn::Expert(l, e, "w1"), {i, h}});
-      out.push_back({tn::Expert(l, e, "w2"), {h, i}});
-      out.push_back({tn::Expert(l, e, "w3"), {i, h}});
+      out.push_back({tn::Expert(c, l, e, "w1"), {i, h}});
+      out.push_back({tn::Expert(c, l, e, "w2"), {h, i}});
+      out.push_back({tn::Expert(c, l, e, "w3"), {i, h}});
     }
     if (c.has_shared_expert()) {
       const int64_t s = c.shared_expert_intermediate_size;

@@ -1,4 +1,4 @@
-// The Hugging Face Mixtral tensor names and shapes a checkpoint must hold for a config.
+// The Hugging Face tensor names and shapes a checkpoint of a config's family must hold.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,11 @@ std::string Embed();
 std::string FinalNorm();
 std::string LmHead();
 std::string Layer(int64_t layer, const std::string& suffix);  // model.layers.N.<suffix>
-std::string Expert(int64_t layer, int64_t expert, const std::string& w);  // w1, w2 or w3
+std::string Expert(int64_t layer, int64_t expert, const std::string& w);  // Mixtral's w1, w2, w3
+// The family's names: Mixtral's block_sparse_moe.gate and experts.E.w1/w2/w3, the others'
+// mlp.gate and mlp.experts.E.gate_proj/down_proj/up_proj (w1, w2, w3 here).
+std::string Router(const ModelConfig& c, int64_t layer);
+std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const std::string& w);
 }  // namespace tensor_names
 
 // Every tensor of the model in checkpoint order (lm_head omitted when embeddings are tied).

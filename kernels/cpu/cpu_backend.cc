@@ -174,6 +174,10 @@ void CpuBackend::Add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void CpuBackend::AddBias(float* y, const float* bias, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) Add(y + r * dim, bias, dim);
+}
+
 void CpuBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
                       int64_t kv_heads, int64_t head_dim, float theta) {
   if (fast()) return cpu_fast::Rope(*pool_, q, k, positions, n, q_heads, kv_heads, head_dim, theta);

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                float* y) override;
   void Add(float* y, const float* x, int64_t n) override;
+  void AddBias(float* y, const float* bias, int64_t rows, int64_t dim) override;
   void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
             int64_t kv_heads, int64_t head_dim, float theta) override;
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;

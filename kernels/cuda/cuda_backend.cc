@@ -368,6 +368,11 @@ void CudaBackend::Add(float* y, const float* x, int64_t n) {
   NOTE_CUDA(cuda::LaunchAdd(y, x, n, impl_->stream));
 }
 
+void CudaBackend::AddBias(float* y, const float* bias, int64_t rows, int64_t dim) {
+  Use();
+  NOTE_CUDA(cuda::LaunchAddBias(y, bias, rows, dim, impl_->stream));
+}
+
 void CudaBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float theta) {
   Use();

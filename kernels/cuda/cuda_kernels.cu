@@ -75,6 +75,11 @@ __global__ void AddKernel(float* y, const float* x, int64_t n) {
   if (i < n) y[i] += x[i];
 }
 
+__global__ void AddBiasKernel(float* y, const float* bias, int64_t n, int64_t dim) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] += bias[i % dim];
+}
+
 // One block per token; threads over (head, pair) of q and k.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, int64_t q_heads, int64_t kv_heads,
                            int64_t head_dim, float theta) {
@@ -241,6 +246,12 @@ cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t 
 
 cudaError_t LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n > 0) AddKernel<<<Blocks(n), kThreads, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBias(float* y, const float* bias, int64_t rows, int64_t dim, cudaStream_t stream) {
+  const int64_t n = rows * dim;
+  if (n > 0) AddBiasKernel<<<Blocks(n), kThreads, 0, stream>>>(y, bias, n, dim);
   return cudaGetLastError();
 }
 

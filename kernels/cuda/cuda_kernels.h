@@ -25,6 +25,7 @@ cudaError_t LaunchConvert(const float* x, int64_t n, int elem, void* out, cudaSt
 cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y,
                           cudaStream_t stream);
 cudaError_t LaunchAdd(float* y, const float* x, int64_t n, cudaStream_t stream);
+cudaError_t LaunchAddBias(float* y, const float* bias, int64_t rows, int64_t dim, cudaStream_t stream);
 cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads, int64_t kv_heads,
                        int64_t head_dim, float theta, cudaStream_t stream);
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out, cudaStream_t stream);

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Builds tiny random checkpoints of each supported Hugging Face MoE family with transformers'
+own config classes and save_pretrained, and records transformers' logits for a few prompts and
+its greedy continuations; tests/models/hf_families_test.cc loads each directory with moeserve
+and compares. Not part of CI (it needs torch):
+
+    python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch==2.9.1 transformers==4.57.1 \
+        tokenizers==0.22.1 safetensors
+    /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf
+
+Each family's directory gets config.json, model.safetensors (float32), generation_config.json,
+the tokenizer trained by scripts/make-tokenizer-fixtures.py (the qwen one) and the family's
+chat template, plus expected.json: per prompt its ids, the greedy continuation, and the file
+and shape of its logits (raw little-endian float32, [positions, vocab]).
+"""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers.utils.chat_template_utils import _compile_jinja_template
+from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENIZER = os.path.join(ROOT, "tests/models/fixtures/tokenizers/qwen/tokenizer.json")
+TEMPLATES = os.path.join(ROOT, "tests/models/fixtures/chat_templates")
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "日本語のテキスト and 🙂 emoji",
+           "def f(x):\n    return x * 2  # 42"]
+COMMON = dict(vocab_size=1201, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, bos_token_id=None, eos_token_id=2, tie_word_embeddings=False)
+
+
+def families():
+    yield "mixtral", "mixtral", MixtralForCausalLM, MixtralConfig(
+        **COMMON, intermediate_size=48, num_local_experts=8, num_experts_per_tok=2, rope_theta=50000.0,
+        rms_norm_eps=1e-5, sliding_window=None)
+    yield "qwen2moe", "qwen2moe", Qwen2MoeForCausalLM, Qwen2MoeConfig(
+        **COMMON, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, rope_theta=10000.0, rms_norm_eps=1e-6,
+        decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False)
+    yield "qwen3moe", "qwen3moe", Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        **COMMON, head_dim=24, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False)
+    yield "olmoe", "olmoe", OlmoeForCausalLM, OlmoeConfig(
+        **COMMON, intermediate_size=8, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+        rope_theta=10000.0, rms_norm_eps=1e-5, clip_qkv=None)
+
+
+def main():
+    out_root = sys.argv[1]
+    tok = Tokenizer.from_file(TOKENIZER)
+    for name, template, cls, config in families():
+        torch.manual_seed(1234)
+        config.torch_dtype = torch.float32
+        model = cls(config).eval()
+        with torch.no_grad():  # weights far from the initializer's tiny values, norms not all ones
+            for pname, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in pname else 0.2 * torch.randn_like(p))
+                else:
+                    p.copy_(torch.randn_like(p) / np.sqrt(p.shape[-1]))
+        d = os.path.join(out_root, name)
+        shutil.rmtree(d, ignore_errors=True)
+        model.save_pretrained(d, safe_serialization=True)
+        shutil.copy(TOKENIZER, os.path.join(d, "tokenizer.json"))
+        chat = open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8").read()
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": None,
+                   "chat_template": chat}, open(os.path.join(d, "tokenizer_config.json"), "w"), indent=2)
+        # The chat prompt as transformers renders it (the tokenizer's special tokens passed as
+        # apply_chat_template passes them: eos_token only, bos_token is unset) and its ids.
+        chat_messages = [{"role": "user", "content": "Hello!"}]
+        rendered = _compile_jinja_template(chat).render(messages=chat_messages, add_generation_prompt=True,
+                                                        eos_token="<|im_end|>")
+        chat_case = {"messages": chat_messages, "rendered": rendered,
+                     "ids": tok.encode(rendered, add_special_tokens=False).ids}
+        cases = []
+        for i, prompt in enumerate(PROMPTS):
+            ids = tok.encode(prompt).ids
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float().numpy()
+                gen = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+            fname = f"logits{i}.f32"
+            logits.astype("<f4").tofile(os.path.join(d, fname))
+            cases.append({"prompt": prompt, "ids": ids, "greedy": gen, "logits": fname,
+                          "shape": list(logits.shape)})
+        json.dump({"family": name, "transformers": __import__("transformers").__version__,
+                   "torch": torch.__version__, "cases": cases, "chat": chat_case}, open(os.path.join(d, "expected.json"), "w"),
+                  indent=1)
+        print(name, sum(p.numel() for p in model.parameters()), "parameters")
+
+
+if __name__ == "__main__":
+    main()

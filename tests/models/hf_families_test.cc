@@ -1,0 +1,142 @@
+// Each supported Hugging Face family against transformers itself: tiny random checkpoints
+// written by transformers' own config classes and save_pretrained (Mixtral, Qwen2-MoE with
+// q/k/v biases and a gated shared expert, Qwen3-MoE with per-head q/k norms and head_dim
+// independent of hidden_size, OLMoE with whole-projection q/k norms and top-8 of 64), with the
+// logits transformers computed for three prompts and its greedy continuations
+// (scripts/make-hf-fixtures.py). Loaded here from the directory as a user would, every
+// position's logits must match and the greedy tokens must be the same.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/generator.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/model_tokenizer.h"
+#include "models/moe_model.h"
+#include "models/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace moeserve {
+namespace {
+
+std::string Dir(const std::string& family) {
+  return std::string(MOESERVE_SOURCE_DIR) + "/tests/models/fixtures/hf/" + family;
+}
+
+std::vector<float> ReadF32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+class HfFamilyTest : public ::testing::TestWithParam<std::tuple<std::string, CpuPath>> {};
+
+TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
+  const std::string dir = Dir(std::get<0>(GetParam()));
+  auto config = ModelConfig::FromFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  CpuBackend backend(CpuBackendOptions{std::get<1>(GetParam()), 2, 0});
+  auto weights = ModelWeights::Load(*config, **checkpoint, &backend, DType::kF32);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto text = ModelTokenizer::FromDirectory(dir, config->vocab_size);
+  ASSERT_TRUE(text.ok()) << text.status();
+
+  const nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
+  for (const auto& c : expected["cases"]) {
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    SCOPED_TRACE(c["prompt"].get<std::string>());
+    auto encoded = text->tokenizer->Encode(c["prompt"].get<std::string>(), true);
+    ASSERT_TRUE(encoded.ok());
+    EXPECT_EQ(*encoded, ids) << "the checkpoint's tokenizer";
+
+    // One prefill of the whole prompt, logits at every position.
+    const int64_t n = static_cast<int64_t>(ids.size()), block = 16;
+    auto kv = KvStorage::Create(&backend, KvLayoutFor(*config, 8, block, DType::kF32));
+    ASSERT_TRUE(kv.ok());
+    MoeModel model(weights->get(), &backend);
+    ForwardInput in;
+    in.token_ids = ids;
+    in.num_seqs = 1;
+    in.max_blocks_per_seq = (n + block - 1) / block;
+    for (int64_t i = 0; i < n; ++i) {
+      in.positions.push_back(static_cast<int32_t>(i));
+      in.token_seq.push_back(0);
+      in.slots.push_back(i);
+      in.logit_rows.push_back(static_cast<int32_t>(i));
+    }
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(static_cast<int32_t>(b));
+    std::vector<float> logits;
+    ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
+    const std::vector<float> want = ReadF32(dir + "/" + c["logits"].get<std::string>());
+    ASSERT_EQ(logits.size(), want.size());
+    double max_abs = 0, max_ref = 0;
+    int64_t worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = std::fabs(double{logits[i]} - want[i]);
+      if (d > max_abs) {
+        max_abs = d;
+        worst = static_cast<int64_t>(i);
+      }
+      max_ref = std::max(max_ref, std::fabs(double{want[i]}));
+    }
+    EXPECT_LT(max_abs, 2e-4 * std::max(1.0, max_ref))
+        << "max-abs error " << max_abs << " (relative " << max_abs / max_ref << ") at position "
+        << worst / config->vocab_size << ", token " << worst % config->vocab_size;
+
+    // Greedy continuation through the generator (prefill, then decode steps).
+    BlockPool pool(8);
+    Generator gen(&model, &*kv, &pool);
+    GenerationRequest req;
+    req.prompt = ids;
+    req.max_tokens = 8;
+    req.sampling.temperature = 0.0f;
+    auto results = gen.Run({req});
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ((*results)[0].tokens, c["greedy"].get<std::vector<int32_t>>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfFamilyTest,
+                         ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"),
+                                            ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
+
+TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen3_moe"})", "disagree"},
+      {R"({"architectures": ["DeepseekV3ForCausalLM"]})", "is not supported"},
+      {R"({"model_type": "olmoe", "clip_qkv": 8.0})", "clip_qkv 8.0 is not supported"},
+      {R"({"model_type": "qwen2_moe", "mlp_only_layers": [1]})", "mlp_only_layers [1] is not supported"},
+      {R"({"model_type": "qwen3_moe", "decoder_sparse_step": 2})", "decoder_sparse_step 2 is not supported"},
+      {R"({"model_type": "qwen3_moe", "use_sliding_window": true})", "use_sliding_window true"},
+      {R"({"model_type": "qwen3_moe", "num_local_experts": 8})", "key \"num_local_experts\" is not understood"},
+      {R"({"model_type": "mixtral", "num_experts": 8})", "key \"num_experts\" is not understood"},
+      {R"({"model_type": "qwen3_moe", "attention_bias": true})", "attention_bias true is not supported"},
+  };
+  for (const auto& [json, want] : cases) {
+    auto c = ModelConfig::FromJson(json);
+    ASSERT_FALSE(c.ok()) << json;
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << json << ": " << c.status();
+  }
+  // Each family's own key names and defaults; ToJson writes them back the same way.
+  for (const char* family : {"mixtral", "qwen2moe", "qwen3moe", "olmoe"}) {
+    auto c = ModelConfig::FromFile(Dir(family) + "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto again = ModelConfig::FromJson(c->ToJson());
+    ASSERT_TRUE(again.ok()) << family << ": " << again.status();
+    EXPECT_EQ(again->family, c->family);
+    EXPECT_EQ(again->intermediate_size, c->intermediate_size);
+    EXPECT_EQ(again->num_local_experts, c->num_local_experts);
+    EXPECT_EQ(again->head_dim, c->head_dim);
+    EXPECT_EQ(again->qk_norm, c->qk_norm);
+    EXPECT_EQ(again->qkv_bias, c->qkv_bias);
+    EXPECT_EQ(again->norm_topk_prob, c->norm_topk_prob);
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
