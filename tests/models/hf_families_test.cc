@@ -69,7 +69,8 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
       in.slots.push_back(i);
       in.logit_rows.push_back(static_cast<int32_t>(i));
     }
-    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(static_cast<int32_t>(b));
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b)
+      in.block_tables.push_back(static_cast<int32_t>(b));
     std::vector<float> logits;
     ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
     const std::vector<float> want = ReadF32(dir + "/" + c["logits"].get<std::string>());
@@ -101,21 +102,26 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfFamilyTest,
-                         ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"),
-                                            ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
+INSTANTIATE_TEST_SUITE_P(
+    Families, HfFamilyTest,
+    ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"),
+                       ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
 
 TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen3_moe"})", "disagree"},
       {R"({"architectures": ["DeepseekV3ForCausalLM"]})", "is not supported"},
       {R"({"model_type": "olmoe", "clip_qkv": 8.0})", "clip_qkv 8.0 is not supported"},
-      {R"({"model_type": "qwen2_moe", "mlp_only_layers": [1]})", "mlp_only_layers [1] is not supported"},
-      {R"({"model_type": "qwen3_moe", "decoder_sparse_step": 2})", "decoder_sparse_step 2 is not supported"},
+      {R"({"model_type": "qwen2_moe", "mlp_only_layers": [1]})",
+       "mlp_only_layers [1] is not supported"},
+      {R"({"model_type": "qwen3_moe", "decoder_sparse_step": 2})",
+       "decoder_sparse_step 2 is not supported"},
       {R"({"model_type": "qwen3_moe", "use_sliding_window": true})", "use_sliding_window true"},
-      {R"({"model_type": "qwen3_moe", "num_local_experts": 8})", "key \"num_local_experts\" is not understood"},
+      {R"({"model_type": "qwen3_moe", "num_local_experts": 8})",
+       "key \"num_local_experts\" is not understood"},
       {R"({"model_type": "mixtral", "num_experts": 8})", "key \"num_experts\" is not understood"},
-      {R"({"model_type": "qwen3_moe", "attention_bias": true})", "attention_bias true is not supported"},
+      {R"({"model_type": "qwen3_moe", "attention_bias": true})",
+       "attention_bias true is not supported"},
   };
   for (const auto& [json, want] : cases) {
     auto c = ModelConfig::FromJson(json);
