@@ -4,7 +4,6 @@
 // with --ep 2, --ep 4, --pp 2, --ep 2 --pp 2 (and round-robin placement, uneven stages, more
 // micro-batches, a shared expert) as on one rank.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -31,7 +30,8 @@ struct Layout {
 };
 
 std::string Name(const Layout& l) {
-  return absl::StrCat("ep", l.ep, " pp", l.pp, l.placement == ExpertPlacement::kRoundRobin ? " rr" : "",
+  return absl::StrCat("ep", l.ep, " pp", l.pp,
+                      l.placement == ExpertPlacement::kRoundRobin ? " rr" : "",
                       l.micro ? absl::StrCat(" micro", l.micro) : "");
 }
 
@@ -62,12 +62,14 @@ ForwardInput MakeStep(const ModelConfig& c, int64_t num_blocks, int64_t block, i
   for (int64_t e = 0; e < ep; ++e) next[e] = e * (num_blocks / ep);
   ForwardInput in;
   in.num_seqs = static_cast<int64_t>(lens.size());
-  for (int64_t len : lens) in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, (len + block - 1) / block);
+  for (int64_t len : lens)
+    in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, (len + block - 1) / block);
   for (int64_t j = 0; j < in.num_seqs; ++j) {
     const int64_t len = lens[j], need = (len + block - 1) / block;
     const int64_t base = next[j % ep];
     next[j % ep] += need;
-    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b < need ? static_cast<int32_t>(base + b) : 0);
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b)
+      in.block_tables.push_back(b < need ? static_cast<int32_t>(base + b) : 0);
     for (int64_t p = 0; p < len; ++p) {
       in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
       in.positions.push_back(static_cast<int32_t>(p));
@@ -95,13 +97,50 @@ ModelConfig WideConfig() {
   return c;
 }
 
-class ParallelTest : public ::testing::TestWithParam<bool> {
+// The other families' attention extras on the wide shape: Qwen2-MoE's q/k/v biases (with its
+// shared expert), Qwen3-MoE's per-head q/k norms with a head_dim of its own, OLMoE's
+// whole-projection q/k norms.
+ModelConfig FamilyConfig(ModelFamily family) {
+  ModelConfig c = WideConfig();
+  c.family = family;
+  c.norm_topk_prob = false;
+  if (family == ModelFamily::kQwen2Moe) c.qkv_bias = true;
+  if (family == ModelFamily::kQwen3Moe) {
+    c.shared_expert_intermediate_size = 0;
+    c.qk_norm = QkNorm::kPerHead;
+    c.head_dim = 24;
+  }
+  if (family == ModelFamily::kOlmoe) {
+    c.shared_expert_intermediate_size = 0;
+    c.qk_norm = QkNorm::kWhole;
+  }
+  return c;
+}
+
+const char* const kModelNames[] = {"Tiny", "Wide", "Qwen2Moe", "Qwen3Moe", "Olmoe"};
+
+ModelConfig ModelFor(int i) {
+  switch (i) {
+    case 0:
+      return *PresetConfig("tiny");
+    case 1:
+      return WideConfig();
+    case 2:
+      return FamilyConfig(ModelFamily::kQwen2Moe);
+    case 3:
+      return FamilyConfig(ModelFamily::kQwen3Moe);
+    default:
+      return FamilyConfig(ModelFamily::kOlmoe);
+  }
+}
+
+class ParallelTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    config_ = GetParam() ? WideConfig() : *PresetConfig("tiny");
+    config_ = ModelFor(GetParam());
     seed_ = std::random_device{}();
-    weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
-                                   DType::kBF16);
+    weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
+                                   &backend_, DType::kBF16);
   }
   // The oracle: the single-rank forward of the same step on a cache of `layout`.
   std::vector<float> OneRankLogits(const ForwardInput& in, const KvLayout& layout) {
@@ -124,7 +163,11 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   std::vector<int64_t> lens(5);
   for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
-  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin},
+  for (const Layout& l : std::vector<Layout>{{2, 1},
+                                             {4, 1},
+                                             {1, 2},
+                                             {2, 2},
+                                             {4, 1, ExpertPlacement::kRoundRobin},
                                              {2, 2, ExpertPlacement::kContiguous, 3}}) {
     // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
     // one rank on the same step.
@@ -147,12 +190,14 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
     }
     // Same kernels, same order per row: equal up to float rounding (in practice bit for bit).
     EXPECT_LE(max_abs, 1e-5 * std::max(1.0, max_ref))
-        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed " << seed_ << ")";
+        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed "
+        << seed_ << ")";
     if (l.ep > 1) {
       int64_t rows = 0;
       for (int64_t r : ps.expert_tokens) rows += r;
       // Every (token, slot) assignment of every layer was computed by exactly one expert.
-      EXPECT_EQ(rows, in.num_tokens() * config_.num_experts_per_tok * config_.num_hidden_layers) << Name(l);
+      EXPECT_EQ(rows, in.num_tokens() * config_.num_experts_per_tok * config_.num_hidden_layers)
+          << Name(l);
       EXPECT_GE(ps.expert_imbalance, 1.0);
       EXPECT_GT(ps.a2a_bytes, 0);
     }
@@ -187,8 +232,8 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     size_t staged_alloc = 0;  // what the copy occupies on the backend, as allocated (rounded)
     if (l.ep * l.pp > 1) {
       const size_t before = backend_.used_bytes();
-      staged = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
-                                   DType::kBF16);
+      staged = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
+                                   &backend_, DType::kBF16);
       staged_alloc = backend_.used_bytes() - before;
     }
     auto e = Engine::Create(ec, staged ? staged.get() : weights_.get(), &backend_);
@@ -196,9 +241,11 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     if (staged) {
       const size_t with_copy = backend_.used_bytes();
       staged->ReleaseTensors();
-      EXPECT_EQ(backend_.used_bytes(), with_copy - staged_alloc) << Name(l) << ": the staging copy is freed";
+      EXPECT_EQ(backend_.used_bytes(), with_copy - staged_alloc)
+          << Name(l) << ": the staging copy is freed";
       EXPECT_TRUE(staged->released());
-      EXPECT_EQ(Engine::Create(ec, staged.get(), &backend_).status().code(), absl::StatusCode::kFailedPrecondition)
+      EXPECT_EQ(Engine::Create(ec, staged.get(), &backend_).status().code(),
+                absl::StatusCode::kFailedPrecondition)
           << "a released copy cannot start another engine";
     }
     std::mutex mu;
@@ -226,7 +273,8 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
           // Every step records its tokens per expert: top-k rows per token and layer in all.
           int64_t rows = 0;
           for (int64_t r : s.expert_tokens) rows += r;
-          EXPECT_EQ(rows, s.num_tokens * config_.num_experts_per_tok * config_.num_hidden_layers) << Name(l);
+          EXPECT_EQ(rows, s.num_tokens * config_.num_experts_per_tok * config_.num_hidden_layers)
+              << Name(l);
           EXPECT_GE(s.expert_imbalance, 1.0) << Name(l);
         }
       }
@@ -235,7 +283,11 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     return result;
   };
   const auto want = run({1, 1});
-  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {2, 1, ExpertPlacement::kRoundRobin},
+  for (const Layout& l : std::vector<Layout>{{2, 1},
+                                             {4, 1},
+                                             {1, 2},
+                                             {2, 2},
+                                             {2, 1, ExpertPlacement::kRoundRobin},
                                              {1, 2, ExpertPlacement::kContiguous, 4}}) {
     const auto got = run(l);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -260,9 +312,10 @@ TEST_P(ParallelTest, KvTiersWorkUnderEveryLayout) {
   for (int i = 0; i < 4; ++i) reqs.push_back(reqs[i]);  // asked again at the end
   const uint64_t block_bytes = KvLayoutFor(config_, 1, 8, DType::kF32).BlockBytes();
   auto run = [&](const Layout& l, bool tiers, EngineStats* stats, int64_t* lower_tier_tokens) {
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("moeserve_ptiers_" + std::to_string(getpid()) + "_" + std::to_string(seed_)))
-                                .string();
+    const std::string dir =
+        (std::filesystem::temp_directory_path() /
+         ("moeserve_ptiers_" + std::to_string(getpid()) + "_" + std::to_string(seed_)))
+            .string();
     std::filesystem::remove_all(dir);
     EngineConfig ec;
     ec.block_size = 8;
@@ -293,7 +346,8 @@ TEST_P(ParallelTest, KvTiersWorkUnderEveryLayout) {
           auto& v = out[ev.request_id];
           v.insert(v.end(), ev.tokens.begin(), ev.tokens.end());
           if (ev.finished) {
-            *lower_tier_tokens += ev.usage.cached_prompt_tokens_ddr + ev.usage.cached_prompt_tokens_flash;
+            *lower_tier_tokens +=
+                ev.usage.cached_prompt_tokens_ddr + ev.usage.cached_prompt_tokens_flash;
           }
         });
         EXPECT_TRUE(id.ok()) << id.status();
@@ -328,7 +382,8 @@ TEST_P(ParallelTest, KvTiersWorkUnderEveryLayout) {
     EXPECT_GT(stats.tiers.demoted, 0) << Name(l);
     EXPECT_GT(lower_tier_tokens, 0) << Name(l) << ": no prompt came back from DDR or flash";
     // A sequence preempted after its promotion may promote again on readmission.
-    EXPECT_GE(stats.tiers.promoted_ddr + stats.tiers.promoted_flash, lower_tier_tokens / 8) << Name(l);
+    EXPECT_GE(stats.tiers.promoted_ddr + stats.tiers.promoted_flash, lower_tier_tokens / 8)
+        << Name(l);
     swaps += stats.tiers.swapped_in;
   }
   EXPECT_GT(swaps, 0) << "the pool was meant to be tight enough to swap";
@@ -352,10 +407,13 @@ TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
     CpuBackendOptions o;
     o.capacity_bytes = capacity;
     CpuBackend one(o);
-    auto whole = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &one, DType::kBF16);
-    EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted) << "the whole model fits one device";
+    auto whole = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
+                                    &one, DType::kBF16);
+    EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted)
+        << "the whole model fits one device";
   }
-  auto x = ParallelExecutor::Create(ToConfig({4, 2}), weights_.get(), &backend_, layout, ranks_with(capacity));
+  auto x = ParallelExecutor::Create(ToConfig({4, 2}), weights_.get(), &backend_, layout,
+                                    ranks_with(capacity));
   ASSERT_TRUE(x.ok()) << x.status();
   double sum = 0;
   for (const RankLayout& l : (*x)->layout()) {
@@ -364,10 +422,12 @@ TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
   }
   EXPECT_GE(sum, static_cast<double>(total) * 0.99) << "every weight is held somewhere";
   for (auto [used, cap] : (*x)->device_bytes()) EXPECT_LE(used, cap);
-  auto tiny = ParallelExecutor::Create(ToConfig({2, 1}), weights_.get(), &backend_, layout, ranks_with(total / 20));
+  auto tiny = ParallelExecutor::Create(ToConfig({2, 1}), weights_.get(), &backend_, layout,
+                                       ranks_with(total / 20));
   ASSERT_FALSE(tiny.ok());
   EXPECT_EQ(tiny.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(tiny.status().message()).find("rank 0"), std::string::npos) << tiny.status();
+  EXPECT_NE(std::string(tiny.status().message()).find("rank 0"), std::string::npos)
+      << tiny.status();
 }
 
 // A rank that fails mid-step (its device cannot grow a workspace) must not hang its peers:
@@ -377,7 +437,8 @@ TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
   // Capacity: what each rank needs at rest plus a little, too little for a 480-token step.
   size_t at_rest = 0;
   {
-    auto probe = ParallelExecutor::Create(ToConfig({2, 2}), weights_.get(), &backend_, layout, CpuRanks());
+    auto probe =
+        ParallelExecutor::Create(ToConfig({2, 2}), weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(probe.ok());
     for (auto [used, cap] : (*probe)->device_bytes()) at_rest = std::max(at_rest, used);
   }
@@ -425,9 +486,11 @@ TEST_P(ParallelTest, SharedPrefixesMeetOnOneRankAndHitItsCache) {
     r.prompt.push_back(static_cast<int32_t>(gen() % 256));
     r.max_tokens = 2;
     RequestEvent last;
-    ASSERT_TRUE((*e)->Submit(r, [&](const RequestEvent& ev) {
-                      if (ev.finished) last = ev;
-                    }).ok());
+    ASSERT_TRUE((*e)->Submit(r,
+                             [&](const RequestEvent& ev) {
+                               if (ev.finished) last = ev;
+                             })
+                    .ok());
     ASSERT_TRUE((*e)->RunUntilIdle().ok());
     EXPECT_EQ(last.usage.cached_prompt_tokens, i == 0 ? 0 : 24) << "request " << i;
   }
@@ -472,7 +535,8 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
       max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
     }
     EXPECT_LE(max_abs, 3e-2 * std::max(1.0, max_ref))
-        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed " << seed_ << ")";
+        << Name(l) << ": max-abs " << max_abs << ", relative " << max_abs / max_ref << " (seed "
+        << seed_ << ")";
     EXPECT_GT(ps.comm_bytes, 0) << Name(l);
   }
 }
@@ -488,7 +552,8 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
   std::vector<GenerateRequest> reqs(16);
   for (auto& r : reqs) {
     r.prompt = shared;
-    for (int j = 0; j < 8 + static_cast<int>(gen() % 16); ++j) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+    for (int j = 0; j < 8 + static_cast<int>(gen() % 16); ++j)
+      r.prompt.push_back(static_cast<int32_t>(gen() % 256));
     r.max_tokens = 6;
   }
   auto run = [&](const Layout& l, double ratio, double* min_attention_imbalance) {
@@ -513,7 +578,8 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
     EXPECT_TRUE((*e)->RunUntilIdle().ok());
     *min_attention_imbalance = 1e9;
     for (const auto& st : (*e)->GetStats().recent_steps) {
-      if (st.num_tokens > 0 && l.ep > 1) *min_attention_imbalance = std::min(*min_attention_imbalance, st.attention_imbalance);
+      if (st.num_tokens > 0 && l.ep > 1)
+        *min_attention_imbalance = std::min(*min_attention_imbalance, st.attention_imbalance);
     }
     std::vector<std::vector<int32_t>> result;
     for (uint64_t id : ids) result.push_back(out[id]);
@@ -529,8 +595,8 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
 
 // A released copy keeps its config and shapes but refuses to run a forward pass.
 TEST_P(ParallelTest, ReleasedWeightsRefuseToForward) {
-  auto copy = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_,
-                                  DType::kBF16);
+  auto copy = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
+                                  &backend_, DType::kBF16);
   copy->ReleaseTensors();
   EXPECT_EQ(copy->config().hidden_size, config_.hidden_size);
   EXPECT_EQ(copy->embed().rows, config_.vocab_size);
@@ -565,17 +631,20 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   EXPECT_NE(std::string(p.Validate(c).message()).find("--pp must be in [1, 2]"), std::string::npos);
   p.pp = 2;
   p.nccl_devices = {0, 1, 2};
-  EXPECT_NE(std::string(p.Validate(c).message()).find("3 GPUs for 2 NCCL ranks"), std::string::npos);
+  EXPECT_NE(std::string(p.Validate(c).message()).find("3 GPUs for 2 NCCL ranks"),
+            std::string::npos);
   SchedulerConfig sc;
   sc.ep_balance_ratio = 0.5;
   EXPECT_NE(std::string(sc.Validate().message()).find("--ep-balance"), std::string::npos);
-  EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
-  EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous),
+            (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin),
+            (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Wide" : "Tiny"; });
+INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Range(0, 5),
+                         [](const auto& info) { return kModelNames[info.param]; });
 
 }  // namespace
 }  // namespace moeserve
