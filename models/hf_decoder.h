@@ -25,6 +25,10 @@ class TokenDecoder {
   // `decoder` is tokenizer.json's object (null: tokens are joined with spaces).
   static absl::StatusOr<TokenDecoder> Create(const nlohmann::json& decoder);
   std::string Decode(std::vector<std::string> tokens) const;
+  // True when the decoder is ByteLevel alone (GPT-2, Qwen): a token's characters map to bytes.
+  bool byte_level_only() const {
+    return steps_.size() == 1 && steps_[0].kind == DecoderStep::Kind::kByteLevel;
+  }
 
  private:
   std::vector<DecoderStep> steps_;

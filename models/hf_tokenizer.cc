@@ -287,4 +287,26 @@ std::string HfTokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special
   return decoder_.Decode(std::move(tokens));
 }
 
+std::string HfTokenizer::TokenBytes(int32_t id) const {
+  if (!decoder_.byte_level_only() || added_by_id_.count(id) > 0) return Decode(std::vector<int32_t>{id}, false);
+  // The token's characters through the inverse of the byte-level alphabet.
+  static const std::unordered_map<std::string, char> inverse = [] {
+    std::unordered_map<std::string, char> m;
+    const std::vector<std::string>& alphabet = ByteLevelAlphabet();
+    for (size_t b = 0; b < alphabet.size(); ++b) m[alphabet[b]] = static_cast<char>(b);
+    return m;
+  }();
+  const std::string& token = model_.Token(id);
+  std::string out;
+  for (size_t i = 0; i < token.size();) {
+    size_t n = 1;
+    while (i + n < token.size() && (static_cast<unsigned char>(token[i + n]) & 0xC0) == 0x80) ++n;
+    auto it = inverse.find(token.substr(i, n));
+    if (it == inverse.end()) return Decode(std::vector<int32_t>{id}, false);
+    out += it->second;
+    i += n;
+  }
+  return out;
+}
+
 }  // namespace moeserve

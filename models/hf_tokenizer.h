@@ -32,6 +32,7 @@ class HfTokenizer final : public Tokenizer {
   std::optional<int32_t> TokenId(absl::string_view token) const override;
   bool IsSpecial(int32_t id) const override;
   int32_t vocab_size() const override { return vocab_size_; }
+  std::string TokenBytes(int32_t id) const override;
 
  private:
   struct AddedToken {

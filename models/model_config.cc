@@ -434,4 +434,26 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   return c;
 }
 
+absl::StatusOr<ModelFamily> FamilyFromModelType(absl::string_view model_type) {
+  for (const FamilyName& f : kFamilies) {
+    if (model_type == f.model_type) return f.family;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown family \"", model_type, "\" (mixtral, qwen2_moe, qwen3_moe or olmoe)"));
+}
+
+ModelConfig WithFamily(ModelConfig c, ModelFamily family) {
+  c.family = family;
+  c.norm_topk_prob = family == ModelFamily::kMixtral || family == ModelFamily::kQwen3Moe;
+  c.qkv_bias = family == ModelFamily::kQwen2Moe;
+  c.qk_norm = family == ModelFamily::kQwen3Moe ? QkNorm::kPerHead
+              : family == ModelFamily::kOlmoe  ? QkNorm::kWhole
+                                               : QkNorm::kNone;
+  if (family == ModelFamily::kQwen2Moe && c.shared_expert_intermediate_size == 0) {
+    c.shared_expert_intermediate_size = 2 * c.intermediate_size;
+  }
+  if (family == ModelFamily::kQwen3Moe || family == ModelFamily::kOlmoe) c.shared_expert_intermediate_size = 0;
+  return c;
+}
+
 }  // namespace moeserve

@@ -69,4 +69,10 @@ struct ModelConfig {
 std::vector<std::string> PresetNames();
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
 
+// "mixtral", "qwen2_moe", "qwen3_moe" or "olmoe" (config.json's model_type).
+absl::StatusOr<ModelFamily> FamilyFromModelType(absl::string_view model_type);
+// Turns a (preset) config into the same shape in `family`: its attention extras, routing
+// default and, for Qwen2-MoE, a shared expert (twice the routed size when it has none).
+ModelConfig WithFamily(ModelConfig c, ModelFamily family);
+
 }  // namespace moeserve

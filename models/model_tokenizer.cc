@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "models/hf_tokenizer.h"
 #include "models/sp_tokenizer.h"
+#include "models/tokenizer_files.h"
 
 namespace moeserve {
 namespace {
@@ -99,7 +100,11 @@ absl::StatusOr<std::string> ChatTemplate(const Json& config, const fs::path& dir
 
 ModelTokenizer ModelTokenizer::Bytes() {
   ModelTokenizer t;
-  t.tokenizer = std::make_shared<ByteTokenizer>();
+  // The tokenizer.json make-model writes: the byte tokenizer's ids, and "<bos>", "<eos>",
+  // "<pad>" in a text (a chat template's output) are the special tokens, as in transformers.
+  auto hf = HfTokenizer::FromJson(ByteTokenizerJson(), "moeserve's byte tokenizer.json");
+  MS_CHECK(hf.ok());
+  t.tokenizer = *std::move(hf);
   t.eos_ids = {ByteTokenizer::kEos};
   t.bos_id = ByteTokenizer::kBos;
   t.bos_token = "<bos>";

@@ -25,7 +25,8 @@ struct ModelTokenizer {
   std::string bos_token, eos_token;             // as a chat template names them
   std::string source;                           // e.g. "tokenizer.json", for logs and GetModelInfo
 
-  // The byte tokenizer with EOS 257, BOS 256 and no template.
+  // The byte tokenizer (as the tokenizer.json make-model writes) with EOS 257, BOS 256 and no
+  // template.
   static ModelTokenizer Bytes();
   // Reads `dir`'s files; a directory without tokenizer files (moeserve's own checkpoints)
   // gets the byte tokenizer when config.json names its BOS/EOS (256/257). Ids past

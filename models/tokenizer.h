@@ -27,6 +27,9 @@ class Tokenizer {
   // The id of a token named in the vocabulary (a chat template's "<|im_end|>"), if any.
   virtual std::optional<int32_t> TokenId(absl::string_view token) const = 0;
   virtual bool IsSpecial(int32_t id) const = 0;
+  // The bytes one token stands for (a byte-level token may be part of a character), for
+  // logprobs' "bytes"; by default its decoded text.
+  virtual std::string TokenBytes(int32_t id) const { return Decode(std::vector<int32_t>{id}, false); }
   // Ids are in [0, vocab_size()).
   virtual int32_t vocab_size() const = 0;
 };
@@ -49,6 +52,9 @@ class ByteTokenizer final : public Tokenizer {
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens = true) const override;
   std::optional<int32_t> TokenId(absl::string_view token) const override;
   bool IsSpecial(int32_t id) const override { return IsSpecialId(id); }
+  std::string TokenBytes(int32_t id) const override {
+    return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : Decode(std::vector<int32_t>{id}, false);
+  }
   int32_t vocab_size() const override { return kMinVocab; }
 
   static bool IsSpecialId(int32_t id) { return id == kBos || id == kEos || id == kPad; }

@@ -25,15 +25,11 @@ std::string OpenAiParam(absl::string_view field) {
 }
 
 // A token as text and bytes, for logprobs. A token alone may be part of a character: its text
-// then shows U+FFFD (the bytes of the byte tokenizer's tokens are exact).
+// then shows U+FFFD, and "bytes" its exact bytes (Tokenizer::TokenBytes).
 Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer) {
   const std::string text = tokenizer.Decode(std::vector<int32_t>{id}, false);
   Json bytes = Json::array();
-  if (dynamic_cast<const ByteTokenizer*>(&tokenizer) != nullptr && id >= 0 && id < 256) {
-    bytes.push_back(id);
-  } else {
-    for (unsigned char b : text) bytes.push_back(b);
-  }
+  for (unsigned char b : tokenizer.TokenBytes(id)) bytes.push_back(b);
   Json j = {{"token", text}, {"logprob", logprob}};
   if (chat) j["bytes"] = bytes;
   return j;

@@ -18,6 +18,7 @@ namespace {
 
 struct MakeModelOptions {
   std::string preset = "tiny";
+  std::string family = "mixtral";
   uint64_t seed = 0;
   std::string dtype = "bf16";
   std::string out;
@@ -30,6 +31,12 @@ int RunMakeModel(const MakeModelOptions& o) {
     std::fprintf(stderr, "error: --preset: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
+  auto family = FamilyFromModelType(o.family);
+  if (!family.ok()) {
+    std::fprintf(stderr, "error: --family: %s\n", std::string(family.status().message()).c_str());
+    return 2;
+  }
+  *config = WithFamily(*config, *family);
   auto dtype = DTypeFromShortName(o.dtype);
   if (!dtype.ok() || *dtype == DType::kF16) {
     std::fprintf(stderr, "error: --dtype must be f32 or bf16, got \"%s\"\n", o.dtype.c_str());
@@ -72,10 +79,15 @@ int RunMakeModel(const MakeModelOptions& o) {
 void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MakeModelOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "make-model", "Write a Hugging Face MixtralForCausalLM directory with deterministic random weights: "
+      "make-model", "Write a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE) with deterministic random weights: "
                     "config.json, safetensors, generation_config.json, and a byte-level tokenizer.json "
                     "and tokenizer_config.json (with a ChatML chat template) that transformers also loads");
   cmd->add_option("--preset", opts->preset, "tiny (unit tests), small (~100M, 8 experts top-2) or medium (~0.8B, 16 experts top-2)")
+      ->capture_default_str();
+  cmd->add_option("--family", opts->family,
+                  "Architecture of the checkpoint: mixtral (MixtralForCausalLM), qwen2_moe (q/k/v biases and a "
+                  "gated shared expert), qwen3_moe (per-head q/k norms) or olmoe (whole-projection q/k norms), "
+                  "with the preset's shape")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the weights: the same seed gives the same bytes")
       ->capture_default_str();

@@ -24,6 +24,7 @@ struct ServeOptions {
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
   std::string served_model_name;
+  std::string chat_template;
 };
 
 int RunServe(ServeOptions o) {
@@ -55,6 +56,13 @@ int RunServe(ServeOptions o) {
   if (!weights.ok()) return Fail(weights.status());
   auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
   if (!text.ok()) return Fail(text.status());
+  if (!o.chat_template.empty()) {  // as vLLM's --chat-template: a file that replaces the checkpoint's
+    auto source = ReadFileToString(o.chat_template);
+    if (!source.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--chat-template: ", source.status().message())));
+    if (absl::Status s = text->SetChatTemplate(*std::move(source), "--chat-template " + o.chat_template); !s.ok()) {
+      return Fail(s);
+    }
+  }
   std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
@@ -170,6 +178,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--http-threads", o->server.http.threads,
                   "HTTP requests served at once (each streaming completion holds one thread until it ends)")
       ->capture_default_str();
+  cmd->add_option("--chat-template", o->chat_template,
+                  "A Jinja chat template file that replaces the checkpoint's (tokenizer_config.json's "
+                  "chat_template); refused at start if it uses what moeserve's Jinja subset does not implement "
+                  "(docs/tokenizers.md)");
   cmd->add_option("--served-model-name", o->served_model_name,
                   "The model's id in /v1/models and in requests' \"model\" (default: the checkpoint directory, "
                   "or moeserve-PRESET)");

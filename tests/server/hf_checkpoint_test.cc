@@ -101,6 +101,34 @@ TEST_P(HfCheckpointServeTest, TokenizerTemplateEosAndGreedyTokensAreTheCheckpoin
   std::filesystem::remove_all(dir);
 }
 
+// --chat-template replaces the checkpoint's template (here the preset's ChatML rendering); one
+// that uses what the subset does not implement stops the server at start, naming the flag.
+TEST(ChatTemplateFlagTest, ReplacesTheTemplateOrRefusesToStart) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("moeserve_chat_flag_", getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "good.jinja")
+      << "{{ bos_token }}X{% for m in messages %}{{ m.content | upper }}{% endfor %}";
+  std::ofstream(dir / "bad.jinja") << "{% macro f() %}{% endmacro %}";
+  {
+    ServerProcess server;
+    ASSERT_TRUE(
+        server.Start({"--preset", "tiny", "--chat-template", (dir / "good.jinja").string()}))
+        << server.log();
+    httplib::Client http("127.0.0.1", server.http_port());
+    auto r = http.Post("/tokenize", R"({"messages": [{"role": "user", "content": "ab"}]})",
+                       "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(Json::parse(r->body)["tokens"], Json({256, 'X', 'A', 'B'})) << r->body;
+    EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  }
+  ServerProcess bad;
+  EXPECT_FALSE(bad.Start({"--preset", "tiny", "--chat-template", (dir / "bad.jinja").string()}));
+  EXPECT_NE(bad.log().find("--chat-template"), std::string::npos) << bad.log();
+  EXPECT_NE(bad.log().find("{% macro %} is not supported"), std::string::npos) << bad.log();
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfCheckpointServeTest,
                          ::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"));
 

@@ -19,8 +19,8 @@ namespace {
 TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   const std::string dir = MakeTempDir("tools");
   std::string out, err;
-  ASSERT_EQ(RunCommand({"roofline", "--preset", "deepseek-v3-like", "--hardware", "gb200-nvl72", "--json",
-                        dir + "/ds.json"},
+  ASSERT_EQ(RunCommand({"roofline", "--preset", "deepseek-v3-like", "--hardware", "gb200-nvl72",
+                        "--json", dir + "/ds.json"},
                        &out, &err),
             0)
       << err;
@@ -30,19 +30,21 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   EXPECT_DOUBLE_EQ(ds["critical_batch_routed_experts"].get<double>(), 10000);
   EXPECT_NE(out.find("critical batch"), std::string::npos) << out;
 
-  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-progress", "--disk-dir", dir, "--out", dir + "/hw.json"}, &out,
-                       &err),
+  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-progress", "--disk-dir", dir, "--out",
+                        dir + "/hw.json"},
+                       &out, &err),
             0)
       << err;
   const auto hw = nlohmann::json::parse(ReadAll(dir + "/hw.json"));
-  for (const char* key : {"peak_flops_bf16", "peak_flops_f32", "mem_bandwidth", "mem_capacity", "disk_read_bandwidth",
-                          "disk_write_bandwidth", "host_link_bandwidth"}) {
+  for (const char* key : {"peak_flops_bf16", "peak_flops_f32", "mem_bandwidth", "mem_capacity",
+                          "disk_read_bandwidth", "disk_write_bandwidth", "host_link_bandwidth"}) {
     EXPECT_GT(hw[key].get<double>(), 0) << key;
   }
   EXPECT_FALSE(hw["measurements"]["gemm"].empty());
 
-  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--sweep-batch", "1,2,4", "--context", "8,32", "--hardware",
-                        dir + "/hw.json", "--sweep-steps", "1", "--out", dir + "/sweep.json"},
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--sweep-batch", "1,2,4", "--context", "8,32",
+                        "--hardware", dir + "/hw.json", "--sweep-steps", "1", "--out",
+                        dir + "/sweep.json"},
                        &out, &err),
             0)
       << out << err;
@@ -52,8 +54,8 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
     EXPECT_GT(p["observed_s"].get<double>(), 0);
     EXPECT_GT(p["bound_s"].get<double>(), 0);
     EXPECT_GT(p["calibrated_s"].get<double>(), 0);
-    EXPECT_NEAR(p["observed_over_bound"].get<double>(), p["observed_s"].get<double>() / p["bound_s"].get<double>(),
-                1e-9);
+    EXPECT_NEAR(p["observed_over_bound"].get<double>(),
+                p["observed_s"].get<double>() / p["bound_s"].get<double>(), 1e-9);
   }
   EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
   EXPECT_EQ(sweep["knees"].size(), 2u);
@@ -63,17 +65,20 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
     EXPECT_EQ(b, std::floor(b)) << "the critical batch is the smallest compute-bound batch";
     EXPECT_GE(b, 1) << "tiny is compute-bound at some batch on any CPU";
     EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
-    EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)), 1e-9) << b;
+    EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)),
+                1e-9)
+        << b;
   }
   // The long-prompt scenario over the KV tiers (short prompt: the tiny model).
-  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--tier-scenario", "--tier-prompt", "128", "--flash-kv-dir",
-                        dir + "/flash", "--out", dir + "/tiers.json"},
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--tier-scenario", "--tier-prompt", "128",
+                        "--flash-kv-dir", dir + "/flash", "--out", dir + "/tiers.json"},
                        &out, &err),
             0)
       << out << err;
   const auto tiers = nlohmann::json::parse(ReadAll(dir + "/tiers.json"));
   EXPECT_EQ(tiers["cold"]["cached_tokens"].get<int64_t>(), 0);
-  EXPECT_EQ(tiers["device_hit"]["cached_tokens"].get<int64_t>(), 128 - 16) << "all full blocks but the last token's";
+  EXPECT_EQ(tiers["device_hit"]["cached_tokens"].get<int64_t>(), 128 - 16)
+      << "all full blocks but the last token's";
   EXPECT_EQ(tiers["ddr_hit"]["cached_tokens_ddr"].get<int64_t>(), 112);
   EXPECT_EQ(tiers["flash_hit"]["cached_tokens_flash"].get<int64_t>(), 112);
   EXPECT_GT(tiers["measured"]["promote_from_flash_bytes_per_s"].get<double>(), 0);
@@ -89,12 +94,14 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
 TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   const std::string dir = MakeTempDir("dummy");
   std::string out, err;
-  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", dir + "/ck"},
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out",
+                        dir + "/ck"},
                        &out, &err),
             0)
       << err;
   auto generate = [&](std::vector<std::string> model_args) {
-    std::vector<std::string> args = {"generate", "--prompt-ids", "5,9,200,31,7", "--max-tokens", "12", "--ids"};
+    std::vector<std::string> args = {"generate",     "--prompt-ids", "5,9,200,31,7",
+                                     "--max-tokens", "12",           "--ids"};
     args.insert(args.end(), model_args.begin(), model_args.end());
     std::string o, e;
     EXPECT_EQ(RunCommand(args, &o, &e), 0) << e;
@@ -104,22 +111,71 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   const std::vector<std::string> ids =
       absl::StrSplit(absl::StripAsciiWhitespace(from_checkpoint), ',', absl::SkipEmpty());
   ASSERT_GE(ids.size(), 4u) << "too few tokens to tell weights apart: " << from_checkpoint;
-  EXPECT_EQ(generate({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "3"}),
-            from_checkpoint);
-  EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}), from_checkpoint)
+  EXPECT_EQ(
+      generate({"--model", dir + "/ck/config.json", "--load-format", "dummy", "--model-seed", "3"}),
+      from_checkpoint);
+  EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}),
+            from_checkpoint)
       << "another seed, other weights";
-  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck", "--load-format", "lazy", "--prompt-ids", "5"}, &out, &err),
-            2);
+  EXPECT_EQ(
+      RunCommand({"generate", "--model", dir + "/ck", "--load-format", "lazy", "--prompt-ids", "5"},
+                 &out, &err),
+      2);
   EXPECT_NE(err.find("--load-format"), std::string::npos) << err;
   EXPECT_EQ(RunCommand({"bench", "--load-format", "dummy", "--num-requests", "1"}, &out, &err), 2);
   EXPECT_NE(err.find("--model"), std::string::npos) << err;
   // A config.json without dummy weights, and dummy weights from a file that is not there.
-  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/ck/config.json", "--prompt-ids", "5"}, &out, &err), 2);
+  EXPECT_EQ(
+      RunCommand({"generate", "--model", dir + "/ck/config.json", "--prompt-ids", "5"}, &out, &err),
+      2);
   EXPECT_NE(err.find("--load-format dummy"), std::string::npos) << err;
-  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/missing.json", "--load-format", "dummy", "--prompt-ids", "5"},
+  EXPECT_EQ(RunCommand({"generate", "--model", dir + "/missing.json", "--load-format", "dummy",
+                        "--prompt-ids", "5"},
                        &out, &err),
             2);
   EXPECT_NE(err.find("--model: "), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// make-model writes each family as transformers reads it: the greedy tokens below are what
+// transformers 4.57.1 generated from these directories (scripts/make-model-transformers-check.py),
+// and --load-format dummy regenerates the same weights from each config.json.
+TEST(E2eToolsTest, MakeModelWritesEveryFamilyAsTransformersReadsIt) {
+  const std::string dir = MakeTempDir("families");
+  const std::pair<const char*, const char*> families[] = {
+      {"mixtral", "219,148,233,55,98,89,94,24"},
+      {"qwen2_moe", "109,144,76,108,104,123,223,166"},
+      {"qwen3_moe", "219,113,268,98,89,204,266,54"},
+      {"olmoe", "219,113,268,98,89,204,266,54"}};
+  for (const auto& [family, want] : families) {
+    SCOPED_TRACE(family);
+    const std::string ck = dir + "/" + family;
+    std::string out, err;
+    ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--family", family, "--dtype", "f32",
+                          "--seed", "3", "--out", ck},
+                         &out, &err),
+              0)
+        << err;
+    for (const char* file :
+         {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}) {
+      EXPECT_TRUE(std::filesystem::exists(ck + "/" + file)) << file;
+    }
+    const std::vector<std::string> prompt = {
+        "--prompt-ids", "256,72,101,108,108,111,32,119", "--max-tokens", "8", "--temperature", "0",
+        "--ids"};
+    std::vector<std::string> args = {"generate", "--model", ck};
+    args.insert(args.end(), prompt.begin(), prompt.end());
+    ASSERT_EQ(RunCommand(args, &out, &err), 0) << err;
+    EXPECT_EQ(absl::StripAsciiWhitespace(out), want);
+    args = {"generate",     "--model", ck + "/config.json", "--load-format", "dummy",
+            "--model-seed", "3"};
+    args.insert(args.end(), prompt.begin(), prompt.end());
+    ASSERT_EQ(RunCommand(args, &out, &err), 0) << err;
+    EXPECT_EQ(absl::StripAsciiWhitespace(out), want);
+  }
+  std::string out, err;
+  EXPECT_EQ(RunCommand({"make-model", "--family", "gpt2", "--out", dir + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("--family: unknown family \"gpt2\""), std::string::npos) << err;
   std::filesystem::remove_all(dir);
 }
 
