@@ -137,6 +137,17 @@ TEST_F(CudaBackendTest, ElementwiseNormRopeRouterGatherCombine) {
     float* dy = Up(x);
     gpu_->Add(dy, Up(w), dim);
     ExpectClose(Down(dy, want.size()), want, 1e-6, "add");
+    std::vector<float> biased = x;  // a bias per row (Qwen2-MoE's q/k/v)
+    cpu_.AddBias(biased.data(), w.data(), n, dim);
+    float* db = Up(x);
+    gpu_->AddBias(db, Up(w), n, dim);
+    ExpectClose(Down(db, biased.size()), biased, 1e-6, "add bias");
+    // In place over rows of one head (Qwen3-MoE's q/k norms) and of the whole projection (OLMoE).
+    std::vector<float> normed = x;
+    cpu_.RmsNorm(normed.data(), w.data(), n * dim / 60, 60, 1e-6f, normed.data());
+    float* dn = Up(x);
+    gpu_->RmsNorm(dn, Up(w), n * dim / 60, 60, 1e-6f, dn);
+    ExpectClose(Down(dn, normed.size()), normed, 1e-4, "rmsnorm in place per head");
     const auto gu = Random(n * 2 * dim);
     std::vector<float> act(n * dim);
     cpu_.SiluMul(gu.data(), n, dim, act.data());
