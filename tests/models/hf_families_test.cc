@@ -6,6 +6,7 @@
 // (scripts/make-hf-fixtures.py). Loaded here from the directory as a user would, every
 // position's logits must match and the greedy tokens must be the same.
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -85,6 +86,8 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
       }
       max_ref = std::max(max_ref, std::fabs(double{want[i]}));
     }
+    std::printf("%s: max-abs logit error %.3g (relative %.3g) over %zu logits\n",
+                std::get<0>(GetParam()).c_str(), max_abs, max_abs / max_ref, want.size());
     EXPECT_LT(max_abs, 2e-4 * std::max(1.0, max_ref))
         << "max-abs error " << max_abs << " (relative " << max_abs / max_ref << ") at position "
         << worst / config->vocab_size << ", token " << worst % config->vocab_size;
