@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libopenblas-dev
   libxxhash-dev
+  libopenmpi-dev openmpi-bin
   nlohmann-json3-dev
   libcli11-dev
   prometheus-cpp-dev
