@@ -1,0 +1,58 @@
+// The all-to-all of expert parallelism over real processes: each rank sends `bytes` to every
+// peer through MpiCommunicator::AllToAll, as a MoE layer's dispatch does, and the median time
+// over `iters` calls (after warm-up) is printed as CSV by rank 0:
+//   ranks,bytes_per_peer,median_us,p90_us,bus_gbps
+// where bus_gbps counts the bytes each rank sends to the others per second. Run it under
+// mpirun with the transport to measure (benchmarks/mpi_transports.sh: shared memory, the
+// scale-up stand-in, against TCP, the scale-out one).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "parallel/mpi_communicator.h"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+  auto comm = moeserve::MpiCommunicator::Create(MPI_COMM_WORLD);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(comm.status().message()).c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  const int n = (*comm)->size(), me = (*comm)->rank();
+  if (me == 0) std::printf("ranks,bytes_per_peer,median_us,p90_us,bus_gbps\n");
+  // From one decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
+  for (int64_t bytes : {4096LL, 65536LL, 1LL << 20, 8LL << 20}) {
+    std::vector<char> send(static_cast<size_t>(bytes * n), 1), recv(static_cast<size_t>(bytes * n));
+    const std::vector<int64_t> counts(static_cast<size_t>(n), bytes);
+    std::vector<double> us;
+    for (int i = 0; i < iters + 5; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = std::chrono::steady_clock::now();
+      const absl::Status s = (*comm)->AllToAll(send.data(), counts, recv.data(), counts);
+      const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      // The slowest rank's time is the step's.
+      double slowest = 0;
+      MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (i >= 5) us.push_back(slowest);
+    }
+    std::sort(us.begin(), us.end());
+    const double median = us[us.size() / 2], p90 = us[us.size() * 9 / 10];
+    if (me == 0) {
+      std::printf("%d,%lld,%.1f,%.1f,%.3f\n", n, static_cast<long long>(bytes), median, p90,
+                  static_cast<double>(bytes) * (n - 1) / (median * 1e-6) / 1e9);
+    }
+  }
+  comm->reset();
+  MPI_Finalize();
+  return 0;
+}
