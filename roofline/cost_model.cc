@@ -91,12 +91,22 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (hw.mem_bandwidth * ep);
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
-  // Expert parallelism: each token's activation goes to its k experts and back; the share that
-  // leaves its device crosses the scale-up links, all devices sending at once.
+  // Expert parallelism: each token's activation goes to its k experts and back, to every EP
+  // rank alike; the share that leaves its device crosses the scale-up links (to ranks of its
+  // domain) or the scale-out network (to other domains), all devices sending at once and both
+  // links busy together, so the slower of the two sets the time.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
-    const double a2a = m.layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0 * (ep - 1) / ep;
-    c.comm_bytes += a2a;
-    c.comm_seconds += a2a / (hw.interconnect_bandwidth * ep);
+    const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
+    const double routed = m.layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0;
+    const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
+    c.comm_bytes += inside + outside;
+    c.scale_out_bytes += outside;
+    double seconds = inside / (hw.interconnect_bandwidth * ep);
+    if (outside > 0) {
+      const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
+      seconds = std::max(seconds, outside / (out_bw * ep));
+    }
+    c.comm_seconds += seconds;
   }
   // Pipeline parallelism: activations cross each stage boundary once.
   if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {

@@ -39,6 +39,9 @@ struct ModelCosts {
 struct ParallelLayout {
   int64_t ep = 1;
   int64_t pp = 1;
+  // EP ranks per scale-up domain (0: all of them in one). All-to-all traffic between domains
+  // crosses the scale-out network (HardwareProfile::scale_out_bandwidth).
+  int64_t ep_domain_size = 0;
   int64_t devices() const { return ep * pp; }
   bool overlap_comm = false;  // whether communication hides under compute/memory time
 };
@@ -76,6 +79,7 @@ struct StepCost {
   double flops = 0;
   double attention_flops = 0;  // the part of flops spent on QK^T and PV
   double weight_bytes = 0, kv_read_bytes = 0, kv_write_bytes = 0, comm_bytes = 0, transfer_bytes = 0;
+  double scale_out_bytes = 0;  // of comm_bytes, what crosses between scale-up domains
   double experts_hit = 0;
   double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;
   double comm_seconds = 0, transfer_seconds = 0;

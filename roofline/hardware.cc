@@ -30,6 +30,7 @@ absl::Status HardwareProfile::Validate() const {
   }
   for (auto [k, v] : {std::pair<const char*, double>{"peak_flops_f32", peak_flops_f32},
                       {"interconnect_bandwidth", interconnect_bandwidth},
+                      {"scale_out_bandwidth", scale_out_bandwidth},
                       {"host_link_bandwidth", host_link_bandwidth},
                       {"disk_read_bandwidth", disk_read_bandwidth},
                       {"disk_write_bandwidth", disk_write_bandwidth},
@@ -54,6 +55,7 @@ std::string HardwareProfile::ToJson() const {
                       {"mem_bandwidth", mem_bandwidth},
                       {"mem_capacity", mem_capacity},
                       {"interconnect_bandwidth", interconnect_bandwidth},
+                      {"scale_out_bandwidth", scale_out_bandwidth},
                       {"host_link_bandwidth", host_link_bandwidth},
                       {"disk_read_bandwidth", disk_read_bandwidth},
                       {"disk_write_bandwidth", disk_write_bandwidth},
@@ -83,6 +85,7 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
         {"mem_bandwidth", &p.mem_bandwidth, true},
         {"mem_capacity", &p.mem_capacity, true},
         {"interconnect_bandwidth", &p.interconnect_bandwidth, false},
+        {"scale_out_bandwidth", &p.scale_out_bandwidth, false},
         {"host_link_bandwidth", &p.host_link_bandwidth, false},
         {"disk_read_bandwidth", &p.disk_read_bandwidth, false},
         {"disk_write_bandwidth", &p.disk_write_bandwidth, false},
@@ -114,6 +117,7 @@ absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
     p.mem_bandwidth = 3.35 * T;
     p.mem_capacity = 80 * G;
     p.interconnect_bandwidth = 450 * G;  // NVLink 4: 900 GB/s bidirectional
+    p.scale_out_bandwidth = 50 * G;      // one 400 Gb/s ConnectX-7 NIC per GPU
     p.scale_up_domain = 8;
     p.price_per_hour = 2.5;
   } else if (name == "h200") {
@@ -122,6 +126,7 @@ absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
     p.mem_bandwidth = 4.8 * T;
     p.mem_capacity = 141 * G;
     p.interconnect_bandwidth = 450 * G;
+    p.scale_out_bandwidth = 50 * G;  // 400 Gb/s per GPU
     p.scale_up_domain = 8;
     p.price_per_hour = 3.5;
   } else if (name == "b200") {
@@ -130,6 +135,7 @@ absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
     p.mem_bandwidth = 8 * T;
     p.mem_capacity = 180 * G;
     p.interconnect_bandwidth = 900 * G;  // NVLink 5: 1.8 TB/s bidirectional
+    p.scale_out_bandwidth = 50 * G;      // 400 Gb/s per GPU
     p.scale_up_domain = 8;
     p.price_per_hour = 5.0;
   } else if (name == "gb200-nvl72") {
@@ -138,6 +144,7 @@ absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
     p.mem_bandwidth = 8 * T;
     p.mem_capacity = 186 * G;
     p.interconnect_bandwidth = 900 * G;
+    p.scale_out_bandwidth = 100 * G;  // one 800 Gb/s ConnectX-8 SuperNIC per GPU
     p.devices = 72;
     p.scale_up_domain = 72;
     p.price_per_hour = 6.0;

@@ -20,6 +20,8 @@ struct HardwareProfile {
   double mem_bandwidth = 0;    // bytes/s of the memory weights and KV live in (HBM, or DRAM on a CPU)
   double mem_capacity = 0;     // bytes
   double interconnect_bandwidth = 0;  // scale-up link, bytes/s per direction per device (NVLink)
+  double scale_out_bandwidth = 0;     // network between scale-up domains, bytes/s per direction per
+                                      // device (InfiniBand / Ethernet NIC); 0: none modelled
   double host_link_bandwidth = 0;     // device <-> host DDR, bytes/s per direction (PCIe)
   double disk_read_bandwidth = 0;     // flash, bytes/s
   double disk_write_bandwidth = 0;

@@ -28,6 +28,7 @@ struct RooflineOptions {
   std::string batches = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384";
   int64_t ep = 0;
   int64_t pp = 1;
+  int64_t ep_domain_size = 0;
   double price_per_hour = -1;
   std::string json;
   std::string csv;
@@ -69,6 +70,12 @@ int RunRoofline(const RooflineOptions& o) {
   in.hw = *hw;
   in.layout.ep = o.ep > 0 ? o.ep : hw->devices;
   in.layout.pp = o.pp;
+  if (o.ep_domain_size < 0 || o.ep_domain_size > in.layout.ep ||
+      (o.ep_domain_size > 0 && in.layout.ep % o.ep_domain_size != 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--ep-domain-size must divide the ", in.layout.ep,
+                                                        " EP ranks (0: all in one domain), got ", o.ep_domain_size)));
+  }
+  in.layout.ep_domain_size = o.ep_domain_size;
   in.context = o.context;
   in.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw->price_per_hour;
   for (absl::string_view part : absl::StrSplit(o.batches, ',', absl::SkipEmpty())) {
@@ -106,13 +113,19 @@ int RunRoofline(const RooflineOptions& o) {
               static_cast<long long>(r.max_batch_kv_fits));
   std::printf("  context where KV reads = weight reads: %.0f tokens at batch 1, %.0f at the critical batch\n",
               r.kv_equals_weights_context_batch1, r.kv_equals_weights_context_at_critical);
-  std::printf("\n%8s %12s %12s %12s %12s %14s %10s %6s\n", "batch", "step ms", "compute ms", "memory ms", "tokens/s",
-              "$/M tokens", "bound", "fits");
+  if (in.layout.ep > 1) {
+    const int64_t d = in.layout.ep_domain_size > 0 ? in.layout.ep_domain_size : in.layout.ep;
+    std::printf("  expert all-to-all: %lld EP ranks in domains of %lld; scale-up %s/s, scale-out %s/s per device\n",
+                static_cast<long long>(in.layout.ep), static_cast<long long>(d),
+                Human(hw->interconnect_bandwidth, "B").c_str(), Human(hw->scale_out_bandwidth, "B").c_str());
+  }
+  std::printf("\n%8s %12s %12s %12s %12s %12s %14s %10s %6s\n", "batch", "step ms", "compute ms", "memory ms",
+              "comm ms", "tokens/s", "$/M tokens", "bound", "fits");
   for (const auto& row : r.rows) {
-    std::printf("%8lld %12.4f %12.4f %12.4f %12.1f %14.4f %10s %6s\n", static_cast<long long>(row.batch),
+    std::printf("%8lld %12.4f %12.4f %12.4f %12.4f %12.1f %14.4f %10s %6s\n", static_cast<long long>(row.batch),
                 row.cost.bound_seconds * 1e3, row.cost.compute_seconds * 1e3, row.cost.memory_seconds * 1e3,
-                row.tokens_per_second, row.usd_per_million_tokens, row.cost.compute_bound ? "compute" : "memory",
-                row.kv_fits ? "yes" : "no");
+                row.cost.comm_seconds * 1e3, row.tokens_per_second, row.usd_per_million_tokens,
+                row.cost.compute_bound ? "compute" : "memory", row.kv_fits ? "yes" : "no");
   }
   std::printf("(price: $%.2f per device-hour; context %lld per sequence)\n", in.price_per_hour,
               static_cast<long long>(o.context));
@@ -122,7 +135,7 @@ int RunRoofline(const RooflineOptions& o) {
     j["hardware"] = nlohmann::json::parse(hw->ToJson());
     j["model"] = {{"total_params", in.model.total_params}, {"active_params", in.model.active_params},
                   {"weight_dtype", dtype}, {"kv_bytes_per_token", r.kv_bytes_per_token}};
-    j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}};
+    j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}, {"ep_domain_size", in.layout.ep_domain_size}};
     j["context"] = o.context;
     j["flops_per_byte"] = r.flops_per_byte;
     j["critical_batch"] = r.critical_batch;
@@ -143,6 +156,9 @@ int RunRoofline(const RooflineOptions& o) {
                            {"memory_s", row.cost.memory_seconds},
                            {"weight_s", row.cost.weight_seconds},
                            {"kv_s", row.cost.kv_seconds},
+                           {"comm_s", row.cost.comm_seconds},
+                           {"comm_bytes", row.cost.comm_bytes},
+                           {"scale_out_bytes", row.cost.scale_out_bytes},
                            {"experts_hit", row.cost.experts_hit},
                            {"tokens_per_s", row.tokens_per_second},
                            {"usd_per_million_tokens", row.usd_per_million_tokens},
@@ -181,6 +197,10 @@ void AddRooflineCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--batches", o->batches, "Comma-separated batch sizes of the table")->capture_default_str();
   cmd->add_option("--ep", o->ep, "Devices the experts are spread over (default: the profile's devices)");
   cmd->add_option("--pp", o->pp, "Pipeline stages")->capture_default_str();
+  cmd->add_option("--ep-domain-size", o->ep_domain_size,
+                  "EP ranks per scale-up domain (NVLink island); all-to-all traffic between domains is priced at "
+                  "the profile's scale_out_bandwidth. 0: all EP ranks in one domain")
+      ->capture_default_str();
   cmd->add_option("--price-per-hour", o->price_per_hour, "$ per device-hour (default: the profile's)");
   cmd->add_option("--json", o->json, "Write the numbers and the table as JSON");
   cmd->add_option("--csv", o->csv, "Write the table as CSV");

@@ -113,6 +113,33 @@ TEST(CostModelTest, DecodeStepCountsFlopsAndBytesByHand) {
   const StepCost e = PredictStep(m, StepShape::Decode(B, ctx), *hw, ep8);
   EXPECT_NEAR(e.comm_bytes, layers * B * 2 * h * 2 * 2 * 7.0 / 8, 1);
   EXPECT_GT(e.bound_seconds, e.comm_seconds);
+  EXPECT_EQ(e.scale_out_bytes, 0.0) << "one domain by default";
+}
+
+// An expert layer spread over two scale-up domains: the traffic to the other domain crosses the
+// scale-out NIC (50 GB/s per H100 against NVLink's 450 GB/s), and that link, busy at the same
+// time as NVLink, sets the time.
+TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  EXPECT_EQ(hw->scale_out_bandwidth, 50e9);
+  const double h = 4096, layers = 32, B = 64, ep = 16, routed = layers * B * 2 * h * 2 * 2;
+  ParallelLayout one, two;
+  one.ep = two.ep = 16;
+  two.ep_domain_size = 8;
+  const StepCost a = PredictStep(m, StepShape::Decode(64, 1000), *hw, one);
+  const StepCost b = PredictStep(m, StepShape::Decode(64, 1000), *hw, two);
+  EXPECT_NEAR(a.comm_bytes, routed * 15 / ep, 1);
+  EXPECT_NEAR(a.comm_seconds, routed * 15 / ep / (450e9 * ep), 1e-15);
+  EXPECT_NEAR(b.comm_bytes, routed * 15 / ep, 1) << "the same bytes leave each device";
+  EXPECT_NEAR(b.scale_out_bytes, routed * 8 / ep, 1);
+  const double inside = routed * 7 / ep / (450e9 * ep), outside = routed * 8 / ep / (50e9 * ep);
+  EXPECT_NEAR(b.comm_seconds, std::max(inside, outside), 1e-15);
+  // 8 of the 15 peers are behind the 9x slower link: 9 x 8/15 = 4.8x the one-domain time.
+  EXPECT_NEAR(b.comm_seconds / a.comm_seconds, 9.0 * 8 / 15, 1e-9);
 }
 
 TEST(RooflineTest, DeepSeekV3LikeOnNvl72MatchesHandComputedNumbers) {
