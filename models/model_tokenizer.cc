@@ -102,9 +102,13 @@ ModelTokenizer ModelTokenizer::Bytes() {
   ModelTokenizer t;
   // The tokenizer.json make-model writes: the byte tokenizer's ids, and "<bos>", "<eos>",
   // "<pad>" in a text (a chat template's output) are the special tokens, as in transformers.
-  auto hf = HfTokenizer::FromJson(ByteTokenizerJson(), "moeserve's byte tokenizer.json");
-  MS_CHECK(hf.ok());
-  t.tokenizer = *std::move(hf);
+  // Parsed once per process (it is immutable) rather than per ServiceOptions.
+  static const std::shared_ptr<const Tokenizer> bytes = [] {
+    auto hf = HfTokenizer::FromJson(ByteTokenizerJson(), "moeserve's byte tokenizer.json");
+    MS_CHECK(hf.ok());
+    return std::shared_ptr<const Tokenizer>(*std::move(hf));
+  }();
+  t.tokenizer = bytes;
   t.eos_ids = {ByteTokenizer::kEos};
   t.bos_id = ByteTokenizer::kBos;
   t.bos_token = "<bos>";

@@ -87,6 +87,17 @@ absl::Status MpiCommunicator::ReapSends(bool wait) {
   return absl::OkStatus();
 }
 
+absl::Status MpiCommunicator::ExchangeCounts(const std::vector<int64_t>& send_counts,
+                                             std::vector<int64_t>* recv_counts) {
+  recv_counts->assign(static_cast<size_t>(size_), 0);
+  RETURN_IF_ERROR(Check(
+      MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts->data(), 1, MPI_INT64_T, comm_),
+      "MPI_Alltoall"));
+  stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+  stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+  return absl::OkStatus();
+}
+
 absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                              std::vector<int64_t>* recv_counts) {
   if (aborted_) return Aborted();
@@ -95,13 +106,8 @@ absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_co
         absl::StrCat("all-to-all counts: ", send_counts.size(), " counts for a group of ", size_));
   }
   Stopwatch sw;
-  recv_counts->assign(static_cast<size_t>(size_), 0);
-  RETURN_IF_ERROR(Check(
-      MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts->data(), 1, MPI_INT64_T, comm_),
-      "MPI_Alltoall"));
+  RETURN_IF_ERROR(ExchangeCounts(send_counts, recv_counts));
   ++stats_.calls;
-  stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
-  stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
   stats_.seconds += sw.Seconds();
   return absl::OkStatus();
 }
@@ -109,21 +115,18 @@ absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_co
 absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts,
                                        void* recv, const std::vector<int64_t>& recv_counts) {
   if (aborted_) return Aborted();
+  Stopwatch sw;  // the counts exchange included
   const size_t n = static_cast<size_t>(size_);
   // Every rank learns whether any rank's counts are malformed or disagree with its peers', and
   // all return the same error before any data moves.
   int64_t bad = (send_counts.size() != n || recv_counts.size() != n) ? 1 : 0;
   std::vector<int64_t> expected;
+  // A rank with malformed counts still takes part in the exchange (with zeros).
+  RETURN_IF_ERROR(ExchangeCounts(bad == 0 ? send_counts : std::vector<int64_t>(n, 0), &expected));
   if (bad == 0) {
-    RETURN_IF_ERROR(AllToAllCounts(send_counts, &expected));
-    --stats_.calls;  // part of this call
     for (size_t p = 0; p < n; ++p) {
-      if (expected[p] != recv_counts[p]) bad = std::max<int64_t>(bad, 2 + static_cast<int64_t>(p));
+      if (expected[p] != recv_counts[p]) bad = 2 + static_cast<int64_t>(p);
     }
-  } else {
-    std::vector<int64_t> zeros(n, 0);
-    RETURN_IF_ERROR(AllToAllCounts(zeros, &expected));
-    --stats_.calls;
   }
   int64_t any_bad = 0;
   RETURN_IF_ERROR(
@@ -142,7 +145,6 @@ absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64
     return absl::InvalidArgumentError(
         "all-to-all: another rank passed counts that disagree with its peers'");
   }
-  Stopwatch sw;
   std::vector<int> sc, sd, rc, rd;
   RETURN_IF_ERROR(ToInts(send_counts, &sc, &sd, "send_counts"));
   RETURN_IF_ERROR(ToInts(recv_counts, &rc, &rd, "recv_counts"));

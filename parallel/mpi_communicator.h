@@ -46,6 +46,9 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
   absl::Status Check(int err, const char* what) const;
   absl::Status CheckPeer(int peer) const;
+  // MPI_Alltoall of one count per peer (its bytes go into the statistics, not its call).
+  absl::Status ExchangeCounts(const std::vector<int64_t>& send_counts,
+                              std::vector<int64_t>* recv_counts);
   // Completes the background sends that have finished (all of them when `wait`).
   absl::Status ReapSends(bool wait);
 

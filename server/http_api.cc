@@ -136,29 +136,19 @@ void HttpApi::Routes() {
                           const httplib::Request& req, httplib::Response& res) {
     if (!tenant(req).has_value()) return unauthorized(res);
     const Json j = Json::parse(req.body, nullptr, false);
-    std::string text;
+    absl::StatusOr<std::vector<int32_t>> ids;
     if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-      text = j["prompt"];
+      const bool special = !j.contains("add_special_tokens") || j["add_special_tokens"] != false;
+      ids = tok->tokenizer->Encode(j["prompt"].get<std::string>(), special);
     } else if (j.is_object() && j.contains("messages") && j["messages"].is_array()) {
       // As the chat endpoint renders them (its template adds the special tokens).
-      auto ids = ChatPrompt(j["messages"], *tok);
-      if (!ids.ok()) return Reply(res, ids.status());
-      res.set_content(Json({{"tokens", *ids},
-                            {"count", ids->size()},
-                            {"max_model_len", config.max_position_embeddings}})
-                          .dump(),
-                      "application/json");
-      return;
+      ids = ChatPrompt(j["messages"], *tok);
     } else {
-      return Reply(
-          res, absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\""));
+      ids = absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\"");
     }
-    const bool special = !j.contains("add_special_tokens") || j["add_special_tokens"] != false;
-    auto encoded = tok->tokenizer->Encode(text, special);
-    if (!encoded.ok()) return Reply(res, encoded.status());
-    const std::vector<int32_t>& ids = *encoded;
-    res.set_content(Json({{"tokens", ids},
-                          {"count", ids.size()},
+    if (!ids.ok()) return Reply(res, ids.status());
+    res.set_content(Json({{"tokens", *ids},
+                          {"count", ids->size()},
                           {"max_model_len", config.max_position_embeddings}})
                         .dump(),
                     "application/json");
