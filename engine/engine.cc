@@ -16,16 +16,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (weights->released()) {
     return absl::FailedPreconditionError("engine: the weights were released (a staging copy already sharded)");
   }
-  const ModelConfig& c = weights->config();
-  int64_t blocks = config.num_kv_blocks;
-  if (blocks == 0) {
-    blocks = static_cast<int64_t>(config.kv_cache_bytes / KvLayoutFor(c, 1, config.block_size, config.kv_dtype).BlockBytes());
+  ASSIGN_OR_RETURN(const KvLayout full, CacheLayout(config, weights->config()));
+  if (config.parallel.processes != nullptr && config.kv_tiers.enabled()) {
+    return absl::InvalidArgumentError(
+        "KV tiers (--host-kv-mb, --flash-kv-dir) do not work with ranks that are processes (mpirun) yet");
   }
-  if (blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", config.kv_cache_bytes,
-                                                   " bytes holds no block of ", config.block_size, " tokens"));
-  }
-  const KvLayout full = KvLayoutFor(c, blocks, config.block_size, config.kv_dtype);
   KvLayout own = full;
   if (config.parallel.enabled()) {
     // The ranks keep the KV in their stages' arenas; the engine's own cache is a stub of one layer.
@@ -60,6 +55,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     engine->scheduler_.SetLowerTiers(engine->tiers_.get());
   }
   return engine;
+}
+
+absl::StatusOr<KvLayout> Engine::CacheLayout(const EngineConfig& config, const ModelConfig& c) {
+  int64_t blocks = config.num_kv_blocks;
+  if (blocks == 0) {
+    blocks = static_cast<int64_t>(config.kv_cache_bytes / KvLayoutFor(c, 1, config.block_size, config.kv_dtype).BlockBytes());
+  }
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", config.kv_cache_bytes,
+                                                   " bytes holds no block of ", config.block_size, " tokens"));
+  }
+  return KvLayoutFor(c, blocks, config.block_size, config.kv_dtype);
 }
 
 Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv)
@@ -122,6 +129,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   live->callback = std::move(callback);
   live->submitted = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) return failure_;
   if (stop_) return absl::UnavailableError("engine is stopping");
   if (static_cast<int64_t>(incoming_.size()) + counters_.waiting >= config_.scheduler.max_waiting) {
     ++counters_.refused;
@@ -185,9 +193,10 @@ void Engine::Intake() {
   for (Live* l : expired) Finish(*l, FinishReason::kDeadline, "deadline exceeded");
 }
 
-void Engine::Finish(Live& live, FinishReason reason, const std::string& message) {
+void Engine::Finish(Live& live, FinishReason reason, const std::string& message, absl::StatusCode error_code) {
   scheduler_.Remove(&live.seq);
-  const RequestEvent ev = FinalEvent(live, reason, message, price_per_hour_, Clock::now());
+  RequestEvent ev = FinalEvent(live, reason, message, price_per_hour_, Clock::now());
+  ev.error_code = error_code;
   if (live.callback) live.callback(ev);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +243,11 @@ absl::StatusOr<bool> Engine::Step() {
   run.logits = &logits_;
   run.sampled = &sampled_;
   if (absl::Status s = runner_->Execute(batch.input, batch.seq_ranks, &run); !s.ok()) {
+    if (executor_ != nullptr && executor_->lost()) {  // a rank process is gone: nothing can run
+      Fail(s);
+      FailEverything();
+      return true;
+    }
     // Fail the requests of this step; the engine and everyone else keep going.
     for (const auto& ch : out.chunks) Finish(*live_.at(ch.seq->id), FinishReason::kError, std::string(s.message()));
     return true;
@@ -309,11 +323,53 @@ void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+void Engine::Fail(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) failure_ = status.ok() ? absl::UnavailableError("engine failed") : status;
+  cv_.notify_all();
+}
+
+absl::Status Engine::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void Engine::SetFailureCallback(std::function<void(const absl::Status&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_failure_ = std::move(callback);
+}
+
+void Engine::FailEverything() {
+  absl::Status failure;
+  std::function<void(const absl::Status&)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure = failure_;
+    callback = on_failure_;
+  }
+  Intake();  // what was submitted before Submit started refusing
+  std::vector<uint64_t> ids;
+  for (auto& [id, l] : live_) ids.push_back(id);
+  for (uint64_t id : ids) Finish(*live_.at(id), FinishReason::kError, std::string(failure.message()), failure.code());
+  if (!failure_handled_) {
+    failure_handled_ = true;
+    if (callback) callback(failure);
+  }
+}
+
 void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (stop_) return;
+      if (!failure_.ok()) {
+        // Failed: no more steps; end what is in flight and wait for Stop.
+        lock.unlock();
+        FailEverything();
+        lock.lock();
+        cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !incoming_.empty(); });
+        continue;
+      }
       // Sleep while there is nothing to do; wake for submissions, cancellations and, with
       // requests in flight, every few milliseconds to check deadlines.
       cv_.wait_for(lock, std::chrono::milliseconds(pending_ > 0 ? 0 : 50),

@@ -120,12 +120,27 @@ class Engine {
   // Exact accounting of the pool, for tests: valid states, and no block in use when idle.
   bool CheckAccounting() const;
 
+  // The engine cannot go on (a rank of its MPI job was lost): from any thread. The loop fails
+  // every request in flight with `status` (UNAVAILABLE), Submit refuses new ones with it, and
+  // the failure callback runs once on the loop thread. The first failure wins.
+  void Fail(const absl::Status& status);
+  // OK while the engine works.
+  absl::Status failure() const;
+  // Called once, on the loop thread, after Fail's requests have ended (serve stops the server).
+  void SetFailureCallback(std::function<void(const absl::Status&)> callback);
+
+  // The KV cache the config asks for: its block count from kv_cache_bytes unless given.
+  static absl::StatusOr<KvLayout> CacheLayout(const EngineConfig& config, const ModelConfig& model);
+
  private:
   using Live = LiveRequest;
 
   Engine(const EngineConfig& config, const ModelWeights* weights, Backend* backend, KvStorage kv);
   void Intake();
-  void Finish(Live& live, FinishReason reason, const std::string& message);
+  void Finish(Live& live, FinishReason reason, const std::string& message,
+              absl::StatusCode error_code = absl::StatusCode::kInternal);
+  // After Fail: ends every request in flight with the failure (loop thread).
+  void FailEverything();
   void Loop();
   // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
   void UpdateGaugesLocked();
@@ -157,6 +172,9 @@ class Engine {
   uint64_t next_id_ = 1;
   int64_t pending_ = 0;  // submitted and not yet finished
   bool stop_ = false;
+  absl::Status failure_;  // set by Fail
+  std::function<void(const absl::Status&)> on_failure_;
+  bool failure_handled_ = false;  // loop thread
   std::thread thread_;
 
   // Owned by the loop thread.

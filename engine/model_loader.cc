@@ -64,6 +64,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
   return GenerateModel(std::move(config), spec, backend);
 }
 
+absl::StatusOr<ModelConfig> LoadModelConfig(const ModelSpec& spec) {
+  if (spec.model_dir.empty()) return PresetConfig(spec.preset);
+  const std::filesystem::path p(spec.model_dir);
+  return ModelConfig::FromFile(std::filesystem::is_directory(p) ? (p / "config.json").string() : p.string());
+}
+
 absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const ModelSpec& spec, int64_t model_vocab) {
   if (spec.model_dir.empty() || !std::filesystem::is_directory(spec.model_dir)) {
     return ModelTokenizer::Bytes();

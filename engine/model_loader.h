@@ -31,6 +31,8 @@ ModelSpec DefaultModelSpec();
 std::string DescribeModelSpec(const ModelSpec& spec);
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend);
+// The config of the model `spec` names, without its weights (to check a layout before loading).
+absl::StatusOr<ModelConfig> LoadModelConfig(const ModelSpec& spec);
 
 // The tokenizer, EOS ids and chat template of the model `spec` names: a checkpoint directory's
 // files (ModelTokenizer::FromDirectory), else the byte tokenizer (presets, a config.json alone).

@@ -12,6 +12,11 @@
 //     works on m-1; hidden states go from stage to stage by send/recv.
 // The output (logits of the rows that want them) is the same as one rank's, bit for bit on a
 // batch-invariant backend: every row meets the same kernels in the same order.
+//
+// Under mpirun (ParallelConfig::processes) every rank is a process: rank 0 holds its own shard
+// and drives the steps (it plans every rank's sub-steps, sends each worker its own as a message,
+// runs its part, and gathers the workers' statistics, logit rows and tokens); every other rank
+// runs ServeSteps. The data plane is MPI (parallel/mpi_world.h).
 #pragma once
 
 #include <functional>
@@ -22,7 +27,9 @@
 #include "kernels/backend.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
+#include "engine/rank_step.h"
 #include "parallel/comm_group.h"
+#include "parallel/process_ranks.h"
 #include "parallel/rank_workers.h"
 
 namespace moeserve {
@@ -38,8 +45,11 @@ struct ParallelConfig {
   // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
   // on those GPUs.
   std::vector<int> nccl_devices;
+  // Set under mpirun: the ranks are the processes of the job (its size must be ep x pp) and
+  // this process runs rank processes->rank(). Not owned.
+  ProcessRanks* processes = nullptr;
   bool enabled() const { return ep * pp > 1; }
-  // Checks the layout against the model: ep <= experts, pp <= layers.
+  // Checks the layout against the model: ep <= experts, pp <= layers, ep x pp processes.
   absl::Status Validate(const ModelConfig& config) const;
   std::string Name() const;  // "ep2 pp1"
 };
@@ -78,6 +88,8 @@ class ParallelExecutor {
   // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
   // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
   // gets an arena of its stage's layers for its segment's blocks.
+  // Process ranks: rank 0 ends the workers' loops (ShutdownWorkers).
+  ~ParallelExecutor() { (void)ShutdownWorkers(); }
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
@@ -98,10 +110,18 @@ class ParallelExecutor {
   size_t kv_bytes() const;
   // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment.
   void BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const;
-  // Every rank's backend (rank order).
+  // The backends of the ranks this process holds (all of them without mpirun), rank order.
   std::vector<Backend*> backends() const;
-  // Bytes in use on each rank's device (weights, KV arena, workspaces), and its capacity.
+  // Bytes in use on each of those ranks' devices (weights, KV arena, workspaces), and capacity.
   std::vector<std::pair<size_t, size_t>> device_bytes() const;
+
+  // Process ranks: a worker's loop, one step per message from rank 0, until rank 0 sends the
+  // shutdown message (OK) or a step fails (its error; the job must end).
+  absl::Status ServeSteps();
+  // Rank 0: ends the workers' loops. Idempotent.
+  absl::Status ShutdownWorkers();
+  // Process ranks: a step failed because a rank was lost or failed. The job cannot go on.
+  bool lost() const { return lost_; }
 
  private:
   struct Rank {
@@ -114,16 +134,34 @@ class ParallelExecutor {
     DeviceBuffer hidden_in;      // the previous stage's hidden states (stages after the first)
   };
   explicit ParallelExecutor(const ParallelConfig& config) : config_(config) {}
+  // Builds rank `l` (its device, shard, model and KV arena), which this process holds.
+  absl::Status AddRank(const RankLayout& l, Backend* weights_backend, const BackendFactory& backends);
+  // Cuts a step into sub-steps: [ep rank][micro-batch], each checked before any rank starts.
+  absl::StatusOr<std::vector<std::vector<SubStep>>> PlanStep(const ForwardInput& in,
+                                                             const std::vector<uint64_t>& seq_ranks);
+  // Runs the sub-steps of local rank `i` (index into ranks_).
+  absl::Status RunRank(size_t i, const std::vector<SubStep>& subs, RankStepResult* out);
+  // In-process ranks: every rank on its worker thread; a failure aborts the groups.
+  absl::Status RunLocalRanks(const std::vector<std::vector<SubStep>>& subs,
+                             std::vector<RankStepResult>* results);
+  // Process ranks: each worker gets its sub-steps, rank 0 runs its own, the results come back.
+  absl::Status RunProcessRanks(const std::vector<std::vector<SubStep>>& subs,
+                               std::vector<RankStepResult>* results);
+  KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
 
   ParallelConfig config_;
   const ModelWeights* weights_ = nullptr;
-  std::vector<RankLayout> layout_;
-  std::vector<Rank> ranks_;                    // index = stage * ep + ep_rank
-  std::vector<KvStorage> rank_kv_;             // one arena per rank: its layers, its segment
+  std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
+  std::vector<Rank> ranks_;                    // the ranks this process holds, rank order
+  std::vector<KvStorage> rank_kv_;             // one arena per held rank: its layers, its segment
+  KvLayout kv_;                                // the whole cache, as the engine sees it
   std::vector<int64_t> segment_begin_;         // first block id of each EP rank's segment (+ end)
   int64_t stage_block_size_ = 16;
-  std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;  // per stage, per EP index
-  std::unique_ptr<RankWorkers> workers_;  // one persistent thread per rank after the first
+  // Per stage, per EP index (process ranks: this process's group of each kind only).
+  std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;
+  std::unique_ptr<RankWorkers> workers_;  // in-process: one persistent thread per rank after the first
+  bool lost_ = false;
+  bool workers_shut_down_ = false;
 };
 
 }  // namespace moeserve

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #include "core/clock.h"
 #include "engine/sampling.h"
 #include "engine/sequence.h"
@@ -73,6 +75,8 @@ struct RequestEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
   std::string message;  // why, for cancelled / deadline / error
+  // For kError: INTERNAL for a failed step, UNAVAILABLE when the engine lost a rank and stops.
+  absl::StatusCode error_code = absl::StatusCode::kInternal;
   RequestUsage usage;
   RequestTiming timing;
   RequestReceipt receipt;

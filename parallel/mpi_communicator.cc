@@ -1,8 +1,10 @@
 // MpiCommunicator.
 #include "parallel/mpi_communicator.h"
 
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -33,6 +35,32 @@ absl::Status ToInts(const std::vector<int64_t>& counts, std::vector<int>* out,
 }
 
 }  // namespace
+
+absl::Status WaitForMpi(MPI_Request* request, MPI_Status* status, const AbortSignal* signal,
+                        const char* what) {
+  // Spin first (a decode step's exchanges take microseconds), then yield, then sleep briefly:
+  // oversubscribed ranks must leave the cores to the peers they wait for.
+  for (int64_t spins = 0;; ++spins) {
+    int done = 0;
+    const int err = MPI_Test(request, &done, status);
+    if (err != MPI_SUCCESS) {
+      char text[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(err, text, &len);
+      return absl::UnavailableError(
+          absl::StrCat(what, " failed: ", std::string(text, static_cast<size_t>(len))));
+    }
+    if (done) return absl::OkStatus();
+    if (signal != nullptr && signal->raised()) {
+      return absl::UnavailableError(absl::StrCat(what, " gave up: ", signal->message()));
+    }
+    if (spins > 200000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (spins > 2000) {
+      std::this_thread::yield();
+    }
+  }
+}
 
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm) {
   int initialized = 0;
@@ -71,13 +99,21 @@ absl::Status MpiCommunicator::CheckPeer(int peer) const {
   return absl::OkStatus();
 }
 
+absl::Status MpiCommunicator::Wait(MPI_Request* request, MPI_Status* status, const char* what) {
+  absl::Status s = WaitForMpi(request, status, signal_, what);
+  if (absl::IsUnavailable(s)) aborted_ = true;  // the group is unusable, the job is ending
+  return s.ok() ? s : absl::Status(s.code(), absl::StrCat("communicator: rank ", rank_, ": ", s.message()));
+}
+
 absl::Status MpiCommunicator::ReapSends(bool wait) {
   for (size_t i = 0; i < sends_.size();) {
     int done = 0;
     MPI_Status st;
-    const int err =
-        wait ? MPI_Wait(&sends_[i]->request, &st) : MPI_Test(&sends_[i]->request, &done, &st);
-    RETURN_IF_ERROR(Check(err, "send"));
+    if (wait) {
+      RETURN_IF_ERROR(Wait(&sends_[i]->request, &st, "send"));
+    } else {
+      RETURN_IF_ERROR(Check(MPI_Test(&sends_[i]->request, &done, &st), "send"));
+    }
     if (wait || done) {
       sends_.erase(sends_.begin() + static_cast<ptrdiff_t>(i));
     } else {
@@ -88,13 +124,17 @@ absl::Status MpiCommunicator::ReapSends(bool wait) {
 }
 
 absl::Status MpiCommunicator::ExchangeCounts(const std::vector<int64_t>& send_counts,
-                                             std::vector<int64_t>* recv_counts) {
+                                             std::vector<int64_t>* recv_counts, bool count_traffic) {
   recv_counts->assign(static_cast<size_t>(size_), 0);
-  RETURN_IF_ERROR(Check(
-      MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts->data(), 1, MPI_INT64_T, comm_),
-      "MPI_Alltoall"));
-  stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
-  stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+  MPI_Request req;
+  RETURN_IF_ERROR(Check(MPI_Ialltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts->data(), 1,
+                                      MPI_INT64_T, comm_, &req),
+                        "MPI_Ialltoall"));
+  RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Ialltoall"));
+  if (count_traffic) {
+    stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+    stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+  }
   return absl::OkStatus();
 }
 
@@ -106,7 +146,7 @@ absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_co
         absl::StrCat("all-to-all counts: ", send_counts.size(), " counts for a group of ", size_));
   }
   Stopwatch sw;
-  RETURN_IF_ERROR(ExchangeCounts(send_counts, recv_counts));
+  RETURN_IF_ERROR(ExchangeCounts(send_counts, recv_counts, /*count_traffic=*/true));
   ++stats_.calls;
   stats_.seconds += sw.Seconds();
   return absl::OkStatus();
@@ -122,15 +162,18 @@ absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64
   int64_t bad = (send_counts.size() != n || recv_counts.size() != n) ? 1 : 0;
   std::vector<int64_t> expected;
   // A rank with malformed counts still takes part in the exchange (with zeros).
-  RETURN_IF_ERROR(ExchangeCounts(bad == 0 ? send_counts : std::vector<int64_t>(n, 0), &expected));
+  RETURN_IF_ERROR(ExchangeCounts(bad == 0 ? send_counts : std::vector<int64_t>(n, 0), &expected,
+                                 /*count_traffic=*/false));
   if (bad == 0) {
     for (size_t p = 0; p < n; ++p) {
       if (expected[p] != recv_counts[p]) bad = 2 + static_cast<int64_t>(p);
     }
   }
   int64_t any_bad = 0;
-  RETURN_IF_ERROR(
-      Check(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce"));
+  MPI_Request req;
+  RETURN_IF_ERROR(Check(MPI_Iallreduce(&bad, &any_bad, 1, MPI_INT64_T, MPI_MAX, comm_, &req),
+                        "MPI_Iallreduce"));
+  RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Iallreduce"));
   if (any_bad != 0) {
     if (bad == 1) {
       return absl::InvalidArgumentError(
@@ -148,9 +191,10 @@ absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64
   std::vector<int> sc, sd, rc, rd;
   RETURN_IF_ERROR(ToInts(send_counts, &sc, &sd, "send_counts"));
   RETURN_IF_ERROR(ToInts(recv_counts, &rc, &rd, "recv_counts"));
-  RETURN_IF_ERROR(Check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(),
-                                      rd.data(), MPI_BYTE, comm_),
-                        "MPI_Alltoallv"));
+  RETURN_IF_ERROR(Check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(),
+                                       rd.data(), MPI_BYTE, comm_, &req),
+                        "MPI_Ialltoallv"));
+  RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Ialltoallv"));
   ++stats_.calls;
   for (size_t p = 0; p < n; ++p) {
     if (static_cast<int>(p) == rank_) continue;
@@ -168,9 +212,11 @@ absl::Status MpiCommunicator::AllGather(const void* send, int64_t bytes, void* r
         absl::StrCat("all-gather: ", bytes, " bytes is beyond MPI's 2 GiB per call"));
   }
   Stopwatch sw;
-  RETURN_IF_ERROR(Check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
-                                      static_cast<int>(bytes), MPI_BYTE, comm_),
-                        "MPI_Allgather"));
+  MPI_Request req;
+  RETURN_IF_ERROR(Check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+                                       static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+                        "MPI_Iallgather"));
+  RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Iallgather"));
   ++stats_.calls;
   stats_.bytes_sent += bytes * (size_ - 1);
   stats_.bytes_received += bytes * (size_ - 1);
@@ -214,8 +260,10 @@ absl::Status MpiCommunicator::Recv(void* data, int64_t bytes, int peer) {
     return absl::InvalidArgumentError(absl::StrCat("recv: ", bytes, " bytes"));
   Stopwatch sw;
   MPI_Status st;
-  RETURN_IF_ERROR(
-      Check(MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &st), "MPI_Recv"));
+  MPI_Request req;
+  RETURN_IF_ERROR(Check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &req),
+                        "MPI_Irecv"));
+  RETURN_IF_ERROR(Wait(&req, &st, "MPI_Irecv"));
   int got = 0;
   MPI_Get_count(&st, MPI_BYTE, &got);
   if (got != bytes) {
@@ -232,7 +280,9 @@ absl::Status MpiCommunicator::Barrier() {
   if (aborted_) return Aborted();
   Stopwatch sw;
   RETURN_IF_ERROR(ReapSends(/*wait=*/true));
-  RETURN_IF_ERROR(Check(MPI_Barrier(comm_), "MPI_Barrier"));
+  MPI_Request req;
+  RETURN_IF_ERROR(Check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier"));
+  RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Ibarrier"));
   ++stats_.calls;
   stats_.seconds += sw.Seconds();
   return absl::OkStatus();

@@ -12,9 +12,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "parallel/abort_signal.h"
 #include "parallel/communicator.h"
 
 namespace moeserve {
+
+// Completes `request` by polling, so that a raised `signal` (may be null) ends the wait with
+// UNAVAILABLE and its message; an MPI error is UNAVAILABLE too.
+absl::Status WaitForMpi(MPI_Request* request, MPI_Status* status, const AbortSignal* signal,
+                        const char* what);
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -41,14 +47,21 @@ class MpiCommunicator final : public Communicator {
   // lets an orchestrator restart it. Later local calls return ABORTED.
   void Abort() override;
   CommStats stats() const override { return stats_; }
+  // Every wait (collectives, receives, completing sends) also watches `signal` and returns
+  // UNAVAILABLE with its message once it is raised: a rank whose peer died stops waiting.
+  void SetAbortSignal(const AbortSignal* signal) { signal_ = signal; }
 
  private:
   MpiCommunicator(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
   absl::Status Check(int err, const char* what) const;
+  // Completes `request`, polling so that the abort signal is seen.
+  absl::Status Wait(MPI_Request* request, MPI_Status* status, const char* what);
   absl::Status CheckPeer(int peer) const;
-  // MPI_Alltoall of one count per peer (its bytes go into the statistics, not its call).
+  // MPI_Alltoall of one count per peer. With `count_traffic` its bytes go into the statistics
+  // (not its call); AllToAll's own check of the counts is left out, so that the statistics
+  // report the traffic the model asked for, as the in-process communicator does.
   absl::Status ExchangeCounts(const std::vector<int64_t>& send_counts,
-                              std::vector<int64_t>* recv_counts);
+                              std::vector<int64_t>* recv_counts, bool count_traffic);
   // Completes the background sends that have finished (all of them when `wait`).
   absl::Status ReapSends(bool wait);
 
@@ -59,6 +72,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int rank_, size_;
   bool aborted_ = false;
+  const AbortSignal* signal_ = nullptr;
   std::vector<std::unique_ptr<PendingSend>> sends_;
   CommStats stats_;
 };

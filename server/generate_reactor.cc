@@ -132,7 +132,9 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
         final_status_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ev.message);
         break;
       case FinishReason::kError:
-        final_status_ = grpc::Status(grpc::StatusCode::INTERNAL, ev.message);
+        final_status_ = grpc::Status(ev.error_code == absl::StatusCode::kUnavailable ? grpc::StatusCode::UNAVAILABLE
+                                                                                     : grpc::StatusCode::INTERNAL,
+                                     ev.message);
         break;
     }
     if (!final_status_->ok()) queue_.clear();  // nothing more reaches a failed stream

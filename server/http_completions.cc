@@ -105,7 +105,9 @@ std::optional<std::string> FinishReason(const RequestEvent& ev, bool stopped, ab
       *error = absl::DeadlineExceededError(ev.message);
       break;
     case FinishReason::kError:
-      *error = absl::InternalError(ev.message);
+      *error = absl::Status(ev.error_code == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
+                                                                            : absl::StatusCode::kInternal,
+                            ev.message);
       break;
   }
   return std::nullopt;

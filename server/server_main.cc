@@ -23,6 +23,9 @@
 namespace moeserve::server {
 namespace {
 
+// Not a signal: the byte the engine's failure callback writes into the pipe.
+constexpr char kEngineFailed = 'F';
+
 // A signal handler can only reach globals: this is the write end of the self-pipe that turns
 // SIGTERM/SIGINT into a byte the shutdown thread reads. (Blocking the signals instead is not
 // enough: libraries such as OpenBLAS start threads before main, and those would take them.)
@@ -63,6 +66,8 @@ class SignalPipe {
     if (fds_[1] >= 0) close(fds_[1]);
   }
   bool ok() const { return fds_[0] >= 0; }
+  // Wakes Wait() with `c` as if a signal had arrived (kEngineFailed: the engine failed).
+  void Notify(char c) { (void)!write(fds_[1], &c, 1); }
   int Wait() {
     char c = 0;
     while (read(fds_[0], &c, 1) < 0 && errno == EINTR) {
@@ -164,9 +169,22 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     }
   }
 
+  // A failed engine (a rank of its MPI job lost) has ended its requests with UNAVAILABLE; the
+  // server stops serving and RunServer returns the failure, so the job exits non-zero.
+  engine->SetFailureCallback([&signal_pipe](const absl::Status&) { signal_pipe.Notify(kEngineFailed); });
   // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
   std::thread signals([&] {
     const int sig = signal_pipe.Wait();
+    if (sig == kEngineFailed) {
+      std::fprintf(stderr, "moeserve: engine failed: %s; not serving, stopping\n",
+                   std::string(engine->failure().message()).c_str());
+      gate.StartDraining();
+      server->GetHealthCheckService()->SetServingStatus(false);
+      // The streams have their final status already; give them a moment to deliver it.
+      gate.WaitIdle(Clock::now() + std::chrono::seconds(2));
+      server->Shutdown(std::chrono::system_clock::now());
+      return;
+    }
     std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  options.grace_seconds);
     // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
@@ -183,7 +201,9 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   signals.join();
   // Requests still running over HTTP end here (cancelled), so their threads can return.
   engine->Stop("server shutting down");
+  engine->SetFailureCallback(nullptr);
   http.reset();
+  if (absl::Status failed = engine->failure(); !failed.ok()) return failed;
   std::fprintf(stderr, "moeserve: stopped cleanly\n");
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
+#include "tools/mpi_job.h"
 
 namespace moeserve::tools {
 namespace {
@@ -140,12 +141,28 @@ int RunTiers(BenchOptions o) {
   return 0;
 }
 
+int RunBenchRank0(BenchOptions o, MpiJob* job);
+
 int RunBench(BenchOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  // Under mpirun: rank 0 runs the benchmark, the other ranks run their shards (tools/mpi_job.h).
+  auto job = MpiJob::Join(o.engine, o.model);
+  if (!job.ok()) return Fail(job.status());
+  if (*job != nullptr && (o.tier_scenario || !o.sweep_batch.empty())) {
+    return Fail(absl::InvalidArgumentError("--tier-scenario and --sweep-batch do not run under mpirun"));
+  }
+  if (*job != nullptr && (*job)->rank() != 0) return (*job)->RunWorker(o.engine, o.model);
+  const int code = RunBenchRank0(std::move(o), job->get());
+  if (code != 0 && *job != nullptr) (*job)->Abort(code);  // workers may wait for rank 0
+  return code;
+}
+
+int RunBenchRank0(BenchOptions o, MpiJob* job) {
   if (o.tier_scenario) return RunTiers(std::move(o));
   if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
+  if (job != nullptr) job->Configure(o.engine, &*ecfg);
   ecfg->step_history = 1 << 22;
   WorkloadSpec w;
   w.num_requests = o.num_requests;
@@ -171,6 +188,10 @@ int RunBench(BenchOptions o) {
   if (!weights.ok()) return Fail(weights.status());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
+  if (job != nullptr) {
+    Engine* e = engine->get();
+    job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
+  }
   ReleaseStagingCopy(*ecfg, weights->get(), "");
   const ModelConfig& c = (*weights)->config();
   w.vocab = 256;
@@ -223,6 +244,7 @@ int RunBench(BenchOptions o) {
   }
   progress.Finish(static_cast<int64_t>(items.size()), "requests");
   (*engine)->Stop();
+  if (absl::Status failed = (*engine)->failure(); !failed.ok()) return Fail(failed);
   const EngineStats stats = (*engine)->GetStats();
 
   int64_t prompt_tokens = 0, cached = 0, generated = 0;

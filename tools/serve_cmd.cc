@@ -7,6 +7,7 @@
 #include "server/metrics_exporter.h"
 #include "server/server_main.h"
 #include "tools/commands.h"
+#include "tools/mpi_job.h"
 
 namespace moeserve::tools {
 namespace {
@@ -27,8 +28,21 @@ struct ServeOptions {
   std::string chat_template;
 };
 
+int RunServeRank0(ServeOptions o, MpiJob* job);
+
 int RunServe(ServeOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  // Under mpirun: rank 0 serves, the other ranks run their shards (tools/mpi_job.h).
+  auto job = MpiJob::Join(o.engine, o.model);
+  if (!job.ok()) return Fail(job.status());
+  if (*job != nullptr && (*job)->rank() != 0) return (*job)->RunWorker(o.engine, o.model);
+  const int code = RunServeRank0(std::move(o), job->get());
+  // A rank 0 that fails ends the job: the workers may be waiting for it in a collective.
+  if (code != 0 && *job != nullptr) (*job)->Abort(code);
+  return code;
+}
+
+int RunServeRank0(ServeOptions o, MpiJob* job) {
   if (!o.metrics_listen.empty()) {  // a bad address fails before the model loads
     if (absl::Status s = server::CheckMetricsListen(o.metrics_listen); !s.ok()) return Fail(s);
   } else if (!o.metrics_port_file.empty()) {
@@ -45,6 +59,7 @@ int RunServe(ServeOptions o) {
   o.server.transport_metadata_bytes = static_cast<int>(8 * o.max_metadata_bytes);
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
+  if (job != nullptr) job->Configure(o.engine, &*ecfg);
   ecfg->limits.max_tokens = o.max_tokens_limit;
   if (absl::Status s = ecfg->limits.Validate(); !s.ok()) return Fail(s);
   auto backend_or = MakeBackend(o.engine);
@@ -66,6 +81,12 @@ int RunServe(ServeOptions o) {
   std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
+  if (job != nullptr) {
+    // A lost rank fails the engine: its requests end with UNAVAILABLE naming the rank, health
+    // turns NOT_SERVING, the server stops and the job exits non-zero.
+    Engine* e = engine->get();
+    job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
+  }
   ReleaseStagingCopy(*ecfg, weights->get(), "moeserve: ");
   const ModelConfig& c = (*weights)->config();
   std::fprintf(stderr, "moeserve: loaded in %.2f s: %.1fM parameters (%.1fM active), KV cache %lld blocks of %lld tokens\n",

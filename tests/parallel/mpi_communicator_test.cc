@@ -56,9 +56,8 @@ TEST(MpiCommunicatorTest, AllToAllWithUnevenAndZeroCounts) {
     }
     EXPECT_EQ(wrong, 0) << "rank " << me << " round " << round;
     EXPECT_EQ(recv[total], '?') << "wrote past the receive buffer";
-    EXPECT_EQ(comm->stats().bytes_sent - before.bytes_sent -
-                  static_cast<int64_t>(sizeof(int64_t)) * (n - 1),
-              sent_to_others);
+    // The payload only: the check of the counts inside AllToAll is not the model's traffic.
+    EXPECT_EQ(comm->stats().bytes_sent - before.bytes_sent, sent_to_others);
   }
 }
 

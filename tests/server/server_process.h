@@ -93,12 +93,19 @@ class ServerProcess {
   }
 
   // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
-  bool Start(std::vector<std::string> extra_args) {
+  // With a `launcher` (e.g. mpirun and its flags) the server runs under it.
+  bool Start(std::vector<std::string> extra_args, std::vector<std::string> launcher = {}) {
     dir_ = MakeTempDir("server");
     std::vector<std::string> args = {"serve",         "--listen",     "127.0.0.1:0", "--port-file", dir_ + "/port",
                                      "--http-listen", "127.0.0.1:0", "--http-port-file", dir_ + "/http_port"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
-    pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
+    if (launcher.empty()) {
+      pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
+    } else {
+      launcher.push_back(MOESERVE_BIN);
+      launcher.insert(launcher.end(), args.begin(), args.end());
+      pid_ = SpawnProgram(launcher, dir_ + "/out", dir_ + "/err");
+    }
     if (pid_ < 0) return false;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < give_up) {
@@ -118,6 +125,21 @@ class ServerProcess {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return false;
+  }
+
+  // Waits up to `seconds` for the exit; returns the exit code (-1 when killed by a signal, -2
+  // when still running).
+  int WaitExit(double seconds) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (pid_ > 0 && std::chrono::steady_clock::now() < give_up) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -2;
   }
 
   // Sends `sig` and waits for the exit; returns the exit code (-1 when killed by a signal).

@@ -1,0 +1,330 @@
+// One parallel step: plan the ranks' sub-steps, run them (threads of this process, or the
+// processes of an MPI job), gather the outputs and the statistics.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "engine/parallel_executor.h"
+
+namespace moeserve {
+namespace {
+
+int64_t MicroBatches(const ParallelConfig& c) {
+  return c.pp == 1 ? 1 : (c.micro_batches > 0 ? c.micro_batches : c.pp);
+}
+
+double Imbalance(const std::vector<double>& v) {
+  double sum = 0, mx = 0;
+  for (double x : v) {
+    sum += x;
+    mx = std::max(mx, x);
+  }
+  return sum > 0 ? mx / (sum / static_cast<double>(v.size())) : 0.0;
+}
+
+void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
+  acc->tokens += fs.tokens;
+  acc->experts_hit += fs.experts_hit;
+  acc->expert_assignments += fs.expert_assignments;
+  acc->attention_seconds += fs.attention_seconds;
+  acc->moe_seconds += fs.moe_seconds;
+  acc->head_seconds += fs.head_seconds;
+  acc->comm_seconds += fs.comm_seconds;
+  acc->comm_bytes += fs.comm_bytes;
+  if (!fs.expert_rows.empty()) {
+    acc->expert_rows.resize(fs.expert_rows.size(), 0);
+    for (size_t x = 0; x < fs.expert_rows.size(); ++x) acc->expert_rows[x] += fs.expert_rows[x];
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
+    const ForwardInput& in, const std::vector<uint64_t>& seq_ranks) {
+  const int64_t ep = config_.ep, pp = config_.pp, micro = MicroBatches(config_);
+  if (static_cast<int64_t>(seq_ranks.size()) != in.num_seqs) {
+    return absl::InvalidArgumentError("parallel forward: one EP rank per sequence is needed");
+  }
+  // Tokens of each sequence (the engine lays them out sequence by sequence).
+  std::vector<std::vector<int64_t>> seq_tokens(in.num_seqs);
+  for (int64_t i = 0; i < in.num_tokens(); ++i) seq_tokens[in.token_seq[i]].push_back(i);
+  std::vector<int64_t> logit_of_token(in.num_tokens(), -1);
+  for (size_t r = 0; r < in.logit_rows.size(); ++r)
+    logit_of_token[in.logit_rows[r]] = static_cast<int64_t>(r);
+  // Sequences of each EP rank, cut into micro-batches of consecutive sequences.
+  std::vector<std::vector<int64_t>> rank_seqs(ep);
+  for (int64_t j = 0; j < in.num_seqs; ++j) rank_seqs[seq_ranks[j] % ep].push_back(j);
+  std::vector<std::vector<SubStep>> subs(ep, std::vector<SubStep>(micro));
+  for (int64_t e = 0; e < ep; ++e) {
+    const auto& seqs = rank_seqs[e];
+    for (int64_t m = 0; m < micro; ++m) {
+      const size_t from = seqs.size() * m / micro, to = seqs.size() * (m + 1) / micro;
+      SubStep& sub = subs[e][m];
+      sub.in.num_seqs = static_cast<int64_t>(to - from);
+      sub.in.logits_to_host = in.logits_to_host;
+      sub.in.max_blocks_per_seq = in.max_blocks_per_seq;
+      const int64_t base = segment_begin_[e];  // the rank's arena numbers its segment from 0
+      const int64_t bs = stage_block_size_;
+      for (size_t q = from; q < to; ++q) {
+        const int64_t j = seqs[q];
+        // Blocks the sequence's tokens reach, translated; the engine's padding stays 0.
+        const int64_t used =
+            seq_tokens[j].empty() ? 0 : in.positions[seq_tokens[j].back()] / bs + 1;
+        for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
+          const int32_t id = in.block_tables[j * in.max_blocks_per_seq + b];
+          sub.in.block_tables.push_back(b < used ? static_cast<int32_t>(id - base) : 0);
+        }
+        for (int64_t i : seq_tokens[j]) {
+          if (logit_of_token[i] >= 0) {
+            sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
+            sub.logit_dest.push_back(logit_of_token[i]);
+            if (!in.sample.empty()) sub.in.sample.push_back(in.sample[logit_of_token[i]]);
+          }
+          sub.in.token_ids.push_back(in.token_ids[i]);
+          sub.in.positions.push_back(in.positions[i]);
+          sub.in.token_seq.push_back(static_cast<int32_t>(q - from));
+          sub.in.slots.push_back(in.slots[i] - base * bs);
+        }
+      }
+      // Checked before any rank starts, so that no rank fails halfway through a collective.
+      // Process ranks are checked here by rank 0's model against the segment's layout (the
+      // checks that depend on the stage are the same for every stage).
+      if (sub.in.num_tokens() == 0) continue;
+      for (size_t i = 0; i < ranks_.size(); ++i) {
+        const RankLayout& l = ranks_[i].layout;
+        if (config_.processes == nullptr && l.ep_rank != e) continue;
+        RETURN_IF_ERROR(
+            ranks_[i].model->Validate(sub.in, SegmentLayout(e, l.layer_end - l.layer_begin)));
+      }
+    }
+  }
+  (void)pp;
+  return subs;
+}
+
+absl::Status ParallelExecutor::RunRank(size_t i, const std::vector<SubStep>& subs,
+                                       RankStepResult* out) {
+  const ModelConfig& c = weights_->config();
+  Rank& rank = ranks_[i];
+  const int64_t s = rank.layout.stage, ep = config_.ep, pp = config_.pp;
+  const CommStats ep_before = rank.ep->stats(), pp_before = rank.pp->stats();
+  std::vector<float> local_logits;
+  std::vector<int32_t> local_sampled;
+  for (const SubStep& sub : subs) {
+    const int64_t t = sub.in.num_tokens();
+    const int64_t hidden_bytes = t * c.hidden_size * static_cast<int64_t>(sizeof(float));
+    if (s > 0) {  // the previous stage's hidden states, straight into this rank's device memory
+      if (rank.hidden_in.bytes() < static_cast<size_t>(hidden_bytes)) {
+        rank.hidden_in = DeviceBuffer();
+        ASSIGN_OR_RETURN(rank.hidden_in, rank.backend->Allocate(static_cast<size_t>(hidden_bytes)));
+      }
+      RETURN_IF_ERROR(rank.pp->Recv(rank.hidden_in.data(), hidden_bytes, static_cast<int>(s - 1)));
+    }
+    ForwardStats fs;
+    const float* hidden_out = nullptr;
+    local_logits.clear();
+    local_sampled.clear();
+    if (t > 0 || ep > 1) {  // EP ranks without tokens still join the all-to-alls
+      RETURN_IF_ERROR(rank.model->ForwardShard(sub.in, rank_kv_[i].layout(), rank_kv_[i].data(),
+                                               s > 0 ? rank.hidden_in.as<float>() : nullptr,
+                                               &hidden_out, &local_logits, &fs, &local_sampled));
+    }
+    Accumulate(fs, &out->stats);
+    if (s < pp - 1) {
+      RETURN_IF_ERROR(rank.pp->Send(hidden_out, hidden_bytes, static_cast<int>(s + 1)));
+    } else if (!sub.logit_dest.empty()) {
+      if (sub.in.logits_to_host)
+        out->logits.insert(out->logits.end(), local_logits.begin(), local_logits.end());
+      if (!sub.in.sample.empty())
+        out->sampled.insert(out->sampled.end(), local_sampled.begin(), local_sampled.end());
+    }
+  }
+  const CommStats epc = rank.ep->stats(), ppc = rank.pp->stats();
+  out->a2a_bytes = epc.bytes_sent - ep_before.bytes_sent;
+  out->pp_bytes = ppc.bytes_sent - pp_before.bytes_sent;
+  out->comm_seconds = (epc.seconds - ep_before.seconds) + (ppc.seconds - pp_before.seconds);
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::RunLocalRanks(const std::vector<std::vector<SubStep>>& subs,
+                                             std::vector<RankStepResult>* results) {
+  std::vector<absl::Status> status(ranks_.size());
+  // A rank that fails aborts its groups, so that its peers return instead of waiting for it;
+  // their failures abort their other groups in turn, and every rank comes back.
+  workers_->Run([&](int r) {  // a barrier, not new threads
+    const size_t i = static_cast<size_t>(r);
+    status[i] = RunRank(i, subs[static_cast<size_t>(ranks_[i].layout.ep_rank)], &(*results)[i]);
+    if (!status[i].ok()) {
+      ranks_[i].ep->Abort();
+      ranks_[i].pp->Abort();
+    }
+  });
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (status[r].ok()) continue;
+    // Every rank has returned: clear the groups (flags, barriers, stale hand-offs) for the next
+    // step, and report the first failure that was not a consequence of another.
+    for (auto& g : ep_comms_) RETURN_IF_ERROR(g->Reset());
+    for (auto& g : pp_comms_) RETURN_IF_ERROR(g->Reset());
+    for (size_t q = 0; q < ranks_.size(); ++q) {
+      if (!status[q].ok() && status[q].code() != absl::StatusCode::kAborted) {
+        return absl::Status(status[q].code(), absl::StrCat("rank ", q, ": ", status[q].message()));
+      }
+    }
+    return status[r];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::RunProcessRanks(const std::vector<std::vector<SubStep>>& subs,
+                                               std::vector<RankStepResult>* results) {
+  ProcessRanks* world = config_.processes;
+  // Among processes a failed step cannot be retried (a peer may be gone, or stuck in a
+  // collective): the step's error marks the executor lost and the job must end.
+  auto lose = [this](const absl::Status& s) {
+    lost_ = true;
+    return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
+  };
+  for (int r = 1; r < world->size(); ++r) {
+    const std::string step =
+        EncodeRankStep(subs[static_cast<size_t>(layout_[static_cast<size_t>(r)].ep_rank)]);
+    if (absl::Status s = world->SendMessage(r, step); !s.ok()) return lose(s);
+  }
+  if (absl::Status s =
+          RunRank(0, subs[static_cast<size_t>(ranks_[0].layout.ep_rank)], &(*results)[0]);
+      !s.ok()) {
+    return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(0), ": ", s.message())));
+  }
+  for (int r = 1; r < world->size(); ++r) {
+    absl::StatusOr<std::string> reply = world->ReceiveMessage(r);
+    if (!reply.ok()) return lose(reply.status());
+    if (absl::Status s = DecodeRankResult(*reply, &(*results)[static_cast<size_t>(r)]); !s.ok()) {
+      return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(r), ": ", s.message())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::Forward(const ForwardInput& in,
+                                       const std::vector<uint64_t>& seq_ranks,
+                                       std::vector<float>* logits, ForwardStats* stats,
+                                       ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
+  const ModelConfig& c = weights_->config();
+  const int64_t ep = config_.ep, pp = config_.pp;
+  if (lost_) return absl::UnavailableError("parallel step: a rank of this job was lost earlier");
+  if (config_.processes != nullptr && config_.processes->rank() != 0) {
+    return absl::FailedPreconditionError(
+        "parallel forward: only rank 0 drives the steps of an MPI job");
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::vector<SubStep>> subs, PlanStep(in, seq_ranks));
+  if (!in.sample.empty() && sampled == nullptr) {
+    return absl::InvalidArgumentError(
+        "parallel forward: sampling specs but nowhere to put the tokens");
+  }
+  // One result per rank of the layout (process ranks: the workers' come back as messages).
+  std::vector<RankStepResult> results(layout_.size());
+  RETURN_IF_ERROR(config_.processes != nullptr ? RunProcessRanks(subs, &results)
+                                               : RunLocalRanks(subs, &results));
+
+  // The last stage's logit rows and tokens, into the step's order.
+  if (in.logits_to_host) {
+    logits->assign(in.logit_rows.size() * static_cast<size_t>(c.vocab_size), 0.0f);
+  } else {
+    logits->clear();
+  }
+  if (sampled != nullptr) sampled->assign(in.sample.size(), -1);
+  for (size_t r = 0; r < layout_.size(); ++r) {
+    if (layout_[r].stage != pp - 1) continue;
+    const RankStepResult& res = results[r];
+    size_t q = 0;
+    for (const SubStep& sub : subs[static_cast<size_t>(layout_[r].ep_rank)])
+      q += sub.logit_dest.size();
+    if ((in.logits_to_host && res.logits.size() != q * static_cast<size_t>(c.vocab_size)) ||
+        (!in.sample.empty() && res.sampled.size() != q)) {
+      return absl::InternalError(absl::StrCat("rank ", r, " returned ",
+                                              res.logits.size() / c.vocab_size, " logit rows and ",
+                                              res.sampled.size(), " tokens for ", q, " rows"));
+    }
+    q = 0;
+    for (const SubStep& sub : subs[static_cast<size_t>(layout_[r].ep_rank)]) {
+      for (int64_t dest : sub.logit_dest) {
+        if (in.logits_to_host) {
+          std::copy_n(res.logits.data() + q * c.vocab_size, c.vocab_size,
+                      logits->data() + dest * c.vocab_size);
+        }
+        if (!in.sample.empty()) (*sampled)[dest] = res.sampled[q];
+        ++q;
+      }
+    }
+  }
+
+  // Aggregate: work sums over ranks; phase times are the slowest rank's.
+  ForwardStats total;
+  ParallelStepStats ps;
+  ps.expert_tokens.assign(c.num_local_experts, 0);
+  std::vector<double> ep_rows(ep, 0.0);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const ForwardStats& f = results[r].stats;
+    total.tokens = std::max(total.tokens, f.tokens);
+    total.experts_hit += f.experts_hit;
+    total.expert_assignments += f.expert_assignments;
+    total.attention_seconds = std::max(total.attention_seconds, f.attention_seconds);
+    total.moe_seconds = std::max(total.moe_seconds, f.moe_seconds);
+    total.head_seconds = std::max(total.head_seconds, f.head_seconds);
+    for (size_t x = 0; x < f.expert_rows.size() && x < ps.expert_tokens.size(); ++x) {
+      ps.expert_tokens[x] += f.expert_rows[x];
+      ep_rows[layout_[r].ep_rank] += static_cast<double>(f.expert_rows[x]);
+    }
+    ps.a2a_bytes += results[r].a2a_bytes;
+    ps.pp_bytes += results[r].pp_bytes;
+    ps.comm_seconds = std::max(ps.comm_seconds, results[r].comm_seconds);
+  }
+  ps.comm_bytes = ps.a2a_bytes + ps.pp_bytes;
+  total.comm_seconds = ps.comm_seconds;
+  total.comm_bytes = ps.comm_bytes;
+  if (ep > 1) {
+    ps.expert_imbalance =
+        Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
+    ps.rank_imbalance = Imbalance(ep_rows);
+    std::vector<double> ep_tokens(ep,
+                                  0.0);  // attention is data-parallel: each rank its own sequences
+    for (int64_t e = 0; e < ep; ++e) {
+      for (const SubStep& sub : subs[e]) ep_tokens[e] += static_cast<double>(sub.in.num_tokens());
+    }
+    ps.attention_imbalance = Imbalance(ep_tokens);
+  }
+  if (stats != nullptr) *stats = total;
+  if (pstats != nullptr) *pstats = std::move(ps);
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::ServeSteps() {
+  ProcessRanks* world = config_.processes;
+  if (world == nullptr || world->rank() == 0) {
+    return absl::FailedPreconditionError("ServeSteps runs on the worker processes of an MPI job");
+  }
+  const size_t micro = static_cast<size_t>(MicroBatches(config_));
+  while (true) {
+    ASSIGN_OR_RETURN(const std::string message, world->ReceiveMessage(0));
+    std::vector<SubStep> subs;
+    ASSIGN_OR_RETURN(const bool step, DecodeRankStep(message, &subs));
+    if (!step) return absl::OkStatus();
+    RankStepResult result;
+    absl::Status s = subs.size() == micro
+                         ? RunRank(0, subs, &result)
+                         : absl::InvalidArgumentError(absl::StrCat(
+                               "step of ", subs.size(), " micro-batches, expected ", micro));
+    RETURN_IF_ERROR(world->SendMessage(0, EncodeRankResult(s, result)));
+    if (!s.ok()) return s;
+  }
+}
+
+absl::Status ParallelExecutor::ShutdownWorkers() {
+  ProcessRanks* world = config_.processes;
+  if (world == nullptr || world->rank() != 0 || workers_shut_down_ || lost_)
+    return absl::OkStatus();
+  workers_shut_down_ = true;
+  for (int r = 1; r < world->size(); ++r) RETURN_IF_ERROR(world->SendMessage(r, EncodeShutdown()));
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve

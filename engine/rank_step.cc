@@ -1,0 +1,202 @@
+// Rank step messages: little-endian fields in a fixed order, every vector with its length.
+#include "engine/rank_step.h"
+
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+namespace {
+
+constexpr uint32_t kStepMagic = 0x4d535354;      // "MSST"
+constexpr uint32_t kShutdownMagic = 0x4d53444e;  // "MSDN"
+constexpr uint32_t kResultMagic = 0x4d535253;    // "MSRS"
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  template <typename T>
+  void PutVector(const std::vector<T>& v) {
+    Put<uint64_t>(v.size());
+    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  void PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    out_.append(s);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  template <typename T>
+  absl::Status Get(T* v, const char* field) {
+    if (in_.size() - pos_ < sizeof(T)) return Truncated(field);
+    std::memcpy(v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::Status GetVector(std::vector<T>* v, const char* field) {
+    uint64_t n = 0;
+    RETURN_IF_ERROR(Get(&n, field));
+    if (n > (in_.size() - pos_) / sizeof(T)) return Truncated(field);
+    v->resize(n);
+    std::memcpy(v->data(), in_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return absl::OkStatus();
+  }
+  absl::Status GetString(std::string* s, const char* field) {
+    std::vector<char> chars;
+    RETURN_IF_ERROR(GetVector(&chars, field));
+    s->assign(chars.begin(), chars.end());
+    return absl::OkStatus();
+  }
+  absl::Status Done() const {
+    if (pos_ != in_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank step message: ", in_.size() - pos_, " bytes left over"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Truncated(const char* field) const {
+    return absl::InvalidArgumentError(absl::StrCat("rank step message: truncated at ", field,
+                                                   " (byte ", pos_, " of ", in_.size(), ")"));
+  }
+  const std::string& in_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeRankStep(const std::vector<SubStep>& subs) {
+  Writer w;
+  w.Put(kStepMagic);
+  w.Put<uint64_t>(subs.size());
+  for (const SubStep& s : subs) {
+    const ForwardInput& in = s.in;
+    w.PutVector(in.token_ids);
+    w.PutVector(in.positions);
+    w.PutVector(in.token_seq);
+    w.PutVector(in.slots);
+    w.PutVector(in.block_tables);
+    w.Put(in.num_seqs);
+    w.Put(in.max_blocks_per_seq);
+    w.PutVector(in.logit_rows);
+    w.PutVector(in.sample);
+    w.Put<uint8_t>(in.logits_to_host ? 1 : 0);
+    w.PutVector(s.logit_dest);
+  }
+  return w.Take();
+}
+
+std::string EncodeShutdown() {
+  Writer w;
+  w.Put(kShutdownMagic);
+  return w.Take();
+}
+
+absl::StatusOr<bool> DecodeRankStep(const std::string& bytes, std::vector<SubStep>* subs) {
+  Reader r(bytes);
+  uint32_t magic = 0;
+  RETURN_IF_ERROR(r.Get(&magic, "magic"));
+  if (magic == kShutdownMagic) return false;
+  if (magic != kStepMagic)
+    return absl::InvalidArgumentError("rank step message: not a step (bad magic)");
+  uint64_t n = 0;
+  RETURN_IF_ERROR(r.Get(&n, "micro-batches"));
+  if (n > 64)
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank step message: ", n, " micro-batches (at most 64)"));
+  subs->assign(n, SubStep());
+  for (SubStep& s : *subs) {
+    ForwardInput& in = s.in;
+    RETURN_IF_ERROR(r.GetVector(&in.token_ids, "token_ids"));
+    RETURN_IF_ERROR(r.GetVector(&in.positions, "positions"));
+    RETURN_IF_ERROR(r.GetVector(&in.token_seq, "token_seq"));
+    RETURN_IF_ERROR(r.GetVector(&in.slots, "slots"));
+    RETURN_IF_ERROR(r.GetVector(&in.block_tables, "block_tables"));
+    RETURN_IF_ERROR(r.Get(&in.num_seqs, "num_seqs"));
+    RETURN_IF_ERROR(r.Get(&in.max_blocks_per_seq, "max_blocks_per_seq"));
+    RETURN_IF_ERROR(r.GetVector(&in.logit_rows, "logit_rows"));
+    RETURN_IF_ERROR(r.GetVector(&in.sample, "sample"));
+    uint8_t to_host = 0;
+    RETURN_IF_ERROR(r.Get(&to_host, "logits_to_host"));
+    in.logits_to_host = to_host != 0;
+    RETURN_IF_ERROR(r.GetVector(&s.logit_dest, "logit_dest"));
+    if (s.logit_dest.size() != in.logit_rows.size()) {
+      return absl::InvalidArgumentError(
+          "rank step message: logit_dest and logit_rows differ in length");
+    }
+  }
+  RETURN_IF_ERROR(r.Done());
+  return true;
+}
+
+std::string EncodeRankResult(const absl::Status& status, const RankStepResult& res) {
+  Writer w;
+  w.Put(kResultMagic);
+  w.Put<int32_t>(static_cast<int32_t>(status.code()));
+  w.PutString(std::string(status.message()));
+  const ForwardStats& f = res.stats;
+  w.Put(f.tokens);
+  w.Put(f.experts_hit);
+  w.Put(f.expert_assignments);
+  w.Put(f.attention_seconds);
+  w.Put(f.moe_seconds);
+  w.Put(f.head_seconds);
+  w.PutVector(f.expert_rows);
+  w.Put(f.comm_seconds);
+  w.Put(f.comm_bytes);
+  w.Put(res.a2a_bytes);
+  w.Put(res.pp_bytes);
+  w.Put(res.comm_seconds);
+  w.PutVector(res.logits);
+  w.PutVector(res.sampled);
+  return w.Take();
+}
+
+absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
+  Reader r(bytes);
+  uint32_t magic = 0;
+  RETURN_IF_ERROR(r.Get(&magic, "magic"));
+  if (magic != kResultMagic) return absl::InvalidArgumentError("rank result message: bad magic");
+  int32_t code = 0;
+  std::string message;
+  RETURN_IF_ERROR(r.Get(&code, "status code"));
+  RETURN_IF_ERROR(r.GetString(&message, "status message"));
+  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank result message: status code ", code));
+  }
+  ForwardStats& f = res->stats;
+  RETURN_IF_ERROR(r.Get(&f.tokens, "tokens"));
+  RETURN_IF_ERROR(r.Get(&f.experts_hit, "experts_hit"));
+  RETURN_IF_ERROR(r.Get(&f.expert_assignments, "expert_assignments"));
+  RETURN_IF_ERROR(r.Get(&f.attention_seconds, "attention_seconds"));
+  RETURN_IF_ERROR(r.Get(&f.moe_seconds, "moe_seconds"));
+  RETURN_IF_ERROR(r.Get(&f.head_seconds, "head_seconds"));
+  RETURN_IF_ERROR(r.GetVector(&f.expert_rows, "expert_rows"));
+  RETURN_IF_ERROR(r.Get(&f.comm_seconds, "comm_seconds"));
+  RETURN_IF_ERROR(r.Get(&f.comm_bytes, "comm_bytes"));
+  RETURN_IF_ERROR(r.Get(&res->a2a_bytes, "a2a_bytes"));
+  RETURN_IF_ERROR(r.Get(&res->pp_bytes, "pp_bytes"));
+  RETURN_IF_ERROR(r.Get(&res->comm_seconds, "rank comm_seconds"));
+  RETURN_IF_ERROR(r.GetVector(&res->logits, "logits"));
+  RETURN_IF_ERROR(r.GetVector(&res->sampled, "sampled"));
+  RETURN_IF_ERROR(r.Done());
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+}  // namespace moeserve

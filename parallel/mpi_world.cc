@@ -1,0 +1,244 @@
+// MpiWorld.
+#include "parallel/mpi_world.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "parallel/mpi_communicator.h"
+
+namespace moeserve {
+namespace {
+
+constexpr int kMessageTag = 7;
+constexpr int kHeartbeatTag = 8;
+constexpr int kHostChars = 64;
+
+// A group of process ranks: this process holds one of its communicators.
+class MpiGroup final : public CommGroup {
+ public:
+  explicit MpiGroup(std::unique_ptr<MpiCommunicator> comm) : comm_(std::move(comm)) {}
+  int size() const override { return comm_->size(); }
+  Communicator* rank(int r) override { return r == comm_->rank() ? comm_.get() : nullptr; }
+  absl::Status Reset() override {
+    return absl::UnavailableError(
+        "a failed step among process ranks cannot be retried: the job must restart");
+  }
+
+ private:
+  std::unique_ptr<MpiCommunicator> comm_;
+};
+
+absl::Status MpiError(int err, const char* what) {
+  if (err == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(err, text, &len);
+  return absl::UnavailableError(
+      absl::StrCat(what, " failed: ", std::string(text, static_cast<size_t>(len))));
+}
+
+}  // namespace
+
+bool LaunchedByMpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<MpiWorld>> MpiWorld::Init() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized)
+    return absl::FailedPreconditionError("MPI is already initialised in this process");
+  int provided = 0;
+  RETURN_IF_ERROR(MpiError(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+                           "MPI_Init_thread"));
+  std::unique_ptr<MpiWorld> w(new MpiWorld());
+  w->thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w->rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &w->size_);
+  RETURN_IF_ERROR(MpiError(MPI_Comm_dup(MPI_COMM_WORLD, &w->control_), "MPI_Comm_dup"));
+  RETURN_IF_ERROR(MpiError(MPI_Comm_dup(MPI_COMM_WORLD, &w->heartbeat_), "MPI_Comm_dup"));
+  MPI_Comm_set_errhandler(w->control_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(w->heartbeat_, MPI_ERRORS_RETURN);
+  // Who is who, for messages that name a rank and for the pid checks of local ranks.
+  const int pid = static_cast<int>(getpid());
+  w->pids_.resize(static_cast<size_t>(w->size_));
+  RETURN_IF_ERROR(
+      MpiError(MPI_Allgather(&pid, 1, MPI_INT, w->pids_.data(), 1, MPI_INT, MPI_COMM_WORLD),
+               "MPI_Allgather"));
+  char host[kHostChars] = {};
+  gethostname(host, kHostChars - 1);
+  std::vector<char> hosts(static_cast<size_t>(w->size_ * kHostChars));
+  RETURN_IF_ERROR(MpiError(
+      MPI_Allgather(host, kHostChars, MPI_CHAR, hosts.data(), kHostChars, MPI_CHAR, MPI_COMM_WORLD),
+      "MPI_Allgather"));
+  for (int r = 0; r < w->size_; ++r) w->hosts_.emplace_back(hosts.data() + r * kHostChars);
+  return w;
+}
+
+MpiWorld::~MpiWorld() {
+  StopMonitor();
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  if (heartbeat_ != MPI_COMM_NULL) MPI_Comm_free(&heartbeat_);
+  MPI_Finalize();
+}
+
+void MpiWorld::Abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+std::string MpiWorld::DescribeRank(int rank) const {
+  if (rank < 0 || rank >= size_) return absl::StrCat("rank ", rank);
+  return absl::StrCat("rank ", rank, " (pid ", pids_[rank], " on ", hosts_[rank], ")");
+}
+
+absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::Split(int color, int key) {
+  MPI_Comm split;
+  RETURN_IF_ERROR(MpiError(MPI_Comm_split(MPI_COMM_WORLD, color, key, &split), "MPI_Comm_split"));
+  auto comm = MpiCommunicator::Create(split);
+  MPI_Comm_free(&split);
+  if (!comm.ok()) return comm.status();
+  (*comm)->SetAbortSignal(&signal_);
+  return std::unique_ptr<CommGroup>(new MpiGroup(*std::move(comm)));
+}
+
+absl::StatusOr<std::vector<double>> MpiWorld::AllGather(double value) {
+  std::vector<double> all(static_cast<size_t>(size_));
+  MPI_Request req;
+  RETURN_IF_ERROR(
+      MpiError(MPI_Iallgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, control_, &req),
+               "MPI_Iallgather"));
+  RETURN_IF_ERROR(WaitForMpi(&req, MPI_STATUS_IGNORE, &signal_, "MPI_Iallgather"));
+  return all;
+}
+
+absl::Status MpiWorld::SendMessage(int peer, const std::string& bytes) {
+  if (bytes.size() > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step message of ", bytes.size(), " bytes is beyond MPI's 2 GiB"));
+  }
+  MPI_Request req;
+  RETURN_IF_ERROR(MpiError(MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, peer,
+                                     kMessageTag, control_, &req),
+                           "MPI_Isend"));
+  return WaitForMpi(&req, MPI_STATUS_IGNORE, &signal_, "sending a step message");
+}
+
+absl::StatusOr<std::string> MpiWorld::ReceiveMessage(int peer) {
+  // Probe first (polling, so that the abort signal is seen), then receive the size it reports.
+  for (int64_t spins = 0;; ++spins) {
+    int found = 0;
+    MPI_Status st;
+    RETURN_IF_ERROR(MpiError(MPI_Iprobe(peer, kMessageTag, control_, &found, &st), "MPI_Iprobe"));
+    if (found) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      std::string bytes(static_cast<size_t>(count), '\0');
+      RETURN_IF_ERROR(MpiError(
+          MPI_Recv(bytes.data(), count, MPI_BYTE, peer, kMessageTag, control_, MPI_STATUS_IGNORE),
+          "MPI_Recv"));
+      return bytes;
+    }
+    if (signal_.raised()) {
+      return absl::UnavailableError(
+          absl::StrCat("waiting for ", DescribeRank(peer), " gave up: ", signal_.message()));
+    }
+    if (spins > 200000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (spins > 2000) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void MpiWorld::StartMonitor(double heartbeat_seconds, double timeout_seconds) {
+  if (monitor_.joinable() || size_ == 1) return;
+  heartbeat_seconds_ = heartbeat_seconds;
+  timeout_seconds_ = timeout_seconds;
+  stop_monitor_ = false;
+  monitor_ = std::thread([this] { rank_ == 0 ? Watch() : Beat(); });
+}
+
+void MpiWorld::StopMonitor() {
+  stop_monitor_ = true;
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void MpiWorld::Beat() {
+  if (!thread_multiple_) return;  // MPI from a second thread needs MPI_THREAD_MULTIPLE
+  int64_t beat = 0;
+  while (!stop_monitor_) {
+    MPI_Request req;
+    ++beat;
+    if (MPI_Isend(&beat, 1, MPI_INT64_T, 0, kHeartbeatTag, heartbeat_, &req) != MPI_SUCCESS) return;
+    // Rank 0 receives every beat; a dead rank 0 ends the job through mpirun anyway.
+    if (!WaitForMpi(&req, MPI_STATUS_IGNORE, nullptr, "heartbeat").ok()) return;
+    for (double waited = 0; waited < heartbeat_seconds_ && !stop_monitor_; waited += 0.01) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+bool MpiWorld::LocalRankDead(int rank) const {
+  if (hosts_[rank] != hosts_[rank_]) return false;  // another host: only its heartbeats tell
+  // Gone, or a zombie that mpirun has not reaped yet ("pid (name) Z ...").
+  std::ifstream stat(absl::StrCat("/proc/", pids_[rank], "/stat"));
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+void MpiWorld::Watch() {
+  std::vector<Clock::time_point> last(static_cast<size_t>(size_), Clock::now());
+  int64_t beat = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  auto post = [&] {
+    if (thread_multiple_)
+      MPI_Irecv(&beat, 1, MPI_INT64_T, MPI_ANY_SOURCE, kHeartbeatTag, heartbeat_, &req);
+  };
+  post();
+  while (!stop_monitor_ && !signal_.raised()) {
+    for (int got = 1; got && req != MPI_REQUEST_NULL;) {  // every beat that has arrived
+      MPI_Status st;
+      got = 0;
+      if (MPI_Test(&req, &got, &st) != MPI_SUCCESS) break;
+      if (got) {
+        last[static_cast<size_t>(st.MPI_SOURCE)] = Clock::now();
+        post();
+      }
+    }
+    for (int r = 1; r < size_; ++r) {
+      if (LocalRankDead(r)) {
+        signal_.Raise(absl::StrCat(DescribeRank(r), " died"));
+        break;
+      }
+      const double silent =
+          std::chrono::duration<double>(Clock::now() - last[static_cast<size_t>(r)]).count();
+      if (thread_multiple_ && silent > timeout_seconds_) {
+        signal_.Raise(absl::StrCat(DescribeRank(r), " sent no heartbeat for ",
+                                   static_cast<int>(silent), " s"));
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (req != MPI_REQUEST_NULL) {
+    MPI_Cancel(&req);
+    MPI_Request_free(&req);
+  }
+}
+
+}  // namespace moeserve

@@ -1,0 +1,71 @@
+// The MPI job this process belongs to when mpirun started it: initialisation, the ranks' pids and
+// hosts, groups for the data plane (MpiCommunicator), the channel for step messages, and the
+// monitor that notices a lost rank. Owned by the command that runs the job (no global state).
+//
+// Faults: rank 0 expects a heartbeat from every worker every `heartbeat_seconds` (sent by a
+// thread of the worker, on a communicator of their own) and checks the pids of the workers on
+// its own host. A worker that dies (its pid is gone or a zombie) or stops beating for
+// `timeout_seconds` (a stopped process, a lost host) raises the abort signal with a message
+// naming it; every MPI wait of rank 0 then returns UNAVAILABLE instead of hanging.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/process_ranks.h"
+
+namespace moeserve {
+
+// Whether mpirun (or another PMI launcher) started this process: Open MPI sets
+// OMPI_COMM_WORLD_SIZE, PMIx launchers PMIX_RANK.
+bool LaunchedByMpi();
+
+class MpiWorld final : public ProcessRanks {
+ public:
+  // MPI_Init_thread asking for MPI_THREAD_MULTIPLE (the heartbeats run beside the engine
+  // thread); without it, only the pid checks watch the ranks.
+  static absl::StatusOr<std::unique_ptr<MpiWorld>> Init();
+  ~MpiWorld() override;  // stops the monitor and finalises MPI
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::StatusOr<std::unique_ptr<CommGroup>> Split(int color, int key) override;
+  absl::StatusOr<std::vector<double>> AllGather(double value) override;
+  absl::Status SendMessage(int peer, const std::string& bytes) override;
+  absl::StatusOr<std::string> ReceiveMessage(int peer) override;
+  AbortSignal* abort_signal() override { return &signal_; }
+  std::string DescribeRank(int rank) const override;
+
+  // Starts the heartbeats (workers) or their watch (rank 0). Idempotent.
+  void StartMonitor(double heartbeat_seconds, double timeout_seconds);
+  void StopMonitor();
+  // Ends the whole job (MPI_Abort): mpirun stops every rank and exits with `code`.
+  [[noreturn]] void Abort(int code);
+
+ private:
+  MpiWorld() = default;
+  void Beat();   // a worker's heartbeat thread
+  void Watch();  // rank 0's monitor thread
+  bool LocalRankDead(int rank) const;
+
+  int rank_ = 0, size_ = 1;
+  bool thread_multiple_ = false;
+  MPI_Comm control_ = MPI_COMM_NULL;    // step messages
+  MPI_Comm heartbeat_ = MPI_COMM_NULL;  // heartbeats only
+  std::vector<int> pids_;
+  std::vector<std::string> hosts_;
+  AbortSignal signal_;
+  double heartbeat_seconds_ = 0.5, timeout_seconds_ = 10;
+  std::atomic<bool> stop_monitor_{false};
+  std::thread monitor_;
+};
+
+}  // namespace moeserve

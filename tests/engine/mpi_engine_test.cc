@@ -1,0 +1,202 @@
+// The engine over ranks that are processes (ctest starts it under `mpirun --oversubscribe -np N`
+// with --ep E --pp P, N = E x P): rank 0 runs three engines on the same random model (fresh
+// seed, chosen by rank 0 and shared) and the same mixed requests (shared prefixes, chunked
+// prefills beside decodes, a sampled request, one asking for logprobs): one rank (the oracle),
+// the layout as threads of rank 0, and the layout over the job's processes. The processes'
+// output equals one rank's token for token (and logprob for logprob), and the traffic the
+// processes record equals the in-process ranks', byte for byte. The other ranks serve steps.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "engine/engine.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/weight_init.h"
+#include "parallel/mpi_world.h"
+
+namespace moeserve {
+namespace {
+
+// Set by main: the job and the layout under test.
+struct Job {
+  MpiWorld* world = nullptr;
+  int64_t ep = 1, pp = 1;
+};
+Job& TheJob() {
+  static Job job;
+  return job;
+}
+
+ModelConfig TestModel() {  // 3 layers (uneven stages), 8 experts, a shared expert
+  ModelConfig c = *PresetConfig("tiny");
+  c.num_hidden_layers = 3;
+  c.num_local_experts = 8;
+  c.shared_expert_intermediate_size = 32;
+  return c;
+}
+
+BackendFactory OneThreadRanks() {
+  return [](int, int) -> std::unique_ptr<Backend> {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    return std::make_unique<CpuBackend>(o);
+  };
+}
+
+EngineConfig MakeConfig(int64_t ep, int64_t pp, ProcessRanks* processes) {
+  EngineConfig ec;
+  ec.num_kv_blocks = 200;
+  ec.block_size = 8;
+  ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
+  ec.parallel.ep = ep;
+  ec.parallel.pp = pp;
+  ec.parallel.processes = processes;
+  ec.rank_backends = OneThreadRanks();
+  return ec;
+}
+
+struct Output {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logprobs;
+  int64_t a2a_bytes = 0, pp_bytes = 0;
+};
+
+std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<GenerateRequest> reqs(20);
+  std::vector<int32_t> shared(20);
+  for (auto& t : shared) t = static_cast<int32_t>(gen() % 256);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 3 == 0) reqs[i].prompt = shared;
+    const int extra = 1 + static_cast<int>(gen() % 40);
+    for (int j = 0; j < extra; ++j) reqs[i].prompt.push_back(static_cast<int32_t>(gen() % 256));
+    reqs[i].max_tokens = 1 + static_cast<int32_t>(gen() % 12);
+  }
+  reqs[4].sampling.temperature = 0.8f;  // sampled on the last stage's device
+  reqs[4].sampling.top_p = 0.9f;
+  reqs[7].top_logprobs = 3;  // the logits come back to rank 0
+  return reqs;
+}
+
+Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
+                 const std::vector<GenerateRequest>& reqs) {
+  Output out;
+  CpuBackend backend;
+  auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
+                                    &backend, DType::kBF16);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  auto e = Engine::Create(ec, weights->get(), &backend);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return out;
+  std::mutex mu;
+  std::map<uint64_t, size_t> index;
+  out.tokens.resize(reqs.size());
+  out.logprobs.resize(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = (*e)->Submit(reqs[i], [&, i](const RequestEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.tokens[i].insert(out.tokens[i].end(), ev.tokens.begin(), ev.tokens.end());
+      for (const auto& top : ev.logprobs) {
+        for (const TokenLogprob& t : top) out.logprobs[i].push_back(t.logprob);
+      }
+      EXPECT_NE(ev.reason, FinishReason::kError) << ev.message;
+    });
+    EXPECT_TRUE(id.ok()) << id.status();
+  }
+  EXPECT_TRUE((*e)->RunUntilIdle().ok());
+  EXPECT_TRUE((*e)->CheckAccounting());
+  for (const StepRecord& s : (*e)->GetStats().recent_steps) {
+    out.a2a_bytes += s.comm_bytes_observed;
+  }
+  return out;
+}
+
+TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
+  Job& job = TheJob();
+  MpiWorld* world = job.world;
+  ASSERT_EQ(world->size(), job.ep * job.pp);
+  // A fresh seed from rank 0, the same on every rank.
+  auto seeds = world->AllGather(static_cast<double>(std::random_device{}() % 1000000));
+  ASSERT_TRUE(seeds.ok()) << seeds.status();
+  const uint32_t seed = static_cast<uint32_t>((*seeds)[0]);
+  const ModelConfig config = TestModel();
+  const EngineConfig processes = MakeConfig(job.ep, job.pp, world);
+  if (world->rank() != 0) {
+    CpuBackend backend;
+    auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
+                                      &backend, DType::kBF16);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto kv = Engine::CacheLayout(processes, config);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    auto x = ParallelExecutor::Create(processes.parallel, weights->get(), &backend, *kv,
+                                      processes.rank_backends);
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_TRUE((*x)->ServeSteps().ok());
+    return;
+  }
+  const auto reqs = MakeRequests(seed + 1);
+  const Output want = RunEngine(MakeConfig(1, 1, nullptr), config, seed, reqs);
+  const Output threads = RunEngine(MakeConfig(job.ep, job.pp, nullptr), config, seed, reqs);
+  const Output got = RunEngine(processes, config, seed, reqs);
+  const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;
+    EXPECT_EQ(got.tokens[i].size(), static_cast<size_t>(reqs[i].max_tokens))
+        << name << " request " << i;
+    EXPECT_EQ(got.logprobs[i], want.logprobs[i]) << name << " request " << i;
+  }
+  EXPECT_FALSE(got.logprobs[7].empty());
+  EXPECT_GT(got.a2a_bytes, 0) << name;
+  EXPECT_EQ(got.a2a_bytes, threads.a2a_bytes)
+      << name << ": bytes between ranks, processes vs threads";
+}
+
+TEST(MpiEngineTest, ALayoutThatIsNotTheJobIsRefusedOnEveryRank) {
+  Job& job = TheJob();
+  ParallelConfig p;
+  p.ep = job.ep * job.pp + 1;
+  p.processes = job.world;
+  ModelConfig config = TestModel();
+  config.num_local_experts = 64;
+  const absl::Status s = p.Validate(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(absl::StrCat("mpirun started ", job.world->size(), " processes")),
+            std::string::npos)
+      << s;
+  p.ep = job.ep;
+  p.pp = job.pp;
+  config.num_local_experts = job.ep - 1;
+  if (job.ep > 1)
+    EXPECT_EQ(p.Validate(config).code(), absl::StatusCode::kInvalidArgument)
+        << "more EP ranks than experts";
+}
+
+}  // namespace
+}  // namespace moeserve
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto world = moeserve::MpiWorld::Init();
+  if (!world.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(world.status().message()).c_str());
+    return 1;
+  }
+  moeserve::Job& job = moeserve::TheJob();
+  job.world = world->get();
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--ep") job.ep = std::atoll(argv[i + 1]);
+    if (std::string(argv[i]) == "--pp") job.pp = std::atoll(argv[i + 1]);
+  }
+  // Only rank 0 reports; the workers' failures show in its results and in the exit code.
+  if (job.world->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  world->reset();
+  return rc;
+}

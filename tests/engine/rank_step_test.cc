@@ -1,0 +1,130 @@
+// The step messages between rank 0 and worker processes: random sub-steps and results survive
+// the round trip field for field; truncated, padded or foreign messages are refused with the
+// field named, never read past their end.
+#include "engine/rank_step.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace moeserve {
+namespace {
+
+template <typename T>
+std::vector<T> RandomVector(std::mt19937& gen, size_t max_len) {
+  std::vector<T> v(gen() % (max_len + 1));
+  for (auto& x : v) x = static_cast<T>(gen() % 100000);
+  return v;
+}
+
+std::vector<SubStep> RandomSubs(std::mt19937& gen) {
+  std::vector<SubStep> subs(1 + gen() % 4);
+  for (SubStep& s : subs) {
+    s.in.token_ids = RandomVector<int32_t>(gen, 50);
+    s.in.positions = RandomVector<int32_t>(gen, 50);
+    s.in.token_seq = RandomVector<int32_t>(gen, 50);
+    s.in.slots = RandomVector<int64_t>(gen, 50);
+    s.in.block_tables = RandomVector<int32_t>(gen, 80);
+    s.in.num_seqs = gen() % 9;
+    s.in.max_blocks_per_seq = gen() % 17;
+    s.in.logit_rows = RandomVector<int32_t>(gen, 10);
+    s.logit_dest = RandomVector<int64_t>(gen, 0);
+    s.logit_dest.resize(s.in.logit_rows.size(), static_cast<int64_t>(gen() % 100));
+    for (size_t i = 0; i < s.in.logit_rows.size() && gen() % 2; ++i) {
+      SampleSpec spec;
+      spec.u = std::uniform_real_distribution<double>(0, 1)(gen);
+      spec.temperature = 0.5f;
+      spec.top_p = 0.9f;
+      spec.top_k = static_cast<int32_t>(gen() % 50);
+      s.in.sample.push_back(spec);
+    }
+    s.in.logits_to_host = gen() % 2;
+  }
+  return subs;
+}
+
+TEST(RankStepTest, StepsRoundTrip) {
+  std::mt19937 gen(std::random_device{}());
+  for (int round = 0; round < 50; ++round) {
+    const auto subs = RandomSubs(gen);
+    std::vector<SubStep> back;
+    auto step = DecodeRankStep(EncodeRankStep(subs), &back);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_TRUE(*step);
+    ASSERT_EQ(back.size(), subs.size());
+    for (size_t i = 0; i < subs.size(); ++i) {
+      const ForwardInput &a = subs[i].in, &b = back[i].in;
+      EXPECT_EQ(a.token_ids, b.token_ids);
+      EXPECT_EQ(a.positions, b.positions);
+      EXPECT_EQ(a.token_seq, b.token_seq);
+      EXPECT_EQ(a.slots, b.slots);
+      EXPECT_EQ(a.block_tables, b.block_tables);
+      EXPECT_EQ(a.num_seqs, b.num_seqs);
+      EXPECT_EQ(a.max_blocks_per_seq, b.max_blocks_per_seq);
+      EXPECT_EQ(a.logit_rows, b.logit_rows);
+      EXPECT_EQ(a.logits_to_host, b.logits_to_host);
+      EXPECT_EQ(subs[i].logit_dest, back[i].logit_dest);
+      ASSERT_EQ(a.sample.size(), b.sample.size());
+      for (size_t j = 0; j < a.sample.size(); ++j) {
+        EXPECT_EQ(a.sample[j].u, b.sample[j].u);
+        EXPECT_EQ(a.sample[j].top_k, b.sample[j].top_k);
+      }
+    }
+  }
+  std::vector<SubStep> none;
+  auto shutdown = DecodeRankStep(EncodeShutdown(), &none);
+  ASSERT_TRUE(shutdown.ok());
+  EXPECT_FALSE(*shutdown);
+}
+
+TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
+  std::mt19937 gen(std::random_device{}());
+  RankStepResult r;
+  r.stats.tokens = 17;
+  r.stats.expert_rows = RandomVector<int64_t>(gen, 8);
+  r.stats.moe_seconds = 0.25;
+  r.a2a_bytes = 123456;
+  r.pp_bytes = 789;
+  r.comm_seconds = 0.5;
+  r.logits.resize(3 * 7);
+  for (auto& x : r.logits) x = std::normal_distribution<float>()(gen);
+  r.sampled = RandomVector<int32_t>(gen, 3);
+  RankStepResult back;
+  ASSERT_TRUE(DecodeRankResult(EncodeRankResult(absl::OkStatus(), r), &back).ok());
+  EXPECT_EQ(back.stats.tokens, 17);
+  EXPECT_EQ(back.stats.expert_rows, r.stats.expert_rows);
+  EXPECT_EQ(back.stats.moe_seconds, 0.25);
+  EXPECT_EQ(back.a2a_bytes, 123456);
+  EXPECT_EQ(back.pp_bytes, 789);
+  EXPECT_EQ(back.comm_seconds, 0.5);
+  EXPECT_EQ(back.logits, r.logits);
+  EXPECT_EQ(back.sampled, r.sampled);
+  const absl::Status failed = absl::ResourceExhaustedError("rank 3 KV arena: out of memory");
+  RankStepResult ignored;
+  EXPECT_EQ(DecodeRankResult(EncodeRankResult(failed, {}), &ignored), failed);
+}
+
+TEST(RankStepTest, MalformedMessagesAreRefusedNamingTheField) {
+  std::mt19937 gen(std::random_device{}());
+  const std::string step = EncodeRankStep(RandomSubs(gen));
+  std::vector<SubStep> subs;
+  for (size_t cut = 0; cut < step.size(); cut += 1 + step.size() / 40) {
+    auto s = DecodeRankStep(step.substr(0, cut), &subs);
+    ASSERT_FALSE(s.ok()) << "cut at " << cut;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("truncated at"), std::string::npos) << s.status();
+  }
+  EXPECT_NE(DecodeRankStep(step + "x", &subs).status().message().find("left over"),
+            std::string::npos);
+  EXPECT_NE(DecodeRankStep("JUNKJUNK", &subs).status().message().find("bad magic"),
+            std::string::npos);
+  // A length beyond the message is refused, not allocated.
+  std::string huge = step.substr(0, 12);
+  huge.append(8, '\xff');
+  EXPECT_FALSE(DecodeRankStep(huge, &subs).ok());
+  RankStepResult r;
+  EXPECT_EQ(DecodeRankResult(step, &r).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moeserve

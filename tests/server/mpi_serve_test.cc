@@ -1,0 +1,134 @@
+// `serve` under mpirun (ranks as processes, tools/mpi_job.h), end to end: the streamed tokens
+// of an --ep 2 job equal `moeserve generate` on one process; a worker rank killed mid-stream
+// gives the client UNAVAILABLE naming the rank, and the job exits non-zero within a bound;
+// a layout that is not the job is refused by every rank before any weights load.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "tests/server/grpc_client.h"
+
+namespace moeserve::testing {
+namespace {
+
+#ifdef MOESERVE_MPIEXEC
+std::vector<std::string> Mpirun(int np) {
+  return {MOESERVE_MPIEXEC,
+          "--oversubscribe",
+          "--allow-run-as-root",
+          "--mca",
+          "btl",
+          "self,vader",
+          "-x",
+          "MOESERVE_RANK_TIMEOUT_S=5",
+          "-np",
+          std::to_string(np)};
+}
+
+// The pid of the job's rank `rank`: a child of mpirun whose environment names that rank.
+pid_t RankPid(pid_t mpirun, int rank) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return -1;
+  pid_t found = -1;
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  while (dirent* d = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(d->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(d->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(line.c_str() + paren + 1, " %c %d", &state, &ppid) != 2 || ppid != mpirun)
+      continue;
+    std::ifstream environ_file("/proc/" + std::string(d->d_name) + "/environ", std::ios::binary);
+    const std::string env((std::istreambuf_iterator<char>(environ_file)),
+                          std::istreambuf_iterator<char>());
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = env.find('\0', at);
+      if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, want) == 0)
+        found = pid;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
+TEST(MpiServeTest, AnEp2JobStreamsWhatOneProcessGenerates) {
+  const std::vector<std::string> model = {"--preset", "tiny", "--model-seed", "7"};
+  std::vector<std::string> args = model;
+  for (std::string a : {"--ep", "2", "--kv-cache-mb", "16"}) args.push_back(a);
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(args, Mpirun(2))) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  const std::vector<int32_t> prompt = {104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100};
+  const Streamed got = Stream(stub.get(), IdsRequest(prompt, 24));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << server.log();
+  std::vector<std::string> gen = model;
+  for (std::string a :
+       {"--prompt-ids", "104,101,108,108,111,32,119,111,114,108,100", "--max-tokens", "24"}) {
+    gen.push_back(a);
+  }
+  const GeneratedIds want = GenerateIds(gen);
+  ASSERT_EQ(want.rc, 0) << want.err;
+  EXPECT_EQ(got.ids, want.ids);
+  // SIGTERM to mpirun reaches every rank: rank 0 drains and ends the workers' loops (mpirun
+  // itself reports the signal with exit code 1).
+  server.Stop(SIGTERM);
+  EXPECT_NE(server.log().find("moeserve: stopped cleanly"), std::string::npos) << server.log();
+}
+
+TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2)))
+      << server.log();
+  const pid_t worker = RankPid(server.pid(), 1);
+  ASSERT_GT(worker, 0) << "rank 1 not found among mpirun's children";
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, IdsRequest({1, 2, 3, 4, 5}, 1000));
+  v1::GenerateResponse r;
+  int messages = 0;
+  while (reader->Read(&r)) {
+    if (++messages == 3) kill(worker, SIGKILL);  // mid-stream
+  }
+  const grpc::Status status = reader->Finish();
+  const auto killed_at = std::chrono::steady_clock::now();
+  EXPECT_GE(messages, 3);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
+  const int rc = server.WaitExit(20);
+  EXPECT_NE(rc, -2) << "the job still runs 20 s after its worker died\n" << server.log();
+  EXPECT_NE(rc, 0) << server.log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
+            20);
+}
+
+TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
+  std::vector<std::string> argv = Mpirun(3);
+  argv.push_back(MOESERVE_BIN);
+  for (std::string a : {"serve", "--preset", "tiny", "--ep", "2"}) argv.push_back(a);
+  std::string out, err;
+  EXPECT_NE(RunProgram(argv, &out, &err), 0);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(err.find("rank " + std::to_string(r) +
+                       " of 3: mpirun started 3 processes but --ep 2 x --pp 1 is 2 ranks"),
+              std::string::npos)
+        << err;
+  }
+  EXPECT_EQ(err.find("loading"), std::string::npos) << "no rank may load weights\n" << err;
+}
+#else
+TEST(MpiServeTest, SkippedWithoutMpi) { GTEST_SKIP() << "moeserve was built without MPI"; }
+#endif
+
+}  // namespace
+}  // namespace moeserve::testing

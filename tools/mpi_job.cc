@@ -1,0 +1,128 @@
+// MpiJob over Open MPI (parallel/mpi_world.h), when moeserve is built with MPI.
+#include "tools/mpi_job.h"
+
+#include <signal.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/status.h"
+#if MOESERVE_HAVE_MPI
+#include "parallel/mpi_world.h"
+#endif
+
+namespace moeserve::tools {
+namespace {
+
+// The heartbeat period and how long rank 0 waits for a silent worker (MOESERVE_RANK_TIMEOUT_S
+// overrides the timeout: tests shorten it).
+constexpr double kHeartbeatSeconds = 0.5;
+constexpr double kRankTimeoutSeconds = 10;
+
+#if MOESERVE_HAVE_MPI
+class OpenMpiJob final : public MpiJob {
+ public:
+  explicit OpenMpiJob(std::unique_ptr<MpiWorld> world) : world_(std::move(world)) {}
+  ~OpenMpiJob() override { world_->StopMonitor(); }
+  int rank() const override { return world_->rank(); }
+
+  void Configure(const EngineFlags& f, EngineConfig* c) override {
+    c->parallel.processes = world_.get();
+    // Every process is one rank with a device of its own: the CPU backend gets all of
+    // --threads (the ranks may be on different machines; on one, mpirun's binding decides).
+    const CpuBackendOptions base = MakeBackendOptions(f);
+    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+    c->rank_backends = [base, device_bytes](int, int) -> std::unique_ptr<Backend> {
+      CpuBackendOptions o = base;
+      o.capacity_bytes = device_bytes;
+      return std::make_unique<CpuBackend>(o);
+    };
+  }
+
+  void StartMonitor(std::function<void(const std::string&)> on_lost) override {
+    world_->abort_signal()->OnRaise(std::move(on_lost));
+    double timeout = kRankTimeoutSeconds;
+    if (const char* t = std::getenv("MOESERVE_RANK_TIMEOUT_S"); t != nullptr && std::atof(t) > 0)
+      timeout = std::atof(t);
+    world_->StartMonitor(kHeartbeatSeconds, timeout);
+  }
+
+  int RunWorker(const EngineFlags& f, const ModelSpec& spec) override {
+    // mpirun forwards SIGTERM/SIGINT to every rank; a worker keeps serving steps so that rank 0
+    // can drain, and ends when rank 0 says so (or mpirun kills the job).
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    const std::string who = absl::StrCat("moeserve rank ", world_->rank(), ": ");
+    auto fail = [&](const absl::Status& s) {
+      std::fprintf(stderr, "%serror: %s\n", who.c_str(), std::string(s.message()).c_str());
+      Abort(s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    };
+    auto config = MakeEngineConfig(f);
+    if (!config.ok()) fail(config.status());
+    Configure(f, &*config);
+    auto backend = MakeBackend(f);
+    if (!backend.ok()) fail(backend.status());
+    Stopwatch sw;
+    auto weights = LoadModel(spec, backend->get());
+    if (!weights.ok()) fail(weights.status());
+    auto kv = Engine::CacheLayout(*config, (*weights)->config());
+    if (!kv.ok()) fail(kv.status());
+    auto executor = ParallelExecutor::Create(config->parallel, weights->get(), backend->get(), *kv,
+                                             config->rank_backends);
+    if (!executor.ok()) fail(executor.status());
+    ReleaseStagingCopy(*config, weights->get(), who.c_str());
+    std::fprintf(stderr, "%sready in %.2f s: %s\n", who.c_str(), sw.Seconds(),
+                 (*executor)->layout()[static_cast<size_t>(world_->rank())].experts.empty()
+                     ? "no experts"
+                     : "serving steps");
+    world_->StartMonitor(kHeartbeatSeconds, kRankTimeoutSeconds);
+    absl::Status s = (*executor)->ServeSteps();
+    if (!s.ok()) fail(s);
+    world_->StopMonitor();
+    return 0;
+  }
+
+  [[noreturn]] void Abort(int code) override { world_->Abort(code); }
+
+ private:
+  std::unique_ptr<MpiWorld> world_;
+};
+#endif
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const ModelSpec& spec) {
+  const bool launched =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  if (!launched) return std::unique_ptr<MpiJob>();
+#if MOESERVE_HAVE_MPI
+  ASSIGN_OR_RETURN(std::unique_ptr<MpiWorld> world, MpiWorld::Init());
+  // Checked by every rank on its own (same flags, same config), before any weights load.
+  const std::string prefix = absl::StrCat("rank ", world->rank(), " of ", world->size(), ": ");
+  auto config = LoadModelConfig(spec);
+  if (!config.ok())
+    return absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
+  ParallelConfig layout;
+  layout.ep = f.ep;
+  layout.pp = f.pp;
+  layout.micro_batches = f.micro_batches;
+  layout.processes = world.get();
+  if (absl::Status s = layout.Validate(*config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+  }
+  if (f.backend != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "process ranks run the CPU backend only so far (--backend ", f.backend, ")"));
+  }
+  return std::unique_ptr<MpiJob>(std::make_unique<OpenMpiJob>(std::move(world)));
+#else
+  (void)f;
+  (void)spec;
+  return absl::FailedPreconditionError(
+      "started by mpirun, but this moeserve was built without MPI (install libopenmpi-dev and "
+      "rebuild)");
+#endif
+}
+
+}  // namespace moeserve::tools

@@ -1,0 +1,35 @@
+// Ranks as processes: `mpirun -np N moeserve serve|bench --ep E --pp P` (N = E x P). Rank 0 runs
+// the command (front end, scheduler, its own shard); every other rank loads the model, keeps its
+// shard and serves the steps rank 0 sends it until rank 0 ends the job (docs/parallelism.md).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+
+class MpiJob {
+ public:
+  // Null when mpirun did not start this process. Under mpirun: joins the job and checks the
+  // layout on every rank before any weights load (N must be ep x pp, ep at most the experts,
+  // pp at most the layers), so every rank refuses a bad one with the same message.
+  static absl::StatusOr<std::unique_ptr<MpiJob>> Join(const EngineFlags& flags,
+                                                      const ModelSpec& spec);
+  virtual ~MpiJob() = default;
+
+  virtual int rank() const = 0;
+  // Rank 0: the engine's ranks become the job's processes (each with a device of its own,
+  // all of --threads) and the monitor starts; `on_lost` runs when a rank is lost.
+  virtual void Configure(const EngineFlags& flags, EngineConfig* config) = 0;
+  virtual void StartMonitor(std::function<void(const std::string&)> on_lost) = 0;
+  // A worker rank: loads the model, builds its shard, serves steps; returns the exit code.
+  virtual int RunWorker(const EngineFlags& flags, const ModelSpec& spec) = 0;
+  // Ends the whole job (MPI_Abort, so mpirun stops every rank and exits non-zero).
+  [[noreturn]] virtual void Abort(int code) = 0;
+};
+
+}  // namespace moeserve::tools
