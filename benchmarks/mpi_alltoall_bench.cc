@@ -7,12 +7,10 @@
 // scale-up stand-in, against TCP, the scale-out one).
 #include <mpi.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
+#include "parallel/alltoall_probe.h"
 #include "parallel/mpi_communicator.h"
 
 int main(int argc, char** argv) {
@@ -28,28 +26,14 @@ int main(int argc, char** argv) {
   if (me == 0) std::printf("ranks,bytes_per_peer,median_us,p90_us,bus_gbps\n");
   // From one decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
   for (int64_t bytes : {4096LL, 65536LL, 1LL << 20, 8LL << 20}) {
-    std::vector<char> send(static_cast<size_t>(bytes * n), 1), recv(static_cast<size_t>(bytes * n));
-    const std::vector<int64_t> counts(static_cast<size_t>(n), bytes);
-    std::vector<double> us;
-    for (int i = 0; i < iters + 5; ++i) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = std::chrono::steady_clock::now();
-      const absl::Status s = (*comm)->AllToAll(send.data(), counts, recv.data(), counts);
-      const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      if (!s.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      // The slowest rank's time is the step's.
-      double slowest = 0;
-      MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (i >= 5) us.push_back(slowest);
+    auto t = moeserve::TimeAllToAll(comm->get(), bytes, iters);
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
+      MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    std::sort(us.begin(), us.end());
-    const double median = us[us.size() / 2], p90 = us[us.size() * 9 / 10];
     if (me == 0) {
-      std::printf("%d,%lld,%.1f,%.1f,%.3f\n", n, static_cast<long long>(bytes), median, p90,
-                  static_cast<double>(bytes) * (n - 1) / (median * 1e-6) / 1e9);
+      std::printf("%d,%lld,%.1f,%.1f,%.3f\n", n, static_cast<long long>(bytes), t->median_us, t->p90_us,
+                  t->bus_bytes_per_second / 1e9);
     }
   }
   comm->reset();

@@ -268,7 +268,7 @@ absl::StatusOr<bool> Engine::Step() {
   }
   timing.duration_seconds = since();
   const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
-                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp}, config_.efficiency};
+                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.ep_domain_size}, config_.efficiency};
   StepRecord rec = AccountStep(out, batch, run, timing, pricing);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "roofline/analysis.h"
 
 namespace moeserve::tools {
@@ -46,13 +48,15 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   // A sequence lives on one EP rank and, with pp stages, on one device per stage.
   j["kv_bytes_per_sequence_per_device"] = kv_token_max * mean_seq_tokens;
   int64_t tokens = 0, comm = 0, seqs = 0;
-  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0, attn_imb = 0;
+  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0, attn_imb = 0, predicted_comm_s = 0, predicted_comm = 0;
   int64_t imb_steps = 0;
   for (const StepRecord& s : steps) {
     tokens += s.num_tokens;
     seqs += s.num_seqs;
     comm += s.comm_bytes_observed;
     comm_s += s.comm_seconds;
+    predicted_comm_s += s.predicted_comm_seconds;
+    predicted_comm += s.comm_bytes;
     busy += s.duration_seconds;
     if (s.expert_imbalance > 0) {
       expert_imb += s.expert_imbalance;
@@ -74,6 +78,15 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   j["kv_bytes_per_device_in_flight"] = kv_token_max * mean_seq_tokens * mean_batch / static_cast<double>(ec.parallel.ep);
   j["comm_bytes_per_token"] = tokens ? static_cast<double>(comm) / static_cast<double>(tokens) : 0.0;
   j["comm_share_of_step_time"] = busy > 0 ? comm_s / busy : 0.0;
+  // Per token, measured (the slowest rank's time in collectives, waiting included) and, with a
+  // hardware profile, the roofline's prediction for the layout and its domains.
+  j["comm_us_per_token"] = tokens ? 1e6 * comm_s / static_cast<double>(tokens) : 0.0;
+  j["ep_domain_size"] = ec.parallel.ep_domain_size;
+  j["process_ranks"] = ec.parallel.processes != nullptr;
+  if (hw) {
+    j["predicted_comm_bytes_per_token"] = tokens ? predicted_comm / static_cast<double>(tokens) : 0.0;
+    j["predicted_comm_us_per_token"] = tokens ? 1e6 * predicted_comm_s / static_cast<double>(tokens) : 0.0;
+  }
   j["mean_expert_imbalance"] = imb_steps ? expert_imb / imb_steps : 0.0;
   j["mean_rank_imbalance"] = imb_steps ? rank_imb / imb_steps : 0.0;
   j["mean_attention_imbalance"] = imb_steps ? attn_imb / imb_steps : 0.0;
@@ -82,7 +95,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
     roofline::RooflineInputs in;
     in.model = roofline::ModelCosts::From(c, weight_dtype == DType::kF32 ? "f32" : "bf16", ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
     in.hw = *hw;
-    in.layout = {ec.parallel.ep, ec.parallel.pp};
+    in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.ep_domain_size};
     in.context = static_cast<int64_t>(mean_seq_tokens);
     const roofline::RooflineReport r = roofline::AnalyzeRoofline(in);
     j["critical_batch"] = r.critical_batch;
@@ -107,6 +120,13 @@ void PrintParallelReport(const nlohmann::json& j) {
               j["comm_bytes_per_token"].get<double>(), 100 * j["comm_share_of_step_time"].get<double>(),
               j["mean_expert_imbalance"].get<double>(), j["mean_rank_imbalance"].get<double>(),
               j["mean_attention_imbalance"].get<double>());
+  std::printf("    communication per token: %.1f us measured%s\n", j["comm_us_per_token"].get<double>(),
+              j.contains("predicted_comm_us_per_token")
+                  ? absl::StrCat(", predicted ", absl::StrFormat("%.1f", j["predicted_comm_us_per_token"].get<double>()),
+                                 " us for ", absl::StrFormat("%.0f", j["predicted_comm_bytes_per_token"].get<double>()),
+                                 " bytes (EP domain ", j["ep_domain_size"].get<int64_t>(), ")")
+                        .c_str()
+                  : "");
   if (j.contains("critical_batch")) {
     std::printf("    roofline: critical batch %.0f, routed experts alone %.0f (sparsity E/k = %.0f), MoE-aware %.0f\n",
                 j["critical_batch"].get<double>(), j["critical_batch_routed_experts"].get<double>(),

@@ -1,11 +1,13 @@
 // `moeserve calibrate`: measures the machine at hand and writes a hardware profile (JSON) that
 // `serve`, `bench` and `roofline` load with --hardware.
 #include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
 #include "core/file_util.h"
 #include "tools/calibrate/measure.h"
+#include "tools/calibrate/mpi_transports.h"
 #include "tools/commands.h"
 
 namespace moeserve::tools {
@@ -21,9 +23,20 @@ struct CalibrateOptions {
   double price_per_hour = 0;
   bool quick = false;
   bool no_progress = false;
+  bool no_mpi = false;
 };
 
+// Under mpirun: only the all-to-all of the job's ranks, printed by rank 0 (the transports
+// measurement of a plain `calibrate` runs this).
+int RunAllToAllProbe(const CalibrateOptions& o) {
+  auto probe = moeserve::calibrate::ProbeAllToAllUnderMpi(o.quick);
+  if (!probe.ok()) return Fail(probe.status());
+  if (!probe->empty()) std::printf("%s\n", probe->dump().c_str());
+  return 0;
+}
+
 int RunCalibrate(const CalibrateOptions& o) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return RunAllToAllProbe(o);
   if (!(o.array_mb > 0) || !(o.disk_mb > 0)) return Fail(absl::InvalidArgumentError("--array-mb and --disk-mb must be > 0"));
   if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));
   calibrate::CalibrateSettings cs;
@@ -40,6 +53,19 @@ int RunCalibrate(const CalibrateOptions& o) {
   CpuBackend backend(bo);
   auto result = calibrate::Calibrate(&backend, cs);
   if (!result.ok()) return Fail(result.status());
+  if (!o.no_mpi) {
+    // Between processes: shared memory stands for the scale-up links, TCP for the scale-out
+    // network; their all-to-all bandwidths price the EP traffic inside and across domains.
+    if (cs.progress) std::fprintf(stderr, "calibrate: all-to-all between 2 processes over shared memory and TCP ...\n");
+    auto mpi = moeserve::calibrate::MeasureMpiTransports(o.quick);
+    if (mpi.ok()) {
+      result->json["interconnect_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["shared_memory"]);
+      result->json["scale_out_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["tcp"]);
+      result->json["mpi_alltoall"] = *mpi;
+    } else {
+      std::fprintf(stderr, "calibrate: no MPI transports measured: %s\n", std::string(mpi.status().message()).c_str());
+    }
+  }
   const std::string text = result->json.dump(2) + "\n";
   if (o.out.empty()) {
     std::fputs(text.c_str(), stdout);
@@ -68,6 +94,10 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--quick", o->quick, "Small sizes and few repeats (seconds; for tests, less accurate)");
   cmd->add_flag("--no-progress", o->no_progress, "Do not draw the progress line");
+  cmd->add_flag("--no-mpi", o->no_mpi,
+                "Skip the all-to-all between processes over Open MPI's shared memory and TCP (which set "
+                "interconnect_bandwidth and scale_out_bandwidth). Under mpirun, calibrate measures only that "
+                "all-to-all, over the transport mpirun chose, and rank 0 prints it as JSON");
   cmd->callback([o, exit_code] { *exit_code = RunCalibrate(*o); });
 }
 

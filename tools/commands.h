@@ -46,6 +46,7 @@ struct EngineFlags {
   std::string kv_dtype = "f32";
   int threads = 0;
   int64_t ep = ParallelConfig().ep, pp = ParallelConfig().pp, micro_batches = ParallelConfig().micro_batches;
+  int64_t ep_domain_size = ParallelConfig().ep_domain_size;
   std::string backend = "cpu";
   int device = 0;
   double device_mb = 0;

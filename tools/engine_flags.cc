@@ -94,6 +94,11 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
                   "flow through them. With --ep, ep x pp ranks")
       ->capture_default_str();
+  cmd->add_option("--ep-domain-size", f->ep_domain_size,
+                  "With --ep and --hardware: EP ranks per scale-up domain (NVLink, or Open MPI's shared memory "
+                  "under mpirun); the predicted all-to-all prices traffic to other domains at the profile's "
+                  "scale-out bandwidth (0: all ranks in one domain)")
+      ->capture_default_str();
   cmd->add_option("--ep-balance", f->ep_balance,
                   "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "
                   "one rank's cache) unless that rank has more than this many times the outstanding tokens of "
@@ -169,6 +174,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.parallel.ep = f.ep;
   c.parallel.pp = f.pp;
   c.parallel.micro_batches = f.micro_batches;
+  c.parallel.ep_domain_size = f.ep_domain_size;
   if (f.expert_placement == "round-robin") {
     c.parallel.placement = ExpertPlacement::kRoundRobin;
   } else if (f.expert_placement != "contiguous") {

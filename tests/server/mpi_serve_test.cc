@@ -112,6 +112,40 @@ TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
             20);
 }
 
+// A worker that stops (SIGSTOP: alive, silent) is found by its missing heartbeats within the
+// timeout (MOESERVE_RANK_TIMEOUT_S=5 here), not left to hang the job.
+TEST(MpiServeTest, AStoppedWorkerIsFoundByItsMissingHeartbeats) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2))) << server.log();
+  const pid_t worker = RankPid(server.pid(), 1);
+  ASSERT_GT(worker, 0) << "rank 1 not found among mpirun's children";
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, IdsRequest({1, 2, 3, 4, 5}, 1000));
+  v1::GenerateResponse r;
+  int messages = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto stopped_at = start;
+  while (reader->Read(&r)) {
+    if (++messages == 3) {
+      kill(worker, SIGSTOP);
+      stopped_at = std::chrono::steady_clock::now();
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("no heartbeat"), std::string::npos) << status.error_message();
+  EXPECT_GE(waited, 4.0) << "detected before the timeout: " << status.error_message();
+  EXPECT_LT(waited, 15.0);
+  const int rc = server.WaitExit(20);
+  EXPECT_NE(rc, -2) << "the job still runs 20 s after its worker stopped\n" << server.log();
+  EXPECT_NE(rc, 0) << server.log();
+  kill(worker, SIGKILL);  // in case mpirun left it stopped
+}
+
 TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
   std::vector<std::string> argv = Mpirun(3);
   argv.push_back(MOESERVE_BIN);

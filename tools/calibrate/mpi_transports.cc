@@ -1,0 +1,87 @@
+// All-to-all bandwidth per MPI transport.
+#include "tools/calibrate/mpi_transports.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#if MOESERVE_HAVE_MPI
+#include "parallel/alltoall_probe.h"
+#include "parallel/mpi_world.h"
+#endif
+
+namespace moeserve::calibrate {
+
+double BestBandwidth(const nlohmann::json& probe) {
+  double bw = 0;
+  if (!probe.contains("sizes")) return 0;
+  for (const auto& s : probe["sizes"]) bw = std::max(bw, s["bus_bytes_per_second"].get<double>());
+  return bw;
+}
+
+#if MOESERVE_HAVE_MPI
+
+absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MpiWorld> world, MpiWorld::Init());
+  ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> group, world->Split(0, world->rank()));
+  Communicator* comm = group->rank(world->rank());
+  nlohmann::json sizes = nlohmann::json::array();
+  // From one decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
+  for (int64_t bytes : {int64_t{4096}, int64_t{65536}, int64_t{1} << 20, int64_t{8} << 20}) {
+    ASSIGN_OR_RETURN(AllToAllTiming t, TimeAllToAll(comm, bytes, quick ? 5 : 40, quick ? 2 : 5));
+    sizes.push_back({{"bytes_per_peer", t.bytes_per_peer},
+                     {"median_us", t.median_us},
+                     {"p90_us", t.p90_us},
+                     {"bus_bytes_per_second", t.bus_bytes_per_second}});
+  }
+  if (world->rank() != 0) return nlohmann::json::object();
+  return nlohmann::json{{"ranks", world->size()}, {"sizes", sizes}};
+}
+
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0)
+    return absl::InternalError("calibrate: cannot find its own executable (/proc/self/exe)");
+  self[len] = '\0';
+  nlohmann::json out;
+  for (auto [name, btl] :
+       {std::pair<const char*, const char*>{"shared_memory", "self,vader"}, {"tcp", "self,tcp"}}) {
+    const std::string cmd = absl::StrCat(
+        MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "",
+        " --mca btl ", btl, " -np 2 '", self, "' calibrate", quick ? " --quick" : "", " 2>&1");
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("calibrate: cannot run ", cmd));
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) text.append(buf, n);
+    const int rc = pclose(pipe);
+    // The JSON object rank 0 printed is the last '{' ... '}' of the output.
+    const size_t open = text.find("{\"ranks\"");
+    nlohmann::json probe = open == std::string::npos
+                               ? nlohmann::json()
+                               : nlohmann::json::parse(text.substr(open), nullptr, false);
+    if (rc != 0 || probe.is_discarded() || !probe.is_object()) {
+      return absl::UnavailableError(
+          absl::StrCat("calibrate: ", cmd, " failed (status ", rc, "): ", text));
+    }
+    out[name] = probe;
+  }
+  return out;
+}
+
+#else
+
+absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool) {
+  return absl::UnimplementedError("started by mpirun, but this moeserve was built without MPI");
+}
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool) {
+  return absl::UnimplementedError("this moeserve was built without MPI");
+}
+
+#endif
+
+}  // namespace moeserve::calibrate

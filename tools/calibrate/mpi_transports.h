@@ -1,0 +1,28 @@
+// `moeserve calibrate` and the two transports between processes that Open MPI offers on one
+// machine: shared memory (the stand-in for a scale-up domain such as NVLink) and TCP (the
+// stand-in for the scale-out network). Plain `calibrate` runs itself under mpirun once per
+// transport; under mpirun, `calibrate` only times the job's all-to-all (parallel/alltoall_probe.h)
+// and rank 0 prints it as JSON. The best bandwidth over the message sizes becomes the profile's
+// interconnect_bandwidth (shared memory) and scale_out_bandwidth (TCP).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace moeserve::calibrate {
+
+// Under mpirun: the all-to-all timings of the job's ranks as JSON (rank 0; the other ranks
+// return an empty object). `quick`: fewer repeats.
+absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick);
+
+// Runs `moeserve calibrate` under mpirun with 2 ranks over each transport and returns
+// {"shared_memory": {...}, "tcp": {...}} with every size's timings. UNIMPLEMENTED without MPI.
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick);
+
+// The best bus bandwidth any message size reached in a probe's JSON (bytes/s), as a link's
+// datasheet figure is: small messages are bound by latency, very large ones fall out of cache.
+double BestBandwidth(const nlohmann::json& probe);
+
+}  // namespace moeserve::calibrate
