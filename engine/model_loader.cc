@@ -24,17 +24,18 @@ std::string DescribeModelSpec(const ModelSpec& spec) {
 namespace {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, const ModelSpec& spec,
-                                                           Backend* backend) {
+                                                           Backend* backend, const WeightShard& only) {
   const DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
   config.torch_dtype = dtype;
   ThreadPool pool(0);
   auto tensors = GenerateRandomWeights(config, spec.seed, dtype, &pool);
-  return ModelWeights::Load(config, *tensors, backend, dtype);
+  return ModelWeights::Load(config, *tensors, backend, dtype, only);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend,
+                                                        const WeightShard& only) {
   if (spec.dummy_weights) {
     if (spec.model_dir.empty()) {
       return absl::InvalidArgumentError("--load-format dummy needs --model (a checkpoint directory or a config.json)");
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
         std::filesystem::is_directory(p) ? (p / "config.json").string() : p.string();
     auto config = ModelConfig::FromFile(config_path);
     if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("--model: ", config.status().message()));
-    return GenerateModel(std::move(*config), spec, backend);
+    return GenerateModel(std::move(*config), spec, backend, only);
   }
   if (!spec.model_dir.empty()) {
     if (std::filesystem::is_regular_file(spec.model_dir)) {
@@ -56,12 +57,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
     ASSIGN_OR_RETURN(auto checkpoint, SafetensorsCheckpoint::Open(spec.model_dir));
     DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
-    auto w = ModelWeights::Load(config, *checkpoint, backend, dtype);
+    auto w = ModelWeights::Load(config, *checkpoint, backend, dtype, only);
     if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(spec.model_dir, ": ", w.status().message()));
     return w;
   }
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(spec.preset));
-  return GenerateModel(std::move(config), spec, backend);
+  return GenerateModel(std::move(config), spec, backend, only);
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const ModelSpec& spec) {

@@ -30,7 +30,9 @@ ModelSpec DefaultModelSpec();
 // A one-line description, e.g. "preset small (seed 0)" or the directory.
 std::string DescribeModelSpec(const ModelSpec& spec);
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend);
+// With a shard (a rank of a parallel layout), only its tensors are read (ModelWeights::Load).
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, Backend* backend,
+                                                        const WeightShard& only = WeightShard());
 // The config of the model `spec` names, without its weights (to check a layout before loading).
 absl::StatusOr<ModelConfig> LoadModelConfig(const ModelSpec& spec);
 

@@ -2,6 +2,8 @@
 #include "engine/parallel_executor.h"
 
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +61,45 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp)
     begin += n;
   }
   return out;
+}
+
+WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank) {
+  const int64_t stage = rank / config.ep, ep_rank = rank % config.ep;
+  const auto layers = StageLayers(model.num_hidden_layers, config.pp)[static_cast<size_t>(stage)];
+  WeightShard shard{layers.first, layers.second, {}};
+  const std::vector<int32_t> owner = ExpertOwners(model.num_local_experts, config.ep, config.placement);
+  for (int64_t e = 0; e < model.num_local_experts; ++e) {
+    if (owner[e] == ep_rank) shard.experts.push_back(static_cast<int32_t>(e));
+  }
+  return shard;
+}
+
+absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
+  std::string mine;  // (key length, key, digest) for every weight read here
+  for (const auto& [key, digest] : weights->tensor_digests()) {
+    const uint64_t n = key.size();
+    mine.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    mine.append(key);
+    mine.append(reinterpret_cast<const char*>(&digest), sizeof(digest));
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, ranks->AllGatherBytes(mine));
+  std::map<std::string, uint64_t> merged;
+  for (const std::string& part : all) {
+    for (size_t at = 0; at < part.size();) {
+      uint64_t n = 0, digest = 0;
+      if (part.size() - at < sizeof(n)) return absl::InternalError("weight digests: truncated");
+      std::memcpy(&n, part.data() + at, sizeof(n));
+      at += sizeof(n);
+      if (part.size() - at < n + sizeof(digest)) return absl::InternalError("weight digests: truncated");
+      std::string key = part.substr(at, n);
+      at += n;
+      std::memcpy(&digest, part.data() + at, sizeof(digest));
+      at += sizeof(digest);
+      merged[std::move(key)] = digest;
+    }
+  }
+  weights->MergeTensorDigests(merged);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const ParallelConfig& config,

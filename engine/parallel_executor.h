@@ -84,6 +84,13 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_
 std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement);
 // Contiguous layer ranges of `pp` stages (the first stages take one more when uneven).
 std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp);
+// The weights rank `rank` (= stage * ep + ep rank) of the layout holds: its stage's layers and
+// its experts. What a process rank reads from the checkpoint.
+WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank);
+// Collective over process ranks that each loaded their shard: every rank gets the digests of
+// the weights the others read, so that each one's content_digest (the prefix cache's model
+// fingerprint, which also places sequences on EP ranks) is the whole model's.
+absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights);
 
 class ParallelExecutor {
  public:

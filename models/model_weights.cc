@@ -21,12 +21,15 @@ std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("["
 
 // Uploads tensors (converted to `dtype`, stacked along rows) into one device buffer, and
 // hashes every uploaded byte with its names, shape and dtype on the way (the bytes are in
-// memory then, so the digest costs one more pass over what loading reads anyway).
+// memory then, so the digest costs one more pass over what loading reads anyway): one digest
+// per stacked weight, keyed by its names, so that ranks that read different parts of a
+// checkpoint can put the whole model's digest together.
 class Uploader {
  public:
   Uploader(const TensorSource& src, const std::map<std::string, std::vector<int64_t>>& shapes,
-           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total, XXH3_state_t* digest)
-      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total), digest_(digest) {}
+           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total,
+           std::map<std::string, uint64_t>* digests)
+      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total), digests_(digests) {}
 
   absl::StatusOr<const TensorView*> Get(const std::string& name) {
     const TensorView* t = src_.Find(name);
@@ -71,10 +74,15 @@ class Uploader {
       }
       at += n * DTypeSize(dtype);
     }
-    for (const auto& n : names) XXH3_64bits_update(digest_, n.data(), n.size() + 1);  // with the NUL
+    std::string key;
+    for (const auto& n : names) key.append(n.data(), n.size() + 1);  // with the NUL
     const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
-    XXH3_64bits_update(digest_, shape, sizeof(shape));
-    XXH3_64bits_update(digest_, host.data(), host.size());
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    XXH3_64bits_update(state, shape, sizeof(shape));
+    XXH3_64bits_update(state, host.data(), host.size());
+    (*digests_)[key] = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
     const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
     ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), dtype, rows, cols, layout));
     WeightRef w{buf.data(), dtype, rows, cols, layout};
@@ -94,7 +102,7 @@ class Uploader {
   Backend* backend_;
   std::vector<DeviceBuffer>* buffers_;
   size_t* total_;
-  XXH3_state_t* digest_;
+  std::map<std::string, uint64_t>* digests_;
 };
 
 }  // namespace
@@ -116,8 +124,24 @@ absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_majo
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,
-                                                                  Backend* backend, DType dtype) {
+                                                                  Backend* backend, DType dtype,
+                                                                  const WeightShard& only) {
   RETURN_IF_ERROR(config.Validate());
+  // What to read: the shard's layers and experts, the embedding on its first stage (and on the
+  // last, when lm_head is tied to it), the final norm and lm_head on the last.
+  const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
+  if (only.layer_begin < 0 || only.layer_begin >= end || end > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", only.layer_begin, ", ", end,
+                                                   ") are not within ", config.num_hidden_layers, " layers"));
+  }
+  std::vector<bool> held(config.num_local_experts, only.experts.empty());
+  for (int32_t e : only.experts) {
+    if (e < 0 || e >= config.num_local_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", config.num_local_experts));
+    }
+    held[e] = true;
+  }
+  const bool first = only.layer_begin == 0, last = end == config.num_hidden_layers;
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32 or bf16, got ",
                                                    DTypeShortName(dtype)));
@@ -141,12 +165,33 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = config;
   w->dtype_ = dtype;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> digest(XXH3_createState(), &XXH3_freeState);
-  XXH3_64bits_reset(digest.get());
-  Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_, digest.get());
-  ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, dtype));
+  Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_, &w->tensor_digests_);
+  // A tensor outside the shard: its shape, no data.
+  auto shape_only = [&](const std::vector<std::string>& names, DType d) {
+    WeightRef r;
+    r.dtype = d;
+    for (const auto& n : names) {
+      const auto& s = shapes.at(n);
+      r.rows += s.size() == 2 ? s[0] : 1;
+      r.cols = s.back();
+    }
+    return r;
+  };
+  if (first || (last && config.tie_word_embeddings)) {
+    ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, dtype));
+  } else {
+    w->embed_ = shape_only({tn::Embed()}, dtype);
+  }
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights lw;
+    if (l < only.layer_begin || l >= end) {
+      for (int64_t e = 0; e < config.num_local_experts; ++e) {
+        lw.w13.push_back(shape_only({tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")}, dtype));
+        lw.w2.push_back(shape_only({tn::Expert(config, l, e, "w2")}, dtype));
+      }
+      w->layers_.push_back(std::move(lw));
+      continue;
+    }
     ASSIGN_OR_RETURN(lw.attn_norm, up.Vector(tn::Layer(l, "input_layernorm.weight")));
     ASSIGN_OR_RETURN(lw.mlp_norm, up.Vector(tn::Layer(l, "post_attention_layernorm.weight")));
     ASSIGN_OR_RETURN(lw.q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
@@ -164,8 +209,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     ASSIGN_OR_RETURN(lw.router, up.Matrix({tn::Router(config, l)}, DType::kF32));
     for (int64_t e = 0; e < config.num_local_experts; ++e) {
-      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix({tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")}, dtype));
-      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix({tn::Expert(config, l, e, "w2")}, dtype));
+      const std::vector<std::string> names13 = {tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")};
+      const std::vector<std::string> names2 = {tn::Expert(config, l, e, "w2")};
+      if (!held[e]) {
+        lw.w13.push_back(shape_only(names13, dtype));
+        lw.w2.push_back(shape_only(names2, dtype));
+        continue;
+      }
+      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix(names13, dtype));
+      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix(names2, dtype));
       lw.w13.push_back(w13);
       lw.w2.push_back(w2);
     }
@@ -178,13 +230,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     w->layers_.push_back(std::move(lw));
   }
-  ASSIGN_OR_RETURN(w->final_norm_, up.Vector(tn::FinalNorm()));
-  if (config.tie_word_embeddings) {
-    w->lm_head_ = w->embed_;
+  if (!last) {
+    w->lm_head_ = config.tie_word_embeddings ? w->embed_ : shape_only({tn::LmHead()}, dtype);
   } else {
-    ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, dtype));
+    ASSIGN_OR_RETURN(w->final_norm_, up.Vector(tn::FinalNorm()));
+    if (config.tie_word_embeddings) {
+      w->lm_head_ = w->embed_;
+    } else {
+      ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, dtype));
+    }
   }
-  w->content_digest_ = XXH3_64bits_digest(digest.get());
+  w->content_digest_ = CombineDigests(w->tensor_digests_);
   return w;
 }
 
@@ -317,6 +373,23 @@ void ModelWeights::ReleaseTensors() {
   buffers_.clear();  // frees the device memory
   total_bytes_ = 0;
   released_ = true;
+}
+
+uint64_t ModelWeights::CombineDigests(const std::map<std::string, uint64_t>& digests) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  for (const auto& [key, digest] : digests) {  // in name order, whoever read them
+    XXH3_64bits_update(state, key.data(), key.size());
+    XXH3_64bits_update(state, &digest, sizeof(digest));
+  }
+  const uint64_t out = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return out;
+}
+
+void ModelWeights::MergeTensorDigests(const std::map<std::string, uint64_t>& more) {
+  for (const auto& [key, digest] : more) tensor_digests_[key] = digest;
+  content_digest_ = CombineDigests(tensor_digests_);
 }
 
 size_t ModelWeights::expert_bytes() const {

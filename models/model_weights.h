@@ -4,7 +4,9 @@
 // into one [2 * intermediate, hidden] matrix so a single GEMM yields gate and up.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -46,9 +48,14 @@ absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_majo
 class ModelWeights {
  public:
   // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.
+  // With a shard, only its tensors are read (a rank of a parallel layout reads its layers and
+  // experts straight from the checkpoint, whose files are mapped, so other tensors' pages are
+  // never touched); the others keep their shapes but no data, and the digest covers what was
+  // read. Every expected tensor must still be present in `source`.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config,
                                                             const TensorSource& source,
-                                                            Backend* backend, DType dtype);
+                                                            Backend* backend, DType dtype,
+                                                            const WeightShard& only = WeightShard());
 
   // Copies the `shard` of `full` (whose buffers live on `from`) onto the device of `to`, within
   // that device's capacity. Weights outside the shard keep their shapes but no data.
@@ -65,8 +72,15 @@ class ModelWeights {
   size_t total_bytes() const { return total_bytes_; }
   size_t expert_bytes() const;
   // XXH3-64 of every tensor as stored (names, shapes, dtypes and bytes), computed while
-  // loading; a shard and a released copy keep the digest of the weights they came from.
+  // loading; a shard and a released copy keep the digest of the weights they came from. A
+  // partial load covers what it read until MergeTensorDigests adds the other ranks' parts.
   uint64_t content_digest() const { return content_digest_; }
+  // The digest of each stacked weight read, keyed by its tensor names (NUL-terminated).
+  const std::map<std::string, uint64_t>& tensor_digests() const { return tensor_digests_; }
+  // Adds digests of weights read elsewhere (other ranks) and recomputes content_digest: once
+  // every rank's are in, it equals the digest of loading the whole checkpoint in one process.
+  void MergeTensorDigests(const std::map<std::string, uint64_t>& more);
+  static uint64_t CombineDigests(const std::map<std::string, uint64_t>& digests);
 
   // Frees every tensor, keeping the config, dtype and shapes (data pointers become null): for
   // the full copy a parallel layout was sharded from, once every rank holds its shard, so the
@@ -84,6 +98,7 @@ class ModelWeights {
   std::vector<DeviceBuffer> buffers_;
   size_t total_bytes_ = 0;
   uint64_t content_digest_ = 0;
+  std::map<std::string, uint64_t> tensor_digests_;
   bool released_ = false;
 };
 

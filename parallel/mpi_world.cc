@@ -122,6 +122,27 @@ absl::StatusOr<std::vector<double>> MpiWorld::AllGather(double value) {
   return all;
 }
 
+absl::StatusOr<std::vector<std::string>> MpiWorld::AllGatherBytes(const std::string& bytes) {
+  ASSIGN_OR_RETURN(std::vector<double> sizes, AllGather(static_cast<double>(bytes.size())));
+  std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    counts[r] = static_cast<int>(sizes[r]);
+    displs[r] = static_cast<int>(total);
+    total += counts[r];
+    if (total > INT_MAX) return absl::InvalidArgumentError("all-gather of more than 2 GiB");
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  MPI_Request req;
+  RETURN_IF_ERROR(MpiError(MPI_Iallgatherv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, all.data(),
+                                           counts.data(), displs.data(), MPI_BYTE, control_, &req),
+                           "MPI_Iallgatherv"));
+  RETURN_IF_ERROR(WaitForMpi(&req, MPI_STATUS_IGNORE, &signal_, "MPI_Iallgatherv"));
+  std::vector<std::string> out;
+  for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r])));
+  return out;
+}
+
 absl::Status MpiWorld::SendMessage(int peer, const std::string& bytes) {
   if (bytes.size() > static_cast<size_t>(INT_MAX)) {
     return absl::InvalidArgumentError(

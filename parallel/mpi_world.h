@@ -39,6 +39,7 @@ class MpiWorld final : public ProcessRanks {
   int size() const override { return size_; }
   absl::StatusOr<std::unique_ptr<CommGroup>> Split(int color, int key) override;
   absl::StatusOr<std::vector<double>> AllGather(double value) override;
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override;
   absl::Status SendMessage(int peer, const std::string& bytes) override;
   absl::StatusOr<std::string> ReceiveMessage(int peer) override;
   AbortSignal* abort_signal() override { return &signal_; }

@@ -26,6 +26,8 @@ class ProcessRanks {
   virtual absl::StatusOr<std::unique_ptr<CommGroup>> Split(int color, int key) = 0;
   // Collective: every rank's value, in rank order.
   virtual absl::StatusOr<std::vector<double>> AllGather(double value) = 0;
+  // Collective: every rank's bytes (of any length), in rank order.
+  virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) = 0;
   // Step messages between rank 0 and a worker, on a channel of their own (never mixed with the
   // collectives of the data plane). Receive waits until the message arrives or `abort_signal`
   // is raised (UNAVAILABLE with its message).

@@ -184,8 +184,11 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   if (!backend_or.ok()) return Fail(backend_or.status());
   Backend& backend = **backend_or;
   std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
-  auto weights = LoadModel(o.model, &backend);
+  auto weights = LoadModel(o.model, &backend, job != nullptr ? job->Shard(*ecfg, o.model) : WeightShard());
   if (!weights.ok()) return Fail(weights.status());
+  if (job != nullptr) {
+    if (absl::Status s = job->ShareDigests(weights->get()); !s.ok()) return Fail(s);
+  }
   auto engine = Engine::Create(*ecfg, weights->get(), &backend);
   if (!engine.ok()) return Fail(engine.status());
   if (job != nullptr) {

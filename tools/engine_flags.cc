@@ -88,7 +88,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--ep", f->ep,
                   "Expert-parallel ranks: each holds 1/N of every layer's experts and runs attention for its own "
                   "sequences; MoE layers exchange hidden states by all-to-all. Each rank is a thread with its own "
-                  "share of --threads (cpu) or its own GPU, --device + rank, talking over NCCL (cuda)")
+                  "share of --threads (cpu) or its own GPU, --device + rank, talking over NCCL (cuda). Under "
+                  "`mpirun -np N` (N = ep x pp) each rank is a process with all of --threads, talking over MPI "
+                  "(docs/parallelism.md)")
       ->capture_default_str();
   cmd->add_option("--pp", f->pp,
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "

@@ -64,8 +64,12 @@ class OpenMpiJob final : public MpiJob {
     auto backend = MakeBackend(f);
     if (!backend.ok()) fail(backend.status());
     Stopwatch sw;
-    auto weights = LoadModel(spec, backend->get());
+    // Only this rank's layers and experts are read from the checkpoint.
+    auto model = LoadModelConfig(spec);
+    if (!model.ok()) fail(model.status());
+    auto weights = LoadModel(spec, backend->get(), RankWeightShard(config->parallel, *model, world_->rank()));
     if (!weights.ok()) fail(weights.status());
+    if (absl::Status s = ShareDigests(weights->get()); !s.ok()) fail(s);
     auto kv = Engine::CacheLayout(*config, (*weights)->config());
     if (!kv.ok()) fail(kv.status());
     auto executor = ParallelExecutor::Create(config->parallel, weights->get(), backend->get(), *kv,
@@ -81,6 +85,13 @@ class OpenMpiJob final : public MpiJob {
     if (!s.ok()) fail(s);
     world_->StopMonitor();
     return 0;
+  }
+
+  absl::Status ShareDigests(ModelWeights* weights) override { return ShareWeightDigests(world_.get(), weights); }
+
+  WeightShard Shard(const EngineConfig& config, const ModelSpec& spec) const override {
+    auto model = LoadModelConfig(spec);  // checked by Join already
+    return model.ok() ? RankWeightShard(config.parallel, *model, world_->rank()) : WeightShard();
   }
 
   [[noreturn]] void Abort(int code) override { world_->Abort(code); }

@@ -67,8 +67,11 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   Backend& backend = **backend_or;
   Stopwatch sw;
   std::fprintf(stderr, "moeserve: loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
-  auto weights = LoadModel(o.model, &backend);
+  auto weights = LoadModel(o.model, &backend, job != nullptr ? job->Shard(*ecfg, o.model) : WeightShard());
   if (!weights.ok()) return Fail(weights.status());
+  if (job != nullptr) {
+    if (absl::Status s = job->ShareDigests(weights->get()); !s.ok()) return Fail(s);
+  }
   auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
   if (!text.ok()) return Fail(text.status());
   if (!o.chat_template.empty()) {  // as vLLM's --chat-template: a file that replaces the checkpoint's

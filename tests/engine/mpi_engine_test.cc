@@ -2,7 +2,8 @@
 // with --ep E --pp P, N = E x P): rank 0 runs three engines on the same random model (fresh
 // seed, chosen by rank 0 and shared) and the same mixed requests (shared prefixes, chunked
 // prefills beside decodes, a sampled request, one asking for logprobs): one rank (the oracle),
-// the layout as threads of rank 0, and the layout over the job's processes. The processes'
+// the layout as threads of rank 0, and the layout over the job's processes, each of which reads
+// only its own shard of the weights. The processes'
 // output equals one rank's token for token (and logprob for logprob), and the traffic the
 // processes record equals the in-process ranks', byte for byte. The other ranks serve steps.
 #include <gtest/gtest.h>
@@ -82,13 +83,18 @@ std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
   return reqs;
 }
 
+// `only`: the part of the weights this process reads (process ranks read their shard only).
 Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
-                 const std::vector<GenerateRequest>& reqs) {
+                 const std::vector<GenerateRequest>& reqs,
+                 const WeightShard& only = WeightShard()) {
   Output out;
   CpuBackend backend;
   auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
-                                    &backend, DType::kBF16);
+                                    &backend, DType::kBF16, only);
   EXPECT_TRUE(weights.ok()) << weights.status();
+  if (ec.parallel.processes != nullptr) {
+    EXPECT_TRUE(ShareWeightDigests(ec.parallel.processes, weights->get()).ok());
+  }
   auto e = Engine::Create(ec, weights->get(), &backend);
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return out;
@@ -128,8 +134,10 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
   if (world->rank() != 0) {
     CpuBackend backend;
     auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
-                                      &backend, DType::kBF16);
+                                      &backend, DType::kBF16,
+                                      RankWeightShard(processes.parallel, config, world->rank()));
     ASSERT_TRUE(weights.ok()) << weights.status();
+    ASSERT_TRUE(ShareWeightDigests(world, weights->get()).ok());
     auto kv = Engine::CacheLayout(processes, config);
     ASSERT_TRUE(kv.ok()) << kv.status();
     auto x = ParallelExecutor::Create(processes.parallel, weights->get(), &backend, *kv,
@@ -141,7 +149,8 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
   const auto reqs = MakeRequests(seed + 1);
   const Output want = RunEngine(MakeConfig(1, 1, nullptr), config, seed, reqs);
   const Output threads = RunEngine(MakeConfig(job.ep, job.pp, nullptr), config, seed, reqs);
-  const Output got = RunEngine(processes, config, seed, reqs);
+  const Output got =
+      RunEngine(processes, config, seed, reqs, RankWeightShard(processes.parallel, config, 0));
   const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;

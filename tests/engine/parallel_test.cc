@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -619,6 +620,47 @@ TEST_P(ParallelTest, ReleasedWeightsRefuseToForward) {
   const absl::Status s = model.Forward(in, layout, kv->data(), &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(std::string(s.message()).find("released"), std::string::npos) << s;
+}
+
+// A rank that reads only its shard (process ranks, RankWeightShard) holds the same bytes as the
+// shard cut from the whole model, and nothing of the layers and experts of other ranks.
+TEST_P(ParallelTest, PartialLoadsReadWhatTheShardHolds) {
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin}}) {
+    const ParallelConfig p = ToConfig(l);
+    CpuBackend merged_backend;
+    auto merged_or = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &merged_backend,
+                                        DType::kBF16, RankWeightShard(p, config_, 0));
+    ASSERT_TRUE(merged_or.ok()) << merged_or.status();
+    ModelWeights& merged = **merged_or;
+    for (int64_t r = 0; r < l.ep * l.pp; ++r) {
+      const WeightShard shard = RankWeightShard(p, config_, r);
+      CpuBackend mine;
+      auto partial = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &mine,
+                                        DType::kBF16, shard);
+      ASSERT_TRUE(partial.ok()) << partial.status();
+      CpuBackend cut_to;
+      auto cut = ModelWeights::Shard(*weights_, &backend_, shard, &cut_to);
+      ASSERT_TRUE(cut.ok()) << cut.status();
+      EXPECT_LT((*partial)->total_bytes(), weights_->total_bytes()) << Name(l) << " rank " << r;
+      for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+        const bool in_stage = layer >= shard.layer_begin && layer < shard.layer_end;
+        EXPECT_EQ((*partial)->layer(layer).q.data != nullptr, in_stage) << Name(l) << " rank " << r << " layer " << layer;
+        for (int64_t e = 0; e < config_.num_local_experts; ++e) {
+          const bool held = in_stage && std::count(shard.experts.begin(), shard.experts.end(), e) > 0;
+          EXPECT_EQ((*partial)->layer(layer).w13[e].data != nullptr, held) << Name(l) << " rank " << r << " expert " << e;
+          EXPECT_EQ((*partial)->layer(layer).w13[e].rows, 2 * config_.intermediate_size);
+        }
+      }
+      // A shard cut from a partial copy (what a process rank does) holds the same bytes, and
+      // the ranks' digests put together give the whole model's.
+      CpuBackend again;
+      auto recut = ModelWeights::Shard(**partial, &mine, shard, &again);
+      ASSERT_TRUE(recut.ok()) << recut.status();
+      EXPECT_EQ((*recut)->total_bytes(), (*cut)->total_bytes());
+      merged.MergeTensorDigests((*partial)->tensor_digests());
+    }
+    EXPECT_EQ(ModelWeights::CombineDigests(merged.tensor_digests()), weights_->content_digest()) << Name(l);
+  }
 }
 
 TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
