@@ -148,10 +148,16 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
     // pipeline (its EP index's stages), each one MPI communicator made by every process at once.
     ProcessRanks* world = config.processes;
     const RankLayout mine = x->layout_[static_cast<size_t>(world->rank())];
+    // With GPUs, NCCL between the processes' devices, bootstrapped over MPI.
+    auto split = [&](int color, int key) {
+      return config.nccl_devices.empty()
+                 ? world->Split(color, key)
+                 : world->SplitNccl(color, key, config.nccl_devices[static_cast<size_t>(world->rank())]);
+    };
     ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> ep_group,
-                     world->Split(static_cast<int>(mine.stage), static_cast<int>(mine.ep_rank)));
+                     split(static_cast<int>(mine.stage), static_cast<int>(mine.ep_rank)));
     ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> pp_group,
-                     world->Split(static_cast<int>(mine.ep_rank), static_cast<int>(mine.stage)));
+                     split(static_cast<int>(mine.ep_rank), static_cast<int>(mine.stage)));
     x->ep_comms_.push_back(std::move(ep_group));
     x->pp_comms_.push_back(std::move(pp_group));
     RETURN_IF_ERROR(x->AddRank(mine, weights_backend, backends));

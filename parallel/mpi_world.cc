@@ -12,6 +12,9 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "parallel/mpi_communicator.h"
+#if MOESERVE_HAVE_CUDA
+#include "parallel/nccl_communicator.h"
+#endif
 
 namespace moeserve {
 namespace {
@@ -20,10 +23,10 @@ constexpr int kMessageTag = 7;
 constexpr int kHeartbeatTag = 8;
 constexpr int kHostChars = 64;
 
-// A group of process ranks: this process holds one of its communicators.
-class MpiGroup final : public CommGroup {
+// A group of process ranks: this process holds one of its communicators (MPI or NCCL).
+class SingleRankGroup final : public CommGroup {
  public:
-  explicit MpiGroup(std::unique_ptr<MpiCommunicator> comm) : comm_(std::move(comm)) {}
+  explicit SingleRankGroup(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
   int size() const override { return comm_->size(); }
   Communicator* rank(int r) override { return r == comm_->rank() ? comm_.get() : nullptr; }
   absl::Status Reset() override {
@@ -32,7 +35,7 @@ class MpiGroup final : public CommGroup {
   }
 
  private:
-  std::unique_ptr<MpiCommunicator> comm_;
+  std::unique_ptr<Communicator> comm_;
 };
 
 absl::Status MpiError(int err, const char* what) {
@@ -109,7 +112,54 @@ absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::Split(int color, int key) {
   MPI_Comm_free(&split);
   if (!comm.ok()) return comm.status();
   (*comm)->SetAbortSignal(&signal_);
-  return std::unique_ptr<CommGroup>(new MpiGroup(*std::move(comm)));
+  return std::unique_ptr<CommGroup>(new SingleRankGroup(*std::move(comm)));
+}
+
+absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::SplitNccl(int color, int key, int device) {
+#if MOESERVE_HAVE_CUDA
+  MPI_Comm split;
+  RETURN_IF_ERROR(MpiError(MPI_Comm_split(MPI_COMM_WORLD, color, key, &split), "MPI_Comm_split"));
+  int rank = 0, size = 1;
+  MPI_Comm_rank(split, &rank);
+  MPI_Comm_size(split, &size);
+  // The id is 128 bytes (NCCL_UNIQUE_ID_BYTES); the group's first rank makes it.
+  std::string id(128, '\0');
+  absl::Status made = absl::OkStatus();
+  if (rank == 0) {
+    absl::StatusOr<std::string> fresh = NcclCommunicator::NewUniqueId();
+    if (fresh.ok() && fresh->size() == id.size()) {
+      id = *fresh;
+    } else {
+      made = fresh.ok() ? absl::InternalError("NCCL unique id of an unexpected size") : fresh.status();
+    }
+  }
+  // Broadcast even on failure, so that no member is left waiting; then all refuse.
+  int ok = made.ok() ? 1 : 0;
+  const absl::Status sent = MpiError(MPI_Bcast(&ok, 1, MPI_INT, 0, split), "MPI_Bcast");
+  const absl::Status sent_id =
+      MpiError(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, split), "MPI_Bcast");
+  MPI_Comm_free(&split);
+  RETURN_IF_ERROR(sent);
+  RETURN_IF_ERROR(sent_id);
+  if (!ok) return made.ok() ? absl::UnavailableError("the group's first rank could not make an NCCL id") : made;
+  auto flag = std::make_shared<std::atomic<bool>>(signal_.raised());
+  {
+    std::lock_guard<std::mutex> lock(flags_mu_);
+    nccl_abort_flags_.push_back(flag);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm, NcclCommunicator::Create(id, rank, size, device, flag));
+  return std::unique_ptr<CommGroup>(new SingleRankGroup(std::move(comm)));
+#else
+  (void)color;
+  (void)key;
+  return absl::UnimplementedError(absl::StrCat("NCCL ranks need a build with CUDA; asked for GPU ", device));
+#endif
+}
+
+void MpiWorld::Lose(const std::string& message) {
+  signal_.Raise(message);
+  std::lock_guard<std::mutex> lock(flags_mu_);
+  for (auto& flag : nccl_abort_flags_) flag->store(true);
 }
 
 absl::StatusOr<std::vector<double>> MpiWorld::AllGather(double value) {
@@ -243,13 +293,13 @@ void MpiWorld::Watch() {
     }
     for (int r = 1; r < size_; ++r) {
       if (LocalRankDead(r)) {
-        signal_.Raise(absl::StrCat(DescribeRank(r), " died"));
+        Lose(absl::StrCat(DescribeRank(r), " died"));
         break;
       }
       const double silent =
           std::chrono::duration<double>(Clock::now() - last[static_cast<size_t>(r)]).count();
       if (thread_multiple_ && silent > timeout_seconds_) {
-        signal_.Raise(absl::StrCat(DescribeRank(r), " sent no heartbeat for ",
+        Lose(absl::StrCat(DescribeRank(r), " sent no heartbeat for ",
                                    static_cast<int>(silent), " s"));
         break;
       }

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,7 @@ class MpiWorld final : public ProcessRanks {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::StatusOr<std::unique_ptr<CommGroup>> Split(int color, int key) override;
+  absl::StatusOr<std::unique_ptr<CommGroup>> SplitNccl(int color, int key, int device) override;
   absl::StatusOr<std::vector<double>> AllGather(double value) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override;
   absl::Status SendMessage(int peer, const std::string& bytes) override;
@@ -53,6 +55,8 @@ class MpiWorld final : public ProcessRanks {
 
  private:
   MpiWorld() = default;
+  // Raises the abort signal and the NCCL groups' abort flags.
+  void Lose(const std::string& message);
   void Beat();   // a worker's heartbeat thread
   void Watch();  // rank 0's monitor thread
   bool LocalRankDead(int rank) const;
@@ -64,6 +68,8 @@ class MpiWorld final : public ProcessRanks {
   std::vector<int> pids_;
   std::vector<std::string> hosts_;
   AbortSignal signal_;
+  std::mutex flags_mu_;
+  std::vector<std::shared_ptr<std::atomic<bool>>> nccl_abort_flags_;  // one per NCCL group
   double heartbeat_seconds_ = 0.5, timeout_seconds_ = 10;
   std::atomic<bool> stop_monitor_{false};
   std::thread monitor_;

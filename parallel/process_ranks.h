@@ -24,6 +24,11 @@ class ProcessRanks {
   // group, null for the others (they live in other processes). A group cannot be reset: a
   // failed step among processes is fatal (Reset returns UNAVAILABLE).
   virtual absl::StatusOr<std::unique_ptr<CommGroup>> Split(int color, int key) = 0;
+  // The same group over NCCL on GPU `device` of this process: the group's first rank makes a
+  // unique id (ncclGetUniqueId) and broadcasts it over MPI, every member joins with it. A lost
+  // rank aborts the NCCL communicator (ncclCommAbort) as it ends MPI waits. UNIMPLEMENTED in a
+  // build without CUDA.
+  virtual absl::StatusOr<std::unique_ptr<CommGroup>> SplitNccl(int color, int key, int device) = 0;
   // Collective: every rank's value, in rank order.
   virtual absl::StatusOr<std::vector<double>> AllGather(double value) = 0;
   // Collective: every rank's bytes (of any length), in rank order.

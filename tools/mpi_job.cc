@@ -11,6 +11,9 @@
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
 #endif
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moeserve::tools {
 namespace {
@@ -29,10 +32,31 @@ class OpenMpiJob final : public MpiJob {
 
   void Configure(const EngineFlags& f, EngineConfig* c) override {
     c->parallel.processes = world_.get();
+    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+#if MOESERVE_HAVE_CUDA
+    if (f.backend == "cuda") {
+      // One GPU per process: --device plus the rank's index among the ranks of its host; the
+      // ranks talk over NCCL, bootstrapped over MPI (MpiWorld::SplitNccl).
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      const int gpu = f.device + (local != nullptr ? std::atoi(local) : 0);
+      c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), gpu);
+      c->rank_backends = [gpu, device_bytes](int rank, int) -> std::unique_ptr<Backend> {
+        CudaBackendOptions o;
+        o.device = gpu;
+        o.capacity_bytes = device_bytes;
+        auto b = CudaBackend::Create(o);
+        if (!b.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, std::string(b.status().message()).c_str());
+          return nullptr;
+        }
+        return std::move(*b);
+      };
+      return;
+    }
+#endif
     // Every process is one rank with a device of its own: the CPU backend gets all of
     // --threads (the ranks may be on different machines; on one, mpirun's binding decides).
     const CpuBackendOptions base = MakeBackendOptions(f);
-    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
     c->rank_backends = [base, device_bytes](int, int) -> std::unique_ptr<Backend> {
       CpuBackendOptions o = base;
       o.capacity_bytes = device_bytes;
@@ -121,10 +145,6 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
   layout.processes = world.get();
   if (absl::Status s = layout.Validate(*config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
-  }
-  if (f.backend != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "process ranks run the CPU backend only so far (--backend ", f.backend, ")"));
   }
   return std::unique_ptr<MpiJob>(std::make_unique<OpenMpiJob>(std::move(world)));
 #else

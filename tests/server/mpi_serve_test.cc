@@ -3,6 +3,9 @@
 // gives the client UNAVAILABLE naming the rank, and the job exits non-zero within a bound;
 // a layout that is not the job is refused by every rank before any weights load.
 #include <dirent.h>
+
+#include <cctype>
+#include <filesystem>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -159,6 +162,23 @@ TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
         << err;
   }
   EXPECT_EQ(err.find("loading"), std::string::npos) << "no rank may load weights\n" << err;
+}
+// GPU ranks as processes (NCCL bootstrapped over MPI) on a machine without a GPU: every rank
+// stops with the CUDA error and the job exits non-zero, nothing hangs.
+TEST(MpiServeTest, GpuRanksWithoutAGpuEndTheJobWithTheCudaError) {
+  if (std::filesystem::exists("/dev/nvidia0")) GTEST_SKIP() << "a GPU is present: scripts/gpu-check.sh covers it";
+  std::vector<std::string> argv = Mpirun(2);
+  argv.push_back(MOESERVE_BIN);
+  for (std::string a : {"bench", "--preset", "tiny", "--ep", "2", "--backend", "cuda", "--num-requests", "2"}) {
+    argv.push_back(a);
+  }
+  std::string out, err;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(RunProgram(argv, &out, &err), 0) << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
+  std::string lower = err;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  EXPECT_NE(lower.find("cuda"), std::string::npos) << err;
 }
 #else
 TEST(MpiServeTest, SkippedWithoutMpi) { GTEST_SKIP() << "moeserve was built without MPI"; }
