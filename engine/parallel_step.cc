@@ -184,6 +184,7 @@ absl::Status ParallelExecutor::RunProcessRanks(const std::vector<std::vector<Sub
     lost_ = true;
     return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
   };
+  world->StepBegins();
   for (int r = 1; r < world->size(); ++r) {
     const std::string step =
         EncodeRankStep(subs[static_cast<size_t>(layout_[static_cast<size_t>(r)].ep_rank)]);
@@ -195,12 +196,14 @@ absl::Status ParallelExecutor::RunProcessRanks(const std::vector<std::vector<Sub
     return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(0), ": ", s.message())));
   }
   for (int r = 1; r < world->size(); ++r) {
+    world->WaitingFor(r);
     absl::StatusOr<std::string> reply = world->ReceiveMessage(r);
     if (!reply.ok()) return lose(reply.status());
     if (absl::Status s = DecodeRankResult(*reply, &(*results)[static_cast<size_t>(r)]); !s.ok()) {
       return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(r), ": ", s.message())));
     }
   }
+  world->StepEnds();
   return absl::OkStatus();
 }
 

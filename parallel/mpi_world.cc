@@ -130,7 +130,8 @@ absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::SplitNccl(int color, int ke
     if (fresh.ok() && fresh->size() == id.size()) {
       id = *fresh;
     } else {
-      made = fresh.ok() ? absl::InternalError("NCCL unique id of an unexpected size") : fresh.status();
+      made =
+          fresh.ok() ? absl::InternalError("NCCL unique id of an unexpected size") : fresh.status();
     }
   }
   // Broadcast even on failure, so that no member is left waiting; then all refuse.
@@ -141,18 +142,22 @@ absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::SplitNccl(int color, int ke
   MPI_Comm_free(&split);
   RETURN_IF_ERROR(sent);
   RETURN_IF_ERROR(sent_id);
-  if (!ok) return made.ok() ? absl::UnavailableError("the group's first rank could not make an NCCL id") : made;
+  if (!ok)
+    return made.ok() ? absl::UnavailableError("the group's first rank could not make an NCCL id")
+                     : made;
   auto flag = std::make_shared<std::atomic<bool>>(signal_.raised());
   {
     std::lock_guard<std::mutex> lock(flags_mu_);
     nccl_abort_flags_.push_back(flag);
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm, NcclCommunicator::Create(id, rank, size, device, flag));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
+                   NcclCommunicator::Create(id, rank, size, device, flag));
   return std::unique_ptr<CommGroup>(new SingleRankGroup(std::move(comm)));
 #else
   (void)color;
   (void)key;
-  return absl::UnimplementedError(absl::StrCat("NCCL ranks need a build with CUDA; asked for GPU ", device));
+  return absl::UnimplementedError(
+      absl::StrCat("NCCL ranks need a build with CUDA; asked for GPU ", device));
 #endif
 }
 
@@ -184,12 +189,14 @@ absl::StatusOr<std::vector<std::string>> MpiWorld::AllGatherBytes(const std::str
   }
   std::string all(static_cast<size_t>(total), '\0');
   MPI_Request req;
-  RETURN_IF_ERROR(MpiError(MPI_Iallgatherv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, all.data(),
-                                           counts.data(), displs.data(), MPI_BYTE, control_, &req),
-                           "MPI_Iallgatherv"));
+  RETURN_IF_ERROR(
+      MpiError(MPI_Iallgatherv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, all.data(),
+                               counts.data(), displs.data(), MPI_BYTE, control_, &req),
+               "MPI_Iallgatherv"));
   RETURN_IF_ERROR(WaitForMpi(&req, MPI_STATUS_IGNORE, &signal_, "MPI_Iallgatherv"));
   std::vector<std::string> out;
-  for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r])));
+  for (int r = 0; r < size_; ++r)
+    out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(counts[r])));
   return out;
 }
 
@@ -232,10 +239,19 @@ absl::StatusOr<std::string> MpiWorld::ReceiveMessage(int peer) {
   }
 }
 
-void MpiWorld::StartMonitor(double heartbeat_seconds, double timeout_seconds) {
+void MpiWorld::StepBegins() {
+  waiting_for_.store(-1);
+  step_start_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
+}
+
+void MpiWorld::StartMonitor(double heartbeat_seconds, double timeout_seconds,
+                            double step_timeout_seconds) {
   if (monitor_.joinable() || size_ == 1) return;
   heartbeat_seconds_ = heartbeat_seconds;
   timeout_seconds_ = timeout_seconds;
+  step_timeout_seconds_ = step_timeout_seconds;
   stop_monitor_ = false;
   monitor_ = std::thread([this] { rank_ == 0 ? Watch() : Beat(); });
 }
@@ -299,9 +315,26 @@ void MpiWorld::Watch() {
       const double silent =
           std::chrono::duration<double>(Clock::now() - last[static_cast<size_t>(r)]).count();
       if (thread_multiple_ && silent > timeout_seconds_) {
-        Lose(absl::StrCat(DescribeRank(r), " sent no heartbeat for ",
-                                   static_cast<int>(silent), " s"));
+        Lose(absl::StrCat(DescribeRank(r), " sent no heartbeat for ", static_cast<int>(silent),
+                          " s"));
         break;
+      }
+    }
+    // A rank that still beats but does not finish its step (stuck in a computation).
+    const int64_t started = step_start_ns_.load();
+    if (step_timeout_seconds_ > 0 && started != 0) {
+      const double ran =
+          1e-9 * static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         Clock::now().time_since_epoch())
+                                         .count() -
+                                     started);
+      if (ran > step_timeout_seconds_) {
+        const int peer = waiting_for_.load();
+        Lose(absl::StrCat("a step has run for ", static_cast<int>(ran), " s (the step timeout is ",
+                          step_timeout_seconds_, " s); rank 0 was ",
+                          peer > 0
+                              ? absl::StrCat("waiting for the reply of ", DescribeRank(peer))
+                              : std::string("in its own part of the step, waiting for its peers")));
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -47,8 +47,14 @@ class MpiWorld final : public ProcessRanks {
   AbortSignal* abort_signal() override { return &signal_; }
   std::string DescribeRank(int rank) const override;
 
-  // Starts the heartbeats (workers) or their watch (rank 0). Idempotent.
-  void StartMonitor(double heartbeat_seconds, double timeout_seconds);
+  void StepBegins() override;
+  void WaitingFor(int rank) override { waiting_for_.store(rank); }
+  void StepEnds() override { step_start_ns_.store(0); }
+
+  // Starts the heartbeats (workers) or their watch (rank 0). Idempotent. A step longer than
+  // `step_timeout_seconds` (0: no limit) is lost as well.
+  void StartMonitor(double heartbeat_seconds, double timeout_seconds,
+                    double step_timeout_seconds = 0);
   void StopMonitor();
   // Ends the whole job (MPI_Abort): mpirun stops every rank and exits with `code`.
   [[noreturn]] void Abort(int code);
@@ -70,7 +76,9 @@ class MpiWorld final : public ProcessRanks {
   AbortSignal signal_;
   std::mutex flags_mu_;
   std::vector<std::shared_ptr<std::atomic<bool>>> nccl_abort_flags_;  // one per NCCL group
-  double heartbeat_seconds_ = 0.5, timeout_seconds_ = 10;
+  double heartbeat_seconds_ = 0.5, timeout_seconds_ = 10, step_timeout_seconds_ = 0;
+  std::atomic<int64_t> step_start_ns_{0};  // steady clock; 0: no step in flight
+  std::atomic<int> waiting_for_{-1};
   std::atomic<bool> stop_monitor_{false};
   std::thread monitor_;
 };

@@ -38,6 +38,11 @@ class ProcessRanks {
   // is raised (UNAVAILABLE with its message).
   virtual absl::Status SendMessage(int peer, const std::string& bytes) = 0;
   virtual absl::StatusOr<std::string> ReceiveMessage(int peer) = 0;
+  // Rank 0 marks each step (and which worker's reply it waits for, -1: none), so that a step that
+  // outlasts the step timeout ends the job even when every rank still sends heartbeats.
+  virtual void StepBegins() = 0;
+  virtual void WaitingFor(int rank) = 0;
+  virtual void StepEnds() = 0;
   // Raised when a rank is lost; every wait of this process's MPI communicators watches it.
   virtual AbortSignal* abort_signal() = 0;
   // "rank 1 (pid 4242 on host node2)".

@@ -22,6 +22,15 @@ namespace {
 // overrides the timeout: tests shorten it).
 constexpr double kHeartbeatSeconds = 0.5;
 constexpr double kRankTimeoutSeconds = 10;
+// A step that runs longer than this ends the job even if every rank beats (a rank stuck in a
+// computation); MOESERVE_STEP_TIMEOUT_S overrides it. A step is at most --max-tokens-per-step
+// tokens: seconds on a CPU.
+constexpr double kStepTimeoutSeconds = 300;
+
+double EnvSeconds(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::atof(v) > 0 ? std::atof(v) : fallback;
+}
 
 #if MOESERVE_HAVE_MPI
 class OpenMpiJob final : public MpiJob {
@@ -66,10 +75,9 @@ class OpenMpiJob final : public MpiJob {
 
   void StartMonitor(std::function<void(const std::string&)> on_lost) override {
     world_->abort_signal()->OnRaise(std::move(on_lost));
-    double timeout = kRankTimeoutSeconds;
-    if (const char* t = std::getenv("MOESERVE_RANK_TIMEOUT_S"); t != nullptr && std::atof(t) > 0)
-      timeout = std::atof(t);
-    world_->StartMonitor(kHeartbeatSeconds, timeout);
+    world_->StartMonitor(kHeartbeatSeconds,
+                         EnvSeconds("MOESERVE_RANK_TIMEOUT_S", kRankTimeoutSeconds),
+                         EnvSeconds("MOESERVE_STEP_TIMEOUT_S", kStepTimeoutSeconds));
   }
 
   int RunWorker(const EngineFlags& f, const ModelSpec& spec) override {
@@ -91,7 +99,8 @@ class OpenMpiJob final : public MpiJob {
     // Only this rank's layers and experts are read from the checkpoint.
     auto model = LoadModelConfig(spec);
     if (!model.ok()) fail(model.status());
-    auto weights = LoadModel(spec, backend->get(), RankWeightShard(config->parallel, *model, world_->rank()));
+    auto weights =
+        LoadModel(spec, backend->get(), RankWeightShard(config->parallel, *model, world_->rank()));
     if (!weights.ok()) fail(weights.status());
     if (absl::Status s = ShareDigests(weights->get()); !s.ok()) fail(s);
     auto kv = Engine::CacheLayout(*config, (*weights)->config());
@@ -111,7 +120,9 @@ class OpenMpiJob final : public MpiJob {
     return 0;
   }
 
-  absl::Status ShareDigests(ModelWeights* weights) override { return ShareWeightDigests(world_.get(), weights); }
+  absl::Status ShareDigests(ModelWeights* weights) override {
+    return ShareWeightDigests(world_.get(), weights);
+  }
 
   WeightShard Shard(const EngineConfig& config, const ModelSpec& spec) const override {
     auto model = LoadModelConfig(spec);  // checked by Join already

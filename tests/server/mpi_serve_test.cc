@@ -3,11 +3,10 @@
 // gives the client UNAVAILABLE naming the rank, and the job exits non-zero within a bound;
 // a layout that is not the job is refused by every rank before any weights load.
 #include <dirent.h>
+#include <gtest/gtest.h>
 
 #include <cctype>
 #include <filesystem>
-#include <gtest/gtest.h>
-
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -18,7 +17,7 @@ namespace moeserve::testing {
 namespace {
 
 #ifdef MOESERVE_MPIEXEC
-std::vector<std::string> Mpirun(int np) {
+std::vector<std::string> Mpirun(int np, const std::string& step_timeout = "300") {
   return {MOESERVE_MPIEXEC,
           "--oversubscribe",
           "--allow-run-as-root",
@@ -27,6 +26,8 @@ std::vector<std::string> Mpirun(int np) {
           "self,vader",
           "-x",
           "MOESERVE_RANK_TIMEOUT_S=5",
+          "-x",
+          "MOESERVE_STEP_TIMEOUT_S=" + step_timeout,
           "-np",
           std::to_string(np)};
 }
@@ -119,7 +120,8 @@ TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
 // timeout (MOESERVE_RANK_TIMEOUT_S=5 here), not left to hang the job.
 TEST(MpiServeTest, AStoppedWorkerIsFoundByItsMissingHeartbeats) {
   ServerProcess server;
-  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2))) << server.log();
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2)))
+      << server.log();
   const pid_t worker = RankPid(server.pid(), 1);
   ASSERT_GT(worker, 0) << "rank 1 not found among mpirun's children";
   auto stub = v1::Moeserve::NewStub(server.channel());
@@ -137,10 +139,12 @@ TEST(MpiServeTest, AStoppedWorkerIsFoundByItsMissingHeartbeats) {
     }
   }
   const grpc::Status status = reader->Finish();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
-  EXPECT_NE(status.error_message().find("no heartbeat"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("no heartbeat"), std::string::npos)
+      << status.error_message();
   EXPECT_GE(waited, 4.0) << "detected before the timeout: " << status.error_message();
   EXPECT_LT(waited, 15.0);
   const int rc = server.WaitExit(20);
@@ -163,13 +167,34 @@ TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
   }
   EXPECT_EQ(err.find("loading"), std::string::npos) << "no rank may load weights\n" << err;
 }
+// A step that outlasts the step timeout (here 2 ms, which the small preset's steps take on a
+// CPU) ends the job even though every rank still beats: the stand-in for a rank stuck in a
+// computation.
+TEST(MpiServeTest, AStepPastTheStepTimeoutEndsTheJob) {
+  ServerProcess server;
+  ASSERT_TRUE(
+      server.Start({"--preset", "small", "--ep", "2", "--kv-cache-mb", "64"}, Mpirun(2, "0.002")))
+      << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  std::vector<int32_t> prompt(200, 65);
+  const Streamed got = Stream(stub.get(), IdsRequest(prompt, 500));
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("step timeout"), std::string::npos)
+      << got.status.error_message();
+  const int rc = server.WaitExit(20);
+  EXPECT_NE(rc, -2) << server.log();
+  EXPECT_NE(rc, 0) << server.log();
+}
+
 // GPU ranks as processes (NCCL bootstrapped over MPI) on a machine without a GPU: every rank
 // stops with the CUDA error and the job exits non-zero, nothing hangs.
 TEST(MpiServeTest, GpuRanksWithoutAGpuEndTheJobWithTheCudaError) {
-  if (std::filesystem::exists("/dev/nvidia0")) GTEST_SKIP() << "a GPU is present: scripts/gpu-check.sh covers it";
+  if (std::filesystem::exists("/dev/nvidia0"))
+    GTEST_SKIP() << "a GPU is present: scripts/gpu-check.sh covers it";
   std::vector<std::string> argv = Mpirun(2);
   argv.push_back(MOESERVE_BIN);
-  for (std::string a : {"bench", "--preset", "tiny", "--ep", "2", "--backend", "cuda", "--num-requests", "2"}) {
+  for (std::string a :
+       {"bench", "--preset", "tiny", "--ep", "2", "--backend", "cuda", "--num-requests", "2"}) {
     argv.push_back(a);
   }
   std::string out, err;
