@@ -172,6 +172,7 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   // A failed engine (a rank of its MPI job lost) has ended its requests with UNAVAILABLE; the
   // server stops serving and RunServer returns the failure, so the job exits non-zero.
   engine->SetFailureCallback([&signal_pipe](const absl::Status&) { signal_pipe.Notify(kEngineFailed); });
+  if (!engine->failure().ok()) signal_pipe.Notify(kEngineFailed);  // it failed before the server was up
   // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
   std::thread signals([&] {
     const int sig = signal_pipe.Wait();
