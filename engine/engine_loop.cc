@@ -16,7 +16,7 @@ absl::Status Engine::RunUntilIdle() {
       return absl::InternalError("engine made no progress with requests waiting");
     }
   }
-  return absl::OkStatus();
+  return failure();  // OK unless the engine failed (its requests ended with the failure)
 }
 
 bool Engine::Idle() const {

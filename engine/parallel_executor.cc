@@ -95,7 +95,16 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
       at += n;
       std::memcpy(&digest, part.data() + at, sizeof(digest));
       at += sizeof(digest);
-      merged[std::move(key)] = digest;
+      // Ranks that read the same weight must have read the same bytes: else the hosts hold
+      // different checkpoints, and the job would compute a model that is not the checkpoint.
+      auto [it, fresh] = merged.emplace(std::move(key), digest);
+      if (!fresh && it->second != digest) {
+        std::string name = it->first;
+        for (char& c : name) c = c == '\0' ? ' ' : c;
+        return absl::FailedPreconditionError(
+            absl::StrCat("weight digests: ranks read different bytes for \"", name,
+                         "\": the hosts hold different checkpoints"));
+      }
     }
   }
   weights->MergeTensorDigests(merged);

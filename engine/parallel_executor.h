@@ -19,6 +19,7 @@
 // runs ServeSteps. The data plane is MPI (parallel/mpi_world.h).
 #pragma once
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -99,7 +100,11 @@ class ParallelExecutor {
   // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
   // gets an arena of its stage's layers for its segment's blocks.
   // Process ranks: rank 0 ends the workers' loops (ShutdownWorkers).
-  ~ParallelExecutor() { (void)ShutdownWorkers(); }
+  ~ParallelExecutor() {
+    if (absl::Status s = ShutdownWorkers(); !s.ok()) {
+      std::fprintf(stderr, "ending the worker ranks: %s\n", std::string(s.message()).c_str());
+    }
+  }
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
@@ -118,7 +123,8 @@ class ParallelExecutor {
   std::string Describe() const;
   // KV bytes held by the arenas of all ranks.
   size_t kv_bytes() const;
-  // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment.
+  // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment
+  // (in-process ranks only: the engine refuses KV tiers with process ranks).
   void BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const;
   // The backends of the ranks this process holds (all of them without mpirun), rank order.
   std::vector<Backend*> backends() const;

@@ -180,7 +180,8 @@ absl::Status ParallelExecutor::RunProcessRanks(const std::vector<std::vector<Sub
   ProcessRanks* world = config_.processes;
   // Among processes a failed step cannot be retried (a peer may be gone, or stuck in a
   // collective): the step's error marks the executor lost and the job must end.
-  auto lose = [this](const absl::Status& s) {
+  auto lose = [this, world](const absl::Status& s) {
+    world->StepEnds();  // the step is over: the step timeout no longer applies
     lost_ = true;
     return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
   };
@@ -326,8 +327,13 @@ absl::Status ParallelExecutor::ShutdownWorkers() {
   if (world == nullptr || world->rank() != 0 || workers_shut_down_ || lost_)
     return absl::OkStatus();
   workers_shut_down_ = true;
-  for (int r = 1; r < world->size(); ++r) RETURN_IF_ERROR(world->SendMessage(r, EncodeShutdown()));
-  return absl::OkStatus();
+  // Every worker, even after a failed send, so that the others can finish.
+  absl::Status first = absl::OkStatus();
+  for (int r = 1; r < world->size(); ++r) {
+    absl::Status s = world->SendMessage(r, EncodeShutdown());
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
 }
 
 }  // namespace moeserve

@@ -1,6 +1,7 @@
 // MpiWorld.
 #include "parallel/mpi_world.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -49,10 +50,6 @@ absl::Status MpiError(int err, const char* what) {
 
 }  // namespace
 
-bool LaunchedByMpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
-}
-
 absl::StatusOr<std::unique_ptr<MpiWorld>> MpiWorld::Init() {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -76,6 +73,14 @@ absl::StatusOr<std::unique_ptr<MpiWorld>> MpiWorld::Init() {
   RETURN_IF_ERROR(
       MpiError(MPI_Allgather(&pid, 1, MPI_INT, w->pids_.data(), 1, MPI_INT, MPI_COMM_WORLD),
                "MPI_Allgather"));
+  // The host name and the pid namespace together say whether a peer's pid can be looked up in
+  // this /proc (containers on one host may share a name but not their pids).
+  struct stat ns = {};
+  const int64_t pid_ns = stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<int64_t>(ns.st_ino) : -1;
+  w->pid_namespaces_.resize(static_cast<size_t>(w->size_));
+  RETURN_IF_ERROR(MpiError(MPI_Allgather(&pid_ns, 1, MPI_INT64_T, w->pid_namespaces_.data(), 1, MPI_INT64_T,
+                                         MPI_COMM_WORLD),
+                           "MPI_Allgather"));
   char host[kHostChars] = {};
   gethostname(host, kHostChars - 1);
   std::vector<char> hosts(static_cast<size_t>(w->size_ * kHostChars));
@@ -145,9 +150,10 @@ absl::StatusOr<std::unique_ptr<CommGroup>> MpiWorld::SplitNccl(int color, int ke
   if (!ok)
     return made.ok() ? absl::UnavailableError("the group's first rank could not make an NCCL id")
                      : made;
-  auto flag = std::make_shared<std::atomic<bool>>(signal_.raised());
+  std::shared_ptr<std::atomic<bool>> flag;
   {
-    std::lock_guard<std::mutex> lock(flags_mu_);
+    std::lock_guard<std::mutex> lock(flags_mu_);  // against Lose, which raises then takes it
+    flag = std::make_shared<std::atomic<bool>>(signal_.raised());
     nccl_abort_flags_.push_back(flag);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
@@ -263,21 +269,25 @@ void MpiWorld::StopMonitor() {
 
 void MpiWorld::Beat() {
   if (!thread_multiple_) return;  // MPI from a second thread needs MPI_THREAD_MULTIPLE
-  int64_t beat = 0;
+  int64_t count = 0;
   while (!stop_monitor_) {
     MPI_Request req;
-    ++beat;
+    int64_t beat = failed_.load() ? -1 : ++count;  // -1: this rank failed its step
     if (MPI_Isend(&beat, 1, MPI_INT64_T, 0, kHeartbeatTag, heartbeat_, &req) != MPI_SUCCESS) return;
     // Rank 0 receives every beat; a dead rank 0 ends the job through mpirun anyway.
     if (!WaitForMpi(&req, MPI_STATUS_IGNORE, nullptr, "heartbeat").ok()) return;
-    for (double waited = 0; waited < heartbeat_seconds_ && !stop_monitor_; waited += 0.01) {
+    for (double waited = 0; waited < heartbeat_seconds_ && !stop_monitor_ && (beat < 0 || !failed_.load());
+         waited += 0.01) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 }
 
 bool MpiWorld::LocalRankDead(int rank) const {
-  if (hosts_[rank] != hosts_[rank_]) return false;  // another host: only its heartbeats tell
+  // Another host, or another pid namespace (a container): only its heartbeats tell.
+  if (hosts_[rank] != hosts_[rank_] || pid_namespaces_[rank] != pid_namespaces_[rank_] || pid_namespaces_[rank] < 0) {
+    return false;
+  }
   // Gone, or a zombie that mpirun has not reaped yet ("pid (name) Z ...").
   std::ifstream stat(absl::StrCat("/proc/", pids_[rank], "/stat"));
   if (!stat) return true;
@@ -304,7 +314,11 @@ void MpiWorld::Watch() {
       if (MPI_Test(&req, &got, &st) != MPI_SUCCESS) break;
       if (got) {
         last[static_cast<size_t>(st.MPI_SOURCE)] = Clock::now();
+        const int64_t value = beat;
         post();
+        if (value < 0) {  // the worker's own step failed; its log and reply have the error
+          Lose(absl::StrCat(DescribeRank(st.MPI_SOURCE), " failed its part of a step (its log has the error)"));
+        }
       }
     }
     for (int r = 1; r < size_; ++r) {

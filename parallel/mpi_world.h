@@ -4,9 +4,12 @@
 //
 // Faults: rank 0 expects a heartbeat from every worker every `heartbeat_seconds` (sent by a
 // thread of the worker, on a communicator of their own) and checks the pids of the workers on
-// its own host. A worker that dies (its pid is gone or a zombie) or stops beating for
-// `timeout_seconds` (a stopped process, a lost host) raises the abort signal with a message
-// naming it; every MPI wait of rank 0 then returns UNAVAILABLE instead of hanging.
+// its own host (same host name and pid namespace). A worker that dies (its pid is gone or a
+// zombie), stops beating for `timeout_seconds` (a stopped process, a lost host), reports that
+// its step failed, or a step that outlasts the step timeout, raises the abort signal with a
+// message naming it; every MPI wait of rank 0 then returns UNAVAILABLE instead of hanging.
+// Heartbeats need MPI_THREAD_MULTIPLE (Open MPI provides it); without it only the pid checks
+// and the step timeout watch the ranks.
 #pragma once
 
 #include <mpi.h>
@@ -22,10 +25,6 @@
 #include "parallel/process_ranks.h"
 
 namespace moeserve {
-
-// Whether mpirun (or another PMI launcher) started this process: Open MPI sets
-// OMPI_COMM_WORLD_SIZE, PMIx launchers PMIX_RANK.
-bool LaunchedByMpi();
 
 class MpiWorld final : public ProcessRanks {
  public:
@@ -56,6 +55,9 @@ class MpiWorld final : public ProcessRanks {
   void StartMonitor(double heartbeat_seconds, double timeout_seconds,
                     double step_timeout_seconds = 0);
   void StopMonitor();
+  // A worker whose own step failed: its next heartbeat (sent at once) tells rank 0, which
+  // fails its engine and ends the job.
+  void ReportFailure() { failed_.store(true); }
   // Ends the whole job (MPI_Abort): mpirun stops every rank and exits with `code`.
   [[noreturn]] void Abort(int code);
 
@@ -73,6 +75,7 @@ class MpiWorld final : public ProcessRanks {
   MPI_Comm heartbeat_ = MPI_COMM_NULL;  // heartbeats only
   std::vector<int> pids_;
   std::vector<std::string> hosts_;
+  std::vector<int64_t> pid_namespaces_;  // inode of /proc/self/ns/pid, -1 unknown
   AbortSignal signal_;
   std::mutex flags_mu_;
   std::vector<std::shared_ptr<std::atomic<bool>>> nccl_abort_flags_;  // one per NCCL group
@@ -80,6 +83,7 @@ class MpiWorld final : public ProcessRanks {
   std::atomic<int64_t> step_start_ns_{0};  // steady clock; 0: no step in flight
   std::atomic<int> waiting_for_{-1};
   std::atomic<bool> stop_monitor_{false};
+  std::atomic<bool> failed_{false};
   std::thread monitor_;
 };
 

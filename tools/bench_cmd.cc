@@ -195,6 +195,8 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
     Engine* e = engine->get();
     job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
   }
+  // Declared after the engine, so destroyed before it: the monitor must not reach a freed engine.
+  const MonitorStop monitor_stop{job};
   ReleaseStagingCopy(*ecfg, weights->get(), "");
   const ModelConfig& c = (*weights)->config();
   w.vocab = 256;

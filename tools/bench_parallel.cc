@@ -22,11 +22,16 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   double weight_max = 0, weight_total = 0, kv_token_max = 0;
   nlohmann::json ranks = nlohmann::json::array();
   if (const ParallelExecutor* x = engine.parallel(); x != nullptr) {
+    // The devices of the ranks this process holds: all of them, or under mpirun rank 0's alone
+    // (the others' are in their processes; null here).
     const auto devices = x->device_bytes();
+    const bool processes = ec.parallel.processes != nullptr;
     for (const RankLayout& l : x->layout()) {
+      const bool held = processes ? l.rank == 0 : static_cast<size_t>(l.rank) < devices.size();
+      const size_t d = processes ? 0 : static_cast<size_t>(l.rank);
       ranks.push_back({{"rank", l.rank},
-                       {"device_bytes_used", devices[l.rank].first},
-                       {"device_bytes_capacity", devices[l.rank].second},
+                       {"device_bytes_used", held ? nlohmann::json(devices[d].first) : nlohmann::json()},
+                       {"device_bytes_capacity", held ? nlohmann::json(devices[d].second) : nlohmann::json()},
                        {"stage", l.stage},
                        {"ep_rank", l.ep_rank},
                        {"layers", {l.layer_begin, l.layer_end}},

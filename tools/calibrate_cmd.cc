@@ -9,6 +9,7 @@
 #include "tools/calibrate/measure.h"
 #include "tools/calibrate/mpi_transports.h"
 #include "tools/commands.h"
+#include "tools/mpi_job.h"
 
 namespace moeserve::tools {
 namespace {
@@ -36,7 +37,7 @@ int RunAllToAllProbe(const CalibrateOptions& o) {
 }
 
 int RunCalibrate(const CalibrateOptions& o) {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return RunAllToAllProbe(o);
+  if (LaunchedByMpirun()) return RunAllToAllProbe(o);
   if (!(o.array_mb > 0) || !(o.disk_mb > 0)) return Fail(absl::InvalidArgumentError("--array-mb and --disk-mb must be > 0"));
   if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));
   calibrate::CalibrateSettings cs;

@@ -3,7 +3,9 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -115,7 +117,14 @@ class OpenMpiJob final : public MpiJob {
                      : "serving steps");
     world_->StartMonitor(kHeartbeatSeconds, kRankTimeoutSeconds);
     absl::Status s = (*executor)->ServeSteps();
-    if (!s.ok()) fail(s);
+    if (!s.ok()) {
+      // Tell rank 0 (its next heartbeat goes at once) so that it ends its requests with
+      // UNAVAILABLE and the job; abort only if it does not within the grace period.
+      std::fprintf(stderr, "%serror: %s\n", who.c_str(), std::string(s.message()).c_str());
+      world_->ReportFailure();
+      std::this_thread::sleep_for(std::chrono::seconds(30));
+      Abort(1);
+    }
     world_->StopMonitor();
     return 0;
   }
@@ -129,6 +138,11 @@ class OpenMpiJob final : public MpiJob {
     return model.ok() ? RankWeightShard(config.parallel, *model, world_->rank()) : WeightShard();
   }
 
+  void StopMonitor() override {
+    world_->abort_signal()->OnRaise(nullptr);
+    world_->StopMonitor();
+  }
+
   [[noreturn]] void Abort(int code) override { world_->Abort(code); }
 
  private:
@@ -138,24 +152,36 @@ class OpenMpiJob final : public MpiJob {
 
 }  // namespace
 
+bool LaunchedByMpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
 absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const ModelSpec& spec) {
-  const bool launched =
-      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
-  if (!launched) return std::unique_ptr<MpiJob>();
+  if (!LaunchedByMpirun()) return std::unique_ptr<MpiJob>();
 #if MOESERVE_HAVE_MPI
   ASSIGN_OR_RETURN(std::unique_ptr<MpiWorld> world, MpiWorld::Init());
   // Checked by every rank on its own (same flags, same config), before any weights load.
   const std::string prefix = absl::StrCat("rank ", world->rank(), " of ", world->size(), ": ");
+  absl::Status verdict = absl::OkStatus();
   auto config = LoadModelConfig(spec);
-  if (!config.ok())
-    return absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
-  ParallelConfig layout;
-  layout.ep = f.ep;
-  layout.pp = f.pp;
-  layout.micro_batches = f.micro_batches;
-  layout.processes = world.get();
-  if (absl::Status s = layout.Validate(*config); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+  if (!config.ok()) {
+    verdict = absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
+  } else {
+    ParallelConfig layout;
+    layout.ep = f.ep;
+    layout.pp = f.pp;
+    layout.micro_batches = f.micro_batches;
+    layout.processes = world.get();
+    if (absl::Status s = layout.Validate(*config); !s.ok()) {
+      verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+    }
+  }
+  // Every rank learns whether all of them agreed (a config missing on one host only), so that
+  // none goes on into a collective the others never join.
+  ASSIGN_OR_RETURN(const std::vector<double> ok, world->AllGather(verdict.ok() ? 1.0 : 0.0));
+  if (!verdict.ok()) return verdict;
+  for (size_t r = 0; r < ok.size(); ++r) {
+    if (ok[r] == 0) return absl::InvalidArgumentError(absl::StrCat(prefix, "rank ", r, " refused the job (its log says why)"));
   }
   return std::unique_ptr<MpiJob>(std::make_unique<OpenMpiJob>(std::move(world)));
 #else

@@ -12,6 +12,10 @@
 
 namespace moeserve::tools {
 
+// Whether mpirun (or another PMIx launcher) started this process: Open MPI sets
+// OMPI_COMM_WORLD_SIZE, PMIx launchers PMIX_RANK.
+bool LaunchedByMpirun();
+
 class MpiJob {
  public:
   // Null when mpirun did not start this process. Under mpirun: joins the job and checks the
@@ -26,6 +30,8 @@ class MpiJob {
   // all of --threads) and the monitor starts; `on_lost` runs when a rank is lost.
   virtual void Configure(const EngineFlags& flags, EngineConfig* config) = 0;
   virtual void StartMonitor(std::function<void(const std::string&)> on_lost) = 0;
+  // Stops watching and forgets `on_lost`: before the engine it calls goes away.
+  virtual void StopMonitor() = 0;
   // Collective, after every rank loaded its shard: the weights' digest becomes the whole model's.
   virtual absl::Status ShareDigests(ModelWeights* weights) = 0;
   // The part of the model this rank reads from the checkpoint.
@@ -34,6 +40,14 @@ class MpiJob {
   virtual int RunWorker(const EngineFlags& flags, const ModelSpec& spec) = 0;
   // Ends the whole job (MPI_Abort, so mpirun stops every rank and exits non-zero).
   [[noreturn]] virtual void Abort(int code) = 0;
+};
+
+// Stops a job's monitor when it goes out of scope (null: no job).
+struct MonitorStop {
+  MpiJob* job = nullptr;
+  ~MonitorStop() {
+    if (job != nullptr) job->StopMonitor();
+  }
 };
 
 }  // namespace moeserve::tools

@@ -90,6 +90,8 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     Engine* e = engine->get();
     job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
   }
+  // Declared after the engine, so destroyed before it: the monitor must not reach a freed engine.
+  const MonitorStop monitor_stop{job};
   ReleaseStagingCopy(*ecfg, weights->get(), "moeserve: ");
   const ModelConfig& c = (*weights)->config();
   std::fprintf(stderr, "moeserve: loaded in %.2f s: %.1fM parameters (%.1fM active), KV cache %lld blocks of %lld tokens\n",
