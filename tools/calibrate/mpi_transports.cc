@@ -59,7 +59,7 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
     char buf[4096];
     for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) text.append(buf, n);
     const int rc = pclose(pipe);
-    // The JSON object rank 0 printed is the last '{' ... '}' of the output.
+    // The JSON object rank 0 printed starts at {"ranks" (mpirun adds no output after it).
     const size_t open = text.find("{\"ranks\"");
     nlohmann::json probe = open == std::string::npos
                                ? nlohmann::json()
