@@ -69,6 +69,8 @@ struct EngineFlags {
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
 CpuBackendOptions MakeBackendOptions(const EngineFlags& flags);
+// A parallel rank's GPU backend on `gpu` (null, with the reason on stderr, when it cannot be made).
+std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes);
 // The backend --backend names: the CPU (with MakeBackendOptions) or a GPU (--device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& flags);
 

@@ -190,17 +190,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
     const int first = f.device;
     for (int64_t r = 0; r < f.ep * f.pp; ++r) c.parallel.nccl_devices.push_back(static_cast<int>(first + r));
-    c.rank_backends = [device_bytes, first](int rank, int) -> std::unique_ptr<Backend> {
-      CudaBackendOptions o;
-      o.device = first + rank;
-      o.capacity_bytes = device_bytes;
-      auto b = CudaBackend::Create(o);
-      if (!b.ok()) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(b.status().message()).c_str());
-        return nullptr;
-      }
-      return std::move(*b);
-    };
+    c.rank_backends = [device_bytes, first](int rank, int) { return MakeCudaRankBackend(rank, first + rank, device_bytes); };
 #endif
   } else if (c.parallel.enabled()) {
     // Each rank: a CPU backend of its own with its share of the threads.
@@ -249,6 +239,21 @@ void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const
                "%sfreed the %.1f MiB staging copy of the weights; each rank holds its shard (resident "
                "memory %.0f -> %.0f MiB)\n",
                log_prefix, staged_mb, rss_before, ResidentMiB());
+}
+
+std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes) {
+#if MOESERVE_HAVE_CUDA
+  CudaBackendOptions o;
+  o.device = gpu;
+  o.capacity_bytes = capacity_bytes;
+  auto b = CudaBackend::Create(o);
+  if (b.ok()) return std::move(*b);
+  std::fprintf(stderr, "rank %d: %s\n", rank, std::string(b.status().message()).c_str());
+#else
+  std::fprintf(stderr, "rank %d: GPU %d asked for, but this build has no CUDA backend\n", rank, gpu);
+  (void)capacity_bytes;
+#endif
+  return nullptr;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {

@@ -13,9 +13,6 @@
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
 #endif
-#if MOESERVE_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
 
 namespace moeserve::tools {
 namespace {
@@ -51,16 +48,8 @@ class OpenMpiJob final : public MpiJob {
       const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
       const int gpu = f.device + (local != nullptr ? std::atoi(local) : 0);
       c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), gpu);
-      c->rank_backends = [gpu, device_bytes](int rank, int) -> std::unique_ptr<Backend> {
-        CudaBackendOptions o;
-        o.device = gpu;
-        o.capacity_bytes = device_bytes;
-        auto b = CudaBackend::Create(o);
-        if (!b.ok()) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, std::string(b.status().message()).c_str());
-          return nullptr;
-        }
-        return std::move(*b);
+      c->rank_backends = [gpu, device_bytes](int rank, int) {
+        return MakeCudaRankBackend(rank, gpu, device_bytes);
       };
       return;
     }
@@ -181,7 +170,9 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
   ASSIGN_OR_RETURN(const std::vector<double> ok, world->AllGather(verdict.ok() ? 1.0 : 0.0));
   if (!verdict.ok()) return verdict;
   for (size_t r = 0; r < ok.size(); ++r) {
-    if (ok[r] == 0) return absl::InvalidArgumentError(absl::StrCat(prefix, "rank ", r, " refused the job (its log says why)"));
+    if (ok[r] == 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "rank ", r, " refused the job (its log says why)"));
   }
   return std::unique_ptr<MpiJob>(std::make_unique<OpenMpiJob>(std::move(world)));
 #else

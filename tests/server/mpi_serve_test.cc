@@ -89,31 +89,51 @@ TEST(MpiServeTest, AnEp2JobStreamsWhatOneProcessGenerates) {
   EXPECT_NE(server.log().find("moeserve: stopped cleanly"), std::string::npos) << server.log();
 }
 
-TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2)))
-      << server.log();
+// Streams a long generation from the job and sends rank 1 `sig` after the third message: the
+// call's status, the messages read, and when the signal went.
+struct SignalledStream {
+  grpc::Status status;
+  int messages = 0;
+  std::chrono::steady_clock::time_point signalled;
+};
+SignalledStream StreamAndSignalRank1(const ServerProcess& server, int sig) {
+  SignalledStream out;
   const pid_t worker = RankPid(server.pid(), 1);
-  ASSERT_GT(worker, 0) << "rank 1 not found among mpirun's children";
+  EXPECT_GT(worker, 0) << "rank 1 not found among mpirun's children";
+  if (worker <= 0) return out;
   auto stub = v1::Moeserve::NewStub(server.channel());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Generate(&ctx, IdsRequest({1, 2, 3, 4, 5}, 1000));
   v1::GenerateResponse r;
-  int messages = 0;
   while (reader->Read(&r)) {
-    if (++messages == 3) kill(worker, SIGKILL);  // mid-stream
+    if (++out.messages == 3) {  // mid-stream
+      kill(worker, sig);
+      out.signalled = std::chrono::steady_clock::now();
+    }
   }
-  const grpc::Status status = reader->Finish();
-  const auto killed_at = std::chrono::steady_clock::now();
-  EXPECT_GE(messages, 3);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
+  out.status = reader->Finish();
+  if (sig == SIGSTOP) kill(worker, SIGKILL);  // in case mpirun left it stopped
+  return out;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2)))
+      << server.log();
+  const SignalledStream got = StreamAndSignalRank1(server, SIGKILL);
+  ASSERT_GE(got.messages, 3);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("rank 1"), std::string::npos)
+      << got.status.error_message();
   const int rc = server.WaitExit(20);
   EXPECT_NE(rc, -2) << "the job still runs 20 s after its worker died\n" << server.log();
   EXPECT_NE(rc, 0) << server.log();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
-            20);
+  EXPECT_LT(SecondsSince(got.signalled), 20);
 }
 
 // A worker that stops (SIGSTOP: alive, silent) is found by its missing heartbeats within the
@@ -122,35 +142,19 @@ TEST(MpiServeTest, AStoppedWorkerIsFoundByItsMissingHeartbeats) {
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2)))
       << server.log();
-  const pid_t worker = RankPid(server.pid(), 1);
-  ASSERT_GT(worker, 0) << "rank 1 not found among mpirun's children";
-  auto stub = v1::Moeserve::NewStub(server.channel());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, IdsRequest({1, 2, 3, 4, 5}, 1000));
-  v1::GenerateResponse r;
-  int messages = 0;
-  const auto start = std::chrono::steady_clock::now();
-  auto stopped_at = start;
-  while (reader->Read(&r)) {
-    if (++messages == 3) {
-      kill(worker, SIGSTOP);
-      stopped_at = std::chrono::steady_clock::now();
-    }
-  }
-  const grpc::Status status = reader->Finish();
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
-  EXPECT_NE(status.error_message().find("no heartbeat"), std::string::npos)
-      << status.error_message();
-  EXPECT_GE(waited, 4.0) << "detected before the timeout: " << status.error_message();
+  const SignalledStream got = StreamAndSignalRank1(server, SIGSTOP);
+  ASSERT_GE(got.messages, 3);
+  const double waited = SecondsSince(got.signalled);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("rank 1"), std::string::npos)
+      << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("no heartbeat"), std::string::npos)
+      << got.status.error_message();
+  EXPECT_GE(waited, 4.0) << "detected before the timeout: " << got.status.error_message();
   EXPECT_LT(waited, 15.0);
   const int rc = server.WaitExit(20);
   EXPECT_NE(rc, -2) << "the job still runs 20 s after its worker stopped\n" << server.log();
   EXPECT_NE(rc, 0) << server.log();
-  kill(worker, SIGKILL);  // in case mpirun left it stopped
 }
 
 TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
