@@ -1,0 +1,102 @@
+// The model's device workspaces: sized for the largest step so far, grown (never shrunk) when a
+// step needs more.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "models/moe_model.h"
+
+namespace moeserve {
+
+absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
+  absl::Status s = GrowWorkspace(tokens, table_elems, logit_rows);
+  // A half-grown workspace would keep device memory that the next, smaller step may need.
+  if (!s.ok()) ws_ = Workspace();
+  return s;
+}
+
+absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
+  const ModelConfig& c = config();
+  auto grow = [&](DeviceBuffer& b, size_t bytes) -> absl::Status {
+    if (b.bytes() >= bytes && !b.empty()) return absl::OkStatus();
+    b = DeviceBuffer();
+    ASSIGN_OR_RETURN(b, backend_->Allocate(std::max<size_t>(bytes, 64)));
+    return absl::OkStatus();
+  };
+  if (tokens > ws_.capacity_tokens) {
+    const int64_t n = std::max<int64_t>(tokens, 2 * ws_.capacity_tokens);
+    const int64_t k = c.num_experts_per_tok;
+    const int64_t inter = std::max(c.intermediate_size, c.shared_expert_intermediate_size);
+    const size_t f = sizeof(float);
+    RETURN_IF_ERROR(grow(ws_.x, n * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.xn, n * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.q, n * c.q_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.k, n * c.kv_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.v, n * c.kv_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.attn, n * c.q_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.router_logits, n * c.num_local_experts * f));
+    RETURN_IF_ERROR(grow(ws_.topk_ids, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.topk_w, n * k * f));
+    RETURN_IF_ERROR(grow(ws_.sorted_x, n * k * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.gate_up, n * k * 2 * inter * f));
+    RETURN_IF_ERROR(grow(ws_.act, n * k * inter * f));
+    RETURN_IF_ERROR(grow(ws_.expert_out, n * k * c.hidden_size * f));
+    RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));
+    if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_send_ids, n * k * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.shared_gate, n * f));
+    RETURN_IF_ERROR(grow(ws_.ids, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.positions, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.token_seq, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.slots, n * sizeof(int64_t)));
+    ws_.capacity_tokens = n;
+  }
+  if (table_elems > ws_.block_table_capacity) {
+    const int64_t n = std::max<int64_t>(table_elems, 2 * ws_.block_table_capacity);
+    RETURN_IF_ERROR(grow(ws_.block_tables, n * sizeof(int32_t)));
+    ws_.block_table_capacity = n;
+  }
+  if (logit_rows > ws_.logit_capacity) {
+    const int64_t n = std::max<int64_t>(logit_rows, 2 * ws_.logit_capacity);
+    RETURN_IF_ERROR(grow(ws_.logit_rows, n * sizeof(int32_t)));
+    RETURN_IF_ERROR(grow(ws_.final_x, n * c.hidden_size * sizeof(float)));
+    RETURN_IF_ERROR(grow(ws_.logits, n * c.vocab_size * sizeof(float)));
+    RETURN_IF_ERROR(grow(ws_.sample_specs, n * sizeof(SampleSpec)));
+    RETURN_IF_ERROR(grow(ws_.sampled, n * sizeof(int32_t)));
+    ws_.logit_capacity = n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
+  if (rows <= ws_.ep_capacity_rows) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const int64_t n = std::max<int64_t>(rows, 2 * ws_.ep_capacity_rows);
+  ws_.ep_capacity_rows = 0;  // until every buffer below has grown
+  const size_t f = sizeof(float), i32 = sizeof(int32_t);
+  DeviceBuffer* bufs[] = {&ws_.ep_recv, &ws_.ep_recv_ids, &ws_.ep_perm, &ws_.ep_unperm,
+                          &ws_.ep_in,   &ws_.ep_gate_up,  &ws_.ep_act,  &ws_.ep_out};
+  const size_t row_bytes[] = {c.hidden_size * f,
+                              i32,
+                              i32,
+                              i32,
+                              c.hidden_size * f,
+                              2 * c.intermediate_size * f,
+                              c.intermediate_size * f,
+                              c.hidden_size * f};
+  for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
+  for (size_t i = 0; i < std::size(bufs); ++i) {
+    auto grown = backend_->Allocate(std::max<size_t>(n * row_bytes[i], 64));
+    if (!grown.ok()) {
+      for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
+      return grown.status();
+    }
+    *bufs[i] = std::move(*grown);
+  }
+  ws_.ep_capacity_rows = n;
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve
