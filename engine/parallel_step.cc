@@ -41,7 +41,7 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
 
 absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
     const ForwardInput& in, const std::vector<uint64_t>& seq_ranks) {
-  const int64_t ep = config_.ep, pp = config_.pp, micro = MicroBatches(config_);
+  const int64_t ep = config_.ep, micro = MicroBatches(config_);
   if (static_cast<int64_t>(seq_ranks.size()) != in.num_seqs) {
     return absl::InvalidArgumentError("parallel forward: one EP rank per sequence is needed");
   }
@@ -98,7 +98,6 @@ absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
       }
     }
   }
-  (void)pp;
   return subs;
 }
 
