@@ -95,7 +95,7 @@ int RunSweep(BenchOptions o) {
   SweepOptions so;
   so.batches = *batches;
   so.contexts = *contexts;
-  so.block_size = o.engine.block_size;
+  so.block_size = o.engine.config.block_size;
   so.kv_dtype = *kv_dtype;
   so.min_steps = o.sweep_steps;
   so.max_kv_bytes = o.sweep_max_kv_gb * 1e9;

@@ -30,23 +30,16 @@ absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& l
 // says so on stderr after `log_prefix`. Does nothing on one rank.
 void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix);
 
-// Engine flags shared by `bench` and `serve`: scheduler limits and the KV cache. Their defaults
-// are the config structs' (one place each), in the units the flags take.
+// Engine flags shared by `bench` and `serve`. A flag that needs no conversion binds straight to
+// its field of `config`, whose default is the only one; the others (units, names, files) are
+// kept here, with defaults taken from the config structs, and applied by MakeEngineConfig.
 struct EngineFlags {
-  int64_t max_num_seqs = SchedulerConfig().max_num_seqs;
-  int64_t max_tokens_per_step = SchedulerConfig().max_tokens_per_step;
+  EngineConfig config;
   bool no_chunked_prefill = !SchedulerConfig().chunked_prefill;
   bool no_prefix_caching = !SchedulerConfig().prefix_caching;
-  int64_t max_waiting = SchedulerConfig().max_waiting;
-  int64_t fast_lane_max_batch = SchedulerConfig().fast_lane_max_batch;
-  double ep_balance = SchedulerConfig().ep_balance_ratio;
-  int64_t block_size = EngineConfig().block_size;
-  int64_t kv_blocks = EngineConfig().num_kv_blocks;
   double kv_cache_mb = static_cast<double>(EngineConfig().kv_cache_bytes) / 1048576.0;
   std::string kv_dtype = "f32";
   int threads = 0;
-  int64_t ep = ParallelConfig().ep, pp = ParallelConfig().pp, micro_batches = ParallelConfig().micro_batches;
-  int64_t ep_domain_size = ParallelConfig().ep_domain_size;
   std::string backend = "cpu";
   int device = 0;
   double device_mb = 0;
@@ -55,16 +48,14 @@ struct EngineFlags {
   bool no_batch_invariant = false;
   std::string hardware;     // roofline profile: preset or calibrate JSON
   std::string calibration;  // a `bench --sweep-batch --out` JSON whose fitted efficiencies to use
-  double price_per_hour = -1;
-  std::string trace_jsonl;
-  std::string trace_chrome;
   double host_kv_mb = 0;
   std::string flash_kv_dir;
   double flash_kv_mb = static_cast<double>(KvTierConfig().flash_bytes) / 1048576.0;
   std::string preemption = "auto";
   bool sync_flash = false;
   bool flash_kv_purge_foreign = false;
-  double max_retain_seconds = RequestLimits().max_retain_seconds;
+  // The layout the flags ask for (ep, pp).
+  int64_t ranks() const { return config.parallel.ep * config.parallel.pp; }
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);

@@ -20,22 +20,22 @@
 namespace moeserve::tools {
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
-  cmd->add_option("--max-num-seqs", f->max_num_seqs, "Most sequences in one engine step")->capture_default_str();
-  cmd->add_option("--max-tokens-per-step", f->max_tokens_per_step,
+  cmd->add_option("--max-num-seqs", f->config.scheduler.max_num_seqs, "Most sequences in one engine step")->capture_default_str();
+  cmd->add_option("--max-tokens-per-step", f->config.scheduler.max_tokens_per_step,
                   "Token budget of one step (prefill chunks plus decodes)")
       ->capture_default_str();
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
                 "Prefill each prompt in one step instead of chunks under the budget");
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
-  cmd->add_option("--max-waiting", f->max_waiting, "Waiting-queue bound for admissions: a new request is refused (RESOURCE_EXHAUSTED) while this many "
+  cmd->add_option("--max-waiting", f->config.scheduler.max_waiting, "Waiting-queue bound for admissions: a new request is refused (RESOURCE_EXHAUSTED) while this many "
                   "wait; sequences preempted under KV pressure go back to the queue even beyond it (by at most "
                   "--max-num-seqs)")
       ->capture_default_str();
-  cmd->add_option("--fast-lane-max-batch", f->fast_lane_max_batch,
+  cmd->add_option("--fast-lane-max-batch", f->config.scheduler.fast_lane_max_batch,
                   "Batch size cap while a fast-lane request is in the batch")
       ->capture_default_str();
-  cmd->add_option("--block-size", f->block_size, "Tokens per KV block")->capture_default_str();
-  cmd->add_option("--kv-blocks", f->kv_blocks, "KV blocks on the device (0: from --kv-cache-mb)")->capture_default_str();
+  cmd->add_option("--block-size", f->config.block_size, "Tokens per KV block")->capture_default_str();
+  cmd->add_option("--kv-blocks", f->config.num_kv_blocks, "KV blocks on the device (0: from --kv-cache-mb)")->capture_default_str();
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size in MiB when --kv-blocks is 0")->capture_default_str();
   cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
@@ -60,7 +60,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--calibration", f->calibration,
                   "JSON from `moeserve bench --sweep-batch ... --out` whose fitted efficiencies turn the "
                   "roofline bound into a calibrated prediction (needs --hardware)");
-  cmd->add_option("--price-per-hour", f->price_per_hour,
+  cmd->add_option("--price-per-hour", f->config.price_per_hour,
                   "$ per hour of this machine for request receipts (default: the profile's price)");
   cmd->add_option("--host-kv-mb", f->host_kv_mb,
                   "Host DDR tier for evicted prefix-cache blocks and swapped-out sequences, MiB (0: none); pinned "
@@ -82,26 +82,26 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "tier when the copies cost less than recomputing, by the roofline of --hardware or "
                   "measured rates), swap, or recompute. Swap needs --host-kv-mb")
       ->capture_default_str();
-  cmd->add_option("--max-retain-seconds", f->max_retain_seconds,
+  cmd->add_option("--max-retain-seconds", f->config.limits.max_retain_seconds,
                   "Largest retain_seconds (prompt-cache retention) a request may ask")
       ->capture_default_str();
-  cmd->add_option("--ep", f->ep,
+  cmd->add_option("--ep", f->config.parallel.ep,
                   "Expert-parallel ranks: each holds 1/N of every layer's experts and runs attention for its own "
                   "sequences; MoE layers exchange hidden states by all-to-all. Each rank is a thread with its own "
                   "share of --threads (cpu) or its own GPU, --device + rank, talking over NCCL (cuda). Under "
                   "`mpirun -np N` (N = ep x pp) each rank is a process with all of --threads, talking over MPI "
                   "(docs/parallelism.md)")
       ->capture_default_str();
-  cmd->add_option("--pp", f->pp,
+  cmd->add_option("--pp", f->config.parallel.pp,
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
                   "flow through them. With --ep, ep x pp ranks")
       ->capture_default_str();
-  cmd->add_option("--ep-domain-size", f->ep_domain_size,
+  cmd->add_option("--ep-domain-size", f->config.parallel.ep_domain_size,
                   "With --ep and --hardware: EP ranks per scale-up domain (NVLink, or Open MPI's shared memory "
                   "under mpirun); the predicted all-to-all prices traffic to other domains at the profile's "
                   "scale-out bandwidth (0: all ranks in one domain)")
       ->capture_default_str();
-  cmd->add_option("--ep-balance", f->ep_balance,
+  cmd->add_option("--ep-balance", f->config.scheduler.ep_balance_ratio,
                   "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "
                   "one rank's cache) unless that rank has more than this many times the outstanding tokens of "
                   "the least loaded rank plus the prompt's own; then to the least loaded (0: always the hashed "
@@ -109,24 +109,17 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
       ->capture_default_str();
-  cmd->add_option("--micro-batches", f->micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
+  cmd->add_option("--micro-batches", f->config.parallel.micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
-  cmd->add_option("--trace-jsonl", f->trace_jsonl, "Write every engine step's record here, one JSON per line");
-  cmd->add_option("--trace-chrome", f->trace_chrome,
+  cmd->add_option("--trace-jsonl", f->config.trace_jsonl, "Write every engine step's record here, one JSON per line");
+  cmd->add_option("--trace-chrome", f->config.trace_chrome,
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
 }
 
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
-  EngineConfig c;
-  c.scheduler.max_num_seqs = f.max_num_seqs;
-  c.scheduler.max_tokens_per_step = f.max_tokens_per_step;
+  EngineConfig c = f.config;  // the flags bound to it directly
   c.scheduler.chunked_prefill = !f.no_chunked_prefill;
   c.scheduler.prefix_caching = !f.no_prefix_caching;
-  c.scheduler.max_waiting = f.max_waiting;
-  c.scheduler.fast_lane_max_batch = f.fast_lane_max_batch;
-  c.scheduler.ep_balance_ratio = f.ep_balance;
-  c.block_size = f.block_size;
-  c.num_kv_blocks = f.kv_blocks;
   if (!(f.kv_cache_mb > 0)) return absl::InvalidArgumentError(absl::StrCat("--kv-cache-mb must be > 0, got ", f.kv_cache_mb));
   c.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mb * 1048576.0);
   auto dt = DTypeFromShortName(f.kv_dtype);
@@ -168,15 +161,11 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_tiers.async_flash = !f.sync_flash;
   c.kv_tiers.purge_foreign_flash = f.flash_kv_purge_foreign;
   ASSIGN_OR_RETURN(c.kv_tiers.preemption, ParsePreemptionMode(f.preemption));
-  if (!(f.max_retain_seconds >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-retain-seconds must be >= 0, got ", f.max_retain_seconds));
+  if (!(c.limits.max_retain_seconds >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-retain-seconds must be >= 0, got ", c.limits.max_retain_seconds));
   }
-  c.limits.max_retain_seconds = f.max_retain_seconds;
   if (!(f.device_mb >= 0)) return absl::InvalidArgumentError(absl::StrCat("--device-mb must be >= 0, got ", f.device_mb));
-  c.parallel.ep = f.ep;
-  c.parallel.pp = f.pp;
-  c.parallel.micro_batches = f.micro_batches;
-  c.parallel.ep_domain_size = f.ep_domain_size;
   if (f.expert_placement == "round-robin") {
     c.parallel.placement = ExpertPlacement::kRoundRobin;
   } else if (f.expert_placement != "contiguous") {
@@ -189,7 +178,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     // over NCCL, device to device.
     const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
     const int first = f.device;
-    for (int64_t r = 0; r < f.ep * f.pp; ++r) c.parallel.nccl_devices.push_back(static_cast<int>(first + r));
+    for (int64_t r = 0; r < f.ranks(); ++r) c.parallel.nccl_devices.push_back(static_cast<int>(first + r));
     c.rank_backends = [device_bytes, first](int rank, int) { return MakeCudaRankBackend(rank, first + rank, device_bytes); };
 #endif
   } else if (c.parallel.enabled()) {
@@ -204,9 +193,6 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
       return std::make_unique<CpuBackend>(o);
     };
   }
-  c.price_per_hour = f.price_per_hour;
-  c.trace_jsonl = f.trace_jsonl;
-  c.trace_chrome = f.trace_chrome;
   absl::Status s = c.Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("engine flags: ", s.message()));
   return c;
@@ -259,7 +245,7 @@ std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
   // With several ranks this backend only stages the full weights in host memory; the ranks get
   // devices of their own (MakeEngineConfig's rank_backends).
-  if (f.backend == "cpu" || (f.ep * f.pp > 1 && f.backend == "cuda")) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
+  if (f.backend == "cpu" || (f.ranks() > 1 && f.backend == "cuda")) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
 #if MOESERVE_HAVE_CUDA
   if (f.backend == "cuda") {
     CudaBackendOptions o;
@@ -282,7 +268,7 @@ CpuBackendOptions MakeBackendOptions(const EngineFlags& f) {
   o.batch_invariant = !f.no_batch_invariant;
   // With several ranks this backend only stages the full weights in host memory; the ranks'
   // own devices get the capacity.
-  if (f.ep * f.pp == 1) o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+  if (f.ranks() == 1) o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
   return o;
 }
 

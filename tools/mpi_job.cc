@@ -156,10 +156,7 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
   if (!config.ok()) {
     verdict = absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
   } else {
-    ParallelConfig layout;
-    layout.ep = f.ep;
-    layout.pp = f.pp;
-    layout.micro_batches = f.micro_batches;
+    ParallelConfig layout = f.config.parallel;
     layout.processes = world.get();
     if (absl::Status s = layout.Validate(*config); !s.ok()) {
       verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
