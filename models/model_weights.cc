@@ -105,6 +105,24 @@ class Uploader {
   std::map<std::string, uint64_t>* digests_;
 };
 
+// Checks a shard against the config (its layers a range within the model, its experts real
+// ones) and says which routed experts it holds.
+absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const WeightShard& shard) {
+  const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
+  if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", shard.layer_begin, ", ", end,
+                                                   ") are not within ", c.num_hidden_layers, " layers"));
+  }
+  std::vector<bool> held(c.num_local_experts, shard.experts.empty());
+  for (int32_t e : shard.experts) {
+    if (e < 0 || e >= c.num_local_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", c.num_local_experts));
+    }
+    held[e] = true;
+  }
+  return held;
+}
+
 }  // namespace
 
 absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_major, DType dtype, int64_t rows,
@@ -129,18 +147,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   RETURN_IF_ERROR(config.Validate());
   // What to read: the shard's layers and experts, the embedding on its first stage (and on the
   // last, when lm_head is tied to it), the final norm and lm_head on the last.
+  ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(config, only));
   const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
-  if (only.layer_begin < 0 || only.layer_begin >= end || end > config.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", only.layer_begin, ", ", end,
-                                                   ") are not within ", config.num_hidden_layers, " layers"));
-  }
-  std::vector<bool> held(config.num_local_experts, only.experts.empty());
-  for (int32_t e : only.experts) {
-    if (e < 0 || e >= config.num_local_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", config.num_local_experts));
-    }
-    held[e] = true;
-  }
   const bool first = only.layer_begin == 0, last = end == config.num_hidden_layers;
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32 or bf16, got ",
@@ -248,18 +256,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
                                                                    const WeightShard& shard, Backend* to) {
   if (full.released_) return absl::FailedPreconditionError("weight shard: the full weights were released");
   const ModelConfig& c = full.config_;
+  ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(c, shard));
   const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
-  if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", shard.layer_begin, ", ", end,
-                                                   ") are not within ", c.num_hidden_layers, " layers"));
-  }
-  std::vector<bool> held(c.num_local_experts, shard.experts.empty());
-  for (int32_t e : shard.experts) {
-    if (e < 0 || e >= c.num_local_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", c.num_local_experts));
-    }
-    held[e] = true;
-  }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = c;
   w->dtype_ = full.dtype_;
