@@ -1,6 +1,9 @@
 // The engine loop.
 #include "engine/engine.h"
 
+#include <algorithm>
+#include <span>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "engine/batch_builder.h"
@@ -50,7 +53,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     }
     ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, engine->fingerprint_, &engine->pool_,
                                                      std::move(devices), config.clock));
-    engine->tiers_->Attach();
     engine->tiers_->SetSwapCostModel(engine->MakeSwapCostModel());
     engine->scheduler_.SetLowerTiers(engine->tiers_.get());
   }
@@ -178,7 +180,12 @@ void Engine::Intake() {
   // Flash reads of the new prefixes start now and overlap the steps before their admission;
   // hashing the prompts happens here, outside the lock that Submit takes.
   if (tiers_ != nullptr && config_.scheduler.prefix_caching) {
-    for (Sequence* seq : accepted) tiers_->Prefetch(seq, config_.block_size, fingerprint_);
+    for (Sequence* seq : accepted) {
+      ExtendBlockHashes(seq->tokens, config_.block_size, fingerprint_, seq->cache_root, &seq->hashes);
+      // The blocks a prefix hit can use: whole ones, leaving a token to compute.
+      const size_t usable = std::min(seq->hashes.size(), static_cast<size_t>((seq->num_tokens() - 1) / config_.block_size));
+      tiers_->Prefetch(std::span<const BlockHash>(seq->hashes.data(), usable), seq->segment);
+    }
   }
   for (auto& [live, s] : refused) Finish(*live, FinishReason::kError, std::string(s.message()));
   for (uint64_t id : cancels) {
@@ -221,7 +228,7 @@ void Engine::Finish(Live& live, FinishReason reason, const std::string& message,
   live_.erase(live.seq.id);  // destroys `live`
 }
 
-// One step in one pass: schedule (tier copies included) -> build the batch -> run the model ->
+// One step in one pass: schedule -> tier transfers -> build the batch -> run the model ->
 // process the outputs -> account.
 absl::StatusOr<bool> Engine::Step() {
   Intake();
@@ -229,12 +236,16 @@ absl::StatusOr<bool> Engine::Step() {
   const auto start = Clock::now();
   auto since = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   SchedulerOutput out = scheduler_.Schedule();
+  if (tiers_ != nullptr) {  // the tier copies the schedule implies, before the forward reads them
+    scheduler_.OnTransfersDone(tiers_->Execute(out.transfers), &out);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.waiting = scheduler_.num_waiting();
     if (out.empty()) UpdateGaugesLocked();
   }
-  if (out.empty()) return false;
+  // Transfers that ran (or sent a sequence back to waiting) are progress even without a batch.
+  if (out.empty()) return !out.transfers.empty();
   StepBatch batch = BuildBatch(out, config_.block_size, lookup_, start);
   StepTiming timing;
   timing.start_seconds = std::chrono::duration<double>(start - started_).count();

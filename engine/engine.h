@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "core/histogram.h"
-#include "engine/kv_tiers.h"
 #include "engine/live_request.h"
 #include "engine/model_runner.h"
 #include "engine/parallel_executor.h"
@@ -28,6 +27,7 @@
 #include "engine/trace_writer.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_storage.h"
+#include "kvcache/kv_tiers.h"
 #include "models/moe_model.h"
 #include "roofline/cost_model.h"
 

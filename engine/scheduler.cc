@@ -108,7 +108,17 @@ void Scheduler::InsertWaiting(Sequence* seq) {
 void Scheduler::Remove(Sequence* seq) {
   if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
-  if (seq->swapped()) tiers_->DropSwap(seq);
+  if (seq->swapped()) {
+    // Swapped out in an earlier step (OnTransfersDone gave it its slots): free them.
+    MS_CHECK(!seq->swap_slots.empty());
+    KvTransfer t;
+    t.kind = KvTransfer::Kind::kFreeSwap;
+    t.slots = std::move(seq->swap_slots);
+    Plan(std::move(t), nullptr);
+    swap_held_ -= seq->swapped_blocks;
+    seq->swapped_blocks = 0;
+    seq->swap_slots.clear();
+  }
   pool_->Release(seq->blocks);
   seq->blocks.clear();
   seq->registered_blocks = 0;
@@ -118,7 +128,7 @@ void Scheduler::Remove(Sequence* seq) {
 bool Scheduler::Grow(Sequence* seq, int64_t tokens) {
   const int64_t need = BlocksFor(tokens) - static_cast<int64_t>(seq->blocks.size());
   if (need <= 0) return true;
-  auto got = pool_->Allocate(need, seq->segment);
+  auto got = Allocate(need, seq->segment);
   if (!got.ok()) return false;
   seq->blocks.insert(seq->blocks.end(), got->begin(), got->end());
   return true;
@@ -126,7 +136,7 @@ bool Scheduler::Grow(Sequence* seq, int64_t tokens) {
 
 void Scheduler::Preempt(Sequence* seq) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
-  const bool swap = tiers_ != nullptr && seq->num_computed > 0 && tiers_->ShouldSwap(*seq) && tiers_->SwapOut(seq);
+  const bool swap = PlanSwapOut(seq);
   // Full registered blocks stay in the prefix cache, so a recompute may hit them.
   pool_->Release(seq->blocks);
   seq->blocks.clear();
@@ -163,12 +173,23 @@ void Scheduler::TakeCachedPrefix(Sequence* seq) {
       seq->blocks.push_back(resident[b]);
       continue;
     }
-    // A device miss: a lower tier may still hold the block (it comes back with a reference).
+    // A device miss: a lower tier may still hold the block. It is planned to come back into a
+    // block allocated and registered now (with this sequence's reference).
     if (tiers_ == nullptr) break;
-    auto promoted = tiers_->Promote(seq->hashes[b], seq->segment);
-    if (!promoted.has_value()) break;
-    seq->blocks.push_back(promoted->first);
-    ++(promoted->second == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);
+    const std::optional<KvTier> below = Below(seq->hashes[b]);
+    if (!below.has_value()) break;
+    KvTransfer t;
+    t.kind = KvTransfer::Kind::kPromote;
+    t.hash = seq->hashes[b];
+    t.planned = *below;
+    auto got = Allocate(1, seq->segment, &t.evicted);  // evicts a cached block, never one in use
+    if (!got.ok()) break;
+    t.blocks = *got;
+    pool_->Register(t.blocks[0], t.hash);
+    planned_below_[t.hash] = std::nullopt;  // taken out of its tier
+    seq->blocks.push_back(t.blocks[0]);
+    ++(*below == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);
+    Plan(std::move(t), seq);
   }
   for (int64_t r = b; r < max_blocks; ++r) {  // past the first miss: not part of the prefix
     if (resident[r] >= 0) pool_->Release(resident[r]);
@@ -244,16 +265,25 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     }
   }
   ok = ok && Grow(seq, seq->num_computed + n);
-  if (ok && seq->swapped() && !tiers_->SwapIn(seq)) {
-    ReleaseWhileWaiting(seq);  // the swap space is gone: recompute from the start next time
-    return false;
-  }
   if (!ok) {
     ReleaseWhileWaiting(seq);  // do not hold device blocks while waiting
     return false;
   }
   waiting_.pop_front();
+  if (seq->swapped()) {  // its KV comes back from the swap slots into its new blocks
+    MS_CHECK(!seq->swap_slots.empty());
+    KvTransfer t;
+    t.kind = KvTransfer::Kind::kSwapIn;
+    MS_CHECK(static_cast<int64_t>(seq->blocks.size()) >= seq->swapped_blocks);  // Grow covered num_computed
+    t.blocks.assign(seq->blocks.begin(), seq->blocks.begin() + seq->swapped_blocks);
+    t.slots = std::move(seq->swap_slots);
+    Plan(std::move(t), seq);
+    swap_held_ -= seq->swapped_blocks;
+    seq->swapped_blocks = 0;
+    seq->swap_slots.clear();
+  }
   if (!seq->admitted_before) {
+    first_admitted_.push_back(seq);
     seq->cached_prompt_tokens = seq->num_computed;
     seq->cached_prompt_tokens_ddr = seq->promoted_ddr_blocks * block_size_;
     seq->cached_prompt_tokens_flash = seq->promoted_flash_blocks * block_size_;
@@ -267,6 +297,8 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
 
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
+  planned_below_.clear();
+  first_admitted_.clear();
   int64_t budget = config_.max_tokens_per_step;
   std::sort(running_.begin(), running_.end(), Before);
   const bool fast_present =
@@ -293,6 +325,10 @@ SchedulerOutput Scheduler::Schedule() {
   }
   while (out.preempted.empty() && AdmitFront(cap, &budget, &out)) {
   }
+  out.transfers = std::move(transfers_);
+  out.transfer_seqs = std::move(transfer_seqs_);
+  transfers_.clear();
+  transfer_seqs_.clear();
   return out;
 }
 

@@ -1,4 +1,4 @@
-// The scheduler: pure bookkeeping over sequences and the block pool, no device calls.
+// The scheduler: pure bookkeeping over sequences and the block pool; it never copies a byte.
 //
 // Every step it builds a batch under a maximum number of sequences and a token budget:
 // running sequences first (decodes and continuing prefill chunks, by priority then arrival, so
@@ -8,11 +8,17 @@
 // out to host DDR and copied back when it is readmitted, or dropped and recomputed later
 // (whichever the lower tiers judge cheaper); its blocks are released (full ones stay in the
 // prefix cache), and its output is unchanged either way.
+//
+// With KV tiers below the device pool, the copies those decisions imply (an evicted cached block
+// goes down to DDR, a prefix block comes back up, a victim's KV is swapped out and later in) are
+// planned into the schedule's transfer list, which KvTiers::Execute runs before the forward;
+// OnTransfersDone then books what the copies did.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "engine/sequence.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/host_tier.h"
+#include "kvcache/kv_transfers.h"
 
 namespace moeserve {
 
@@ -50,31 +57,14 @@ struct ScheduledChunk {
 struct SchedulerOutput {
   std::vector<ScheduledChunk> chunks;
   std::vector<Sequence*> preempted;  // preempted during this step's scheduling
+  // The tier copies to run before the forward, in order, and the sequence each serves (null for
+  // a demotion or a freed swap).
+  std::vector<KvTransfer> transfers;
+  std::vector<Sequence*> transfer_seqs;
   int64_t num_tokens = 0;
   int64_t num_prefill_tokens = 0;
   int64_t num_decode_tokens = 0;
   bool empty() const { return chunks.empty(); }
-};
-
-// The KV tiers below the device pool, as the scheduler sees them.
-class LowerTiers {
- public:
-  virtual ~LowerTiers() = default;
-  // On a device miss during a prefix lookup: brings the block back into a device block that it
-  // allocates, fills, registers under the hash and returns with one reference, saying which
-  // tier served it; nullopt when no tier holds it.
-  // The block goes into pool segment `segment` (the sequence's EP rank).
-  virtual std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash, int64_t segment) = 0;
-  // Preemption: whether swapping `seq` out (and back in) is cheaper than recomputing it.
-  virtual bool ShouldSwap(const Sequence& seq) = 0;
-  // Copies the KV of seq's computed tokens out of seq->blocks into swap space it records in
-  // seq->swap_slots; false (nothing held) when there is no room.
-  virtual bool SwapOut(Sequence* seq) = 0;
-  // Copies it back into seq->blocks (allocated by the caller) and frees the swap space; on
-  // false the swap space is freed too and the KV must be recomputed.
-  virtual bool SwapIn(Sequence* seq) = 0;
-  // Frees the swap space of a sequence that ends while swapped out.
-  virtual void DropSwap(Sequence* seq) = 0;
 };
 
 class Scheduler {
@@ -82,8 +72,9 @@ class Scheduler {
   Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint);
 
   const SchedulerConfig& config() const { return config_; }
-  // Lower tiers for prefix-cache misses and swap (none by default); must outlive the scheduler.
-  void SetLowerTiers(LowerTiers* tiers) { tiers_ = tiers; }
+  // Lower tiers for prefix-cache misses, evictions and swap (none by default); must outlive
+  // the scheduler.
+  void SetLowerTiers(KvTierView* tiers) { tiers_ = tiers; }
 
   // Queues a sequence; RESOURCE_EXHAUSTED when the waiting queue is full, INVALID_ARGUMENT
   // when it could never fit the KV pool even alone.
@@ -92,6 +83,12 @@ class Scheduler {
   void Remove(Sequence* seq);
 
   SchedulerOutput Schedule();
+  // Books the outcome of the schedule's transfers (one per transfer), before the forward: swap
+  // slots, promoted blocks' retention and tier. A sequence whose KV could not be brought back
+  // (a failed promotion or swap-in) keeps the KV before the gap and sits this step out (its
+  // chunk leaves `out`); the next steps compute the rest. One whose swap-out failed will be
+  // recomputed.
+  void OnTransfersDone(const std::vector<KvTransferOutcome>& outcomes, SchedulerOutput* out);
   // Records that the scheduled chunks were computed: advances num_computed and indexes the
   // newly full blocks in the prefix cache.
   void OnStepComputed(const SchedulerOutput& out);
@@ -104,6 +101,19 @@ class Scheduler {
 
  private:
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  // Allocates from the pool; the cached blocks it evicts are planned as demotions, into `nested`
+  // (a promotion's own) or else the transfer list.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n, int64_t segment,
+                                                std::vector<BlockEviction>* nested = nullptr);
+  void Plan(KvTransfer t, Sequence* seq);
+  // The lower tier that will hold `hash` once the transfers planned so far have run.
+  std::optional<KvTier> Below(const BlockHash& hash) const;
+  // Plans the swap-out of a victim's computed KV; false when the tiers judge recomputing
+  // cheaper or swap space is short.
+  bool PlanSwapOut(Sequence* seq);
+  // Cuts a running sequence back to its first `keep` blocks (the KV after them did not arrive):
+  // its chunk leaves `out`, and the next steps compute the rest.
+  void Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out);
   // Ensures seq has blocks for its first `tokens` tokens; false when the pool is short.
   bool Grow(Sequence* seq, int64_t tokens);
   void Preempt(Sequence* seq);
@@ -130,7 +140,14 @@ class Scheduler {
   std::deque<Sequence*> waiting_;  // sorted by (priority, arrival)
   std::vector<Sequence*> running_;
   int64_t total_preemptions_ = 0, total_swaps_ = 0;
-  LowerTiers* tiers_ = nullptr;
+  KvTierView* tiers_ = nullptr;
+  // Transfers planned since the last schedule, with their sequences.
+  std::vector<KvTransfer> transfers_;
+  std::vector<Sequence*> transfer_seqs_;
+  // Blocks whose place below changes with the planned transfers (demoted: DDR; promoted: gone).
+  std::unordered_map<BlockHash, std::optional<KvTier>, BlockHashHasher> planned_below_;
+  int64_t swap_held_ = 0;  // DDR swap slots held by swapped-out sequences
+  std::vector<Sequence*> first_admitted_;  // this step's first admissions
 };
 
 }  // namespace moeserve

@@ -34,13 +34,14 @@ struct Sequence {
   int64_t segment = 0;              // KV pool segment (= expert-parallel rank) holding its blocks
   int64_t preemptions = 0;
   int64_t swaps = 0;                // preemptions that swapped the KV out to DDR
-  std::vector<int64_t> swap_slots;  // DDR slots holding the KV while swapped out
+  int64_t swapped_blocks = 0;       // blocks of KV swapped out to DDR (0: not swapped)
+  std::vector<int64_t> swap_slots;  // the DDR slots holding them, once the copies ran
   double retain_until = 0;          // keep the prompt's KV cached until then (wall seconds; 0: no)
   bool admitted_before = false;
   State state = State::kWaiting;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
-  bool swapped() const { return !swap_slots.empty(); }
+  bool swapped() const { return swapped_blocks > 0; }
   bool in_prefill() const { return num_computed < num_tokens() - 1; }
 };
 

@@ -52,7 +52,8 @@ int32_t BlockPool::PopFront(List& l) {
   return b;
 }
 
-absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n, int64_t segment) {
+absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n, int64_t segment,
+                                                          std::vector<BlockEviction>* evicted) {
   MS_CHECK(segment >= 0 && segment < num_segments());
   Segment& sg = segs_[segment];
   if (n > num_available(segment)) {
@@ -79,7 +80,7 @@ absl::StatusOr<std::vector<int32_t>> BlockPool::Allocate(int64_t n, int64_t segm
       --sg.cached_count;
       --num_cached_;
       ++evictions_;
-      if (on_evict_) on_evict_(b, *hash_of_[b]);
+      if (evicted != nullptr) evicted->push_back(BlockEviction{b, *hash_of_[b], retain_until_[b]});
       index_.erase(KeyOf(*hash_of_[b], segment));
       hash_of_[b].reset();
     }
@@ -189,6 +190,30 @@ void BlockPool::Register(int32_t block, const BlockHash& hash) {
   if (hash_of_[block].has_value() || index_.count(key)) return;
   hash_of_[block] = hash;
   index_[key] = block;
+}
+
+void BlockPool::Forget(int32_t block, const BlockHash& hash) {
+  MS_CHECK(block >= 0 && block < num_blocks());
+  if (hash_of_[block] != hash) return;
+  Segment& sg = segs_[segment_of(block)];
+  if (in_list_[block] >= 2) {  // cached: it becomes free
+    if (in_list_[block] == 3) {
+      Unlink(sg.retained, block);
+      --sg.retained_count;
+      --num_retained_;
+    } else {
+      Unlink(sg.cached, block);
+    }
+    --sg.cached_count;
+    --num_cached_;
+    PushBack(sg.free, block);
+    in_list_[block] = 1;
+    ++sg.free_count;
+    ++num_free_;
+  }
+  index_.erase(KeyOf(hash, segment_of(block)));
+  hash_of_[block].reset();
+  retain_until_[block] = 0.0;
 }
 
 std::optional<int32_t> BlockPool::Lookup(const BlockHash& hash, int64_t segment) const {

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +25,14 @@
 #include "kvcache/block_hash.h"
 
 namespace moeserve {
+
+// A cached block that an allocation evicted, with its contents still intact: a lower tier may
+// keep a copy before the block's new owner writes it.
+struct BlockEviction {
+  int32_t block = 0;
+  BlockHash hash;
+  double retain_until = 0;  // its retention deadline (0: none)
+};
 
 class BlockPool {
  public:
@@ -49,22 +56,21 @@ class BlockPool {
   int64_t evictions() const { return evictions_; }
 
   // Takes `n` blocks of `segment` (reference count 1 each), or none: RESOURCE_EXHAUSTED when
-  // fewer than `n` are available there.
-  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n, int64_t segment = 0);
+  // fewer than `n` are available there. Cached blocks it evicts are appended to `evicted`.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t n, int64_t segment = 0,
+                                                std::vector<BlockEviction>* evicted = nullptr);
   // Adds a reference to an in-use or cached block (a prefix hit takes a cached block back).
   void Retain(int32_t block);
   // Drops one reference; at zero the block becomes cached when it has a hash, else free.
   void Release(int32_t block);
   void Release(const std::vector<int32_t>& blocks);
 
-  // Called when Allocate evicts a cached block, before the block is handed out: its contents
-  // are still intact, so a lower tier can keep a copy.
-  using EvictionObserver = std::function<void(int32_t block, const BlockHash& hash)>;
-  void SetEvictionObserver(EvictionObserver observer) { on_evict_ = std::move(observer); }
-
   // Indexes an in-use full block under `hash`, unless that hash already names another block of
   // its segment.
   void Register(int32_t block, const BlockHash& hash);
+  // Drops `block`'s index entry if it is still `hash` (its contents turned out not to be that
+  // block's): lookups miss it from now on, and a cached block becomes free.
+  void Forget(int32_t block, const BlockHash& hash);
   // The block of `segment` holding `hash`, if cached or in use.
   std::optional<int32_t> Lookup(const BlockHash& hash, int64_t segment = 0) const;
 
@@ -77,6 +83,8 @@ class BlockPool {
   void AdvanceClock(double now);
 
   int32_t ref_count(int32_t block) const { return ref_counts_[block]; }
+  // The hash a block is indexed under, if any.
+  const std::optional<BlockHash>& hash_of(int32_t block) const { return hash_of_[block]; }
   // Checks that every block is in exactly one state and the counts agree.
   bool CheckInvariants() const;
 
@@ -107,7 +115,6 @@ class BlockPool {
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   std::vector<Segment> segs_;
   int64_t seg_size_ = 1;
-  EvictionObserver on_evict_;
   int64_t num_free_ = 0, num_cached_ = 0, num_retained_ = 0, evictions_ = 0;
 };
 

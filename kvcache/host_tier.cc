@@ -176,9 +176,11 @@ absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double*
   return KvTier::kFlash;
 }
 
-bool HostKvTier::Contains(const BlockHash& hash) const {
+std::optional<KvTier> HostKvTier::Find(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return index_.count(hash) > 0 || pending_.count(hash) > 0 || (flash_ != nullptr && flash_->Contains(hash));
+  if (index_.count(hash) > 0 || pending_.count(hash) > 0) return KvTier::kHost;
+  if (flash_ != nullptr && flash_->Contains(hash)) return KvTier::kFlash;
+  return std::nullopt;
 }
 
 void HostKvTier::Prefetch(const std::vector<BlockHash>& hashes) {

@@ -22,6 +22,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -84,7 +85,9 @@ class HostKvTier {
   // exclusive of the device, so promoting a long prefix never pushes its own later blocks out)
   // and a flash hit is not copied into DDR.
   absl::StatusOr<KvTier> Get(const BlockHash& hash, void* out, double* retain_until = nullptr, bool take = false);
-  bool Contains(const BlockHash& hash) const;
+  bool Contains(const BlockHash& hash) const { return Find(hash).has_value(); }
+  // The tier Get would serve `hash` from now (DDR, a block awaiting its flash write included).
+  std::optional<KvTier> Find(const BlockHash& hash) const;
 
   // Asks the transfer thread to read these blocks from flash into DDR (those in DDR already, or
   // in no tier, are skipped). Without a transfer thread or a DDR budget this does nothing.

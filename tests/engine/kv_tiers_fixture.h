@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/kv_tiers.h"
+#include "kvcache/kv_tiers.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
 

@@ -4,56 +4,10 @@
 #include <memory>
 #include <random>
 
-#include "engine/scheduler.h"
-#include "tests/test_util.h"
+#include "tests/engine/scheduler_fixture.h"
 
 namespace moeserve {
 namespace {
-
-constexpr int64_t kBlock = 4;
-
-class SchedulerTest : public ::testing::Test {
- protected:
-  void Make(SchedulerConfig cfg, int64_t blocks) {
-    pool_ = std::make_unique<BlockPool>(blocks);
-    sched_ = std::make_unique<Scheduler>(cfg, pool_.get(), kBlock, /*fingerprint=*/42);
-  }
-  Sequence* NewSeq(int64_t prompt_len, int64_t max_tokens, Priority p = Priority::kNormal,
-                   int32_t first_token = 0) {
-    auto s = std::make_unique<Sequence>();
-    s->id = seqs_.size();
-    s->arrival = seqs_.size();
-    s->priority = p;
-    for (int64_t i = 0; i < prompt_len; ++i) s->tokens.push_back(first_token + static_cast<int32_t>(i));
-    s->prompt_len = prompt_len;
-    s->max_total_tokens = prompt_len + max_tokens;
-    seqs_.push_back(std::move(s));
-    return seqs_.back().get();
-  }
-  // The fake runner: marks chunks computed and appends a token to sequences that sampled;
-  // removes sequences that reached their length.
-  SchedulerOutput Step() {
-    SchedulerOutput out = sched_->Schedule();
-    sched_->OnStepComputed(out);
-    for (const auto& c : out.chunks) {
-      if (!c.wants_logits) continue;
-      c.seq->tokens.push_back(1000 + static_cast<int32_t>(c.seq->tokens.size()));
-      if (c.seq->num_tokens() >= c.seq->max_total_tokens) sched_->Remove(c.seq);
-    }
-    EXPECT_TRUE(pool_->CheckInvariants());
-    return out;
-  }
-  void Drain() {
-    for (int i = 0; i < 10000 && (sched_->num_running() > 0 || sched_->num_waiting() > 0); ++i) Step();
-    EXPECT_EQ(sched_->num_running() + sched_->num_waiting(), 0);
-    EXPECT_EQ(pool_->num_used(), 0) << "blocks leaked";
-    EXPECT_TRUE(pool_->CheckInvariants());
-  }
-
-  std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<Scheduler> sched_;
-  std::vector<std::unique_ptr<Sequence>> seqs_;
-};
 
 TEST_F(SchedulerTest, RespectsTokenBudgetAndChunksLongPrompts) {
   SchedulerConfig cfg;

@@ -74,22 +74,33 @@ TEST(BlockPoolTest, RetentionOutlivesPressureUntilItExpires) {
   pool.SetRetention((*a)[2], 300.0);  // already cached: moves to the retained list
   EXPECT_EQ(pool.num_cached(), 6);
   EXPECT_EQ(pool.num_retained(), 3);
+  std::vector<BlockEviction> evictions;
   std::vector<int32_t> evicted;
-  pool.SetEvictionObserver([&](int32_t b, const BlockHash&) { evicted.push_back(b); });
-  auto b = pool.Allocate(3);  // the three ordinary blocks go first, retained ones stay
+  auto b = pool.Allocate(3, 0, &evictions);  // the three ordinary blocks go first, retained ones stay
   ASSERT_TRUE(b.ok());
+  for (const BlockEviction& e : evictions) evicted.push_back(e.block);
   EXPECT_EQ(evicted, (std::vector<int32_t>{(*a)[3], (*a)[4], (*a)[5]}));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(evictions[i].hash, HashOf(3 + i)) << i;  // the hash it was cached under
+    EXPECT_EQ(evictions[i].retain_until, 0.0) << i;
+  }
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(pool.Lookup(HashOf(i)).has_value()) << i;
   // Block 1 expires at 150: it becomes the first ordinary candidate.
   pool.AdvanceClock(160.0);
   EXPECT_EQ(pool.num_retained(), 2);
-  auto c = pool.Allocate(1);
+  evictions.clear();
+  auto c = pool.Allocate(1, 0, &evictions);
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(evicted.back(), (*a)[1]);
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].block, (*a)[1]);
+  EXPECT_EQ(evictions[0].retain_until, 150.0);  // the deadline travels with the eviction
   // With nothing else left, a retained block is evicted (LRU among them) rather than failing.
-  auto d = pool.Allocate(1);
+  evictions.clear();
+  auto d = pool.Allocate(1, 0, &evictions);
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(evicted.back(), (*a)[0]);
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].block, (*a)[0]);
+  EXPECT_EQ(evictions[0].retain_until, 200.0);
   EXPECT_EQ(pool.retention((*d)[0]), 0.0);  // a reused block carries no retention
   EXPECT_TRUE(pool.Lookup(HashOf(2)).has_value());
   EXPECT_TRUE(pool.CheckInvariants());
@@ -101,6 +112,33 @@ TEST(BlockPoolTest, RetentionOutlivesPressureUntilItExpires) {
   pool.AdvanceClock(400.0);
   EXPECT_EQ(pool.num_retained(), 0);
   EXPECT_EQ(pool.num_cached(), 1);
+  EXPECT_TRUE(pool.CheckInvariants());
+}
+
+// Forget drops a block's prefix-cache entry (its contents were not what the hash says): an
+// in-use block stays in use but is found no more, a cached one becomes free; another hash is
+// left alone.
+TEST(BlockPoolTest, ForgetDropsTheIndexEntryOnly) {
+  BlockPool pool(4);
+  auto a = pool.Allocate(2);
+  ASSERT_TRUE(a.ok());
+  pool.Register((*a)[0], HashOf(0));
+  pool.Register((*a)[1], HashOf(1));
+  pool.SetRetention((*a)[1], 100.0);
+  pool.Release((*a)[1]);  // cached (retained)
+  pool.Forget((*a)[0], HashOf(7));  // not its hash: nothing happens
+  EXPECT_TRUE(pool.Lookup(HashOf(0)).has_value());
+  pool.Forget((*a)[0], HashOf(0));
+  EXPECT_FALSE(pool.Lookup(HashOf(0)).has_value());
+  EXPECT_EQ(pool.ref_count((*a)[0]), 1);
+  pool.Forget((*a)[1], HashOf(1));
+  EXPECT_FALSE(pool.Lookup(HashOf(1)).has_value());
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.num_retained(), 0);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_TRUE(pool.CheckInvariants());
+  pool.Release((*a)[0]);  // no hash any more: straight to free
+  EXPECT_EQ(pool.num_free(), 4);
   EXPECT_TRUE(pool.CheckInvariants());
 }
 

@@ -1,4 +1,5 @@
-// The engine's KV tiers below the device pool: host DDR over an optional flash directory.
+// The KV tiers below the device pool: host DDR over an optional flash directory, and the
+// transfer executor that runs the copies the scheduler plans (kvcache/kv_transfers.h).
 //
 // - Demotion: cached prefix blocks that the device pool evicts are copied down to DDR (and
 //   from there, by the DDR tier's transfer thread, to flash), with their retention deadline.
@@ -19,15 +20,17 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
-#include "engine/scheduler.h"
 #include "kernels/backend.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/flash_store.h"
 #include "kvcache/host_tier.h"
 #include "kvcache/kv_storage.h"
+#include "kvcache/kv_transfers.h"
 
 namespace moeserve {
 
@@ -68,7 +71,7 @@ struct KvTierStats {
   FlashStoreStats flash;
   bool has_flash = false;
   int64_t demoted = 0, demote_failures = 0;
-  int64_t promoted_ddr = 0, promoted_flash = 0;
+  int64_t promoted_ddr = 0, promoted_flash = 0, promote_failures = 0;
   int64_t prefetch_requests = 0;
   // Preemption decisions and swaps.
   int64_t swap_decisions = 0, recompute_decisions = 0;
@@ -80,28 +83,32 @@ struct KvTierStats {
   int64_t block_bytes = 0;
 };
 
-class KvTiers final : public LowerTiers {
+class KvTiers final : public KvTierView {
  public:
-  // Opens the flash store (scanning what an earlier run left) and sizes the DDR slab.
+  // Opens the flash store (scanning what an earlier run left) and sizes the DDR slab. `pool`
+  // is only read (which blocks the device holds, for Prefetch).
   static absl::StatusOr<std::unique_ptr<KvTiers>> Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvTierDevices devices,
+                                                         const BlockPool* pool, KvTierDevices devices,
                                                          WallClock clock = WallSeconds);
   // Waits for copies still in flight (they may target host buffers freed with this object).
   ~KvTiers() override;
 
-  // Installs the demotion hook on the pool (call once; the tiers must outlive the pool's use).
-  void Attach();
   void SetSwapCostModel(SwapCostModel model) { swap_cost_ = std::move(model); }
 
-  // LowerTiers.
-  std::optional<std::pair<int32_t, KvTier>> Promote(const BlockHash& hash, int64_t segment) override;
-  bool ShouldSwap(const Sequence& seq) override;
-  bool SwapOut(Sequence* seq) override;
-  bool SwapIn(Sequence* seq) override;
-  void DropSwap(Sequence* seq) override;
+  // KvTierView.
+  std::optional<KvTier> Find(const BlockHash& hash) const override { return host_->Find(hash); }
+  bool ShouldSwap(int64_t blocks, int64_t tokens) override;
+  int64_t swap_capacity() const override { return host_->stats().capacity_blocks; }
 
-  // Starts reading from flash the prompt blocks of `seq` that the device pool lacks.
-  void Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint);
+  // Runs one step's transfers in list order and orders the devices' compute after their
+  // copies; one outcome per transfer. A failed promotion or swap-in leaves its blocks'
+  // contents undefined (the scheduler recomputes them); a failed demotion only loses a cache
+  // entry. A block whose promotion failed is never demoted afterwards.
+  std::vector<KvTransferOutcome> Execute(const std::vector<KvTransfer>& transfers);
+
+  // Starts reading from flash the blocks among `hashes` (a prompt's leading full blocks) that
+  // the device pool's `segment` lacks.
+  void Prefetch(std::span<const BlockHash> hashes, int64_t segment);
   // Waits for the transfer thread's queued work (tests and benchmarks).
   void Flush() { host_->Flush(); }
   // Device -> host copy bandwidth measured at creation (one block, a few times), the swap
@@ -116,11 +123,17 @@ class KvTiers final : public LowerTiers {
  private:
   // Copies in flight, per device: the last ticket of each backend that a buffer depends on.
   using Tickets = std::vector<std::pair<Backend*, uint64_t>>;
+  // Device blocks whose contents are undefined after a failed copy into them, this Execute.
+  using Spoiled = std::unordered_set<int32_t>;
 
-  KvTiers(const KvTierConfig& config, BlockPool* pool, KvTierDevices devices)
+  KvTiers(const KvTierConfig& config, const BlockPool* pool, KvTierDevices devices)
       : config_(config), pool_(pool), devices_(std::move(devices)) {}
-  void Demote(int32_t block, const BlockHash& hash);
-  int64_t SwapBlocks(const Sequence& seq) const;
+  void Demote(const BlockEviction& e, const Spoiled& spoiled);
+  KvTransferOutcome Promote(const KvTransfer& t, Spoiled* spoiled);
+  KvTransferOutcome SwapOut(const std::vector<int32_t>& blocks);
+  bool SwapIn(const std::vector<int32_t>& blocks, const std::vector<int64_t>& slots, Spoiled* spoiled);
+  // Returns swap slots to the DDR tier once the copies out of them are done.
+  void FreeSwap(const std::vector<int64_t>& slots);
   // Enqueues the copies of every piece of `block` to (to_host) or from a whole host block and
   // notes their tickets; false if a copy could not be enqueued.
   bool CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets);
@@ -131,7 +144,7 @@ class KvTiers final : public LowerTiers {
   void OrderCompute();
 
   KvTierConfig config_;
-  BlockPool* pool_;
+  const BlockPool* pool_;
   KvTierDevices devices_;
   std::vector<KvBlockPart> parts_;  // scratch for one block
   std::unique_ptr<FlashStore> flash_;
@@ -152,6 +165,7 @@ class KvTiers final : public LowerTiers {
   std::atomic<int64_t> transfer_bytes_{0}, transfer_ns_{0};
   // Written by the engine thread, read by GetStats.
   std::atomic<int64_t> demoted_{0}, demote_failures_{0}, promoted_ddr_{0}, promoted_flash_{0};
+  std::atomic<int64_t> promote_failures_{0};
   std::atomic<int64_t> prefetch_requests_{0}, swap_decisions_{0}, recompute_decisions_{0};
   std::atomic<int64_t> swapped_out_{0}, swapped_in_{0}, swap_failures_{0}, swap_out_blocks_{0}, swap_in_blocks_{0};
   std::atomic<int64_t> demote_ns_{0}, promote_ddr_ns_{0}, promote_flash_ns_{0}, swap_out_ns_{0}, swap_in_ns_{0};

@@ -1,5 +1,5 @@
 // Engine KV tiers.
-#include "engine/kv_tiers.h"
+#include "kvcache/kv_tiers.h"
 
 #include <algorithm>
 
@@ -54,7 +54,8 @@ KvTierDevices KvTierDevices::Single(KvStorage* kv, Backend* backend) {
 }
 
 absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& config, uint64_t fingerprint,
-                                                         BlockPool* pool, KvTierDevices devices, WallClock clock) {
+                                                         const BlockPool* pool, KvTierDevices devices,
+                                                         WallClock clock) {
   if (devices.backends.empty() || !devices.parts) return absl::InvalidArgumentError("KV tiers: no device");
   std::unique_ptr<KvTiers> t(new KvTiers(config, pool, std::move(devices)));
   const KvLayout& layout = t->devices_.layout;
@@ -106,10 +107,6 @@ KvTiers::~KvTiers() {
   for (const Tickets& t : promote_tickets_) (void)Wait(t);
 }
 
-void KvTiers::Attach() {
-  pool_->SetEvictionObserver([this](int32_t block, const BlockHash& hash) { Demote(block, hash); });
-}
-
 bool KvTiers::CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets) {
   devices_.parts(block, &parts_);
   size_t offset = 0;
@@ -139,13 +136,43 @@ void KvTiers::OrderCompute() {
   for (Backend* b : devices_.backends) b->OrderComputeAfterCopies();
 }
 
-void KvTiers::Demote(int32_t block, const BlockHash& hash) {
+std::vector<KvTransferOutcome> KvTiers::Execute(const std::vector<KvTransfer>& transfers) {
+  std::vector<KvTransferOutcome> outcomes(transfers.size());
+  Spoiled spoiled;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const KvTransfer& t = transfers[i];
+    switch (t.kind) {
+      case KvTransfer::Kind::kDemote:
+        Demote(BlockEviction{t.blocks[0], t.hash, t.retain_until}, spoiled);
+        break;
+      case KvTransfer::Kind::kPromote:
+        outcomes[i] = Promote(t, &spoiled);
+        break;
+      case KvTransfer::Kind::kSwapOut:
+        outcomes[i] = SwapOut(t.blocks);
+        break;
+      case KvTransfer::Kind::kSwapIn:
+        outcomes[i].ok = SwapIn(t.blocks, t.slots, &spoiled);
+        break;
+      case KvTransfer::Kind::kFreeSwap:
+        FreeSwap(t.slots);
+        break;
+    }
+  }
+  // The step reads the promoted and swapped-in blocks and may overwrite the demoted and
+  // swapped-out ones: its compute runs after every copy above.
+  if (!transfers.empty()) OrderCompute();
+  return outcomes;
+}
+
+void KvTiers::Demote(const BlockEviction& e, const Spoiled& spoiled) {
+  if (spoiled.count(e.block) > 0) return;  // not the block the hash names: keep nothing
   Stopwatch sw;
   // The block's new owner may overwrite it in the next step: the copy must be done first, and
   // the host reads the staging block at once, so this one waits.
   Tickets tickets;
-  const bool copied = CopyBlock(block, staging_.data(), /*to_host=*/true, &tickets);
-  if (!Wait(tickets) || !copied || !host_->Put(hash, staging_.data(), pool_->retention(block)).ok()) {
+  const bool copied = CopyBlock(e.block, staging_.data(), /*to_host=*/true, &tickets);
+  if (!Wait(tickets) || !copied || !host_->Put(e.hash, staging_.data(), e.retain_until).ok()) {
     ++demote_failures_;  // the block is simply lost to the cache, as without tiers
     return;
   }
@@ -153,56 +180,51 @@ void KvTiers::Demote(int32_t block, const BlockHash& hash) {
   BookTransfer(static_cast<int64_t>(staging_.bytes()), Nanos(sw), &demote_ns_);
 }
 
-std::optional<std::pair<int32_t, KvTier>> KvTiers::Promote(const BlockHash& hash, int64_t segment) {
-  if (!host_->Contains(hash)) return std::nullopt;
-  // Take the block out of DDR first, so that the demotion the allocation below may cause
-  // lands in the slot it frees instead of pushing another block (maybe the prefix's next) out.
+KvTransferOutcome KvTiers::Promote(const KvTransfer& t, Spoiled* spoiled) {
+  KvTransferOutcome o;
+  const int32_t block = t.blocks[0];
+  // Take the block out of DDR first, so that the demotions its allocation caused land in the
+  // slot it frees instead of pushing another block (maybe the prefix's next) out.
   Stopwatch read;
   const int i = promote_next_;
   promote_next_ = (promote_next_ + 1) % kPromoteRing;
   HostBuffer& buf = promote_staging_[i];
-  if (!Wait(promote_tickets_[i])) return std::nullopt;  // its last copies read it
+  const bool reusable = Wait(promote_tickets_[i]);  // its last copies read it
   promote_tickets_[i].clear();
-  double retain_until = 0;
-  auto tier = host_->Get(hash, buf.data(), &retain_until, /*take=*/true);
-  if (!tier.ok()) return std::nullopt;
+  absl::StatusOr<KvTier> tier = absl::UnavailableError("a copy out of the staging buffer failed");
+  if (reusable) tier = host_->Get(t.hash, buf.data(), &o.retain_until, /*take=*/true);
   const double read_seconds = read.Seconds();
-  auto got = pool_->Allocate(1, segment);  // may demote another cached block, never one in use
-  Stopwatch copy;  // the copies are timed, the allocation (and its demotion) is not
-  if (!got.ok() || !CopyBlock((*got)[0], buf.data(), /*to_host=*/false, &promote_tickets_[i])) {
-    (void)Wait(promote_tickets_[i]);  // a piece may have been enqueued before the failure
-    if (got.ok()) pool_->Release((*got)[0]);  // unhashed: back to free
-    (void)host_->Put(hash, buf.data(), retain_until);  // put it back where it was
-    return std::nullopt;
+  for (const BlockEviction& e : t.evicted) Demote(e, *spoiled);  // untimed, as part of the allocation
+  Stopwatch copy;
+  if (!tier.ok() || !CopyBlock(block, buf.data(), /*to_host=*/false, &promote_tickets_[i])) {
+    if (tier.ok()) {
+      (void)Wait(promote_tickets_[i]);  // a piece may have been enqueued before the failure
+      (void)host_->Put(t.hash, buf.data(), o.retain_until);  // put it back where it was
+    }
+    spoiled->insert(block);
+    ++promote_failures_;
+    o.ok = false;
+    return o;
   }
-  OrderCompute();  // the step that reads the block runs after the copy
-  const int32_t block = (*got)[0];
-  pool_->Register(block, hash);
-  pool_->SetRetention(block, retain_until);
-  (*tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
+  spoiled->erase(block);
+  o.tier = *tier;
+  (o.tier == KvTier::kFlash ? promoted_flash_ : promoted_ddr_).fetch_add(1);
   BookTransfer(static_cast<int64_t>(buf.bytes()), static_cast<int64_t>((read_seconds + copy.Seconds()) * 1e9),
-               *tier == KvTier::kFlash ? &promote_flash_ns_ : &promote_ddr_ns_);
-  return std::make_pair(block, *tier);
+               o.tier == KvTier::kFlash ? &promote_flash_ns_ : &promote_ddr_ns_);
+  return o;
 }
 
-void KvTiers::Prefetch(Sequence* seq, int64_t block_size, uint64_t fingerprint) {
-  ExtendBlockHashes(seq->tokens, block_size, fingerprint, seq->cache_root, &seq->hashes);
+void KvTiers::Prefetch(std::span<const BlockHash> hashes, int64_t segment) {
   std::vector<BlockHash> wanted;
-  const size_t max_blocks = static_cast<size_t>((seq->num_tokens() - 1) / block_size);
-  for (size_t b = 0; b < seq->hashes.size() && b < max_blocks; ++b) {
-    if (!pool_->Lookup(seq->hashes[b], seq->segment).has_value()) wanted.push_back(seq->hashes[b]);
+  for (const BlockHash& h : hashes) {
+    if (!pool_->Lookup(h, segment).has_value()) wanted.push_back(h);
   }
   if (wanted.empty()) return;
   prefetch_requests_ += static_cast<int64_t>(wanted.size());
   host_->Prefetch(wanted);
 }
 
-int64_t KvTiers::SwapBlocks(const Sequence& seq) const {
-  const int64_t bs = devices_.layout.block_size;
-  return std::min<int64_t>((seq.num_computed + bs - 1) / bs, static_cast<int64_t>(seq.blocks.size()));
-}
-
-bool KvTiers::ShouldSwap(const Sequence& seq) {
+bool KvTiers::ShouldSwap(int64_t blocks, int64_t tokens) {
   bool swap = false;
   switch (config_.preemption) {
     case PreemptionMode::kRecompute:
@@ -213,9 +235,9 @@ bool KvTiers::ShouldSwap(const Sequence& seq) {
       break;
     case PreemptionMode::kAuto: {
       // Out and back in over the host link, against recomputing every computed token.
-      const double bytes = 2.0 * static_cast<double>(SwapBlocks(seq) * devices_.layout.BlockBytes());
+      const double bytes = 2.0 * static_cast<double>(blocks * devices_.layout.BlockBytes());
       const double link = swap_cost_.link_bytes_per_second ? swap_cost_.link_bytes_per_second() : 0.0;
-      const double recompute = swap_cost_.recompute_seconds ? swap_cost_.recompute_seconds(seq.num_computed) : 0.0;
+      const double recompute = swap_cost_.recompute_seconds ? swap_cost_.recompute_seconds(tokens) : 0.0;
       swap = link > 0 && bytes / link < recompute;
       break;
     }
@@ -224,44 +246,45 @@ bool KvTiers::ShouldSwap(const Sequence& seq) {
   return swap;
 }
 
-bool KvTiers::SwapOut(Sequence* seq) {
-  const int64_t n = SwapBlocks(*seq);
+KvTransferOutcome KvTiers::SwapOut(const std::vector<int32_t>& blocks) {
+  KvTransferOutcome o;
+  const int64_t n = static_cast<int64_t>(blocks.size());
   auto slots = host_->ReserveSwap(n);
   if (!slots.ok()) {
     ++swap_failures_;
-    return false;
+    o.ok = false;
+    return o;
   }
   Stopwatch sw;
   const size_t bytes = devices_.layout.BlockBytes();
   // DMA straight into the (pinned) slots; the blocks go back to the pool at once, so compute
   // that may reuse them is ordered after these copies. Nobody reads the slots until SwapIn.
   for (int64_t i = 0; i < n; ++i) {
-    if (!CopyBlock(seq->blocks[i], host_->SwapData((*slots)[i]), /*to_host=*/true, &swap_tickets_)) {
-      (void)Wait(swap_tickets_);  // copies already issued into these slots
-      host_->FreeSwap(*slots);
+    if (!CopyBlock(blocks[i], host_->SwapData((*slots)[i]), /*to_host=*/true, &swap_tickets_)) {
+      FreeSwap(*slots);  // after the copies already issued into these slots
       ++swap_failures_;
-      return false;
+      o.ok = false;
+      return o;
     }
   }
-  OrderCompute();
-  seq->swap_slots = std::move(*slots);
+  o.slots = std::move(*slots);
   ++swapped_out_;
   swap_out_blocks_ += n;
   BookTransfer(static_cast<int64_t>(n * bytes), Nanos(sw), &swap_out_ns_);
-  return true;
+  return o;
 }
 
-bool KvTiers::SwapIn(Sequence* seq) {
+bool KvTiers::SwapIn(const std::vector<int32_t>& blocks, const std::vector<int64_t>& slots, Spoiled* spoiled) {
   Stopwatch sw;
   const size_t bytes = devices_.layout.BlockBytes();
-  const int64_t n = static_cast<int64_t>(seq->swap_slots.size());
-  bool ok = n <= static_cast<int64_t>(seq->blocks.size());
+  const int64_t n = static_cast<int64_t>(slots.size());
+  bool ok = n <= static_cast<int64_t>(blocks.size());
   for (int64_t i = 0; ok && i < n; ++i) {
-    ok = CopyBlock(seq->blocks[i], host_->SwapData(seq->swap_slots[i]), /*to_host=*/false, &swap_tickets_);
+    ok = CopyBlock(blocks[i], host_->SwapData(slots[i]), /*to_host=*/false, &swap_tickets_);
   }
-  OrderCompute();  // the step that resumes the sequence reads them
-  DropSwap(seq);   // waits for the copies out of the slots before the DDR tier reuses them
+  FreeSwap(slots);  // waits for the copies out of the slots before the DDR tier reuses them
   if (!ok) {
+    for (int32_t b : blocks) spoiled->insert(b);
     ++swap_failures_;
     return false;
   }
@@ -271,13 +294,12 @@ bool KvTiers::SwapIn(Sequence* seq) {
   return true;
 }
 
-void KvTiers::DropSwap(Sequence* seq) {
-  if (seq->swap_slots.empty()) return;
+void KvTiers::FreeSwap(const std::vector<int64_t>& slots) {
+  if (slots.empty()) return;
   // A failed wait means a device fault; the slots are returned anyway (the step will fail).
   (void)Wait(swap_tickets_);
   swap_tickets_.clear();
-  host_->FreeSwap(seq->swap_slots);
-  seq->swap_slots.clear();
+  host_->FreeSwap(slots);
 }
 
 KvTierStats KvTiers::stats() const {
@@ -291,6 +313,7 @@ KvTierStats KvTiers::stats() const {
   s.demote_failures = demote_failures_;
   s.promoted_ddr = promoted_ddr_;
   s.promoted_flash = promoted_flash_;
+  s.promote_failures = promote_failures_;
   s.prefetch_requests = prefetch_requests_;
   s.swap_decisions = swap_decisions_;
   s.recompute_decisions = recompute_decisions_;
