@@ -163,9 +163,12 @@ class Backend {
                     bool accumulate = false) = 0;
 
   // Grouped GEMM for experts: rows [offsets[g], offsets[g+1]) of x are multiplied by w[g].
-  // offsets is a host array of size w.size() + 1. x: [offsets.back(), cols], y: [.., rows]
-  virtual void GroupedGemm(const float* x, std::span<const WeightRef> w,
-                           std::span<const int64_t> offsets, float* y) = 0;
+  // offsets: w.size() + 1 values in device memory (as PlanRouting writes them), so that a MoE
+  // layer enqueues its experts without a host round trip; `max_rows` (known on the host, e.g.
+  // tokens x top-k) bounds offsets.back(). The w[g] share one shape and dtype.
+  // x: [offsets.back(), cols], y: [.., rows]
+  virtual void GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets,
+                           int64_t max_rows, float* y) = 0;
 
   // y[r, :] = x[r, :] / rms(x[r, :]) * weight.  x, y: [rows, dim]; y may equal x.
   virtual void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
@@ -188,6 +191,14 @@ class Backend {
   // lower index), their probabilities renormalised to sum to one when `renormalize`.
   virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
                           bool renormalize, int32_t* expert_ids, float* expert_weights) = 0;
+
+  // Plans the expert dispatch on the device from the router's ids [n, k] (each in
+  // [0, num_experts)): the n*k assignments (token i / k, slot i % k) sorted by expert, stably
+  // (token order within an expert). offsets [num_experts + 1]: expert e's sorted rows are
+  // [offsets[e], offsets[e+1]); gather_rows [n*k]: the token of each sorted row; combine_rows
+  // [n*k]: the sorted row of each assignment. All device memory.
+  virtual void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts,
+                           int64_t* offsets, int32_t* gather_rows, int32_t* combine_rows) = 0;
 
   // Gathers rows for expert dispatch: out[i, :] = x[src_rows[i], :].  out: [n, dim]
   virtual void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,

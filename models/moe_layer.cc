@@ -107,9 +107,12 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
         backend_->CopyToDevice(ws_.ep_unperm.data(), sorted_of.data(), r_total * sizeof(int32_t)));
     backend_->GatherRows(ws_.ep_recv.as<float>(), ws_.ep_perm.as<int32_t>(), r_total, h,
                          ws_.ep_in.as<float>());
-    backend_->GroupedGemm(ws_.ep_in.as<float>(), lw.w13, ep_offsets_, ws_.ep_gate_up.as<float>());
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ep_offsets.data(), ep_offsets_.data(),
+                                           ep_offsets_.size() * sizeof(int64_t)));
+    const int64_t* offsets = ws_.ep_offsets.as<int64_t>();
+    backend_->GroupedGemm(ws_.ep_in.as<float>(), lw.w13, offsets, r_total, ws_.ep_gate_up.as<float>());
     backend_->SiluMul(ws_.ep_gate_up.as<float>(), r_total, inter, ws_.ep_act.as<float>());
-    backend_->GroupedGemm(ws_.ep_act.as<float>(), lw.w2, ep_offsets_, ws_.ep_out.as<float>());
+    backend_->GroupedGemm(ws_.ep_act.as<float>(), lw.w2, offsets, r_total, ws_.ep_out.as<float>());
     backend_->GatherRows(ws_.ep_out.as<float>(), ws_.ep_unperm.as<int32_t>(), r_total, h, back);
   }
   // Results go back the way they came (into send order), then combine as on one rank.
@@ -131,56 +134,61 @@ absl::Status MoeModel::ExpertParallel(const LayerWeights& lw, int64_t t, Forward
   return absl::OkStatus();
 }
 
-absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t t, ForwardStats* stats) {
+absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t, ForwardStats* stats) {
   const ModelConfig& c = config();
   const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
   const int64_t inter = c.intermediate_size;
   float* xn = ws_.xn.as<float>();
-  host_ids_.resize(t * k);
   if (t > 0) {
     backend_->Gemm(xn, t, lw.router, ws_.router_logits.as<float>());
     backend_->RouterTopK(ws_.router_logits.as<float>(), t, e_count, k, c.norm_topk_prob,
                          ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
-    RETURN_IF_ERROR(
-        backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
   }
   if (expert_parallel()) {
+    // The all-to-all's per-peer counts are host arguments (MPI, NCCL): this plan needs the ids.
+    host_ids_.resize(t * k);
+    if (t > 0) {
+      RETURN_IF_ERROR(
+          backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
+    }
     RETURN_IF_ERROR(ExpertParallel(lw, t, stats));
     return SharedExpert(lw, t);
   }
-
-  // Plan the dispatch on the host: sort the (token, slot) assignments by expert.
-  offsets_.assign(e_count + 1, 0);
-  for (int32_t e : host_ids_) ++offsets_[e + 1];
-  for (int64_t e = 0; e < e_count; ++e) {
-    offsets_[e + 1] += offsets_[e];
-    if (stats != nullptr && offsets_[e + 1] > offsets_[e]) ++stats->experts_hit;
-  }
-  host_gather_.resize(t * k);
-  host_combine_.resize(t * k);
-  std::vector<int64_t> cursor(offsets_.begin(), offsets_.end() - 1);
-  for (int64_t i = 0; i < t * k; ++i) {
-    const int64_t row = cursor[host_ids_[i]]++;
-    host_gather_[row] = static_cast<int32_t>(i / k);  // source token of sorted row
-    host_combine_[i] = static_cast<int32_t>(row);     // sorted row of assignment i
-  }
+  if (t == 0) return absl::OkStatus();
   if (stats != nullptr) stats->expert_assignments += t * k;
-  RETURN_IF_ERROR(
-      backend_->CopyToDevice(ws_.gather_rows.data(), host_gather_.data(), t * k * sizeof(int32_t)));
-  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.combine_rows.data(), host_combine_.data(),
-                                         t * k * sizeof(int32_t)));
-
+  // The dispatch is planned on the device and read there: no host round trip in the layer. The
+  // offsets stay in this layer's slot for the step's statistics (RoutingStats).
+  int64_t* offsets = RouteOffsets(layer);
+  backend_->PlanRouting(ws_.topk_ids.as<int32_t>(), t, k, e_count, offsets, ws_.gather_rows.as<int32_t>(),
+                        ws_.combine_rows.as<int32_t>());
   float* sorted_x = ws_.sorted_x.as<float>();
   float* gate_up = ws_.gate_up.as<float>();
   float* act = ws_.act.as<float>();
   float* expert_out = ws_.expert_out.as<float>();
   backend_->GatherRows(xn, ws_.gather_rows.as<int32_t>(), t * k, h, sorted_x);
-  backend_->GroupedGemm(sorted_x, lw.w13, offsets_, gate_up);  // [t*k, 2*inter]
-  backend_->SiluMul(gate_up, t * k, inter, act);               // [t*k, inter]
-  backend_->GroupedGemm(act, lw.w2, offsets_, expert_out);     // [t*k, hidden]
+  backend_->GroupedGemm(sorted_x, lw.w13, offsets, t * k, gate_up);  // [t*k, 2*inter]
+  backend_->SiluMul(gate_up, t * k, inter, act);                     // [t*k, inter]
+  backend_->GroupedGemm(act, lw.w2, offsets, t * k, expert_out);     // [t*k, hidden]
   backend_->ScatterCombine(expert_out, ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k,
                            h, ws_.x.as<float>(), /*accumulate=*/true);
   return SharedExpert(lw, t);
+}
+
+int64_t* MoeModel::RouteOffsets(int64_t layer) {
+  return ws_.route_offsets.as<int64_t>() + (layer - shard_.layer_begin) * (config().num_local_experts + 1);
+}
+
+absl::Status MoeModel::RoutingStats(int64_t t, ForwardStats* stats) {
+  if (stats == nullptr || t == 0 || expert_parallel()) return absl::OkStatus();  // EP counts its own
+  const int64_t e_count = config().num_local_experts;
+  const int64_t layers = shard_.layer_end - shard_.layer_begin;
+  std::vector<int64_t> offsets(layers * (e_count + 1));
+  RETURN_IF_ERROR(backend_->CopyToHost(offsets.data(), ws_.route_offsets.data(), offsets.size() * sizeof(int64_t)));
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t* o = offsets.data() + l * (e_count + 1);
+    for (int64_t e = 0; e < e_count; ++e) stats->experts_hit += o[e + 1] > o[e] ? 1 : 0;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MoeModel::SharedExpert(const LayerWeights& lw, int64_t t) {

@@ -121,18 +121,23 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
       backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
     }
     lap(&ForwardStats::attention_seconds);
-    RETURN_IF_ERROR(MoeLayer(lw, t, stats));
+    RETURN_IF_ERROR(MoeLayer(lw, l, t, stats));
     lap(&ForwardStats::moe_seconds);
   }
+  // The step's compute is done once the stream is: then the routing statistics are read back.
+  auto finish = [&]() -> absl::Status {
+    RETURN_IF_ERROR(backend_->Synchronize());
+    return RoutingStats(t, stats);
+  };
   if (!last) {
     *hidden_out = x;
     if (logits != nullptr) logits->clear();
-    return backend_->Synchronize();
+    return finish();
   }
   if (sampled != nullptr) sampled->clear();
   if (r == 0) {
     logits->clear();
-    return backend_->Synchronize();
+    return finish();
   }
   RETURN_IF_ERROR(
       backend_->CopyToDevice(ws_.logit_rows.data(), in.logit_rows.data(), r * sizeof(int32_t)));
@@ -157,7 +162,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
   } else {
     logits->clear();
   }
-  absl::Status s = backend_->Synchronize();
+  absl::Status s = finish();
   lap(&ForwardStats::head_seconds);
   return s;
 }

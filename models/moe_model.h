@@ -105,12 +105,13 @@ class MoeModel {
     DeviceBuffer x, xn, q, k, v, attn, router_logits, topk_ids, topk_w, sorted_x, gate_up, act,
         expert_out, combine_rows, gather_rows, shared_gate, ids, positions, token_seq, slots,
         block_tables, logit_rows, final_x, logits, sample_specs, sampled;
+    DeviceBuffer route_offsets;  // [shard layers, experts + 1]: each layer's routing offsets
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
     // Expert parallelism: the expert ids of this rank's assignments in send order, then rows
     // received from all ranks (which may outnumber this rank's own): hidden states and expert
     // ids as received, the gather indices into expert order and back, the expert GEMMs.
-    DeviceBuffer ep_send_ids;
+    DeviceBuffer ep_send_ids, ep_offsets;
     DeviceBuffer ep_recv, ep_recv_ids, ep_perm, ep_unperm, ep_in, ep_gate_up, ep_act, ep_out;
     int64_t ep_capacity_rows = 0;
   };
@@ -118,7 +119,12 @@ class MoeModel {
   absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
   absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
   absl::Status EnsureExpertRows(int64_t rows);
-  absl::Status MoeLayer(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
+  absl::Status MoeLayer(const LayerWeights& lw, int64_t layer, int64_t tokens, ForwardStats* stats);
+  // Where layer `layer`'s routing offsets live on the device this step.
+  int64_t* RouteOffsets(int64_t layer);
+  // Experts hit this step, from every layer's routing offsets in one copy after the step's
+  // compute (a single-rank forward plans routing on the device; EP counts on the host).
+  absl::Status RoutingStats(int64_t tokens, ForwardStats* stats);
   // The routed experts of an expert-parallel MoE layer (after routing), see ModelShard.
   absl::Status ExpertParallel(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
   // The gated shared expert, if the config has one (added to the residual).
@@ -133,10 +139,9 @@ class MoeModel {
   // Expert-parallel routing plan (host): assignment order, expert ids sent and received.
   std::vector<int32_t> ep_send_experts_, ep_recv_experts_, ep_order_;
   std::vector<int64_t> ep_offsets_;
-  // Host mirrors of the routing, used to plan the expert dispatch.
+  // Host mirrors of the routing, used to plan the expert-parallel dispatch.
   std::vector<int32_t> host_ids_;
   std::vector<int32_t> host_gather_, host_combine_;
-  std::vector<int64_t> offsets_;
 };
 
 }  // namespace moeserve

@@ -46,6 +46,9 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));
     if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_send_ids, n * k * sizeof(int32_t)));
+    const int64_t e1 = c.num_local_experts + 1;
+    RETURN_IF_ERROR(grow(ws_.route_offsets, (shard_.layer_end - shard_.layer_begin) * e1 * sizeof(int64_t)));
+    if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_offsets, e1 * sizeof(int64_t)));
     RETURN_IF_ERROR(grow(ws_.shared_gate, n * f));
     RETURN_IF_ERROR(grow(ws_.ids, n * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.positions, n * sizeof(int32_t)));

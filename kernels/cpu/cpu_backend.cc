@@ -152,10 +152,12 @@ void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, b
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
 
-void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w,
-                             std::span<const int64_t> offsets, float* y) {
+void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets_data,
+                             int64_t max_rows, float* y) {
+  // Device memory is host memory here: the offsets are read in place.
+  const std::span<const int64_t> offsets(offsets_data, w.size() + 1);
+  MS_CHECK(offsets.back() <= max_rows);
   if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant);
-  MS_CHECK(offsets.size() == w.size() + 1);
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
@@ -193,6 +195,11 @@ void CpuBackend::RouterTopK(const float* logits, int64_t n, int64_t num_experts,
                             bool renormalize, int32_t* expert_ids, float* expert_weights) {
   if (fast()) return cpu_fast::RouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights);
   cpu_ref::RouterTopK(logits, n, num_experts, k, renormalize, expert_ids, expert_weights);
+}
+
+void CpuBackend::PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts,
+                             int64_t* offsets, int32_t* gather_rows, int32_t* combine_rows) {
+  cpu_ref::PlanRouting(expert_ids, n, k, num_experts, offsets, gather_rows, combine_rows);  // integers only
 }
 
 void CpuBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,

@@ -62,7 +62,7 @@ class CpuBackend final : public Backend {
 
   void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
   void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) override;
-  void GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+  void GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets, int64_t max_rows,
                    float* y) override;
   void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                float* y) override;
@@ -73,6 +73,8 @@ class CpuBackend final : public Backend {
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
                   bool renormalize, int32_t* expert_ids, float* expert_weights) override;
+  void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
+                   int32_t* gather_rows, int32_t* combine_rows) override;
   void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                   float* out) override;
   void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n,

@@ -97,6 +97,23 @@ void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {
   }
 }
 
+void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
+                 int32_t* gather_rows, int32_t* combine_rows) {
+  const int64_t a = n * k;
+  std::fill(offsets, offsets + num_experts + 1, int64_t{0});
+  for (int64_t i = 0; i < a; ++i) {
+    MS_CHECK(expert_ids[i] >= 0 && expert_ids[i] < num_experts);
+    ++offsets[expert_ids[i] + 1];
+  }
+  for (int64_t e = 0; e < num_experts; ++e) offsets[e + 1] += offsets[e];
+  std::vector<int64_t> cursor(offsets, offsets + num_experts);
+  for (int64_t i = 0; i < a; ++i) {
+    const int64_t row = cursor[expert_ids[i]]++;
+    gather_rows[row] = static_cast<int32_t>(i / k);  // source token of sorted row
+    combine_rows[i] = static_cast<int32_t>(row);     // sorted row of assignment i
+  }
+}
+
 void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                 int32_t* expert_ids, float* expert_weights) {
   std::vector<double> p(num_experts);

@@ -20,6 +20,9 @@ void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_hea
 void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out);
 void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                 int32_t* expert_ids, float* expert_weights);
+// Counting sort of the n*k assignments by expert, stable (Backend::PlanRouting).
+void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
+                 int32_t* gather_rows, int32_t* combine_rows);
 void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n,
                     int64_t k, int64_t dim, float* out, bool accumulate);
 void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,

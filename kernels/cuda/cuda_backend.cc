@@ -9,19 +9,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace moeserve {
 namespace {
-
-int ElemOf(DType d) {
-  switch (d) {
-    case DType::kBF16: return cuda::kElemBF16;
-    case DType::kF16: return cuda::kElemF16;
-    default: return cuda::kElemF32;
-  }
-}
 
 cuda::KvGeometry GeometryOf(const KvLayout& l) {
   cuda::KvGeometry g;
@@ -35,41 +28,6 @@ cuda::KvGeometry GeometryOf(const KvLayout& l) {
 }
 
 }  // namespace
-
-#define NOTE_CUDA(expr) Note(::moeserve::cuda::CudaStatus((expr), #expr, __FILE__, __LINE__))
-#define NOTE_CUBLAS(expr) Note(::moeserve::cuda::CublasStatus((expr), #expr, __FILE__, __LINE__))
-
-struct CudaBackend::Impl {
-  int device = 0;
-  std::string name;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  DeviceBuffer scratch;  // activations rounded to the weight dtype for cublasGemmEx (in the arena)
-  DeviceBuffer group_pointers;     // A, B and C pointer arrays of the grouped expert GEMM
-  bool grouped_gemm_supported = true;  // until cuBLAS says otherwise for our types
-  std::mutex mu;         // the sticky error
-  absl::Status error;
-  // The copy stream: its copies wait for compute_event (recorded on the compute stream at each
-  // CopyAsync); ticket t's completion is ring[t % kRing]; the compute stream waits on barrier.
-  static constexpr uint64_t kRing = 64;
-  cudaStream_t copy_stream = nullptr;
-  cudaEvent_t compute_event = nullptr, barrier_event = nullptr;
-  cudaEvent_t ring[kRing] = {};
-  std::mutex copy_mu;
-  uint64_t issued = 0, completed = 0;
-  ~Impl() {
-    cudaSetDevice(device);
-    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
-    for (cudaEvent_t e : ring) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-    if (compute_event != nullptr) cudaEventDestroy(compute_event);
-    if (barrier_event != nullptr) cudaEventDestroy(barrier_event);
-    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
-    if (cublas != nullptr) cublasDestroy(cublas);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
 
 void CudaBackend::Use() const { cudaSetDevice(impl_->device); }
 
@@ -270,92 +228,6 @@ void CudaBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, 
   NOTE_CUBLAS(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, mm, cols, &alpha, w.data, t, cols,
                            impl_->scratch.data(), t, cols, &beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
-}
-
-bool CudaBackend::GroupedGemmOneCall(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
-                                     float* y) {
-#if CUBLAS_VER_MAJOR > 12 || (CUBLAS_VER_MAJOR == 12 && CUBLAS_VER_MINOR >= 5)
-  if (!impl_->grouped_gemm_supported || w.empty()) return false;
-  const WeightRef& w0 = w[0];
-  // f32 weights only: the grouped API multiplies bf16/f16 inputs only into a 16-bit output, and
-  // the engine keeps activations in fp32 (bf16 weights stay with one cublasGemmEx per expert).
-  if (w0.dtype != DType::kF32) return false;
-  for (const WeightRef& e : w) {
-    if (e.dtype != w0.dtype || e.rows != w0.rows || e.cols != w0.cols) return false;  // not one expert shape
-  }
-  // One problem per expert with rows, each its own group (the token counts differ).
-  std::vector<const void*> a, b;
-  std::vector<void*> c;
-  std::vector<int> m, n, k, lda, ldb, ldc, group_size;
-  std::vector<cublasOperation_t> ta, tb;
-  std::vector<float> alpha, beta;
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    a.push_back(w[g].data);
-    b.push_back(x + offsets[g] * w0.cols);
-    c.push_back(y + offsets[g] * w0.rows);
-    m.push_back(static_cast<int>(w0.rows));
-    n.push_back(static_cast<int>(rows));
-    k.push_back(static_cast<int>(w0.cols));
-    lda.push_back(static_cast<int>(w0.cols));
-    ldb.push_back(static_cast<int>(w0.cols));
-    ldc.push_back(static_cast<int>(w0.rows));
-    ta.push_back(CUBLAS_OP_T);
-    tb.push_back(CUBLAS_OP_N);
-    alpha.push_back(1.0f);
-    beta.push_back(0.0f);
-    group_size.push_back(1);
-  }
-  const int groups = static_cast<int>(a.size());
-  if (groups == 0) return true;
-  // The pointer arrays live on the device: A's, then B's, then C's.
-  const size_t ptr_bytes = 3 * static_cast<size_t>(groups) * sizeof(void*);
-  if (ptr_bytes > impl_->group_pointers.bytes()) {
-    impl_->group_pointers = DeviceBuffer();
-    auto grown = Allocate(std::max<size_t>(ptr_bytes, 64 * 3 * sizeof(void*)));
-    if (!grown.ok()) return false;  // the per-expert loop needs no pointer arrays
-    impl_->group_pointers = std::move(*grown);
-  }
-  std::vector<const void*> ptrs;
-  ptrs.insert(ptrs.end(), a.begin(), a.end());
-  ptrs.insert(ptrs.end(), b.begin(), b.end());
-  for (void* p : c) ptrs.push_back(p);
-  // Pageable source: the call returns once the host array has been staged.
-  NOTE_CUDA(cudaMemcpyAsync(impl_->group_pointers.data(), ptrs.data(), ptr_bytes, cudaMemcpyHostToDevice,
-                            impl_->stream));
-  auto* dev = static_cast<void**>(impl_->group_pointers.data());
-  const cudaDataType_t t = CUDA_R_32F;
-  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-      impl_->cublas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-      const_cast<const void* const*>(dev), t, lda.data(), const_cast<const void* const*>(dev + groups), t, ldb.data(),
-      beta.data(), dev + 2 * groups, CUDA_R_32F, ldc.data(), groups, group_size.data(), CUBLAS_COMPUTE_32F);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // this type mix: the per-expert loop from now on
-    impl_->grouped_gemm_supported = false;
-    return false;
-  }
-  NOTE_CUBLAS(st);
-  return true;
-#else
-  return false;
-#endif
-}
-
-void CudaBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
-                              float* y) {
-  Use();
-  if (offsets.size() != w.size() + 1) {
-    Note(absl::InvalidArgumentError("grouped gemm: offsets must have one entry more than the weights"));
-    return;
-  }
-  // One cuBLAS call for every expert (cublasGemmGroupedBatchedEx, cuBLAS 12.5 and later) ...
-  if (GroupedGemmOneCall(x, w, offsets, y)) return;
-  // ... or one GEMM per expert with rows (tokens are sorted by expert).
-  for (size_t g = 0; g < w.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    Gemm(x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false);
-  }
 }
 
 void CudaBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {

@@ -46,8 +46,12 @@ class CudaBackend final : public Backend {
 
   void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
   void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate = false) override;
-  void GroupedGemm(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+  // Device offsets: a kernel that reads them; from kHostPlanRows rows on, cuBLAS after one read
+  // of the offsets (cuda_experts.cc).
+  void GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets, int64_t max_rows,
                    float* y) override;
+  void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
+                   int32_t* gather_rows, int32_t* combine_rows) override;
   void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) override;
   void Add(float* y, const float* x, int64_t n) override;
   void AddBias(float* y, const float* bias, int64_t rows, int64_t dim) override;
@@ -79,6 +83,13 @@ class CudaBackend final : public Backend {
   // Makes this backend's GPU current on the calling thread (each thread has its own, and the
   // engine loop is not the thread that created the backend).
   void Use() const;
+  // Batches of at least this many expert rows take cuBLAS (tensor cores) at the price of one
+  // synchronisation to read the offsets; smaller ones (decode) never wait for the host.
+  static constexpr int64_t kHostPlanRows = 2048;
+  // The grouped expert GEMM with host offsets: one cuBLAS call, else one GEMM per expert.
+  void GroupedGemmHost(const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets, float* y);
+  // The device array of the experts' weight pointers (uploaded once per list); null on failure.
+  const void* const* ExpertTable(std::span<const WeightRef> w);
   // The grouped expert GEMM as one cublasGemmGroupedBatchedEx call (f32 weights); false when
   // this cuBLAS lacks it, the weights are 16-bit or differ in shape, or it refuses the call
   // (the caller then runs one GEMM per expert; only the pointer upload may have been enqueued).

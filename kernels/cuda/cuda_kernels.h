@@ -31,6 +31,14 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, int64_t n, 
 cudaError_t LaunchSiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out, cudaStream_t stream);
 cudaError_t LaunchRouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                              int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+// moe_kernels.cu: Backend::PlanRouting (up to 1024 experts), and the grouped expert GEMM with
+// device offsets: `weights` is a device array of `groups` pointers to [out_features,
+// in_features] matrices of element type `elem`; max_rows bounds offsets[groups].
+cudaError_t LaunchPlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
+                              int32_t* gather_rows, int32_t* combine_rows, cudaStream_t stream);
+cudaError_t LaunchGroupedGemm(const float* x, const void* const* weights, int elem, int64_t out_features,
+                              int64_t in_features, const int64_t* offsets, int64_t groups, int64_t max_rows,
+                              float* y, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out,
                              cudaStream_t stream);
 cudaError_t LaunchScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,

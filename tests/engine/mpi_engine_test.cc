@@ -179,9 +179,10 @@ TEST(MpiEngineTest, ALayoutThatIsNotTheJobIsRefusedOnEveryRank) {
   p.ep = job.ep;
   p.pp = job.pp;
   config.num_local_experts = job.ep - 1;
-  if (job.ep > 1)
+  if (job.ep > 1) {
     EXPECT_EQ(p.Validate(config).code(), absl::StatusCode::kInvalidArgument)
         << "more EP ranks than experts";
+  }
 }
 
 }  // namespace

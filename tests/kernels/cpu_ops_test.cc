@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <random>
+#include <tuple>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/weight_layout.h"
@@ -75,11 +77,43 @@ TEST_F(CpuOpsTest, GroupedGemmMatchesPerGroupGemm) {
   std::vector<int64_t> offsets = {0, 3, 3, 10, 11, 30};  // one empty group
   auto x = RandomFloats(30 * k, 7);
   std::vector<float> y_fast(30 * n), y_ref(30 * n);
-  fast_.GroupedGemm(x.data(), refs, offsets, y_fast.data());
+  fast_.GroupedGemm(x.data(), refs, offsets.data(), 30, y_fast.data());
   for (int g = 0; g < 5; ++g) {
     ref_.Gemm(x.data() + offsets[g] * k, offsets[g + 1] - offsets[g], refs[g], y_ref.data() + offsets[g] * n, false);
   }
   EXPECT_TRUE(AllClose(y_fast, y_ref, 1e-5, 1e-4));
+}
+
+// The routing plan against an independent oracle: a stable sort of the assignment indices by
+// expert. Random ids over 64 experts (many empty, some crowded), several shapes, both paths.
+TEST_F(CpuOpsTest, PlanRoutingIsAStableSortOfTheAssignmentsByExpert) {
+  std::mt19937 gen(std::random_device{}());
+  for (const auto& [n, k, experts] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 1, 4}, {1, 8, 64}, {7, 2, 8}, {300, 6, 64}, {5, 4, 200}}) {
+    const int64_t a = n * k;
+    std::vector<int32_t> ids(a);
+    for (auto& e : ids) e = static_cast<int32_t>(gen() % (gen() % 2 ? experts : std::min<int64_t>(experts, 3)));
+    std::vector<int32_t> order(a);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return ids[x] < ids[y]; });
+    std::vector<int64_t> want_offsets(experts + 1, 0);
+    for (int32_t e : ids) ++want_offsets[e + 1];
+    std::partial_sum(want_offsets.begin(), want_offsets.end(), want_offsets.begin());
+    std::vector<int32_t> want_gather(a), want_combine(a);
+    for (int64_t r = 0; r < a; ++r) {
+      want_gather[r] = order[r] / static_cast<int32_t>(k);
+      want_combine[order[r]] = static_cast<int32_t>(r);
+    }
+    for (CpuBackend* b : {&ref_, &fast_}) {
+      std::vector<int64_t> offsets(experts + 1, -1);
+      std::vector<int32_t> gather(a, -1), combine(a, -1);
+      b->PlanRouting(ids.data(), n, k, experts, offsets.data(), gather.data(), combine.data());
+      const std::string what = "n=" + std::to_string(n) + " k=" + std::to_string(k) + " experts=" + std::to_string(experts);
+      EXPECT_EQ(offsets, want_offsets) << what;
+      EXPECT_EQ(gather, want_gather) << what;
+      EXPECT_EQ(combine, want_combine) << what;
+    }
+  }
 }
 
 TEST_F(CpuOpsTest, EmbeddingGathersRows) {

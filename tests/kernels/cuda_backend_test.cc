@@ -113,10 +113,59 @@ TEST_F(CudaBackendTest, GroupedGemmWithEmptyGroups) {
   const std::vector<int64_t> offsets = {0, 3, 3, 9, 10};  // group 1 empty
   const auto x = Random(10 * cols);
   std::vector<float> want(10 * rows);
-  cpu_.GroupedGemm(x.data(), hw, offsets, want.data());
+  cpu_.GroupedGemm(x.data(), hw, offsets.data(), 10, want.data());
   float* dy = Up(std::vector<float>(10 * rows));
-  gpu_->GroupedGemm(Up(x), dw, offsets, dy);
+  auto d_offsets = gpu_->Allocate(offsets.size() * sizeof(int64_t));
+  ASSERT_TRUE(d_offsets.ok());
+  ASSERT_TRUE(gpu_->CopyToDevice(d_offsets->data(), offsets.data(), offsets.size() * sizeof(int64_t)).ok());
+  gpu_->GroupedGemm(Up(x), dw, d_offsets->as<int64_t>(), 10, dy);
   ExpectClose(Down(dy, want.size()), want, 1e-4, "grouped gemm");
+}
+
+// Routing planned on the GPU equals the CPU's plan exactly, and the grouped GEMM fed by those
+// device offsets matches the CPU's, for a decode-sized batch (the kernel) and one past
+// kHostPlanRows (cuBLAS after reading the offsets back), bf16 and f32 experts.
+TEST_F(CudaBackendTest, RoutingPlannedOnTheDeviceFeedsTheGroupedGemm) {
+  SCOPED_TRACE(testing::Message() << "seed " << seed_);
+  const int64_t experts = 16, k = 4, rows = 96, cols = 80;
+  for (const int64_t n : {int64_t{5}, int64_t{700}}) {
+    std::vector<int32_t> ids(n * k);
+    for (auto& e : ids) e = static_cast<int32_t>(gen_() % (experts - 3));  // the last 3 stay empty
+    std::vector<int64_t> offsets(experts + 1);
+    std::vector<int32_t> gather(n * k), combine(n * k);
+    cpu_.PlanRouting(ids.data(), n, k, experts, offsets.data(), gather.data(), combine.data());
+    int64_t* d_offsets = Up(std::vector<int64_t>(experts + 1));
+    int32_t* d_gather = Up(std::vector<int32_t>(n * k));
+    int32_t* d_combine = Up(std::vector<int32_t>(n * k));
+    gpu_->PlanRouting(Up(ids), n, k, experts, d_offsets, d_gather, d_combine);
+    EXPECT_EQ(Down(d_offsets, offsets.size()), offsets) << "n=" << n;
+    EXPECT_EQ(Down(d_gather, gather.size()), gather) << "n=" << n;
+    EXPECT_EQ(Down(d_combine, combine.size()), combine) << "n=" << n;
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      std::vector<std::vector<float>> wf;
+      std::vector<std::vector<uint16_t>> wb;
+      std::vector<WeightRef> hw, dw;
+      for (int64_t g = 0; g < experts; ++g) {
+        wf.push_back(Random(rows * cols, 0.2f));
+        if (dt == DType::kBF16) {
+          wb.emplace_back(rows * cols);
+          for (size_t i = 0; i < wf.back().size(); ++i) wb.back()[i] = F32ToBf16(wf.back()[i]);
+          hw.push_back({wb.back().data(), dt, rows, cols});
+          dw.push_back({Up(wb.back()), dt, rows, cols});
+        } else {
+          hw.push_back({wf.back().data(), dt, rows, cols});
+          dw.push_back({Up(wf.back()), dt, rows, cols});
+        }
+      }
+      const auto x = Random(n * k * cols);
+      std::vector<float> want(n * k * rows);
+      cpu_.GroupedGemm(x.data(), hw, offsets.data(), n * k, want.data());
+      float* dy = Up(std::vector<float>(n * k * rows));
+      gpu_->GroupedGemm(Up(x), dw, d_offsets, n * k, dy);
+      ExpectClose(Down(dy, want.size()), want, dt == DType::kF32 ? 1e-4 : 2e-2,
+                  "grouped gemm " + std::string(DTypeShortName(dt)) + " n=" + std::to_string(n));
+    }
+  }
 }
 
 TEST_F(CudaBackendTest, ElementwiseNormRopeRouterGatherCombine) {
