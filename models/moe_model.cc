@@ -13,6 +13,12 @@ namespace moeserve {
 MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard shard)
     : weights_(weights), backend_(backend), shard_(std::move(shard)) {
   if (shard_.layer_end < 0) shard_.layer_end = config().num_hidden_layers;
+  if (expert_parallel()) {
+    const ModelConfig& c = config();
+    dispatch_ = std::make_unique<ExpertDispatch>(
+        backend, shard_.ep, shard_.expert_owner,
+        ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok});
+  }
 }
 
 // What the families add between the projections and RoPE: Qwen2-MoE's q/k/v biases, Qwen3-MoE's

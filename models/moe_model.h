@@ -9,11 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "models/model_weights.h"
 #include "parallel/communicator.h"
+#include "parallel/expert_dispatch.h"
 
 namespace moeserve {
 
@@ -108,25 +110,16 @@ class MoeModel {
     DeviceBuffer route_offsets;  // [shard layers, experts + 1]: each layer's routing offsets
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
-    // Expert parallelism: the expert ids of this rank's assignments in send order, then rows
-    // received from all ranks (which may outnumber this rank's own): hidden states and expert
-    // ids as received, the gather indices into expert order and back, the expert GEMMs.
-    DeviceBuffer ep_send_ids, ep_offsets;
-    DeviceBuffer ep_recv, ep_recv_ids, ep_perm, ep_unperm, ep_in, ep_gate_up, ep_act, ep_out;
-    int64_t ep_capacity_rows = 0;
   };
   // Grows the workspace for a step; on failure frees all of it (the next step starts afresh).
   absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
   absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
-  absl::Status EnsureExpertRows(int64_t rows);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t layer, int64_t tokens, ForwardStats* stats);
   // Where layer `layer`'s routing offsets live on the device this step.
   int64_t* RouteOffsets(int64_t layer);
   // Experts hit this step, from every layer's routing offsets in one copy after the step's
   // compute (a single-rank forward plans routing on the device; EP counts on the host).
   absl::Status RoutingStats(int64_t tokens, ForwardStats* stats);
-  // The routed experts of an expert-parallel MoE layer (after routing), see ModelShard.
-  absl::Status ExpertParallel(const LayerWeights& lw, int64_t tokens, ForwardStats* stats);
   // The gated shared expert, if the config has one (added to the residual).
   void AttentionExtras(const LayerWeights& lw, int64_t t);
   absl::Status SharedExpert(const LayerWeights& lw, int64_t tokens);
@@ -136,12 +129,9 @@ class MoeModel {
   Backend* backend_;
   ModelShard shard_;
   Workspace ws_;
-  // Expert-parallel routing plan (host): assignment order, expert ids sent and received.
-  std::vector<int32_t> ep_send_experts_, ep_recv_experts_, ep_order_;
-  std::vector<int64_t> ep_offsets_;
-  // Host mirrors of the routing, used to plan the expert-parallel dispatch.
+  // Expert parallelism: the dispatch over the EP group, and the routed ids it plans with.
+  std::unique_ptr<ExpertDispatch> dispatch_;
   std::vector<int32_t> host_ids_;
-  std::vector<int32_t> host_gather_, host_combine_;
 };
 
 }  // namespace moeserve

@@ -45,10 +45,8 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.expert_out, n * k * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));
-    if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_send_ids, n * k * sizeof(int32_t)));
     const int64_t e1 = c.num_local_experts + 1;
     RETURN_IF_ERROR(grow(ws_.route_offsets, (shard_.layer_end - shard_.layer_begin) * e1 * sizeof(int64_t)));
-    if (expert_parallel()) RETURN_IF_ERROR(grow(ws_.ep_offsets, e1 * sizeof(int64_t)));
     RETURN_IF_ERROR(grow(ws_.shared_gate, n * f));
     RETURN_IF_ERROR(grow(ws_.ids, n * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.positions, n * sizeof(int32_t)));
@@ -70,35 +68,6 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.sampled, n * sizeof(int32_t)));
     ws_.logit_capacity = n;
   }
-  return absl::OkStatus();
-}
-
-absl::Status MoeModel::EnsureExpertRows(int64_t rows) {
-  if (rows <= ws_.ep_capacity_rows) return absl::OkStatus();
-  const ModelConfig& c = config();
-  const int64_t n = std::max<int64_t>(rows, 2 * ws_.ep_capacity_rows);
-  ws_.ep_capacity_rows = 0;  // until every buffer below has grown
-  const size_t f = sizeof(float), i32 = sizeof(int32_t);
-  DeviceBuffer* bufs[] = {&ws_.ep_recv, &ws_.ep_recv_ids, &ws_.ep_perm, &ws_.ep_unperm,
-                          &ws_.ep_in,   &ws_.ep_gate_up,  &ws_.ep_act,  &ws_.ep_out};
-  const size_t row_bytes[] = {c.hidden_size * f,
-                              i32,
-                              i32,
-                              i32,
-                              c.hidden_size * f,
-                              2 * c.intermediate_size * f,
-                              c.intermediate_size * f,
-                              c.hidden_size * f};
-  for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
-  for (size_t i = 0; i < std::size(bufs); ++i) {
-    auto grown = backend_->Allocate(std::max<size_t>(n * row_bytes[i], 64));
-    if (!grown.ok()) {
-      for (DeviceBuffer* b : bufs) *b = DeviceBuffer();
-      return grown.status();
-    }
-    *bufs[i] = std::move(*grown);
-  }
-  ws_.ep_capacity_rows = n;
   return absl::OkStatus();
 }
 
