@@ -186,7 +186,7 @@ void Scheduler::TakeCachedPrefix(Sequence* seq) {
     if (!got.ok()) break;
     t.blocks = *got;
     pool_->Register(t.blocks[0], t.hash);
-    planned_below_[t.hash] = std::nullopt;  // taken out of its tier
+    if (*below == KvTier::kHost) planned_below_[t.hash] = std::nullopt;  // taken out of DDR (flash keeps it)
     seq->blocks.push_back(t.blocks[0]);
     ++(*below == KvTier::kFlash ? seq->promoted_flash_blocks : seq->promoted_ddr_blocks);
     Plan(std::move(t), seq);

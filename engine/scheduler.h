@@ -112,7 +112,8 @@ class Scheduler {
   // cheaper or swap space is short.
   bool PlanSwapOut(Sequence* seq);
   // Cuts a running sequence back to its first `keep` blocks (the KV after them did not arrive):
-  // its chunk leaves `out`, and the next steps compute the rest.
+  // its chunk leaves `out`, and the next steps compute the rest (with none kept, it waits for
+  // readmission and a fresh prefix lookup).
   void Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out);
   // Ensures seq has blocks for its first `tokens` tokens; false when the pool is short.
   bool Grow(Sequence* seq, int64_t tokens);

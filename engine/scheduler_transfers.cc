@@ -37,8 +37,9 @@ bool Scheduler::PlanSwapOut(Sequence* seq) {
   // Every block holding computed KV, the partial last one included.
   const int64_t n =
       std::min<int64_t>(BlocksFor(seq->num_computed), static_cast<int64_t>(seq->blocks.size()));
-  if (!tiers_->ShouldSwap(n, seq->num_computed) || swap_held_ + n > tiers_->swap_capacity())
-    return false;
+  if (swap_held_ + n > tiers_->swap_capacity() || !tiers_->ShouldSwap(n, seq->num_computed)) {
+    return false;  // (a decision is counted only where swap space would allow it)
+  }
   KvTransfer t;
   t.kind = KvTransfer::Kind::kSwapOut;
   t.blocks.assign(seq->blocks.begin(), seq->blocks.begin() + n);
@@ -63,6 +64,14 @@ void Scheduler::Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out) {
   seq->blocks.resize(static_cast<size_t>(keep));
   seq->registered_blocks = std::min(seq->registered_blocks, keep);
   seq->num_computed = keep * block_size_;
+  if (keep == 0) {  // nothing kept: back to waiting, where its next admission looks up the prefix cache
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+    if (std::find(first_admitted_.begin(), first_admitted_.end(), seq) != first_admitted_.end()) {
+      seq->admitted_before = false;  // its prefix hit is counted at the admission that sticks
+    }
+    seq->state = Sequence::State::kWaiting;
+    InsertWaiting(seq);
+  }
 }
 
 void Scheduler::OnTransfersDone(const std::vector<KvTransferOutcome>& outcomes,

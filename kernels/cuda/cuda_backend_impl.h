@@ -37,7 +37,7 @@ struct CudaBackend::Impl {
   DeviceBuffer group_pointers;         // A, B and C pointer arrays of the grouped expert GEMM
   bool grouped_gemm_supported = true;  // until cuBLAS says otherwise for our types
   // Each expert weight list's pointer table on the device (the grouped GEMM kernel's), keyed by
-  // the list's first weight; the host copy tells a stale entry from a current one.
+  // the list's address; the host copy tells a stale entry from a current one.
   struct ExpertTable {
     std::vector<const void*> host;
     DeviceBuffer device;

@@ -20,18 +20,20 @@ void CudaBackend::PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, i
 const void* const* CudaBackend::ExpertTable(std::span<const WeightRef> w) {
   std::vector<const void*> host;
   for (const WeightRef& e : w) host.push_back(e.data);
-  Impl::ExpertTable& t = impl_->expert_tables[host.front()];
-  if (t.host != host) {
+  // Keyed by the list itself (a layer's w13 or w2): on an expert-parallel rank the experts it
+  // does not hold have no data, so their pointers cannot tell lists apart.
+  Impl::ExpertTable& t = impl_->expert_tables[static_cast<const void*>(w.data())];
+  if (t.host != host) {  // new, or another list at a reused address
     auto buf = Allocate(host.size() * sizeof(void*));
     if (!buf.ok()) {
       Note(buf.status());
       return nullptr;
     }
-    // Synchronous, once per weight list: the weights do not move.
-    NOTE_CUDA(
-        cudaMemcpy(buf->data(), host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
     t.device = std::move(*buf);
     t.host = std::move(host);
+    // On the compute stream, before the kernel that reads it; the source lives in the cache.
+    NOTE_CUDA(cudaMemcpyAsync(t.device.data(), t.host.data(), t.host.size() * sizeof(void*),
+                              cudaMemcpyHostToDevice, impl_->stream));
   }
   return static_cast<const void* const*>(t.device.data());
 }

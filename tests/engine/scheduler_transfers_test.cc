@@ -100,6 +100,27 @@ TEST_F(SchedulerTransfersTest, APromotionThatFailsCutsThePrefixBackAndTheRestIsC
   EXPECT_EQ(b->num_tokens(), 14);
 }
 
+TEST_F(SchedulerTransfersTest, WhenTheFirstBlockFailsTheSequenceWaitsForAFreshLookup) {
+  EvictAsPrefix();
+  tiers_.fail.insert(a_->hashes[0]);
+  Sequence* b = NewSeq(13, 1);
+  ASSERT_TRUE(sched_->Add(b).ok());
+  const SchedulerOutput out = Schedule();
+  EXPECT_TRUE(out.chunks.empty());
+  EXPECT_EQ(b->state, Sequence::State::kWaiting);
+  EXPECT_TRUE(b->blocks.empty());
+  EXPECT_EQ(b->num_computed, 0);
+  EXPECT_EQ(sched_->num_running(), 0);
+  EXPECT_TRUE(pool_->CheckInvariants());
+  // Readmitted: the first block is nowhere now, so the whole prompt is computed.
+  const SchedulerOutput next = Step();
+  ASSERT_EQ(next.chunks.size(), 1u);
+  EXPECT_EQ(next.chunks[0].start, 0);
+  EXPECT_EQ(next.chunks[0].num_tokens, 13);
+  EXPECT_EQ(b->cached_prompt_tokens, 0);
+  Drain();
+}
+
 // Two sequences fill an 8-block pool; the newer one is preempted with its KV swapped out.
 class SchedulerSwapTest : public SchedulerTransfersTest {
  protected:
