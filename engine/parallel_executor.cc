@@ -44,25 +44,6 @@ std::string ParallelConfig::Name() const {
   return absl::StrCat("ep", ep, " pp", pp, placement == ExpertPlacement::kRoundRobin ? " round-robin" : "");
 }
 
-std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement) {
-  std::vector<int32_t> owner(experts);
-  for (int64_t e = 0; e < experts; ++e) {
-    owner[e] = static_cast<int32_t>(placement == ExpertPlacement::kRoundRobin ? e % ep : e * ep / experts);
-  }
-  return owner;
-}
-
-std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t begin = 0;
-  for (int64_t s = 0; s < pp; ++s) {
-    const int64_t n = layers / pp + (s < layers % pp ? 1 : 0);
-    out.emplace_back(begin, begin + n);
-    begin += n;
-  }
-  return out;
-}
-
 WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank) {
   const int64_t stage = rank / config.ep, ep_rank = rank % config.ep;
   const auto layers = StageLayers(model.num_hidden_layers, config.pp)[static_cast<size_t>(stage)];

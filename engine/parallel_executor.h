@@ -30,12 +30,11 @@
 #include "models/moe_model.h"
 #include "engine/rank_step.h"
 #include "parallel/comm_group.h"
+#include "parallel/placement.h"
 #include "parallel/process_ranks.h"
 #include "parallel/rank_workers.h"
 
 namespace moeserve {
-
-enum class ExpertPlacement { kContiguous, kRoundRobin };
 
 struct ParallelConfig {
   int64_t ep = 1;
@@ -81,10 +80,6 @@ struct ParallelStepStats {
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;
 
-// Splits the experts of a layer over `ep` ranks; owner[e] is the rank holding expert e.
-std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement);
-// Contiguous layer ranges of `pp` stages (the first stages take one more when uneven).
-std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp);
 // The weights rank `rank` (= stage * ep + ep rank) of the layout holds: its stage's layers and
 // its experts. What a process rank reads from the checkpoint.
 WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank);
