@@ -95,19 +95,31 @@ void BlockPool::Retain(int32_t block) {
   MS_CHECK(block >= 0 && block < num_blocks());
   if (ref_counts_[block] == 0) {
     MS_CHECK(in_list_[block] == 2 || in_list_[block] == 3);  // only cached blocks can be taken back
-    Segment& sg = segs_[segment_of(block)];
-    if (in_list_[block] == 3) {
-      Unlink(sg.retained, block);
-      --sg.retained_count;
-      --num_retained_;
-    } else {
-      Unlink(sg.cached, block);
-    }
-    in_list_[block] = 0;
-    --sg.cached_count;
-    --num_cached_;
+    Uncache(block);
   }
   ++ref_counts_[block];
+}
+
+void BlockPool::Uncache(int32_t b) {
+  Segment& sg = segs_[segment_of(b)];
+  if (in_list_[b] == 3) {
+    Unlink(sg.retained, b);
+    --sg.retained_count;
+    --num_retained_;
+  } else {
+    Unlink(sg.cached, b);
+  }
+  in_list_[b] = 0;
+  --sg.cached_count;
+  --num_cached_;
+}
+
+void BlockPool::PushFree(int32_t b) {
+  Segment& sg = segs_[segment_of(b)];
+  PushBack(sg.free, b);
+  in_list_[b] = 1;
+  ++sg.free_count;
+  ++num_free_;
 }
 
 void BlockPool::Release(int32_t block) {
@@ -116,11 +128,7 @@ void BlockPool::Release(int32_t block) {
   if (hash_of_[block].has_value()) {
     Park(block);
   } else {
-    Segment& sg = segs_[segment_of(block)];
-    PushBack(sg.free, block);
-    in_list_[block] = 1;
-    ++sg.free_count;
-    ++num_free_;
+    PushFree(block);
   }
 }
 
@@ -195,21 +203,9 @@ void BlockPool::Register(int32_t block, const BlockHash& hash) {
 void BlockPool::Forget(int32_t block, const BlockHash& hash) {
   MS_CHECK(block >= 0 && block < num_blocks());
   if (hash_of_[block] != hash) return;
-  Segment& sg = segs_[segment_of(block)];
   if (in_list_[block] >= 2) {  // cached: it becomes free
-    if (in_list_[block] == 3) {
-      Unlink(sg.retained, block);
-      --sg.retained_count;
-      --num_retained_;
-    } else {
-      Unlink(sg.cached, block);
-    }
-    --sg.cached_count;
-    --num_cached_;
-    PushBack(sg.free, block);
-    in_list_[block] = 1;
-    ++sg.free_count;
-    ++num_free_;
+    Uncache(block);
+    PushFree(block);
   }
   index_.erase(KeyOf(hash, segment_of(block)));
   hash_of_[block].reset();

@@ -107,6 +107,10 @@ class BlockPool {
   std::vector<int32_t> prev_, next_;
   // Puts a block whose count dropped to zero (and that has a hash) on the right list.
   void Park(int32_t b);
+  // Takes a cached (or retained) block off its list; it is then in use or about to be freed.
+  void Uncache(int32_t b);
+  // Puts a block with no hash and no references on its segment's free list.
+  void PushFree(int32_t b);
 
   std::vector<uint8_t> in_list_;  // 0 none, 1 free list, 2 cached list, 3 retained list
   std::vector<std::optional<BlockHash>> hash_of_;
