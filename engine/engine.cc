@@ -133,7 +133,9 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) return failure_;
   if (stop_) return absl::UnavailableError("engine is stopping");
-  if (static_cast<int64_t>(incoming_.size()) + counters_.waiting >= config_.scheduler.max_waiting) {
+  // new_waiting_ can only be stale high (a step's scheduling only admits), so Scheduler::Add
+  // never refuses a request accepted here.
+  if (static_cast<int64_t>(incoming_.size()) + new_waiting_ >= config_.scheduler.max_waiting) {
     ++counters_.refused;
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", config_.scheduler.max_waiting, " requests)"));
@@ -176,6 +178,7 @@ void Engine::Intake() {
       }
     }
     counters_.waiting = scheduler_.num_waiting();
+    new_waiting_ = scheduler_.num_new_waiting();
   }
   // Flash reads of the new prefixes start now and overlap the steps before their admission;
   // hashing the prompts happens here, outside the lock that Submit takes.
@@ -242,6 +245,7 @@ absl::StatusOr<bool> Engine::Step() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.waiting = scheduler_.num_waiting();
+    new_waiting_ = scheduler_.num_new_waiting();
     if (out.empty()) UpdateGaugesLocked();
   }
   // Transfers that ran (or sent a sequence back to waiting) are progress even without a batch.
@@ -303,6 +307,7 @@ void Engine::UpdateGaugesLocked() {
   counters_.swaps = scheduler_.total_swaps();
   counters_.kv_blocks_retained = pool_.num_retained();
   counters_.waiting = scheduler_.num_waiting();
+  new_waiting_ = scheduler_.num_new_waiting();
   counters_.running = scheduler_.num_running();
   counters_.kv_blocks_total = pool_.num_blocks();
   counters_.kv_blocks_used = pool_.num_used();

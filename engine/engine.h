@@ -187,6 +187,7 @@ class Engine {
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.
   EngineStats counters_;
+  int64_t new_waiting_ = 0;  // the scheduler's never-admitted waiting sequences (Submit's bound), under mu_
 };
 
 // Fingerprint of a model for prefix-cache keys in every tier: its config, every weight byte

@@ -91,7 +91,7 @@ absl::Status Scheduler::Add(Sequence* seq) {
         " KV blocks, but the cache holds ", room, " blocks (", room * block_size_, " tokens)",
         pool_->num_segments() > 1 ? " per expert-parallel rank" : ""));
   }
-  if (num_waiting() >= config_.max_waiting) {
+  if (num_new_waiting() >= config_.max_waiting) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", config_.max_waiting, " requests)"));
   }
@@ -103,10 +103,15 @@ absl::Status Scheduler::Add(Sequence* seq) {
 void Scheduler::InsertWaiting(Sequence* seq) {
   auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq, Before);
   waiting_.insert(it, seq);
+  seq->counted_new = !seq->admitted_before;
+  if (seq->counted_new) ++new_waiting_;
 }
 
 void Scheduler::Remove(Sequence* seq) {
-  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) {
+    waiting_.erase(it);
+    if (seq->counted_new) --new_waiting_;
+  }
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
   if (seq->swapped()) {
     // Swapped out in an earlier step (OnTransfersDone gave it its slots): free them.
@@ -270,6 +275,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     return false;
   }
   waiting_.pop_front();
+  if (seq->counted_new) --new_waiting_;
   if (seq->swapped()) {  // its KV comes back from the swap slots into its new blocks
     MS_CHECK(!seq->swap_slots.empty());
     KvTransfer t;

@@ -35,8 +35,8 @@ struct SchedulerConfig {
   int64_t max_tokens_per_step = 512;  // token budget per step
   bool chunked_prefill = true;        // split long prompts across steps
   bool prefix_caching = true;
-  int64_t max_waiting = 1024;         // admission bound: new requests are refused at this many waiting
-                                      // (preempted ones may exceed it, by at most max_num_seqs)
+  int64_t max_waiting = 1024;         // admission bound: new requests are refused while this many
+                                      // never-admitted ones wait (preempted ones wait beyond it)
   int64_t fast_lane_max_batch = 4;    // batch cap while a fast-lane sequence is in it
   // Expert-parallel placement: a prompt goes to the rank its first block hashes to (so shared
   // prefixes meet in one rank's cache) unless that rank's outstanding tokens exceed this many
@@ -76,8 +76,9 @@ class Scheduler {
   // the scheduler.
   void SetLowerTiers(KvTierView* tiers) { tiers_ = tiers; }
 
-  // Queues a sequence; RESOURCE_EXHAUSTED when the waiting queue is full, INVALID_ARGUMENT
-  // when it could never fit the KV pool even alone.
+  // Queues a sequence; RESOURCE_EXHAUSTED when max_waiting never-admitted sequences wait,
+  // INVALID_ARGUMENT when it could never fit the KV pool even alone. Engine::Submit checks both
+  // first (the count it reads can only be stale high), so a request it accepted is never refused.
   absl::Status Add(Sequence* seq);
   // Removes a sequence wherever it is and releases its blocks.
   void Remove(Sequence* seq);
@@ -94,6 +95,9 @@ class Scheduler {
   void OnStepComputed(const SchedulerOutput& out);
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  // Waiting sequences never admitted yet (the ones max_waiting bounds): a step's scheduling only
+  // lowers it (admissions); only Add raises it.
+  int64_t num_new_waiting() const { return new_waiting_; }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const std::vector<Sequence*>& running() const { return running_; }
   int64_t total_preemptions() const { return total_preemptions_; }
@@ -141,6 +145,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;  // sorted by (priority, arrival)
   std::vector<Sequence*> running_;
   int64_t total_preemptions_ = 0, total_swaps_ = 0;
+  int64_t new_waiting_ = 0;
   KvTierView* tiers_ = nullptr;
   // Transfers planned since the last schedule, with their sequences.
   std::vector<KvTransfer> transfers_;

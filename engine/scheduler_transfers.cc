@@ -66,11 +66,11 @@ void Scheduler::Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out) {
   seq->num_computed = keep * block_size_;
   if (keep == 0) {  // nothing kept: back to waiting, where its next admission looks up the prefix cache
     running_.erase(std::find(running_.begin(), running_.end(), seq));
+    seq->state = Sequence::State::kWaiting;
+    InsertWaiting(seq);  // (as an admitted one: it does not count against max_waiting again)
     if (std::find(first_admitted_.begin(), first_admitted_.end(), seq) != first_admitted_.end()) {
       seq->admitted_before = false;  // its prefix hit is counted at the admission that sticks
     }
-    seq->state = Sequence::State::kWaiting;
-    InsertWaiting(seq);
   }
 }
 

@@ -28,7 +28,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                 "Prefill each prompt in one step instead of chunks under the budget");
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
   cmd->add_option("--max-waiting", f->config.scheduler.max_waiting, "Waiting-queue bound for admissions: a new request is refused (RESOURCE_EXHAUSTED) while this many "
-                  "wait; sequences preempted under KV pressure go back to the queue even beyond it (by at most "
+                  "requests wait that were never scheduled; sequences preempted under KV pressure go back to the queue even beyond it (by at most "
                   "--max-num-seqs)")
       ->capture_default_str();
   cmd->add_option("--fast-lane-max-batch", f->config.scheduler.fast_lane_max_batch,

@@ -155,6 +155,30 @@ TEST_F(SchedulerTest, PreemptedSequencesExceedTheWaitingBoundOnlyByTheRunningOne
   Drain();
 }
 
+// The bound counts waiting sequences that were never admitted: a preempted one waits beside
+// them without taking a new request's place (Engine::Submit checks the same count, which a step
+// can only lower, so a request it accepted is never refused here).
+TEST_F(SchedulerTest, TheQueueBoundCountsOnlyNeverAdmittedSequences) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 64;
+  cfg.max_waiting = 2;
+  Make(cfg, 8);  // 32 tokens: two sequences of 27 do not fit together
+  Sequence* old_seq = NewSeq(7, 20, Priority::kHigh);
+  Sequence* young = NewSeq(7, 20);
+  ASSERT_TRUE(sched_->Add(old_seq).ok());
+  ASSERT_TRUE(sched_->Add(young).ok());
+  for (int i = 0; i < 100 && young->preemptions == 0; ++i) Step();
+  ASSERT_EQ(young->state, Sequence::State::kWaiting) << "young was never preempted";
+  EXPECT_EQ(sched_->num_waiting(), 1);
+  EXPECT_EQ(sched_->num_new_waiting(), 0);
+  EXPECT_TRUE(sched_->Add(NewSeq(3, 1)).ok());
+  EXPECT_TRUE(sched_->Add(NewSeq(3, 1)).ok()) << "the preempted sequence took a new request's place";
+  EXPECT_EQ(sched_->Add(NewSeq(3, 1)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sched_->num_new_waiting(), 2);
+  Drain();
+  EXPECT_EQ(sched_->num_new_waiting(), 0);
+}
+
 TEST_F(SchedulerTest, RemovingWaitingAndRunningSequencesFreesTheirBlocks) {
   Make(SchedulerConfig(), 50);
   Sequence* running = NewSeq(9, 10);
