@@ -132,6 +132,12 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
     f.metric.push_back(Value(C, static_cast<double>(t.promoted_ddr), {{"tier", "ddr"}}));
     f.metric.push_back(Value(C, static_cast<double>(t.promoted_flash), {{"tier", "flash"}}));
     out.push_back(std::move(f));
+    MetricFamily failed = Family("kv_transfer_failures_total",
+                                 "Tier transfers that failed (their sequences recompute what did not arrive), by kind", C);
+    failed.metric.push_back(Value(C, static_cast<double>(t.promote_failures), {{"kind", "promote"}}));
+    failed.metric.push_back(Value(C, static_cast<double>(t.swap_failures), {{"kind", "swap"}}));
+    failed.metric.push_back(Value(C, static_cast<double>(t.demote_failures), {{"kind", "demote"}}));
+    out.push_back(std::move(failed));
   }
   AddHistogram(&out, "request_queue_time_seconds", "Submission to first scheduled step", s.queue);
   AddHistogram(&out, "time_to_first_token_seconds", "Submission to first token", s.ttft);

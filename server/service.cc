@@ -129,6 +129,9 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
     t->set_prefetched_blocks(s.tiers.host.prefetched);
     t->set_pending_flash_writes(s.tiers.host.pending_writes);
     t->set_flash_skipped(s.tiers.flash.skipped_foreign + s.tiers.flash.skipped_other);
+    t->set_promote_failures(s.tiers.promote_failures);
+    t->set_swap_failures(s.tiers.swap_failures);
+    t->set_demote_failures(s.tiers.demote_failures);
   }
   out->set_busy_seconds(s.busy_seconds);
   out->set_batched_seqs(s.batched_seqs);

@@ -195,6 +195,7 @@ TEST_P(KvTiersTest, DamagedFlashRecordsAreDroppedCountedAndNeverServed) {
   EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
   EXPECT_EQ(r.final_event.usage.cached_prompt_tokens_flash, 16) << "only the block before the damaged one";
   EXPECT_EQ(e->GetStats().tiers.flash.dropped_corrupt, 1);
+  EXPECT_EQ(e->GetStats().tiers.promote_failures, 1) << "the damaged block's promotion failed and was rolled back";
   // The engine keeps working, and the recomputed blocks are cached again.
   r = RunAlone(e.get(), scenario_.second, 10);
   EXPECT_EQ(r.tokens, oracle_) << "seed " << seed_;
