@@ -1,0 +1,159 @@
+// The parallel tests' shared pieces (parallel_test.cc, parallel_layout_test.cc): layouts, CPU
+// rank backends, a random prefill step, the model shapes, and the fixture with the one-rank
+// oracle.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "engine/engine.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/weight_init.h"
+#if MOESERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+namespace moeserve::parallel_test {
+
+struct Layout {
+  int64_t ep, pp;
+  ExpertPlacement placement = ExpertPlacement::kContiguous;
+  int64_t micro = 0;
+};
+
+inline std::string Name(const Layout& l) {
+  return absl::StrCat("ep", l.ep, " pp", l.pp,
+                      l.placement == ExpertPlacement::kRoundRobin ? " rr" : "",
+                      l.micro ? absl::StrCat(" micro", l.micro) : "");
+}
+
+inline BackendFactory CpuRanks() {
+  return [](int, int) -> std::unique_ptr<Backend> {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    return std::make_unique<CpuBackend>(o);
+  };
+}
+
+inline ParallelConfig ToConfig(const Layout& l) {
+  ParallelConfig p;
+  p.ep = l.ep;
+  p.pp = l.pp;
+  p.placement = l.placement;
+  p.micro_batches = l.micro;
+  return p;
+}
+
+// A step of prefills, sequence j (id j) of lens[j] tokens, with its blocks inside the pool
+// segment of its EP rank (j mod ep) as the engine's scheduler allocates them, and logit rows at
+// each sequence's last token (and a third-to-last one when it has more than 3).
+inline ForwardInput MakeStep(const ModelConfig& c, int64_t num_blocks, int64_t block, int64_t ep,
+                             const std::vector<int64_t>& lens, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int64_t> next(ep);
+  for (int64_t e = 0; e < ep; ++e) next[e] = e * (num_blocks / ep);
+  ForwardInput in;
+  in.num_seqs = static_cast<int64_t>(lens.size());
+  for (int64_t len : lens)
+    in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, (len + block - 1) / block);
+  for (int64_t j = 0; j < in.num_seqs; ++j) {
+    const int64_t len = lens[j], need = (len + block - 1) / block;
+    const int64_t base = next[j % ep];
+    next[j % ep] += need;
+    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b)
+      in.block_tables.push_back(b < need ? static_cast<int32_t>(base + b) : 0);
+    for (int64_t p = 0; p < len; ++p) {
+      in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.token_seq.push_back(static_cast<int32_t>(j));
+      in.slots.push_back((base + p / block) * block + p % block);
+    }
+    if (len > 3) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 3));
+    in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+  }
+  return in;
+}
+
+inline std::vector<uint64_t> Ids(size_t n) {
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
+// A model with 3 layers (uneven over 2 stages), 8 experts and a shared expert.
+inline ModelConfig WideConfig() {
+  ModelConfig c = *PresetConfig("tiny");
+  c.num_hidden_layers = 3;
+  c.num_local_experts = 8;
+  c.shared_expert_intermediate_size = 32;
+  return c;
+}
+
+// The other families' attention extras on the wide shape: Qwen2-MoE's q/k/v biases (with its
+// shared expert), Qwen3-MoE's per-head q/k norms with a head_dim of its own, OLMoE's
+// whole-projection q/k norms.
+inline ModelConfig FamilyConfig(ModelFamily family) {
+  ModelConfig c = WideConfig();
+  c.family = family;
+  c.norm_topk_prob = false;
+  if (family == ModelFamily::kQwen2Moe) c.qkv_bias = true;
+  if (family == ModelFamily::kQwen3Moe) {
+    c.shared_expert_intermediate_size = 0;
+    c.qk_norm = QkNorm::kPerHead;
+    c.head_dim = 24;
+  }
+  if (family == ModelFamily::kOlmoe) {
+    c.shared_expert_intermediate_size = 0;
+    c.qk_norm = QkNorm::kWhole;
+  }
+  return c;
+}
+
+const char* const kModelNames[] = {"Tiny", "Wide", "Qwen2Moe", "Qwen3Moe", "Olmoe"};
+
+inline ModelConfig ModelFor(int i) {
+  switch (i) {
+    case 0:
+      return *PresetConfig("tiny");
+    case 1:
+      return WideConfig();
+    case 2:
+      return FamilyConfig(ModelFamily::kQwen2Moe);
+    case 3:
+      return FamilyConfig(ModelFamily::kQwen3Moe);
+    default:
+      return FamilyConfig(ModelFamily::kOlmoe);
+  }
+}
+
+class ParallelTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    config_ = ModelFor(GetParam());
+    seed_ = std::random_device{}();
+    weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
+                                   &backend_, DType::kBF16);
+  }
+  // The oracle: the single-rank forward of the same step on a cache of `layout`.
+  std::vector<float> OneRankLogits(const ForwardInput& in, const KvLayout& layout) {
+    auto kv = KvStorage::Create(&backend_, layout);
+    std::vector<float> logits;
+    MoeModel one(weights_.get(), &backend_);
+    if (!kv.ok() || !one.Forward(in, layout, kv->data(), &logits).ok()) logits.clear();
+    return logits;
+  }
+  CpuBackend backend_;
+  ModelConfig config_;
+  uint32_t seed_ = 0;
+  std::unique_ptr<ModelWeights> weights_;
+};
+
+}  // namespace moeserve::parallel_test
