@@ -111,6 +111,7 @@ void Scheduler::Remove(Sequence* seq) {
   if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) {
     waiting_.erase(it);
     if (seq->counted_new) --new_waiting_;
+    seq->counted_new = false;
   }
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
   if (seq->swapped()) {
@@ -276,6 +277,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
   }
   waiting_.pop_front();
   if (seq->counted_new) --new_waiting_;
+  seq->counted_new = false;
   if (seq->swapped()) {  // its KV comes back from the swap slots into its new blocks
     MS_CHECK(!seq->swap_slots.empty());
     KvTransfer t;
