@@ -181,7 +181,7 @@ void Scheduler::TakeCachedPrefix(Sequence* seq) {
     }
     // A device miss: a lower tier may still hold the block. It is planned to come back into a
     // block allocated and registered now (with this sequence's reference).
-    if (tiers_ == nullptr) break;
+    if (tiers_ == nullptr || seq->skip_lower_tiers) break;
     const std::optional<KvTier> below = Below(seq->hashes[b]);
     if (!below.has_value()) break;
     KvTransfer t;
@@ -278,6 +278,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
   waiting_.pop_front();
   if (seq->counted_new) --new_waiting_;
   seq->counted_new = false;
+  seq->skip_lower_tiers = false;  // (admitted: later lookups may use the tiers again)
   if (seq->swapped()) {  // its KV comes back from the swap slots into its new blocks
     MS_CHECK(!seq->swap_slots.empty());
     KvTransfer t;

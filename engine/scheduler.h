@@ -95,8 +95,8 @@ class Scheduler {
   void OnStepComputed(const SchedulerOutput& out);
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
-  // Waiting sequences never admitted yet (the ones max_waiting bounds): a step's scheduling only
-  // lowers it (admissions); only Add raises it.
+  // Waiting sequences counted against max_waiting (those Add queued and that were never
+  // admitted since): a step's scheduling only lowers it (admissions); only Add raises it.
   int64_t num_new_waiting() const { return new_waiting_; }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const std::vector<Sequence*>& running() const { return running_; }

@@ -68,6 +68,9 @@ void Scheduler::Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
     seq->state = Sequence::State::kWaiting;
     InsertWaiting(seq);  // (as an admitted one: it does not count against max_waiting again)
+    // Its next lookup uses the device's cache only, so that a tier that keeps failing (a copy
+    // error puts a DDR block back) cannot send it round this loop forever.
+    seq->skip_lower_tiers = true;
     if (std::find(first_admitted_.begin(), first_admitted_.end(), seq) != first_admitted_.end()) {
       seq->admitted_before = false;  // its prefix hit is counted at the admission that sticks
     }

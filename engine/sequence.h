@@ -38,7 +38,8 @@ struct Sequence {
   std::vector<int64_t> swap_slots;  // the DDR slots holding them, once the copies ran
   double retain_until = 0;          // keep the prompt's KV cached until then (wall seconds; 0: no)
   bool admitted_before = false;
-  bool counted_new = false;         // counted among the scheduler's never-admitted waiting ones
+  bool counted_new = false;         // counted against max_waiting (waiting, and never admitted)
+  bool skip_lower_tiers = false;    // its last transfers failed: its next prefix lookup stays on the device
   State state = State::kWaiting;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

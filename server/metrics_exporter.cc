@@ -133,7 +133,7 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
     f.metric.push_back(Value(C, static_cast<double>(t.promoted_flash), {{"tier", "flash"}}));
     out.push_back(std::move(f));
     MetricFamily failed = Family("kv_transfer_failures_total",
-                                 "Tier transfers that failed (their sequences recompute what did not arrive), by kind", C);
+                                 "Tier transfers that failed, by kind: promote and swap (the KV that did not arrive is recomputed), demote (the block is lost to the cache)", C);
     failed.metric.push_back(Value(C, static_cast<double>(t.promote_failures), {{"kind", "promote"}}));
     failed.metric.push_back(Value(C, static_cast<double>(t.swap_failures), {{"kind", "swap"}}));
     failed.metric.push_back(Value(C, static_cast<double>(t.demote_failures), {{"kind", "demote"}}));

@@ -20,6 +20,7 @@ class FakeTiers : public KvTierView {
  public:
   std::unordered_map<BlockHash, KvTier, BlockHashHasher> held;
   std::unordered_set<BlockHash, BlockHashHasher> fail;
+  bool failed_stay = false;  // a failed promotion leaves its block held (as a DDR copy error does)
   bool swap = true;
   int64_t capacity = 100;
   int64_t slots_in_use = 0;
@@ -45,6 +46,7 @@ class FakeTiers : public KvTierView {
         case KvTransfer::Kind::kPromote:
           for (const BlockEviction& e : t.evicted) held[e.hash] = KvTier::kHost;
           out[i].ok = held.erase(t.hash) > 0 && fail.count(t.hash) == 0;
+          if (!out[i].ok && failed_stay) held[t.hash] = t.planned;
           out[i].tier = t.planned;
           break;
         case KvTransfer::Kind::kSwapOut:

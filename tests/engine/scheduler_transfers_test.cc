@@ -121,6 +121,26 @@ TEST_F(SchedulerTransfersTest, WhenTheFirstBlockFailsTheSequenceWaitsForAFreshLo
   Drain();
 }
 
+// A tier whose copies keep failing (the block stays below, found again): the sequence sent back
+// looks its prefix up on the device only next time, so it always progresses.
+TEST_F(SchedulerTransfersTest, ATierThatKeepsFailingCannotHoldASequenceBack) {
+  EvictAsPrefix();
+  tiers_.fail.insert(a_->hashes[0]);
+  tiers_.failed_stay = true;
+  Sequence* b = NewSeq(13, 1);
+  ASSERT_TRUE(sched_->Add(b).ok());
+  Schedule();
+  ASSERT_EQ(b->state, Sequence::State::kWaiting);
+  ASSERT_TRUE(tiers_.held.count(a_->hashes[0])) << "the fake was meant to keep the failed block";
+  const SchedulerOutput next = Step();
+  for (const KvTransfer& t : next.transfers) EXPECT_NE(t.kind, KvTransfer::Kind::kPromote);
+  ASSERT_EQ(next.chunks.size(), 1u);
+  EXPECT_EQ(next.chunks[0].seq, b);
+  EXPECT_EQ(next.chunks[0].start, 0);
+  Drain();
+  EXPECT_EQ(b->num_tokens(), 14);
+}
+
 // Two sequences fill an 8-block pool; the newer one is preempted with its KV swapped out.
 class SchedulerSwapTest : public SchedulerTransfersTest {
  protected:
