@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_format.h"
+
 namespace moeserve::roofline {
 
 RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
@@ -78,6 +80,25 @@ int64_t SmallestComputeBoundBatch(const ModelCosts& m, const HardwareProfile& hw
     (compute_bound(mid) ? hi : lo) = mid;
   }
   return hi;
+}
+
+double MarginalDecodeIntensity(const ModelCosts& m, const HardwareProfile& hw, int64_t context) {
+  // Far past expert saturation, the difference of two large batches holds only per-sequence terms.
+  constexpr int64_t kBig = int64_t{1} << 20;
+  const StepCost a = PredictStep(m, StepShape::Decode(kBig, context), hw);
+  const StepCost b = PredictStep(m, StepShape::Decode(2 * kBig, context), hw);
+  const double bytes = (b.weight_bytes + b.kv_read_bytes + b.kv_write_bytes) -
+                       (a.weight_bytes + a.kv_read_bytes + a.kv_write_bytes);
+  return bytes > 0 ? (b.flops - a.flops) / bytes : 0;
+}
+
+std::string NoCriticalBatchReason(const ModelCosts& m, const HardwareProfile& hw, int64_t context) {
+  return absl::StrFormat(
+      "no decode batch is compute-bound at context %d: each added sequence brings %.1f FLOP per byte of "
+      "its KV, below this machine's %.1f FLOP/byte (%s), so the KV read grows with the batch as fast as "
+      "the FLOPs",
+      context, MarginalDecodeIntensity(m, hw, context), hw.PeakFlops(m.weight_dtype) / hw.mem_bandwidth,
+      hw.name);
 }
 
 }  // namespace moeserve::roofline

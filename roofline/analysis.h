@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "roofline/cost_model.h"
@@ -51,5 +52,13 @@ RooflineReport AnalyzeRoofline(const RooflineInputs& in);
 // time (weights of the experts expected to be hit, plus KV), by PredictStep on one device;
 // 0 when no batch up to 2^20 is compute-bound.
 int64_t SmallestComputeBoundBatch(const ModelCosts& m, const HardwareProfile& hw, int64_t context);
+
+// FLOPs per byte that one more decoding sequence at `context` adds once the weights are read
+// anyway (its attention and GEMM FLOPs over its KV bytes). When it is below the machine's
+// FLOP/byte, no batch is compute-bound: the KV term grows with the batch as fast as the FLOPs.
+double MarginalDecodeIntensity(const ModelCosts& m, const HardwareProfile& hw, int64_t context);
+
+// Why SmallestComputeBoundBatch found no batch: a sentence naming both intensities.
+std::string NoCriticalBatchReason(const ModelCosts& m, const HardwareProfile& hw, int64_t context);
 
 }  // namespace moeserve::roofline

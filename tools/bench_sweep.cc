@@ -151,6 +151,7 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
     k.predicted_knee = roofline::MeasuredKnee(bs, bound);
     k.calibrated_knee = roofline::MeasuredKnee(bs, calibrated);
     k.predicted_critical = static_cast<double>(roofline::SmallestComputeBoundBatch(costs, hw, ctx + 1));
+    if (k.predicted_critical == 0) k.no_critical_reason = roofline::NoCriticalBatchReason(costs, hw, ctx + 1);
     k.ratio = k.predicted_knee > 0 ? k.measured / k.predicted_knee : 0;
     k.experts_hit_batch1 = roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, 1);
     k.experts_hit_at_critical =
@@ -176,17 +177,24 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
   j["points_beating_bound"] = r.beats_bound;
   j["skipped"] = r.skipped;
   for (const auto& k : r.knees) {
-    j["knees"].push_back({{"context", k.context},
-                          {"measured", k.measured},
-                          {"predicted_knee", k.predicted_knee},
-                          {"calibrated_knee", k.calibrated_knee},
-                          {"predicted_critical_batch", k.predicted_critical},
-                          {"measured_over_predicted_knee", k.ratio},
-                          {"measured_over_critical_batch", k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0},
-                          {"predicted_knee_over_critical_batch",
-                           k.predicted_critical > 0 ? k.predicted_knee / k.predicted_critical : 0},
-                          {"experts_hit_batch1", k.experts_hit_batch1},
-                          {"experts_hit_at_critical_batch", k.experts_hit_at_critical}});
+    const bool has_critical = k.predicted_critical > 0;
+    // Without a compute-bound batch the ratios to it do not exist: null, with the reason.
+    auto over_critical = [&](double v) { return has_critical ? nlohmann::json(v / k.predicted_critical) : nlohmann::json(); };
+    nlohmann::json knee = {{"context", k.context},
+                           {"measured", k.measured},
+                           {"predicted_knee", k.predicted_knee},
+                           {"calibrated_knee", k.calibrated_knee},
+                           {"predicted_critical_batch", has_critical ? nlohmann::json(k.predicted_critical) : nlohmann::json()},
+                           {"measured_over_predicted_knee", k.ratio},
+                           {"measured_over_critical_batch", over_critical(k.measured)},
+                           {"predicted_knee_over_critical_batch", over_critical(k.predicted_knee)},
+                           {"experts_hit_batch1", k.experts_hit_batch1}};
+    if (has_critical) {
+      knee["experts_hit_at_critical_batch"] = k.experts_hit_at_critical;
+    } else {
+      knee["no_critical_batch_reason"] = k.no_critical_reason;
+    }
+    j["knees"].push_back(knee);
   }
   for (const SweepPoint& p : r.points) {
     const double t = p.observed_seconds;
@@ -240,10 +248,14 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
               100 * r.fit.median_abs_rel_error, 100 * r.fit.max_abs_rel_error, 100 * r.holdout.median_abs_rel_error);
   std::printf("  points faster than the peak bound by more than 5%%: %lld\n", static_cast<long long>(r.beats_bound));
   for (const auto& k : r.knees) {
-    std::printf("  context %lld: knee measured %.1f, roofline %.1f (ratio %.2f), calibrated %.1f; "
-                "critical batch (compute = memory at the peaks) %.1f (ratio %.2f)\n",
-                static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee,
-                k.predicted_critical, k.predicted_critical > 0 ? k.measured / k.predicted_critical : 0.0);
+    std::printf("  context %lld: knee measured %.1f, roofline %.1f (ratio %.2f), calibrated %.1f; ",
+                static_cast<long long>(k.context), k.measured, k.predicted_knee, k.ratio, k.calibrated_knee);
+    if (k.predicted_critical == 0) {
+      std::printf("%s\n", k.no_critical_reason.c_str());
+      continue;
+    }
+    std::printf("critical batch (compute = memory at the peaks) %.1f (ratio %.2f)\n", k.predicted_critical,
+                k.measured / k.predicted_critical);
     // A knee at the critical batch presumes a memory term flat below it; say when the model's
     // own bound already bends well below it, i.e. where even an ideal implementation would.
     if (k.predicted_critical > 1 && k.predicted_knee < k.predicted_critical / 1.5) {

@@ -50,7 +50,9 @@ struct SweepReport {
     double measured = 0;               // MeasuredKnee of the observed curve
     double predicted_knee = 0;         // the same construction on the roofline curve (peaks)
     double calibrated_knee = 0;        // ... and on the calibrated model's curve
-    double predicted_critical = 0;     // compute time = memory time at the peaks (experts expected)
+    double predicted_critical = 0;     // compute time = memory time at the peaks (experts expected);
+                                       // 0: no batch is compute-bound, and no_critical_reason says why
+    std::string no_critical_reason;
     double ratio = 0;                  // measured / predicted_knee
     // Expected distinct experts per layer read at batch 1 and at the critical batch: while they
     // still grow, the weight term is not flat and even the roofline bound has no knee there.

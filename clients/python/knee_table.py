@@ -37,6 +37,11 @@ def main():
             print(f"{path}: no knees (fewer than two batch sizes per context); skipped", file=sys.stderr)
             continue
         for k in j["knees"]:
+            if k.get("predicted_critical_batch") is None:
+                # The machine's FLOP/byte is above what a sequence adds: no compute-bound batch.
+                print(f"{path}: context {k['context']}: {k.get('no_critical_batch_reason', 'no critical batch')}; "
+                      "skipped", file=sys.stderr)
+                continue
             rows[key].append((k, j["calibrated_median_abs_error"], j["points_beating_bound"]))
 
     def span(values, fmt="{:.2f}"):

@@ -5,6 +5,7 @@
 #include <random>
 #include <unordered_set>
 
+#include "absl/strings/str_format.h"
 #include "roofline/analysis.h"
 #include "roofline/calibration_fit.h"
 #include "roofline/model_presets.h"
@@ -244,6 +245,26 @@ TEST(RooflineTest, SmallestComputeBoundBatchMatchesALinearScan) {
   HardwareProfile slow_memory = cpu;
   slow_memory.mem_bandwidth = 1e6;
   EXPECT_EQ(SmallestComputeBoundBatch(ModelCosts::From(*c, "bf16", "bf16"), slow_memory, 1 << 20), 0);
+  // A critical batch exists exactly when the machine's FLOP/byte is below what one more sequence
+  // adds (its FLOPs over its KV bytes), e.g. a CPU with matrix units against tiny's small layers.
+  const ModelCosts tiny = ModelCosts::From(*c, "bf16", "bf16");
+  for (int64_t ctx : {9, 33, 1025}) {
+    const double marginal = MarginalDecodeIntensity(tiny, cpu, ctx);
+    ASSERT_GT(marginal, 0);
+    for (double factor : {0.5, 2.0}) {
+      HardwareProfile hw = cpu;
+      hw.peak_flops_bf16 = hw.peak_flops_f32 = marginal * factor * hw.mem_bandwidth;
+      const int64_t b = SmallestComputeBoundBatch(tiny, hw, ctx);
+      if (factor < 1) {
+        EXPECT_GT(b, 0) << "context " << ctx << ": machine " << marginal * factor << " FLOP/byte";
+      } else {
+        EXPECT_EQ(b, 0) << "context " << ctx;
+        EXPECT_NE(NoCriticalBatchReason(tiny, hw, ctx).find(absl::StrFormat("%.1f FLOP per byte", marginal)),
+                  std::string::npos)
+            << NoCriticalBatchReason(tiny, hw, ctx);
+      }
+    }
+  }
 }
 
 TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {

@@ -60,11 +60,19 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
   EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
   EXPECT_EQ(sweep["knees"].size(), 2u);
   for (const auto& k : sweep["knees"]) {
-    // tiny: 4 experts, top-2. Expected distinct experts of B tokens: E (1 - (1 - k/E)^B).
+    // tiny: 4 experts, top-2. Whether any decode batch is compute-bound depends on this machine's
+    // FLOP/byte (a CPU with matrix units has more than tiny adds per sequence of KV): either the
+    // critical batch is a whole batch with the expected experts hit, or the report says why not.
+    EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
+    if (k["predicted_critical_batch"].is_null()) {
+      const std::string why = k["no_critical_batch_reason"].get<std::string>();
+      EXPECT_NE(why.find("FLOP per byte"), std::string::npos) << why;
+      EXPECT_TRUE(k["measured_over_critical_batch"].is_null());
+      continue;
+    }
     const double b = k["predicted_critical_batch"].get<double>();
     EXPECT_EQ(b, std::floor(b)) << "the critical batch is the smallest compute-bound batch";
-    EXPECT_GE(b, 1) << "tiny is compute-bound at some batch on any CPU";
-    EXPECT_DOUBLE_EQ(k["experts_hit_batch1"].get<double>(), 2.0);
+    EXPECT_GE(b, 1);
     EXPECT_NEAR(k["experts_hit_at_critical_batch"].get<double>(), 4.0 * (1.0 - std::pow(0.5, b)),
                 1e-9)
         << b;
