@@ -320,6 +320,8 @@ EngineStats Engine::GetStats() const {
   EngineStats s = counters_;
   s.recent_steps = recorder_.Recent();
   s.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  s.backend = backend_->Name();
+  s.kernel_numerics = backend_->KernelNumerics();
   if (tiers_ != nullptr) {
     s.has_tiers = true;
     s.tiers = tiers_->stats();

@@ -56,6 +56,8 @@ struct EngineConfig {
 };
 
 struct EngineStats {
+  std::string backend;          // Backend::Name(): for the CPU, the kernel variant and threads
+  std::string kernel_numerics;  // Backend::KernelNumerics()
   int64_t waiting = 0;
   int64_t running = 0;
   int64_t steps = 0;

@@ -114,6 +114,11 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
   Add(&out, "step_sequences_total", "Sequences over all steps (mean batch = this / steps_total)", C,
       static_cast<double>(s.batched_seqs));
   Add(&out, "uptime_seconds", "Seconds since the engine was created", G, s.uptime_seconds);
+  {
+    MetricFamily f = Family("backend_info", "Where the model runs (CPU: the kernel variant) and its numerics; always 1", G);
+    f.metric.push_back(Value(G, 1.0, {{"backend", s.backend}, {"kernel_numerics", s.kernel_numerics}}));
+    out.push_back(std::move(f));
+  }
   Add(&out, "kv_blocks_capacity", "KV blocks on the device", G, static_cast<double>(s.kv_blocks_total));
   Add(&out, "kv_blocks_used", "KV blocks held by sequences", G, static_cast<double>(s.kv_blocks_used));
   Add(&out, "kv_blocks_cached", "Free KV blocks still holding a cached prefix", G,

@@ -106,6 +106,8 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   out->set_swaps(s.swaps);
   out->set_kv_blocks_retained(s.kv_blocks_retained);
   out->set_uptime_seconds(s.uptime_seconds);
+  out->set_backend(s.backend);
+  out->set_kernel_numerics(s.kernel_numerics);
   if (s.has_tiers) {
     v1::KvTierStats* t = out->mutable_kv_tiers();
     t->set_ddr_capacity_blocks(s.tiers.host.capacity_blocks);

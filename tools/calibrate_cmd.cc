@@ -25,6 +25,7 @@ struct CalibrateOptions {
   bool quick = false;
   bool no_progress = false;
   bool no_mpi = false;
+  CpuKernelFlags cpu_kernel;
 };
 
 // Under mpirun: only the all-to-all of the job's ranks, printed by rank 0 (the transports
@@ -51,6 +52,7 @@ int RunCalibrate(const CalibrateOptions& o) {
   cs.price_per_hour = o.price_per_hour;
   CpuBackendOptions bo;
   bo.num_threads = o.threads;
+  if (absl::Status s = ApplyCpuKernelFlags(o.cpu_kernel, &bo); !s.ok()) return Fail(s);
   CpuBackend backend(bo);
   auto result = calibrate::Calibrate(&backend, cs);
   if (!result.ok()) return Fail(result.status());
@@ -86,6 +88,7 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--out", o->out, "Write the JSON profile here (default: stdout)");
   cmd->add_option("--threads", o->threads, "Threads (0: one per hardware thread, as the engine uses)")
       ->capture_default_str();
+  AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--array-mb", o->array_mb, "Size of each STREAM array in MiB (far above the caches)")
       ->capture_default_str();
   cmd->add_option("--disk-dir", o->disk_dir, "Directory on the disk to measure")->capture_default_str();

@@ -25,6 +25,16 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std:
 // Applies the parsed --dtype and --load-format spellings to `spec`.
 absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec);
 
+// The CPU kernel variant flags: --cpu-isa auto|avx2|avx512|avx512-bf16|amx and --cpu-kernel
+// fastest|exact, checked at parse time (a variant this CPU lacks or whose self-check failed is
+// refused naming the flag), applied to `o` by ApplyCpuKernelFlags.
+struct CpuKernelFlags {
+  std::string isa = "auto";
+  std::string kernel = "fastest";
+};
+void AddCpuKernelFlags(CLI::App* cmd, CpuKernelFlags* flags);
+absl::Status ApplyCpuKernelFlags(const CpuKernelFlags& flags, CpuBackendOptions* o);
+
 // With a parallel layout, once the engine exists every rank holds its shard: frees the full
 // copy of the weights the ranks were cut from (it would stay in memory for the whole run) and
 // says so on stderr after `log_prefix`. Does nothing on one rank.
@@ -46,6 +56,7 @@ struct EngineFlags {
   std::string expert_placement = "contiguous";
   bool reference = false;
   bool no_batch_invariant = false;
+  CpuKernelFlags cpu_kernel;
   std::string hardware;     // roofline profile: preset or calibrate JSON
   std::string calibration;  // a `bench --sweep-batch --out` JSON whose fitted efficiencies to use
   double host_kv_mb = 0;
@@ -59,7 +70,7 @@ struct EngineFlags {
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
-CpuBackendOptions MakeBackendOptions(const EngineFlags& flags);
+absl::StatusOr<CpuBackendOptions> MakeBackendOptions(const EngineFlags& flags);
 // A parallel rank's GPU backend on `gpu` (null, with the reason on stderr, when it cannot be made).
 std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes);
 // The backend --backend names: the CPU (with MakeBackendOptions) or a GPU (--device).

@@ -12,6 +12,7 @@
 
 #include "core/file_util.h"
 #include "core/status.h"
+#include "kernels/cpu/kernel_select.h"
 #include "roofline/hardware.h"
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -54,6 +55,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-batch-invariant", f->no_batch_invariant,
                 "Use OpenBLAS for large batches: faster prefill, but outputs may depend on batch mates "
                 "in the last bits");
+  AddCpuKernelFlags(cmd, &f->cpu_kernel);
   cmd->add_option("--hardware", f->hardware,
                   "Roofline profile for per-step predictions: h100-sxm, h200, b200, gb200-nvl72, or a JSON "
                   "profile from `moeserve calibrate` (the one that describes this machine)");
@@ -183,7 +185,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
 #endif
   } else if (c.parallel.enabled()) {
     // Each rank: a CPU backend of its own with its share of the threads.
-    const CpuBackendOptions base = MakeBackendOptions(f);
+    ASSIGN_OR_RETURN(const CpuBackendOptions base, MakeBackendOptions(f));
     const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
     c.rank_backends = [base, device_bytes](int, int ranks) -> std::unique_ptr<Backend> {
       CpuBackendOptions o = base;
@@ -245,7 +247,14 @@ std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
   // With several ranks this backend only stages the full weights in host memory; the ranks get
   // devices of their own (MakeEngineConfig's rank_backends).
-  if (f.backend == "cpu" || (f.ranks() > 1 && f.backend == "cuda")) return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(MakeBackendOptions(f)));
+  if (f.backend == "cpu" || (f.ranks() > 1 && f.backend == "cuda")) {
+    ASSIGN_OR_RETURN(const CpuBackendOptions options, MakeBackendOptions(f));
+    auto cpu = std::make_unique<CpuBackend>(options);
+    if (cpu->path() == CpuPath::kFast) {
+      std::fprintf(stderr, "moeserve: CPU kernels: %s\n", DescribeVariants(cpu->isa()).c_str());
+    }
+    return std::unique_ptr<Backend>(std::move(cpu));
+  }
 #if MOESERVE_HAVE_CUDA
   if (f.backend == "cuda") {
     CudaBackendOptions o;
@@ -261,15 +270,48 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
 #endif
 }
 
-CpuBackendOptions MakeBackendOptions(const EngineFlags& f) {
+absl::StatusOr<CpuBackendOptions> MakeBackendOptions(const EngineFlags& f) {
   CpuBackendOptions o;
   o.path = f.reference ? CpuPath::kReference : CpuPath::kFast;
   o.num_threads = f.threads;
   o.batch_invariant = !f.no_batch_invariant;
+  RETURN_IF_ERROR(ApplyCpuKernelFlags(f.cpu_kernel, &o));
   // With several ranks this backend only stages the full weights in host memory; the ranks'
   // own devices get the capacity.
   if (f.ranks() == 1) o.capacity_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
   return o;
+}
+
+void AddCpuKernelFlags(CLI::App* cmd, CpuKernelFlags* f) {
+  // Each value is checked as it is parsed; the pair together by ApplyCpuKernelFlags.
+  auto check_isa = [](const std::string& v) -> std::string {
+    const absl::StatusOr<CpuIsa> isa = ParseCpuIsa(v);
+    if (!isa.ok()) return std::string(isa.status().message());
+    const absl::StatusOr<CpuIsa> chosen = ChooseCpuIsa(*isa, CpuKernelNumerics::kFastest);
+    return chosen.ok() ? "" : std::string(chosen.status().message());
+  };
+  auto check_kernel = [](const std::string& v) -> std::string {
+    const absl::StatusOr<CpuKernelNumerics> n = ParseCpuKernelNumerics(v);
+    return n.ok() ? "" : std::string(n.status().message());
+  };
+  cmd->add_option("--cpu-isa", f->isa,
+                  "CPU kernel variant: auto (the fastest that passes its start-up self-check), avx2 or avx512 "
+                  "(exact fp32 arithmetic, the same bits), avx512-bf16 (vdpbf16ps) or amx (tiles); the last two "
+                  "round activations to bf16 for bf16 weights. A variant this CPU lacks is refused")
+      ->capture_default_str()
+      ->check(CLI::Validator(check_isa, "ISA"));
+  cmd->add_option("--cpu-kernel", f->kernel,
+                  "fastest: allow the variants that round activations to bf16; exact: fp32 activations only "
+                  "(avx2/avx512), the arithmetic of the reference order")
+      ->capture_default_str()
+      ->check(CLI::Validator(check_kernel, "NUMERICS"));
+}
+
+absl::Status ApplyCpuKernelFlags(const CpuKernelFlags& f, CpuBackendOptions* o) {
+  ASSIGN_OR_RETURN(o->isa, ParseCpuIsa(f.isa));
+  ASSIGN_OR_RETURN(o->numerics, ParseCpuKernelNumerics(f.kernel));
+  if (o->path == CpuPath::kReference) return absl::OkStatus();
+  return ChooseCpuIsa(o->isa, o->numerics).status();
 }
 
 }  // namespace moeserve::tools

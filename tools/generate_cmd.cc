@@ -30,6 +30,7 @@ struct GenerateOptions {
   bool ids = false;
   bool reference = false;
   int threads = 0;
+  CpuKernelFlags cpu_kernel;
   int64_t block_size = 16;
   std::string kv_dtype = "f32";
 };
@@ -67,6 +68,7 @@ int RunGenerate(GenerateOptions o) {
   CpuBackendOptions bo;
   bo.path = o.reference ? CpuPath::kReference : CpuPath::kFast;
   bo.num_threads = o.threads;
+  if (absl::Status s = ApplyCpuKernelFlags(o.cpu_kernel, &bo); !s.ok()) return Fail(s);
   CpuBackend backend(bo);
   Stopwatch load_sw;
   std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
@@ -154,6 +156,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--ids", o->ids, "Print generated token ids instead of text");
   cmd->add_flag("--reference", o->reference, "Use the CPU reference path (slow, the test oracle)");
   cmd->add_option("--threads", o->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
+  AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--block-size", o->block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunGenerate(*o); });

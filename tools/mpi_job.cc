@@ -56,9 +56,15 @@ class OpenMpiJob final : public MpiJob {
 #endif
     // Every process is one rank with a device of its own: the CPU backend gets all of
     // --threads (the ranks may be on different machines; on one, mpirun's binding decides).
-    const CpuBackendOptions base = MakeBackendOptions(f);
+    // The flags were checked when this process made its staging backend (MakeBackend); a
+    // failure here still ends the rank's start with the reason, as a null backend does.
+    const absl::StatusOr<CpuBackendOptions> base = MakeBackendOptions(f);
     c->rank_backends = [base, device_bytes](int, int) -> std::unique_ptr<Backend> {
-      CpuBackendOptions o = base;
+      if (!base.ok()) {
+        std::fprintf(stderr, "moeserve: %s\n", std::string(base.status().message()).c_str());
+        return nullptr;
+      }
+      CpuBackendOptions o = *base;
       o.capacity_bytes = device_bytes;
       return std::make_unique<CpuBackend>(o);
     };

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/kernel_select.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/sample_ops.h"
 
@@ -33,6 +34,9 @@ size_t DefaultCapacity() {
 CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
   if (options_.capacity_bytes == 0) options_.capacity_bytes = DefaultCapacity();
   if (fast()) {
+    const absl::StatusOr<CpuIsa> isa = ChooseCpuIsa(options_.isa, options_.numerics);
+    MS_CHECK_OK(isa.status());
+    isa_ = *isa;
     pool_ = std::make_unique<ThreadPool>(options_.num_threads);
     // Our pool parallelises across GEMM tiles; each tile is a single-threaded sgemm.
     openblas_set_num_threads(1);
@@ -44,7 +48,13 @@ CpuBackend::~CpuBackend() = default;
 std::string CpuBackend::Name() const {
   if (!fast()) return "cpu (reference)";
   return absl::StrCat("cpu (fast", options_.batch_invariant ? ", batch-invariant" : ", OpenBLAS", ", ",
-                      num_threads(), " threads)");
+                      CpuIsaName(isa_), ", ", num_threads(), " threads)");
+}
+
+std::string CpuBackend::KernelNumerics() const {
+  if (!fast()) return "cpu-reference-1";
+  const std::string base = options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2";
+  return RoundsActivations(isa_) ? absl::StrCat(base, "-", CpuIsaName(isa_), "-1") : base;
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
@@ -148,7 +158,7 @@ void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table
 }
 
 void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
-  if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant);
+  if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant, isa_);
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
 
@@ -157,7 +167,7 @@ void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const
   // Device memory is host memory here: the offsets are read in place.
   const std::span<const int64_t> offsets(offsets_data, w.size() + 1);
   MS_CHECK(offsets.back() <= max_rows);
-  if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant);
+  if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant, isa_);
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;

@@ -11,6 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace moeserve {
 
@@ -23,6 +24,11 @@ struct CpuBackendOptions {
   // Fast path: compute every GEMM row in an order independent of the batch, so a request's
   // output does not depend on what shares its step. Off: OpenBLAS for large batches.
   bool batch_invariant = true;
+  // The fast path's kernel variant (kernels/cpu/cpu_isa.h): kAuto picks the fastest that passed
+  // its self-check, among the exact ones with kExact. A forced variant must be supported
+  // (ChooseCpuIsa says why not; callers validate first).
+  CpuIsa isa = CpuIsa::kAuto;
+  CpuKernelNumerics numerics = CpuKernelNumerics::kFastest;
   // Emulates a GPU's asynchronous copy engine (tests): CopyAsync only queues the copy, which
   // runs at the latest moment a GPU could run it: at WaitCopy, or, once ordered before compute
   // by OrderComputeAfterCopies, at the next copy, Synchronize or KV op. A caller that forgets
@@ -36,16 +42,16 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string Name() const override;
-  // v2: tiled GEMM with lane-strided FMA order, vectorised attention and exp (this change).
-  std::string KernelNumerics() const override {
-    return options_.path == CpuPath::kFast ? (options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2")
-                                           : "cpu-reference-1";
-  }
+  // v2: tiled GEMM with lane-strided FMA order, vectorised attention and exp. The exact variants
+  // (avx2, avx512) compute the same bits; the bf16 ones are named.
+  std::string KernelNumerics() const override;
   // The fast path's GEMM streams 8-row tiles (kernels/weight_layout.h).
   WeightLayout PreferredWeightLayout() const override {
     return options_.path == CpuPath::kFast ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
   }
   CpuPath path() const { return options_.path; }
+  // The kernel variant the fast path runs (resolved, never kAuto).
+  CpuIsa isa() const { return isa_; }
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
@@ -99,6 +105,7 @@ class CpuBackend final : public Backend {
   void RunOrderedCopies();
 
   CpuBackendOptions options_;
+  CpuIsa isa_ = CpuIsa::kAvx2;
   struct QueuedCopy {
     uint64_t ticket;
     void* dst;

@@ -62,15 +62,15 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
 }
 
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-          bool accumulate, bool batch_invariant) {
+          bool accumulate, bool batch_invariant, CpuIsa isa) {
   const GemmTask task{x, m, w, y, accumulate};
   // Small m is memory-bound and the invariant kernel is as fast as BLAS there.
   if (!batch_invariant && m > kBlasMinRows) return BlasGemm(pool, task);
-  RunGemms(pool, std::span<const GemmTask>(&task, 1));
+  RunGemms(pool, std::span<const GemmTask>(&task, 1), isa);
 }
 
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
-                 float* y, bool batch_invariant) {
+                 float* y, bool batch_invariant, CpuIsa isa) {
   MS_CHECK(offsets.size() == w.size() + 1);
   std::vector<GemmTask> tasks;
   for (size_t g = 0; g < w.size(); ++g) {
@@ -83,7 +83,7 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
       tasks.push_back(t);
     }
   }
-  RunGemms(pool, tasks);  // the experts together: one parallel region, both cores busy
+  RunGemms(pool, tasks, isa);  // the experts together: one parallel region, both cores busy
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

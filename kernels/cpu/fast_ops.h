@@ -7,17 +7,18 @@
 
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace moeserve::cpu_fast {
 
 void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
-// batch_invariant: every row is computed in the same order whatever m is (kernels/cpu/gemm.h);
-// otherwise large m uses OpenBLAS, batch-dependent in the last bits.
+// batch_invariant: every row is computed in the same order whatever m is, on kernel variant
+// `isa` (kernels/cpu/gemm.h); otherwise large m uses OpenBLAS, batch-dependent in the last bits.
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
-          bool accumulate, bool batch_invariant);
+          bool accumulate, bool batch_invariant, CpuIsa isa);
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
-                 float* y, bool batch_invariant);
+                 float* y, bool batch_invariant, CpuIsa isa);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

@@ -1,12 +1,15 @@
 // The CPU fast path's GEMM: y = x @ w^T for fp32 activations and fp32 or bf16 weights, in
-// either weight layout (kernels/weight_layout.h), on AVX2 + FMA registers (a portable loop
-// elsewhere, same arithmetic).
+// either weight layout (kernels/weight_layout.h), in one of the variants of cpu_isa.h chosen at
+// start (avx2, avx512, avx512-bf16; gemm_*.cc).
 //
-// Exact and batch-invariant: every output element is the same sequence of fp32 operations
+// Batch-invariant in every variant: every output element is the same sequence of operations
 // whatever m, the batch mates, the layout, the thread count or the kernel shape that computed
-// it: lane l (0..7) accumulates columns c = l, l + 8, l + 16, ... in order with fused
-// multiply-adds (a last partial chunk padded with zeros), then the 8 lanes are summed in one
-// fixed tree. bf16 weights widen to fp32 exactly.
+// it. The exact variants (avx2, avx512; bit-identical): lane l (0..7) accumulates columns
+// c = l, l + 8, l + 16, ... in order with fp32 fused multiply-adds (a last partial chunk padded
+// with zeros), then the 8 lanes are summed in one fixed tree; bf16 weights widen to fp32
+// exactly. avx512-bf16 rounds x to bf16 first (RoundRowsToBf16), then lane p (0..3) of a row
+// accumulates the column pairs (8c + 2p, 8c + 2p + 1) in order with vdpbf16ps, and the 4 lanes
+// are summed ((p0 + p1) + (p2 + p3)).
 //
 // Small m (decode) streams each 8-row tile of w once, 8 rows' dot products at a time, with
 // software prefetch ahead of the stream: bandwidth-bound. Large m widens a tile to fp32 once and
@@ -18,6 +21,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace moeserve::cpu_fast {
 
@@ -29,12 +33,14 @@ struct GemmTask {
   bool accumulate = false;  // y += x @ w^T
 };
 
-// The instruction kind the kernels' inner loop issues, as `moeserve calibrate` names its peaks:
-// "f32-fma-256" (AVX2 + FMA), or "f32-scalar" in a build without them.
-const char* GemmInstructionKind();
+// The instruction kind a variant's inner loop issues for bf16 weights, as `moeserve calibrate`
+// names its peaks: "f32-fma-256", "f32-fma-512", "bf16-dot-512", "amx-bf16". f32 weights run on
+// GemmInstructionKind(ExactIsaFor(isa)).
+const char* GemmInstructionKind(CpuIsa isa);
 
-// Runs all tasks (batch-invariant, as above) in one parallel region.
-void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks);
+// Runs all tasks (batch-invariant, as above) in one parallel region on variant `isa` (resolved,
+// not kAuto).
+void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa);
 
 // OpenBLAS sgemm on fp32 copies of 64-row blocks of w (one per thread at a time): faster for
 // large m than it used to be relative to our kernel, but a row's result depends on m.

@@ -18,9 +18,12 @@ using testing::RandomFloats;
 
 class CpuOpsTest : public ::testing::Test {
  protected:
+  // The exact fast path (fp32 activations, avx2 or avx512): the variants that round activations
+  // to bf16 are tested at their own bound in gemm_variants_test.cc.
   CpuBackend ref_{CpuBackendOptions{CpuPath::kReference, 1, 0}};
-  CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0}};
-  CpuBackend blas_{CpuBackendOptions{CpuPath::kFast, 2, 0, /*batch_invariant=*/false}};
+  CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+  CpuBackend blas_{CpuBackendOptions{CpuPath::kFast, 2, 0, /*batch_invariant=*/false, CpuIsa::kAuto,
+                                     CpuKernelNumerics::kExact}};
 };
 
 // Weight storage in either dtype, keeping the exact values both paths see.

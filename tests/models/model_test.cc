@@ -75,7 +75,9 @@ TEST_P(ModelVsNaiveTest, PrefillAndEveryDecodeStepMatchNaiveForward) {
   const Variant v = Variants()[std::get<0>(GetParam())];
   SCOPED_TRACE(v.name);
   auto tensors = GenerateRandomWeights(v.config, 1234, DType::kF32);
-  CpuBackend backend(CpuBackendOptions{std::get<1>(GetParam()), 2, 0});
+  // The exact kernels (fp32 activations), as the naive forward computes; the variants that round
+  // activations to bf16 are checked against their own bound in tests/kernels.
+  CpuBackend backend(CpuBackendOptions{std::get<1>(GetParam()), 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact});
   auto weights = ModelWeights::Load(v.config, *tensors, &backend, v.weight_dtype);
   ASSERT_TRUE(weights.ok()) << weights.status();
 

@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
 #include "models/model_weights.h"
 #include "tools/calibrate/peak_flops.h"
@@ -244,7 +245,8 @@ absl::StatusOr<Calibration> Calibrate(Backend* backend, const CalibrateSettings&
   // The peak is the hardware's, for the instructions the kernels issue: bf16 weights are widened
   // to fp32 in registers, so both weight dtypes run on the same fp32 FMAs. Without a
   // register-loop measurement of that kind, our best GEMM stands in.
-  const std::string kind = cpu_fast::GemmInstructionKind();
+  const auto* cpu = dynamic_cast<const CpuBackend*>(backend);
+  const std::string kind = cpu != nullptr ? cpu_fast::GemmInstructionKind(cpu->isa()) : backend->Name();
   double hardware_peak = 0;
   nlohmann::json peak_json = nlohmann::json::object();
   for (const PeakFlops& pk : peaks) {

@@ -1,0 +1,130 @@
+// The avx512-bf16 GEMM kernels: vdpbf16ps on bf16 activations (rounded once per task by
+// gemm.cc) and bf16 weights, 64 FLOP per instruction, no widening. A register holds chunk c of
+// four weight rows (32 bf16: the tiled layout stores them side by side), x's 8-column chunk is
+// broadcast to its four 128-bit lanes, so lane p of a row accumulates the column pairs
+// (8c + 2p, 8c + 2p + 1) in order; the row's 4 lanes are then summed ((p0 + p1) + (p2 + p3)).
+// The same operations whatever the number of x rows: batch-invariant.
+//
+// Compiled for AVX512-BF16 by the target pragma below (after every include) and only called
+// where cpu_isa.h found it.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kernels/cpu/gemm_kernels.h"
+
+#pragma GCC push_options
+// GCC 12 warns of the undefined pass-through operand inside its own AVX-512 intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+
+namespace moeserve::cpu_fast {
+namespace {
+
+// kBf16RowBlock (12) x rows x 2 quads = 24 accumulators of AVX-512's 32 registers.
+
+// Where the kernel reads quad h (rows 4h .. 4h + 3) of chunk c: one run of 32 elements at
+// tile + c * 64 + h * 32 in a tiled layout; otherwise four rows' own chunks, zero-padded past
+// `cols`.
+struct QuadSource {
+  const uint16_t* tile = nullptr;
+  const uint16_t* row[kTileRows];
+  int64_t cols = 0;
+  __m512bh Load(int64_t c, int h) const {
+    if (tile != nullptr) {
+      return reinterpret_cast<__m512bh>(
+          _mm512_loadu_si512(tile + c * kTileRows * kTileCols + h * 4 * kTileCols));
+    }
+    const int64_t left = cols - c * kTileCols;
+    const __mmask8 mask = left >= kTileCols ? 0xff : static_cast<__mmask8>((1u << left) - 1);
+    __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi16(mask, row[4 * h] + c * kTileCols));
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, row[4 * h + 1] + c * kTileCols), 1);
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, row[4 * h + 2] + c * kTileCols), 2);
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, row[4 * h + 3] + c * kTileCols), 3);
+    return reinterpret_cast<__m512bh>(v);
+  }
+};
+
+// Lane 4r of the result: ((l0 + l1) + (l2 + l3)) of lanes 4r .. 4r + 3.
+inline __m512 SumQuads(__m512 a) {
+  const __m512 s = _mm512_add_ps(a, _mm512_permute_ps(a, 0xb1));  // lanes (1, 0, 3, 2)
+  return _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));            // lanes (2, 3, 0, 1)
+}
+
+// M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
+// 8 rows of a tile: acc[i][h] holds rows 4h .. 4h + 3 for x row i. One pointer per operand, so
+// that the 24 accumulators stay in registers.
+template <int M>
+void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y, int64_t y_stride, int store_cols,
+               bool accumulate, const char* pf) {
+  __m512 acc[M][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(uint16_t);
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (pf != nullptr) {
+      _mm_prefetch(pf + c * kPfBytes, _MM_HINT_T0);
+      _mm_prefetch(pf + c * kPfBytes + 64, _MM_HINT_T0);
+    }
+    const __m512bh w0 = w.Load(c, 0), w1 = w.Load(c, 1);
+    const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
+#pragma GCC unroll 12
+    for (int i = 0; i < M; ++i) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, w0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, w1);
+    }
+  }
+  // Every access to acc has a constant index (loops fully unrolled), so it lives in registers.
+  alignas(64) float s[M][2][16];
+#pragma GCC unroll 12
+  for (int i = 0; i < M; ++i) {
+    _mm512_store_ps(s[i][0], SumQuads(acc[i][0]));
+    _mm512_store_ps(s[i][1], SumQuads(acc[i][1]));
+  }
+  for (int i = 0; i < M; ++i) {
+    float* yr = y + i * y_stride;
+    for (int j = 0; j < store_cols; ++j) {
+      const float v = s[i][j / 4][4 * (j % 4)];
+      yr[j] = accumulate ? yr[j] + v : v;
+    }
+  }
+}
+
+template <int... Ms>
+void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& w, int64_t chunks,
+              float* y, int64_t y_stride, int store, bool acc, const char* pf) {
+  ((m == Ms + 1 ? KernelMx8<Ms + 1>(x, w, chunks, y, y_stride, store, acc, pf) : void()), ...);
+}
+
+}  // namespace
+
+void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {
+  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
+  const int64_t r0 = it.tile * kTileRows, rows = t.w.rows, cols = t.w.cols;
+  const int64_t nrows = std::min<int64_t>(kTileRows, rows - r0), chunks = RoundUp(cols, kTileCols) / kTileCols;
+  QuadSource src;
+  src.cols = cols;
+  if (w.tiled) {
+    src.tile = w.Row(r0);
+  } else {
+    for (int64_t j = 0; j < kTileRows; ++j) src.row[j] = w.Row(r0 + std::min<int64_t>(j, nrows - 1));
+  }
+  // Along a tiled layout the next tiles follow in memory: prefetch them while this one computes.
+  const char* prefetch = w.tiled ? reinterpret_cast<const char*>(src.tile) + kPrefetchBytes : nullptr;
+  for (int64_t i = it.m0; i < it.m1;) {
+    // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).
+    const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kBf16RowBlock));
+    const uint16_t* xb = x_bf16 + (i / kBf16RowBlock) * chunks * kBf16RowBlock * kTileCols;
+    Dispatch(m, std::make_integer_sequence<int, kBf16RowBlock>{}, xb, src, chunks, t.y + i * rows + r0, rows,
+             static_cast<int>(nrows), t.accumulate, i == it.m0 ? prefetch : nullptr);
+    i += m;
+  }
+}
+
+}  // namespace moeserve::cpu_fast
+
+#pragma GCC pop_options

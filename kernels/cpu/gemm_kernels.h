@@ -1,0 +1,84 @@
+// What gemm.cc's planner hands a kernel variant (gemm_avx2.cc, gemm_avx512.cc, gemm_bf16.cc,
+// gemm_amx.cc): one work item, rows [m0, m1) of x against the 8-row tile `tile` of w, and a
+// per-thread scratch. Internal to the CPU fast path.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/weight_layout.h"
+
+namespace moeserve::cpu_fast {
+
+struct GemmItem {
+  int32_t task;
+  int64_t tile;
+  int64_t m0, m1;
+};
+
+// Up to this many x rows a GEMM streams its stored weights directly; above, the exact variants
+// widen each bf16 tile to fp32 once and reuse it for every x row (the same arithmetic).
+inline constexpr int64_t kDirectMaxRows = 16;  // measured: direct is faster to ~16 rows
+// x rows per work item of a large GEMM (a multiple of every kernel's row block: 2, 3, 6, 12).
+inline constexpr int64_t kRowChunk = 48;
+// How far ahead of the tile being computed the weight stream is prefetched.
+inline constexpr int64_t kPrefetchBytes = 2048;
+
+// A thread's scratch: an fp32 copy of the tile it works on (64-byte aligned), or a repacked one.
+struct GemmScratch {
+  std::vector<float> storage;
+  float* data = nullptr;
+  const void* from = nullptr;  // the weight and tile it holds
+  int64_t tile = -1;
+  // Room for n floats, not cleared.
+  float* Reset(size_t n) {
+    if (storage.size() < n + 16) storage.resize(n + 16);
+    data = storage.data() + (16 - (reinterpret_cast<uintptr_t>(storage.data()) / sizeof(float)) % 16) % 16;
+    return data;
+  }
+};
+
+// Where the rows of one weight matrix are: row j's chunk c (8 columns from 8c) starts at
+// Row(j) + c * chunk_stride; the last partial chunk is zero-padded in memory only when tiled.
+template <typename T>
+struct Rows {
+  const T* base;
+  int64_t cols;
+  int64_t chunk_stride;  // elements between consecutive chunks of one row
+  bool tiled;
+  int64_t first_row = 0;  // the row `base` starts at (a tile of the matrix held on its own)
+  const T* Row(int64_t j) const {
+    j -= first_row;
+    if (!tiled) return base + j * cols;
+    return base + (j / kTileRows) * kTileRows * RoundUp(cols, kTileCols) + (j % kTileRows) * kTileCols;
+  }
+};
+
+template <typename T>
+Rows<T> RowsOf(const WeightRef& w) {
+  const bool tiled = w.layout == WeightLayout::kTiled8;
+  return Rows<T>{static_cast<const T*>(w.data), w.cols, tiled ? kTileRows * kTileCols : kTileCols, tiled};
+}
+
+// x_bf16: for the variants that round activations, the task's x as bf16 packed by PackRowsBf16;
+// null for the exact variants.
+void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+
+// Rounds x [m, k] to bf16 (round to nearest even) into out [m, RoundUp(k, 8)], zero-padded.
+void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
+
+// The same rounding, packed for the bf16 kernels: blocks of kBf16RowBlock rows, each
+// [RoundUp(k, 8) / 8 chunks][kBf16RowBlock rows][8], zero-padded past m and k, so that one chunk
+// of a block's rows is one contiguous run (work items start at multiples of the block).
+inline constexpr int64_t kBf16RowBlock = 12;
+static_assert(kRowChunk % kBf16RowBlock == 0, "work items must start at a block");
+inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
+  return RoundUp(m, kBf16RowBlock) * RoundUp(k, kTileCols);
+}
+void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
+
+}  // namespace moeserve::cpu_fast

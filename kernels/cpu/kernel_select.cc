@@ -1,0 +1,165 @@
+// Kernel variant self-checks and the choice among them.
+#include "kernels/cpu/kernel_select.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"
+#include "kernels/weight_layout.h"
+
+namespace moeserve {
+namespace {
+
+constexpr CpuIsa kAllVariants[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// One GEMM of `isa` against float64 on fresh random inputs, and each row again alone; returns
+// an empty string when both hold, else what failed.
+std::string CheckShape(CpuIsa isa, const Shape& s, DType dtype, WeightLayout layout, ThreadPool& pool,
+                       std::mt19937& gen, double* worst) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(s.m * s.k)), wf(static_cast<size_t>(s.n * s.k));
+  for (float& v : x) v = u(gen);
+  for (float& v : wf) v = u(gen);
+  std::vector<uint8_t> wrow(wf.size() * DTypeSize(dtype));
+  ConvertFromF32(wf.data(), wf.size(), dtype, wrow.data());
+  ConvertToF32(wrow.data(), dtype, wf.size(), wf.data());  // the weights as stored
+  std::vector<uint8_t> packed(static_cast<size_t>(WeightStorageElems(layout, s.n, s.k)) * DTypeSize(dtype));
+  PackWeight(layout, wrow.data(), s.n, s.k, DTypeSize(dtype), packed.data());
+  const WeightRef w{packed.data(), dtype, s.n, s.k, layout};
+  std::vector<float> y(static_cast<size_t>(s.m * s.n)), alone(static_cast<size_t>(s.n));
+  const cpu_fast::GemmTask task{x.data(), s.m, w, y.data(), false};
+  cpu_fast::RunGemms(pool, std::span(&task, 1), isa);
+  // The arithmetic the variant states: bf16 activations where it rounds them (bf16 weights).
+  std::vector<float> xe = x;
+  if (RoundsActivations(isa) && dtype == DType::kBF16) {
+    std::vector<uint16_t> b(static_cast<size_t>(s.m * RoundUp(s.k, kTileCols)));
+    cpu_fast::RoundRowsToBf16(x.data(), s.m, s.k, b.data());
+    for (int64_t i = 0; i < s.m; ++i) ConvertToF32(&b[static_cast<size_t>(i * RoundUp(s.k, kTileCols))], DType::kBF16, static_cast<size_t>(s.k), &xe[static_cast<size_t>(i * s.k)]);
+  }
+  for (int64_t i = 0; i < s.m; ++i) {
+    const cpu_fast::GemmTask one{x.data() + i * s.k, 1, w, alone.data(), false};
+    cpu_fast::RunGemms(pool, std::span(&one, 1), isa);
+    for (int64_t j = 0; j < s.n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t c = 0; c < s.k; ++c) {
+        const double p = static_cast<double>(xe[i * s.k + c]) * wf[j * s.k + c];
+        ref += p;
+        mag += std::abs(p);
+      }
+      const double got = y[i * s.n + j];
+      // fp32 accumulation of k exact products (plus the lane tree): |error| <= (k + 8) u sum|x w|.
+      const double bound = (static_cast<double>(s.k) + 8) * std::ldexp(1.0, -24) * mag + 1e-30;
+      *worst = std::max(*worst, std::abs(got - ref) / bound);
+      if (!(std::abs(got - ref) <= bound)) {
+        return absl::StrFormat("%s weights %dx%dx%d row %d col %d: %.9g vs float64 %.9g (|error| %.3g > bound %.3g)",
+                               DTypeShortName(dtype), s.m, s.n, s.k, i, j, got, ref, std::abs(got - ref), bound);
+      }
+      if (std::memcmp(&alone[static_cast<size_t>(j)], &y[static_cast<size_t>(i * s.n + j)], sizeof(float)) != 0) {
+        return absl::StrFormat("%s weights %dx%dx%d row %d col %d: %.9g in the batch, %.9g alone (not batch-invariant)",
+                               DTypeShortName(dtype), s.m, s.n, s.k, i, j, y[i * s.n + j], alone[j]);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+VariantCheck SelfCheckVariant(CpuIsa isa) {
+  VariantCheck v;
+  v.isa = isa;
+  v.supported = CpuSupports(DetectCpuFeatures(), isa, &v.missing);
+  if (isa == CpuIsa::kAmx && v.supported) {
+    v.supported = false;
+    v.missing = "this build has no AMX kernel yet";
+  }
+  if (!v.supported) return v;
+  ThreadPool pool(1);
+  std::mt19937 gen(std::random_device{}());
+  double worst = 0;
+  const Shape shapes[] = {{1, 13, 37}, {5, 24, 200}, {23, 17, 72}};
+  for (const Shape& s : shapes) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+        if (std::string e = CheckShape(isa, s, dt, layout, pool, gen, &worst); !e.empty()) {
+          v.detail = e;
+          return v;
+        }
+      }
+    }
+  }
+  v.passed = true;
+  v.detail = absl::StrFormat("largest error %.2f of its bound", worst);
+  return v;
+}
+
+const std::vector<VariantCheck>& CheckedVariants() {
+  // Facts about this CPU and binary, fixed for the process: checked once, read-only afterwards.
+  static const std::vector<VariantCheck> checks = [] {
+    std::vector<VariantCheck> out;
+    for (CpuIsa isa : kAllVariants) {
+      out.push_back(SelfCheckVariant(isa));
+      const VariantCheck& v = out.back();
+      if (v.supported && !v.passed) {
+        std::fprintf(stderr, "moeserve: warning: CPU kernel variant %s failed its self-check and is not used: %s\n",
+                     CpuIsaName(isa), v.detail.c_str());
+      }
+    }
+    return out;
+  }();
+  return checks;
+}
+
+absl::StatusOr<CpuIsa> ChooseCpuIsa(CpuIsa requested, CpuKernelNumerics numerics) {
+  const std::vector<VariantCheck>& checks = CheckedVariants();
+  if (requested != CpuIsa::kAuto) {
+    if (numerics == CpuKernelNumerics::kExact && RoundsActivations(requested)) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(requested),
+                                                     " rounds activations to bf16; --cpu-kernel exact allows avx2 "
+                                                     "or avx512 only"));
+    }
+    for (const VariantCheck& v : checks) {
+      if (v.isa != requested) continue;
+      if (!v.supported) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--cpu-isa ", CpuIsaName(requested), ": this CPU lacks it (", v.missing, ")"));
+      }
+      if (!v.passed) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--cpu-isa ", CpuIsaName(requested), " failed its self-check: ", v.detail));
+      }
+      return requested;
+    }
+  }
+  for (auto it = checks.rbegin(); it != checks.rend(); ++it) {  // fastest first
+    if (!it->passed) continue;
+    if (numerics == CpuKernelNumerics::kExact && RoundsActivations(it->isa)) continue;
+    return it->isa;
+  }
+  return absl::FailedPreconditionError("no CPU kernel variant passed its self-check (the CPU needs AVX2 and FMA)");
+}
+
+std::string DescribeVariants(CpuIsa chosen) {
+  std::vector<std::string> parts;
+  for (const VariantCheck& v : CheckedVariants()) {
+    parts.push_back(absl::StrCat(CpuIsaName(v.isa), ": ",
+                                 !v.supported ? absl::StrCat("not on this CPU (", v.missing, ")")
+                                 : v.passed   ? "passed"
+                                              : absl::StrCat("FAILED (", v.detail, ")")));
+  }
+  return absl::StrCat(CpuIsaName(chosen), " (", absl::StrJoin(parts, "; "), ")");
+}
+
+}  // namespace moeserve

@@ -1,0 +1,217 @@
+// Every CPU GEMM variant this machine supports (avx2, avx512, avx512-bf16, amx; the others skip,
+// naming the missing cpuid flag) on one list of op cases against a float64 reference, within the
+// bound its stated arithmetic implies; batch invariance for every batch size 1-257 with random
+// batch mates; the exact variants bit-identical to avx2; and the choice among variants.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/kernel_select.h"
+#include "kernels/weight_layout.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+using testing::RandomFloats;
+
+const VariantCheck& CheckOf(CpuIsa isa) {
+  for (const VariantCheck& v : CheckedVariants()) {
+    if (v.isa == isa) return v;
+  }
+  std::abort();
+}
+
+// A weight as stored (dtype, layout) and the fp32 values it holds.
+struct Weight {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // [n, k] row-major, after rounding to the dtype
+  WeightRef ref;
+};
+
+Weight MakeWeight(int64_t n, int64_t k, DType dt, WeightLayout layout, uint32_t seed) {
+  Weight w;
+  w.values = RandomFloats(static_cast<size_t>(n * k), seed, 0.1f);
+  std::vector<uint8_t> row(w.values.size() * DTypeSize(dt));
+  ConvertFromF32(w.values.data(), w.values.size(), dt, row.data());
+  ConvertToF32(row.data(), dt, w.values.size(), w.values.data());
+  w.bytes.resize(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dt));
+  PackWeight(layout, row.data(), n, k, DTypeSize(dt), w.bytes.data());
+  w.ref = WeightRef{w.bytes.data(), dt, n, k, layout};
+  return w;
+}
+
+class GemmVariantTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const VariantCheck& v = CheckOf(GetParam());
+    if (!v.supported) GTEST_SKIP() << CpuIsaName(GetParam()) << " not on this CPU: " << v.missing;
+    ASSERT_TRUE(v.passed) << CpuIsaName(GetParam()) << " failed its self-check: " << v.detail;
+    CpuBackendOptions o;
+    o.num_threads = 2;
+    o.isa = GetParam();
+    backend_ = std::make_unique<CpuBackend>(o);
+    ASSERT_EQ(backend_->isa(), GetParam());
+  }
+  // The activations the variant multiplies: rounded to bf16 where it rounds them (bf16 weights).
+  std::vector<float> Effective(const std::vector<float>& x, int64_t m, int64_t k, DType dt) const {
+    if (!RoundsActivations(GetParam()) || dt != DType::kBF16) return x;
+    const int64_t k8 = RoundUp(k, kTileCols);
+    std::vector<uint16_t> b(static_cast<size_t>(m * k8));
+    cpu_fast::RoundRowsToBf16(x.data(), m, k, b.data());
+    std::vector<float> out(x.size());
+    for (int64_t i = 0; i < m; ++i) ConvertToF32(&b[i * k8], DType::kBF16, static_cast<size_t>(k), &out[i * k]);
+    return out;
+  }
+  std::unique_ptr<CpuBackend> backend_;
+};
+
+TEST_P(GemmVariantTest, MatchesFloat64WithinTheBoundOfItsArithmetic) {
+  uint32_t seed = 10;
+  double worst = 0, worst_vs_unrounded = 0;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+      for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},     {1, 7, 3},       {3, 65, 17},
+                                                                {8, 129, 64},  {9, 64, 127},    {33, 257, 100},
+                                                                {200, 515, 300}, {64, 96, 2048}, {17, 24, 8}}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(absl::StrFormat("%s %s m=%d n=%d k=%d accumulate=%d", DTypeShortName(dt),
+                                       layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k, accumulate));
+          const Weight w = MakeWeight(n, k, dt, layout, ++seed);
+          const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
+          const auto init = RandomFloats(static_cast<size_t>(m * n), ++seed);
+          std::vector<float> y = init;
+          backend_->Gemm(x.data(), m, w.ref, y.data(), accumulate);
+          const std::vector<float> xe = Effective(x, m, k, dt);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double ref = accumulate ? init[i * n + j] : 0, exact = ref, mag = 0, mag_x = 0;
+              for (int64_t c = 0; c < k; ++c) {
+                ref += static_cast<double>(xe[i * k + c]) * w.values[j * k + c];
+                exact += static_cast<double>(x[i * k + c]) * w.values[j * k + c];
+                mag += std::abs(static_cast<double>(xe[i * k + c]) * w.values[j * k + c]);
+                mag_x += std::abs(static_cast<double>(x[i * k + c]) * w.values[j * k + c]);
+              }
+              // k fp32 additions of exact products, the lane tree and the final accumulate.
+              const double u = std::ldexp(1.0, -24);
+              const double bound = (static_cast<double>(k) + 9) * u * (mag + std::abs(ref)) + 1e-30;
+              const double err = std::abs(y[i * n + j] - ref);
+              worst = std::max(worst, err / bound);
+              ASSERT_LE(err, bound) << "row " << i << " col " << j << ": " << y[i * n + j] << " vs float64 " << ref;
+              // Against the unrounded activations: bf16 rounding (8 significant bits) moves each product by at
+              // most 2^-8 of itself.
+              const double bound_x = bound + std::ldexp(1.0, -8) * mag_x;
+              worst_vs_unrounded = std::max(worst_vs_unrounded, std::abs(y[i * n + j] - exact) / bound_x);
+              ASSERT_LE(std::abs(y[i * n + j] - exact), bound_x) << "row " << i << " col " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%s: largest error %.3f of the bound of its arithmetic, %.3f of the bound against fp32 activations\n",
+              CpuIsaName(GetParam()), worst, worst_vs_unrounded);
+}
+
+// A row's result never depends on its batch mates: for every batch size 1-257, a target row at a
+// random position among random rows gives exactly the bits it gives alone.
+TEST_P(GemmVariantTest, EveryBatchSizeFrom1To257IsBatchInvariant) {
+  std::mt19937 gen(std::random_device{}());
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int64_t n = 40, k = 136;
+    const Weight w = MakeWeight(n, k, dt, WeightLayout::kTiled8, gen());
+    const auto target = RandomFloats(static_cast<size_t>(k), gen());
+    std::vector<float> alone(static_cast<size_t>(n));
+    backend_->Gemm(target.data(), 1, w.ref, alone.data(), false);
+    for (int64_t b = 1; b <= 257; ++b) {
+      auto x = RandomFloats(static_cast<size_t>(b * k), gen());
+      const int64_t at = std::uniform_int_distribution<int64_t>(0, b - 1)(gen);
+      std::copy(target.begin(), target.end(), x.begin() + at * k);
+      std::vector<float> y(static_cast<size_t>(b * n));
+      backend_->Gemm(x.data(), b, w.ref, y.data(), false);
+      ASSERT_EQ(std::memcmp(&y[at * n], alone.data(), alone.size() * sizeof(float)), 0)
+          << DTypeShortName(dt) << " batch " << b << " position " << at;
+    }
+  }
+}
+
+// Grouped GEMMs (the experts of a MoE layer) run the same kernels: each group equals its own GEMM.
+TEST_P(GemmVariantTest, GroupedGemmEqualsEachGroupsGemm) {
+  const int64_t n = 48, k = 72;
+  std::vector<Weight> ws;
+  std::vector<WeightRef> refs;
+  for (int g = 0; g < 4; ++g) {
+    ws.push_back(MakeWeight(n, k, DType::kBF16, WeightLayout::kTiled8, 70 + g));
+  }
+  for (const Weight& w : ws) refs.push_back(w.ref);
+  const std::vector<int64_t> offsets = {0, 3, 3, 40, 41};
+  const auto x = RandomFloats(static_cast<size_t>(41 * k), 9);
+  std::vector<float> y(static_cast<size_t>(41 * n));
+  backend_->GroupedGemm(x.data(), refs, offsets.data(), 41, y.data());
+  for (size_t g = 0; g < refs.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    std::vector<float> one(static_cast<size_t>(rows * n));
+    backend_->Gemm(x.data() + offsets[g] * k, rows, refs[g], one.data(), false);
+    EXPECT_EQ(std::memcmp(one.data(), &y[offsets[g] * n], one.size() * sizeof(float)), 0) << "group " << g;
+  }
+}
+
+// The exact variants differ only in register width: the same bits as avx2.
+TEST_P(GemmVariantTest, ExactVariantsGiveAvx2sBits) {
+  if (RoundsActivations(GetParam())) GTEST_SKIP() << CpuIsaName(GetParam()) << " rounds activations to bf16";
+  CpuBackendOptions o;
+  o.isa = CpuIsa::kAvx2;
+  CpuBackend avx2(o);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+      for (int64_t m : {1, 5, 16, 17, 61}) {
+        const Weight w = MakeWeight(77, 203, dt, layout, static_cast<uint32_t>(m));
+        const auto x = RandomFloats(static_cast<size_t>(m * 203), 3);
+        std::vector<float> a(static_cast<size_t>(m * 77)), b(a.size());
+        avx2.Gemm(x.data(), m, w.ref, a.data(), false);
+        backend_->Gemm(x.data(), m, w.ref, b.data(), false);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << DTypeShortName(dt) << " m=" << m << " tiled=" << (layout == WeightLayout::kTiled8);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GemmVariantTest,
+                         ::testing::Values(CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
+                         [](const ::testing::TestParamInfo<CpuIsa>& p) {
+                           std::string s = CpuIsaName(p.param);
+                           for (char& c : s) c = c == '-' ? '_' : c;
+                           return s;
+                         });
+
+TEST(KernelSelectTest, ChoosesTheFastestPassingVariantAndRefusesWhatTheCpuLacks) {
+  const absl::StatusOr<CpuIsa> fastest = ChooseCpuIsa(CpuIsa::kAuto, CpuKernelNumerics::kFastest);
+  ASSERT_TRUE(fastest.ok()) << fastest.status();
+  const absl::StatusOr<CpuIsa> exact = ChooseCpuIsa(CpuIsa::kAuto, CpuKernelNumerics::kExact);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_FALSE(RoundsActivations(*exact)) << CpuIsaName(*exact);
+  for (const VariantCheck& v : CheckedVariants()) {
+    if (v.passed) {
+      EXPECT_GE(static_cast<int>(*fastest), static_cast<int>(v.isa)) << "auto takes the fastest that passed";
+      continue;
+    }
+    const absl::StatusOr<CpuIsa> forced = ChooseCpuIsa(v.isa, CpuKernelNumerics::kFastest);
+    ASSERT_FALSE(forced.ok()) << CpuIsaName(v.isa);
+    EXPECT_NE(forced.status().message().find(CpuIsaName(v.isa)), std::string::npos) << forced.status();
+    if (!v.supported) EXPECT_NE(forced.status().message().find(v.missing), std::string::npos) << forced.status();
+  }
+  const absl::StatusOr<CpuIsa> conflict = ChooseCpuIsa(CpuIsa::kAvx512Bf16, CpuKernelNumerics::kExact);
+  ASSERT_FALSE(conflict.ok());
+  EXPECT_NE(conflict.status().message().find("--cpu-kernel exact"), std::string::npos) << conflict.status();
+  EXPECT_FALSE(ParseCpuIsa("sse4").ok());
+  EXPECT_EQ(*ParseCpuIsa("avx512-bf16"), CpuIsa::kAvx512Bf16);
+}
+
+}  // namespace
+}  // namespace moeserve
