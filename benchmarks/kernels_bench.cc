@@ -22,8 +22,13 @@
 namespace moeserve {
 namespace {
 
+// MOESERVE_CPU_ISA=avx2|avx512|avx512-bf16|amx picks the kernel variant (default: the fastest).
 moeserve::Backend& TheBackend() {
-  static CpuBackend* backend = new CpuBackend();  // one pool for the whole run
+  static CpuBackend* backend = [] {  // one pool for the whole run
+    CpuBackendOptions o;
+    if (const char* isa = std::getenv("MOESERVE_CPU_ISA")) o.isa = ParseCpuIsa(isa).value_or(CpuIsa::kAuto);
+    return new CpuBackend(o);
+  }();
   return *backend;
 }
 

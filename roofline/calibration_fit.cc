@@ -10,8 +10,7 @@
 namespace moeserve::roofline {
 
 double PredictWithEfficiency(const StepCost& c, const Efficiency& eff) {
-  const double attn_share = c.flops > 0 ? c.attention_flops / c.flops : 0.0;
-  const double compute = c.compute_seconds * ((1 - attn_share) / eff.compute + attn_share / eff.attention);
+  const double compute = (c.compute_seconds - c.attention_seconds) / eff.compute + c.attention_seconds / eff.attention;
   const double memory = c.memory_seconds / eff.memory;
   const double extra = c.bound_seconds - std::max(c.compute_seconds, c.memory_seconds);  // comm, transfers
   return eff.overhead_seconds + std::max(compute, memory) + (1 - eff.overlap) * std::min(compute, memory) + extra;
@@ -24,6 +23,9 @@ FitResult Evaluate(const std::vector<Observation>& obs, const Efficiency& eff) {
   for (const Observation& o : obs) errs.push_back(std::abs(PredictWithEfficiency(o.cost, eff) / o.observed_seconds - 1));
   r.median_abs_rel_error = Percentile(errs, 50);
   r.max_abs_rel_error = errs.empty() ? 0 : *std::max_element(errs.begin(), errs.end());
+  for (size_t i = 0; i < errs.size(); ++i) {
+    if (errs[i] > 0.1 && errs[i] > 3 * r.median_abs_rel_error) r.unexplained.push_back(i);
+  }
   return r;
 }
 
@@ -34,16 +36,57 @@ using Vec = std::array<double, kDims>;
 
 double Sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 
-// Unconstrained coordinates -> efficiencies: logs for the three efficiencies, logits for the
-// overlap and for the overhead as a fraction of the fastest observed step.
+// Unconstrained coordinates -> efficiencies: logits over [kMinEfficiency, 1] for the three
+// efficiencies, over [0, 1] for the overlap and for the overhead as a fraction of the fastest
+// observed step.
+double Efficiency01(double x) { return kMinEfficiency + (1 - kMinEfficiency) * Sigmoid(x); }
+double Logit(double e) {
+  const double p = (e - kMinEfficiency) / (1 - kMinEfficiency);
+  return std::log(p / (1 - p));
+}
+
 Efficiency Decode(const Vec& x, double min_obs) {
   Efficiency e;
-  e.compute = std::exp(x[0]);
-  e.attention = std::exp(x[1]);
-  e.memory = std::exp(x[2]);
+  e.compute = Efficiency01(x[0]);
+  e.attention = Efficiency01(x[1]);
+  e.memory = Efficiency01(x[2]);
   e.overlap = Sigmoid(x[3]);
   e.overhead_seconds = min_obs * Sigmoid(x[4]);
   return e;
+}
+
+// The largest share of a predicted step each efficiency's term takes over the points.
+struct TermShares {
+  double compute = 0, attention = 0, memory = 0;
+};
+TermShares MaxShares(const std::vector<Observation>& obs, const Efficiency& e) {
+  TermShares s;
+  for (const Observation& o : obs) {
+    const double t = PredictWithEfficiency(o.cost, e);
+    if (!(t > 0)) continue;
+    s.compute = std::max(s.compute, (o.cost.compute_seconds - o.cost.attention_seconds) / e.compute / t);
+    s.attention = std::max(s.attention, o.cost.attention_seconds / e.attention / t);
+    s.memory = std::max(s.memory, o.cost.memory_seconds / e.memory / t);
+  }
+  return s;
+}
+
+// The coefficients within 1% of an end of their range, among those the points pin down (a term
+// of at least 5% of some step); the others are listed as unidentified.
+void CheckLimits(const std::vector<Observation>& obs, FitResult* r) {
+  const Efficiency& e = r->efficiency;
+  const TermShares shares = MaxShares(obs, e);
+  auto check = [&](const char* name, double v, double share) {
+    if (share < 0.05) {
+      r->unidentified.push_back(std::string(name) + " efficiency (its term is under 5% of every step)");
+      return;
+    }
+    if (v > 0.99) r->at_limit.push_back(std::string(name) + " efficiency at 1 (the points are faster than its peak allows)");
+    if (v < 1.01 * kMinEfficiency) r->at_limit.push_back(std::string(name) + " efficiency at its floor of 1e-3");
+  };
+  check("GEMM", e.compute, shares.compute);
+  check("attention", e.attention, shares.attention);
+  check("memory", e.memory, shares.memory);
 }
 
 double Loss(const std::vector<Observation>& obs, const Efficiency& eff) {
@@ -129,7 +172,7 @@ FitResult FitEfficiency(const std::vector<Observation>& obs) {
   Vec best_x{};
   double best_loss = 1e300;
   for (double overlap_logit : {3.0, 0.0, -3.0}) {
-    Vec x = {std::log(0.7), std::log(0.5), std::log(0.5), overlap_logit, -3.0};
+    Vec x = {Logit(0.7), Logit(0.5), Logit(0.5), overlap_logit, -3.0};
     x = Minimize(obs, min_obs, Minimize(obs, min_obs, x));
     const double l = Loss(obs, Decode(x, min_obs));
     if (l < best_loss) {
@@ -137,7 +180,9 @@ FitResult FitEfficiency(const std::vector<Observation>& obs) {
       best_x = x;
     }
   }
-  return Evaluate(obs, Decode(best_x, min_obs));
+  FitResult r = Evaluate(obs, Decode(best_x, min_obs));
+  CheckLimits(obs, &r);
+  return r;
 }
 
 double MeasuredKnee(const std::vector<double>& batches, const std::vector<double>& seconds) {

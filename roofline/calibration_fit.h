@@ -6,6 +6,7 @@
 // best matches the observations in relative terms; and the knee of a measured curve.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "roofline/cost_model.h"
@@ -21,7 +22,21 @@ struct FitResult {
   Efficiency efficiency;
   double median_abs_rel_error = 0;  // |predicted / observed - 1|, median over the points
   double max_abs_rel_error = 0;
+  // Coefficients the fit pushed to a limit of their range (an efficiency at 1 or at 1e-3, the
+  // overhead at the fastest step): the model cannot explain the points then, and says so
+  // rather than report them as measured.
+  std::vector<std::string> at_limit;
+  // Efficiencies whose term is under 5% of every predicted step: the points do not pin them
+  // down (reported, not degenerate).
+  std::vector<std::string> unidentified;
+  // Indices of the points predicted more than 3x the median error off (and over 10%).
+  std::vector<size_t> unexplained;
+  bool Degenerate() const { return !at_limit.empty(); }
 };
+
+// Efficiencies are fitted within [kMinEfficiency, 1]: a step cannot beat the peak, and below a
+// thousandth the term is not what limits it.
+inline constexpr double kMinEfficiency = 1e-3;
 
 // Predicted seconds of `cost` under `eff` (communication and transfers added as in PredictStep).
 double PredictWithEfficiency(const StepCost& cost, const Efficiency& eff);

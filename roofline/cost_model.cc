@@ -53,11 +53,12 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
 }
 
 double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
-                     double experts_hit, bool any_logits) {
+                     double experts_hit, bool any_logits, double bandwidth) {
+  if (bandwidth <= 0) bandwidth = hw.mem_bandwidth;
   double dense_bytes = m.dense_params * m.weight_bytes_per_param;
   if (!any_logits) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
   const double spread_bytes = (experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
-  return dense_bytes / hw.mem_bandwidth + spread_bytes / (hw.mem_bandwidth * static_cast<double>(layout.ep));
+  return dense_bytes / bandwidth + spread_bytes / (bandwidth * static_cast<double>(layout.ep));
 }
 
 StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
@@ -86,9 +87,16 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // Per device: a 1/ep share of the FLOPs and of the KV (weights: see WeightSeconds). Pipeline
   // stages run one after another, so their times add up to the same totals.
   const double ep = static_cast<double>(layout.ep);
-  c.compute_seconds = c.flops / (hw.PeakFlops(m.weight_dtype) * ep);
-  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0);
-  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (hw.mem_bandwidth * ep);
+  c.attention_seconds = c.attention_flops / (hw.AttentionPeakFlops(m.weight_dtype) * ep);
+  c.compute_seconds = (c.flops - c.attention_flops) / (hw.PeakFlops(m.weight_dtype) * ep) + c.attention_seconds;
+  // What a device cycles through from step to step: its weights (every expert it holds may be
+  // hit by a later step) and its sequences' KV. Where that fits in the LLC, it streams from there.
+  const double dense = m.replicated_params * m.weight_bytes_per_param;
+  const double working_set = dense + (m.TotalWeightBytes() - dense) / ep + (c.kv_read_bytes + c.kv_write_bytes) / ep;
+  const double bandwidth = hw.BandwidthFor(working_set);
+  c.llc_resident = bandwidth != hw.mem_bandwidth;
+  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth);
+  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (bandwidth * ep);
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
   // Expert parallelism: each token's activation goes to its k experts and back, to every EP
@@ -120,8 +128,7 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.compute_bound = c.compute_seconds >= c.memory_seconds;
   const double comm = layout.overlap_comm ? 0.0 : c.comm_seconds;
   c.bound_seconds = std::max(c.compute_seconds, c.memory_seconds) + comm + c.transfer_seconds;
-  const double attn_share = c.flops > 0 ? c.attention_flops / c.flops : 0.0;
-  const double compute = c.compute_seconds * ((1 - attn_share) / eff.compute + attn_share / eff.attention);
+  const double compute = (c.compute_seconds - c.attention_seconds) / eff.compute + c.attention_seconds / eff.attention;
   const double memory = c.memory_seconds / eff.memory;
   c.seconds = eff.overhead_seconds + std::max(compute, memory) + (1 - eff.overlap) * std::min(compute, memory) + comm +
               c.transfer_seconds;

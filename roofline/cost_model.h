@@ -82,10 +82,12 @@ struct StepCost {
   double scale_out_bytes = 0;  // of comm_bytes, what crosses between scale-up domains
   double experts_hit = 0;
   double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;
+  double attention_seconds = 0;  // the part of compute_seconds spent on attention FLOPs (at its own peak)
   double comm_seconds = 0, transfer_seconds = 0;
   double bound_seconds = 0;  // max(compute, memory) + non-overlapped comm + transfers (at the peaks)
   double seconds = 0;        // the prediction with efficiencies and overhead applied
   bool compute_bound = false;
+  bool llc_resident = false;  // the working set fits in the last-level cache (its bandwidth applied)
 };
 
 // Expected distinct experts of E hit by `tokens` tokens each choosing k (uniform routing).
@@ -94,8 +96,10 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens);
 // Per-device weight-read seconds of a step: each EP rank reads its own copy of the dense
 // weights (the lm_head only when a row samples), and a 1/ep share of the experts hit and of
 // the embedding rows of `tokens`.
+// `bandwidth`: bytes/s the weights stream at (0: the memory's; PredictStep passes the LLC's when
+// the step's working set fits there).
 double WeightSeconds(const ModelCosts& model, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
-                     double experts_hit, bool any_logits);
+                     double experts_hit, bool any_logits, double bandwidth = 0);
 
 StepCost PredictStep(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout = {}, const Efficiency& eff = {});

@@ -17,8 +17,16 @@ struct HardwareProfile {
   // Per device.
   double peak_flops_bf16 = 0;  // dense FLOP/s of the GEMM with bf16 weights
   double peak_flops_f32 = 0;   // dense FLOP/s of the GEMM with f32 weights (0: same as bf16)
+  double peak_flops_attention = 0;  // FLOP/s of the instructions attention issues (0: same as the GEMM's)
   double mem_bandwidth = 0;    // bytes/s of the memory weights and KV live in (HBM, or DRAM on a CPU)
   double mem_capacity = 0;     // bytes
+  // The last-level cache (CPUs): a step whose working set fits in it streams at its bandwidth,
+  // not at the memory's. 0: not modelled (GPU presets: HBM is the roofline).
+  double llc_bytes = 0;
+  double llc_bandwidth = 0;
+  // Calibrated profiles: the widest (max - min) / median spread of the samples behind the peaks
+  // and bandwidths above; a fraction of bound is only as good as this. 0: not measured.
+  double measurement_spread = 0;
   double interconnect_bandwidth = 0;  // scale-up link, bytes/s per direction per device (NVLink)
   double scale_out_bandwidth = 0;     // network between scale-up domains, bytes/s per direction per
                                       // device (InfiniBand / Ethernet NIC); 0: none modelled
@@ -32,6 +40,13 @@ struct HardwareProfile {
 
   // FLOP/s for weights of this dtype ("bf16" or "f32").
   double PeakFlops(const std::string& weight_dtype) const;
+  double AttentionPeakFlops(const std::string& weight_dtype) const {
+    return peak_flops_attention > 0 ? peak_flops_attention : PeakFlops(weight_dtype);
+  }
+  // Bytes/s a step reads at when its working set is `bytes`: the LLC's when it fits there.
+  double BandwidthFor(double working_set_bytes) const {
+    return llc_bytes > 0 && llc_bandwidth > 0 && working_set_bytes <= llc_bytes ? llc_bandwidth : mem_bandwidth;
+  }
   // Dense bf16 FLOP/s over memory bandwidth: the machine's arithmetic intensity.
   double FlopsPerByte() const { return peak_flops_bf16 / mem_bandwidth; }
   absl::Status Validate() const;

@@ -161,16 +161,34 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
   return report;
 }
 
+// A calibration whose samples spread wider than this cannot judge a fraction of bound.
+constexpr double kWideSpread = 0.2;
+
 nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile& hw) {
   nlohmann::json j;
   j["weight_dtype"] = r.weight_dtype;
   const double peak = hw.PeakFlops(r.weight_dtype);
   j["hardware"] = nlohmann::json::parse(hw.ToJson());
-  j["efficiency"] = {{"compute", r.fit.efficiency.compute},
-                     {"attention", r.fit.efficiency.attention},
-                     {"memory", r.fit.efficiency.memory},
-                     {"overlap", r.fit.efficiency.overlap},
-                     {"overhead_seconds", r.fit.efficiency.overhead_seconds}};
+  // A fit pushed to a limit explains nothing: its coefficients are not reported (null), the
+  // reasons and the points it could not explain are.
+  j["fit_at_limit"] = r.fit.at_limit;
+  j["fit_unidentified"] = r.fit.unidentified;
+  if (r.fit.Degenerate()) {
+    j["efficiency"] = nullptr;
+  } else {
+    j["efficiency"] = {{"compute", r.fit.efficiency.compute},
+                       {"attention", r.fit.efficiency.attention},
+                       {"memory", r.fit.efficiency.memory},
+                       {"overlap", r.fit.efficiency.overlap},
+                       {"overhead_seconds", r.fit.efficiency.overhead_seconds}};
+  }
+  j["unexplained_points"] = nlohmann::json::array();
+  for (size_t i : r.fit.unexplained) {
+    const SweepPoint& p = r.points[i];
+    j["unexplained_points"].push_back({{"batch", p.batch}, {"context", p.context}, {"observed_s", p.observed_seconds},
+                                       {"calibrated_s", p.calibrated_seconds}});
+  }
+  j["profile_measurement_spread"] = hw.measurement_spread;
   j["calibrated_median_abs_error"] = r.fit.median_abs_rel_error;
   j["calibrated_max_abs_error"] = r.fit.max_abs_rel_error;
   j["holdout_median_abs_error"] = r.holdout.median_abs_rel_error;
@@ -216,7 +234,9 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
                            {"experts_hit", p.experts_hit},
                            {"achieved_flops_fraction", p.peak.flops / t / peak},
                            {"achieved_bandwidth_fraction",
-                            (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t / hw.mem_bandwidth},
+                            (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t /
+                                (p.peak.llc_resident ? hw.llc_bandwidth : hw.mem_bandwidth)},
+                           {"llc_resident", p.peak.llc_resident},
                            {"attention_s", p.attention_seconds},
                            {"moe_s", p.moe_seconds},
                            {"head_s", p.head_seconds},
@@ -238,12 +258,29 @@ void PrintSweep(const SweepReport& r, const roofline::HardwareProfile& hw) {
                 static_cast<long long>(p.batch), static_cast<long long>(p.context), t * 1e3,
                 p.peak.bound_seconds * 1e3, p.calibrated_seconds * 1e3, t / p.peak.bound_seconds,
                 100 * (p.calibrated_seconds / t - 1), 100 * p.peak.flops / t / peak,
-                100 * bytes / t / hw.mem_bandwidth, static_cast<double>(p.batch) / t);
+                100 * bytes / t / (p.peak.llc_resident ? hw.llc_bandwidth : hw.mem_bandwidth), static_cast<double>(p.batch) / t);
   }
   const auto& e = r.fit.efficiency;
-  std::printf(
-      "calibrated model: efficiency GEMM %.3f, attention %.3f, memory %.3f; overlap %.2f; overhead %.3f ms\n",
-      e.compute, e.attention, e.memory, e.overlap, e.overhead_seconds * 1e3);
+  if (r.fit.Degenerate()) {
+    std::printf("calibrated model: not reported, the fit is degenerate: %s\n", absl::StrJoin(r.fit.at_limit, "; ").c_str());
+  } else {
+    std::printf(
+        "calibrated model: efficiency GEMM %.3f, attention %.3f, memory %.3f; overlap %.2f; overhead %.3f ms\n",
+        e.compute, e.attention, e.memory, e.overlap, e.overhead_seconds * 1e3);
+  }
+  if (!r.fit.unidentified.empty()) {
+    std::printf("  not pinned down by these points: %s\n", absl::StrJoin(r.fit.unidentified, "; ").c_str());
+  }
+  for (size_t i : r.fit.unexplained) {
+    std::printf("  not explained: batch %lld context %lld, observed %.3f ms, calibrated %.3f ms\n",
+                static_cast<long long>(r.points[i].batch), static_cast<long long>(r.points[i].context),
+                r.points[i].observed_seconds * 1e3, r.points[i].calibrated_seconds * 1e3);
+  }
+  if (hw.measurement_spread > kWideSpread) {
+    std::printf("  warning: the profile's samples spread %.0f%% (> %.0f%%): every fraction of bound above is uncertain "
+                "by that much; calibrate again on a quieter machine\n",
+                100 * hw.measurement_spread, 100 * kWideSpread);
+  }
   std::printf("  median |error| %.1f%% (max %.1f%%); fitted on even points, odd points: median %.1f%%\n",
               100 * r.fit.median_abs_rel_error, 100 * r.fit.max_abs_rel_error, 100 * r.holdout.median_abs_rel_error);
   std::printf("  points faster than the peak bound by more than 5%%: %lld\n", static_cast<long long>(r.beats_bound));

@@ -136,6 +136,10 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     if (f.hardware.empty()) return absl::InvalidArgumentError("--calibration needs --hardware");
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.calibration));
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("fit_at_limit") && j["fit_at_limit"].is_array() && !j["fit_at_limit"].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--calibration: ", f.calibration, "'s fit is degenerate (",
+                                                     j["fit_at_limit"].dump(), "); its efficiencies explain nothing"));
+    }
     if (j.is_discarded() || !j.contains("efficiency") || !j["efficiency"].is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--calibration: ", f.calibration, " has no 'efficiency' object (use bench --sweep-batch --out)"));

@@ -267,6 +267,57 @@ TEST(RooflineTest, SmallestComputeBoundBatchMatchesALinearScan) {
   }
 }
 
+// A step whose working set (all the weights a device holds plus the batch's KV) fits in the
+// last-level cache streams at the LLC's bandwidth; one byte over, at the memory's.
+TEST(RooflineTest, AWorkingSetInsideTheLastLevelCacheStreamsAtItsBandwidth) {
+  auto c = AnalysisPreset("tiny");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  HardwareProfile hw = *HardwarePreset("h100-sxm");
+  hw.mem_bandwidth = 25e9;
+  hw.llc_bandwidth = 150e9;
+  const StepShape shape = StepShape::Decode(4, 32);
+  const StepCost dram = PredictStep(m, shape, hw);
+  EXPECT_FALSE(dram.llc_resident) << "no LLC in the profile";
+  const double working_set = m.TotalWeightBytes() + dram.kv_read_bytes + dram.kv_write_bytes;
+  hw.llc_bytes = working_set;
+  const StepCost llc = PredictStep(m, shape, hw);
+  EXPECT_TRUE(llc.llc_resident);
+  // Same bytes, six times the bandwidth.
+  EXPECT_DOUBLE_EQ(llc.weight_bytes, dram.weight_bytes);
+  EXPECT_NEAR(llc.memory_seconds, dram.memory_seconds * 25e9 / 150e9, 1e-15);
+  EXPECT_NEAR(llc.memory_seconds, (dram.weight_bytes + dram.kv_read_bytes + dram.kv_write_bytes) / 150e9, 1e-12);
+  hw.llc_bytes = working_set - 1;
+  EXPECT_FALSE(PredictStep(m, shape, hw).llc_resident);
+}
+
+// Steps faster than a term's peak allows push its efficiency to the limit: the fit says so
+// (degenerate) instead of reporting an efficiency above 1; a term too small to matter is
+// reported as not pinned down.
+TEST(CalibrationFitTest, AFitPushedToALimitIsDegenerateAndSaysWhy) {
+  auto c = AnalysisPreset("small");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  HardwareProfile hw;
+  hw.name = "synthetic";
+  hw.peak_flops_bf16 = 80e9;
+  hw.mem_bandwidth = 25e9;
+  hw.mem_capacity = 16e9;
+  std::vector<Observation> obs;
+  for (int64_t b = 1; b <= 64; b *= 2) {
+    const StepCost cost = PredictStep(m, StepShape::Decode(b, 128), hw);
+    obs.push_back({cost, 0.5 * cost.bound_seconds});  // twice as fast as the bound
+  }
+  const FitResult fit = FitEfficiency(obs);
+  ASSERT_TRUE(fit.Degenerate());
+  EXPECT_NE(fit.at_limit[0].find("efficiency at 1"), std::string::npos) << fit.at_limit[0];
+  EXPECT_LE(fit.efficiency.memory, 1.0);
+  EXPECT_LE(fit.efficiency.compute, 1.0);
+  bool attention_unidentified = false;
+  for (const std::string& u : fit.unidentified) attention_unidentified |= u.find("attention") != std::string::npos;
+  EXPECT_TRUE(attention_unidentified) << "context 128: attention is a sliver of every step";
+}
+
 TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
   auto c = AnalysisPreset("small");
   ASSERT_TRUE(c.ok());

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +42,30 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
     EXPECT_GT(hw[key].get<double>(), 0) << key;
   }
   EXPECT_FALSE(hw["measurements"]["gemm"].empty());
+  // Every instruction kind is either measured, with its FLOPs per instruction, or skipped with
+  // the reason; the profile's peaks are those of the kinds the kernels issue.
+  const std::map<std::string, double> flops_per_instruction = {
+      {"f32-fma-256", 16}, {"f32-fma-512", 32}, {"bf16-dot-256", 32}, {"bf16-dot-512", 64},
+      {"f16-fma-512", 64}, {"amx-bf16", 16384}};
+  const auto& measured = hw["measurements"]["peak_flops_by_instruction"];
+  const auto& skipped = hw["measurements"]["skipped_instruction_kinds"];
+  for (const auto& [kind, fpi] : flops_per_instruction) {
+    if (measured.contains(kind)) {
+      EXPECT_EQ(measured[kind]["flops_per_instruction"].get<double>(), fpi) << kind;
+      EXPECT_GT(measured[kind]["flops_per_second"].get<double>(), 0) << kind;
+    } else {
+      ASSERT_TRUE(skipped.contains(kind)) << kind << " neither measured nor skipped";
+      EXPECT_FALSE(skipped[kind].get<std::string>().empty()) << kind;
+    }
+  }
+  ASSERT_TRUE(measured.contains("f32-fma-256")) << "the build's baseline is AVX2 + FMA";
+  const std::string bf16_kind = hw["measurements"]["kernel_instruction"]["bf16_weights"];
+  const std::string f32_kind = hw["measurements"]["kernel_instruction"]["f32_weights"];
+  EXPECT_DOUBLE_EQ(hw["peak_flops_bf16"].get<double>(), measured[bf16_kind]["flops_per_second"].get<double>());
+  EXPECT_DOUBLE_EQ(hw["peak_flops_f32"].get<double>(), measured[f32_kind]["flops_per_second"].get<double>());
+  EXPECT_TRUE(hw["measurements"]["gemv_weight_stream_bytes_per_second"].is_null()) << "not measured in --quick";
+  EXPECT_GE(hw["measurement_spread"].get<double>(), 0);
+  EXPECT_EQ(hw["measurements"]["read"]["samples"].size(), 7u);
 
   ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--sweep-batch", "1,2,4", "--context", "8,32",
                         "--hardware", dir + "/hw.json", "--sweep-steps", "1", "--out",

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <ctime>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -23,71 +24,92 @@
 #include "kernels/cpu/gemm.h"
 #include "models/model_weights.h"
 #include "tools/calibrate/peak_flops.h"
+#include "tools/calibrate/pinned.h"
 
 namespace moeserve::calibrate {
 
-double TriadBandwidth(size_t bytes_per_array, int threads, int repeats) {
+namespace {
+
+// Splits [0, n) into `parts` contiguous ranges: part t is [Begin(t), Begin(t + 1)).
+int64_t Begin(int64_t n, int parts, int t) { return n * t / parts; }
+
+}  // namespace
+
+Samples TriadBandwidth(size_t bytes_per_array, int threads, int warmups, int samples) {
   const int64_t n = static_cast<int64_t>(bytes_per_array / sizeof(double));
   std::unique_ptr<double[]> a(new double[n]), b(new double[n]), c(new double[n]);
-  ThreadPool pool(threads);
-  const int64_t grain = std::max<int64_t>(1, n / pool.num_threads());
-  // First touch on the threads that will use the pages.
-  pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
+  // First touch on the pinned thread that will use the pages (their NUMA node).
+  RunPinned(threads, [&](int t) {
+    for (int64_t i = Begin(n, threads, t); i < Begin(n, threads, t + 1); ++i) {
       a[i] = 0;
       b[i] = 1;
       c[i] = 2;
     }
   });
-  double best = 0;
+  Samples out;
   const double s = 3.0;
-  for (int r = 0; r < repeats; ++r) {
-    Stopwatch sw;
-    pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
+  for (int r = 0; r < warmups + samples; ++r) {
+    const std::vector<double> secs = RunPinned(threads, [&](int t) {
       double* __restrict pa = a.get();
       const double* __restrict pb = b.get();
       const double* __restrict pc = c.get();
-      for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + s * pc[i];
+      for (int64_t i = Begin(n, threads, t); i < Begin(n, threads, t + 1); ++i) pa[i] = pb[i] + s * pc[i];
     });
-    best = std::max(best, 3.0 * sizeof(double) * static_cast<double>(n) / sw.Seconds());
+    if (r >= warmups) out.values.push_back(3.0 * sizeof(double) * static_cast<double>(n) / *std::max_element(secs.begin(), secs.end()));
   }
   volatile double sink = a[n / 2];
   (void)sink;
-  return best;
+  return out;
 }
 
-double ReadBandwidth(size_t bytes, int threads, int repeats) {
+Samples ReadBandwidth(size_t bytes, int threads, int warmups, int samples, int passes) {
   // Integer words, so the sum may be reassociated and vectorised: the loop is bound by loads.
   const int64_t n = static_cast<int64_t>(bytes / sizeof(uint64_t));
   std::unique_ptr<uint64_t[]> a(new uint64_t[n]);
-  ThreadPool pool(threads);
-  const int64_t grain = std::max<int64_t>(1, n / pool.num_threads());
-  pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) a[i] = static_cast<uint64_t>(i);
+  RunPinned(threads, [&](int t) {
+    for (int64_t i = Begin(n, threads, t); i < Begin(n, threads, t + 1); ++i) a[i] = static_cast<uint64_t>(i);
   });
-  double best = 0;
+  Samples out;
   std::atomic<uint64_t> sink{0};
-  for (int r = 0; r < repeats; ++r) {
-    Stopwatch sw;
-    pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
+  for (int r = 0; r < warmups + samples; ++r) {
+    const std::vector<double> secs = RunPinned(threads, [&](int t) {
       // Eight independent sums over each 64-byte line, and a prefetch 2 KiB ahead: as many
       // misses in flight as the core allows, as the GEMV's stream has (one dependent chain and
       // no prefetch measured a third less on one core).
       const uint64_t* __restrict p = a.get();
-      uint64_t s[8] = {};
-      int64_t i = lo;
-      for (; i + 8 <= hi; i += 8) {
-        __builtin_prefetch(p + i + 256);
-        for (int l = 0; l < 8; ++l) s[l] += p[i + l];
+      uint64_t acc[8] = {};
+      const int64_t lo = Begin(n, threads, t), hi = Begin(n, threads, t + 1);
+      for (int pass = 0; pass < passes; ++pass) {
+        int64_t i = lo;
+        for (; i + 8 <= hi; i += 8) {
+          __builtin_prefetch(p + i + 256);
+          for (int l = 0; l < 8; ++l) acc[l] += p[i + l];
+        }
+        for (; i < hi; ++i) acc[0] += p[i];
       }
-      for (; i < hi; ++i) s[0] += p[i];
-      sink.fetch_add(s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7], std::memory_order_relaxed);
+      sink.fetch_add(acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7], std::memory_order_relaxed);
     });
-    best = std::max(best, sizeof(uint64_t) * static_cast<double>(n) / sw.Seconds());
+    if (r >= warmups) {
+      out.values.push_back(sizeof(uint64_t) * static_cast<double>(n) * passes / *std::max_element(secs.begin(), secs.end()));
+    }
   }
   volatile uint64_t keep = sink.load();
   (void)keep;
-  return best;
+  return out;
+}
+
+double LastLevelCacheBytes() {
+  // The kernel's cache description first: under a hypervisor cpuid (which sysconf reads) can
+  // report a host-wide figure (here 320 MiB for a 32 MiB L3).
+  // (A stream, not ReadFileToString: sysfs files cannot be memory-mapped.)
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  std::string text;
+  if (in >> text) {
+    const double n = std::atof(text.c_str());
+    if (n > 0) return text.find('M') != std::string::npos ? n * 1048576.0 : n * 1024.0;
+  }
+  const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return v > 0 ? static_cast<double>(v) : 0;
 }
 
 absl::StatusOr<GemmPoint> MeasureGemm(Backend* backend, DType dtype, int64_t m, int64_t n, int64_t k, int repeats) {
@@ -183,114 +205,6 @@ absl::StatusOr<std::pair<double, double>> DiskBandwidth(const std::string& dir, 
 
 double PhysicalMemoryBytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-}
-
-}  // namespace moeserve::calibrate
-
-namespace moeserve::calibrate {
-
-absl::StatusOr<Calibration> Calibrate(Backend* backend, const CalibrateSettings& o) {
-  const double array_mb = o.quick ? 32 : o.array_mb;
-  const double disk_mb = o.quick ? 32 : o.disk_mb;
-  const int repeats = o.quick ? 2 : 5;
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
-  // Shapes the engine's decode GEMMs take: one row (memory-bound) up to many (compute-bound).
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes =
-      o.quick ? std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 512, 512}, {64, 512, 512}}
-              : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-                    {1, 16384, 8192}, {16, 2048, 2048}, {64, 2048, 512},  {64, 1024, 1024},
-                    {256, 1024, 1024}, {256, 2048, 512}, {256, 4096, 1024}, {512, 2048, 512}};
-  Progress progress("calibrate", 4 + 2 * static_cast<int64_t>(shapes.size()) + (o.disk ? 1 : 0), o.progress);
-  int64_t done = 0;
-  progress.Update(done, "memory bandwidth");
-  const double triad = TriadBandwidth(static_cast<size_t>(array_mb * (1 << 20)), threads, repeats);
-  const double read = ReadBandwidth(static_cast<size_t>(3 * array_mb * (1 << 20)), threads, repeats);
-  progress.Update(++done, "peak FLOP/s");
-  const std::vector<PeakFlops> peaks = MeasurePeakFlops(threads, o.quick ? 0.1 : 0.5);
-  progress.Update(++done, "GEMM");
-  nlohmann::json gemm = nlohmann::json::array();
-  double peak_bf16 = 0, peak_f32 = 0, gemv_stream = 0;
-  for (DType dt : {DType::kBF16, DType::kF32}) {
-    for (auto [m, n, k] : shapes) {
-      ASSIGN_OR_RETURN(GemmPoint p, MeasureGemm(backend, dt, m, n, k, repeats + 2));
-      gemm.push_back({{"dtype", p.dtype}, {"m", m}, {"n", n}, {"k", k}, {"seconds", p.seconds},
-                      {"flops_per_second", p.flops_per_second}, {"weight_bytes_per_second", p.bytes_per_second}});
-      double& peak = dt == DType::kBF16 ? peak_bf16 : peak_f32;
-      peak = std::max(peak, p.flops_per_second);
-      // One row against weights far larger than the caches streams them from memory.
-      if (m == 1 && static_cast<double>(n * k) * DTypeSize(dt) > 4 * array_mb * (1 << 20) / 3) {
-        gemv_stream = std::max(gemv_stream, p.bytes_per_second);
-      }
-      progress.Update(++done, absl::StrCat("GEMM ", p.dtype, " ", m, "x", n, "x", k));
-    }
-  }
-  ASSIGN_OR_RETURN(auto copy, CopyBandwidth(backend, static_cast<size_t>(array_mb * (1 << 20)), repeats));
-  progress.Update(++done, "copies");
-  std::pair<double, double> disk = {0, 0};
-  if (o.disk) {
-    ASSIGN_OR_RETURN(disk, DiskBandwidth(o.disk_dir, static_cast<size_t>(disk_mb * (1 << 20))));
-    progress.Update(++done, "disk");
-  }
-  progress.Finish(++done, "done");
-
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  char date[64];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  Calibration c;
-  roofline::HardwareProfile& p = c.profile;
-  p.name = absl::StrCat("calibrated-", host);
-  p.source = absl::StrCat("calibrated on ", host, " at ", date, " (", backend->Name(), ")");
-  // The peak is the hardware's, for the instructions the kernels issue: bf16 weights are widened
-  // to fp32 in registers, so both weight dtypes run on the same fp32 FMAs. Without a
-  // register-loop measurement of that kind, our best GEMM stands in.
-  const auto* cpu = dynamic_cast<const CpuBackend*>(backend);
-  const std::string kind = cpu != nullptr ? cpu_fast::GemmInstructionKind(cpu->isa()) : backend->Name();
-  double hardware_peak = 0;
-  nlohmann::json peak_json = nlohmann::json::object();
-  for (const PeakFlops& pk : peaks) {
-    peak_json[pk.kind] = pk.flops_per_second;
-    if (pk.kind == kind) hardware_peak = pk.flops_per_second;
-  }
-  const double gemm_best_bf16 = peak_bf16, gemm_best_f32 = peak_f32;
-  if (hardware_peak > 0) peak_bf16 = peak_f32 = hardware_peak;
-  p.peak_flops_bf16 = peak_bf16;
-  p.peak_flops_f32 = peak_f32;
-  // The triad does not count its write-allocate traffic, and one sequential stream per thread
-  // has less memory-level parallelism than the GEMM's several weight rows, so either can be
-  // beaten by the engine's own weight streaming: the peak is the largest of the three.
-  p.mem_bandwidth = std::max({triad, read, gemv_stream});
-  p.mem_capacity = PhysicalMemoryBytes();
-  p.host_link_bandwidth = std::min(copy.first, copy.second);
-  p.disk_read_bandwidth = disk.first;
-  p.disk_write_bandwidth = disk.second;
-  p.devices = 1;
-  p.scale_up_domain = 1;
-  p.price_per_hour = o.price_per_hour;
-  c.json = nlohmann::json::parse(p.ToJson());
-  c.json["measurements"] = {{"threads", threads},
-                            {"triad_bytes_per_second", triad},
-                            {"read_bytes_per_second", read},
-                            {"gemv_weight_stream_bytes_per_second", gemv_stream},
-                            {"array_bytes", array_mb * (1 << 20)},
-                            {"gemm", gemm},
-                            {"peak_flops_by_instruction", peak_json},
-                            {"kernel_instruction", kind},
-                            {"copy_to_device_bytes_per_second", copy.first},
-                            {"copy_to_host_bytes_per_second", copy.second},
-                            {"disk_read_bytes_per_second", disk.first},
-                            {"disk_write_bytes_per_second", disk.second}};
-  std::string peak_text;
-  for (const PeakFlops& pk : peaks) absl::StrAppend(&peak_text, peak_text.empty() ? "" : ", ", pk.kind, " ", absl::StrFormat("%.1f", pk.flops_per_second / 1e9));
-  std::fprintf(stderr,
-               "calibrate: triad %.2f GB/s, read %.2f GB/s, GEMV stream %.2f GB/s | peak GFLOP/s (register loops): %s; "
-               "kernels issue %s | best GEMM bf16 %.1f GFLOP/s (%.0f%% of peak), f32 %.1f (%.0f%%) | "
-               "copy %.2f/%.2f GB/s | disk read %.2f GB/s, write %.2f GB/s | FLOP/byte %.1f\n",
-               triad / 1e9, read / 1e9, gemv_stream / 1e9, peak_text.empty() ? "none" : peak_text.c_str(), kind.c_str(),
-               gemm_best_bf16 / 1e9, 100 * gemm_best_bf16 / peak_bf16, gemm_best_f32 / 1e9, 100 * gemm_best_f32 / peak_f32,
-               copy.first / 1e9, copy.second / 1e9, disk.first / 1e9, disk.second / 1e9, peak_bf16 / p.mem_bandwidth);
-  return c;
 }
 
 }  // namespace moeserve::calibrate

@@ -12,15 +12,21 @@
 
 #include "absl/status/statusor.h"
 #include "roofline/hardware.h"
+#include "tools/calibrate/pinned.h"
 #include "kernels/backend.h"
 
 namespace moeserve::calibrate {
 
-// Triad a[i] = b[i] + s * c[i] over three arrays of `bytes_per_array` bytes on `threads`
-// threads; counts 3 x 8 bytes per element as STREAM does. Bytes per second.
-double TriadBandwidth(size_t bytes_per_array, int threads, int repeats);
-// Sum of one array of 64-bit words (read-only streaming, like a weight read). Bytes per second.
-double ReadBandwidth(size_t bytes, int threads, int repeats);
+// Triad a[i] = b[i] + s * c[i] over three arrays of `bytes_per_array` bytes on `threads` pinned
+// threads; counts 3 x 8 bytes per element as STREAM does. Bytes per second per sample, after
+// `warmups` unrecorded runs.
+Samples TriadBandwidth(size_t bytes_per_array, int threads, int warmups, int samples);
+// Sum of one array of 64-bit words (read-only streaming, like a weight read), each thread its
+// own part `passes` times per sample. Bytes per second per sample. With `bytes` under the
+// last-level cache (and passes > 1) this is the LLC's read bandwidth.
+Samples ReadBandwidth(size_t bytes, int threads, int warmups, int samples, int passes = 1);
+// The last-level cache's size in bytes (0 when the system does not say).
+double LastLevelCacheBytes();
 
 struct GemmPoint {
   std::string dtype;
