@@ -3,6 +3,7 @@
 // prefill, with prefix-cache hits, and with a KV pool so small that preemption happens. Also
 // seeded sampling whatever the batch mates, cancellation, deadlines, the queue bound and
 // validation, with exact pool accounting after each.
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -245,17 +246,23 @@ TEST_F(EngineTest, CancellationAndDeadlinesFreeBlocksOnTheLoopThread) {
   GenerateRequest long_req = (*requests_)[0];
   long_req.max_tokens = 1000;
   e->Start();
-  auto running = e->Submit(long_req, Collect(&c));
-  ASSERT_TRUE(running.ok());
-  // Wait for it to produce tokens, then cancel it mid-stream.
-  for (int i = 0; i < 2000; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(c.mu);
-      if (c.tokens[*running].size() > 3) break;
+  // Cancel it mid-stream: its 4th token's callback holds the loop thread until the cancel is in,
+  // so it cannot finish first however fast the steps are.
+  std::promise<void> fourth, cancel_sent;
+  std::shared_future<void> cancel_in = cancel_sent.get_future().share();
+  auto collect = Collect(&c);
+  int seen = 0;
+  auto running = e->Submit(long_req, [&, cancel_in](const RequestEvent& ev) {
+    collect(ev);
+    if (!ev.finished && ++seen == 4) {
+      fourth.set_value();
+      cancel_in.wait();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  });
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(fourth.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   e->Cancel(*running);
+  cancel_sent.set_value();
   GenerateRequest late = (*requests_)[1];
   late.deadline = Clock::now() - std::chrono::milliseconds(1);  // already past
   auto expired = e->Submit(late, Collect(&c));

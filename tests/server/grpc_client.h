@@ -61,10 +61,11 @@ inline v1::Stats GetStats(v1::Moeserve::Stub* stub) {
   return s;
 }
 
-// Polls GetStats until no request runs or waits and no KV block is in use.
+// Polls GetStats until no request runs or waits and no KV block is in use (normally within
+// milliseconds; the bound is generous for a loaded CI machine, since it returns early).
 inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub) {
   v1::Stats s;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 3000; ++i) {
     s = GetStats(stub);
     if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0) {
       if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
@@ -75,7 +76,7 @@ inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return ::testing::AssertionFailure() << "not idle after 2 s: running " << s.running_requests() << ", waiting "
+  return ::testing::AssertionFailure() << "not idle after 30 s: running " << s.running_requests() << ", waiting "
                                        << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used();
 }
 
