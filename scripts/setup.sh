@@ -15,6 +15,7 @@ PACKAGES=(
   libcli11-dev
   prometheus-cpp-dev
   libcpp-httplib-dev
+  libmicrohttpd-dev
   libpcre2-dev libutf8proc-dev libsentencepiece-dev
   python3 python3-grpcio python3-protobuf python3-matplotlib python3-numpy python3-venv
 )

@@ -126,8 +126,9 @@ absl::StatusOr<ApiKeys> ApiKeys::FromFlags(const std::string& api_key,
 
 std::optional<std::string> ApiKeys::Authenticate(const absl::string_view* authorization) const {
   if (keys_.empty()) return std::string();
-  if (authorization == nullptr || !absl::StartsWith(*authorization, "Bearer ")) return std::nullopt;
-  const Digest given = DigestOf(authorization->substr(7));
+  // The scheme is case-insensitive (RFC 9110, 11.1), then one or more spaces.
+  if (authorization == nullptr || !absl::StartsWithIgnoreCase(*authorization, "bearer ")) return std::nullopt;
+  const Digest given = DigestOf(absl::StripLeadingAsciiWhitespace(authorization->substr(7)));
   // Every key is compared, so the time does not tell which one matched.
   const std::string* tenant = nullptr;
   for (size_t i = 0; i < keys_.size(); ++i) {

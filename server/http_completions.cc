@@ -2,10 +2,10 @@
 #include "server/http_completions.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,15 +15,6 @@ namespace moeserve::server {
 namespace {
 
 using Json = nlohmann::json;
-
-// What the engine's callback hands over (on the engine thread) to the HTTP thread.
-struct Job {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RequestEvent> events;
-  bool ended = false;  // the final event is queued
-  uint64_t id = 0;
-};
 
 // Text from tokens, in whole characters, held back where it could begin a stop string; cut at
 // the first stop string.
@@ -117,139 +108,169 @@ std::string Sse(const Json& j) { return absl::StrCat("data: ", j.dump(), "\n\n")
 
 }  // namespace
 
-void RunCompletion(Engine* engine, ParsedCompletion p, httplib::Response& res,
-                   std::function<void()> on_end) {
-  auto job = std::make_shared<Job>();
-  auto id = engine->Submit(p.request, [job](const RequestEvent& ev) {
-    std::lock_guard<std::mutex> lock(job->mu);
-    job->events.push_back(ev);
-    if (ev.finished) job->ended = true;
-    job->cv.notify_all();
-  });
-  if (!id.ok()) {
-    const ApiError e = ToApiError(id.status());
-    res.status = e.http_status;
-    res.set_content(e.ToJson().dump(), "application/json");
-    on_end();
-    return;
-  }
-  job->id = *id;
-  const std::string cid = NewId(p.chat);
-  const int64_t created = Now();
+// One completion: events from the engine thread are queued and turned into the answer on the
+// encoder thread (text, JSON, writes), so the engine never spends a step's time on them.
+class Completion : public std::enable_shared_from_this<Completion> {
+ public:
+  Completion(Engine* engine, StreamEncoder* encoder, ParsedCompletion p, std::shared_ptr<HttpReply> reply,
+             std::function<void()> on_end)
+      : engine_(engine), encoder_(encoder), p_(std::move(p)), text_(p_.stop, p_), reply_(std::move(reply)),
+        on_end_(std::move(on_end)), cid_(NewId(p_.chat)), created_(Now()) {}
 
-  if (!p.stream) {  // wait for the whole answer on this thread
-    TextStream text(p.stop, p);
-    CompletionText out;
-    bool cancelled = false;
-    RequestEvent final_event;
-    for (bool ended = false; !ended;) {
-      std::deque<RequestEvent> events;
-      {
-        std::unique_lock<std::mutex> lock(job->mu);
-        job->cv.wait(lock, [&] { return !job->events.empty(); });
-        events.swap(job->events);
-      }
-      for (const RequestEvent& ev : events) {
-        Take(ev, &text, &out);
-        if (ev.finished) {
-          ended = true;
-          final_event = ev;
-        }
-      }
-      if (text.stopped() && !cancelled && !ended) {  // a stop string: the rest is not wanted
-        engine->Cancel(job->id);
-        cancelled = true;
+  void set_id(uint64_t id) { id_ = id; }
+  uint64_t id() const { return id_; }
+  bool stream() const { return p_.stream; }
+  const ParsedCompletion& parsed() const { return p_; }
+
+  // Engine thread: queue, and post one drain to the encoder while events wait.
+  void OnEvent(const RequestEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(ev);
+    if (posted_) return;
+    posted_ = true;
+    encoder_->Post([self = shared_from_this()] { self->Drain(); });
+  }
+
+  // The drain's grace is over: an error event and [DONE] end the stream; the request is cancelled.
+  void EndWithError(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(out_mu_);
+      if (answered_) return;
+      answered_ = true;
+      if (p_.stream) {
+        reply_->Write(Sse(ToApiError(absl::UnavailableError(why)).ToJson()));
+        reply_->Write("data: [DONE]\n\n");
+        reply_->End();
+      } else {
+        const ApiError e = ToApiError(absl::UnavailableError(why));
+        reply_->Send(e.http_status, "application/json", e.ToJson().dump());
       }
     }
-    out.text += text.Finish();
+    engine_->Cancel(id_);
+  }
+
+ private:
+  void Drain() {
+    std::deque<RequestEvent> events;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events.swap(events_);
+      posted_ = false;
+    }
+    std::lock_guard<std::mutex> lock(out_mu_);
+    for (const RequestEvent& ev : events) {
+      if (p_.stream) {
+        StreamEvent(ev);
+      } else {
+        Take(ev, &text_, &whole_);
+        if (ev.finished) FinishWhole(ev);
+      }
+      if (text_.stopped() && !stop_cancelled_ && !ev.finished) {  // a stop string: the rest is not wanted
+        stop_cancelled_ = true;
+        engine_->Cancel(id_);
+      }
+      if (ev.finished && on_end_) std::exchange(on_end_, nullptr)();
+    }
+  }
+
+  void FinishWhole(const RequestEvent& ev) {
+    if (answered_) return;
+    answered_ = true;
+    whole_.text += text_.Finish();
     absl::Status error;
-    const auto reason = FinishReason(final_event, text.stopped(), &error);
+    const auto reason = FinishReason(ev, text_.stopped(), &error);
     if (!reason) {
       const ApiError e = ToApiError(error);
-      res.status = e.http_status;
-      res.set_content(e.ToJson().dump(), "application/json");
-    } else {
-      res.set_content(CompletionObject(p, cid, created, out, *reason, final_event).dump(),
-                      "application/json");
+      reply_->Send(e.http_status, "application/json", e.ToJson().dump());
+      return;
     }
+    reply_->Send(200, "application/json", CompletionObject(p_, cid_, created_, whole_, *reason, ev).dump());
+  }
+
+  void StreamEvent(const RequestEvent& ev) {
+    if (answered_) return;
+    CompletionText delta;
+    Take(ev, &text_, &delta);
+    if (!ev.finished) {
+      if (delta.text.empty() && !first_) return;  // nothing new to say yet
+      if (!reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)))) engine_->Cancel(id_);
+      first_ = false;
+      return;
+    }
+    answered_ = true;
+    delta.text += text_.Finish();
+    absl::Status error;
+    const auto reason = FinishReason(ev, text_.stopped(), &error);
+    if (!delta.text.empty()) reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)));
+    if (reason) {
+      reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false)));
+      if (p_.include_usage) {
+        reply_->Write(Sse({{"id", cid_},
+                           {"object", p_.chat ? "chat.completion.chunk" : "text_completion"},
+                           {"created", created_},
+                           {"model", p_.model},
+                           {"choices", Json::array()},
+                           {"usage", UsageObject(ev)}}));
+      }
+    } else {
+      reply_->Write(Sse(ToApiError(error).ToJson()));
+    }
+    reply_->Write("data: [DONE]\n\n");
+    reply_->End();
+  }
+
+  Engine* engine_;
+  StreamEncoder* encoder_;
+  const ParsedCompletion p_;
+  std::mutex mu_;  // the queue
+  std::deque<RequestEvent> events_;
+  bool posted_ = false;
+  std::mutex out_mu_;  // the answer: written by the encoder, or ended by the drain
+  TextStream text_;
+  CompletionText whole_;
+  bool first_ = true, answered_ = false, stop_cancelled_ = false;
+  std::shared_ptr<HttpReply> reply_;
+  std::function<void()> on_end_;
+  const std::string cid_;
+  const int64_t created_;
+  uint64_t id_ = 0;
+};
+
+void OpenStreams::Add(const std::shared_ptr<Completion>& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(open_, [](const std::weak_ptr<Completion>& w) { return w.expired(); });
+  open_.push_back(c);
+}
+
+void OpenStreams::EndAll(const std::string& why) {
+  std::vector<std::shared_ptr<Completion>> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& w : open_) {
+      if (auto c = w.lock()) open.push_back(std::move(c));
+    }
+  }
+  for (const auto& c : open) c->EndWithError(why);
+}
+
+void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams, ParsedCompletion p,
+                   std::shared_ptr<HttpReply> reply, std::function<void()> on_end) {
+  const bool stream = p.stream;
+  auto c = std::make_shared<Completion>(engine, encoder, std::move(p), reply, on_end);
+  auto id = engine->Submit(c->parsed().request, [c](const RequestEvent& ev) { c->OnEvent(ev); });
+  if (!id.ok()) {
+    const ApiError e = ToApiError(id.status());
+    reply->Send(e.http_status, "application/json", e.ToJson().dump());
     on_end();
     return;
   }
-
-  // Streaming: httplib calls the provider until it finishes the stream or the client is gone.
-  struct StreamState {
-    explicit StreamState(const ParsedCompletion& p) : text(p.stop, p) {}
-    TextStream text;
-    bool first = true, cancelled = false, done = false;
-  };
-  auto state = std::make_shared<StreamState>(p);
-  auto parsed = std::make_shared<ParsedCompletion>(std::move(p));
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [engine, job, state, parsed, cid, created](size_t, httplib::DataSink& sink) -> bool {
-        std::deque<RequestEvent> events;
-        {
-          std::unique_lock<std::mutex> lock(job->mu);
-          job->cv.wait_for(lock, std::chrono::milliseconds(100),
-                           [&] { return !job->events.empty(); });
-          events.swap(job->events);
-        }
-        auto write = [&](const Json& j) {
-          const std::string s = Sse(j);
-          return sink.write(s.data(), s.size());
-        };
-        if (events.empty()) return sink.is_writable();  // still there: wait on
-        for (const RequestEvent& ev : events) {
-          CompletionText delta;
-          Take(ev, &state->text, &delta);
-          if (state->text.stopped() && !state->cancelled && !ev.finished) {
-            engine->Cancel(job->id);
-            state->cancelled = true;
-          }
-          if (ev.finished) {
-            delta.text += state->text.Finish();
-            absl::Status error;
-            const auto reason = FinishReason(ev, state->text.stopped(), &error);
-            if (!delta.text.empty() &&
-                !write(ChunkObject(*parsed, cid, created, delta, std::nullopt, state->first))) {
-              return false;
-            }
-            state->first = false;
-            if (reason) {
-              if (!write(ChunkObject(*parsed, cid, created, {}, reason, false))) return false;
-              if (parsed->include_usage) {
-                const Json usage = {
-                    {"id", cid},
-                    {"object", parsed->chat ? "chat.completion.chunk" : "text_completion"},
-                    {"created", created},
-                    {"model", parsed->model},
-                    {"choices", Json::array()},
-                    {"usage", UsageObject(ev)}};
-                if (!write(usage)) return false;
-              }
-            } else if (!write(ToApiError(error).ToJson())) {
-              return false;
-            }
-            const std::string end = "data: [DONE]\n\n";
-            sink.write(end.data(), end.size());
-            state->done = true;
-            sink.done();
-            return true;
-          }
-          if (delta.text.empty() && !state->first) continue;  // nothing new to say yet
-          if (!write(ChunkObject(*parsed, cid, created, delta, std::nullopt, state->first))) {
-            engine->Cancel(job->id);  // the client is gone
-            return false;
-          }
-          state->first = false;
-        }
-        return true;
-      },
-      [engine, job, state, on_end](bool) {
-        if (!state->done) engine->Cancel(job->id);  // gone mid-stream: the engine frees its KV
-        on_end();
-      });
+  c->set_id(*id);
+  // A client that leaves cancels its request: the engine frees its KV within a step.
+  reply->OnGone([engine, id = *id] { engine->Cancel(id); });
+  if (stream) {
+    reply->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+  }
+  streams->Add(c);
 }
 
 }  // namespace moeserve::server

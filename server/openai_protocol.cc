@@ -2,11 +2,13 @@
 #include "server/openai_protocol.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "models/tokenizer.h"
+#include "server/json_body.h"
 
 namespace moeserve::server {
 namespace {
@@ -74,7 +76,10 @@ absl::Status Read(const Json& j, const char* key, T* out) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!it->is_boolean()) return Bad(key, "must be true or false");
   } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return Bad(key, "must be an integer");
+    // Range-checked before narrowing: 2^32 + 1 must not become 1.
+    ASSIGN_OR_RETURN(const int64_t v, IntInRange(*it, key, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+    *out = static_cast<T>(v);
+    return absl::OkStatus();
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) return Bad(key, "must be a number");
   } else {
@@ -118,20 +123,28 @@ absl::Status RefuseUnsupported(const Json& j) {
   return absl::OkStatus();
 }
 
+// Token ids, each checked before narrowing.
+absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* field) {
+  std::vector<int32_t> ids;
+  ids.reserve(array.size());
+  for (const Json& v : array) {
+    ASSIGN_OR_RETURN(const int64_t id, IntInRange(v, field, 0, std::numeric_limits<int32_t>::max()));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+// One prompt: a string, an array of token ids, or either alone in an array (never deeper).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Tokenizer& tok) {
-  if (prompt.is_string()) {
-    auto ids = tok.Encode(prompt.get<std::string>(), true);
+  const Json* one = &prompt;
+  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) one = &prompt[0];
+  if (one->is_string()) {
+    auto ids = tok.Encode(one->get<std::string>(), true);
     if (!ids.ok()) return Bad("prompt", std::string(ids.status().message()));
     return ids;
   }
-  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
-    return PromptTokens(prompt[0], tok);
-  }
-  if (prompt.is_array() && std::all_of(prompt.begin(), prompt.end(),
-                                       [](const Json& v) { return v.is_number_integer(); })) {
-    std::vector<int32_t> ids;
-    for (const Json& v : prompt) ids.push_back(v.get<int32_t>());
-    return ids;
+  if (one->is_array() && std::all_of(one->begin(), one->end(), [](const Json& v) { return v.is_number(); })) {
+    return TokenIds(*one, "prompt");
   }
   return Bad("prompt", "must be a string or an array of token ids (one prompt per request)");
 }
@@ -247,9 +260,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
                                                  const ModelConfig& config,
                                                  const RequestLimits& limits,
                                                  std::shared_ptr<const ModelTokenizer> tokenizer) {
-  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return absl::InvalidArgumentError("the body is not a JSON object");
+  ASSIGN_OR_RETURN(const Json j, ParseJsonBody(body));
   RETURN_IF_ERROR(RefuseUnsupported(j));
   ParsedCompletion p;
   p.chat = chat;
@@ -274,11 +285,10 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
       std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
   int64_t max_tokens =
       chat ? std::min<int64_t>(limits.max_tokens, room) : limits.default_max_tokens;
-  RETURN_IF_ERROR(Read(j, "max_tokens", &max_tokens));
-  if (chat) RETURN_IF_ERROR(Read(j, "max_completion_tokens", &max_tokens));
-  if (max_tokens < 0 || max_tokens > limits.max_tokens) {
-    return Bad("max_tokens",
-               absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", max_tokens));
+  for (const char* key : {"max_tokens", chat ? "max_completion_tokens" : "max_tokens"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      ASSIGN_OR_RETURN(max_tokens, IntInRange(*it, "max_tokens", 0, limits.max_tokens));
+    }
   }
   r.max_tokens = static_cast<int32_t>(max_tokens);
   double temperature = 1.0, top_p = 1.0;
@@ -286,12 +296,12 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(Read(j, "top_p", &top_p));
   r.sampling.temperature = static_cast<float>(temperature);
   r.sampling.top_p = static_cast<float>(top_p);
-  int64_t top_k = 0;
-  RETURN_IF_ERROR(Read(j, "top_k", &top_k));
-  r.sampling.top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
-  if (j.contains("seed") && !j["seed"].is_null()) {
-    if (!j["seed"].is_number_integer()) return Bad("seed", "must be an integer");
-    r.sampling.seed = j["seed"].get<uint64_t>();
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(const int64_t top_k, IntInRange(*it, "top_k", -1, std::numeric_limits<int32_t>::max()));
+    r.sampling.top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
+  }
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(r.sampling.seed, UnsignedInt(*it, "seed"));
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -308,21 +318,19 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
-    for (const Json& v : *it) {
-      if (!v.is_number_integer()) return Bad("stop_token_ids", "must be an array of token ids");
-      r.stop_ids.push_back(v.get<int32_t>());
-    }
+    ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TokenIds(*it, "stop_token_ids"));
+    r.stop_ids.insert(r.stop_ids.end(), ids.begin(), ids.end());
   }
   if (chat) {
     bool want = false;
-    int64_t top = 0;
+    int32_t top = 0;
     RETURN_IF_ERROR(Read(j, "logprobs", &want));
     RETURN_IF_ERROR(Read(j, "top_logprobs", &top));
-    p.logprobs = want ? static_cast<int>(std::max<int64_t>(1, top)) : 0;
+    p.logprobs = want ? std::max(1, top) : 0;
   } else {
-    int64_t n = 0;
+    int32_t n = 0;
     RETURN_IF_ERROR(Read(j, "logprobs", &n));
-    p.logprobs = static_cast<int>(n);
+    p.logprobs = n;
   }
   r.top_logprobs = p.logprobs;
   std::string priority = "normal";

@@ -15,6 +15,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/file_util.h"
@@ -124,9 +125,17 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.transport_metadata_bytes);
+  // No SO_REUSEPORT: a second server on a taken port must fail, not share its traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    int wanted = 0;
+    const size_t colon = options.listen.rfind(':');
+    const std::string holder = colon != std::string::npos && absl::SimpleAtoi(options.listen.substr(colon + 1), &wanted) && wanted > 0
+                                   ? ProcessListeningOn(wanted)
+                                   : "";
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen,
+                                               holder.empty() ? "" : absl::StrCat(" (held by ", holder, ")")));
   }
   std::unique_ptr<HttpApi> http;
   if (!options.http.listen.empty()) {
@@ -196,6 +205,8 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     const bool idle = gate.WaitIdle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                        std::chrono::duration<double>(options.grace_seconds)));
     if (!idle) std::fprintf(stderr, "moeserve: grace period over, cancelling the requests still running\n");
+    // Every HTTP stream still open ends with an error event and [DONE], not a cut connection.
+    if (http != nullptr) http->EndOpenStreams("the server is shutting down: the drain's grace period is over");
     server->Shutdown(std::chrono::system_clock::now());
   });
   server->Wait();

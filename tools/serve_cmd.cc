@@ -112,7 +112,7 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   server::ServiceOptions so;
   so.api_keys = *std::move(api_keys);
   so.max_metadata_bytes = o.max_metadata_bytes;
-  o.server.http.max_body_bytes = static_cast<size_t>(o.server.max_message_bytes);
+  o.server.http.server.max_body_bytes = static_cast<size_t>(o.server.max_message_bytes);
   o.server.http.served_model_name = !o.served_model_name.empty() ? o.served_model_name
                                     : !o.model.model_dir.empty()  ? o.model.model_dir
                                                                   : absl::StrCat("moeserve-", o.model.preset);
@@ -201,8 +201,28 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "/health, /metrics, /tokenize, /detokenize) on HOST:PORT; port 0 picks a free one; empty: off")
       ->capture_default_str();
   cmd->add_option("--http-port-file", o->server.http_port_file, "Write the HTTP API's bound port to this file");
-  cmd->add_option("--http-threads", o->server.http.threads,
-                  "HTTP requests served at once (each streaming completion holds one thread until it ends)")
+  server::HttpServerOptions& hs = o->server.http.server;
+  cmd->add_option("--http-threads", hs.threads,
+                  "Event loops of the HTTP server (every connection, idle or streaming, is served by one of "
+                  "them without holding a thread)")
+      ->capture_default_str();
+  cmd->add_option("--http-max-connections", hs.max_connections, "HTTP connections open at once, in all")
+      ->capture_default_str();
+  cmd->add_option("--http-max-connections-per-address", hs.max_connections_per_address,
+                  "HTTP connections open at once from one client address")
+      ->capture_default_str();
+  cmd->add_option("--http-header-timeout", hs.header_timeout_seconds,
+                  "Seconds a client has from connecting to the end of its request headers (slow-header clients "
+                  "are closed)")
+      ->capture_default_str();
+  cmd->add_option("--http-body-timeout", hs.body_timeout_seconds,
+                  "Seconds a client has from its headers to the end of its request body")
+      ->capture_default_str();
+  cmd->add_option("--http-idle-timeout", hs.idle_timeout_seconds,
+                  "Seconds an HTTP connection may stay silent (between keep-alive requests) before it is closed")
+      ->capture_default_str();
+  cmd->add_option("--http-backlog", hs.backlog,
+                  "Connections the kernel queues before the server accepts them (a burst beyond it is reset)")
       ->capture_default_str();
   cmd->add_option("--chat-template", o->chat_template,
                   "A Jinja chat template file that replaces the checkpoint's (tokenizer_config.json's "
