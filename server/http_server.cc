@@ -38,6 +38,7 @@ struct HttpServer::Exchange {
   const HttpRoute* route = nullptr;
   bool answered = false;    // a response was queued (an early refusal, or the handler's)
   bool dispatched = false;  // the handler has the request
+  bool over_limit = false;  // the body crossed the limit (discarded; a 413 at its end)
   std::shared_ptr<ReplyState> reply;
 };
 
@@ -154,17 +155,26 @@ MHD_Result OnRequest(void* cls, MHD_Connection* c, const char* url, const char* 
     return MHD_YES;
   }
   if (*upload_data_size > 0) {
-    if (!ex->answered) {
+    if (!ex->answered && !ex->over_limit) {
       if (ex->req.body.size() + *upload_data_size > impl->options.max_body_bytes) {
-        impl->Refuse(c, ex, 413, absl::StrCat("body: over the limit of ", impl->options.max_body_bytes, " bytes"));
+        // libmicrohttpd takes an answer only before the body or after all of it: the rest is
+        // discarded as it comes, and the 413 goes out when the body ends (or the body timeout
+        // closes a client that never ends it).
+        ex->over_limit = true;
+        ex->req.body.clear();
+        ex->req.body.shrink_to_fit();
       } else {
         ex->req.body.append(upload_data, *upload_data_size);
       }
     }
-    *upload_data_size = 0;  // consumed (or discarded after a refusal)
+    *upload_data_size = 0;  // consumed, or discarded
     return MHD_YES;
   }
   if (ex->answered) return MHD_YES;
+  if (ex->over_limit) {
+    impl->Refuse(c, ex, 413, absl::StrCat("body: over the limit of ", impl->options.max_body_bytes, " bytes"));
+    return MHD_YES;
+  }
   if (!ex->dispatched) {
     ex->dispatched = true;
     impl->SetReading(c, false, 0);

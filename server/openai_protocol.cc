@@ -323,10 +323,13 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   }
   if (chat) {
     bool want = false;
-    int32_t top = 0;
     RETURN_IF_ERROR(Read(j, "logprobs", &want));
-    RETURN_IF_ERROR(Read(j, "top_logprobs", &top));
-    p.logprobs = want ? std::max(1, top) : 0;
+    int64_t top = 0;
+    if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
+      ASSIGN_OR_RETURN(top, IntInRange(*it, "top_logprobs", 0, limits.max_top_logprobs));
+    }
+    // The chosen token's logprob comes with its alternatives: at least one of them.
+    p.logprobs = want ? std::max<int>(1, static_cast<int>(top)) : 0;
   } else {
     int32_t n = 0;
     RETURN_IF_ERROR(Read(j, "logprobs", &n));

@@ -18,12 +18,34 @@ namespace {
 
 using TileFn = void (*)(const GemmTask&, const uint16_t*, const GemmItem&, GemmScratch*);
 
-TileFn KernelFor(CpuIsa isa) {
+// How a variant cuts a task into work items and what activations it reads.
+struct Variant {
+  TileFn kernel;
+  int64_t item_rows;  // weight rows per item: one kTiled8 tile, or two for an AMX B tile
+  int64_t row_chunk;  // x rows per item of a large GEMM
+};
+
+Variant VariantOf(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return TileAvx512;
-    case CpuIsa::kAvx512Bf16: return TileAvx512Bf16;
-    default: return TileAvx2;
+    case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk};
+    case CpuIsa::kAvx512Bf16: return {TileAvx512Bf16, kTileRows, kRowChunk};
+    case CpuIsa::kAmx: return {TileAmx, 2 * kTileRows, kAmxRowChunk};
+    default: return {TileAvx2, kTileRows, kRowChunk};
   }
+}
+
+// The task's activations as the variant reads them: packed row blocks for avx512-bf16, padded
+// rows for AMX tiles; nothing for the exact variants.
+std::vector<uint16_t> ActivationsFor(const GemmTask& t, CpuIsa isa) {
+  std::vector<uint16_t> out;
+  if (isa == CpuIsa::kAvx512Bf16) {
+    out.resize(static_cast<size_t>(PackedBf16Elems(t.m, t.w.cols)));
+    PackRowsBf16(t.x, t.m, t.w.cols, out.data());
+  } else if (isa == CpuIsa::kAmx) {
+    out.resize(static_cast<size_t>(PaddedAmxElems(t.m, t.w.cols)));
+    PadRowsAmx(t.x, t.m, t.w.cols, out.data());
+  }
+  return out;
 }
 
 // The variant that computes `t`: the bf16 ones take bf16 weights only (f32 weights keep their
@@ -68,6 +90,14 @@ void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
   }
 }
 
+void PadRowsAmx(const float* x, int64_t m, int64_t k, uint16_t* out) {
+  const int64_t kp = RoundUp(k, kAmxTileK);
+  std::fill(out, out + PaddedAmxElems(m, k), uint16_t{0});
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < k; ++c) out[i * kp + c] = RoundToBf16(x[i * k + c]);
+  }
+}
+
 const char* GemmInstructionKind(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "f32-fma-512";
@@ -85,13 +115,12 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     const GemmTask& t = tasks[k];
     if (t.m == 0 || t.w.rows == 0) continue;
     MS_CHECK(t.w.dtype == DType::kF32 || t.w.dtype == DType::kBF16);
-    if (RoundsActivations(IsaForTask(t, isa))) {
-      // Once per task, not per tile: every tile of w reads the same rounded rows.
-      x_bf16[k].resize(static_cast<size_t>(PackedBf16Elems(t.m, t.w.cols)));
-      PackRowsBf16(t.x, t.m, t.w.cols, x_bf16[k].data());
-    }
-    const int64_t tiles = (t.w.rows + kTileRows - 1) / kTileRows;
-    const int64_t chunk = t.m <= kDirectMaxRows ? t.m : kRowChunk;
+    const CpuIsa task_isa = IsaForTask(t, isa);
+    const Variant v = VariantOf(task_isa);
+    // Once per task, not per tile: every tile of w reads the same rounded rows.
+    x_bf16[k] = ActivationsFor(t, task_isa);
+    const int64_t tiles = (t.w.rows + v.item_rows - 1) / v.item_rows;
+    const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       for (int64_t m0 = 0; m0 < t.m; m0 += chunk) {
         items.push_back({static_cast<int32_t>(k), tile, m0, std::min(t.m, m0 + chunk)});
@@ -109,7 +138,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
       const std::vector<uint16_t>& xb = x_bf16[static_cast<size_t>(it.task)];
-      KernelFor(IsaForTask(t, isa))(t, xb.empty() ? nullptr : xb.data(), it, &scratch);
+      VariantOf(IsaForTask(t, isa)).kernel(t, xb.empty() ? nullptr : xb.data(), it, &scratch);
     }
   });
 }

@@ -67,6 +67,12 @@ Rows<T> RowsOf(const WeightRef& w) {
 void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+// An AMX item covers 16 weight rows (two kTiled8 tiles: it.tile counts in 16s) and x rows in
+// blocks of 32 (two A tiles).
+void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+// The same kernel with the tile instructions computed in software (their documented
+// semantics), for tests on CPUs without AMX (needs AVX-512 for the repacking).
+void TileAmxEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 
 // Rounds x [m, k] to bf16 (round to nearest even) into out [m, RoundUp(k, 8)], zero-padded.
 void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
@@ -80,5 +86,12 @@ inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
   return RoundUp(m, kBf16RowBlock) * RoundUp(k, kTileCols);
 }
 void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
+
+// The same rounding for AMX A tiles: rows [RoundUp(m, 32)][RoundUp(k, 32)], zero-padded, so a
+// tile load of 16 rows x 32 columns never reads past the buffer.
+inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxRowChunk = 64;
+static_assert(kAmxRowChunk % kAmxRowBlock == 0, "AMX items start at a block");
+inline int64_t PaddedAmxElems(int64_t m, int64_t k) { return RoundUp(m, kAmxRowBlock) * RoundUp(k, kAmxTileK); }
+void PadRowsAmx(const float* x, int64_t m, int64_t k, uint16_t* out);
 
 }  // namespace moeserve::cpu_fast

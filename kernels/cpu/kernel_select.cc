@@ -1,6 +1,11 @@
 // Kernel variant self-checks and the choice among them.
 #include "kernels/cpu/kernel_select.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -75,17 +80,11 @@ std::string CheckShape(CpuIsa isa, const Shape& s, DType dtype, WeightLayout lay
   return "";
 }
 
-}  // namespace
-
-VariantCheck SelfCheckVariant(CpuIsa isa) {
+// The checks themselves, in this process.
+VariantCheck CheckHere(CpuIsa isa) {
   VariantCheck v;
   v.isa = isa;
-  v.supported = CpuSupports(DetectCpuFeatures(), isa, &v.missing);
-  if (isa == CpuIsa::kAmx && v.supported) {
-    v.supported = false;
-    v.missing = "this build has no AMX kernel yet";
-  }
-  if (!v.supported) return v;
+  v.supported = true;
   ThreadPool pool(1);
   std::mt19937 gen(std::random_device{}());
   double worst = 0;
@@ -103,6 +102,61 @@ VariantCheck SelfCheckVariant(CpuIsa isa) {
   v.passed = true;
   v.detail = absl::StrFormat("largest error %.2f of its bound", worst);
   return v;
+}
+
+// The checks in a child process: a variant that has never run on this kind of CPU (AMX) may
+// fault, and must not take the caller with it. The child reports pass/fail and the detail.
+VariantCheck CheckInChild(CpuIsa isa) {
+  VariantCheck v;
+  v.isa = isa;
+  v.supported = true;
+  int fds[2];
+  if (pipe(fds) != 0) {
+    v.detail = "pipe failed";
+    return v;
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    const VariantCheck c = CheckHere(isa);
+    const std::string msg = std::string(c.passed ? "1" : "0") + c.detail;
+    const ssize_t w = write(fds[1], msg.data(), msg.size());
+    _exit(w == static_cast<ssize_t>(msg.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[512];
+  pollfd pfd{fds[0], POLLIN, 0};
+  while (pid > 0 && poll(&pfd, 1, 60000) > 0) {
+    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  if (pid > 0) {
+    if (msg.empty()) kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  if (msg.empty()) {
+    v.detail = pid < 0 ? "fork failed"
+               : WIFSIGNALED(status) ? absl::StrCat("the self-check died with signal ", strsignal(WTERMSIG(status)))
+                                     : "the self-check gave no result";
+    return v;
+  }
+  v.passed = msg[0] == '1';
+  v.detail = msg.substr(1);
+  return v;
+}
+
+}  // namespace
+
+VariantCheck SelfCheckVariant(CpuIsa isa) {
+  VariantCheck v;
+  v.isa = isa;
+  v.supported = CpuSupports(DetectCpuFeatures(), isa, &v.missing);
+  if (!v.supported) return v;
+  return isa == CpuIsa::kAmx ? CheckInChild(isa) : CheckHere(isa);
 }
 
 const std::vector<VariantCheck>& CheckedVariants() {

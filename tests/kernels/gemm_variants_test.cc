@@ -190,6 +190,56 @@ INSTANTIATE_TEST_SUITE_P(Variants, GemmVariantTest,
                            return s;
                          });
 
+// The AMX kernel's layouts (activations padded to tiles, weights repacked into VNNI B tiles from
+// both weight layouts) and blocking, checked on any AVX-512 CPU with the tile instructions
+// computed in software to their documented semantics; the hardware path itself is gated by its
+// self-check in a child process where AMX exists.
+TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
+  if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the repacking needs AVX-512 (cpuid avx512f/bw/vl/dq)";
+  uint32_t seed = 500;
+  for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 16, 32}, {1, 13, 37}, {5, 40, 200},
+                                                              {33, 24, 64}, {70, 9, 100}, {3, 130, 31}}) {
+      SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k));
+      const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
+      const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
+      // What gemm.cc's planner does for amx: padded rows, items of 16 weight rows and 64 x rows.
+      auto run = [&](const float* xs, int64_t rows_x, float* y) {
+        std::vector<uint16_t> xp(static_cast<size_t>(cpu_fast::PaddedAmxElems(rows_x, k)));
+        cpu_fast::PadRowsAmx(xs, rows_x, k, xp.data());
+        const cpu_fast::GemmTask t{xs, rows_x, w.ref, y, false};
+        cpu_fast::GemmScratch scratch;
+        const int64_t chunk = rows_x <= cpu_fast::kDirectMaxRows ? rows_x : cpu_fast::kAmxRowChunk;
+        for (int64_t tile = 0; tile * 16 < n; ++tile) {
+          for (int64_t m0 = 0; m0 < rows_x; m0 += chunk) {
+            cpu_fast::TileAmxEmulated(t, xp.data(), {0, tile, m0, std::min(rows_x, m0 + chunk)}, &scratch);
+          }
+        }
+      };
+      std::vector<float> y(static_cast<size_t>(m * n)), alone(static_cast<size_t>(n));
+      run(x.data(), m, y.data());
+      std::vector<uint16_t> xr(static_cast<size_t>(m * RoundUp(k, 8)));
+      cpu_fast::RoundRowsToBf16(x.data(), m, k, xr.data());
+      for (int64_t i = 0; i < m; ++i) {
+        run(x.data() + i * k, 1, alone.data());
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            float xe;
+            const uint32_t bits = static_cast<uint32_t>(xr[i * RoundUp(k, 8) + c]) << 16;
+            std::memcpy(&xe, &bits, sizeof(xe));
+            ref += static_cast<double>(xe) * w.values[j * k + c];
+            mag += std::abs(static_cast<double>(xe) * w.values[j * k + c]);
+          }
+          const double bound = (static_cast<double>(k) + 9) * std::ldexp(1.0, -24) * mag + 1e-30;
+          ASSERT_LE(std::abs(y[i * n + j] - ref), bound) << "row " << i << " col " << j << ": " << y[i * n + j] << " vs " << ref;
+          ASSERT_EQ(y[i * n + j], alone[j]) << "row " << i << " col " << j << " depends on its batch mates";
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelSelectTest, ChoosesTheFastestPassingVariantAndRefusesWhatTheCpuLacks) {
   const absl::StatusOr<CpuIsa> fastest = ChooseCpuIsa(CpuIsa::kAuto, CpuKernelNumerics::kFastest);
   ASSERT_TRUE(fastest.ok()) << fastest.status();

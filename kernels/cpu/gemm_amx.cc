@@ -1,0 +1,209 @@
+// The amx GEMM kernel: tdpbf16ps on AMX tiles, bf16 activations (rounded once per task by
+// gemm.cc, rows [m, RoundUp(k, 32)] zero-padded) against bf16 weights. A work item covers two
+// 8-row weight tiles (16 output columns, one B tile wide); their chunks are repacked on the fly
+// into the VNNI order a B tile wants (row p: the column pair (2p, 2p + 1) of all 16 weight
+// rows), 32 columns of K per tile, zero-padded past K. Each output element is one tdpbf16ps
+// accumulation over K in 32-column steps, whatever the number of x rows: batch-invariant.
+//
+// Not run on this project's machines so far (no AMX there): the variant is used only after its
+// self-check passed in a child process (kernel_select.cc), so a fault cannot take the server down
+// and a wrong result is never served.
+//
+// Compiled for AMX by the target pragma below (after every include).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/gemm_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+
+namespace moeserve::cpu_fast {
+namespace {
+
+constexpr int64_t kTileK = 32;    // bf16 columns of K per A/B tile (64 bytes a row)
+constexpr int64_t kTileN = 16;    // output columns (weight rows) per B tile: two kTiled8 tiles
+constexpr int64_t kTileM = 16;    // x rows per A tile
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-1 accumulate C (16 x 16 fp32) for two x blocks, 2-3 hold A (16 x 32 bf16), 4 holds B
+// (16 pair-rows x 16 columns). Loaded once per thread: tile configuration is thread state.
+void ConfigureTiles() {
+  thread_local bool configured = false;
+  if (configured) return;
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  configured = true;
+}
+
+// The B tile for weight rows [r0, r0 + 16) and K columns [k0, k0 + 32): row p holds, for each of
+// the 16 weight rows n, the dword (w[n][k0 + 2p], w[n][k0 + 2p + 1]). Rows past the matrix and
+// columns past K are zero.
+void PackB(const Rows<uint16_t>& w, int64_t rows, int64_t cols, int64_t r0, int64_t k0, uint32_t* out) {
+  std::memset(out, 0, kTileK / 2 * kTileN * sizeof(uint32_t));
+  for (int64_t n = 0; n < kTileN && r0 + n < rows; ++n) {
+    const uint16_t* row = w.Row(r0 + n);
+    for (int64_t p = 0; p < kTileK / 2; ++p) {
+      const int64_t c = k0 + 2 * p;
+      if (c >= cols) break;
+      const int64_t chunk = c / kTileCols, lane = c % kTileCols;  // a pair never straddles a chunk
+      const uint16_t* src = row + chunk * w.chunk_stride + lane;
+      const uint32_t lo = src[0], hi = c + 1 < cols ? src[1] : 0;
+      out[p * kTileN + n] = lo | (hi << 16);
+    }
+  }
+}
+
+// The same from the tiled layout, with permutes: chunk c of an 8-row tile is 32 dwords
+// (row r, pair p at 4r + p); two permutes gather each pair's 8 rows, two 128-bit shuffles join
+// the two tiles' halves into B rows.
+void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, int64_t kt, uint32_t* out) {
+  // Lane j of the first gather: pair j / 8, row j % 8; of the second: pair 2 + j / 8.
+  alignas(64) static constexpr int32_t kLo[16] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29};
+  alignas(64) static constexpr int32_t kHi[16] = {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
+  for (int64_t q = 0; q < kTileK / kTileCols; ++q) {  // the 4 chunks of this K tile
+    const int64_t c = kt * (kTileK / kTileCols) + q;
+    __m512i x0 = _mm512_setzero_si512(), y0 = x0, x1 = x0, y1 = x0;
+    if (c < chunks) {
+      const uint16_t* a = tile0 + c * kTileRows * kTileCols;
+      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 32);
+      x0 = _mm512_permutex2var_epi32(a0, lo, a1);
+      y0 = _mm512_permutex2var_epi32(a0, hi, a1);
+      if (tile1 != nullptr) {
+        const uint16_t* b = tile1 + c * kTileRows * kTileCols;
+        const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 32);
+        x1 = _mm512_permutex2var_epi32(b0, lo, b1);
+        y1 = _mm512_permutex2var_epi32(b0, hi, b1);
+      }
+    }
+    uint32_t* o = out + q * 4 * kTileN;  // B rows 4q .. 4q + 3
+    _mm512_storeu_si512(o, _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(1, 0, 1, 0)));
+    _mm512_storeu_si512(o + kTileN, _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm512_storeu_si512(o + 2 * kTileN, _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(1, 0, 1, 0)));
+    _mm512_storeu_si512(o + 3 * kTileN, _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+}
+
+// The tile operations the kernel needs: on the hardware, and a software model of the same
+// instruction semantics (Intel SDM's pseudo-code for tdpbf16ps: per output element, the pair
+// products of each K step added in order) with which the tests check the kernel's layouts and
+// blocking on any AVX-512 CPU.
+struct HardwareTiles {
+  static void Begin() { ConfigureTiles(); }
+  static void Zero() { __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::); }
+  // C0 += A(a0) B, C1 += A(a1) B for one 32-column K step.
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride) {
+    const long b_stride = kTileN * sizeof(uint32_t);
+    __asm__ volatile(
+        "tileloadd (%0,%3,1), %%tmm2\n\t"
+        "tileloadd (%1,%3,1), %%tmm3\n\t"
+        "tileloadd (%2,%4,1), %%tmm4\n\t"
+        "tdpbf16ps %%tmm4, %%tmm2, %%tmm0\n\t"
+        "tdpbf16ps %%tmm4, %%tmm3, %%tmm1" ::"r"(a0),
+        "r"(a1), "r"(b), "r"(a_stride), "r"(b_stride)
+        : "memory");
+  }
+  static void Store(float* c0, float* c1) {
+    const long stride = kTileN * sizeof(float);
+    __asm__ volatile("tilestored %%tmm0, (%0,%2,1)\n\ttilestored %%tmm1, (%1,%2,1)" ::"r"(c0), "r"(c1),
+                     "r"(stride)
+                     : "memory");
+  }
+};
+
+struct EmulatedTiles {
+  static inline thread_local float acc[2][kTileM * kTileN];
+  static void Begin() {}
+  static void Zero() { std::memset(acc, 0, sizeof(acc)); }
+  static float Bf16(uint16_t v) {
+    const uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride) {
+    const uint16_t* a[2] = {a0, a1};
+    for (int t = 0; t < 2; ++t) {
+      for (int64_t m = 0; m < kTileM; ++m) {
+        const uint16_t* row = a[t] + m * (a_stride / static_cast<long>(sizeof(uint16_t)));
+        for (int64_t k = 0; k < kTileK / 2; ++k) {
+          for (int64_t n = 0; n < kTileN; ++n) {
+            const uint32_t bw = b[k * kTileN + n];
+            float& c = acc[t][m * kTileN + n];
+            c += Bf16(row[2 * k]) * Bf16(static_cast<uint16_t>(bw & 0xffff));
+            c += Bf16(row[2 * k + 1]) * Bf16(static_cast<uint16_t>(bw >> 16));
+          }
+        }
+      }
+    }
+  }
+  static void Store(float* c0, float* c1) {
+    std::memcpy(c0, acc[0], sizeof(acc[0]));
+    std::memcpy(c1, acc[1], sizeof(acc[1]));
+  }
+};
+
+template <typename Tiles>
+void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
+  Tiles::Begin();
+  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
+  const int64_t rows = t.w.rows, cols = t.w.cols;
+  const int64_t kp = RoundUp(cols, kTileK);  // x rows are padded to this many columns
+  const int64_t r0 = it.tile * kTileN;
+  const int64_t ktiles = kp / kTileK, chunks = RoundUp(cols, kTileCols) / kTileCols;
+  // The repacked B tiles of this item's 16 weight rows, all of K (reused by every x block).
+  uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * kTileK / 2 * kTileN)));
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    uint32_t* bt = b + kt * kTileK / 2 * kTileN;
+    if (w.tiled) {
+      PackBTiled(w.Row(r0), r0 + kTileRows < rows ? w.Row(r0 + kTileRows) : nullptr, chunks, kt, bt);
+    } else {
+      PackB(w, rows, cols, r0, kt * kTileK, bt);
+    }
+  }
+  alignas(64) float c[2][kTileM * kTileN];
+  const long a_stride = static_cast<long>(kp * sizeof(uint16_t));
+  const int64_t ncols = std::min<int64_t>(kTileN, rows - r0);
+  for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
+    Tiles::Zero();
+    const uint16_t* a0 = x_bf16 + i * kp;
+    const uint16_t* a1 = a0 + kTileM * kp;  // the padded x buffer has whole 32-row blocks
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * kTileK / 2 * kTileN, a_stride);
+    }
+    Tiles::Store(c[0], c[1]);
+    for (int64_t r = i; r < std::min(it.m1, i + 2 * kTileM); ++r) {
+      const float* cr = c[(r - i) / kTileM] + ((r - i) % kTileM) * kTileN;
+      float* yr = t.y + r * rows + r0;
+      for (int64_t j = 0; j < ncols; ++j) yr[j] = t.accumulate ? yr[j] + cr[j] : cr[j];
+    }
+  }
+}
+
+}  // namespace
+
+void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s) {
+  Run<HardwareTiles>(t, x_bf16, it, s);
+}
+
+void TileAmxEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s) {
+  Run<EmulatedTiles>(t, x_bf16, it, s);
+}
+
+}  // namespace moeserve::cpu_fast
+
+#pragma GCC pop_options
