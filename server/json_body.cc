@@ -72,6 +72,10 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const JsonLi
     std::string what = e.what();
     if (const size_t at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
     return absl::InvalidArgumentError(absl::StrCat("body: not valid JSON at line ", line, ", column ", column, ": ", what));
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax the parser cannot hold, e.g. a number past double's range (1e400): an
+    // exception escaping here would end the server.
+    return absl::InvalidArgumentError(absl::StrCat("body: not valid JSON: ", e.what()));
   }
   if (!j.is_object()) return absl::InvalidArgumentError("body: must be a JSON object");
   return j;

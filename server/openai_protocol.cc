@@ -1,4 +1,4 @@
-// OpenAI request parsing and response objects.
+// OpenAI request parsing: the body to a GenerateRequest (responses: openai_responses.cc).
 #include "server/openai_protocol.h"
 
 #include <algorithm>
@@ -17,56 +17,6 @@ using Json = nlohmann::json;
 
 absl::Status Bad(absl::string_view param, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(param, ": ", what));
-}
-
-// The engine validator's field names in OpenAI's spelling.
-std::string OpenAiParam(absl::string_view field) {
-  if (absl::StartsWith(field, "sampling.")) return std::string(field.substr(9));
-  if (field == "text" || field == "token_ids") return "prompt";
-  return std::string(field);
-}
-
-// A token as text and bytes, for logprobs. A token alone may be part of a character: its text
-// then shows U+FFFD, and "bytes" its exact bytes (Tokenizer::TokenBytes).
-Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer) {
-  const std::string text = tokenizer.Decode(std::vector<int32_t>{id}, false);
-  Json bytes = Json::array();
-  for (unsigned char b : tokenizer.TokenBytes(id)) bytes.push_back(b);
-  Json j = {{"token", text}, {"logprob", logprob}};
-  if (chat) j["bytes"] = bytes;
-  return j;
-}
-
-// Logprobs of generated tokens: the chosen token's, when it is among the top n, and the top n.
-Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
-  if (out.logprobs.empty()) return nullptr;
-  if (chat) {
-    Json content = Json::array();
-    for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
-      Json top = Json::array();
-      Json chosen = TokenJson(out.token_ids[i], 0.0f, true, tok);
-      chosen["logprob"] = nullptr;
-      for (const TokenLogprob& lp : out.logprobs[i]) {
-        top.push_back(TokenJson(lp.token, lp.logprob, true, tok));
-        if (lp.token == out.token_ids[i]) chosen["logprob"] = lp.logprob;
-      }
-      chosen["top_logprobs"] = top;
-      content.push_back(chosen);
-    }
-    return {{"content", content}};
-  }
-  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
-  for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
-    tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok)["token"]);
-    Json chosen = nullptr, alternatives = Json::object();
-    for (const TokenLogprob& lp : out.logprobs[i]) {
-      alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
-      if (lp.token == out.token_ids[i]) chosen = lp.logprob;
-    }
-    token_logprobs.push_back(chosen);
-    top.push_back(alternatives);
-  }
-  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
 }
 
 template <typename T>
@@ -182,50 +132,6 @@ absl::StatusOr<Json> NormalizeMessages(const Json& in) {
 }
 
 }  // namespace
-
-Json ApiError::ToJson() const {
-  return {{"error",
-           {{"message", message},
-            {"type", type},
-            {"param", param.empty() ? Json(nullptr) : Json(param)},
-            {"code", http_status}}}};
-}
-
-ApiError ToApiError(const absl::Status& s) {
-  ApiError e;
-  e.message = std::string(s.message());
-  // A message that starts with "field: " names the parameter.
-  const size_t colon = e.message.find(": ");
-  if (colon != std::string::npos && e.message.find(' ') > colon) {
-    e.param = OpenAiParam(e.message.substr(0, colon));
-    e.message = e.param + e.message.substr(colon);
-  }
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      e.http_status = 400;
-      break;
-    case absl::StatusCode::kUnauthenticated:
-      e.http_status = 401;
-      e.type = "authentication_error";
-      break;
-    case absl::StatusCode::kNotFound:
-      e.http_status = 404;
-      e.type = "not_found_error";
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      break;
-    case absl::StatusCode::kUnavailable:
-      e.http_status = 503;
-      e.type = "service_unavailable";
-      break;
-    default:
-      e.http_status = 500;
-      e.type = "internal_error";
-  }
-  return e;
-}
 
 std::string RenderChat(const Json& messages) {
   std::string out;
@@ -365,68 +271,6 @@ bool CutAtStop(std::string* text, const std::vector<std::string>& stop) {
   if (cut == std::string::npos) return false;
   text->resize(cut);
   return true;
-}
-
-Json UsageObject(const RequestEvent& ev) {
-  const RequestUsage& u = ev.usage;
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}},
-          {"moeserve",
-           {{"cached_prompt_tokens_ddr", u.cached_prompt_tokens_ddr},
-            {"cached_prompt_tokens_flash", u.cached_prompt_tokens_flash},
-            {"preemptions", ev.preemptions},
-            {"swaps", ev.swaps},
-            {"timing",
-             {{"queue_seconds", ev.timing.queue_seconds},
-              {"time_to_first_token_seconds", ev.timing.ttft_seconds},
-              {"time_per_output_token_seconds", ev.timing.tpot_seconds},
-              {"e2e_seconds", ev.timing.e2e_seconds}}},
-            {"receipt",
-             {{"steps", ev.receipt.steps},
-              {"mean_batch_size", ev.receipt.mean_batch_size},
-              {"device_seconds", ev.receipt.device_seconds},
-              {"cost_usd", ev.receipt.cost_usd}}}}}};
-}
-
-Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
-                      const CompletionText& out, const std::string& finish_reason,
-                      const RequestEvent& final_event) {
-  Json choice = {
-      {"index", 0}, {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)}, {"finish_reason", finish_reason}};
-  if (p.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-  } else {
-    choice["text"] = out.text;
-  }
-  return {{"id", id},
-          {"object", p.chat ? "chat.completion" : "text_completion"},
-          {"created", created},
-          {"model", p.model},
-          {"choices", Json::array({choice})},
-          {"usage", UsageObject(final_event)}};
-}
-
-Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
-                 const CompletionText& delta, const std::optional<std::string>& finish_reason,
-                 bool first) {
-  Json choice = {{"index", 0},
-                 {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer)},
-                 {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
-  if (p.chat) {
-    Json d = Json::object();
-    if (first) d["role"] = "assistant";
-    if (!delta.text.empty() || !finish_reason) d["content"] = delta.text;
-    choice["delta"] = d;
-  } else {
-    choice["text"] = delta.text;
-  }
-  return {{"id", id},
-          {"object", p.chat ? "chat.completion.chunk" : "text_completion"},
-          {"created", created},
-          {"model", p.model},
-          {"choices", Json::array({choice})}};
 }
 
 }  // namespace moeserve::server
