@@ -20,16 +20,16 @@ using Json = nlohmann::json;
 
 void Reply(HttpReply& reply, const absl::Status& status) {
   const ApiError e = ToApiError(status);
-  reply.Send(e.http_status, "application/json", e.ToJson().dump());
+  reply.Send(e.http_status, "application/json", JsonText(e.ToJson()));
 }
-void ReplyJson(HttpReply& reply, const Json& j) { reply.Send(200, "application/json", j.dump()); }
+void ReplyJson(HttpReply& reply, const Json& j) { reply.Send(200, "application/json", JsonText(j)); }
 
 std::string ErrorBody(int status, const std::string& message) {
   ApiError e;
   e.http_status = status;
   e.message = message;
   e.type = status == 413 ? "invalid_request_error" : status == 503 ? "server_error" : "not_found_error";
-  return e.ToJson().dump();
+  return JsonText(e.ToJson());
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ std::optional<std::string> FinishReason(const RequestEvent& ev, bool stopped, ab
   return std::nullopt;
 }
 
-std::string Sse(const Json& j) { return absl::StrCat("data: ", j.dump(), "\n\n"); }
+std::string Sse(const Json& j) { return absl::StrCat("data: ", JsonText(j), "\n\n"); }
 
 }  // namespace
 
@@ -143,7 +143,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
         reply_->End();
       } else {
         const ApiError e = ToApiError(absl::UnavailableError(why));
-        reply_->Send(e.http_status, "application/json", e.ToJson().dump());
+        reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
       }
     }
     engine_->Cancel(id_);
@@ -181,10 +181,10 @@ class Completion : public std::enable_shared_from_this<Completion> {
     const auto reason = FinishReason(ev, text_.stopped(), &error);
     if (!reason) {
       const ApiError e = ToApiError(error);
-      reply_->Send(e.http_status, "application/json", e.ToJson().dump());
+      reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
       return;
     }
-    reply_->Send(200, "application/json", CompletionObject(p_, cid_, created_, whole_, *reason, ev).dump());
+    reply_->Send(200, "application/json", JsonText(CompletionObject(p_, cid_, created_, whole_, *reason, ev)));
   }
 
   void StreamEvent(const RequestEvent& ev) {
@@ -260,7 +260,7 @@ void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams,
   auto id = engine->Submit(c->parsed().request, [c](const RequestEvent& ev) { c->OnEvent(ev); });
   if (!id.ok()) {
     const ApiError e = ToApiError(id.status());
-    reply->Send(e.http_status, "application/json", e.ToJson().dump());
+    reply->Send(e.http_status, "application/json", JsonText(e.ToJson()));
     on_end();
     return;
   }

@@ -66,8 +66,9 @@ absl::Status RefuseUnsupported(const Json& j) {
     if (const Json* v = at(tools); v && !(v->is_array() && v->empty()))
       return Bad(tools, "not supported");
   }
+  // (value() would throw on a "type" that is not a string: checked by hand.)
   if (const Json* v = at("response_format");
-      v && !(v->is_object() && v->value("type", "text") == "text")) {
+      v && !(v->is_object() && (!v->contains("type") || (*v)["type"] == "text"))) {
     return Bad("response_format", "only text is supported");
   }
   return absl::OkStatus();
@@ -117,7 +118,7 @@ absl::StatusOr<Json> NormalizeMessages(const Json& in) {
       content = c.get<std::string>();
     } else if (c.is_array()) {  // text parts only
       for (const Json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return Bad("messages", "only text content parts are supported");
         }

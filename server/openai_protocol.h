@@ -26,6 +26,12 @@ struct ApiError {
   std::string param;  // the offending parameter, when one is
   nlohmann::json ToJson() const;
 };
+// The JSON text of an answer. Invalid UTF-8 (raw bytes a parse error quotes, a model's partial
+// character) becomes U+FFFD instead of an exception that would end the server.
+inline std::string JsonText(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // 400 for INVALID_ARGUMENT (the message's leading "field:" becomes `param`, in OpenAI's
 // spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, else 500.
 ApiError ToApiError(const absl::Status& status);

@@ -186,6 +186,16 @@ TEST_F(HttpHardeningTest, DeeplyNestedJsonIsRefusedAndTheServerKeepsServing) {
   // fuzz/http_fuzz.cc): a 400, not an exception that ends the server.
   const auto [huge, h] = Post(port(), "/v1/completions", R"({"prompt": "hi", "retain_seconds": 1e400})");
   EXPECT_EQ(huge, 400) << h.dump();
+  // More the fuzzer found, each an exception that ended the server: a body of one byte 0xFF
+  // (the syntax error quoted it, and the answer's JSON could not hold it), and a "type" that is
+  // not a string where text was checked for.
+  for (const std::string& body : {std::string("\xff"), std::string(R"({"prompt": "hi", "response_format": {"type": 1}})")}) {
+    const auto [st, e] = Post(port(), "/v1/completions", body);
+    EXPECT_EQ(st, 400) << e.dump();
+  }
+  const auto [parts, pj] = Post(port(), "/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": 1}]}]})");
+  EXPECT_EQ(parts, 400) << pj.dump();
+  EXPECT_NE(Message(pj).find("only text content parts"), std::string::npos) << pj.dump();
   const auto [ok, k] = Post(port(), "/v1/completions", kSmall);
   EXPECT_EQ(ok, 200) << k.dump();
 }
