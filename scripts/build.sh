@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+# ccache keys on relative paths, so another checkout of the same sources (CI's fresh clone)
+# reuses this machine's cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 if [ ! -f "$BUILD_DIR/build.ninja" ] || [ $# -gt 0 ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 fi
