@@ -63,11 +63,21 @@ inline v1::Stats GetStats(v1::Moeserve::Stub* stub) {
 
 // Polls GetStats until no request runs or waits and no KV block is in use (normally within
 // milliseconds; the bound is generous for a loaded CI machine, since it returns early).
-inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub) {
+// Requests the engine has ended, whatever the outcome (refusals never reached it).
+inline int64_t EndedRequests(const v1::Stats& s) {
+  int64_t n = 0;
+  for (const auto& [outcome, count] : s.requests_by_outcome()) n += outcome == "refused" ? 0 : count;
+  return n;
+}
+
+// Idle, every KV block back, and at least `ended` requests ended: a call its client gave up
+// on may still be on its way into the server after every client thread has returned, so an
+// idle engine alone does not mean every request that reached the server has ended.
+inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64_t ended = 0) {
   v1::Stats s;
   for (int i = 0; i < 3000; ++i) {
     s = GetStats(stub);
-    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0) {
+    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0 && EndedRequests(s) >= ended) {
       if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
         return ::testing::AssertionFailure() << "free " << s.kv_blocks_free() << " + cached " << s.kv_blocks_cached()
                                              << " != total " << s.kv_blocks_total();
@@ -77,7 +87,8 @@ inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return ::testing::AssertionFailure() << "not idle after 30 s: running " << s.running_requests() << ", waiting "
-                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used();
+                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used() << ", ended "
+                                       << EndedRequests(s) << " of " << ended;
 }
 
 inline uint64_t FreshSeed() {

@@ -74,13 +74,15 @@ v1::Stats StatsAs(v1::Moeserve::Stub* stub, const std::string& key) {
   return s;
 }
 
-// EventuallyIdle (grpc_client.h) with a key, and no swap slot held either.
-::testing::AssertionResult EventuallyIdleAs(v1::Moeserve::Stub* stub, const std::string& key) {
+// EventuallyIdle (grpc_client.h) with a key, and no swap slot held either. A client that timed
+// out may leave its request in the server's accept backlog, read and started only after every
+// client thread has returned: hence the count of ended requests.
+::testing::AssertionResult EventuallyIdleAs(v1::Moeserve::Stub* stub, const std::string& key, int64_t ended) {
   v1::Stats s;
   for (int i = 0; i < 3000; ++i) {
     s = StatsAs(stub, key);
     if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0 &&
-        s.kv_tiers().ddr_swap_blocks() == 0) {
+        s.kv_tiers().ddr_swap_blocks() == 0 && EndedRequests(s) >= ended) {
       if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
         return ::testing::AssertionFailure() << "free " << s.kv_blocks_free() << " + cached " << s.kv_blocks_cached()
                                              << " != total " << s.kv_blocks_total();
@@ -91,7 +93,8 @@ v1::Stats StatsAs(v1::Moeserve::Stub* stub, const std::string& key) {
   }
   return ::testing::AssertionFailure() << "not idle after 30 s: running " << s.running_requests() << ", waiting "
                                        << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used()
-                                       << ", swap slots " << s.kv_tiers().ddr_swap_blocks();
+                                       << ", swap slots " << s.kv_tiers().ddr_swap_blocks() << ", ended "
+                                       << EndedRequests(s) << " of " << ended;
 }
 
 // `moeserve_request_success_total{reason="R"} N` from GET /metrics, by R.
@@ -594,7 +597,7 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
   const double seconds = SecondsSince(started);
-  ASSERT_TRUE(EventuallyIdleAs(stub.get(), kKeys[1][0]));
+  ASSERT_TRUE(EventuallyIdleAs(stub.get(), kKeys[1][0], solo + complete_plain + complete_stop + left));
   rss.push_back(RssMiB(server.pid()));
 
   // Exactly one outcome per request on the client side, each the expected one.

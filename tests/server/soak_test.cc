@@ -148,7 +148,7 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   for (auto& t : pool) t.join();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  ASSERT_TRUE(EventuallyIdle(stub.get()));
+  ASSERT_TRUE(EventuallyIdle(stub.get(), total + solo));
   rss.push_back(RssMiB(server.pid()));
 
   EXPECT_EQ(other.load(), 0) << "unexpected outcomes:" << failures;
