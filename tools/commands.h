@@ -83,6 +83,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 void AddLoadgenCommand(CLI::App& app, int* exit_code);
 void AddRooflineCommand(CLI::App& app, int* exit_code);
+void AddPriceSheetCommand(CLI::App& app, int* exit_code);
 void AddCalibrateCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   moeserve::tools::AddBenchCommand(app, &exit_code);
   moeserve::tools::AddLoadgenCommand(app, &exit_code);
   moeserve::tools::AddRooflineCommand(app, &exit_code);
+  moeserve::tools::AddPriceSheetCommand(app, &exit_code);
   moeserve::tools::AddCalibrateCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -1,0 +1,155 @@
+// Measured step times for the price sheet.
+#include "tools/price_measure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/progress.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "kvcache/kv_storage.h"
+#include "models/moe_model.h"
+#include "tools/bench_sweep.h"
+#include "tools/bench_tiers.h"
+
+namespace moeserve::tools {
+namespace {
+
+double Lookup(const std::map<std::pair<int64_t, int64_t>, double>& table, int64_t a, int64_t b) {
+  // The sheet asks only for points MeasurePriceTimes measured; were it to ask for another, the
+  // NaN shows in every figure computed from it (null in the JSON) rather than a wrong price.
+  auto it = table.find({a, b});
+  return it == table.end() ? std::nan("") : it->second;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `prompts` sequences of `prompt` random tokens from position 0, `step_tokens` tokens per
+// forward (whole prompts side by side, or one prompt in chunks), logits for each prompt's last
+// token only. Returns the seconds until every prompt has its first token.
+absl::StatusOr<double> TimePrefillOnce(MoeModel& model, KvStorage& kv, const ModelConfig& c, int64_t block_size,
+                                       int64_t prompt, int64_t step_tokens, std::mt19937& gen) {
+  const int64_t prompts = roofline::PromptsPerStep(prompt, step_tokens);
+  const int64_t blocks_per_seq = (prompt + block_size - 1) / block_size;
+  std::vector<float> logits;
+  std::vector<int32_t> sampled;
+  Stopwatch sw;
+  for (int64_t done = 0; done < prompt;) {
+    const int64_t n = prompts > 1 ? prompt : std::min(step_tokens, prompt - done);
+    ForwardInput in;
+    in.num_seqs = prompts;
+    in.max_blocks_per_seq = blocks_per_seq;
+    in.block_tables.resize(static_cast<size_t>(prompts * blocks_per_seq));
+    for (int64_t j = 0; j < prompts; ++j) {
+      for (int64_t k = 0; k < blocks_per_seq; ++k) {
+        in.block_tables[j * blocks_per_seq + k] = static_cast<int32_t>(j * blocks_per_seq + k);
+      }
+      for (int64_t p = done; p < done + n; ++p) {
+        in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+        in.positions.push_back(static_cast<int32_t>(p));
+        in.token_seq.push_back(static_cast<int32_t>(j));
+        in.slots.push_back((j * blocks_per_seq + p / block_size) * block_size + p % block_size);
+      }
+      if (done + n == prompt) in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+    }
+    in.sample.assign(in.logit_rows.size(), SampleSpec{});
+    in.logits_to_host = false;
+    RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, nullptr, &sampled));
+    done += n;
+  }
+  return sw.Seconds();
+}
+
+absl::Status MeasurePrefill(const ModelWeights& weights, Backend* backend, const roofline::PriceInputs& in,
+                            const PriceMeasureOptions& o, MeasuredStepTimes* out) {
+  const ModelConfig& c = weights.config();
+  const int64_t prompt = in.mix.prompt_tokens;
+  if (prompt + 1 > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompt-tokens: ", prompt, " exceeds the model's context of ", c.max_position_embeddings));
+  }
+  int64_t max_prompts = 1;
+  for (int64_t s : in.grid.chunks) max_prompts = std::max(max_prompts, roofline::PromptsPerStep(prompt, s));
+  const int64_t blocks = max_prompts * ((prompt + o.block_size - 1) / o.block_size);
+  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, blocks, o.block_size, o.kv_dtype)));
+  MoeModel model(&weights, backend);
+  std::mt19937 gen(7);
+  Progress progress("prefill", static_cast<int64_t>(in.grid.chunks.size()), o.progress);
+  int64_t done = 0;
+  for (int64_t s : in.grid.chunks) {
+    ASSIGN_OR_RETURN(double warm, TimePrefillOnce(model, kv, c, o.block_size, prompt, s, gen));
+    (void)warm;
+    std::vector<double> times;
+    for (int r = 0; r < o.repeats; ++r) {
+      ASSIGN_OR_RETURN(double t, TimePrefillOnce(model, kv, c, o.block_size, prompt, s, gen));
+      times.push_back(t);
+    }
+    out->prefill[{prompt, s}] = Median(times);
+    progress.Update(++done, absl::StrCat(s, " tokens per step: ", Median(times) * 1e3, " ms"));
+  }
+  progress.Finish(done);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+roofline::StepTime MeasuredStepTimes::Decode(int64_t batch, int64_t context) const {
+  return {Lookup(decode, batch, context), bounds_->Decode(batch, context).compute_bound};
+}
+
+roofline::StepTime MeasuredStepTimes::Prefill(int64_t prompt, int64_t step_tokens) const {
+  return {Lookup(prefill, prompt, step_tokens), bounds_->Prefill(prompt, step_tokens).compute_bound};
+}
+
+absl::StatusOr<PriceMeasurement> MeasurePriceTimes(const ModelWeights& weights, Backend* backend,
+                                                   const roofline::HardwareProfile& hw,
+                                                   const roofline::PriceInputs& in,
+                                                   const roofline::PredictedStepTimes* bounds,
+                                                   const PriceMeasureOptions& o) {
+  PriceMeasurement m{MeasuredStepTimes(bounds)};
+  const int64_t max_context = weights.config().max_position_embeddings;
+  // Decode: one sweep per context over the batches that fit there. A sweep point at context
+  // ctx decodes at position ctx, attending ctx + 1 tokens: the sheet's context c is ctx = c - 1.
+  for (int64_t c : in.grid.contexts) {
+    if (c > max_context) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--contexts: ", c, " exceeds the model's context of ", max_context));
+    }
+    const int64_t fit = roofline::LargestFittingBatch(in, c);
+    SweepOptions so;
+    for (int64_t b : in.grid.batches) {
+      if (b <= std::max<int64_t>(fit, 1)) so.batches.push_back(b);
+    }
+    so.contexts = {c - 1};
+    so.block_size = o.block_size;
+    so.kv_dtype = o.kv_dtype;
+    so.min_steps = o.repeats;
+    so.min_seconds = 0;
+    so.max_kv_bytes = 1e18;  // what fits was decided above, against the machine's memory
+    so.progress = o.progress;
+    ASSIGN_OR_RETURN(SweepReport r, RunDecodeSweep(weights, backend, hw, so));
+    for (const SweepPoint& p : r.points) m.times.decode[{p.batch, c}] = p.observed_seconds;
+  }
+  RETURN_IF_ERROR(MeasurePrefill(weights, backend, in, o, &m.times));
+  if (o.tier_prompt_tokens > 0) {
+    EngineConfig base;
+    base.block_size = o.block_size;
+    base.kv_dtype = o.kv_dtype;
+    TierScenarioOptions to;
+    to.prompt_tokens = o.tier_prompt_tokens;
+    to.progress = o.progress;
+    ASSIGN_OR_RETURN(m.tier_scenario, RunTierScenario(base, &weights, backend, to, hw));
+    const auto& meas = m.tier_scenario["measured"];
+    m.host_link_bytes_per_s = meas["promote_from_ddr_bytes_per_s"].get<double>();
+    m.flash_read_bytes_per_s = meas["promote_from_flash_bytes_per_s"].get<double>();
+  }
+  return m;
+}
+
+}  // namespace moeserve::tools
