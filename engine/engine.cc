@@ -269,7 +269,10 @@ absl::StatusOr<bool> Engine::Step() {
   }
   scheduler_.OnStepComputed(out);
   timing.forward_seconds = since();
-  BookReceipts(out, batch.input.num_seqs, timing.forward_seconds, lookup_);
+  if (tiers_ != nullptr) {  // the copies ran inside scheduling, before the forward
+    timing.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
+    timing.transfer_seconds = tiers_->TakeTransferSeconds();
+  }
   // Requests that end with this step finish after the step is booked in the stats, so that a
   // client that has its last token also finds the step that made it in GetStats.
   const auto finishing = ProcessOutputs(out, sampled_, logits_, model_.config().vocab_size, Clock::now(), lookup_);
@@ -277,11 +280,10 @@ absl::StatusOr<bool> Engine::Step() {
     const double per_token = timing.forward_seconds / static_cast<double>(out.num_tokens);
     seconds_per_prefill_token_ = seconds_per_prefill_token_ == 0 ? per_token : 0.8 * seconds_per_prefill_token_ + 0.2 * per_token;
   }
-  if (tiers_ != nullptr) {
-    timing.transfer_bytes = static_cast<double>(tiers_->TakeTransferBytes());
-    timing.transfer_seconds = tiers_->TakeTransferSeconds();
-  }
   timing.duration_seconds = since();
+  // The whole step, streaming included, goes on the receipts: they add up to the busy time.
+  BookReceipts(out, batch.input.num_seqs, timing.duration_seconds, timing.transfer_seconds,
+               static_cast<double>(kv_.layout().BlockBytes()), lookup_);
   const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
                             roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.ep_domain_size}, config_.efficiency};
   StepRecord rec = AccountStep(out, batch, run, timing, pricing);

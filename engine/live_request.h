@@ -23,7 +23,9 @@ struct LiveRequest {
   Clock::time_point submitted;
   std::optional<Clock::time_point> first_scheduled, first_token;
   int64_t steps = 0, batch_sum = 0;  // steps joined, and the sequences of those steps in all
-  double device_seconds = 0.0;       // its share of those steps' time
+  double device_seconds = 0.0;       // its share of those steps' time, which splits into:
+  double prefill_device_seconds = 0.0, decode_device_seconds = 0.0, transfer_device_seconds = 0.0;
+  double kv_gb_seconds = 0.0;        // its KV on the device over the steps it joined
 };
 
 // The live request of a sequence id (the engine's map; every scheduled sequence has one).

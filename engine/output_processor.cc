@@ -6,14 +6,32 @@
 
 namespace moeserve {
 
-void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds,
-                  const LiveLookup& live) {
+void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds, double transfer_seconds,
+                  double block_bytes, const LiveLookup& live) {
+  double moved = 0, owned = 0;  // blocks copied, and of those, for a sequence
+  for (size_t i = 0; i < out.transfers.size(); ++i) {
+    const double n = static_cast<double>(out.transfers[i].blocks.size());
+    moved += n;
+    if (out.transfer_seqs[i] != nullptr) owned += n;
+  }
+  // Copies may overlap the step (they are asynchronous): what is charged never exceeds it.
+  const double owned_seconds = moved > 0 ? std::min(transfer_seconds, step_seconds) * owned / moved : 0.0;
+  for (size_t i = 0; i < out.transfers.size(); ++i) {
+    if (out.transfer_seqs[i] == nullptr) continue;
+    LiveRequest& r = live(out.transfer_seqs[i]->id);
+    const double share = owned_seconds * static_cast<double>(out.transfers[i].blocks.size()) / owned;
+    r.transfer_device_seconds += share;
+    r.device_seconds += share;
+  }
+  const double shared = step_seconds - owned_seconds;
   for (const auto& ch : out.chunks) {
     LiveRequest& r = live(ch.seq->id);
     ++r.steps;
     r.batch_sum += num_seqs;
-    r.device_seconds +=
-        step_seconds * static_cast<double>(ch.num_tokens) / static_cast<double>(out.num_tokens);
+    const double share = shared * static_cast<double>(ch.num_tokens) / static_cast<double>(out.num_tokens);
+    (ch.is_decode() ? r.decode_device_seconds : r.prefill_device_seconds) += share;
+    r.device_seconds += share;
+    r.kv_gb_seconds += static_cast<double>(ch.seq->blocks.size()) * block_bytes / 1e9 * step_seconds;
   }
 }
 
@@ -86,6 +104,10 @@ RequestEvent FinalEvent(const LiveRequest& live, FinishReason reason, const std:
       live.steps ? static_cast<double>(live.batch_sum) / static_cast<double>(live.steps) : 0.0;
   rc.cached_tokens = live.seq.cached_prompt_tokens;
   rc.device_seconds = live.device_seconds;
+  rc.prefill_device_seconds = live.prefill_device_seconds;
+  rc.decode_device_seconds = live.decode_device_seconds;
+  rc.transfer_device_seconds = live.transfer_device_seconds;
+  rc.kv_gb_seconds = live.kv_gb_seconds;
   rc.cost_usd = live.device_seconds * price_per_hour / 3600.0;
   return ev;
 }

@@ -14,9 +14,13 @@
 
 namespace moeserve {
 
-// Adds each scheduled sequence's share of the step (its tokens over the step's) to its receipt.
-void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds,
-                  const LiveLookup& live);
+// Adds each request's share of a step to its receipt. Of `step_seconds`, the tier copies made
+// for a sequence (`transfer_seconds` in all, shared by blocks moved) go to that sequence; the
+// rest, and copies made for no one (demotions), are shared by the step's tokens, a prompt
+// token's share to prefill and a decode token's to decode. Each scheduled sequence also holds
+// its blocks (of `block_bytes`) for the step.
+void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds, double transfer_seconds,
+                  double block_bytes, const LiveLookup& live);
 
 // Appends each sampling sequence's token (sampled[r] for its logit row r), streams it, and
 // returns the requests that end with it (stop id or length), in batch order.

@@ -65,6 +65,12 @@ struct RequestReceipt {
   int64_t cached_tokens = 0;     // prompt tokens served from the prefix cache
   double device_seconds = 0.0;   // attributed share of step time
   double cost_usd = 0.0;         // device_seconds at the price per hour
+  // device_seconds in parts: its prompt tokens' share of the compute, its decode tokens' share,
+  // and the tier copies (DDR, flash) made for it. The parts add up to device_seconds.
+  double prefill_device_seconds = 0.0, decode_device_seconds = 0.0, transfer_device_seconds = 0.0;
+  // The KV it held on the device, GB x seconds over the steps it joined: memory rented with the
+  // device, so already inside cost_usd (the price sheet's device tier prices it the same way).
+  double kv_gb_seconds = 0.0;
 };
 
 // Streamed to the request's callback: one event per produced token, and a final one.

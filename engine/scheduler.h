@@ -52,6 +52,8 @@ struct ScheduledChunk {
   int64_t start = 0;       // first token position computed in this step
   int64_t num_tokens = 0;
   bool wants_logits = false;  // the chunk reaches the last token: sample after the step
+  // One generated token fed back (not part of the prompt, nor a recomputation of it).
+  bool is_decode() const { return num_tokens == 1 && wants_logits && start >= seq->prompt_len; }
 };
 
 struct SchedulerOutput {

@@ -53,8 +53,7 @@ void Scheduler::Truncate(Sequence* seq, int64_t keep, SchedulerOutput* out) {
   for (size_t i = 0; i < out->chunks.size(); ++i) {
     const ScheduledChunk& c = out->chunks[i];
     if (c.seq != seq) continue;
-    const bool decode = c.num_tokens == 1 && c.wants_logits && c.start >= seq->prompt_len;
-    (decode ? out->num_decode_tokens : out->num_prefill_tokens) -= c.num_tokens;
+    (c.is_decode() ? out->num_decode_tokens : out->num_prefill_tokens) -= c.num_tokens;
     out->num_tokens -= c.num_tokens;
     out->chunks.erase(out->chunks.begin() + static_cast<std::ptrdiff_t>(i));
     break;

@@ -122,6 +122,10 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
         rc->set_cached_tokens(ev.receipt.cached_tokens);
         rc->set_device_seconds(ev.receipt.device_seconds);
         rc->set_cost_usd(ev.receipt.cost_usd);
+        rc->set_prefill_device_seconds(ev.receipt.prefill_device_seconds);
+        rc->set_decode_device_seconds(ev.receipt.decode_device_seconds);
+        rc->set_transfer_device_seconds(ev.receipt.transfer_device_seconds);
+        rc->set_kv_gb_seconds(ev.receipt.kv_gb_seconds);
         final_status_ = grpc::Status::OK;
         break;
       }

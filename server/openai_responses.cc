@@ -123,6 +123,10 @@ Json UsageObject(const RequestEvent& ev) {
              {{"steps", ev.receipt.steps},
               {"mean_batch_size", ev.receipt.mean_batch_size},
               {"device_seconds", ev.receipt.device_seconds},
+              {"prefill_device_seconds", ev.receipt.prefill_device_seconds},
+              {"decode_device_seconds", ev.receipt.decode_device_seconds},
+              {"transfer_device_seconds", ev.receipt.transfer_device_seconds},
+              {"kv_gb_seconds", ev.receipt.kv_gb_seconds},
               {"cost_usd", ev.receipt.cost_usd}}}}}};
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/output_processor.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
 #include "roofline/hardware.h"
@@ -125,8 +126,9 @@ TEST(InstrumentationTest, ReceiptsShareEachStepAmongItsTokens) {
   }
   ASSERT_TRUE((*engine)->RunUntilIdle().ok());
   const EngineStats stats = (*engine)->GetStats();
-  double forward = 0;
-  for (const StepRecord& r : stats.recent_steps) forward += r.duration_seconds - r.sampling_seconds;
+  double busy = 0;
+  for (const StepRecord& r : stats.recent_steps) busy += r.duration_seconds;
+  EXPECT_NEAR(busy, stats.busy_seconds, 1e-9 * busy);
   double attributed = 0;
   ASSERT_EQ(finals.size(), 10u);
   for (const RequestEvent& ev : finals) {
@@ -138,8 +140,59 @@ TEST(InstrumentationTest, ReceiptsShareEachStepAmongItsTokens) {
     EXPECT_LE(rc.mean_batch_size, 10.0);
     EXPECT_NEAR(rc.cost_usd, rc.device_seconds * 3.6 / 3600, 1e-15);
     EXPECT_NEAR(rc.queue_seconds + rc.prefill_seconds + rc.decode_seconds, ev.timing.e2e_seconds, 1e-3);
+    // The parts add up; a request decodes (after its first token) only if it made more than one.
+    EXPECT_NEAR(rc.prefill_device_seconds + rc.decode_device_seconds + rc.transfer_device_seconds, rc.device_seconds,
+                1e-12 + 1e-9 * rc.device_seconds);
+    EXPECT_GT(rc.prefill_device_seconds, 0);
+    EXPECT_EQ(rc.decode_device_seconds > 0, ev.usage.completion_tokens > 1) << ev.usage.completion_tokens;
+    EXPECT_EQ(rc.transfer_device_seconds, 0);  // no tiers
+    EXPECT_GT(rc.kv_gb_seconds, 0);
   }
-  EXPECT_NEAR(attributed, forward, 1e-9 * forward + 1e-12) << "every step's forward time is attributed exactly once";
+  EXPECT_NEAR(attributed, busy, 1e-9 * busy + 1e-12) << "every step's time is attributed exactly once";
+}
+
+// A step of 0.62 s in which request A computes 30 prompt tokens and request B decodes one, after
+// 0.08 s of tier copies: 3 blocks swapped in for B and 1 block demoted for no one.
+TEST(InstrumentationTest, ReceiptPartsByHand) {
+  LiveRequest a, b;
+  a.seq.id = 1;
+  a.seq.prompt_len = 40;
+  a.seq.blocks = {0, 1};
+  b.seq.id = 2;
+  b.seq.prompt_len = 20;
+  b.seq.blocks = {2, 3, 4, 5};
+  SchedulerOutput out;
+  out.chunks = {ScheduledChunk{&a.seq, 0, 30, false}, ScheduledChunk{&b.seq, 50, 1, true}};
+  out.num_tokens = 31;
+  KvTransfer swap_in, demote;
+  swap_in.kind = KvTransfer::Kind::kSwapIn;
+  swap_in.blocks = {3, 4, 5};
+  demote.blocks = {7};
+  out.transfers = {swap_in, demote};
+  out.transfer_seqs = {&b.seq, nullptr};
+  const LiveLookup lookup = [&](uint64_t id) -> LiveRequest& { return id == 1 ? a : b; };
+  BookReceipts(out, 2, 0.62, 0.08, 1e6, lookup);
+  // B's copies: 3 of the 4 blocks moved, 0.06 s. The other 0.56 s over 31 tokens: A 30, B 1.
+  EXPECT_NEAR(b.transfer_device_seconds, 0.06, 1e-15);
+  EXPECT_NEAR(a.prefill_device_seconds, 0.56 * 30 / 31, 1e-15);
+  EXPECT_EQ(a.decode_device_seconds, 0);
+  EXPECT_NEAR(b.decode_device_seconds, 0.56 / 31, 1e-15);
+  EXPECT_EQ(b.prefill_device_seconds, 0);
+  EXPECT_NEAR(a.device_seconds + b.device_seconds, 0.62, 1e-15);
+  // KV held for the step: 2 and 4 blocks of 1 MB for 0.62 s.
+  EXPECT_NEAR(a.kv_gb_seconds, 2e-3 * 0.62, 1e-15);
+  EXPECT_NEAR(b.kv_gb_seconds, 4e-3 * 0.62, 1e-15);
+  EXPECT_EQ(a.steps, 1);
+  EXPECT_EQ(b.batch_sum, 2);
+  // Copies reported longer than the step (they overlap it) are charged the step at most.
+  LiveRequest c;
+  c.seq.id = 2;
+  c.seq.blocks = {1};
+  SchedulerOutput only;
+  only.transfers = {swap_in};
+  only.transfer_seqs = {&c.seq};
+  BookReceipts(only, 0, 0.01, 0.5, 1e6, [&](uint64_t) -> LiveRequest& { return c; });
+  EXPECT_NEAR(c.transfer_device_seconds, 0.01, 1e-15);
 }
 
 TEST(InstrumentationTest, ARequestAloneJoinsOneStepPerToken) {

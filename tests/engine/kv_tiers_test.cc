@@ -50,6 +50,11 @@ TEST_P(KvTiersTest, PrefixComesBackFromDdr) {
     if (r.transfer_bytes >= 3 * block_bytes) recorded = recorded || r.transfer_seconds > 0;
   }
   EXPECT_TRUE(recorded) << "no step recorded the promotion's " << 3 * block_bytes << " bytes with their time";
+  // ... and the request the prefix came back for is charged for the copies on its receipt.
+  const RequestReceipt& rc = r.final_event.receipt;
+  EXPECT_GT(rc.transfer_device_seconds, 0);
+  EXPECT_NEAR(rc.prefill_device_seconds + rc.decode_device_seconds + rc.transfer_device_seconds, rc.device_seconds,
+              1e-12 + 1e-9 * rc.device_seconds);
   EXPECT_TRUE(e->CheckAccounting());
 }
 

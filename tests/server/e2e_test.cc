@@ -362,6 +362,12 @@ TEST_F(E2eTest, LoadgenSweepCountsAddUpAndPlotsRender) {
       EXPECT_GT(lv["server"]["steps"].get<int64_t>(), 0);
       // Each request's first token comes from its prefill step, the rest from decode steps.
       EXPECT_EQ(lv["server"]["decode_tokens"].get<int64_t>(), lv["output_tokens"].get<int64_t>() - ok) << lv.dump();
+      // The requests' receipts add up to the server's busy time over the level, in parts.
+      const auto& rc = lv["receipts"];
+      EXPECT_NEAR(rc["over_busy_seconds"].get<double>(), 1.0, 0.02) << rc.dump() << lv["server"].dump();
+      EXPECT_NEAR(rc["prefill_device_seconds"].get<double>() + rc["decode_device_seconds"].get<double>() +
+                      rc["transfer_device_seconds"].get<double>(),
+                  rc["device_seconds"].get<double>(), 1e-9 * rc["device_seconds"].get<double>());
       if (name == "open") {
         EXPECT_EQ(lv["output_tokens"].get<int64_t>(), ok * 6);
         EXPECT_EQ(lv["good"].get<int64_t>(), ok);  // generous SLOs

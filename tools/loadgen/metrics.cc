@@ -65,6 +65,15 @@ std::string StatusCodeName(int code) {
   return absl::StrCat("CODE_", code);
 }
 
+void ReceiptParts::Add(const ReceiptParts& o) {
+  device_seconds += o.device_seconds;
+  prefill_device_seconds += o.prefill_device_seconds;
+  decode_device_seconds += o.decode_device_seconds;
+  transfer_device_seconds += o.transfer_device_seconds;
+  kv_gb_seconds += o.kv_gb_seconds;
+  cost_usd += o.cost_usd;
+}
+
 LevelMetrics ComputeMetrics(const std::vector<RequestResult>& results, double duration_seconds, const Slo& slo) {
   LevelMetrics m;
   m.duration_seconds = duration_seconds;
@@ -82,6 +91,7 @@ LevelMetrics ComputeMetrics(const std::vector<RequestResult>& results, double du
     m.prompt_tokens += r.prompt_tokens;
     m.output_tokens += r.output_tokens;
     m.cached_prompt_tokens += r.cached_prompt_tokens;
+    m.receipts.Add(r.receipt);
     if (r.output_tokens > 0) ttft.push_back(r.ttft_seconds * 1e3);
     if (r.output_tokens > 1) tpot.push_back(TpotSeconds(r) * 1e3);
     for (double g : r.itl_seconds) itl.push_back(g * 1e3);

@@ -15,11 +15,19 @@
 
 namespace moeserve::loadgen {
 
+// The server's receipt of a request (engine/request.h RequestReceipt), or their sum.
+struct ReceiptParts {
+  double device_seconds = 0, prefill_device_seconds = 0, decode_device_seconds = 0, transfer_device_seconds = 0;
+  double kv_gb_seconds = 0, cost_usd = 0;
+  void Add(const ReceiptParts& o);
+};
+
 // What happened to one request, as the client saw it.
 struct RequestResult {
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // from the server's usage
+  ReceiptParts receipt;              // from the server's last message
   double send_seconds = 0.0;         // when it was sent, from the level's start
   double ttft_seconds = 0.0;
   double e2e_seconds = 0.0;
@@ -47,6 +55,7 @@ struct LevelMetrics {
   int64_t prompt_tokens = 0, output_tokens = 0, cached_prompt_tokens = 0;
   double request_throughput = 0, output_throughput = 0, total_token_throughput = 0, goodput = 0;
   Summary ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  ReceiptParts receipts;  // summed over the successful requests
 };
 
 // Token counts and latencies come from successful requests only; failures are counted.

@@ -88,6 +88,18 @@ nlohmann::json ToJson(const LevelReport& r) {
                    {"usd_per_million_output_tokens_busy",
                     UsdPerMillion(r.price_per_hour, d.busy_seconds, m.output_tokens)}};
   }
+  // The receipts of the successful requests, in parts; against the server's busy time they
+  // should add up to the machine's cost of the level (failed requests carry no receipt).
+  const ReceiptParts& rc = m.receipts;
+  j["receipts"] = {{"device_seconds", rc.device_seconds},
+                   {"prefill_device_seconds", rc.prefill_device_seconds},
+                   {"decode_device_seconds", rc.decode_device_seconds},
+                   {"transfer_device_seconds", rc.transfer_device_seconds},
+                   {"kv_gb_seconds", rc.kv_gb_seconds},
+                   {"cost_usd", rc.cost_usd}};
+  if (r.server && r.server->busy_seconds > 0) {
+    j["receipts"]["over_busy_seconds"] = rc.device_seconds / r.server->busy_seconds;
+  }
   if (r.stats) j["server_stats_after"] = ProtoToJson(*r.stats);
   if (!r.stats_error.empty()) j["server_stats_error"] = r.stats_error;
   return j;

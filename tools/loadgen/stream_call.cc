@@ -47,6 +47,11 @@ class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
       result_.prompt_tokens = response_.usage().prompt_tokens();
       result_.cached_prompt_tokens = response_.usage().cached_prompt_tokens();
     }
+    if (response_.has_receipt()) {
+      const auto& rc = response_.receipt();
+      result_.receipt = {rc.device_seconds(),          rc.prefill_device_seconds(), rc.decode_device_seconds(),
+                         rc.transfer_device_seconds(), rc.kv_gb_seconds(),          rc.cost_usd()};
+    }
     StartRead(&response_);
   }
 
