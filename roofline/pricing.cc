@@ -45,6 +45,8 @@ UnitPrice OperatingDecode(const PriceInputs& in, const StepTimes& times, int64_t
     }
   }
   u.usd_per_million = PerMillion(in.machine, u.seconds, static_cast<double>(u.batch));
+  const auto next = std::upper_bound(in.grid.batches.begin(), in.grid.batches.end(), u.batch);
+  u.limited_by = next == in.grid.batches.end() ? "grid" : (*next > cap ? "memory" : "tpot");
   return u;
 }
 
@@ -103,6 +105,11 @@ absl::Status PriceInputs::Validate() const {
   if (!(machine.device_memory_bytes > 0)) return absl::InvalidArgumentError("the device memory must be > 0 bytes");
   if (machine.usd_per_gb_hour_ddr < 0 || machine.usd_per_gb_hour_flash < 0) {
     return absl::InvalidArgumentError("a tier's $/GB-hour must be >= 0");
+  }
+  if (!(machine.host_link_bytes_per_s > 0) || !(machine.flash_read_bytes_per_s > 0)) {
+    return absl::InvalidArgumentError(
+        "the hardware profile needs host_link_bandwidth and disk_read_bandwidth > 0 to price KV brought back "
+        "from DDR and flash (calibrate measures them unless --no-disk)");
   }
   if (!(model.kv_bytes_per_token > 0) || !(model.weight_bytes > 0)) {
     return absl::InvalidArgumentError("the model's weight and KV bytes must be > 0");
@@ -171,7 +178,7 @@ PriceSheet ComputePriceSheet(const PriceInputs& in, const StepTimes& times) {
     pt.fits = u.kv_fits;
     pt.step_seconds = u.seconds;
     pt.usd_per_million_output = u.usd_per_million;
-    pt.memory_limited = u.batch < s.output.batch;
+    pt.memory_limited = LargestFittingBatch(in, c) < s.output.batch;
     pt.kv_over_weight_bytes = static_cast<double>(u.batch) * static_cast<double>(c) * in.model.kv_bytes_per_token /
                               in.model.weight_bytes;
     s.context_curve.push_back(pt);
@@ -212,17 +219,23 @@ std::string ReadPriceSheet(const PriceSheet& s, const PriceInputs& in) {
     if (t.usd_per_million < best->usd_per_million) best = &t;
   }
   std::string text = absl::StrFormat(
-      "Output tokens cost %.2fx input tokens: a decode step at the operating batch of %d (the largest meeting the "
-      "%.0f ms TPOT target%s) is %s-bound and yields %d tokens, while a prefill step of %d tokens (%d prompts of "
+      "Output tokens cost %.2fx input tokens: a decode step at the operating batch of %d (the largest that fits and "
+      "meets the %.0f ms TPOT target%s; %s) is %s-bound and yields %d tokens, while a prefill step of %d tokens (%d prompts of "
       "%d) is %s-bound%s. ",
       s.output_over_input, s.output.batch, in.mix.tpot_seconds * 1e3,
-      s.output.target_met ? "" : ", which no batch meets", s.output.compute_bound ? "compute" : "memory",
+      s.output.target_met ? "" : ", which no batch meets",
+      s.output.limited_by == "tpot"     ? "a larger batch would miss it"
+      : s.output.limited_by == "memory" ? "a larger batch's KV would not fit"
+                                        : "the largest batch given: pass larger --batches",
+      s.output.compute_bound ? "compute" : "memory",
       s.output.batch, s.input.batch, s.input.prompts, in.mix.prompt_tokens,
       s.input.compute_bound ? "compute" : "memory", s.input.target_met ? "" : " and misses the TTFT target");
   absl::StrAppendFormat(&text,
-                        "A cache hit served from %s (held %.0f s) costs %.3g $/M, %.1fx cheaper than recomputing; "
-                        "holding KV stops paying after %.0f s on the device, %.0f s in DDR and %.0f s on flash. ",
-                        best->tier, best->retention_seconds, best->usd_per_million, best->discount,
+                        "A cache hit served from %s (held %.0f s) costs %.3g $/M against %.3g $/M to recompute (a "
+                        "%.2fx discount); holding KV stops paying after %.0f s on the device, %.0f s in DDR and %.0f s "
+                        "on flash. ",
+                        best->tier, best->retention_seconds, best->usd_per_million, s.input.usd_per_million,
+                        best->discount,
                         s.tiers[0].break_even_retention_seconds, s.tiers[1].break_even_retention_seconds,
                         s.tiers[2].break_even_retention_seconds);
   absl::StrAppendFormat(&text,

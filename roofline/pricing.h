@@ -97,6 +97,9 @@ struct UnitPrice {
   bool compute_bound = false;
   bool target_met = true;  // false: no candidate met the TPOT/TTFT target, the fastest is priced
   bool kv_fits = true;     // false: not even batch 1 fits at the context
+  // Decode: what stopped the batch growing: "tpot" (the next candidate misses the target),
+  // "memory" (the next one's KV does not fit) or "grid" (no larger candidate was given).
+  std::string limited_by;
 };
 
 struct TierPrice {
@@ -112,7 +115,7 @@ struct TierPrice {
 struct ContextPoint {
   int64_t context = 0;
   int64_t batch = 0;              // the largest candidate meeting TPOT that fits
-  bool memory_limited = false;    // the batch is smaller than the one TPOT allows: KV fills memory
+  bool memory_limited = false;    // KV at the operating batch no longer fits: memory cuts the batch
   double step_seconds = 0;
   double usd_per_million_output = 0;
   double kv_over_weight_bytes = 0;  // KV read per step over weight bytes, at this batch

@@ -15,7 +15,8 @@ namespace {
 nlohmann::json Unit(const roofline::UnitPrice& u) {
   return {{"usd_per_million", u.usd_per_million}, {"batch", u.batch},         {"prompts", u.prompts},
           {"seconds", u.seconds},                 {"bound", u.compute_bound ? "compute" : "memory"},
-          {"target_met", u.target_met},           {"kv_fits", u.kv_fits}};
+          {"target_met", u.target_met},           {"kv_fits", u.kv_fits},
+          {"limited_by", u.limited_by}};
 }
 
 // The figures compared between a predicted and a measured sheet, by name.
@@ -102,8 +103,9 @@ void PrintPriceSheet(const roofline::PriceSheet& s, const roofline::PriceInputs&
               s.input.usd_per_million, static_cast<long long>(s.input.batch), static_cast<long long>(s.input.prompts),
               s.input.seconds * 1e3, s.input.compute_bound ? "compute" : "memory",
               s.input.target_met ? "" : ", TTFT target missed");
-  std::printf("  output  $%10.4g /M tokens  (batch %lld, step %.2f ms, %s-bound%s%s)\n", s.output.usd_per_million,
-              static_cast<long long>(s.output.batch), s.output.seconds * 1e3,
+  std::printf("  output  $%10.4g /M tokens  (batch %lld, limited by %s; step %.2f ms, %s-bound%s%s)\n",
+              s.output.usd_per_million, static_cast<long long>(s.output.batch), s.output.limited_by.c_str(),
+              s.output.seconds * 1e3,
               s.output.compute_bound ? "compute" : "memory", s.output.target_met ? "" : ", TPOT target missed",
               s.output.kv_fits ? "" : ", KV does not fit");
   std::printf("  output / input: %.2fx    per request of the mix: $%.4g\n", s.output_over_input, s.usd_per_request);

@@ -70,7 +70,7 @@ std::vector<int64_t> Powers(int64_t from, int64_t to) {
 absl::StatusOr<roofline::PriceGrid> MakeGrid(const PriceSheetOptions& o, int64_t max_context) {
   roofline::PriceGrid g;
   if (o.batches.empty()) {
-    g.batches = Powers(1, o.measure ? 64 : 16384);
+    g.batches = Powers(1, o.measure ? 256 : 1 << 20);
   } else {
     ASSIGN_OR_RETURN(g.batches, ParseInts("--batches", o.batches));
   }
@@ -119,10 +119,9 @@ absl::StatusOr<ModelConfig> ResolveConfig(const PriceSheetOptions& o) {
 
 absl::StatusOr<roofline::HardwareProfile> ResolveHardware(const PriceSheetOptions& o, Backend* backend) {
   if (!o.measure || !o.hardware.empty()) return roofline::LoadHardware(o.hardware.empty() ? "h100-sxm" : o.hardware);
-  std::fprintf(stderr, "price-sheet: no --hardware given; calibrating this machine first (quick, no disk)\n");
+  std::fprintf(stderr, "price-sheet: no --hardware given; calibrating this machine first (quick)\n");
   calibrate::CalibrateSettings cs;
   cs.threads = o.threads;
-  cs.disk = false;
   cs.quick = true;
   ASSIGN_OR_RETURN(calibrate::Calibration c, calibrate::Calibrate(backend, cs));
   return c.profile;
@@ -276,7 +275,7 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--retention-flash-s", o->mix.retention_flash_s, "Seconds a hit stays on flash")
       ->capture_default_str();
   cmd->add_option("--batches", o->batches,
-                  "Decode batch candidates, comma-separated (default: powers of 2 to 16384; 64 with --measure)");
+                  "Decode batch candidates, comma-separated (default: powers of 2 to 2^20; to 256 with --measure)");
   cmd->add_option("--contexts", o->contexts,
                   "Contexts of the price curve (default: powers of 2 from 256 to the model's; to 8192 with "
                   "--measure); the mix's prompt + output/2 is always added");

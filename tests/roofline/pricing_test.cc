@@ -60,6 +60,7 @@ TEST(PriceSheetTest, OutputAndInputPricesByHand) {
   EXPECT_NEAR(s.output.usd_per_million, 0.636, 1e-9);
   EXPECT_FALSE(s.output.compute_bound);
   EXPECT_TRUE(s.output.target_met);
+  EXPECT_EQ(s.output.limited_by, "grid");
   // Chunks 100 / 500 / 1000: 0.2 / 0.12 / 0.11 s for the prompt: 1000 wins, $0.11 per million.
   EXPECT_EQ(s.input.batch, 1000);
   EXPECT_NEAR(s.input.seconds, 0.11, 1e-12);
@@ -126,6 +127,14 @@ TEST(PriceSheetTest, ContextCliffByHand) {
   EXPECT_NEAR(s.context_curve[0].usd_per_million_output, 0.626, 1e-9);
   EXPECT_NEAR(s.context_curve[2].usd_per_million_output, 0.725, 1e-9);
   EXPECT_EQ(s.context_curve[3].batch, 8);
+  PriceInputs tight = Toy();
+  tight.mix.tpot_seconds = 0.0405;  // 0.04 + 1.1e-5 b: b <= 45, so 32 (64 would miss it)
+  EXPECT_EQ(ComputePriceSheet(tight, ToyTimes()).output.batch, 32);
+  EXPECT_EQ(ComputePriceSheet(tight, ToyTimes()).output.limited_by, "tpot");
+  tight = Toy();
+  tight.machine.device_memory_bytes = 20e9 + 4e9;  // 4 GB of KV: 4e9 / (1100 x 1e5) = 36 sequences
+  EXPECT_EQ(ComputePriceSheet(tight, ToyTimes()).output.batch, 32);
+  EXPECT_EQ(ComputePriceSheet(tight, ToyTimes()).output.limited_by, "memory");
   EXPECT_TRUE(s.context_curve[3].memory_limited);
   EXPECT_FALSE(s.context_curve[2].memory_limited);
   EXPECT_NEAR(s.context_curve[3].usd_per_million_output, 5.8, 1e-9);
