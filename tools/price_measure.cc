@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +99,54 @@ absl::Status MeasurePrefill(const ModelWeights& weights, Backend* backend, const
   return absl::OkStatus();
 }
 
+struct LaneResult {
+  double tpot = 0;            // median over the requests
+  double decode_seconds = 0;  // receipts' decode device-seconds, summed
+  int64_t decoded = 0;        // tokens after each request's first
+};
+
+// Runs `bulk` normal requests (and a fast one when `with_fast`) to the end; results for the
+// bulk and for the fast request.
+absl::StatusOr<std::pair<LaneResult, LaneResult>> RunLanes(const ModelWeights& weights, Backend* backend,
+                                                           int64_t bulk, int64_t prompt, int64_t output,
+                                                           double usd_per_hour, bool with_fast,
+                                                           const PriceMeasureOptions& o) {
+  const ModelConfig& c = weights.config();
+  EngineConfig ec;
+  ec.block_size = o.block_size;
+  ec.kv_dtype = o.kv_dtype;
+  ec.price_per_hour = usd_per_hour;
+  ec.scheduler.max_num_seqs = bulk;
+  const KvLayout one = KvLayoutFor(c, 1, o.block_size, o.kv_dtype);
+  const int64_t blocks = (bulk + 1) * ((prompt + output + o.block_size) / o.block_size + 1);
+  ec.kv_cache_bytes = std::max(ec.kv_cache_bytes, static_cast<size_t>(blocks) * one.BlockBytes());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ec, &weights, backend));
+  std::mt19937 gen(11);
+  std::vector<double> bulk_tpot;
+  std::pair<LaneResult, LaneResult> out;
+  for (int64_t i = 0; i < bulk + (with_fast ? 1 : 0); ++i) {
+    GenerateRequest g;
+    for (int64_t t = 0; t < prompt; ++t) g.prompt.push_back(static_cast<int32_t>(gen() % c.vocab_size));
+    g.max_tokens = static_cast<int32_t>(output);
+    const bool fast = i == bulk;
+    if (fast) g.priority = Priority::kFast;
+    RETURN_IF_ERROR(engine
+                        ->Submit(g,
+                                 [&, fast](const RequestEvent& ev) {
+                                   if (!ev.finished) return;
+                                   LaneResult& r = fast ? out.second : out.first;
+                                   if (fast) r.tpot = ev.timing.tpot_seconds;
+                                   if (!fast) bulk_tpot.push_back(ev.timing.tpot_seconds);
+                                   r.decode_seconds += ev.receipt.decode_device_seconds;
+                                   r.decoded += ev.usage.completion_tokens - 1;
+                                 })
+                        .status());
+  }
+  RETURN_IF_ERROR(engine->RunUntilIdle());
+  out.first.tpot = Median(bulk_tpot);
+  return out;
+}
+
 }  // namespace
 
 roofline::StepTime MeasuredStepTimes::Decode(int64_t batch, int64_t context) const {
@@ -150,6 +200,32 @@ absl::StatusOr<PriceMeasurement> MeasurePriceTimes(const ModelWeights& weights, 
     m.flash_read_bytes_per_s = meas["promote_from_flash_bytes_per_s"].get<double>();
   }
   return m;
+}
+
+absl::StatusOr<nlohmann::json> MeasureFastLane(const ModelWeights& weights, Backend* backend, int64_t bulk,
+                                               int64_t prompt_tokens, int64_t output_tokens, double usd_per_hour,
+                                               const PriceMeasureOptions& o) {
+  if (output_tokens < 2) return absl::InvalidArgumentError("the fast-lane run needs at least 2 output tokens");
+  if (o.progress) std::fprintf(stderr, "fast lane: %lld bulk requests alone ...\n", static_cast<long long>(bulk));
+  ASSIGN_OR_RETURN(auto alone, RunLanes(weights, backend, bulk, prompt_tokens, output_tokens, usd_per_hour, false, o));
+  if (o.progress) std::fprintf(stderr, "fast lane: ... and with one fast-lane request\n");
+  ASSIGN_OR_RETURN(auto mixed, RunLanes(weights, backend, bulk, prompt_tokens, output_tokens, usd_per_hour, true, o));
+  auto per_million = [&](const LaneResult& r) {
+    return r.decoded > 0 ? usd_per_hour / 3600.0 * r.decode_seconds / static_cast<double>(r.decoded) * 1e6 : 0.0;
+  };
+  const LaneResult& bulk_alone = alone.first;
+  const LaneResult& fast = mixed.second;
+  nlohmann::json j;
+  j["bulk_requests"] = bulk;
+  j["fast_lane_max_batch"] = SchedulerConfig().fast_lane_max_batch;
+  j["prompt_tokens"] = prompt_tokens;
+  j["output_tokens"] = output_tokens;
+  j["bulk_alone"] = {{"tpot_s", bulk_alone.tpot}, {"decode_usd_per_million", per_million(bulk_alone)}};
+  j["bulk_beside_fast"] = {{"tpot_s", mixed.first.tpot}, {"decode_usd_per_million", per_million(mixed.first)}};
+  j["fast"] = {{"tpot_s", fast.tpot}, {"decode_usd_per_million", per_million(fast)}};
+  j["speed_multiple"] = fast.tpot > 0 ? bulk_alone.tpot / fast.tpot : 0.0;
+  j["price_multiple"] = per_million(bulk_alone) > 0 ? per_million(fast) / per_million(bulk_alone) : 0.0;
+  return j;
 }
 
 }  // namespace moeserve::tools

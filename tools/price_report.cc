@@ -135,6 +135,24 @@ void PrintPriceSheet(const roofline::PriceSheet& s, const roofline::PriceInputs&
   std::printf("  %s\n", roofline::ReadPriceSheet(s, in).c_str());
 }
 
+void PrintFastLane(const nlohmann::json& lane, const roofline::PriceSheet& sheet) {
+  const int64_t cap = lane["fast_lane_max_batch"].get<int64_t>();
+  std::printf("\n== fast lane under load: %lld bulk requests, then one fast-lane request among them (batch cap %lld) ==\n",
+              static_cast<long long>(lane["bulk_requests"].get<int64_t>()), static_cast<long long>(cap));
+  std::printf("  bulk alone: TPOT %.2f ms, decode $%.4g/M; fast: TPOT %.2f ms, decode $%.4g/M (from receipts)\n",
+              lane["bulk_alone"]["tpot_s"].get<double>() * 1e3, lane["bulk_alone"]["decode_usd_per_million"].get<double>(),
+              lane["fast"]["tpot_s"].get<double>() * 1e3, lane["fast"]["decode_usd_per_million"].get<double>());
+  std::printf("  the fast lane buys %.2fx the speed at %.2fx the decode price", lane["speed_multiple"].get<double>(),
+              lane["price_multiple"].get<double>());
+  for (const roofline::FastPoint& f : sheet.fast_curve) {
+    if (f.batch == cap) {
+      std::printf("; the sheet's batch %lld: %.2fx the speed at %.2fx the price", static_cast<long long>(f.batch),
+                  f.speed_multiple, f.price_multiple);
+    }
+  }
+  std::printf("\n");
+}
+
 nlohmann::json ComparePriceSheets(const roofline::PriceSheet& predicted, const roofline::PriceSheet& measured) {
   nlohmann::json rows = nlohmann::json::array();
   const auto p = Headline(predicted), m = Headline(measured);

@@ -14,6 +14,10 @@ nlohmann::json PriceSheetToJson(const roofline::PriceSheet& s, const roofline::P
 std::string PriceCurvesCsv(const roofline::PriceSheet& s, const std::string& source);
 void PrintPriceSheet(const roofline::PriceSheet& s, const roofline::PriceInputs& in, const std::string& title);
 
+// The fast lane under load (MeasureFastLane's JSON) beside the sheet's fast-mode point at the
+// lane's batch cap.
+void PrintFastLane(const nlohmann::json& lane, const roofline::PriceSheet& sheet);
+
 // Each headline figure of both sheets and measured / predicted - 1.
 nlohmann::json ComparePriceSheets(const roofline::PriceSheet& predicted, const roofline::PriceSheet& measured);
 void PrintComparison(const nlohmann::json& comparison);

@@ -39,6 +39,7 @@ struct PriceSheetOptions {
   bool measure = false;
   int repeats = 3;
   int64_t tier_prompt = -1;
+  int64_t fast_lane_output = -1;
   int threads = 0;
   CpuKernelFlags cpu_kernel;
   std::string json, csv;
@@ -223,6 +224,14 @@ int RunPriceSheet(PriceSheetOptions o) {
     j["measured"]["tier_scenario"] = m->tier_scenario;
     j["comparison"] = ComparePriceSheets(predicted, measured);
     PrintComparison(j["comparison"]);
+    const int64_t lane_output = o.fast_lane_output >= 0 ? o.fast_lane_output : std::min<int64_t>(in.mix.output_tokens, 64);
+    if (lane_output > 0) {
+      auto lane = MeasureFastLane(**weights, backend.get(), measured.output.batch, in.mix.prompt_tokens, lane_output,
+                                  in.machine.usd_per_device_hour, mo);
+      if (!lane.ok()) return Fail(lane.status());
+      PrintFastLane(*lane, measured);
+      j["measured"]["fast_lane"] = *lane;
+    }
     csv += PriceCurvesCsv(measured, "measured");
   }
   if (!o.json.empty()) {
@@ -288,6 +297,10 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--measure-repeats", o->repeats, "Timed runs per measured point (median)")->capture_default_str();
   cmd->add_option("--tier-prompt", o->tier_prompt,
                   "Prompt tokens of the KV tier scenario with --measure (default: --prompt-tokens; 0: skip it)");
+  cmd->add_option("--fast-lane-output", o->fast_lane_output,
+                  "Output tokens of the fast-lane run with --measure: the operating batch of bulk requests, alone "
+                  "and beside one fast-lane request, priced by their receipts (default: --output-tokens up to 64; "
+                  "0: skip it)");
   cmd->add_option("--threads", o->threads, "CPU threads with --measure (0: one per core)")->capture_default_str();
   AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--json", o->json, "Write both sheets, the comparison and the reading as JSON");

@@ -97,8 +97,8 @@ TEST(E2ePriceSheetTest, AMeasuredRunOnTheTinyPresetGivesBothSheetsAndTheirErrors
   std::string out, err;
   ASSERT_EQ(RunCommand({"price-sheet", "--measure", "--preset", "tiny", "--hardware", dir + "/hw.json",
                         "--prompt-tokens", "64", "--output-tokens", "32", "--batches", "1,4,16", "--contexts", "128",
-                        "--prefill-tokens", "16,64,256", "--measure-repeats", "1", "--threads", "1", "--json",
-                        dir + "/tiny.json"},
+                        "--prefill-tokens", "16,64,256", "--measure-repeats", "1", "--threads", "1",
+                        "--fast-lane-output", "8", "--json", dir + "/tiny.json"},
                        &out, &err),
             0)
       << out << err;
@@ -113,6 +113,15 @@ TEST(E2ePriceSheetTest, AMeasuredRunOnTheTinyPresetGivesBothSheetsAndTheirErrors
   }
   EXPECT_GT(m["tier_scenario"]["ddr_hit"]["cached_tokens_ddr"].get<int64_t>(), 0);
   EXPECT_GT(m["tier_scenario"]["flash_hit"]["cached_tokens_flash"].get<int64_t>(), 0);
+  // The fast lane ran beside the operating batch of bulk requests, priced by their receipts.
+  const auto& lane = m["fast_lane"];
+  EXPECT_EQ(lane["bulk_requests"], 16);
+  for (const char* k : {"bulk_alone", "bulk_beside_fast", "fast"}) {
+    EXPECT_GT(lane[k]["tpot_s"].get<double>(), 0) << k;
+    EXPECT_GT(lane[k]["decode_usd_per_million"].get<double>(), 0) << k;
+  }
+  EXPECT_GT(lane["speed_multiple"].get<double>(), 0);
+  EXPECT_GT(lane["price_multiple"].get<double>(), 0);
   // Decode contexts: 128 and the mix's 64 + 32 / 2 = 80; batches up to 16 fit in 4 GB.
   ASSERT_EQ(m["context"]["curve"].size(), 2u);
   EXPECT_EQ(m["context"]["curve"][0]["context"], 80);
