@@ -92,12 +92,16 @@ class ServerProcess {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
+  // The address the server listens on (before Start; default loopback): another network
+  // namespace's, for a server whose rank 0 runs there.
+  void set_host(const std::string& host) { host_ = host; }
+
   // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
   // With a `launcher` (e.g. mpirun and its flags) the server runs under it.
   bool Start(std::vector<std::string> extra_args, std::vector<std::string> launcher = {}) {
     dir_ = MakeTempDir("server");
-    std::vector<std::string> args = {"serve",         "--listen",     "127.0.0.1:0", "--port-file", dir_ + "/port",
-                                     "--http-listen", "127.0.0.1:0", "--http-port-file", dir_ + "/http_port"};
+    std::vector<std::string> args = {"serve",         "--listen",     host_ + ":0", "--port-file", dir_ + "/port",
+                                     "--http-listen", host_ + ":0", "--http-port-file", dir_ + "/http_port"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     if (launcher.empty()) {
       pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
@@ -153,13 +157,14 @@ class ServerProcess {
   }
 
   pid_t pid() const { return pid_; }
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string target() const { return host_ + ":" + std::to_string(port_); }
   int http_port() const { return http_port_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string log() const { return ReadAll(dir_ + "/out") + ReadAll(dir_ + "/err"); }
 
  private:
   pid_t pid_ = -1;
+  std::string host_ = "127.0.0.1";
   int port_ = 0;
   int http_port_ = 0;
   std::string dir_;

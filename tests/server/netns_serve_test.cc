@@ -1,0 +1,211 @@
+// Ranks on different "hosts": `serve` under mpirun with its ranks in network namespaces of
+// their own (scripts/netns-hosts.sh), joined by a bridge over rate-shaped veth links, Open MPI
+// launching into them through the script's agent and its ranks talking TCP across the link.
+// The tokens and log-probabilities equal one process's; a rank killed in the other namespace
+// gives UNAVAILABLE naming it and a non-zero exit; nothing is left behind. Skips, naming what is
+// missing, where namespaces cannot be made (not root, no iproute2, no MPI).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_split.h"
+#include "tests/server/grpc_client.h"
+
+namespace moeserve::testing {
+namespace {
+
+#ifdef MOESERVE_MPIEXEC
+const char* const kScript = MOESERVE_SOURCE_DIR "/scripts/netns-hosts.sh";
+// A prefix and subnet of the tests' own, so a developer's set (msh, 10.77.0) is left alone.
+const char* const kPrefix = "mst";
+const char* const kSubnet = "10.77.1";
+
+int Script(const std::vector<std::string>& args, std::string* out, std::string* err) {
+  std::vector<std::string> argv = {"/bin/bash", kScript};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (std::string a : {"--prefix", kPrefix}) argv.push_back(a);
+  return RunProgram(argv, out, err);
+}
+
+// The pids `ip netns pids` lists for namespace `ns`.
+std::vector<pid_t> NamespacePids(const std::string& ns) {
+  std::string out, err;
+  std::vector<pid_t> pids;
+  if (RunProgram({"/usr/sbin/ip", "netns", "pids", ns}, &out, &err) != 0) return pids;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) pids.push_back(std::atoi(std::string(line).c_str()));
+  return pids;
+}
+
+// The moeserve process of MPI rank `rank` in namespace `ns` (-1 if none).
+pid_t RankPidIn(const std::string& ns, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (pid_t pid : NamespacePids(ns)) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "moeserve") continue;
+    std::ifstream environ_file("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+    const std::string env((std::istreambuf_iterator<char>(environ_file)), std::istreambuf_iterator<char>());
+    for (absl::string_view var : absl::StrSplit(env, '\0')) {
+      if (var == want) return pid;
+    }
+  }
+  return -1;
+}
+
+class NetnsServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)";
+    std::string out, err;
+    if (Script({"up", "2", "--rate", "1gbit", "--subnet", kSubnet}, &out, &err) != 0) {
+      GTEST_SKIP() << "cannot make network namespaces here: " << out << err;
+    }
+    up_ = true;
+  }
+  void TearDown() override {
+    if (!up_) return;
+    // Every process of the job is gone from both namespaces (bounded wait), then the set goes.
+    for (const std::string ns : {std::string(kPrefix) + "0", std::string(kPrefix) + "1"}) {
+      std::vector<pid_t> left;
+      for (int i = 0; i < 100 && !(left = NamespacePids(ns)).empty(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      EXPECT_TRUE(left.empty()) << left.size() << " processes still run in " << ns;
+    }
+    std::string out, err;
+    EXPECT_EQ(Script({"down"}, &out, &err), 0) << out << err;
+    std::string list, lerr;
+    RunProgram({"/usr/sbin/ip", "netns", "list"}, &list, &lerr);
+    EXPECT_EQ(list.find(kPrefix), std::string::npos) << "namespaces left: " << list;
+  }
+
+  // mpirun with `np` ranks over the two namespaces, `slots` per namespace (ranks fill mst0 first).
+  std::vector<std::string> Mpirun(int np, int slots, const std::string& rank_timeout = "30",
+                                  const std::string& sigkill_timeout = "1") {
+    hostfile_ = MakeTempDir("netns") + "/hosts";
+    std::ofstream(hostfile_) << kPrefix << "0 slots=" << slots << "\n" << kPrefix << "1 slots=" << slots << "\n";
+    const std::string net = std::string(kSubnet) + ".0/24";
+    // When a rank dies mpirun sends the others SIGTERM, then SIGKILL after
+    // odls_base_sigkill_timeout seconds (Open MPI's default: 1).
+    return {MOESERVE_MPIEXEC, "--allow-run-as-root", "--mca", "odls_base_sigkill_timeout", sigkill_timeout, "--hostfile", hostfile_, "--mca", "plm_rsh_agent",
+            std::string(kScript) + " agent", "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self,vader,tcp",
+            "--mca", "btl_tcp_if_include", net, "-x", "MOESERVE_RANK_TIMEOUT_S=" + rank_timeout, "-x",
+            "MOESERVE_STEP_TIMEOUT_S=300", "-np", std::to_string(np)};
+  }
+  // Rank 0 runs in mst0: the server listens on its address.
+  static std::string RankZeroHost() { return std::string(kSubnet) + ".10"; }
+
+  bool up_ = false;
+  std::string hostfile_;
+};
+
+// Token ids and the top-2 log-probabilities of each, streamed.
+struct WithLogprobs {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::vector<std::vector<std::pair<int32_t, float>>> top;
+};
+WithLogprobs StreamWithLogprobs(const ServerProcess& server, const std::vector<int32_t>& prompt, int n) {
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest req = IdsRequest(prompt, n);
+  req.set_logprobs(2);
+  req.set_ignore_eos(true);
+  WithLogprobs out;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    out.ids.insert(out.ids.end(), r.token_ids().begin(), r.token_ids().end());
+    for (const auto& info : r.logprobs()) {
+      out.top.emplace_back();
+      for (const auto& t : info.top_logprobs()) out.top.back().emplace_back(t.token_id(), t.logprob());
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+void ExpectSameAsOneProcess(const std::vector<std::string>& layout, const std::vector<std::string>& launcher) {
+  const std::vector<std::string> model = {"--preset", "tiny", "--model-seed", "7", "--kv-cache-mb", "16"};
+  const std::vector<int32_t> prompt = {104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100};
+  ServerProcess one;
+  ASSERT_TRUE(one.Start(model)) << one.log();
+  const WithLogprobs want = StreamWithLogprobs(one, prompt, 24);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  std::vector<std::string> args = model;
+  args.insert(args.end(), layout.begin(), layout.end());
+  ServerProcess job;
+  job.set_host(std::string(kSubnet) + ".10");
+  ASSERT_TRUE(job.Start(args, launcher)) << job.log();
+  const WithLogprobs got = StreamWithLogprobs(job, prompt, 24);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << job.log();
+  EXPECT_EQ(got.ids, want.ids);
+  ASSERT_EQ(got.top.size(), want.top.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.top.size(); ++i) {
+    ASSERT_EQ(got.top[i].size(), want.top[i].size()) << "token " << i;
+    for (size_t k = 0; k < want.top[i].size(); ++k) {
+      EXPECT_EQ(got.top[i][k].first, want.top[i][k].first) << "token " << i << " rank " << k;
+      worst = std::max(worst, static_cast<double>(std::fabs(got.top[i][k].second - want.top[i][k].second)));
+    }
+  }
+  EXPECT_LE(worst, 1e-5) << "max abs logprob difference against one process";
+  // SIGTERM to mpirun reaches every rank through the agents: the job drains and ends.
+  job.Stop(SIGTERM);
+  EXPECT_NE(job.log().find("moeserve: stopped cleanly"), std::string::npos) << job.log();
+}
+
+TEST_F(NetnsServeTest, AnEp2JobWithARankPerNamespaceStreamsWhatOneProcessDoes) {
+  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1));
+}
+
+// Two ranks per namespace: each pair shares memory (vader), the pairs talk over the link.
+TEST_F(NetnsServeTest, AnEp2Pp2JobOverTwoNamespacesStreamsWhatOneProcessDoes) {
+  ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--ep-domain-size", "2"}, Mpirun(4, 2));
+}
+
+TEST_F(NetnsServeTest, ARankKilledInTheOtherNamespaceGivesUnavailableNamingIt) {
+  ServerProcess job;
+  job.set_host(RankZeroHost());
+  // A remote rank's death shows only as missing heartbeats (3 s here); mpirun is told to wait 8 s
+  // between its SIGTERM and SIGKILL to the survivors, so that rank 0 finds the loss first and
+  // tells its clients which rank it was (with Open MPI's 1 s the client sees the socket close).
+  ASSERT_TRUE(job.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2, 1, "3", "8")))
+      << job.log();
+  const pid_t worker = RankPidIn(std::string(kPrefix) + "1", 1);
+  ASSERT_GT(worker, 0) << "rank 1 not found in " << kPrefix << "1";
+  auto stub = v1::Moeserve::NewStub(job.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest req = IdsRequest({1, 2, 3, 4, 5}, 1000);
+  req.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  int messages = 0;
+  auto killed = std::chrono::steady_clock::now();
+  while (reader->Read(&r)) {
+    if (++messages == 3) {
+      kill(worker, SIGKILL);
+      killed = std::chrono::steady_clock::now();
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  ASSERT_GE(messages, 3);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message() << "\n" << job.log();
+  const int rc = job.WaitExit(30);
+  EXPECT_NE(rc, -2) << "the job still runs 30 s after its worker died\n" << job.log();
+  EXPECT_NE(rc, 0) << job.log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 40);
+}
+#endif
+
+}  // namespace
+}  // namespace moeserve::testing
