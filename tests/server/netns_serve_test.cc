@@ -71,7 +71,9 @@ class NetnsServeTest : public ::testing::Test {
   void TearDown() override {
     if (!up_) return;
     // Every process of the job is gone from both namespaces (bounded wait), then the set goes.
+    // A namespace whose link was cut is left to `down`: its rank cannot hear that the job ended.
     for (const std::string ns : {std::string(kPrefix) + "0", std::string(kPrefix) + "1"}) {
+      if (ns == cut_off_) continue;
       std::vector<pid_t> left;
       for (int i = 0; i < 100 && !(left = NamespacePids(ns)).empty(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -103,6 +105,7 @@ class NetnsServeTest : public ::testing::Test {
 
   bool up_ = false;
   std::string hostfile_;
+  std::string cut_off_;  // a namespace whose link a test took down
 };
 
 // Token ids and the top-2 log-probabilities of each, streamed.
@@ -204,6 +207,44 @@ TEST_F(NetnsServeTest, ARankKilledInTheOtherNamespaceGivesUnavailableNamingIt) {
   EXPECT_NE(rc, -2) << "the job still runs 30 s after its worker died\n" << job.log();
   EXPECT_NE(rc, 0) << job.log();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 40);
+}
+
+// The link to the other namespace goes down mid-stream: rank 0 finds rank 1 silent within the
+// heartbeat timeout and says so; the job ends (bounded: mpirun cannot reach that namespace's
+// daemon, so the test ends it if it has not). The cut-off rank cannot learn that its job ended
+// and keeps running until its namespace is removed (`netns-hosts.sh down` kills it), as a rank
+// on a host cut off from the network would; the teardown checks that nothing is left after.
+TEST_F(NetnsServeTest, ALinkTakenDownMidStreamGivesUnavailableNamingTheRank) {
+  ServerProcess job;
+  job.set_host(RankZeroHost());
+  ASSERT_TRUE(job.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2, 1, "3", "8")))
+      << job.log();
+  auto stub = v1::Moeserve::NewStub(job.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest req = IdsRequest({1, 2, 3, 4, 5}, 1000);
+  req.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  int messages = 0;
+  auto cut = std::chrono::steady_clock::now();
+  std::string out, err;
+  while (reader->Read(&r)) {
+    if (++messages == 3) {
+      EXPECT_EQ(RunProgram({"/usr/sbin/ip", "link", "set", std::string(kPrefix) + "v1", "down"}, &out, &err), 0) << err;
+      cut_off_ = std::string(kPrefix) + "1";
+      cut = std::chrono::steady_clock::now();
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  ASSERT_GE(messages, 3);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message() << "\n" << job.log();
+  EXPECT_LT(waited, 20) << "the loss took " << waited << " s to reach the client";
+  // Rank 0 has exited (the teardown finds its namespace empty); mpirun itself waits for the
+  // daemon it can no longer reach, until the link returns or it is killed.
+  if (job.WaitExit(10) == -2) job.Stop(SIGKILL);
 }
 #endif
 
