@@ -87,6 +87,8 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
       recorder_(config.step_history) {
   lookup_ = [this](uint64_t id) -> LiveRequest& { return *live_.at(id); };
   counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
+  // The hidden states this engine sends between ranks are fp32 on every backend: price those.
+  costs_.act_bytes = sizeof(float);
 }
 
 Engine::~Engine() { Stop("engine destroyed"); }

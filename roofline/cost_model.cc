@@ -110,17 +110,24 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
     c.comm_bytes += inside + outside;
     c.scale_out_bytes += outside;
     double seconds = inside / (hw.interconnect_bandwidth * ep);
+    double latency = hw.interconnect_latency;
     if (outside > 0) {
       const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
       seconds = std::max(seconds, outside / (out_bw * ep));
+      latency = std::max(latency, hw.scale_out_latency);
     }
-    c.comm_seconds += seconds;
+    // Two all-to-alls per MoE layer (tokens out to their experts, results back), each paying
+    // the slower link's per-call latency whatever its bytes: what dominates at decode sizes.
+    c.comm_latency_seconds += 2.0 * static_cast<double>(m.layers) * latency;
+    c.comm_seconds += seconds + 2.0 * static_cast<double>(m.layers) * latency;
   }
   // Pipeline parallelism: activations cross each stage boundary once.
   if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {
     const double pp_bytes = (static_cast<double>(layout.pp) - 1) * tokens * m.hidden * m.act_bytes;
     c.comm_bytes += pp_bytes;
-    c.comm_seconds += pp_bytes / hw.interconnect_bandwidth;
+    const double hand_offs = static_cast<double>(layout.pp) - 1;
+    c.comm_latency_seconds += hand_offs * hw.interconnect_latency;
+    c.comm_seconds += pp_bytes / hw.interconnect_bandwidth + hand_offs * hw.interconnect_latency;
   }
   c.transfer_bytes = shape.transfer_bytes;
   if (c.transfer_bytes > 0 && hw.host_link_bandwidth > 0) c.transfer_seconds = c.transfer_bytes / hw.host_link_bandwidth;

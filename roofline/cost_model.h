@@ -18,7 +18,7 @@ struct ModelCosts {
   int64_t layers = 0, hidden = 0, vocab = 0, experts = 0, top_k = 0, heads = 0, head_dim = 0;
   double weight_bytes_per_param = 2;  // 2 for bf16, 4 for f32
   double kv_bytes_per_token = 0;      // K and V, all layers
-  double act_bytes = 2;               // activations sent between devices (bf16)
+  double act_bytes = 2;               // activations sent between devices (bf16; the engine's own are fp32)
   double dense_params = 0;            // every weight but the routed experts and the embedding table
   double replicated_params = 0;       // every weight but the routed experts (held by each EP rank)
   double expert_params = 0;           // one routed expert (w1, w2, w3)
@@ -84,6 +84,7 @@ struct StepCost {
   double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;
   double attention_seconds = 0;  // the part of compute_seconds spent on attention FLOPs (at its own peak)
   double comm_seconds = 0, transfer_seconds = 0;
+  double comm_latency_seconds = 0;  // the part of comm_seconds that is per-call latency
   double bound_seconds = 0;  // max(compute, memory) + non-overlapped comm + transfers (at the peaks)
   double seconds = 0;        // the prediction with efficiencies and overhead applied
   bool compute_bound = false;

@@ -35,6 +35,8 @@ absl::Status HardwareProfile::Validate() const {
                       {"measurement_spread", measurement_spread},
                       {"interconnect_bandwidth", interconnect_bandwidth},
                       {"scale_out_bandwidth", scale_out_bandwidth},
+                      {"interconnect_latency_s", interconnect_latency},
+                      {"scale_out_latency_s", scale_out_latency},
                       {"host_link_bandwidth", host_link_bandwidth},
                       {"disk_read_bandwidth", disk_read_bandwidth},
                       {"disk_write_bandwidth", disk_write_bandwidth},
@@ -64,6 +66,8 @@ std::string HardwareProfile::ToJson() const {
                       {"measurement_spread", measurement_spread},
                       {"interconnect_bandwidth", interconnect_bandwidth},
                       {"scale_out_bandwidth", scale_out_bandwidth},
+                      {"interconnect_latency_s", interconnect_latency},
+                      {"scale_out_latency_s", scale_out_latency},
                       {"host_link_bandwidth", host_link_bandwidth},
                       {"disk_read_bandwidth", disk_read_bandwidth},
                       {"disk_write_bandwidth", disk_write_bandwidth},
@@ -98,6 +102,8 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
         {"measurement_spread", &p.measurement_spread, false},
         {"interconnect_bandwidth", &p.interconnect_bandwidth, false},
         {"scale_out_bandwidth", &p.scale_out_bandwidth, false},
+        {"interconnect_latency_s", &p.interconnect_latency, false},
+        {"scale_out_latency_s", &p.scale_out_latency, false},
         {"host_link_bandwidth", &p.host_link_bandwidth, false},
         {"disk_read_bandwidth", &p.disk_read_bandwidth, false},
         {"disk_write_bandwidth", &p.disk_write_bandwidth, false},
@@ -121,6 +127,11 @@ absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name) {
   HardwareProfile p;
   p.name = name;
   p.host_link_bandwidth = 64 * G;  // PCIe Gen5 x16, per direction
+  // Per collective call: small-message all-to-all latency of NCCL inside an NVLink domain and
+  // across an InfiniBand/RoCE fabric, as nccl-tests report them (tens of microseconds; not a
+  // datasheet figure; docs/roofline.md).
+  p.interconnect_latency = 10e-6;
+  p.scale_out_latency = 25e-6;
   p.disk_read_bandwidth = 7 * G;   // a PCIe Gen4 NVMe SSD
   p.disk_write_bandwidth = 5 * G;
   if (name == "h100-sxm") {

@@ -30,6 +30,10 @@ struct HardwareProfile {
   double interconnect_bandwidth = 0;  // scale-up link, bytes/s per direction per device (NVLink)
   double scale_out_bandwidth = 0;     // network between scale-up domains, bytes/s per direction per
                                       // device (InfiniBand / Ethernet NIC); 0: none modelled
+  // Latency of one collective call (an all-to-all, or a stage hand-off) on each link kind,
+  // seconds: what a decode-sized message costs whatever its bytes. 0: not modelled.
+  double interconnect_latency = 0;
+  double scale_out_latency = 0;
   double host_link_bandwidth = 0;     // device <-> host DDR, bytes/s per direction (PCIe)
   double disk_read_bandwidth = 0;     // flash, bytes/s
   double disk_write_bandwidth = 0;

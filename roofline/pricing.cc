@@ -31,7 +31,8 @@ UnitPrice OperatingDecode(const PriceInputs& in, const StepTimes& times, int64_t
   UnitPrice u;
   const int64_t fit = LargestFittingBatch(in, context);
   u.kv_fits = fit > 0;
-  const int64_t cap = fit > 0 ? fit : 1;
+  // Where nothing fits, the smallest candidate is priced (and marked as not fitting).
+  const int64_t cap = fit > 0 ? fit : in.grid.batches.front();
   bool any = false;
   for (int64_t b : in.grid.batches) {
     if (b > cap) break;
@@ -103,8 +104,9 @@ absl::Status PriceInputs::Validate() const {
   if (machine.devices < 1) return absl::InvalidArgumentError("devices must be >= 1");
   if (!(machine.usd_per_device_hour > 0)) return absl::InvalidArgumentError("the price per device-hour must be > 0");
   if (!(machine.device_memory_bytes > 0)) return absl::InvalidArgumentError("the device memory must be > 0 bytes");
-  if (machine.usd_per_gb_hour_ddr < 0 || machine.usd_per_gb_hour_flash < 0) {
-    return absl::InvalidArgumentError("a tier's $/GB-hour must be >= 0");
+  if (!(machine.usd_per_gb_hour_ddr > 0) || !(machine.usd_per_gb_hour_flash > 0) ||
+      machine.usd_per_gb_hour_device == 0) {
+    return absl::InvalidArgumentError("a tier's $/GB-hour must be > 0 (holding bytes is never free)");
   }
   if (!(machine.host_link_bytes_per_s > 0) || !(machine.flash_read_bytes_per_s > 0)) {
     return absl::InvalidArgumentError(
@@ -113,6 +115,12 @@ absl::Status PriceInputs::Validate() const {
   }
   if (!(model.kv_bytes_per_token > 0) || !(model.weight_bytes > 0)) {
     return absl::InvalidArgumentError("the model's weight and KV bytes must be > 0");
+  }
+  if (model.weight_bytes >= machine.device_memory_bytes * static_cast<double>(machine.devices)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the weights (%.3g GB) do not fit %d device(s) of %.3g GB: spread them over more (--ep) or price a "
+        "larger device (--hardware)",
+        model.weight_bytes / 1e9, machine.devices, machine.device_memory_bytes / 1e9));
   }
   if (mix.prompt_tokens < 1 || mix.output_tokens < 1) {
     return absl::InvalidArgumentError("prompt and output tokens must be >= 1");

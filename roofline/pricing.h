@@ -41,7 +41,7 @@ struct MachinePrices {
   int64_t devices = 1;
   double usd_per_device_hour = 0;
   double device_memory_bytes = 0;      // per device (HBM, or DRAM on a CPU)
-  double usd_per_gb_hour_device = -1;  // < 0: the device's price over its memory (memory is rented with it)
+  double usd_per_gb_hour_device = -1;  // < 0: the device's price over its memory (rented with it); else > 0
   double usd_per_gb_hour_ddr = 0;
   double usd_per_gb_hour_flash = 0;
   double host_link_bytes_per_s = 0;    // per device: KV back from host DDR
@@ -95,7 +95,9 @@ struct UnitPrice {
   int64_t prompts = 1;    // prefill: prompts computed together
   double seconds = 0;     // decode: the step; prefill: until those prompts' first tokens
   bool compute_bound = false;
-  bool target_met = true;  // false: no candidate met the TPOT/TTFT target, the fastest is priced
+  // false: no candidate met the TPOT/TTFT target; then the smallest batch (decode) or the
+  // cheapest step size (prefill) is priced.
+  bool target_met = true;
   bool kv_fits = true;     // false: not even batch 1 fits at the context
   // Decode: what stopped the batch growing: "tpot" (the next candidate misses the target),
   // "memory" (the next one's KV does not fit) or "grid" (no larger candidate was given).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several "hosts" on this machine: network namespaces joined by shaped links, for running a job's
-# ranks on different network stacks (docs/parallelism.md, "Several hosts on one machine").
+# ranks on different network stacks (docs/multi-host.md).
 #
 #   scripts/netns-hosts.sh up N [--rate R] [--delay D] [--prefix P] [--subnet 10.77.X]
 #       N namespaces P0..P(N-1), each with a loopback and an eth0 at 10.77.0.(10+i)/24 on a bridge
@@ -24,7 +24,13 @@ set -euo pipefail
 PREFIX=msh
 SUBNET=10.77.0
 
-die() { echo "netns-hosts: $*" >&2; exit 2; }
+IN_UP=""
+# Exits 2 with the message; a failed `up` removes what it had made first.
+die() {
+  echo "netns-hosts: $*" >&2
+  if [ -n "$IN_UP" ]; then down; fi
+  exit 2
+}
 
 parse_common() {
   RATE="" DELAY="" SLOTS=2
@@ -38,8 +44,10 @@ parse_common() {
       *) die "unknown argument '$1'" ;;
     esac
   done
-  [[ "$PREFIX" =~ ^[a-z][a-z0-9]{0,5}$ ]] || die "--prefix: 1-6 lowercase letters and digits, got '$PREFIX'"
-  [[ "$SUBNET" =~ ^10\.77\.[0-9]{1,3}$ ]] || die "--subnet: 10.77.X (this project's test network), got '$SUBNET'"
+  # Ends in a letter, so that one prefix's namespaces (P0, P1, ...) never match another's.
+  [[ "$PREFIX" =~ ^[a-z]([a-z0-9]{0,4}[a-z])?$ ]] || die "--prefix: 1-6 lowercase letters and digits ending in a letter, got '$PREFIX'"
+  [[ "$SUBNET" =~ ^10\.77\.([0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$ ]] ||
+    die "--subnet: 10.77.X with X 0-255 (this project's test network), got '$SUBNET'"
 }
 
 down() {
@@ -59,6 +67,7 @@ up() {
   local n="$1"
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 64 ] || die "up: N must be 1-64, got '$n'"
   down
+  IN_UP=1
   trap 'down' ERR
   ip link add "${PREFIX}br" type bridge
   ip addr add "${SUBNET}.1/24" dev "${PREFIX}br"
@@ -81,6 +90,7 @@ up() {
     fi
   done
   trap - ERR
+  IN_UP=""
   echo "netns-hosts: up $n: ${PREFIX}0..${PREFIX}$((n - 1)) at ${SUBNET}.10-$((9 + n)), bridge ${PREFIX}br ${SUBNET}.1${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}"
 }
 
@@ -111,13 +121,13 @@ case "$cmd" in
     done
     host="${1:?agent: no host}"
     shift
-    ip netns list | awk '{print $1}' | grep -qx "$host" || die "agent: no namespace '$host' (run: $0 up N)"
+    ip netns list | awk '{print $1}' | grep -qxF "$host" || die "agent: no namespace '$host' (run: $0 up N)"
     # As ssh does, the command words are joined and run by a shell, on a "host" named HOST.
     # (It may begin with variable assignments and ';', as Open MPI's daemon command does.)
     exec ip netns exec "$host" unshare --uts /bin/sh -c "hostname '$host' && { $*; }"
     ;;
   *)
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     [ -z "$cmd" ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2
     ;;
 esac

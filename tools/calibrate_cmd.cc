@@ -64,6 +64,8 @@ int RunCalibrate(const CalibrateOptions& o) {
     if (mpi.ok()) {
       result->json["interconnect_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["shared_memory"]);
       result->json["scale_out_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["tcp"]);
+      result->json["interconnect_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["shared_memory"]);
+      result->json["scale_out_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["tcp"]);
       result->json["mpi_alltoall"] = *mpi;
     } else {
       std::fprintf(stderr, "calibrate: no MPI transports measured: %s\n", std::string(mpi.status().message()).c_str());
@@ -100,7 +102,8 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-progress", o->no_progress, "Do not draw the progress line");
   cmd->add_flag("--no-mpi", o->no_mpi,
                 "Skip the all-to-all between processes over Open MPI's shared memory and TCP (which set "
-                "interconnect_bandwidth and scale_out_bandwidth). Under mpirun, calibrate measures only that "
+                "interconnect_bandwidth, scale_out_bandwidth and their per-call latencies). Under mpirun, calibrate "
+                "measures only that "
                 "all-to-all, over the transport mpirun chose, and rank 0 prints it as JSON");
   cmd->callback([o, exit_code] { *exit_code = RunCalibrate(*o); });
 }

@@ -100,14 +100,15 @@ absl::Status MeasurePrefill(const ModelWeights& weights, Backend* backend, const
 }
 
 struct LaneResult {
-  double tpot = 0;            // seconds per token while decoding
-  double decode_seconds = 0;  // receipts' decode device-seconds, summed
-  int64_t decoded = 0;        // tokens after each request's first
+  double tpot = 0;             // seconds per token while decoding
+  double usd_per_million = 0;  // decode price per token
 };
 
-// Runs `bulk` normal requests until every one has its first token (prefill done), then either
-// times their decode steps alone or adds one fast-lane request; runs everything to the end.
-// Results for the bulk and for the fast request.
+// `bulk` normal requests run until every one has its first token (the scheduler prefills them
+// a step budget at a time, so they are given enough tokens to all still be decoding then).
+// Alone: `steps` decode steps of all of them are timed and priced at the machine's rate. With a
+// fast-lane request: it arrives then, runs to its end (the batch capped while it runs), and its
+// receipt prices its decode. The bulk is cancelled afterwards. Returns {bulk, fast}.
 absl::StatusOr<std::pair<LaneResult, LaneResult>> RunLanes(const ModelWeights& weights, Backend* backend,
                                                            int64_t bulk, int64_t prompt, int64_t output,
                                                            double usd_per_hour, bool with_fast,
@@ -118,44 +119,60 @@ absl::StatusOr<std::pair<LaneResult, LaneResult>> RunLanes(const ModelWeights& w
   ec.kv_dtype = o.kv_dtype;
   ec.price_per_hour = usd_per_hour;
   ec.scheduler.max_num_seqs = bulk;
+  const int64_t prefill_steps = (bulk * prompt + ec.scheduler.max_tokens_per_step - 1) / ec.scheduler.max_tokens_per_step;
+  const int64_t bulk_tokens = std::min<int64_t>(prefill_steps + output + 2, c.max_position_embeddings - prompt - 1);
   const KvLayout one = KvLayoutFor(c, 1, o.block_size, o.kv_dtype);
-  const int64_t blocks = (bulk + 1) * ((prompt + output + o.block_size) / o.block_size + 1);
+  const int64_t blocks = (bulk + 1) * ((prompt + bulk_tokens + o.block_size) / o.block_size + 1);
   ec.kv_cache_bytes = std::max(ec.kv_cache_bytes, static_cast<size_t>(blocks) * one.BlockBytes());
+  // Declared before the engine: its destructor finishes what is left, calling back into these.
+  std::pair<LaneResult, LaneResult> out;
+  int64_t started = 0;          // bulk requests with their first token
+  bool fast_done = false;
+  std::vector<uint64_t> bulk_ids;
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(ec, &weights, backend));
   std::mt19937 gen(11);
-  std::pair<LaneResult, LaneResult> out;
-  int64_t started = 0;  // bulk requests with their first token
-  auto submit = [&](bool fast) {
+  auto submit = [&](bool fast) -> absl::StatusOr<uint64_t> {
     GenerateRequest g;
     for (int64_t t = 0; t < prompt; ++t) g.prompt.push_back(static_cast<int32_t>(gen() % c.vocab_size));
-    g.max_tokens = static_cast<int32_t>(output);
+    g.max_tokens = static_cast<int32_t>(fast ? output : bulk_tokens);
     if (fast) g.priority = Priority::kFast;
-    return engine
-        ->Submit(g,
-                 [&, fast, first = true](const RequestEvent& ev) mutable {
-                   if (!fast && first && !ev.tokens.empty()) ++started;
-                   first = false;
-                   if (!ev.finished) return;
-                   LaneResult& r = fast ? out.second : out.first;
-                   if (fast) r.tpot = ev.timing.tpot_seconds;
-                   r.decode_seconds += ev.receipt.decode_device_seconds;
-                   r.decoded += ev.usage.completion_tokens - 1;
-                 })
-        .status();
+    return engine->Submit(g, [&, fast, first = true](const RequestEvent& ev) mutable {
+      if (!fast && first && !ev.tokens.empty()) ++started;
+      first = first && ev.tokens.empty();
+      if (!fast || !ev.finished) return;
+      fast_done = true;
+      out.second.tpot = ev.timing.tpot_seconds;
+      const int64_t decoded = ev.usage.completion_tokens - 1;
+      out.second.usd_per_million =
+          decoded > 0 ? usd_per_hour / 3600.0 * ev.receipt.decode_device_seconds / static_cast<double>(decoded) * 1e6
+                      : 0.0;
+    });
   };
-  for (int64_t i = 0; i < bulk; ++i) RETURN_IF_ERROR(submit(false));
-  while (started < bulk) {
+  for (int64_t i = 0; i < bulk; ++i) {
+    ASSIGN_OR_RETURN(uint64_t id, submit(false));
+    bulk_ids.push_back(id);
+  }
+  auto step = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(bool ran, engine->Step());
-    if (!ran && engine->Idle()) return absl::InternalError("fast lane: a bulk request ended without a token");
+    if (!ran && engine->Idle()) return absl::InternalError("fast lane: the bulk requests ended early");
+    return absl::OkStatus();
+  };
+  while (started < bulk) RETURN_IF_ERROR(step());
+  if (engine->GetStats().running != bulk) {
+    return absl::InternalError(absl::StrCat("fast lane: ", engine->GetStats().running, " of ", bulk,
+                                            " bulk requests running when all had started"));
   }
   if (with_fast) {
-    RETURN_IF_ERROR(submit(true));
-  } else {  // every bulk request now decodes one token per step
-    const int64_t steps = std::max<int64_t>(1, std::min<int64_t>(output - 2, 16));
+    RETURN_IF_ERROR(submit(true).status());
+    while (!fast_done) RETURN_IF_ERROR(step());
+  } else {  // every bulk request decodes one token per step
+    const int64_t steps = std::max<int64_t>(1, std::min<int64_t>(output, 16));
     Stopwatch sw;
-    for (int64_t k = 0; k < steps; ++k) RETURN_IF_ERROR(engine->Step().status());
+    for (int64_t k = 0; k < steps; ++k) RETURN_IF_ERROR(step());
     out.first.tpot = sw.Seconds() / static_cast<double>(steps);
+    out.first.usd_per_million = usd_per_hour / 3600.0 * out.first.tpot / static_cast<double>(bulk) * 1e6;
   }
+  for (uint64_t id : bulk_ids) engine->Cancel(id);
   RETURN_IF_ERROR(engine->RunUntilIdle());
   return out;
 }
@@ -223,9 +240,6 @@ absl::StatusOr<nlohmann::json> MeasureFastLane(const ModelWeights& weights, Back
   ASSIGN_OR_RETURN(auto alone, RunLanes(weights, backend, bulk, prompt_tokens, output_tokens, usd_per_hour, false, o));
   if (o.progress) std::fprintf(stderr, "fast lane: ... and with one fast-lane request\n");
   ASSIGN_OR_RETURN(auto mixed, RunLanes(weights, backend, bulk, prompt_tokens, output_tokens, usd_per_hour, true, o));
-  auto per_million = [&](const LaneResult& r) {
-    return r.decoded > 0 ? usd_per_hour / 3600.0 * r.decode_seconds / static_cast<double>(r.decoded) * 1e6 : 0.0;
-  };
   const LaneResult& bulk_alone = alone.first;
   const LaneResult& fast = mixed.second;
   nlohmann::json j;
@@ -233,10 +247,10 @@ absl::StatusOr<nlohmann::json> MeasureFastLane(const ModelWeights& weights, Back
   j["fast_lane_max_batch"] = SchedulerConfig().fast_lane_max_batch;
   j["prompt_tokens"] = prompt_tokens;
   j["output_tokens"] = output_tokens;
-  j["bulk_alone"] = {{"tpot_s", bulk_alone.tpot}, {"decode_usd_per_million", per_million(bulk_alone)}};
-  j["fast"] = {{"tpot_s", fast.tpot}, {"decode_usd_per_million", per_million(fast)}};
+  j["bulk_alone"] = {{"tpot_s", bulk_alone.tpot}, {"decode_usd_per_million", bulk_alone.usd_per_million}};
+  j["fast"] = {{"tpot_s", fast.tpot}, {"decode_usd_per_million", fast.usd_per_million}};
   j["speed_multiple"] = fast.tpot > 0 ? bulk_alone.tpot / fast.tpot : 0.0;
-  j["price_multiple"] = per_million(bulk_alone) > 0 ? per_million(fast) / per_million(bulk_alone) : 0.0;
+  j["price_multiple"] = bulk_alone.usd_per_million > 0 ? fast.usd_per_million / bulk_alone.usd_per_million : 0.0;
   return j;
 }
 

@@ -56,10 +56,10 @@ absl::StatusOr<PriceMeasurement> MeasurePriceTimes(const ModelWeights& weights, 
                                                    const PriceMeasureOptions& options);
 
 // The fast lane under load: `bulk` requests decoding together (every prompt computed), first
-// alone (their decode steps timed) and then with one fast-lane request arriving among them
-// (which caps the batch at SchedulerConfig::fast_lane_max_batch while it runs; its TPOT from its
-// final event). Decode prices come from the requests' own receipts (decode device-seconds per
-// decoded token at `usd_per_hour`); the fast request's speed and price as multiples of the bulk's.
+// alone (their decode steps timed and priced at the machine's rate) and then with one fast-lane
+// request arriving among them (which caps the batch at SchedulerConfig::fast_lane_max_batch
+// while it runs; its TPOT from its final event, its decode price from its own receipt); the
+// fast request's speed and price as multiples of the bulk's.
 absl::StatusOr<nlohmann::json> MeasureFastLane(const ModelWeights& weights, Backend* backend, int64_t bulk,
                                                int64_t prompt_tokens, int64_t output_tokens, double usd_per_hour,
                                                const PriceMeasureOptions& options);

@@ -107,7 +107,7 @@ absl::StatusOr<ModelConfig> ResolveConfig(const PriceSheetOptions& o) {
     if (o.measure) return absl::InvalidArgumentError("--measure needs weights: --model or an engine --preset");
     return ModelConfig::FromFile(o.config);
   }
-  const std::string name = o.preset.empty() ? (o.measure ? "small" : "mixtral-8x7b") : o.preset;
+  const std::string name = o.preset.empty() ? (o.measure ? "small" : "deepseek-v3-like") : o.preset;
   if (o.measure) {
     const auto engine_presets = PresetNames();
     if (std::find(engine_presets.begin(), engine_presets.end(), name) == engine_presets.end()) {
@@ -119,13 +119,19 @@ absl::StatusOr<ModelConfig> ResolveConfig(const PriceSheetOptions& o) {
 }
 
 absl::StatusOr<roofline::HardwareProfile> ResolveHardware(const PriceSheetOptions& o, Backend* backend) {
-  if (!o.measure || !o.hardware.empty()) return roofline::LoadHardware(o.hardware.empty() ? "h100-sxm" : o.hardware);
+  if (!o.measure || !o.hardware.empty()) return roofline::LoadHardware(o.hardware.empty() ? "gb200-nvl72" : o.hardware);
   std::fprintf(stderr, "price-sheet: no --hardware given; calibrating this machine first (quick)\n");
   calibrate::CalibrateSettings cs;
   cs.threads = o.threads;
   cs.quick = true;
   ASSIGN_OR_RETURN(calibrate::Calibration c, calibrate::Calibrate(backend, cs));
   return c.profile;
+}
+
+absl::Status WriteOutputs(const PriceSheetOptions& o, const nlohmann::json& j, const std::string& csv) {
+  if (!o.json.empty()) RETURN_IF_ERROR(WriteFileAtomically(o.json, j.dump(2) + "\n"));
+  if (!o.csv.empty()) RETURN_IF_ERROR(WriteFileAtomically(o.csv, csv));
+  return absl::OkStatus();
 }
 
 int RunPriceSheet(PriceSheetOptions o) {
@@ -204,7 +210,7 @@ int RunPriceSheet(PriceSheetOptions o) {
     ModelSpec spec;
     spec.model_dir = o.model_dir;
     if (!o.preset.empty()) spec.preset = o.preset;
-    if (!o.dtype.empty()) spec.dtype = dtype == "f32" ? DType::kF32 : DType::kBF16;
+    spec.dtype = dtype == "f32" ? DType::kF32 : DType::kBF16;  // what the prediction priced
     std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(spec).c_str(), backend->Name().c_str());
     auto weights = LoadModel(spec, backend.get());
     if (!weights.ok()) return Fail(weights.status());
@@ -224,22 +230,19 @@ int RunPriceSheet(PriceSheetOptions o) {
     j["measured"]["tier_scenario"] = m->tier_scenario;
     j["comparison"] = ComparePriceSheets(predicted, measured);
     PrintComparison(j["comparison"]);
+    csv += PriceCurvesCsv(measured, "measured");
+    // Written now, and again with the fast lane: a failure there keeps what was measured.
+    if (absl::Status s = WriteOutputs(o, j, csv); !s.ok()) return Fail(s);
     const int64_t lane_output = o.fast_lane_output >= 0 ? o.fast_lane_output : std::min<int64_t>(in.mix.output_tokens, 64);
-    if (lane_output > 0) {
+    if (lane_output >= 2) {
       auto lane = MeasureFastLane(**weights, backend.get(), measured.output.batch, in.mix.prompt_tokens, lane_output,
                                   in.machine.usd_per_device_hour, mo);
       if (!lane.ok()) return Fail(lane.status());
       PrintFastLane(*lane, measured);
       j["measured"]["fast_lane"] = *lane;
     }
-    csv += PriceCurvesCsv(measured, "measured");
   }
-  if (!o.json.empty()) {
-    if (absl::Status s = WriteFileAtomically(o.json, j.dump(2) + "\n"); !s.ok()) return Fail(s);
-  }
-  if (!o.csv.empty()) {
-    if (absl::Status s = WriteFileAtomically(o.csv, csv); !s.ok()) return Fail(s);
-  }
+  if (absl::Status s = WriteOutputs(o, j, csv); !s.ok()) return Fail(s);
   return 0;
 }
 
@@ -254,11 +257,11 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--model", o->model_dir, "Checkpoint directory whose config.json to price (and run, with --measure)");
   cmd->add_option("--preset", o->preset,
                   "Model preset: " + absl::StrJoin(roofline::AnalysisPresetNames(), ", ") +
-                      " (default: mixtral-8x7b; with --measure an engine preset, default small)");
+                      " (default: deepseek-v3-like; with --measure an engine preset, default small)");
   cmd->add_option("--config", o->config, "A Hugging Face style config.json to price (not with --measure)");
   cmd->add_option("--hardware", o->hardware,
                   "Hardware preset (" + absl::StrJoin(roofline::HardwarePresetNames(), ", ") +
-                      ") or a `moeserve calibrate` profile (default: h100-sxm; with --measure a quick calibration "
+                      ") or a `moeserve calibrate` profile (default: gb200-nvl72; with --measure a quick calibration "
                       "of this machine)");
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16 or f32 (default: the config's torch_dtype)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
@@ -299,8 +302,7 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
                   "Prompt tokens of the KV tier scenario with --measure (default: --prompt-tokens; 0: skip it)");
   cmd->add_option("--fast-lane-output", o->fast_lane_output,
                   "Output tokens of the fast-lane run with --measure: the operating batch of bulk requests, alone "
-                  "and beside one fast-lane request, priced by their receipts (default: --output-tokens up to 64; "
-                  "0: skip it)");
+                  "and beside one fast-lane request (default: --output-tokens up to 64; below 2: skip it)");
   cmd->add_option("--threads", o->threads, "CPU threads with --measure (0: one per core)")->capture_default_str();
   AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--json", o->json, "Write both sheets, the comparison and the reading as JSON");

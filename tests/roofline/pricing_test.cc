@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "roofline/analysis.h"
 #include "roofline/model_presets.h"
@@ -167,6 +168,19 @@ TEST(PriceSheetTest, UnmetTargetsPriceTheFastestAndSaySo) {
   EXPECT_EQ(s.input.batch, 1000);
 }
 
+TEST(PriceSheetTest, ABatchThatDoesNotFitIsMarkedNotNaN) {
+  PriceInputs in = Toy();
+  in.grid.batches = {8, 16};
+  in.grid.contexts = {1100, 200000};
+  in.model.max_context = 0;
+  // At 200000 tokens 8 sequences need 160 GB of KV where 80 GB are free: the smallest is priced.
+  const PriceSheet s = ComputePriceSheet(in, ToyTimes());
+  ASSERT_EQ(s.context_curve.size(), 2u);
+  EXPECT_FALSE(s.context_curve[1].fits);
+  EXPECT_EQ(s.context_curve[1].batch, 8);
+  EXPECT_TRUE(std::isfinite(s.context_curve[1].usd_per_million_output));
+}
+
 TEST(PriceSheetTest, BadInputsAreRefusedByName) {
   PriceInputs in = Toy();
   in.grid.contexts = {100, 10000};
@@ -180,22 +194,30 @@ TEST(PriceSheetTest, BadInputsAreRefusedByName) {
   in = Toy();
   in.mix.prompt_tokens = 100000;
   EXPECT_NE(std::string(in.Validate().message()).find("context"), std::string::npos);
+  in = Toy();
+  in.model.weight_bytes = 120e9;  // over the 100 GB of memory
+  EXPECT_NE(std::string(in.Validate().message()).find("--ep"), std::string::npos) << in.Validate();
+  in = Toy();
+  in.machine.usd_per_gb_hour_flash = 0;
+  EXPECT_NE(std::string(in.Validate().message()).find("$/GB-hour"), std::string::npos) << in.Validate();
 }
 
 // On real presets: at a fixed batch the price never falls as the context grows, the context
 // curve never falls either, and no batch's step is faster than reading the weights a batch-1
 // step must read.
 TEST(PriceSheetTest, PredictedPricesAreMonotoneAndRespectTheFloor) {
-  for (const auto& [model_name, hw_name] : {std::pair{"mixtral-8x7b", "h100-sxm"}, {"deepseek-v3-like", "gb200-nvl72"}}) {
+  // Mixtral's 94 GB of bf16 weights need two H100s.
+  for (const auto& [model_name, hw_name, devices] :
+       {std::tuple{"mixtral-8x7b", "h100-sxm", 2}, {"deepseek-v3-like", "gb200-nvl72", 72}}) {
     auto config = AnalysisPreset(model_name);
     auto hw = HardwarePreset(hw_name);
     ASSERT_TRUE(config.ok() && hw.ok());
     const ModelCosts m = ModelCosts::From(*config, "bf16", "bf16");
     ParallelLayout layout;
-    layout.ep = hw->devices;
+    layout.ep = devices;
     const PredictedStepTimes times(m, *hw, layout);
     PriceInputs in;
-    in.machine.devices = hw->devices;
+    in.machine.devices = devices;
     in.machine.usd_per_device_hour = hw->price_per_hour;
     in.machine.device_memory_bytes = hw->mem_capacity;
     in.machine.usd_per_gb_hour_ddr = 0.005;
@@ -226,11 +248,14 @@ TEST(PriceSheetTest, PredictedPricesAreMonotoneAndRespectTheFloor) {
       EXPECT_GE(s.context_curve[i].usd_per_million_output, s.context_curve[i - 1].usd_per_million_output)
           << model_name << " context " << s.context_curve[i].context;
     }
-    for (const FastPoint& f : s.fast_curve) {
+    double speed = 0;
+    for (const FastPoint& f : s.fast_curve) {  // the operating batch down to 1
       EXPECT_GE(f.step_seconds, in.latency_floor_seconds * (1 - 1e-9)) << model_name << " batch " << f.batch;
-      EXPECT_LE(f.speed_multiple, s.max_speed_multiple) << model_name;
+      EXPECT_GT(f.speed_multiple, speed) << model_name << " batch " << f.batch << ": a smaller batch is faster";
       EXPECT_GE(f.price_multiple, 1.0 - 1e-9) << model_name;
+      speed = f.speed_multiple;
     }
+    EXPECT_EQ(s.max_speed_multiple, s.fast_curve.back().speed_multiple) << model_name << ": batch 1 is the fastest";
     // Prefill with enough tokens per step is compute-bound and decode at the operating batch
     // memory-bound on these GPUs, so output costs more than input (the lecture's ~5x, within a
     // factor of a few).

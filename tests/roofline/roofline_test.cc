@@ -133,14 +133,27 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   two.ep_domain_size = 8;
   const StepCost a = PredictStep(m, StepShape::Decode(64, 1000), *hw, one);
   const StepCost b = PredictStep(m, StepShape::Decode(64, 1000), *hw, two);
+  // Two all-to-alls per layer, each paying the link's per-call latency (10 us NVLink, 25 us
+  // across the fabric, the preset's figures) on top of its bytes.
+  EXPECT_EQ(hw->interconnect_latency, 10e-6);
+  EXPECT_EQ(hw->scale_out_latency, 25e-6);
+  const double calls = 2 * layers;
   EXPECT_NEAR(a.comm_bytes, routed * 15 / ep, 1);
-  EXPECT_NEAR(a.comm_seconds, routed * 15 / ep / (450e9 * ep), 1e-15);
+  EXPECT_NEAR(a.comm_seconds, routed * 15 / ep / (450e9 * ep) + calls * 10e-6, 1e-15);
+  EXPECT_NEAR(a.comm_latency_seconds, calls * 10e-6, 1e-15);
   EXPECT_NEAR(b.comm_bytes, routed * 15 / ep, 1) << "the same bytes leave each device";
   EXPECT_NEAR(b.scale_out_bytes, routed * 8 / ep, 1);
   const double inside = routed * 7 / ep / (450e9 * ep), outside = routed * 8 / ep / (50e9 * ep);
-  EXPECT_NEAR(b.comm_seconds, std::max(inside, outside), 1e-15);
-  // 8 of the 15 peers are behind the 9x slower link: 9 x 8/15 = 4.8x the one-domain time.
-  EXPECT_NEAR(b.comm_seconds / a.comm_seconds, 9.0 * 8 / 15, 1e-9);
+  EXPECT_NEAR(b.comm_seconds, std::max(inside, outside) + calls * 25e-6, 1e-15);
+  // Bytes alone: 8 of the 15 peers are behind the 9x slower link, 9 x 8/15 = 4.8x the
+  // one-domain time.
+  EXPECT_NEAR((b.comm_seconds - b.comm_latency_seconds) / (a.comm_seconds - a.comm_latency_seconds), 9.0 * 8 / 15,
+              1e-9);
+  // Without a latency (a profile that gives none) only the bytes are priced.
+  HardwareProfile no_latency = *hw;
+  no_latency.interconnect_latency = no_latency.scale_out_latency = 0;
+  EXPECT_NEAR(PredictStep(m, StepShape::Decode(64, 1000), no_latency, one).comm_seconds,
+              routed * 15 / ep / (450e9 * ep), 1e-15);
 }
 
 TEST(RooflineTest, DeepSeekV3LikeOnNvl72MatchesHandComputedNumbers) {

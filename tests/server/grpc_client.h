@@ -61,8 +61,6 @@ inline v1::Stats GetStats(v1::Moeserve::Stub* stub) {
   return s;
 }
 
-// Polls GetStats until no request runs or waits and no KV block is in use (normally within
-// milliseconds; the bound is generous for a loaded CI machine, since it returns early).
 // Requests the engine has ended, whatever the outcome (refusals never reached it).
 inline int64_t EndedRequests(const v1::Stats& s) {
   int64_t n = 0;
@@ -70,7 +68,9 @@ inline int64_t EndedRequests(const v1::Stats& s) {
   return n;
 }
 
-// Idle, every KV block back, and at least `ended` requests ended: a call its client gave up
+// Polls GetStats until no request runs or waits and no KV block is in use (normally within
+// milliseconds; the bound is generous for a loaded CI machine, since it returns early), and at
+// least `ended` requests ended: a call its client gave up
 // on may still be on its way into the server after every client thread has returned, so an
 // idle engine alone does not mean every request that reached the server has ended.
 inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64_t ended = 0) {

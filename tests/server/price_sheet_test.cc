@@ -50,6 +50,7 @@ TEST(E2ePriceSheetTest, PredictedPricesFollowFromTheRooflinesStepTimes) {
   EXPECT_EQ(devices, 72);
   // Output: the operating batch's step over its tokens; the step is what `roofline` predicts for
   // that batch at the mix's decode context (2048 + 256 / 2).
+  EXPECT_EQ(p["output"]["limited_by"], "tpot");
   const int64_t batch = p["output"]["batch"].get<int64_t>();
   const double step = p["output"]["seconds"].get<double>();
   EXPECT_LE(step, 0.020) << "the operating batch meets the 20 ms TPOT";
@@ -75,10 +76,17 @@ TEST(E2ePriceSheetTest, PredictedPricesFollowFromTheRooflinesStepTimes) {
     EXPECT_GE(pt["usd_per_million_output"].get<double>(), last) << pt;
     last = pt["usd_per_million_output"].get<double>();
   }
+  // Fast mode, from the operating batch down to 1: every smaller batch is faster per sequence
+  // and dearer per token, and none beats the floor.
+  double speed = 0, price = 0;
   for (const auto& f : p["fast_mode"]["curve"]) {
-    EXPECT_LE(f["speed_multiple"].get<double>(), p["fast_mode"]["max_speed_multiple"].get<double>() + 1e-12);
+    EXPECT_GT(f["speed_multiple"].get<double>(), speed) << f;
+    EXPECT_GT(f["price_multiple"].get<double>(), price) << f;
+    speed = f["speed_multiple"].get<double>();
+    price = f["price_multiple"].get<double>();
     EXPECT_GE(f["step_s"].get<double>(), p["fast_mode"]["latency_floor_s"].get<double>());
   }
+  EXPECT_EQ(p["fast_mode"]["curve"].back()["batch"], 1);
   const std::string csv = ReadAll(dir + "/ds.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'),
             1 + static_cast<long>(p["context"]["curve"].size() + p["fast_mode"]["curve"].size()));
@@ -98,6 +106,7 @@ TEST(E2ePriceSheetTest, AMeasuredRunOnTheTinyPresetGivesBothSheetsAndTheirErrors
   ASSERT_EQ(RunCommand({"price-sheet", "--measure", "--preset", "tiny", "--hardware", dir + "/hw.json",
                         "--prompt-tokens", "64", "--output-tokens", "32", "--batches", "1,4,16", "--contexts", "128",
                         "--prefill-tokens", "16,64,256", "--measure-repeats", "1", "--threads", "1",
+                        "--tpot-ms", "2000",  // every batch meets it, however loaded the machine
                         "--fast-lane-output", "8", "--json", dir + "/tiny.json"},
                        &out, &err),
             0)
@@ -131,6 +140,7 @@ TEST(E2ePriceSheetTest, AMeasuredRunOnTheTinyPresetGivesBothSheetsAndTheirErrors
   // Every headline figure is compared, with a finite error where the prediction is not zero.
   ASSERT_GE(j["comparison"].size(), 15u);
   for (const auto& row : j["comparison"]) {
+    ASSERT_TRUE(row["measured"].is_number()) << row;  // NaN would be null
     EXPECT_TRUE(std::isfinite(row["measured"].get<double>())) << row;
     if (row["predicted"].get<double>() != 0) {
       EXPECT_TRUE(row["error"].is_number()) << row;

@@ -22,6 +22,16 @@ double BestBandwidth(const nlohmann::json& probe) {
   return bw;
 }
 
+double CallLatency(const nlohmann::json& probe) {
+  const double bw = BestBandwidth(probe);
+  if (bw <= 0 || !probe.contains("ranks")) return 0;
+  const auto& smallest = *std::min_element(probe["sizes"].begin(), probe["sizes"].end(), [](const auto& a, const auto& b) {
+    return a["bytes_per_peer"].template get<double>() < b["bytes_per_peer"].template get<double>();
+  });
+  const double bytes = smallest["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
+  return std::max(0.0, smallest["median_us"].get<double>() * 1e-6 - bytes / bw);
+}
+
 #if MOESERVE_HAVE_MPI
 
 absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {

@@ -3,7 +3,8 @@
 // stand-in for the scale-out network). Plain `calibrate` runs itself under mpirun once per
 // transport; under mpirun, `calibrate` only times the job's all-to-all (parallel/alltoall_probe.h)
 // and rank 0 prints it as JSON. The best bandwidth over the message sizes becomes the profile's
-// interconnect_bandwidth (shared memory) and scale_out_bandwidth (TCP).
+// interconnect_bandwidth (shared memory) and scale_out_bandwidth (TCP); the smallest message's
+// time beyond its bytes, the per-call latency (interconnect_latency_s, scale_out_latency_s).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -24,5 +25,9 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick);
 // The best bus bandwidth any message size reached in a probe's JSON (bytes/s), as a link's
 // datasheet figure is: small messages are bound by latency, very large ones fall out of cache.
 double BestBandwidth(const nlohmann::json& probe);
+
+// The per-call latency of a probe's all-to-all (seconds): the smallest message's median time
+// less what its bytes take at the best bandwidth (never below 0; 0 without sizes).
+double CallLatency(const nlohmann::json& probe);
 
 }  // namespace moeserve::calibrate
