@@ -52,13 +52,18 @@ UnitPrice OperatingDecode(const PriceInputs& in, const StepTimes& times, int64_t
 }
 
 // The prefill step size with the cheapest tokens among those meeting the TTFT target (the
-// cheapest of all when none does).
+// cheapest of all when none does), among those whose prompts' KV fits.
 UnitPrice InputPrice(const PriceInputs& in, const StepTimes& times) {
   UnitPrice u;
   double best = 0;  // seconds per token of the chosen size
   bool met_any = false;
+  const double free_bytes =
+      in.machine.device_memory_bytes * static_cast<double>(in.machine.devices) - in.model.weight_bytes;
   for (int64_t c : in.grid.chunks) {
     const int64_t prompts = PromptsPerStep(in.mix.prompt_tokens, c);
+    // The prompts of one step hold their KV together (beyond one prompt, which must fit anyway).
+    const double kv = static_cast<double>(prompts * in.mix.prompt_tokens) * in.model.kv_bytes_per_token;
+    if (prompts > 1 && kv > free_bytes) continue;
     const StepTime t = times.Prefill(in.mix.prompt_tokens, c);
     const double per_token = t.seconds / static_cast<double>(prompts * in.mix.prompt_tokens);
     const bool met = t.seconds <= in.mix.ttft_seconds;

@@ -86,6 +86,11 @@ TEST(PriceSheetTest, PrefillStepsLargerThanAPromptCarrySeveralPrompts) {
   EXPECT_EQ(t.input.prompts, 2);
   EXPECT_NEAR(t.input.usd_per_million, 0.105, 1e-9);
   EXPECT_TRUE(t.input.target_met);
+  // With room for the KV of only 3 prompts (3e8 bytes over the weights), 4 per step is out.
+  in = Toy();
+  in.grid.chunks = {1000, 2500, 4000};
+  in.machine.device_memory_bytes = 20e9 + 3.5e8;
+  EXPECT_EQ(ComputePriceSheet(in, ToyTimes()).input.prompts, 2);
 }
 
 TEST(PriceSheetTest, TierPricesAndBreakEvenByHand) {
