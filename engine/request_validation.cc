@@ -1,6 +1,7 @@
 // Request validation.
 #include "engine/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -26,13 +27,18 @@ absl::Status RequestLimits::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-retain-seconds must be >= 0, got ", max_retain_seconds));
   }
+  if (max_model_len < 0 || max_model_len == 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-model-len must be >= 2 (or 0: the model's), got ", max_model_len));
+  }
   return absl::OkStatus();
 }
 
 absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
                              const RequestLimits& limits, absl::string_view prompt_field) {
   if (r.prompt.empty()) return Invalid(prompt_field, "the prompt is empty");
-  const int64_t max_prompt = c.max_position_embeddings - 1;
+  const int64_t context = limits.max_model_len > 0 ? std::min<int64_t>(limits.max_model_len, c.max_position_embeddings)
+                                                   : c.max_position_embeddings;
+  const int64_t max_prompt = context - 1;
   if (static_cast<int64_t>(r.prompt.size()) > max_prompt) {
     return Invalid(prompt_field, absl::StrCat("the prompt has ", r.prompt.size(),
                                               " tokens; at most ", max_prompt, " fit the context"));
@@ -47,6 +53,10 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
   if (r.max_tokens < 1 || r.max_tokens > limits.max_tokens) {
     return Invalid("max_tokens",
                    absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));
+  }
+  if (limits.max_model_len > 0 && static_cast<int64_t>(r.prompt.size()) + r.max_tokens > context) {
+    return Invalid("max_tokens", absl::StrCat("the prompt's ", r.prompt.size(), " tokens + max_tokens ", r.max_tokens,
+                                              " exceed the model length of ", context, " (--max-model-len)"));
   }
   const SamplingParams& s = r.sampling;
   if (!std::isfinite(s.temperature) || s.temperature < 0.0f || s.temperature > 100.0f) {

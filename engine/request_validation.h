@@ -17,6 +17,9 @@ namespace moeserve {
 
 struct RequestLimits {
   int64_t max_tokens = 4096;          // largest max_tokens a request may ask (--max-tokens-limit)
+  // Tokens a sequence may reach, prompt and output (--max-model-len, as vLLM's); 0: the model's
+  // context. A request asking past it is refused.
+  int64_t max_model_len = 0;
   int64_t default_max_tokens = 16;    // what an API that leaves max_tokens unset asks for
   double max_retain_seconds = 86400;  // largest retain_seconds (--max-retain-seconds)
   int32_t max_top_logprobs = 20;

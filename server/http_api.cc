@@ -1,6 +1,8 @@
 // The OpenAI-compatible HTTP API's routes and lifecycle.
 #include "server/http_api.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -94,16 +96,20 @@ std::vector<HttpRoute> HttpApi::Routes() {
       RunCompletion(engine_, encoder_.get(), streams_.get(), *std::move(parsed), std::move(reply), leave);
     };
   };
+  // The length a sequence may reach: --max-model-len where set, else the model's context.
+  const int64_t max_model_len = service_.limits.max_model_len > 0
+                                    ? std::min<int64_t>(service_.limits.max_model_len, config.max_position_embeddings)
+                                    : config.max_position_embeddings;
   std::vector<HttpRoute> routes;
   routes.push_back({"POST", "/v1/completions", authorized, completion(false)});
   routes.push_back({"POST", "/v1/chat/completions", authorized, completion(true)});
   routes.push_back({"GET", "/v1/models", authorized,
-                    [model_name, &config](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
+                    [model_name, max_model_len](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
                       const Json model = {{"id", model_name},
                                           {"object", "model"},
                                           {"created", 0},
                                           {"owned_by", "moeserve"},
-                                          {"max_model_len", config.max_position_embeddings}};
+                                          {"max_model_len", max_model_len}};
                       ReplyJson(*reply, {{"object", "list"}, {"data", Json::array({model})}});
                     }});
   routes.push_back({"GET", "/health", nullptr, [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
@@ -114,7 +120,7 @@ std::vector<HttpRoute> HttpApi::Routes() {
                       reply->Send(200, "text/plain; version=0.0.4", EngineMetricsText(engine_->GetStats()));
                     }});
   routes.push_back({"POST", "/tokenize", authorized,
-                    [&config, tok = service_.tokenizer](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
+                    [max_model_len, tok = service_.tokenizer](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
                       auto j = ParseJsonBody(req.body);
                       if (!j.ok()) return Reply(*reply, j.status());
                       absl::StatusOr<std::vector<int32_t>> ids;
@@ -130,7 +136,7 @@ std::vector<HttpRoute> HttpApi::Routes() {
                       if (!ids.ok()) return Reply(*reply, ids.status());
                       ReplyJson(*reply, {{"tokens", *ids},
                                          {"count", ids->size()},
-                                         {"max_model_len", config.max_position_embeddings}});
+                                         {"max_model_len", max_model_len}});
                     }});
   routes.push_back({"POST", "/detokenize", authorized,
                     [tok = service_.tokenizer](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {

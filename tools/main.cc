@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "tools/commands.h"
+#include "tools/vllm_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -17,6 +18,10 @@ int main(int argc, char** argv) {
   moeserve::tools::AddRooflineCommand(app, &exit_code);
   moeserve::tools::AddPriceSheetCommand(app, &exit_code);
   moeserve::tools::AddCalibrateCommand(app, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  // vLLM's -tp and -pp, spelled long (tools/vllm_flags.h).
+  std::vector<std::string> args = moeserve::tools::ExpandVllmShortFlags(argc, argv);
+  std::vector<char*> ptrs;
+  for (std::string& a : args) ptrs.push_back(a.data());
+  CLI11_PARSE(app, static_cast<int>(ptrs.size()), ptrs.data());
   return exit_code;
 }

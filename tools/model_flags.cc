@@ -21,7 +21,8 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std:
                   "without its checkpoint")
       ->capture_default_str();
   cmd->add_option("--dtype", *dtype_flag,
-                  "Weight storage dtype: f32 or bf16 (default: the checkpoint's torch_dtype)");
+                  "Weight storage dtype: f32 or bf16 (default: the checkpoint's torch_dtype); serve also takes "
+                  "vLLM's spellings (auto, bfloat16, float16, half, float32, float)");
 }
 
 absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec) {

@@ -8,6 +8,7 @@
 #include "server/server_main.h"
 #include "tools/commands.h"
 #include "tools/mpi_job.h"
+#include "tools/vllm_flags.h"
 
 namespace moeserve::tools {
 namespace {
@@ -26,12 +27,20 @@ struct ServeOptions {
   std::string metrics_port_file;
   std::string served_model_name;
   std::string chat_template;
+  VllmFlags vllm;
+  bool http_listen_given = false;
 };
 
 int RunServeRank0(ServeOptions o, MpiJob* job);
 
 int RunServe(ServeOptions o) {
-  if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = ApplyVllmFlags(o.vllm, o.http_listen_given, &o.model, &o.server.http.listen, &o.engine);
+      !s.ok()) {
+    return Fail(s);
+  }
+  auto dtype = DTypeFlag(o.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  if (absl::Status s = FinishModelSpec(*dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
   // Under mpirun: rank 0 serves, the other ranks run their shards (tools/mpi_job.h).
   auto job = MpiJob::Join(o.engine, o.model);
   if (!job.ok()) return Fail(job.status());
@@ -71,6 +80,10 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   if (!weights.ok()) return Fail(weights.status());
   if (job != nullptr) {
     if (absl::Status s = job->ShareDigests(weights->get()); !s.ok()) return Fail(s);
+  }
+  if (const int64_t context = (*weights)->config().max_position_embeddings; ecfg->limits.max_model_len > context) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--max-model-len ", ecfg->limits.max_model_len,
+                                                        " exceeds the model's context of ", context)));
   }
   auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
   if (!text.ok()) return Fail(text.status());
@@ -196,7 +209,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")
       ->capture_default_str();
   cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
-  cmd->add_option("--http-listen", o->server.http.listen,
+  CLI::Option* http_listen = cmd->add_option("--http-listen", o->server.http.listen,
                   "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
                   "/health, /metrics, /tokenize, /detokenize) on HOST:PORT; port 0 picks a free one; empty: off")
       ->capture_default_str();
@@ -239,7 +252,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Write the metrics port to this file once serving (with --port-file's, after the signal handlers)");
   cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
       ->capture_default_str();
-  cmd->callback([o, exit_code] { *exit_code = RunServe(*o); });
+  AddVllmFlags(cmd, &o->vllm);
+  cmd->callback([o, exit_code, http_listen] {
+    o->http_listen_given = http_listen->count() > 0;
+    *exit_code = RunServe(*o);
+  });
 }
 
 }  // namespace moeserve::tools

@@ -95,13 +95,21 @@ class ServerProcess {
   // The address the server listens on (before Start; default loopback): another network
   // namespace's, for a server whose rank 0 runs there.
   void set_host(const std::string& host) { host_ = host; }
+  // Whether Start adds --http-listen (default yes): off for a test that passes vLLM's
+  // --host/--port itself.
+  void set_http_listen(bool on) { http_listen_ = on; }
 
   // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
   // With a `launcher` (e.g. mpirun and its flags) the server runs under it.
   bool Start(std::vector<std::string> extra_args, std::vector<std::string> launcher = {}) {
     dir_ = MakeTempDir("server");
-    std::vector<std::string> args = {"serve",         "--listen",     host_ + ":0", "--port-file", dir_ + "/port",
-                                     "--http-listen", host_ + ":0", "--http-port-file", dir_ + "/http_port"};
+    std::vector<std::string> args = {"serve", "--listen", host_ + ":0", "--port-file", dir_ + "/port"};
+    if (http_listen_) {
+      for (std::string a : {std::string("--http-listen"), host_ + ":0", std::string("--http-port-file"),
+                            dir_ + "/http_port"}) {
+        args.push_back(a);
+      }
+    }
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     if (launcher.empty()) {
       pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
@@ -165,6 +173,7 @@ class ServerProcess {
  private:
   pid_t pid_ = -1;
   std::string host_ = "127.0.0.1";
+  bool http_listen_ = true;
   int port_ = 0;
   int http_port_ = 0;
   std::string dir_;

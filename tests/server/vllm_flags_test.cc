@@ -1,0 +1,90 @@
+// `moeserve serve` started with vLLM's launch line: the positional model, --host/--port for the
+// HTTP API, --max-model-len enforced on requests and reported by /v1/models, vLLM's --dtype
+// spellings, -tp N --enable-expert-parallel as N expert-parallel ranks (the same tokens as one
+// process); flags that mean something else here refused by name.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_join.h"
+#include "tests/server/grpc_client.h"
+
+namespace moeserve::testing {
+namespace {
+
+// A loopback port free at the time of asking.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(E2eVllmFlagsTest, TheVllmLaunchLineServes) {
+  const std::string dir = MakeTempDir("vllm_flags");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--seed", "3", "--out", dir + "/ck"}, &out, &err), 0) << err;
+  const int port = FreePort();
+  ServerProcess server;
+  server.set_http_listen(false);
+  ASSERT_TRUE(server.Start({dir + "/ck", "--host", "127.0.0.1", "--port", std::to_string(port), "--max-model-len",
+                            "64", "--dtype", "bfloat16", "-tp", "2", "--enable-expert-parallel"}))
+      << server.log();
+  EXPECT_NE(server.log().find("each rank holds its shard"), std::string::npos) << "not expert-parallel\n" << server.log();
+  // Two expert-parallel ranks stream what one process generates from the same checkpoint.
+  const std::vector<int32_t> prompt = {256, 7, 99, 13, 42};
+  const GeneratedIds want = GenerateIds(
+      {"--model", dir + "/ck", "--dtype", "bf16", "--prompt-ids", absl::StrJoin(prompt, ","), "--max-tokens", "10"});
+  ASSERT_EQ(want.rc, 0) << want.err;
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  const Streamed got = Stream(stub.get(), IdsRequest(prompt, 10));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, want.ids);
+  // The HTTP API listens on --host/--port and reports --max-model-len.
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(30, 0);
+  auto models = http.Get("/v1/models");
+  ASSERT_TRUE(models) << "no HTTP API on port " << port;
+  EXPECT_EQ(nlohmann::json::parse(models->body)["data"][0]["max_model_len"], 64) << models->body;
+  // A request past it is refused naming max_tokens and the flag; one within it is served.
+  auto past = http.Post("/v1/completions", R"({"prompt": "hello", "max_tokens": 60})", "application/json");
+  ASSERT_TRUE(past);
+  EXPECT_EQ(past->status, 400) << past->body;
+  EXPECT_NE(past->body.find("--max-model-len"), std::string::npos) << past->body;
+  EXPECT_NE(past->body.find("\"param\":\"max_tokens\""), std::string::npos) << past->body;
+  auto within = http.Post("/v1/completions", R"({"prompt": "hello", "max_tokens": 8})", "application/json");
+  ASSERT_TRUE(within);
+  EXPECT_EQ(within->status, 200) << within->body;
+}
+
+TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
+  const std::string dir = MakeTempDir("vllm_flags");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--out", dir + "/ck"}, &out, &err), 0) << err;
+  const std::string ck = dir + "/ck";
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"serve", ck, "-tp", "2"}, "no tensor parallelism"},
+           {{"serve", ck, "--gpu-memory-utilization", "0.9"}, "--kv-cache-mb"},
+           {{"serve", ck, "--dtype", "fp8"}, "--dtype: 'fp8'"},
+           {{"serve", "mistralai/Mixtral-8x7B-v0.1"}, "huggingface-cli download"},
+           {{"serve", ck, "--port", "8001", "--http-listen", "127.0.0.1:8002"}, "not both"},
+           {{"serve", ck, "--model", dir}, "different checkpoints"},
+           {{"serve", ck, "--max-model-len", "1"}, "--max-model-len"},
+           {{"serve", ck, "-tp", "2", "--enable-expert-parallel", "--ep", "4"}, "disagree"}}) {
+    EXPECT_EQ(RunCommand(args, &out, &err), 2) << absl::StrJoin(args, " ") << "\n" << err;
+    EXPECT_NE(err.find(says), std::string::npos) << absl::StrJoin(args, " ") << "\n" << err;
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::testing

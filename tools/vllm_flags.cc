@@ -1,0 +1,125 @@
+// vLLM's launch flags on `moeserve serve`.
+#include "tools/vllm_flags.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace moeserve::tools {
+
+void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
+  const std::string group = "vLLM-compatible";
+  cmd->add_option("model", f->model,
+                  "The checkpoint directory, as vLLM's positional MODEL (the same as --model; a Hugging Face id is "
+                  "refused: moeserve reads local checkpoints)")
+      ->group(group);
+  cmd->add_option("--host", f->host, "HTTP API host, as vLLM's (with --port; default 127.0.0.1)")->group(group);
+  cmd->add_option("--port", f->port, "HTTP API port, as vLLM's (default 8000; gRPC keeps --listen)")->group(group);
+  cmd->add_option("--max-model-len", f->max_model_len,
+                  "Tokens a sequence may reach, prompt and output; a request asking past it gets 400 (default: the "
+                  "model's context)")
+      ->group(group);
+  cmd->add_option("--tensor-parallel-size", f->tensor_parallel,
+                  "-tp: only 1, or N with --enable-expert-parallel (experts over N ranks, attention replicated "
+                  "and data-parallel); moeserve has no tensor parallelism")
+      ->group(group);
+  cmd->add_option("--pipeline-parallel-size", f->pipeline_parallel, "-pp: pipeline stages (the same as --pp)")
+      ->group(group);
+  cmd->add_flag("--enable-expert-parallel", f->enable_expert_parallel,
+                "With -tp N: spread the experts over N ranks (the same as --ep N)")
+      ->group(group);
+  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
+                  "Token budget of one step (the same as --max-tokens-per-step)")
+      ->group(group);
+  cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching, "Share KV blocks between equal prefixes (the default)")
+      ->group(group);
+  cmd->add_flag("--no-enable-prefix-caching", f->no_enable_prefix_caching, "The same as --no-prefix-caching")
+      ->group(group);
+  cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
+                  "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)")
+      ->group(group);
+}
+
+std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    for (auto [from, to] : {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"},
+                            {"-pp", "--pipeline-parallel-size"}}) {
+      if (a == from || a.rfind(from + "=", 0) == 0) a = to + a.substr(from.size());
+    }
+    args.push_back(a);
+  }
+  return args;
+}
+
+absl::StatusOr<std::string> DTypeFlag(const std::string& s) {
+  if (s.empty() || s == "auto") return std::string();
+  if (s == "bfloat16" || s == "bf16") return std::string("bf16");
+  if (s == "float16" || s == "half" || s == "f16") return std::string("f16");
+  if (s == "float32" || s == "float" || s == "f32") return std::string("f32");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--dtype: '", s, "' is not one of auto, bfloat16, float16, half, float32, float, bf16, f16, f32"));
+}
+
+absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpec* model, std::string* http_listen,
+                            EngineFlags* engine) {
+  if (!f.model.empty()) {
+    if (!model->model_dir.empty() && model->model_dir != f.model) {
+      return absl::InvalidArgumentError(absl::StrCat("MODEL '", f.model, "' and --model '", model->model_dir,
+                                                     "' name different checkpoints"));
+    }
+    if (!std::filesystem::exists(f.model)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MODEL: '", f.model, "' is not a directory here; moeserve reads local checkpoints (fetch one with "
+          "`huggingface-cli download ", f.model, " --local-dir DIR` and pass DIR)"));
+    }
+    model->model_dir = f.model;
+  }
+  if (!f.host.empty() || f.port >= 0) {
+    if (http_listen_given) return absl::InvalidArgumentError("give --host/--port or --http-listen, not both");
+    if (f.port > 65535) return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", f.port));
+    *http_listen = absl::StrCat(f.host.empty() ? "127.0.0.1" : f.host, ":", f.port >= 0 ? f.port : 8000);
+  }
+  if (f.max_model_len != 0) engine->config.limits.max_model_len = f.max_model_len;
+  if (f.tensor_parallel < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("-tp/--tensor-parallel-size must be >= 1, got ", f.tensor_parallel));
+  }
+  if (f.tensor_parallel > 1) {
+    if (!f.enable_expert_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "-tp/--tensor-parallel-size ", f.tensor_parallel,
+          ": moeserve has no tensor parallelism; add --enable-expert-parallel to spread the experts over ",
+          f.tensor_parallel, " ranks (attention replicated, data-parallel), or use --ep / --pp"));
+    }
+    if (engine->config.parallel.ep > 1 && engine->config.parallel.ep != f.tensor_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat("-tp ", f.tensor_parallel, " --enable-expert-parallel and --ep ",
+                                                     engine->config.parallel.ep, " disagree"));
+    }
+    engine->config.parallel.ep = f.tensor_parallel;
+  }
+  if (f.pipeline_parallel != 0) {
+    if (f.pipeline_parallel < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-pp/--pipeline-parallel-size must be >= 1, got ", f.pipeline_parallel));
+    }
+    if (engine->config.parallel.pp > 1 && engine->config.parallel.pp != f.pipeline_parallel) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-pp ", f.pipeline_parallel, " and --pp ", engine->config.parallel.pp, " disagree"));
+    }
+    engine->config.parallel.pp = f.pipeline_parallel;
+  }
+  if (f.max_num_batched_tokens != 0) engine->config.scheduler.max_tokens_per_step = f.max_num_batched_tokens;
+  if (f.enable_prefix_caching && f.no_enable_prefix_caching) {
+    return absl::InvalidArgumentError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
+  }
+  if (f.no_enable_prefix_caching) engine->no_prefix_caching = true;
+  if (f.gpu_memory_utilization >= 0) {
+    return absl::InvalidArgumentError(
+        "--gpu-memory-utilization: moeserve sizes the KV cache in bytes, not as a fraction of the device: use "
+        "--kv-cache-mb (and --device-mb on a GPU)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve::tools
