@@ -42,8 +42,14 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
 
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {
   std::vector<std::string> args;
+  // Only `serve` has them: elsewhere "-pp" might be a prompt's text.
+  const bool serve = argc > 1 && std::string(argv[1]) == "serve";
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
+    if (!serve) {
+      args.push_back(a);
+      continue;
+    }
     for (auto [from, to] : {std::pair<std::string, std::string>{"-tp", "--tensor-parallel-size"},
                             {"-pp", "--pipeline-parallel-size"}}) {
       if (a == from || a.rfind(from + "=", 0) == 0) a = to + a.substr(from.size());

@@ -36,7 +36,8 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* flags);
 absl::Status ApplyVllmFlags(const VllmFlags& flags, bool http_listen_given, ModelSpec* model,
                             std::string* http_listen, EngineFlags* engine);
 
-// argv with vLLM's two-letter flags (-tp, -pp), which CLI11 cannot name, spelled long.
+// argv with vLLM's two-letter flags (-tp, -pp), which CLI11 cannot name, spelled long (for
+// `moeserve serve` only; other commands' arguments are left as they are).
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv);
 
 // vLLM's --dtype spellings (auto, bfloat16, float16, half, float32, float) as moeserve's (empty
