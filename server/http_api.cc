@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/tokenizer.h"
 #include "server/generate_reactor.h"
 #include "server/http_completions.h"
@@ -74,11 +75,11 @@ std::vector<HttpRoute> HttpApi::Routes() {
     Reply(reply, absl::UnauthenticatedError("missing or wrong \"Authorization: Bearer <key>\""));
     return false;
   };
-  const std::string model_name = options_.served_model_name;
+  const std::vector<std::string> model_names = options_.served_model_names;
   const ModelConfig& config = engine_->model_config();
 
-  auto completion = [this, tenant, model_name](bool chat) {
-    return [this, tenant, model_name, chat](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
+  auto completion = [this, tenant, model_names](bool chat) {
+    return [this, tenant, model_names, chat](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
       if (!gate_->TryEnter()) return Reply(*reply, absl::UnavailableError("the server is shutting down"));
       auto leave = [gate = gate_] { gate->Leave(); };
       auto parsed = ParseCompletion(req.body, chat, engine_->model_config(), service_.limits, service_.tokenizer);
@@ -86,12 +87,14 @@ std::vector<HttpRoute> HttpApi::Routes() {
         Reply(*reply, parsed.status());
         return leave();
       }
-      if (!parsed->model.empty() && parsed->model != model_name) {
+      if (!parsed->model.empty() &&
+          std::find(model_names.begin(), model_names.end(), parsed->model) == model_names.end()) {
         Reply(*reply, absl::NotFoundError(absl::StrCat("model: no model named \"", parsed->model,
-                                                       "\"; this server serves \"", model_name, "\"")));
+                                                       "\"; this server serves \"",
+                                                       absl::StrJoin(model_names, "\", \""), "\"")));
         return leave();
       }
-      if (parsed->model.empty()) parsed->model = model_name;
+      if (parsed->model.empty()) parsed->model = model_names.front();
       parsed->request.cache_tenant = tenant(req).value_or("");
       RunCompletion(engine_, encoder_.get(), streams_.get(), *std::move(parsed), std::move(reply), leave);
     };
@@ -104,13 +107,16 @@ std::vector<HttpRoute> HttpApi::Routes() {
   routes.push_back({"POST", "/v1/completions", authorized, completion(false)});
   routes.push_back({"POST", "/v1/chat/completions", authorized, completion(true)});
   routes.push_back({"GET", "/v1/models", authorized,
-                    [model_name, max_model_len](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
-                      const Json model = {{"id", model_name},
-                                          {"object", "model"},
-                                          {"created", 0},
-                                          {"owned_by", "moeserve"},
-                                          {"max_model_len", max_model_len}};
-                      ReplyJson(*reply, {{"object", "list"}, {"data", Json::array({model})}});
+                    [model_names, max_model_len](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
+                      Json data = Json::array();
+                      for (const std::string& name : model_names) {
+                        data.push_back({{"id", name},
+                                        {"object", "model"},
+                                        {"created", 0},
+                                        {"owned_by", "moeserve"},
+                                        {"max_model_len", max_model_len}});
+                      }
+                      ReplyJson(*reply, {{"object", "list"}, {"data", data}});
                     }});
   routes.push_back({"GET", "/health", nullptr, [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
                       reply->Send(gate_->draining() ? 503 : 200, "application/json",

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
@@ -22,7 +23,9 @@ namespace moeserve::server {
 struct HttpOptions {
   std::string listen = "127.0.0.1:8000";  // HOST:PORT; port 0 picks a free one; empty: off
   HttpServerOptions server;                // event loops, limits and timeouts (listen is set from above)
-  std::string served_model_name;  // the model's id in /v1/models and in requests' "model"
+  // The model's ids in /v1/models and in requests' "model" (as vLLM's --served-model-name: the
+  // first is the default a request without "model" gets); at least one.
+  std::vector<std::string> served_model_names;
 };
 
 class OpenStreams;  // the completions in flight (http_completions.h)

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/file_util.h"
 #include "server/drain_gate.h"
@@ -147,7 +148,7 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     http = *std::move(started);
     std::printf("moeserve: OpenAI-compatible HTTP API on http://%s:%d/v1 (model \"%s\")\n",
                 options.http.listen.substr(0, options.http.listen.rfind(':')).c_str(), http->port(),
-                options.http.served_model_name.c_str());
+                absl::StrJoin(options.http.served_model_names, "\", \"").c_str());
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::printf("moeserve: listening on %s:%d%s\n", host.c_str(), port,

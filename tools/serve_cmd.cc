@@ -25,7 +25,7 @@ struct ServeOptions {
   int64_t max_tokens_limit = RequestLimits().max_tokens;
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
-  std::string served_model_name;
+  std::vector<std::string> served_model_names;
   std::string chat_template;
   VllmFlags vllm;
   bool http_listen_given = false;
@@ -126,9 +126,14 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   so.api_keys = *std::move(api_keys);
   so.max_metadata_bytes = o.max_metadata_bytes;
   o.server.http.server.max_body_bytes = static_cast<size_t>(o.server.max_message_bytes);
-  o.server.http.served_model_name = !o.served_model_name.empty() ? o.served_model_name
-                                    : !o.model.model_dir.empty()  ? o.model.model_dir
-                                                                  : absl::StrCat("moeserve-", o.model.preset);
+  o.server.http.served_model_names = o.served_model_names;
+  if (o.served_model_names.empty()) {
+    o.server.http.served_model_names = {!o.model.model_dir.empty() ? o.model.model_dir
+                                                                   : absl::StrCat("moeserve-", o.model.preset)};
+  }
+  for (const std::string& name : o.served_model_names) {
+    if (name.empty()) return Fail(absl::InvalidArgumentError("--served-model-name: a name is empty"));
+  }
   so.limits = ecfg->limits;
   so.tokenizer = std::make_shared<const ModelTokenizer>(*std::move(text));
   auto& mi = so.model_info;
@@ -241,9 +246,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "A Jinja chat template file that replaces the checkpoint's (tokenizer_config.json's "
                   "chat_template); refused at start if it uses what moeserve's Jinja subset does not implement "
                   "(docs/tokenizers.md)");
-  cmd->add_option("--served-model-name", o->served_model_name,
-                  "The model's id in /v1/models and in requests' \"model\" (default: the checkpoint directory, "
-                  "or moeserve-PRESET)");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "The model's ids in /v1/models and in requests' \"model\", as vLLM's: one or more, the first "
+                  "the default (default: the checkpoint directory, or moeserve-PRESET)");
   cmd->add_option("--metrics-listen", o->metrics_listen,
                   "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics (HOST an IPv4 address): request, token, preemption "
                   "and KV-tier counters, queue and KV gauges, latency histograms (queue, TTFT, TPOT, end to end, "

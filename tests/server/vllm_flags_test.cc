@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <httplib.h>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_join.h"
@@ -65,6 +66,34 @@ TEST(E2eVllmFlagsTest, TheVllmLaunchLineServes) {
   auto within = http.Post("/v1/completions", R"({"prompt": "hello", "max_tokens": 8})", "application/json");
   ASSERT_TRUE(within);
   EXPECT_EQ(within->status, 200) << within->body;
+}
+
+// Several --served-model-name: /v1/models lists each, a request may name any (and is answered
+// under that name), one naming another model gets 404 listing them, none gets the first.
+TEST(E2eVllmFlagsTest, SeveralServedModelNames) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--served-model-name", "alpha", "beta"})) << server.log();
+  httplib::Client http("127.0.0.1", server.http_port());
+  http.set_read_timeout(30, 0);
+  auto models = http.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const auto list = nlohmann::json::parse(models->body)["data"];
+  ASSERT_EQ(list.size(), 2u) << models->body;
+  EXPECT_EQ(list[0]["id"], "alpha");
+  EXPECT_EQ(list[1]["id"], "beta");
+  for (const auto& [body, status, model] : std::vector<std::tuple<std::string, int, std::string>>{
+           {R"({"model": "beta", "prompt": "hi", "max_tokens": 2})", 200, "beta"},
+           {R"({"prompt": "hi", "max_tokens": 2})", 200, "alpha"},
+           {R"({"model": "gamma", "prompt": "hi", "max_tokens": 2})", 404, ""}}) {
+    auto r = http.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    if (status == 200) {
+      EXPECT_EQ(nlohmann::json::parse(r->body)["model"], model) << r->body;
+    } else {
+      EXPECT_NE(r->body.find(R"(\"alpha\", \"beta\")"), std::string::npos) << r->body;
+    }
+  }
 }
 
 TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
