@@ -144,7 +144,8 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   }
   const uint64_t id = next_id_++;
   live->seq.id = id;
-  live->sampler = std::make_unique<Sampler>(live->request.sampling, 0x9e3779b9ull * id);
+  live->sampler =
+      std::make_unique<Sampler>(live->request.sampling, 0x9e3779b9ull * id + 0xbf58476d1ce4e5b9ull * config_.seed);
   incoming_.push_back(std::move(live));
   ++pending_;
   cv_.notify_all();

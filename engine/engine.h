@@ -45,6 +45,10 @@ struct EngineConfig {
   std::optional<roofline::HardwareProfile> hardware;
   roofline::Efficiency efficiency;  // of a calibrated model; the default predicts the bound
   double price_per_hour = -1;       // $ per hour for receipts; < 0: the profile's price
+  // Seeds the random stream of every request that brings no seed of its own, with its request
+  // number (--seed, as vLLM's): the same seed and the same requests in the same order sample the
+  // same tokens.
+  uint64_t seed = 0;
   std::string trace_jsonl;          // write every StepRecord here, one JSON object per line
   std::string trace_chrome;         // ... and as a Chrome/Perfetto trace
   KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)

@@ -258,6 +258,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
       ->capture_default_str();
   AddVllmFlags(cmd, &o->vllm);
+  cmd->add_option("--seed", o->engine.config.seed,
+                  "Seeds the sampling of requests that bring no seed of their own, with their request number (as "
+                  "vLLM's --seed): the same seed and requests in the same order sample the same tokens")
+      ->capture_default_str();
   cmd->callback([o, exit_code, http_listen] {
     o->http_listen_given = http_listen->count() > 0;
     *exit_code = RunServe(*o);

@@ -96,6 +96,30 @@ TEST(E2eVllmFlagsTest, SeveralServedModelNames) {
   }
 }
 
+// --seed: the same seed and the same unseeded sampled requests give the same tokens; another
+// seed gives other tokens.
+TEST(E2eVllmFlagsTest, SeedMakesUnseededSamplingReproducible) {
+  auto run = [](const std::string& seed) {
+    ServerProcess server;
+    EXPECT_TRUE(server.Start({"--preset", "tiny", "--seed", seed})) << server.log();
+    auto stub = v1::Moeserve::NewStub(server.channel());
+    std::vector<int32_t> all;
+    for (int i = 0; i < 3; ++i) {
+      v1::GenerateRequest req = IdsRequest({1, 2, 3}, 16);
+      req.mutable_sampling()->set_temperature(1.0f);
+      req.set_ignore_eos(true);
+      const Streamed got = Stream(stub.get(), req);
+      EXPECT_TRUE(got.status.ok()) << got.status.error_message();
+      all.insert(all.end(), got.ids.begin(), got.ids.end());
+    }
+    return all;
+  };
+  const std::vector<int32_t> a = run("11"), b = run("11"), c = run("12");
+  ASSERT_EQ(a.size(), 48u);
+  EXPECT_EQ(a, b) << "the same seed";
+  EXPECT_NE(a, c) << "another seed";
+}
+
 TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
   const std::string dir = MakeTempDir("vllm_flags");
   std::string out, err;
