@@ -114,14 +114,20 @@ std::vector<HttpRoute> HttpApi::Routes() {
                                         {"object", "model"},
                                         {"created", 0},
                                         {"owned_by", "moeserve"},
+                                        {"root", model_names.front()},  // as vLLM: what the names serve
+                                        {"parent", nullptr},
                                         {"max_model_len", max_model_len}});
                       }
                       ReplyJson(*reply, {{"object", "list"}, {"data", data}});
                     }});
-  routes.push_back({"GET", "/health", nullptr, [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
-                      reply->Send(gate_->draining() ? 503 : 200, "application/json",
-                                  gate_->draining() ? R"({"status":"draining"})" : R"({"status":"ok"})");
-                    }});
+  // /health, and vLLM's /ping (GET or POST) for load balancers that probe that: 503 once draining.
+  const auto health = [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
+    reply->Send(gate_->draining() ? 503 : 200, "application/json",
+                gate_->draining() ? R"({"status":"draining"})" : R"({"status":"ok"})");
+  };
+  routes.push_back({"GET", "/health", nullptr, health});
+  routes.push_back({"GET", "/ping", nullptr, health});
+  routes.push_back({"POST", "/ping", nullptr, health});
   routes.push_back({"GET", "/metrics", nullptr, [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
                       reply->Send(200, "text/plain; version=0.0.4", EngineMetricsText(engine_->GetStats()));
                     }});

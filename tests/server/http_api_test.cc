@@ -249,9 +249,17 @@ TEST_F(HttpApiTest, ModelsHealthMetricsTokenizeDetokenize) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(Json::parse(models->body)["data"][0]["id"], "moeserve-tiny");
+  EXPECT_EQ(Json::parse(models->body)["data"][0]["root"], "moeserve-tiny");
+  EXPECT_TRUE(Json::parse(models->body)["data"][0]["parent"].is_null());
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+  auto ping = c.Get("/ping");  // vLLM's spelling, GET and POST
+  ASSERT_TRUE(ping);
+  EXPECT_EQ(ping->status, 200);
+  auto post_ping = c.Post("/ping", "", "application/json");
+  ASSERT_TRUE(post_ping);
+  EXPECT_EQ(post_ping->status, 200);
   auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("moeserve_"), std::string::npos);
