@@ -57,13 +57,11 @@ UnitPrice InputPrice(const PriceInputs& in, const StepTimes& times) {
   UnitPrice u;
   double best = 0;  // seconds per token of the chosen size
   bool met_any = false;
-  const double free_bytes =
-      in.machine.device_memory_bytes * static_cast<double>(in.machine.devices) - in.model.weight_bytes;
   for (int64_t c : in.grid.chunks) {
     const int64_t prompts = PromptsPerStep(in.mix.prompt_tokens, c);
     // The prompts of one step hold their KV together (beyond one prompt, which must fit anyway).
     const double kv = static_cast<double>(prompts * in.mix.prompt_tokens) * in.model.kv_bytes_per_token;
-    if (prompts > 1 && kv > free_bytes) continue;
+    if (prompts > 1 && kv > in.FreeBytes()) continue;
     const StepTime t = times.Prefill(in.mix.prompt_tokens, c);
     const double per_token = t.seconds / static_cast<double>(prompts * in.mix.prompt_tokens);
     const bool met = t.seconds <= in.mix.ttft_seconds;
@@ -121,7 +119,7 @@ absl::Status PriceInputs::Validate() const {
   if (!(model.kv_bytes_per_token > 0) || !(model.weight_bytes > 0)) {
     return absl::InvalidArgumentError("the model's weight and KV bytes must be > 0");
   }
-  if (model.weight_bytes >= machine.device_memory_bytes * static_cast<double>(machine.devices)) {
+  if (FreeBytes() <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the weights (%.3g GB) do not fit %d device(s) of %.3g GB: spread them over more (--ep) or price a "
         "larger device (--hardware)",
@@ -149,8 +147,7 @@ absl::Status PriceInputs::Validate() const {
 }
 
 int64_t LargestFittingBatch(const PriceInputs& in, int64_t context) {
-  const double free_bytes =
-      in.machine.device_memory_bytes * static_cast<double>(in.machine.devices) - in.model.weight_bytes;
+  const double free_bytes = in.FreeBytes();
   int64_t best = 0;
   for (int64_t b : in.grid.batches) {
     if (static_cast<double>(b) * static_cast<double>(context) * in.model.kv_bytes_per_token <= free_bytes) best = b;
@@ -181,8 +178,7 @@ PriceSheet ComputePriceSheet(const PriceInputs& in, const StepTimes& times) {
   // Price against context: the operating batch where it fits, fewer sequences where not.
   const double b_op = static_cast<double>(s.output.batch);
   s.kv_equals_weights_context = in.model.weight_bytes / (b_op * in.model.kv_bytes_per_token);
-  s.batch_shrinks_context =
-      (m.device_memory_bytes * static_cast<double>(m.devices) - in.model.weight_bytes) / (b_op * in.model.kv_bytes_per_token);
+  s.batch_shrinks_context = in.FreeBytes() / (b_op * in.model.kv_bytes_per_token);
   for (int64_t c : in.grid.contexts) {
     const UnitPrice u = OperatingDecode(in, times, c);
     ContextPoint pt;

@@ -47,6 +47,7 @@ struct MachinePrices {
   double host_link_bytes_per_s = 0;    // per device: KV back from host DDR
   double flash_read_bytes_per_s = 0;   // per device: KV back from flash
   double UsdPerSecond() const { return usd_per_device_hour * static_cast<double>(devices) / 3600.0; }
+  double MemoryBytes() const { return device_memory_bytes * static_cast<double>(devices); }
   double DeviceTierUsdPerGbHour() const {
     return usd_per_gb_hour_device >= 0 ? usd_per_gb_hour_device : usd_per_device_hour / (device_memory_bytes / 1e9);
   }
@@ -87,6 +88,8 @@ struct PriceInputs {
   // arithmetic): no batch decodes faster.
   double latency_floor_seconds = 0;
   absl::Status Validate() const;
+  // Memory the weights leave for KV, over the whole machine.
+  double FreeBytes() const { return machine.MemoryBytes() - model.weight_bytes; }
 };
 
 struct UnitPrice {

@@ -13,8 +13,6 @@
 #include "core/file_util.h"
 #include "core/progress.h"
 #include "core/summary.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "roofline/hardware.h"
 #include "tools/bench_sweep.h"
 #include "tools/bench_parallel.h"
@@ -49,24 +47,10 @@ struct BenchOptions {
   int64_t tier_prompt = 4096;
 };
 
-absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> v;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (!absl::SimpleAtoi(part, &x) || x < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not an integer >= 1"));
-    }
-    v.push_back(x);
-  }
-  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": the list is empty"));
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
 int RunSweep(BenchOptions o) {
-  auto batches = ParseList("--sweep-batch", o.sweep_batch);
+  auto batches = ParseIntList("--sweep-batch", o.sweep_batch);
   if (!batches.ok()) return Fail(batches.status());
-  auto contexts = ParseList("--context", o.context);
+  auto contexts = ParseIntList("--context", o.context);
   if (!contexts.ok()) return Fail(contexts.status());
   if (o.sweep_steps < 1) return Fail(absl::InvalidArgumentError("--sweep-steps must be >= 1"));
   if (!(o.sweep_max_kv_gb > 0)) return Fail(absl::InvalidArgumentError("--sweep-max-kv-gb must be > 0"));

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -19,6 +20,9 @@ inline int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
+
+// A comma-separated list flag of integers >= 1, sorted; errors name `flag` and the bad part.
+absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::string& text);
 
 // Adds --model / --preset / --model-seed / --load-format / --dtype to a subcommand.
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format);

@@ -1,8 +1,26 @@
-// Flags shared by the commands that load a model.
+// Flags shared by several commands: the model to load, and integer lists.
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tools/commands.h"
 
 namespace moeserve::tools {
+
+absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> v;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(part, &x) || x < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not an integer >= 1"));
+    }
+    v.push_back(x);
+  }
+  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": the list is empty"));
+  std::sort(v.begin(), v.end());
+  return v;
+}
 
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format) {
   cmd->add_option("--model", spec->model_dir,

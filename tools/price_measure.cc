@@ -92,8 +92,9 @@ absl::Status MeasurePrefill(const ModelWeights& weights, Backend* backend, const
       ASSIGN_OR_RETURN(double t, TimePrefillOnce(model, kv, c, o.block_size, prompt, s, gen));
       times.push_back(t);
     }
-    out->prefill[{prompt, s}] = Median(times);
-    progress.Update(++done, absl::StrCat(s, " tokens per step: ", Median(times) * 1e3, " ms"));
+    const double median = Median(times);
+    out->prefill[{prompt, s}] = median;
+    progress.Update(++done, absl::StrCat(s, " tokens per step: ", median * 1e3, " ms"));
   }
   progress.Finish(done);
   return absl::OkStatus();

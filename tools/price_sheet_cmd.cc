@@ -8,10 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "core/status.h"
 #include "roofline/model_presets.h"
@@ -45,18 +43,10 @@ struct PriceSheetOptions {
   std::string json, csv;
 };
 
-absl::StatusOr<std::vector<int64_t>> ParseInts(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> v;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t x = 0;
-    if (!absl::SimpleAtoi(part, &x) || x < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not an integer >= 1"));
-    }
-    v.push_back(x);
-  }
-  std::sort(v.begin(), v.end());
+// A list flag's values, each once.
+absl::StatusOr<std::vector<int64_t>> ParseDistinct(const std::string& flag, const std::string& text) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> v, ParseIntList(flag, text));
   v.erase(std::unique(v.begin(), v.end()), v.end());
-  if (v.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": the list is empty"));
   return v;
 }
 
@@ -73,12 +63,12 @@ absl::StatusOr<roofline::PriceGrid> MakeGrid(const PriceSheetOptions& o, int64_t
   if (o.batches.empty()) {
     g.batches = Powers(1, o.measure ? 256 : 1 << 20);
   } else {
-    ASSIGN_OR_RETURN(g.batches, ParseInts("--batches", o.batches));
+    ASSIGN_OR_RETURN(g.batches, ParseDistinct("--batches", o.batches));
   }
   if (o.prefill_tokens.empty()) {
     g.chunks = Powers(o.measure ? 64 : 256, o.measure ? 4096 : 262144);
   } else {
-    ASSIGN_OR_RETURN(g.chunks, ParseInts("--prefill-tokens", o.prefill_tokens));
+    ASSIGN_OR_RETURN(g.chunks, ParseDistinct("--prefill-tokens", o.prefill_tokens));
   }
   if (o.contexts.empty()) {
     g.contexts = Powers(256, std::min<int64_t>(max_context, o.measure ? 8192 : max_context));
@@ -86,7 +76,7 @@ absl::StatusOr<roofline::PriceGrid> MakeGrid(const PriceSheetOptions& o, int64_t
       if (!o.measure) g.contexts.push_back(max_context);
     }
   } else {
-    ASSIGN_OR_RETURN(g.contexts, ParseInts("--contexts", o.contexts));
+    ASSIGN_OR_RETURN(g.contexts, ParseDistinct("--contexts", o.contexts));
   }
   g.contexts.push_back(o.mix.DecodeContext());
   std::sort(g.contexts.begin(), g.contexts.end());

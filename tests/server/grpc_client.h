@@ -54,10 +54,14 @@ inline v1::GenerateRequest IdsRequest(const std::vector<int32_t>& ids, int max_t
   return r;
 }
 
-inline v1::Stats GetStats(v1::Moeserve::Stub* stub) {
+// The server's stats; `key` for a server that requires one.
+inline v1::Stats GetStats(v1::Moeserve::Stub* stub, const std::string& key = "") {
   grpc::ClientContext ctx;
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Stats s;
-  EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &s).ok());
+  const grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &s);
+  EXPECT_TRUE(st.ok()) << st.error_message();
   return s;
 }
 
@@ -68,16 +72,18 @@ inline int64_t EndedRequests(const v1::Stats& s) {
   return n;
 }
 
-// Polls GetStats until no request runs or waits and no KV block is in use (normally within
-// milliseconds; the bound is generous for a loaded CI machine, since it returns early), and at
-// least `ended` requests ended: a call its client gave up
-// on may still be on its way into the server after every client thread has returned, so an
-// idle engine alone does not mean every request that reached the server has ended.
-inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64_t ended = 0) {
+// Polls GetStats until no request runs or waits, no KV block or swap slot is in use (normally
+// within milliseconds; the bound is generous for a loaded CI machine, since it returns early),
+// and at least `ended` requests ended: a call its client gave up on may still be on its way into
+// the server (its accept backlog) after every client thread has returned, so an idle engine
+// alone does not mean every request that reached the server has ended.
+inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64_t ended = 0,
+                                                 const std::string& key = "") {
   v1::Stats s;
   for (int i = 0; i < 3000; ++i) {
-    s = GetStats(stub);
-    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0 && EndedRequests(s) >= ended) {
+    s = GetStats(stub, key);
+    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0 &&
+        s.kv_tiers().ddr_swap_blocks() == 0 && EndedRequests(s) >= ended) {
       if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
         return ::testing::AssertionFailure() << "free " << s.kv_blocks_free() << " + cached " << s.kv_blocks_cached()
                                              << " != total " << s.kv_blocks_total();
@@ -87,7 +93,8 @@ inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return ::testing::AssertionFailure() << "not idle after 30 s: running " << s.running_requests() << ", waiting "
-                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used() << ", ended "
+                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used()
+                                       << ", swap slots " << s.kv_tiers().ddr_swap_blocks() << ", ended "
                                        << EndedRequests(s) << " of " << ended;
 }
 

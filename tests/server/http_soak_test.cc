@@ -50,52 +50,8 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// Resident memory of a process, MiB (0 if unreadable).
-double RssMiB(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
-  }
-  return 0;
-}
-
 const char* const kKeys[2][2] = {{"key-alice-1", "key-alice-2"}, {"key-bob-1", "key-bob-1"}};
 const char* const kKeysFile = "# tenant key\nalice key-alice-1\nbob key-bob-1\nalice key-alice-2\n";
-
-// The server's stats over gRPC (GetStats needs a key when keys are required).
-v1::Stats StatsAs(v1::Moeserve::Stub* stub, const std::string& key) {
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer " + key);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::Stats s;
-  const grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &s);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return s;
-}
-
-// EventuallyIdle (grpc_client.h) with a key, and no swap slot held either. A client that timed
-// out may leave its request in the server's accept backlog, read and started only after every
-// client thread has returned: hence the count of ended requests.
-::testing::AssertionResult EventuallyIdleAs(v1::Moeserve::Stub* stub, const std::string& key, int64_t ended) {
-  v1::Stats s;
-  for (int i = 0; i < 3000; ++i) {
-    s = StatsAs(stub, key);
-    if (s.running_requests() == 0 && s.queue_depth() == 0 && s.kv_blocks_used() == 0 &&
-        s.kv_tiers().ddr_swap_blocks() == 0 && EndedRequests(s) >= ended) {
-      if (s.kv_blocks_free() + s.kv_blocks_cached() != s.kv_blocks_total()) {
-        return ::testing::AssertionFailure() << "free " << s.kv_blocks_free() << " + cached " << s.kv_blocks_cached()
-                                             << " != total " << s.kv_blocks_total();
-      }
-      return ::testing::AssertionSuccess();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return ::testing::AssertionFailure() << "not idle after 30 s: running " << s.running_requests() << ", waiting "
-                                       << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used()
-                                       << ", swap slots " << s.kv_tiers().ddr_swap_blocks() << ", ended "
-                                       << EndedRequests(s) << " of " << ended;
-}
 
 // `moeserve_request_success_total{reason="R"} N` from GET /metrics, by R.
 std::map<std::string, int64_t> MetricsOutcomes(int port) {
@@ -597,7 +553,9 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
   for (auto& t : pool) t.join();
   const double seconds = SecondsSince(started);
-  ASSERT_TRUE(EventuallyIdleAs(stub.get(), kKeys[1][0], solo + complete_plain + complete_stop + left));
+  // A client that timed out may leave its request in the server's accept backlog, read and
+  // started only after every client thread has returned: hence the count of ended requests.
+  ASSERT_TRUE(EventuallyIdle(stub.get(), solo + complete_plain + complete_stop + left, kKeys[1][0]));
   rss.push_back(RssMiB(server.pid()));
 
   // Exactly one outcome per request on the client side, each the expected one.
@@ -615,7 +573,7 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   // finished; one with a stop string finished or was cancelled when the string appeared; one
   // whose client left was cancelled, or finished just as its client left (the only
   // disagreement allowed). Refusals never reached the engine.
-  const v1::Stats st = StatsAs(stub.get(), kKeys[0][1]);
+  const v1::Stats st = GetStats(stub.get(), kKeys[0][1]);
   const auto& out = st.requests_by_outcome();
   const int64_t finished = out.at("length") + out.at("stop");
   const int64_t cancelled = out.at("cancelled");

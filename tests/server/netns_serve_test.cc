@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 #include <thread>
@@ -68,6 +69,9 @@ pid_t RankPidIn(const std::string& ns, int rank) {
   return -1;
 }
 
+// Rank 0 runs in the first namespace (ranks fill it first): the server listens on its address.
+std::string RankZeroHost() { return std::string(kSubnet) + ".10"; }
+
 class NetnsServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -113,8 +117,6 @@ class NetnsServeTest : public ::testing::Test {
             "--mca", "mpi_yield_when_idle", "1", "-x", "MOESERVE_RANK_TIMEOUT_S=" + rank_timeout, "-x",
             "MOESERVE_STEP_TIMEOUT_S=300", "-np", std::to_string(np)};
   }
-  // Rank 0 runs in mst0: the server listens on its address.
-  static std::string RankZeroHost() { return std::string(kSubnet) + ".10"; }
 
   bool up_ = false;
   std::string hostfile_;
@@ -158,7 +160,7 @@ void ExpectSameAsOneProcess(const std::vector<std::string>& layout, const std::v
   std::vector<std::string> args = model;
   args.insert(args.end(), layout.begin(), layout.end());
   ServerProcess job;
-  job.set_host(std::string(kSubnet) + ".10");
+  job.set_host(RankZeroHost());
   ASSERT_TRUE(job.Start(args, launcher)) << job.log();
   const WithLogprobs got = StreamWithLogprobs(job, prompt, 24);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << job.log();
@@ -187,6 +189,33 @@ TEST_F(NetnsServeTest, AnEp2Pp2JobOverTwoNamespacesStreamsWhatOneProcessDoes) {
   ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--ep-domain-size", "2"}, Mpirun(4, 2));
 }
 
+// Streams a long generation from `job` and runs `fault` after the third message: the call's
+// status, the messages read, and when the fault was made.
+struct FaultedStream {
+  grpc::Status status;
+  int messages = 0;
+  std::chrono::steady_clock::time_point faulted;
+};
+FaultedStream StreamWithFault(const ServerProcess& job, const std::function<void()>& fault) {
+  auto stub = v1::Moeserve::NewStub(job.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest req = IdsRequest({1, 2, 3, 4, 5}, 1000);
+  req.set_ignore_eos(true);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  FaultedStream out;
+  out.faulted = std::chrono::steady_clock::now();
+  while (reader->Read(&r)) {
+    if (++out.messages == 3) {
+      fault();
+      out.faulted = std::chrono::steady_clock::now();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
 TEST_F(NetnsServeTest, ARankKilledInTheOtherNamespaceGivesUnavailableNamingIt) {
   ServerProcess job;
   job.set_host(RankZeroHost());
@@ -197,29 +226,15 @@ TEST_F(NetnsServeTest, ARankKilledInTheOtherNamespaceGivesUnavailableNamingIt) {
       << job.log();
   const pid_t worker = RankPidIn(std::string(kPrefix) + "1", 1);
   ASSERT_GT(worker, 0) << "rank 1 not found in " << kPrefix << "1";
-  auto stub = v1::Moeserve::NewStub(job.channel());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  v1::GenerateRequest req = IdsRequest({1, 2, 3, 4, 5}, 1000);
-  req.set_ignore_eos(true);
-  auto reader = stub->Generate(&ctx, req);
-  v1::GenerateResponse r;
-  int messages = 0;
-  auto killed = std::chrono::steady_clock::now();
-  while (reader->Read(&r)) {
-    if (++messages == 3) {
-      kill(worker, SIGKILL);
-      killed = std::chrono::steady_clock::now();
-    }
-  }
-  const grpc::Status status = reader->Finish();
-  ASSERT_GE(messages, 3);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message() << "\n" << job.log();
+  const FaultedStream got = StreamWithFault(job, [worker] { kill(worker, SIGKILL); });
+  ASSERT_GE(got.messages, 3);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("rank 1"), std::string::npos)
+      << got.status.error_message() << "\n" << job.log();
   const int rc = job.WaitExit(30);
   EXPECT_NE(rc, -2) << "the job still runs 30 s after its worker died\n" << job.log();
   EXPECT_NE(rc, 0) << job.log();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 40);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - got.faulted).count(), 40);
 }
 
 // The link to the other namespace goes down mid-stream: rank 0 finds rank 1 silent within the
@@ -232,28 +247,16 @@ TEST_F(NetnsServeTest, ALinkTakenDownMidStreamGivesUnavailableNamingTheRank) {
   job.set_host(RankZeroHost());
   ASSERT_TRUE(job.Start({"--preset", "tiny", "--ep", "2", "--kv-cache-mb", "16"}, Mpirun(2, 1, "3", "8")))
       << job.log();
-  auto stub = v1::Moeserve::NewStub(job.channel());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  v1::GenerateRequest req = IdsRequest({1, 2, 3, 4, 5}, 1000);
-  req.set_ignore_eos(true);
-  auto reader = stub->Generate(&ctx, req);
-  v1::GenerateResponse r;
-  int messages = 0;
-  auto cut = std::chrono::steady_clock::now();
   std::string out, err;
-  while (reader->Read(&r)) {
-    if (++messages == 3) {
-      EXPECT_EQ(RunProgram({IpPath(), "link", "set", std::string(kPrefix) + "v1", "down"}, &out, &err), 0) << err;
-      cut_off_ = std::string(kPrefix) + "1";
-      cut = std::chrono::steady_clock::now();
-    }
-  }
-  const grpc::Status status = reader->Finish();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
-  ASSERT_GE(messages, 3);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message() << "\n" << job.log();
+  const FaultedStream got = StreamWithFault(job, [&] {
+    EXPECT_EQ(RunProgram({IpPath(), "link", "set", std::string(kPrefix) + "v1", "down"}, &out, &err), 0) << err;
+    cut_off_ = std::string(kPrefix) + "1";
+  });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - got.faulted).count();
+  ASSERT_GE(got.messages, 3);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE) << got.status.error_message();
+  EXPECT_NE(got.status.error_message().find("rank 1"), std::string::npos)
+      << got.status.error_message() << "\n" << job.log();
   EXPECT_LT(waited, 20) << "the loss took " << waited << " s to reach the client";
   // Rank 0 has exited (the teardown finds its namespace empty); mpirun itself waits for the
   // daemon it can no longer reach, until the link returns or it is killed.

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +80,16 @@ inline int RunCommand(const std::vector<std::string>& args, std::string* out, st
   std::vector<std::string> full = {MOESERVE_BIN};
   full.insert(full.end(), args.begin(), args.end());
   return RunProgram(full, out, err);
+}
+
+// Resident memory of a process, MiB (0 if unreadable).
+inline double RssMiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return 0;
 }
 
 // `moeserve serve --listen 127.0.0.1:0 ...` with the bound port read back from --port-file.

@@ -24,16 +24,6 @@ int64_t EnvInt(const char* name, int64_t fallback) {
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
 }
 
-// Resident memory of a process, MiB (0 if unreadable).
-double RssMiB(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
-  }
-  return 0;
-}
-
 std::vector<int32_t> RandomPrompt(std::mt19937& gen, int min_len, int max_len) {
   std::vector<int32_t> p = {256};
   const int n = std::uniform_int_distribution<int>(min_len, max_len)(gen);
