@@ -65,8 +65,11 @@ CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() {
   Use();
   cudaStreamSynchronize(impl_->stream);
-  impl_->scratch = DeviceBuffer();  // while this object can still free them
+  // Every buffer this object holds goes while its streams exist: Free synchronises on them, and
+  // Impl's destructor destroys them before its members are destroyed.
+  impl_->scratch = DeviceBuffer();
   impl_->group_pointers = DeviceBuffer();
+  impl_->expert_tables.clear();
 }
 
 std::string CudaBackend::Name() const { return impl_->name; }
