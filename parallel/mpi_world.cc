@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/clock.h"
 #include "core/status.h"
 #include "parallel/mpi_communicator.h"
@@ -262,6 +263,11 @@ void MpiWorld::StartMonitor(double heartbeat_seconds, double timeout_seconds,
   monitor_ = std::thread([this] { rank_ == 0 ? Watch() : Beat(); });
 }
 
+void MpiWorld::ShutdownRequested() {
+  const double tight = 3 * heartbeat_seconds_;
+  if (tight < timeout_seconds_.load()) timeout_seconds_.store(tight);
+}
+
 void MpiWorld::StopMonitor() {
   stop_monitor_ = true;
   if (monitor_.joinable()) monitor_.join();
@@ -328,8 +334,8 @@ void MpiWorld::Watch() {
       }
       const double silent =
           std::chrono::duration<double>(Clock::now() - last[static_cast<size_t>(r)]).count();
-      if (thread_multiple_ && silent > timeout_seconds_) {
-        Lose(absl::StrCat(DescribeRank(r), " sent no heartbeat for ", static_cast<int>(silent),
+      if (thread_multiple_ && silent > timeout_seconds_.load()) {
+        Lose(absl::StrCat(DescribeRank(r), " sent no heartbeat for ", absl::StrFormat("%.1f", silent),
                           " s"));
         break;
       }

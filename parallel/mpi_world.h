@@ -58,6 +58,11 @@ class MpiWorld final : public ProcessRanks {
   // A worker whose own step failed: its next heartbeat (sent at once) tells rank 0, which
   // fails its engine and ends the job.
   void ReportFailure() { failed_.store(true); }
+  // Rank 0 was told to stop (SIGTERM/SIGINT). mpirun sends it when it tears the job down after
+  // a rank died, and kills the survivors soon after (1 s by default), well within the rank
+  // timeout; so from now on a worker silent for three heartbeats is taken as lost, and rank 0
+  // can still name it to its clients. A worker of a healthy job beats on through a drain.
+  void ShutdownRequested();
   // Ends the whole job (MPI_Abort): mpirun stops every rank and exits with `code`.
   [[noreturn]] void Abort(int code);
 
@@ -79,7 +84,8 @@ class MpiWorld final : public ProcessRanks {
   AbortSignal signal_;
   std::mutex flags_mu_;
   std::vector<std::shared_ptr<std::atomic<bool>>> nccl_abort_flags_;  // one per NCCL group
-  double heartbeat_seconds_ = 0.5, timeout_seconds_ = 10, step_timeout_seconds_ = 0;
+  double heartbeat_seconds_ = 0.5, step_timeout_seconds_ = 0;
+  std::atomic<double> timeout_seconds_{10};  // lowered by ShutdownRequested
   std::atomic<int64_t> step_start_ns_{0};  // steady clock; 0: no step in flight
   std::atomic<int> waiting_for_{-1};
   std::atomic<bool> stop_monitor_{false};

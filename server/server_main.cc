@@ -198,6 +198,7 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
     }
     std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  options.grace_seconds);
+    if (options.on_shutdown_signal) options.on_shutdown_signal();
     // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
     // within the grace period, then shut down; calls still running are cancelled, and their
     // reactors cancel the engine requests, which frees their KV blocks.

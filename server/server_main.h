@@ -2,6 +2,7 @@
 // let running requests finish within the grace period, cancel the rest, return.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,6 +32,8 @@ struct ServerOptions {
   // its bound port.
   HttpOptions http;
   std::string http_port_file;
+  // Called on SIGTERM/SIGINT before the drain begins (an MPI job watches its ranks more closely).
+  std::function<void()> on_shutdown_signal;
 };
 
 // Serves `engine` (already started) until SIGTERM or SIGINT; then stops the engine. Installs its

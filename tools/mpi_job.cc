@@ -138,6 +138,8 @@ class OpenMpiJob final : public MpiJob {
     world_->StopMonitor();
   }
 
+  void ShutdownRequested() override { world_->ShutdownRequested(); }
+
   [[noreturn]] void Abort(int code) override { world_->Abort(code); }
 
  private:

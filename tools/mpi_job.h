@@ -32,6 +32,8 @@ class MpiJob {
   virtual void StartMonitor(std::function<void(const std::string&)> on_lost) = 0;
   // Stops watching and forgets `on_lost`: before the engine it calls goes away.
   virtual void StopMonitor() = 0;
+  // Rank 0 got SIGTERM/SIGINT: the job may be being torn down, so a silent rank is lost sooner.
+  virtual void ShutdownRequested() = 0;
   // Collective, after every rank loaded its shard: the weights' digest becomes the whole model's.
   virtual absl::Status ShareDigests(ModelWeights* weights) = 0;
   // The part of the model this rank reads from the checkpoint.

@@ -1,4 +1,5 @@
 // `moeserve serve`: the gRPC server over the continuous-batching engine.
+#include <csignal>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,11 @@ struct ServeOptions {
 int RunServeRank0(ServeOptions o, MpiJob* job);
 
 int RunServe(ServeOptions o) {
+  // A server never dies of a write to a closed pipe or socket: the write fails instead. Under
+  // mpirun this matters when the job is being torn down and the daemon that forwards a rank's
+  // stderr has gone: the rank's last words ("engine failed: rank 1 ...") must not kill it
+  // before its clients have been told.
+  std::signal(SIGPIPE, SIG_IGN);
   if (absl::Status s = ApplyVllmFlags(o.vllm, o.http_listen_given, &o.model, &o.server.http.listen, &o.engine);
       !s.ok()) {
     return Fail(s);
@@ -179,6 +185,7 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     o.server.extra_port_file = o.metrics_port_file;
     o.server.extra_port = metrics->port();
   }
+  if (job != nullptr) o.server.on_shutdown_signal = [job] { job->ShutdownRequested(); };
   absl::Status s = server::RunServer(o.server, so, engine->get());
   if (!s.ok()) {
     (*engine)->Stop();
