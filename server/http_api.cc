@@ -140,8 +140,9 @@ std::vector<HttpRoute> HttpApi::Routes() {
                         const bool special = !j->contains("add_special_tokens") || (*j)["add_special_tokens"] != false;
                         ids = tok->tokenizer->Encode((*j)["prompt"].get<std::string>(), special);
                       } else if (j->is_object() && j->contains("messages") && (*j)["messages"].is_array()) {
-                        // As the chat endpoint renders them (its template adds the special tokens).
-                        ids = ChatPrompt((*j)["messages"], *tok);
+                        // As the chat endpoint renders them, with the same options.
+                        absl::StatusOr<ChatOptions> options = ReadChatOptions(*j);
+                        ids = options.ok() ? ChatPrompt((*j)["messages"], *tok, *options) : options.status();
                       } else {
                         ids = absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\"");
                       }

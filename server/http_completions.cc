@@ -21,7 +21,7 @@ using Json = nlohmann::json;
 class TextStream {
  public:
   TextStream(const std::vector<std::string>& stop, const ParsedCompletion& p)
-      : stop_(stop), decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
+      : stop_(stop), include_stop_(p.include_stop_str), decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
     for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
   }
   std::string Push(int32_t token) {
@@ -38,7 +38,7 @@ class TextStream {
   std::string Drain(bool final) {
     if (stopped_) return "";
     std::string out;
-    if (CutAtStop(&pending_, stop_)) {
+    if (CutAtStop(&pending_, stop_, include_stop_)) {
       stopped_ = true;
       out.swap(pending_);
       return out;
@@ -53,6 +53,7 @@ class TextStream {
   }
 
   std::vector<std::string> stop_;
+  bool include_stop_ = false;
   size_t hold_ = 0;
   StreamDetokenizer decoder_;
   std::string pending_;

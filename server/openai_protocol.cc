@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "models/tokenizer.h"
 #include "server/json_body.h"
+#include "server/openai_fields.h"
 
 namespace moeserve::server {
 namespace {
@@ -39,36 +40,14 @@ absl::Status Read(const Json& j, const char* key, T* out) {
   return absl::OkStatus();
 }
 
-// Parameters that change the outcome and that this engine does not implement, at a value that
-// would need them.
-absl::Status RefuseUnsupported(const Json& j) {
-  auto at = [&](const char* key) -> const Json* {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  };
-  if (const Json* v = at("n"); v && *v != 1)
-    return Bad("n", "only 1 choice per request is supported");
-  if (const Json* v = at("best_of"); v && *v != 1) return Bad("best_of", "only 1 is supported");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (const Json* v = at(penalty); v && (!v->is_number() || v->get<double>() != 0)) {
-      return Bad(penalty, "penalties are not supported (only 0)");
-    }
-  }
-  if (const Json* v = at("repetition_penalty"); v && (!v->is_number() || v->get<double>() != 1)) {
-    return Bad("repetition_penalty", "penalties are not supported (only 1)");
-  }
-  if (const Json* v = at("logit_bias"); v && !(v->is_object() && v->empty())) {
-    return Bad("logit_bias", "not supported");
-  }
-  if (const Json* v = at("echo"); v && *v != false) return Bad("echo", "not supported");
-  if (const Json* v = at("suffix"); v && *v != "") return Bad("suffix", "not supported");
-  for (const char* tools : {"tools", "functions"}) {
-    if (const Json* v = at(tools); v && !(v->is_array() && v->empty()))
-      return Bad(tools, "not supported");
-  }
+// The field table refuses what is not implemented (openai_fields.h); response_format is
+// implemented for its one value, text.
+absl::Status CheckFields(const Json& j, bool chat) {
+  RETURN_IF_ERROR(CheckRequestFields(j, chat));
   // (value() would throw on a "type" that is not a string: checked by hand.)
-  if (const Json* v = at("response_format");
-      v && !(v->is_object() && (!v->contains("type") || (*v)["type"] == "text"))) {
+  auto it = j.find("response_format");
+  if (it != j.end() && !it->is_null() &&
+      !(it->is_object() && (!it->contains("type") || (*it)["type"] == "text"))) {
     return Bad("response_format", "only text is supported");
   }
   return absl::OkStatus();
@@ -86,11 +65,11 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* fie
 }
 
 // One prompt: a string, an array of token ids, or either alone in an array (never deeper).
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Tokenizer& tok) {
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Tokenizer& tok, bool special) {
   const Json* one = &prompt;
   if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) one = &prompt[0];
   if (one->is_string()) {
-    auto ids = tok.Encode(one->get<std::string>(), true);
+    auto ids = tok.Encode(one->get<std::string>(), special);
     if (!ids.ok()) return Bad("prompt", std::string(ids.status().message()));
     return ids;
   }
@@ -134,31 +113,90 @@ absl::StatusOr<Json> NormalizeMessages(const Json& in) {
 
 }  // namespace
 
-std::string RenderChat(const Json& messages) {
-  std::string out;
-  for (const Json& m : messages) {
-    absl::StrAppend(&out, "<|im_start|>", m["role"].get<std::string>(), "\n",
-                    m["content"].get<std::string>(), "<|im_end|>\n");
+absl::StatusOr<ChatOptions> ReadChatOptions(const Json& j) {
+  ChatOptions o;
+  RETURN_IF_ERROR(Read(j, "add_generation_prompt", &o.add_generation_prompt));
+  RETURN_IF_ERROR(Read(j, "continue_final_message", &o.continue_final_message));
+  if (o.continue_final_message && o.add_generation_prompt) {
+    return Bad("continue_final_message",
+               "cannot be true while add_generation_prompt is true (set it to false)");
   }
-  return out + "<|im_start|>assistant\n";
+  if (auto it = j.find("add_special_tokens"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Bad("add_special_tokens", "must be true or false");
+    o.add_special_tokens = it->get<bool>();
+  }
+  if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("chat_template_kwargs", "must be an object");
+    for (const char* own : {"messages", "add_generation_prompt", "bos_token", "eos_token"}) {
+      if (it->contains(own)) {
+        return Bad("chat_template_kwargs", absl::StrCat("\"", own, "\" is set by the request itself"));
+      }
+    }
+    o.template_kwargs = *it;
+  }
+  return o;
 }
 
-absl::StatusOr<std::vector<int32_t>> ChatPrompt(const Json& raw, const ModelTokenizer& tok) {
-  ASSIGN_OR_RETURN(const Json messages, NormalizeMessages(raw));
-  if (tok.chat == nullptr) {
-    auto ids = tok.tokenizer->Encode(RenderChat(messages), true);
-    if (!ids.ok()) return Bad("messages", std::string(ids.status().message()));
-    return ids;
+std::string RenderChat(const Json& messages, const ChatOptions& options) {
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    absl::StrAppend(&out, "<|im_start|>", m["role"].get<std::string>(), "\n",
+                    m["content"].get<std::string>());
+    if (options.continue_final_message && i + 1 == messages.size()) return out;  // left open
+    out += "<|im_end|>\n";
   }
-  // As transformers' apply_chat_template(tokenize=True): the template writes the special
-  // tokens itself, so the tokenizer adds none.
+  return options.add_generation_prompt ? out + "<|im_start|>assistant\n" : out;
+}
+
+namespace {
+
+// The model's template rendered as transformers' apply_chat_template does; continuing the final
+// message cuts the text right after that message's content, as transformers does.
+absl::StatusOr<std::string> RenderTemplate(const Json& messages, const ModelTokenizer& tok,
+                                           const ChatOptions& options) {
   nlohmann::ordered_json context = {{"messages", nlohmann::ordered_json::parse(messages.dump())},
-                                    {"add_generation_prompt", true},
+                                    {"add_generation_prompt", options.add_generation_prompt},
                                     {"bos_token", tok.bos_token},
                                     {"eos_token", tok.eos_token}};
+  for (const auto& [key, value] : options.template_kwargs.items()) {
+    context[key] = nlohmann::ordered_json::parse(value.dump());
+  }
   absl::StatusOr<std::string> text = tok.chat->Render(context);
   if (!text.ok()) return Bad("messages", std::string(text.status().message()));
-  auto ids = tok.tokenizer->Encode(*text, false);
+  if (options.continue_final_message) {
+    const std::string last = messages.back()["content"].get<std::string>();
+    const size_t at = last.empty() ? std::string::npos : text->rfind(last);
+    if (at == std::string::npos) {
+      return Bad("continue_final_message",
+                 "the final message's content does not appear in the rendered chat");
+    }
+    text->resize(at + last.size());
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> ChatPrompt(const Json& raw, const ModelTokenizer& tok,
+                                                const ChatOptions& options) {
+  ASSIGN_OR_RETURN(const Json messages, NormalizeMessages(raw));
+  std::string text;
+  bool special = false;
+  if (tok.chat == nullptr) {
+    if (!options.template_kwargs.empty()) {  // they would be ignored: nothing reads them
+      return Bad("chat_template_kwargs",
+                 "this model has no chat template (moeserve's ChatML rendering takes no variables)");
+    }
+    text = RenderChat(messages, options);
+    special = options.add_special_tokens.value_or(true);  // the BOS
+  } else {
+    // As transformers' apply_chat_template(tokenize=True): the template writes the special
+    // tokens itself, so the tokenizer adds none unless asked.
+    ASSIGN_OR_RETURN(text, RenderTemplate(messages, tok, options));
+    special = options.add_special_tokens.value_or(false);
+  }
+  auto ids = tok.tokenizer->Encode(text, special);
   if (!ids.ok()) return Bad("messages", std::string(ids.status().message()));
   return ids;
 }
@@ -168,7 +206,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
                                                  const RequestLimits& limits,
                                                  std::shared_ptr<const ModelTokenizer> tokenizer) {
   ASSIGN_OR_RETURN(const Json j, ParseJsonBody(body));
-  RETURN_IF_ERROR(RefuseUnsupported(j));
+  RETURN_IF_ERROR(CheckFields(j, chat));
   ParsedCompletion p;
   p.chat = chat;
   p.tokenizer = std::move(tokenizer);
@@ -182,11 +220,14 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   if (chat) {
     auto it = j.find("messages");
     if (it == j.end()) return Bad("messages", "must be a non-empty array");
-    ASSIGN_OR_RETURN(r.prompt, ChatPrompt(*it, *p.tokenizer));
+    ASSIGN_OR_RETURN(const ChatOptions options, ReadChatOptions(j));
+    ASSIGN_OR_RETURN(r.prompt, ChatPrompt(*it, *p.tokenizer, options));
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
-    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it, tok));
+    bool special = true;
+    RETURN_IF_ERROR(Read(j, "add_special_tokens", &special));
+    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it, tok, special));
   }
   const int64_t room =
       std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
@@ -223,6 +264,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
       if (s.empty()) return Bad("stop", "stop strings must not be empty");
     }
   }
+  RETURN_IF_ERROR(Read(j, "include_stop_str_in_output", &p.include_stop_str));
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
     ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TokenIds(*it, "stop_token_ids"));
@@ -244,7 +286,15 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   }
   r.top_logprobs = p.logprobs;
   std::string priority = "normal";
-  RETURN_IF_ERROR(Read(j, "priority", &priority));
+  if (auto it = j.find("priority"); it != j.end() && it->is_number()) {
+    // vLLM's integer priority (lower runs earlier): its default, 0, is moeserve's normal lane;
+    // other integers have no lane to map to faithfully.
+    if (*it != 0) {
+      return Bad("priority", "integer priorities other than 0 are not supported: name a lane (fast, high, normal or low)");
+    }
+  } else {
+    RETURN_IF_ERROR(Read(j, "priority", &priority));
+  }
   if (priority == "fast") {
     r.priority = Priority::kFast;
   } else if (priority == "high") {
@@ -266,11 +316,17 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   return p;
 }
 
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop) {
-  size_t cut = std::string::npos;
-  for (const std::string& s : stop) cut = std::min(cut, text->find(s));
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop) {
+  size_t cut = std::string::npos, length = 0;
+  for (const std::string& s : stop) {
+    const size_t at = text->find(s);
+    if (at < cut || (at == cut && at != std::string::npos && s.size() > length)) {
+      cut = at;
+      length = s.size();
+    }
+  }
   if (cut == std::string::npos) return false;
-  text->resize(cut);
+  text->resize(cut + (include_stop ? length : 0));
   return true;
 }
 

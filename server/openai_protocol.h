@@ -1,8 +1,8 @@
 // The OpenAI API's request and response bodies (POST /v1/completions, /v1/chat/completions),
 // mapped onto the engine: a body becomes a GenerateRequest checked by the engine's one
 // validator (errors name the OpenAI parameter and the limit), and events become completion
-// objects or server-sent-event chunks. Parameters that would change the outcome and that this
-// engine does not implement (n > 1, penalties, logit_bias, tools, echo, ...) are refused.
+// objects or server-sent-event chunks. Every request field is checked against the table in
+// openai_fields.h: what this engine does not implement (n > 1, penalties, tools, ...) is refused.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -43,18 +43,32 @@ struct ParsedCompletion {
   std::string model;              // as the client named it (checked by the caller)
   GenerateRequest request;        // validated
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
+  bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
   int logprobs = 0;               // top-n per token (0: none)
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
-// The embedded models' chat format (they bring no chat template of their own): ChatML turns,
-// then the assistant's turn opened.
-std::string RenderChat(const nlohmann::json& messages);
+// How chat messages become a prompt, as vLLM's request fields say: the generation prompt (the
+// assistant's turn opened), or the last (assistant) message continued instead, the template's
+// extra variables (Qwen3's enable_thinking), and whether the tokenizer adds its special tokens.
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  std::optional<bool> add_special_tokens;  // unset: none with a template, BOS without
+};
+// The options from a request body (chat completions or /tokenize), each checked.
+absl::StatusOr<ChatOptions> ReadChatOptions(const nlohmann::json& body);
 
-// Chat messages ({role, content} objects) as prompt ids: through the model's chat template
-// with a generation prompt, or, when it has none, RenderChat with the tokenizer's BOS.
+// The embedded models' chat format (they bring no chat template of their own): ChatML turns,
+// then the assistant's turn opened (or the last message left open to be continued).
+std::string RenderChat(const nlohmann::json& messages, const ChatOptions& options = {});
+
+// Chat messages ({role, content} objects) as prompt ids: through the model's chat template, or,
+// when it has none, RenderChat with the tokenizer's BOS.
 absl::StatusOr<std::vector<int32_t>> ChatPrompt(const nlohmann::json& messages,
-                                                const ModelTokenizer& tokenizer);
+                                                const ModelTokenizer& tokenizer,
+                                                const ChatOptions& options = {});
 
 // Parses a completions (`chat` false) or chat completions body; the prompt goes through the
 // model's tokenizer (with its special tokens) unless given as token ids, and chat messages
@@ -64,8 +78,8 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
                                                  const RequestLimits& limits,
                                                  std::shared_ptr<const ModelTokenizer> tokenizer);
 
-// Cuts `text` at the earliest stop string; true when one was found.
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop);
+// Cuts `text` at the earliest stop string (after it, with `include_stop`); true when one was found.
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop = false);
 
 // The response objects. `id` is "cmpl-..." or "chatcmpl-...".
 struct CompletionText {
