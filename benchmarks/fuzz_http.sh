@@ -33,7 +33,7 @@ mkdir -p "$BUILD_DIR/obj" "$BUILD_DIR/corpus" "$BUILD_DIR/findings"
 # What ParseCompletion, the chat template and the response objects need, and nothing of the
 # engine, the kernels or the server's transport.
 SOURCES=(
-  server/json_body.cc server/openai_protocol.cc
+  server/json_body.cc server/openai_protocol.cc server/openai_fields.cc
   engine/request_validation.cc
   models/model_config.cc models/tokenizer.cc models/model_tokenizer.cc models/tokenizer_files.cc
   models/stream_detokenizer.cc models/hf_tokenizer.cc models/hf_text.cc models/hf_decoder.cc models/bpe.cc

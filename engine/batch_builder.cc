@@ -34,7 +34,7 @@ StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveL
       // Sampled on the device; the logits come to the host only for requests that want logprobs.
       in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
       in.sample.push_back(r.sampler->Next());
-      if (r.request.top_logprobs > 0) in.logits_to_host = true;
+      if (r.request.wants_logprobs()) in.logits_to_host = true;
     }
     if (!r.first_scheduled) r.first_scheduled = now;
   }

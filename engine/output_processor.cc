@@ -52,8 +52,11 @@ std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
     RequestEvent ev;
     ev.request_id = seq.id;
     ev.tokens = {tok};
-    if (r.request.top_logprobs > 0) {
-      ev.logprobs.push_back(TopLogprobs(logits.data() + lr * vocab, vocab, r.request.top_logprobs));
+    if (r.request.wants_logprobs()) {
+      const float* row_logits = logits.data() + lr * vocab;
+      const double log_z = LogNormalizer(row_logits, vocab);
+      ev.token_logprobs.push_back(static_cast<float>(row_logits[tok] - log_z));
+      ev.logprobs.push_back(TopLogprobs(row_logits, vocab, r.request.top_logprobs, log_z));
     }
     const auto& stop = r.request.stop_ids;
     const int64_t generated = seq.num_tokens() - seq.prompt_len;

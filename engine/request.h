@@ -25,7 +25,11 @@ struct GenerateRequest {
   std::vector<int32_t> stop_ids;
   Priority priority = Priority::kNormal;
   std::optional<Clock::time_point> deadline;
+  // Log-probabilities, under the model's unmodified distribution: the chosen token's with
+  // `logprobs`, and the `top_logprobs` most likely tokens' (which implies `logprobs`).
+  bool logprobs = false;
   int32_t top_logprobs = 0;  // 0: none
+  bool wants_logprobs() const { return logprobs || top_logprobs > 0; }
   // Keep the prompt's KV cached for this long after it is computed (0: ordinary LRU), as the
   // prompt caches of hosted APIs offer: retained blocks outlive eviction pressure in every tier
   // within its budget.
@@ -77,7 +81,8 @@ struct RequestReceipt {
 struct RequestEvent {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;                    // new tokens (empty on a bare final event)
-  std::vector<std::vector<TokenLogprob>> logprobs;  // per new token, when asked
+  std::vector<float> token_logprobs;                // per new token: its own, when asked
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per new token: the top n (maybe none), when asked
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
   std::string message;  // why, for cancelled / deadline / error

@@ -40,11 +40,14 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   return cpu_sample::SortSampleRow(logits, vocab, Next());
 }
 
-std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n) {
+double LogNormalizer(const float* logits, int64_t vocab) {
   const float mx = *std::max_element(logits, logits + vocab);
   double sum = 0.0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  const double log_z = mx + std::log(sum);
+  return mx + std::log(sum);
+}
+
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n, double log_z) {
   std::vector<int32_t> ids(vocab);
   for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
   n = static_cast<int>(std::min<int64_t>(n, vocab));

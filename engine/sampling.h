@@ -48,7 +48,10 @@ class Sampler {
 // Index of the largest logit (the lowest index among ties).
 int32_t ArgMax(const float* logits, int64_t vocab);
 
+// log(sum(exp(logits))), in double precision: a token's log-probability is its logit minus it.
+double LogNormalizer(const float* logits, int64_t vocab);
+
 // The `n` most likely tokens with their log-probabilities under the unmodified distribution.
-std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n);
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n, double log_z);
 
 }  // namespace moeserve

@@ -350,7 +350,8 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
       "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream", "stream_options",
       "include_usage", "logprobs", "top_logprobs", "priority", "retain_seconds", "cache_salt", "ignore_eos", "n",
       "best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "echo", "suffix",
-      "tools", "functions", "response_format", "image_url"};
+      "tools", "functions", "response_format", "image_url", "include_stop_str_in_output", "add_generation_prompt",
+      "continue_final_message", "chat_template_kwargs", "enable_thinking", "add_special_tokens", "min_p", "min_tokens"};
   static const Json* const kValues = new Json(Json::parse(R"([
       null, true, false, 0, -1, 1, 2, 20, 21, 256, 257, 271, 272, 1023, 1024, 4096, 4097, 2147483647, 2147483648,
       4294967368, 9223372036854775807, 9223372036854775808, 18446744073709551615, -9223372036854775808,

@@ -87,6 +87,7 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
     r.mutable_text()->append(decoder_->Push(ev.tokens[i]));
     if (i < ev.logprobs.size()) {
       v1::TokenInfo* info = r.add_logprobs();
+      if (i < ev.token_logprobs.size()) info->set_logprob(ev.token_logprobs[i]);
       for (const auto& lp : ev.logprobs[i]) {
         v1::TokenLogprob* t = info->add_top_logprobs();
         t->set_token_id(lp.token);

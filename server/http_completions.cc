@@ -78,6 +78,7 @@ void Take(const RequestEvent& ev, TextStream* text, CompletionText* out) {
     if (text->stopped()) return;
     out->token_ids.push_back(ev.tokens[i]);
     if (i < ev.logprobs.size()) out->logprobs.push_back(ev.logprobs[i]);
+    if (i < ev.token_logprobs.size()) out->chosen.push_back(ev.token_logprobs[i]);
     out->text += text->Push(ev.tokens[i]);
   }
 }
@@ -190,19 +191,24 @@ class Completion : public std::enable_shared_from_this<Completion> {
 
   void StreamEvent(const RequestEvent& ev) {
     if (answered_) return;
-    CompletionText delta;
-    Take(ev, &text_, &delta);
+    // Tokens whose text is held back (part of a character, or of a possible stop string) wait
+    // with their logprobs for the chunk that carries their text: none is dropped.
+    Take(ev, &text_, &held_);
     if (!ev.finished) {
-      if (delta.text.empty() && !first_) return;  // nothing new to say yet
-      if (!reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)))) engine_->Cancel(id_);
+      if (held_.text.empty() && !first_) return;  // nothing new to say yet
+      if (!reply_->Write(Sse(ChunkObject(p_, cid_, created_, held_, std::nullopt, first_)))) engine_->Cancel(id_);
+      held_ = CompletionText();
       first_ = false;
       return;
     }
     answered_ = true;
+    CompletionText delta = std::exchange(held_, CompletionText());
     delta.text += text_.Finish();
     absl::Status error;
     const auto reason = FinishReason(ev, text_.stopped(), &error);
-    if (!delta.text.empty()) reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)));
+    if (!delta.text.empty() || !delta.token_ids.empty()) {
+      reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)));
+    }
     if (reason) {
       reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false)));
       if (p_.include_usage) {
@@ -222,6 +228,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
 
   Engine* engine_;
   StreamEncoder* encoder_;
+  CompletionText held_;  // streamed: tokens not yet sent, with their logprobs
   const ParsedCompletion p_;
   std::mutex mu_;  // the queue
   std::deque<RequestEvent> events_;

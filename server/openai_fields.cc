@@ -102,7 +102,9 @@ const std::vector<RequestField>& RequestFields() {
 
 absl::Status CheckRequestFields(const Json& body, bool chat) {
   const std::vector<RequestField>& table = RequestFields();
-  for (const auto& [key, value] : body.items()) {
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
+    const Json& value = item.value();
     auto it = std::find_if(table.begin(), table.end(), [&](const RequestField& f) {
       return f.name == key && (chat ? f.chat : f.completion);
     });

@@ -270,20 +270,21 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
     ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TokenIds(*it, "stop_token_ids"));
     r.stop_ids.insert(r.stop_ids.end(), ids.begin(), ids.end());
   }
+  // The chosen token's logprob whenever logprobs are asked for; top-n alternatives on top (chat:
+  // top_logprobs, which needs logprobs true, as vLLM; completions: logprobs n, 0 the chosen only).
   if (chat) {
-    bool want = false;
-    RETURN_IF_ERROR(Read(j, "logprobs", &want));
+    RETURN_IF_ERROR(Read(j, "logprobs", &p.want_logprobs));
     int64_t top = 0;
     if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
       ASSIGN_OR_RETURN(top, IntInRange(*it, "top_logprobs", 0, limits.max_top_logprobs));
     }
-    // The chosen token's logprob comes with its alternatives: at least one of them.
-    p.logprobs = want ? std::max<int>(1, static_cast<int>(top)) : 0;
-  } else {
-    int32_t n = 0;
-    RETURN_IF_ERROR(Read(j, "logprobs", &n));
-    p.logprobs = n;
+    if (top > 0 && !p.want_logprobs) return Bad("top_logprobs", "needs logprobs: true");
+    p.logprobs = static_cast<int>(top);
+  } else if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    RETURN_IF_ERROR(Read(j, "logprobs", &p.logprobs));
+    p.want_logprobs = true;
   }
+  r.logprobs = p.want_logprobs;
   r.top_logprobs = p.logprobs;
   std::string priority = "normal";
   if (auto it = j.find("priority"); it != j.end() && it->is_number()) {

@@ -44,7 +44,8 @@ struct ParsedCompletion {
   GenerateRequest request;        // validated
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
   bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
-  int logprobs = 0;               // top-n per token (0: none)
+  bool want_logprobs = false;     // the chosen token's logprob, and
+  int logprobs = 0;               // the top-n per token (0: none)
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
@@ -85,7 +86,8 @@ bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool inc
 struct CompletionText {
   std::string text;
   std::vector<int32_t> token_ids;
-  std::vector<std::vector<TokenLogprob>> logprobs;  // per token, when asked
+  std::vector<float> chosen;                        // per token: its own logprob, when asked
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per token: the top n, when asked
 };
 nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                                 const CompletionText& out, const std::string& finish_reason,

@@ -27,18 +27,18 @@ Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer)
   return j;
 }
 
-// Logprobs of generated tokens: the chosen token's, when it is among the top n, and the top n.
+// Logprobs of generated tokens: the chosen token's own, and the top n.
 Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
-  if (out.logprobs.empty()) return nullptr;
+  if (out.logprobs.empty() && out.chosen.empty()) return nullptr;
+  auto chosen_logprob = [&](size_t i) -> Json { return i < out.chosen.size() ? Json(out.chosen[i]) : Json(nullptr); };
   if (chat) {
     Json content = Json::array();
-    for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
+    for (size_t i = 0; i < out.token_ids.size(); ++i) {
       Json top = Json::array();
       Json chosen = TokenJson(out.token_ids[i], 0.0f, true, tok);
-      chosen["logprob"] = nullptr;
-      for (const TokenLogprob& lp : out.logprobs[i]) {
-        top.push_back(TokenJson(lp.token, lp.logprob, true, tok));
-        if (lp.token == out.token_ids[i]) chosen["logprob"] = lp.logprob;
+      chosen["logprob"] = chosen_logprob(i);
+      if (i < out.logprobs.size()) {
+        for (const TokenLogprob& lp : out.logprobs[i]) top.push_back(TokenJson(lp.token, lp.logprob, true, tok));
       }
       chosen["top_logprobs"] = top;
       content.push_back(chosen);
@@ -46,14 +46,15 @@ Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
     return {{"content", content}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
-  for (size_t i = 0; i < out.token_ids.size() && i < out.logprobs.size(); ++i) {
+  for (size_t i = 0; i < out.token_ids.size(); ++i) {
     tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok)["token"]);
-    Json chosen = nullptr, alternatives = Json::object();
-    for (const TokenLogprob& lp : out.logprobs[i]) {
-      alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
-      if (lp.token == out.token_ids[i]) chosen = lp.logprob;
+    Json alternatives = Json::object();
+    if (i < out.logprobs.size()) {
+      for (const TokenLogprob& lp : out.logprobs[i]) {
+        alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
+      }
     }
-    token_logprobs.push_back(chosen);
+    token_logprobs.push_back(chosen_logprob(i));
     top.push_back(alternatives);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};

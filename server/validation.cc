@@ -52,6 +52,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
           absl::StrCat("priority: unknown value ", static_cast<int>(req.priority())));
   }
   out.top_logprobs = req.logprobs();
+  out.logprobs = req.logprobs() > 0;  // with the top n, the chosen token's own
   out.retain_seconds = req.retain_seconds();
   out.cache_salt = req.cache_salt();
   if (absl::Status v = ValidateRequest(out, c, limits, prompt_field); !v.ok()) return v;

@@ -90,11 +90,12 @@ TEST(SamplingTest, ValidateNamesFieldAndLimit) {
 
 TEST(SamplingTest, TopLogprobsAreNormalised) {
   std::vector<float> logits = {1.0f, 3.0f, 2.0f};
-  auto top = TopLogprobs(logits.data(), 3, 2);
+  const double z = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(LogNormalizer(logits.data(), 3), z, 1e-12);
+  auto top = TopLogprobs(logits.data(), 3, 2, LogNormalizer(logits.data(), 3));
   ASSERT_EQ(top.size(), 2u);
   EXPECT_EQ(top[0].token, 1);
   EXPECT_EQ(top[1].token, 2);
-  const double z = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
   EXPECT_NEAR(top[0].logprob, 3.0 - z, 1e-6);
 }
 

@@ -111,6 +111,7 @@ TEST_F(HttpFieldsTest, EveryVllmFieldIsImplementedOrRefusedByName) {
       if ((chat && kCompletionOnly.count(field)) || (!chat && kChatOnly.count(field))) continue;
       Json body = base;
       body[field] = chat && field == "logprobs" ? Json(true) : value;  // a boolean in chat
+      if (chat && field == "top_logprobs") body["logprobs"] = true;      // which top_logprobs needs
       SCOPED_TRACE(path + " " + field + " = " + value.dump());
       const auto [status, j] = Post(path, body);
       if (Accepted().count(field)) {
@@ -193,6 +194,51 @@ TEST_F(HttpFieldsTest, IncludeStopStrInOutputKeepsTheStopString) {
       EXPECT_EQ(got, text.substr(0, at + (include ? stop.size() : 0)));
     }
   }
+}
+
+// The chosen token's logprob on every token (logprobs 0 on completions, logprobs true with no
+// top_logprobs on chat), streamed or not; streamed entries of held-back text come later, none
+// dropped (temperature 1 over the byte tokenizer makes partial characters).
+TEST_F(HttpFieldsTest, LogprobsCoverEveryTokenStreamedOrNot) {
+  for (const bool chat : {false, true}) {
+    Json body = {{"max_tokens", 48}, {"temperature", 1.0}, {"seed", 3}, {"ignore_eos", true}};
+    if (chat) {
+      body["messages"] = Json::array({{{"role", "user"}, {"content", "hi"}}});
+      body["logprobs"] = true;
+    } else {
+      body["prompt"] = "hi";
+      body["logprobs"] = 0;
+    }
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    SCOPED_TRACE(path);
+    const auto [status, whole] = Post(path, body);
+    ASSERT_EQ(status, 200) << whole.dump();
+    const Json& lp = whole["choices"][0]["logprobs"];
+    const Json& chosen = chat ? lp["content"] : lp["token_logprobs"];
+    ASSERT_EQ(chosen.size(), 48u) << lp.dump();
+    for (const Json& c : chosen) {
+      const Json& v = chat ? c["logprob"] : c;
+      ASSERT_TRUE(v.is_number()) << lp.dump();
+      EXPECT_LE(v.get<double>(), 0.0);
+    }
+    body["stream"] = true;
+    httplib::Client c("127.0.0.1", server_->http_port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    size_t entries = 0;
+    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+      const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+      if (!e.contains("choices") || e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
+      const Json& l = e["choices"][0]["logprobs"];
+      entries += chat ? l["content"].size() : l["token_logprobs"].size();
+    }
+    EXPECT_EQ(entries, 48u) << r->body;
+  }
+  // top_logprobs needs logprobs, as vLLM.
+  const auto [status, j] = Post("/v1/chat/completions", {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}, {"top_logprobs", 2}});
+  EXPECT_EQ(status, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "top_logprobs") << j.dump();
 }
 
 // Without a chat template (the embedded models): ChatML, the generation prompt optional, the

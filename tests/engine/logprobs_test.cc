@@ -1,0 +1,97 @@
+// Log-probabilities from the engine against a float64 log-softmax of an independent naive
+// forward's logits (tests/models/naive_forward.h): the chosen token's own logprob on every
+// sampled token, also where it is outside the top n (temperature 1 samples those), and each of
+// the top n; with `logprobs` alone (top 0) the chosen token's only.
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "engine/engine.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "models/weight_init.h"
+#include "tests/models/naive_forward.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+std::vector<double> LogSoftmax(const std::vector<double>& logits) {
+  double mx = -1e300, sum = 0;
+  for (double v : logits) mx = std::max(mx, v);
+  for (double v : logits) sum += std::exp(v - mx);
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - mx - std::log(sum);
+  return out;
+}
+
+TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
+  const ModelConfig config = *PresetConfig("tiny");
+  const uint64_t seed = std::random_device{}();  // fresh inputs each run; the seed is in the trace
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto tensors = GenerateRandomWeights(config, seed, DType::kF32);
+  CpuBackend backend;
+  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EngineConfig cfg;
+  cfg.kv_dtype = DType::kF32;
+  auto engine = Engine::Create(cfg, weights->get(), &backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  struct Got {
+    std::vector<int32_t> tokens;
+    std::vector<float> chosen;
+    std::vector<std::vector<TokenLogprob>> top;
+  };
+  std::mutex mu;
+  std::map<uint64_t, Got> got;
+  std::map<uint64_t, GenerateRequest> sent;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r;
+    for (int t = 0; t < 5 + i; ++t) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+    r.max_tokens = 12;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed + static_cast<uint64_t>(i);
+    r.logprobs = true;
+    r.top_logprobs = i % 2 == 0 ? 1 : 0;  // top 1: the chosen one is often not it
+    auto id = (*engine)->Submit(r, [&](const RequestEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      Got& g = got[ev.request_id];
+      g.tokens.insert(g.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      g.chosen.insert(g.chosen.end(), ev.token_logprobs.begin(), ev.token_logprobs.end());
+      g.top.insert(g.top.end(), ev.logprobs.begin(), ev.logprobs.end());
+    });
+    ASSERT_TRUE(id.ok()) << id.status();
+    sent[*id] = r;
+  }
+  ASSERT_TRUE((*engine)->RunUntilIdle().ok());
+  const testing::NaiveMixtral naive(config, *tensors);
+  double worst = 0, worst_rel = 0;
+  int outside_top = 0;
+  for (const auto& [id, r] : sent) {
+    const Got& g = got[id];
+    ASSERT_EQ(g.chosen.size(), g.tokens.size()) << "request " << id;
+    ASSERT_EQ(g.top.size(), g.tokens.size()) << "request " << id;
+    std::vector<int32_t> seq = r.prompt;
+    seq.insert(seq.end(), g.tokens.begin(), g.tokens.end());
+    const auto logits = naive.Logits(seq);
+    for (size_t i = 0; i < g.tokens.size(); ++i) {
+      const std::vector<double> want = LogSoftmax(logits[r.prompt.size() - 1 + i]);
+      const double err = std::fabs(g.chosen[i] - want[g.tokens[i]]);
+      worst = std::max(worst, err);
+      worst_rel = std::max(worst_rel, err / std::max(1e-9, std::fabs(want[g.tokens[i]])));
+      ASSERT_EQ(static_cast<int>(g.top[i].size()), r.top_logprobs);
+      for (const TokenLogprob& t : g.top[i]) {
+        const int32_t best = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
+        EXPECT_EQ(t.token, best) << "request " << id << " token " << i;
+        worst = std::max(worst, std::fabs(t.logprob - want[t.token]));
+        if (t.token != g.tokens[i]) ++outside_top;
+      }
+    }
+  }
+  EXPECT_LE(worst, 1e-3) << "max abs logprob error " << worst << " (max rel " << worst_rel << ")";
+  EXPECT_GT(outside_top, 0) << "temperature 1 should sample some token outside the top 1";
+}
+
+}  // namespace
+}  // namespace moeserve
