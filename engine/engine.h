@@ -94,6 +94,9 @@ class Engine {
   ~Engine();
 
   const ModelConfig& model_config() const { return model_.config(); }
+  // What outputs depend on: the model's config and weights, the dtypes and the kernels'
+  // numerics (ModelFingerprint); the OpenAI API's system_fingerprint.
+  uint64_t fingerprint() const { return fingerprint_; }
   const EngineConfig& config() const { return config_; }
   // The parallel layout, when --ep/--pp ask for one (null on one rank).
   const ParallelExecutor* parallel() const { return executor_.get(); }

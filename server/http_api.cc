@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "models/tokenizer.h"
 #include "server/generate_reactor.h"
@@ -82,7 +83,8 @@ std::vector<HttpRoute> HttpApi::Routes() {
     return [this, tenant, model_names, chat](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
       if (!gate_->TryEnter()) return Reply(*reply, absl::UnavailableError("the server is shutting down"));
       auto leave = [gate = gate_] { gate->Leave(); };
-      auto parsed = ParseCompletion(req.body, chat, engine_->model_config(), service_.limits, service_.tokenizer);
+      auto parsed = ParseCompletion(req.body, chat, engine_->model_config(), service_.limits, service_.tokenizer,
+                                    service_.generation_defaults);
       if (!parsed.ok()) {
         Reply(*reply, parsed.status());
         return leave();
@@ -95,6 +97,7 @@ std::vector<HttpRoute> HttpApi::Routes() {
         return leave();
       }
       if (parsed->model.empty()) parsed->model = model_names.front();
+      parsed->system_fingerprint = absl::StrFormat("fp_%016x", engine_->fingerprint());
       parsed->request.cache_tenant = tenant(req).value_or("");
       RunCompletion(engine_, encoder_.get(), streams_.get(), *std::move(parsed), std::move(reply), leave);
     };
@@ -128,6 +131,10 @@ std::vector<HttpRoute> HttpApi::Routes() {
   routes.push_back({"GET", "/health", nullptr, health});
   routes.push_back({"GET", "/ping", nullptr, health});
   routes.push_back({"POST", "/ping", nullptr, health});
+  // vLLM's /version.
+  routes.push_back({"GET", "/version", nullptr, [](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
+                      ReplyJson(*reply, {{"version", MOESERVE_VERSION}});
+                    }});
   routes.push_back({"GET", "/metrics", nullptr, [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
                       reply->Send(200, "text/plain; version=0.0.4", EngineMetricsText(engine_->GetStats()));
                     }});

@@ -1,6 +1,7 @@
 // OpenAI completions on the engine: whole responses and server-sent events.
 #include "server/http_completions.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -33,12 +34,13 @@ class TextStream {
     return Drain(true);
   }
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string, once stopped
 
  private:
   std::string Drain(bool final) {
     if (stopped_) return "";
     std::string out;
-    if (CutAtStop(&pending_, stop_, include_stop_)) {
+    if (CutAtStop(&pending_, stop_, include_stop_, &matched_)) {
       stopped_ = true;
       out.swap(pending_);
       return out;
@@ -53,6 +55,7 @@ class TextStream {
   }
 
   std::vector<std::string> stop_;
+  std::string matched_;
   bool include_stop_ = false;
   size_t hold_ = 0;
   StreamDetokenizer decoder_;
@@ -81,6 +84,18 @@ void Take(const RequestEvent& ev, TextStream* text, CompletionText* out) {
     if (i < ev.token_logprobs.size()) out->chosen.push_back(ev.token_logprobs[i]);
     out->text += text->Push(ev.tokens[i]);
   }
+}
+
+// vLLM's stop_reason: the stop string that cut the text, or the stop token id the request named
+// that ended it; null for an EOS and for the length limit.
+Json StopReason(const TextStream& text, const RequestEvent& ev, const ParsedCompletion& p,
+                std::optional<int32_t> last_token) {
+  if (text.stopped()) return text.matched();
+  if (ev.reason == FinishReason::kStop && last_token &&
+      std::find(p.user_stop_ids.begin(), p.user_stop_ids.end(), *last_token) != p.user_stop_ids.end()) {
+    return *last_token;
+  }
+  return nullptr;
 }
 
 // The finish reason of a request that ended normally, or its error.
@@ -161,6 +176,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
     }
     std::lock_guard<std::mutex> lock(out_mu_);
     for (const RequestEvent& ev : events) {
+      if (!ev.tokens.empty()) last_token_ = ev.tokens.back();
       if (p_.stream) {
         StreamEvent(ev);
       } else {
@@ -186,7 +202,8 @@ class Completion : public std::enable_shared_from_this<Completion> {
       reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
       return;
     }
-    reply_->Send(200, "application/json", JsonText(CompletionObject(p_, cid_, created_, whole_, *reason, ev)));
+    reply_->Send(200, "application/json",
+                 JsonText(CompletionObject(p_, cid_, created_, whole_, *reason, ev, StopReason(text_, ev, p_, last_token_))));
   }
 
   void StreamEvent(const RequestEvent& ev) {
@@ -210,7 +227,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
       reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, first_)));
     }
     if (reason) {
-      reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false)));
+      reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false, StopReason(text_, ev, p_, last_token_))));
       if (p_.include_usage) {
         reply_->Write(Sse({{"id", cid_},
                            {"object", p_.chat ? "chat.completion.chunk" : "text_completion"},
@@ -229,6 +246,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
   Engine* engine_;
   StreamEncoder* encoder_;
   CompletionText held_;  // streamed: tokens not yet sent, with their logprobs
+  std::optional<int32_t> last_token_;  // the last token generated, for stop_reason
   const ParsedCompletion p_;
   std::mutex mu_;  // the queue
   std::deque<RequestEvent> events_;

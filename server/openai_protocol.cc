@@ -204,7 +204,8 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt(const Json& raw, const ModelToke
 absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
                                                  const ModelConfig& config,
                                                  const RequestLimits& limits,
-                                                 std::shared_ptr<const ModelTokenizer> tokenizer) {
+                                                 std::shared_ptr<const ModelTokenizer> tokenizer,
+                                                 const GenerationDefaults& defaults) {
   ASSIGN_OR_RETURN(const Json j, ParseJsonBody(body));
   RETURN_IF_ERROR(CheckFields(j, chat));
   ParsedCompletion p;
@@ -233,13 +234,15 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
       std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
   int64_t max_tokens =
       chat ? std::min<int64_t>(limits.max_tokens, room) : limits.default_max_tokens;
+  if (defaults.max_tokens) max_tokens = std::min<int64_t>({*defaults.max_tokens, limits.max_tokens, room});
   for (const char* key : {"max_tokens", chat ? "max_completion_tokens" : "max_tokens"}) {
     if (auto it = j.find(key); it != j.end() && !it->is_null()) {
       ASSIGN_OR_RETURN(max_tokens, IntInRange(*it, "max_tokens", 0, limits.max_tokens));
     }
   }
   r.max_tokens = static_cast<int32_t>(max_tokens);
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = defaults.temperature.value_or(1.0), top_p = defaults.top_p.value_or(1.0);
+  r.sampling.top_k = static_cast<int32_t>(defaults.top_k.value_or(0));
   RETURN_IF_ERROR(Read(j, "temperature", &temperature));
   RETURN_IF_ERROR(Read(j, "top_p", &top_p));
   r.sampling.temperature = static_cast<float>(temperature);
@@ -269,6 +272,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
     if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
     ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TokenIds(*it, "stop_token_ids"));
     r.stop_ids.insert(r.stop_ids.end(), ids.begin(), ids.end());
+    p.user_stop_ids = ids;
   }
   // The chosen token's logprob whenever logprobs are asked for; top-n alternatives on top (chat:
   // top_logprobs, which needs logprobs true, as vLLM; completions: logprobs n, 0 the chosen only).
@@ -317,17 +321,20 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   return p;
 }
 
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop) {
-  size_t cut = std::string::npos, length = 0;
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop,
+               std::string* matched) {
+  size_t cut = std::string::npos;
+  const std::string* which = nullptr;
   for (const std::string& s : stop) {
     const size_t at = text->find(s);
-    if (at < cut || (at == cut && at != std::string::npos && s.size() > length)) {
+    if (at < cut || (at == cut && at != std::string::npos && s.size() > which->size())) {
       cut = at;
-      length = s.size();
+      which = &s;
     }
   }
-  if (cut == std::string::npos) return false;
-  text->resize(cut + (include_stop ? length : 0));
+  if (which == nullptr) return false;
+  text->resize(cut + (include_stop ? which->size() : 0));
+  if (matched != nullptr) *matched = *which;
   return true;
 }
 

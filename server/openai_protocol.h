@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "engine/request.h"
 #include "engine/request_validation.h"
+#include "models/generation_defaults.h"
 #include "models/model_config.h"
 #include "models/model_tokenizer.h"
 
@@ -44,6 +45,8 @@ struct ParsedCompletion {
   GenerateRequest request;        // validated
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
   bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
+  std::vector<int32_t> user_stop_ids;  // stop_token_ids as asked (the request's add the EOS ids)
+  std::string system_fingerprint;      // the engine's fingerprint, set by the caller
   bool want_logprobs = false;     // the chosen token's logprob, and
   int logprobs = 0;               // the top-n per token (0: none)
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
@@ -74,13 +77,18 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt(const nlohmann::json& messages,
 // Parses a completions (`chat` false) or chat completions body; the prompt goes through the
 // model's tokenizer (with its special tokens) unless given as token ids, and chat messages
 // through its chat template (moeserve's ChatML rendering when it has none).
+// `defaults` (the checkpoint's generation_config.json) fill temperature, top_p, top_k and
+// max_tokens where the request leaves them out, as vLLM does.
 absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
                                                  const ModelConfig& config,
                                                  const RequestLimits& limits,
-                                                 std::shared_ptr<const ModelTokenizer> tokenizer);
+                                                 std::shared_ptr<const ModelTokenizer> tokenizer,
+                                                 const GenerationDefaults& defaults = {});
 
-// Cuts `text` at the earliest stop string (after it, with `include_stop`); true when one was found.
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop = false);
+// Cuts `text` at the earliest stop string (after it, with `include_stop`); true when one was
+// found, and then `matched` (when given) names it.
+bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop = false,
+               std::string* matched = nullptr);
 
 // The response objects. `id` is "cmpl-..." or "chatcmpl-...".
 struct CompletionText {
@@ -89,13 +97,16 @@ struct CompletionText {
   std::vector<float> chosen;                        // per token: its own logprob, when asked
   std::vector<std::vector<TokenLogprob>> logprobs;  // per token: the top n, when asked
 };
+// `stop_reason`, as vLLM's: the stop string or stop token id that ended it (null for EOS, length).
 nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                                 const CompletionText& out, const std::string& finish_reason,
-                                const RequestEvent& final_event);
+                                const RequestEvent& final_event,
+                                const nlohmann::json& stop_reason = nullptr);
 // One streamed chunk: new text (and its tokens' logprobs), or, with finish_reason set, the last.
 nlohmann::json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                            const CompletionText& delta,
-                           const std::optional<std::string>& finish_reason, bool first);
+                           const std::optional<std::string>& finish_reason, bool first,
+                           const nlohmann::json& stop_reason = nullptr);
 // The usage object (with the cached prompt tokens and moeserve's receipt and timing).
 nlohmann::json UsageObject(const RequestEvent& final_event);
 

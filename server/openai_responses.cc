@@ -27,6 +27,10 @@ Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer)
   return j;
 }
 
+Json FingerprintJson(const ParsedCompletion& p) {
+  return p.system_fingerprint.empty() ? Json(nullptr) : Json(p.system_fingerprint);
+}
+
 // Logprobs of generated tokens: the chosen token's own, and the top n.
 Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
   if (out.logprobs.empty() && out.chosen.empty()) return nullptr;
@@ -133,9 +137,11 @@ Json UsageObject(const RequestEvent& ev) {
 
 Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                       const CompletionText& out, const std::string& finish_reason,
-                      const RequestEvent& final_event) {
-  Json choice = {
-      {"index", 0}, {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)}, {"finish_reason", finish_reason}};
+                      const RequestEvent& final_event, const Json& stop_reason) {
+  Json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)},
+                 {"finish_reason", finish_reason},
+                 {"stop_reason", stop_reason}};
   if (p.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
   } else {
@@ -145,16 +151,18 @@ Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t 
           {"object", p.chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", p.model},
+          {"system_fingerprint", FingerprintJson(p)},
           {"choices", Json::array({choice})},
           {"usage", UsageObject(final_event)}};
 }
 
 Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                  const CompletionText& delta, const std::optional<std::string>& finish_reason,
-                 bool first) {
+                 bool first, const Json& stop_reason) {
   Json choice = {{"index", 0},
                  {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer)},
                  {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
+  if (finish_reason) choice["stop_reason"] = stop_reason;
   if (p.chat) {
     Json d = Json::object();
     if (first) d["role"] = "assistant";
@@ -167,6 +175,7 @@ Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t creat
           {"object", p.chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created},
           {"model", p.model},
+          {"system_fingerprint", FingerprintJson(p)},
           {"choices", Json::array({choice})}};
 }
 }  // namespace moeserve::server

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
+#include "models/generation_defaults.h"
 #include "models/model_tokenizer.h"
 #include "server/api_keys.h"
 #include "server/drain_gate.h"
@@ -23,6 +24,8 @@ struct ServiceOptions {
   // here, alone, and the connection's other streams live.
   size_t max_metadata_bytes = 16 << 10;
   v1::ModelInfo model_info;  // static part of GetModelInfo
+  // The checkpoint's sampling defaults for OpenAI API requests (serve --generation-config).
+  GenerationDefaults generation_defaults;
   // The served checkpoint's tokenizer, EOS ids and chat template.
   std::shared_ptr<const ModelTokenizer> tokenizer =
       std::make_shared<const ModelTokenizer>(ModelTokenizer::Bytes());

@@ -1,5 +1,6 @@
 // The moeserve binary: one subcommand per job.
 #include <cstdio>
+#include <string>
 
 #include "tools/commands.h"
 #include "tools/vllm_flags.h"
@@ -9,6 +10,7 @@ int main(int argc, char** argv) {
       "moeserve: a small but real Mixture-of-Experts serving engine.\n"
       "Run `moeserve <command> --help` for the flags of each command."};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("moeserve ") + MOESERVE_VERSION);
   int exit_code = 0;
   moeserve::tools::AddMakeModelCommand(app, &exit_code);
   moeserve::tools::AddGenerateCommand(app, &exit_code);

@@ -7,6 +7,7 @@
 #include "core/file_util.h"
 #include "server/metrics_exporter.h"
 #include "server/server_main.h"
+#include "models/generation_defaults.h"
 #include "tools/commands.h"
 #include "tools/mpi_job.h"
 #include "tools/vllm_flags.h"
@@ -27,6 +28,7 @@ struct ServeOptions {
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
   std::vector<std::string> served_model_names;
+  std::string generation_config = "auto";
   std::string chat_template;
   VllmFlags vllm;
   bool http_listen_given = false;
@@ -141,6 +143,13 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     if (name.empty()) return Fail(absl::InvalidArgumentError("--served-model-name: a name is empty"));
   }
   so.limits = ecfg->limits;
+  auto defaults = ReadGenerationDefaults(o.generation_config, o.model.model_dir);
+  if (!defaults.ok()) return Fail(defaults.status());
+  if (!defaults->source.empty()) {
+    std::fprintf(stderr, "moeserve: %s: %s for OpenAI API requests (--generation-config vllm: none)\n",
+                 defaults->source.c_str(), defaults->Describe().c_str());
+  }
+  so.generation_defaults = *std::move(defaults);
   so.tokenizer = std::make_shared<const ModelTokenizer>(*std::move(text));
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
@@ -265,6 +274,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
       ->capture_default_str();
   AddVllmFlags(cmd, &o->vllm);
+  cmd->add_option("--generation-config", o->generation_config,
+                  "As vLLM's: auto takes the checkpoint's generation_config.json temperature, top_p, top_k and "
+                  "max_new_tokens as defaults of OpenAI API requests that leave them out; vllm takes none; a "
+                  "directory takes its generation_config.json")
+      ->capture_default_str();
   cmd->add_option("--seed", o->engine.config.seed,
                   "Seeds the sampling of requests that bring no seed of their own, with their request number (as "
                   "vLLM's --seed): the same seed and requests in the same order sample the same tokens")

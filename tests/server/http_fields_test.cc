@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "tests/server/grpc_client.h"
@@ -241,6 +243,69 @@ TEST_F(HttpFieldsTest, LogprobsCoverEveryTokenStreamedOrNot) {
   EXPECT_EQ(j["error"]["param"], "top_logprobs") << j.dump();
 }
 
+// vLLM's response fields: stop_reason (the stop string, the stop token id, or null for the
+// length limit), system_fingerprint (the same for every answer of one server), and /version.
+TEST_F(HttpFieldsTest, StopReasonSystemFingerprintAndVersion) {
+  const Json base = {{"model", "moeserve-tiny"}, {"prompt", "The quick brown fox"},
+                     {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logprobs", 0}};
+  const auto [s0, whole] = Post("/v1/completions", base);
+  ASSERT_EQ(s0, 200) << whole.dump();
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(whole["choices"][0]["stop_reason"].is_null()) << whole.dump();
+  const std::string fp = whole["system_fingerprint"];
+  EXPECT_EQ(fp.rfind("fp_", 0), 0u) << fp;
+  // The greedy text's 4th token as a stop token id: it ends there and is named.
+  const Json& tokens = whole["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 12u);
+  Json by_id = base;
+  // The ids come from a greedy gRPC run of the same prompt (the HTTP answer gives text).
+  auto stub = v1::Moeserve::NewStub(server_->channel());
+  v1::GenerateRequest g;
+  g.set_text("The quick brown fox");
+  g.set_max_tokens(12);
+  g.set_ignore_eos(true);
+  const Streamed greedy = Stream(stub.get(), g);
+  ASSERT_TRUE(greedy.status.ok()) << greedy.status.error_message();
+  ASSERT_EQ(greedy.ids.size(), 12u);
+  const int32_t stop_id = greedy.ids[3];
+  by_id["stop_token_ids"] = {stop_id};
+  const auto [s1, j1] = Post("/v1/completions", by_id);
+  ASSERT_EQ(s1, 200) << j1.dump();
+  EXPECT_EQ(j1["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j1["choices"][0]["stop_reason"], stop_id) << j1.dump();
+  EXPECT_EQ(j1["system_fingerprint"], fp);
+  // A stop string, whole and streamed.
+  const std::string text = whole["choices"][0]["text"];
+  std::string stop;
+  for (size_t i = 2; i + 1 < text.size() && stop.empty(); ++i) {
+    if (static_cast<unsigned char>(text[i]) < 0x80 && static_cast<unsigned char>(text[i + 1]) < 0x80)
+      stop = text.substr(i, 2);
+  }
+  if (stop.empty()) GTEST_SKIP() << "no two ASCII characters in a row in the greedy text: " << text;
+  Json by_text = base;
+  by_text["stop"] = Json::array({"\u0001never", stop});
+  const auto [s2, j2] = Post("/v1/completions", by_text);
+  ASSERT_EQ(s2, 200) << j2.dump();
+  EXPECT_EQ(j2["choices"][0]["stop_reason"], stop) << j2.dump();
+  by_text["stream"] = true;
+  httplib::Client c("127.0.0.1", server_->http_port());
+  auto r = c.Post("/v1/completions", by_text.dump(), "application/json");
+  ASSERT_TRUE(r);
+  Json last_choice;
+  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+    const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+    EXPECT_EQ(e["system_fingerprint"], fp);
+    if (!e["choices"].empty() && !e["choices"][0]["finish_reason"].is_null()) last_choice = e["choices"][0];
+  }
+  EXPECT_EQ(last_choice["stop_reason"], stop) << r->body;
+  auto v = c.Get("/version");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->status, 200);
+  const std::string version = Json::parse(v->body)["version"];
+  EXPECT_TRUE(std::regex_match(version, std::regex(R"(\d+\.\d+\.\d+)"))) << version;
+}
+
 // Without a chat template (the embedded models): ChatML, the generation prompt optional, the
 // final message continued, the BOS unless add_special_tokens is false.
 TEST_F(HttpFieldsTest, ChatOptionsRenderTheChatMlFallback) {
@@ -288,6 +353,44 @@ TEST(HttpChatTemplateKwargsTest, EnableThinkingFalseRendersAsTransformersDoes) {
     ++checked;
   }
   EXPECT_GE(checked, 10);
+}
+
+// generation_config.json's sampling defaults, as vLLM applies them (--generation-config auto):
+// top_k 1 there makes a request that sets no sampling parameter greedy; with
+// --generation-config vllm the same seeded request samples. A default moeserve cannot apply
+// (repetition_penalty) is named at start.
+TEST(HttpGenerationConfigTest, TheCheckpointsDefaultsApplyUnlessVllmIsAsked) {
+  const std::string fixture = std::string(MOESERVE_SOURCE_DIR) + "/tests/models/fixtures/hf/qwen3moe";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("moeserve_genconfig_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(fixture, dir);
+  std::ofstream(dir / "generation_config.json")
+      << Json({{"eos_token_id", 2}, {"top_k", 1}, {"repetition_penalty", 1.05}}).dump();
+  const Json request = {{"prompt", "Hello there"}, {"max_tokens", 10}, {"seed", 11}, {"ignore_eos", true}};
+  Json greedy_request = request;
+  greedy_request["temperature"] = 0;
+  std::vector<Json> texts;
+  for (const char* mode : {"auto", "vllm"}) {
+    SCOPED_TRACE(mode);
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--model", dir.string(), "--kv-blocks", "64", "--generation-config", mode}))
+        << server.log();
+    if (std::string(mode) == "auto") {
+      EXPECT_NE(server.log().find("request defaults top_k 1; NOT applied"), std::string::npos) << server.log();
+      EXPECT_NE(server.log().find("repetition_penalty 1.05"), std::string::npos) << server.log();
+    }
+    const auto [s1, sampled] = PostTo(server, "/v1/completions", request);
+    const auto [s2, greedy] = PostTo(server, "/v1/completions", greedy_request);
+    ASSERT_EQ(s1, 200) << sampled.dump();
+    ASSERT_EQ(s2, 200) << greedy.dump();
+    texts.push_back(sampled["choices"][0]["text"]);
+    texts.push_back(greedy["choices"][0]["text"]);
+  }
+  EXPECT_EQ(texts[0], texts[1]) << "top_k 1 from generation_config.json makes sampling greedy";
+  EXPECT_EQ(texts[1], texts[3]) << "greedy does not depend on the defaults";
+  EXPECT_NE(texts[2], texts[3]) << "without the defaults the seeded request samples";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
