@@ -35,7 +35,7 @@ std::vector<RequestField> MakeTable() {
       Used("logprobs"), Used("top_logprobs", kChat, kNo), Used("add_generation_prompt", kChat, kNo),
       Used("continue_final_message", kChat, kNo), Used("chat_template_kwargs", kChat, kNo),
       Used("add_special_tokens"), Used("response_format"), Used("priority"), Used("cache_salt"),
-      Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
+      Used("n"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
       // Without effect on the tokens or the text.
       NoEffect("user"), NoEffect("request_id"), NoEffect("session_id"), NoEffect("metadata"),
       NoEffect("store"), NoEffect("service_tier"), NoEffect("prompt_cache_key"),
@@ -45,7 +45,6 @@ std::vector<RequestField> MakeTable() {
       NoEffect("truncation_side"),                // only with truncate_prompt_tokens (refused)
       NoEffect("mm_payload"), NoEffect("routed_experts_prompt_start"),
       // Refused at any other value than their default.
-      Only("n", {"1"}, "only 1 choice per request is supported"),
       Only("best_of", {"1"}, "only 1 is supported"),
       Only("frequency_penalty", {"0"}, "penalties are not supported (only 0)"),
       Only("presence_penalty", {"0"}, "penalties are not supported (only 0)"),

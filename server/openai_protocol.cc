@@ -214,6 +214,11 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   const Tokenizer& tok = *p.tokenizer->tokenizer;
   GenerateRequest& r = p.request;
   RETURN_IF_ERROR(Read(j, "model", &p.model));
+  if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
+    // Each choice is a request of its own in the engine (sharing the prompt's cached KV).
+    ASSIGN_OR_RETURN(const int64_t n, IntInRange(*it, "n", 1, kMaxChoices));
+    p.n = static_cast<int>(n);
+  }
   RETURN_IF_ERROR(Read(j, "stream", &p.stream));
   if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
     RETURN_IF_ERROR(Read(*it, "include_usage", &p.include_usage));

@@ -2,7 +2,7 @@
 // mapped onto the engine: a body becomes a GenerateRequest checked by the engine's one
 // validator (errors name the OpenAI parameter and the limit), and events become completion
 // objects or server-sent-event chunks. Every request field is checked against the table in
-// openai_fields.h: what this engine does not implement (n > 1, penalties, tools, ...) is refused.
+// openai_fields.h: what this engine does not implement (penalties, tools, ...) is refused.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -37,6 +37,9 @@ inline std::string JsonText(const nlohmann::json& j) {
 // spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, else 500.
 ApiError ToApiError(const absl::Status& status);
 
+// The most choices (`n`) one request may ask for.
+inline constexpr int64_t kMaxChoices = 32;
+
 struct ParsedCompletion {
   bool chat = false;
   bool stream = false;
@@ -49,6 +52,7 @@ struct ParsedCompletion {
   std::string system_fingerprint;      // the engine's fingerprint, set by the caller
   bool want_logprobs = false;     // the chosen token's logprob, and
   int logprobs = 0;               // the top-n per token (0: none)
+  int n = 1;                      // choices: n requests of the same prompt, sharing its KV
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
@@ -97,7 +101,14 @@ struct CompletionText {
   std::vector<float> chosen;                        // per token: its own logprob, when asked
   std::vector<std::vector<TokenLogprob>> logprobs;  // per token: the top n, when asked
 };
-// `stop_reason`, as vLLM's: the stop string or stop token id that ended it (null for EOS, length).
+// One choice of an answer; `stop_reason`, as vLLM's: the stop string or stop token id that ended
+// it (null for EOS, length).
+nlohmann::json ChoiceObject(const ParsedCompletion& p, int index, const CompletionText& out,
+                            const std::string& finish_reason, const nlohmann::json& stop_reason);
+// The answer with `choices` (ChoiceObject's), its usage from `final_event`.
+nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                                const nlohmann::json& choices, const RequestEvent& final_event);
+// The answer of one choice.
 nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                                 const CompletionText& out, const std::string& finish_reason,
                                 const RequestEvent& final_event,
@@ -106,7 +117,7 @@ nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id
 nlohmann::json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                            const CompletionText& delta,
                            const std::optional<std::string>& finish_reason, bool first,
-                           const nlohmann::json& stop_reason = nullptr);
+                           const nlohmann::json& stop_reason = nullptr, int index = 0);
 // The usage object (with the cached prompt tokens and moeserve's receipt and timing).
 nlohmann::json UsageObject(const RequestEvent& final_event);
 

@@ -135,10 +135,9 @@ Json UsageObject(const RequestEvent& ev) {
               {"cost_usd", ev.receipt.cost_usd}}}}}};
 }
 
-Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
-                      const CompletionText& out, const std::string& finish_reason,
-                      const RequestEvent& final_event, const Json& stop_reason) {
-  Json choice = {{"index", 0},
+Json ChoiceObject(const ParsedCompletion& p, int index, const CompletionText& out,
+                  const std::string& finish_reason, const Json& stop_reason) {
+  Json choice = {{"index", index},
                  {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)},
                  {"finish_reason", finish_reason},
                  {"stop_reason", stop_reason}};
@@ -147,19 +146,31 @@ Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t 
   } else {
     choice["text"] = out.text;
   }
+  return choice;
+}
+
+Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                      const Json& choices, const RequestEvent& final_event) {
   return {{"id", id},
           {"object", p.chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", p.model},
           {"system_fingerprint", FingerprintJson(p)},
-          {"choices", Json::array({choice})},
+          {"choices", choices},
           {"usage", UsageObject(final_event)}};
+}
+
+Json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
+                      const CompletionText& out, const std::string& finish_reason,
+                      const RequestEvent& final_event, const Json& stop_reason) {
+  return CompletionObject(p, id, created, Json::array({ChoiceObject(p, 0, out, finish_reason, stop_reason)}),
+                          final_event);
 }
 
 Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                  const CompletionText& delta, const std::optional<std::string>& finish_reason,
-                 bool first, const Json& stop_reason) {
-  Json choice = {{"index", 0},
+                 bool first, const Json& stop_reason, int index) {
+  Json choice = {{"index", index},
                  {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer)},
                  {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
   if (finish_reason) choice["stop_reason"] = stop_reason;

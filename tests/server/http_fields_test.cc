@@ -45,6 +45,8 @@ class HttpFieldsTest : public ::testing::Test {
 };
 ServerProcess* HttpFieldsTest::server_ = nullptr;
 
+constexpr int kMaxChoicesForTest = 32;  // the documented limit of n (docs/vllm-flags.md)
+
 // A value other than the field's default, for each field of vLLM 0.32's two request models.
 const std::vector<std::pair<std::string, Json>>& VllmFieldProbes() {
   static const std::vector<std::pair<std::string, Json>> probes = {
@@ -85,7 +87,7 @@ const std::set<std::string>& Accepted() {
       "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens", "seed", "stop", "stream",
       "stream_options", "temperature", "top_p", "include_reasoning", "parallel_tool_calls", "user",
       "top_k", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "truncation_side",
-      "add_generation_prompt", "continue_final_message", "add_special_tokens", "priority", "request_id", "session_id",
+      "add_generation_prompt", "continue_final_message", "add_special_tokens", "priority", "n", "request_id", "session_id",
       "routed_experts_prompt_start", "mm_payload", "cache_salt", "stream_interval"};
   return ok;
 }
@@ -304,6 +306,79 @@ TEST_F(HttpFieldsTest, StopReasonSystemFingerprintAndVersion) {
   EXPECT_EQ(v->status, 200);
   const std::string version = Json::parse(v->body)["version"];
   EXPECT_TRUE(std::regex_match(version, std::regex(R"(\d+\.\d+\.\d+)"))) << version;
+}
+
+// n choices: choice i is the request alone with seed + i (each run on its own as the oracle),
+// streamed or whole; the usage counts every choice's tokens and the prompt once.
+TEST_F(HttpFieldsTest, NChoicesAreTheRequestAloneWithSeedPlusI) {
+  for (const bool chat : {false, true}) {
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    SCOPED_TRACE(path);
+    Json body = {{"max_tokens", 10}, {"temperature", 1.0}, {"ignore_eos", true}};
+    if (chat) {
+      body["messages"] = Json::array({{{"role", "user"}, {"content", "hi"}}});
+    } else {
+      body["prompt"] = "hi";
+    }
+    auto text_of = [&](const Json& choice) {
+      return chat ? choice["message"]["content"].get<std::string>() : choice["text"].get<std::string>();
+    };
+    std::vector<std::string> alone;
+    for (int i = 0; i < 3; ++i) {
+      Json one = body;
+      one["seed"] = 40 + i;
+      const auto [st, j] = Post(path, one);
+      ASSERT_EQ(st, 200) << j.dump();
+      alone.push_back(text_of(j["choices"][0]));
+    }
+    Json three = body;
+    three["seed"] = 40;
+    three["n"] = 3;
+    const auto [st, j] = Post(path, three);
+    ASSERT_EQ(st, 200) << j.dump();
+    ASSERT_EQ(j["choices"].size(), 3u) << j.dump();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(j["choices"][i]["index"], i);
+      EXPECT_EQ(text_of(j["choices"][i]), alone[static_cast<size_t>(i)]) << "choice " << i;
+      EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    }
+    EXPECT_EQ(j["usage"]["completion_tokens"], 30);
+    EXPECT_NE(alone[0], alone[1]) << "distinct seeds should sample distinct texts";
+    // Streamed: each index's deltas add up to its text, each ends with its finish reason.
+    three["stream"] = true;
+    three["stream_options"] = {{"include_usage", true}};
+    httplib::Client c("127.0.0.1", server_->http_port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post(path.c_str(), three.dump(), "application/json");
+    ASSERT_TRUE(r);
+    std::vector<std::string> streamed(3);
+    std::vector<int> finishes(3, 0);
+    int usage_completion = 0;
+    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
+      const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+      if (e.contains("usage") && e["choices"].empty()) usage_completion = e["usage"]["completion_tokens"];
+      for (const Json& ch : e["choices"]) {
+        const size_t i = ch["index"];
+        ASSERT_LT(i, 3u);
+        if (chat) {
+          if (ch["delta"].contains("content")) streamed[i] += ch["delta"]["content"].get<std::string>();
+        } else {
+          streamed[i] += ch["text"].get<std::string>();
+        }
+        if (!ch["finish_reason"].is_null()) ++finishes[i];
+      }
+    }
+    EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(streamed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "streamed choice " << i;
+      EXPECT_EQ(finishes[static_cast<size_t>(i)], 1) << "choice " << i;
+    }
+    EXPECT_EQ(usage_completion, 30);
+  }
+  const auto [st, j] = Post("/v1/completions", {{"prompt", "hi"}, {"n", kMaxChoicesForTest + 1}});
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "n") << j.dump();
+  EXPECT_TRUE(EventuallyIdle(v1::Moeserve::NewStub(server_->channel()).get()));
 }
 
 // Without a chat template (the embedded models): ChatML, the generation prompt optional, the

@@ -1,0 +1,100 @@
+// One choice of an OpenAI completion (see completion_choice.h).
+#include "server/completion_choice.h"
+
+#include <algorithm>
+
+namespace moeserve::server {
+
+TextStream::TextStream(const ParsedCompletion& p)
+    : stop_(p.stop), include_stop_(p.include_stop_str), decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
+  for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
+}
+
+std::string TextStream::Push(int32_t token) {
+  pending_ += decoder_.Push(token);
+  return Drain(false);
+}
+
+std::string TextStream::Finish() {
+  pending_ += decoder_.Flush();
+  return Drain(true);
+}
+
+std::string TextStream::Drain(bool final) {
+  if (stopped_) return "";
+  std::string out;
+  if (CutAtStop(&pending_, stop_, include_stop_, &matched_)) {
+    stopped_ = true;
+    out.swap(pending_);
+    return out;
+  }
+  size_t cut = pending_.size() - (final ? 0 : std::min(hold_, pending_.size()));
+  while (cut > 0 && cut < pending_.size() && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) --cut;
+  out = pending_.substr(0, cut);
+  pending_.erase(0, cut);
+  return out;
+}
+
+void CompletionChoice::Take(const RequestEvent& ev) {
+  if (!ev.tokens.empty()) last_token = ev.tokens.back();
+  for (size_t i = 0; i < ev.tokens.size(); ++i) {
+    if (text.stopped()) return;
+    taken.token_ids.push_back(ev.tokens[i]);
+    if (i < ev.logprobs.size()) taken.logprobs.push_back(ev.logprobs[i]);
+    if (i < ev.token_logprobs.size()) taken.chosen.push_back(ev.token_logprobs[i]);
+    taken.text += text.Push(ev.tokens[i]);
+  }
+}
+
+std::optional<std::string> CompletionChoice::Finish(absl::Status* error) const {
+  if (text.stopped()) return "stop";
+  const RequestEvent& ev = *final_event;
+  switch (ev.reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      *error = absl::UnavailableError(ev.message);
+      break;
+    case FinishReason::kDeadline:
+      *error = absl::DeadlineExceededError(ev.message);
+      break;
+    case FinishReason::kError:
+      *error = absl::Status(ev.error_code == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
+                                                                            : absl::StatusCode::kInternal,
+                            ev.message);
+      break;
+  }
+  return std::nullopt;
+}
+
+nlohmann::json CompletionChoice::StopReason(const ParsedCompletion& p) const {
+  if (text.stopped()) return text.matched();
+  if (final_event && final_event->reason == FinishReason::kStop && last_token &&
+      std::find(p.user_stop_ids.begin(), p.user_stop_ids.end(), *last_token) != p.user_stop_ids.end()) {
+    return *last_token;
+  }
+  return nullptr;
+}
+
+RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices) {
+  RequestEvent out = *choices.front().final_event;
+  for (size_t i = 1; i < choices.size(); ++i) {
+    const RequestEvent& ev = *choices[i].final_event;
+    out.usage.completion_tokens += ev.usage.completion_tokens;
+    out.preemptions += ev.preemptions;
+    out.swaps += ev.swaps;
+    RequestReceipt& r = out.receipt;
+    r.steps += ev.receipt.steps;
+    r.device_seconds += ev.receipt.device_seconds;
+    r.prefill_device_seconds += ev.receipt.prefill_device_seconds;
+    r.decode_device_seconds += ev.receipt.decode_device_seconds;
+    r.transfer_device_seconds += ev.receipt.transfer_device_seconds;
+    r.kv_gb_seconds += ev.receipt.kv_gb_seconds;
+    r.cost_usd += ev.receipt.cost_usd;
+  }
+  return out;
+}
+
+}  // namespace moeserve::server

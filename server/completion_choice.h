@@ -1,0 +1,62 @@
+// One choice of an OpenAI completion (a request asks for `n`): its text in whole characters,
+// held back where a stop string could begin and cut at one, the tokens and logprobs taken from
+// the engine's events, and how it ended (finish_reason, vLLM's stop_reason, the usage).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/request.h"
+#include "models/stream_detokenizer.h"
+#include "server/openai_protocol.h"
+
+namespace moeserve::server {
+
+// Text from tokens, in whole characters, held back where it could begin a stop string; cut at
+// the first stop string.
+class TextStream {
+ public:
+  explicit TextStream(const ParsedCompletion& p);
+  std::string Push(int32_t token);
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string, once stopped
+
+ private:
+  std::string Drain(bool final);
+
+  std::vector<std::string> stop_;
+  std::string matched_;
+  bool include_stop_ = false;
+  size_t hold_ = 0;
+  StreamDetokenizer decoder_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+struct CompletionChoice {
+  explicit CompletionChoice(const ParsedCompletion& p) : text(p) {}
+  // An event's tokens (with their logprobs) into `taken`; none after a stop string.
+  void Take(const RequestEvent& ev);
+  // The finish reason of a choice that ended normally; nullopt and `error` otherwise.
+  std::optional<std::string> Finish(absl::Status* error) const;
+  // vLLM's stop_reason: the stop string that cut the text, or the stop token id the request
+  // named that ended it; null for an EOS and for the length limit.
+  nlohmann::json StopReason(const ParsedCompletion& p) const;
+
+  TextStream text;
+  CompletionText taken;  // whole: everything; streamed: what waits for the next chunk
+  std::optional<int32_t> last_token;
+  std::optional<RequestEvent> final_event;
+  uint64_t engine_id = 0;  // 0 until submitted
+  bool first = true, stop_cancelled = false;
+};
+
+// The final event of `n` choices as one: completion tokens, receipts and counts summed; the
+// prompt's usage and the timing of the first.
+RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices);
+
+}  // namespace moeserve::server
