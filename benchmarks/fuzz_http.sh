@@ -51,7 +51,8 @@ FLAGS=(-std=c++20 -g -O1 -fno-omit-frame-pointer -I"$ROOT" -march=x86-64-v3
        -DMOESERVE_SP_MODULE=\"/nonexistent/libmoeserve_sp.so\"
        -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-unused-command-line-argument)
 
-# Objects are rebuilt when their source changes, or all of them when the flags do.
+# Objects are rebuilt when their source or any of the project's headers changes (conservative:
+# no dependency files), or all of them when the flags do.
 if [ "$(cat "$BUILD_DIR/obj/flags" 2>/dev/null)" != "$CXX ${FLAGS[*]}" ]; then
   rm -f "$BUILD_DIR"/obj/*.o
   echo "$CXX ${FLAGS[*]}" > "$BUILD_DIR/obj/flags"
@@ -59,7 +60,8 @@ fi
 compile() {  # SRC OBJ [extra flags]
   local src=$1 obj=$2
   shift 2
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] ||
+     [ -n "$(find "$ROOT/server" "$ROOT/engine" "$ROOT/models" "$ROOT/core" -name '*.h' -newer "$obj" -print -quit)" ]; then
     echo "  $CXX $src"
     "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$obj"
   fi

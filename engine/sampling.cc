@@ -48,6 +48,7 @@ double LogNormalizer(const float* logits, int64_t vocab) {
 }
 
 std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int n, double log_z) {
+  if (n <= 0) return {};
   std::vector<int32_t> ids(vocab);
   for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
   n = static_cast<int>(std::min<int64_t>(n, vocab));

@@ -36,7 +36,7 @@ absl::StatusOr<GenerationDefaults> FromFile(const std::string& file) {
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
   GenerationDefaults d;
   d.source = file;
-  ASSIGN_OR_RETURN(d.temperature, Number(j, file, "temperature", 0, 1e6));
+  ASSIGN_OR_RETURN(d.temperature, Number(j, file, "temperature", 0, 100));  // a request's range
   ASSIGN_OR_RETURN(d.top_p, Number(j, file, "top_p", 1e-9, 1));
   for (const auto& [key, lo, target] : {std::tuple{"top_k", -1.0, &d.top_k}, std::tuple{"max_new_tokens", 1.0, &d.max_tokens}}) {
     ASSIGN_OR_RETURN(const std::optional<double> v, Number(j, file, key, lo, 2147483647.0));

@@ -8,8 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 OUT=${1:-gpu-bundle.tar.xz}
-grep -q '^MOESERVE_HAVE_CUDA' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null ||
-  grep -q 'libcudart' < <(ldd "$BUILD_DIR/tests/cuda_test") ||
+[ -x "$BUILD_DIR/tests/cuda_test" ] && ldd "$BUILD_DIR/tests/cuda_test" | grep -q libcudart ||
   { echo "gpu-bundle: $BUILD_DIR is not a CUDA build (configure with -DMOESERVE_CUDA=ON)" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

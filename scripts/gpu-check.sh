@@ -42,9 +42,10 @@ case "$name" in
 esac
 batches=1,2,4,8,16,32,64,128,256
 [ "${1:-}" = "--quick" ] && batches=1,8,64
+rm -f "$OUT/sweep.json"  # a failed sweep must not print an earlier run's
 step sweep.txt "$TOOLS/moeserve" bench --backend cuda --preset medium --dtype bf16 --kv-dtype bf16 \
   --hardware "$preset" --sweep-batch "$batches" --context 128,1024 --out "$OUT/sweep.json"
-[ -f "$OUT/sweep.json" ] && python3 - "$OUT/sweep.json" <<'PY'
+if [ -f "$OUT/sweep.json" ] && ! python3 - "$OUT/sweep.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 print("batch context  step_ms  HBM fraction  FLOP/s fraction")
@@ -52,6 +53,9 @@ for p in j.get("points", []):
     print(f"{p.get('batch'):5} {p.get('context'):7} {1e3 * p.get('observed_s', 0):8.3f} "
           f"{p.get('achieved_bandwidth_fraction', 0):13.3f} {p.get('achieved_flops_fraction', 0):16.3f}")
 PY
+then
+  failed+=(sweep-summary)
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu-check: failed: ${failed[*]}" >&2
   exit 1

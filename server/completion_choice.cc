@@ -35,14 +35,16 @@ std::string TextStream::Drain(bool final) {
   return out;
 }
 
-void CompletionChoice::Take(const RequestEvent& ev) {
+void CompletionChoice::Take(const RequestEvent& ev, const ParsedCompletion& p) {
   if (!ev.tokens.empty()) last_token = ev.tokens.back();
+  const std::vector<int32_t>& stops = p.request.stop_ids;
   for (size_t i = 0; i < ev.tokens.size(); ++i) {
     if (text.stopped()) return;
     taken.token_ids.push_back(ev.tokens[i]);
     if (i < ev.logprobs.size()) taken.logprobs.push_back(ev.logprobs[i]);
     if (i < ev.token_logprobs.size()) taken.chosen.push_back(ev.token_logprobs[i]);
-    taken.text += text.Push(ev.tokens[i]);
+    const bool stop_token = std::find(stops.begin(), stops.end(), ev.tokens[i]) != stops.end();
+    if (!stop_token || p.include_stop_str) taken.text += text.Push(ev.tokens[i]);
   }
 }
 
@@ -71,7 +73,9 @@ std::optional<std::string> CompletionChoice::Finish(absl::Status* error) const {
 
 nlohmann::json CompletionChoice::StopReason(const ParsedCompletion& p) const {
   if (text.stopped()) return text.matched();
+  const std::vector<int32_t>& eos = p.tokenizer->eos_ids;
   if (final_event && final_event->reason == FinishReason::kStop && last_token &&
+      std::find(eos.begin(), eos.end(), *last_token) == eos.end() &&  // EOS: null, as vLLM
       std::find(p.user_stop_ids.begin(), p.user_stop_ids.end(), *last_token) != p.user_stop_ids.end()) {
     return *last_token;
   }

@@ -39,8 +39,9 @@ class TextStream {
 
 struct CompletionChoice {
   explicit CompletionChoice(const ParsedCompletion& p) : text(p) {}
-  // An event's tokens (with their logprobs) into `taken`; none after a stop string.
-  void Take(const RequestEvent& ev);
+  // An event's tokens (with their logprobs) into `taken`; none after a stop string. As vLLM, a
+  // stop token's (EOS or stop_token_ids) text is left out unless include_stop_str_in_output.
+  void Take(const RequestEvent& ev, const ParsedCompletion& p);
   // The finish reason of a choice that ended normally; nullopt and `error` otherwise.
   std::optional<std::string> Finish(absl::Status* error) const;
   // vLLM's stop_reason: the stop string that cut the text, or the stop token id the request

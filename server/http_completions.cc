@@ -112,7 +112,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
     std::lock_guard<std::mutex> lock(out_mu_);
     for (const auto& [index, ev] : events) {
       CompletionChoice& c = choices_[static_cast<size_t>(index)];
-      c.Take(ev);
+      c.Take(ev, p_);
       if (ev.finished) {
         c.final_event = ev;
         ++finished_;

@@ -44,6 +44,7 @@ std::vector<RequestField> MakeTable() {
       NoEffect("stream_interval"),                // how often chunks go out, not what they say
       NoEffect("truncation_side"),                // only with truncate_prompt_tokens (refused)
       NoEffect("mm_payload"), NoEffect("routed_experts_prompt_start"),
+      NoEffect("return_mm_kwargs"),  // text-only models have none to return
       // Refused at any other value than their default.
       Only("best_of", {"1"}, "only 1 is supported"),
       Only("frequency_penalty", {"0"}, "penalties are not supported (only 0)"),
@@ -67,7 +68,7 @@ std::vector<RequestField> MakeTable() {
       Only("tool_choice", {"\"none\"", "\"auto\""}, "tools are not supported", kChat, kNo),
       Only("function_call", {"\"none\"", "\"auto\""}, "tools are not supported", kChat, kNo),
       Only("reasoning_effort", {}, "not supported", kChat, kNo),
-      Only("thinking_token_budget", {}, "not supported"),
+      Only("thinking_token_budget", {"-1"}, "not supported (-1: unset)"),
       Only("verbosity", {}, "not supported", kChat, kNo),
       Only("structured_outputs", {}, "structured output is not supported"),
       Only("watermarking", {}, "not supported"),
@@ -75,7 +76,6 @@ std::vector<RequestField> MakeTable() {
       Only("chat_template", {}, "a request's own chat template is not accepted", kChat, kNo),
       Only("media_io_kwargs", {}, "text-only models", kChat, kNo),
       Only("mm_processor_kwargs", {}, "text-only models", kChat, kNo),
-      Only("return_mm_kwargs", {"false"}, "text-only models"),
       Only("audio", {}, "text-only models", kChat, kNo),
       Only("modalities", {"[\"text\"]"}, "text-only models", kChat, kNo),
       Only("prediction", {}, "not supported", kChat, kNo),

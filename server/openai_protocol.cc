@@ -201,6 +201,133 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt(const Json& raw, const ModelToke
   return ids;
 }
 
+namespace {
+
+// The prompt: chat messages through the template, or the completion's prompt.
+absl::Status ReadPrompt(const Json& j, bool chat, ParsedCompletion* p) {
+  if (chat) {
+    auto it = j.find("messages");
+    if (it == j.end()) return Bad("messages", "must be a non-empty array");
+    ASSIGN_OR_RETURN(const ChatOptions options, ReadChatOptions(j));
+    ASSIGN_OR_RETURN(p->request.prompt, ChatPrompt(*it, *p->tokenizer, options));
+    return absl::OkStatus();
+  }
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
+  bool special = true;
+  RETURN_IF_ERROR(Read(j, "add_special_tokens", &special));
+  ASSIGN_OR_RETURN(p->request.prompt, PromptTokens(*it, *p->tokenizer->tokenizer, special));
+  return absl::OkStatus();
+}
+
+// max_tokens, as vLLM defaults it: the completions API's 16; on chat, what the context leaves
+// (under --max-model-len), or generation_config.json's max_new_tokens when smaller.
+absl::Status ReadMaxTokens(const Json& j, bool chat, const ModelConfig& config, const RequestLimits& limits,
+                           const GenerationDefaults& defaults, GenerateRequest* r) {
+  const int64_t context = limits.max_model_len > 0
+                              ? std::min<int64_t>(limits.max_model_len, config.max_position_embeddings)
+                              : config.max_position_embeddings;
+  const int64_t room = std::max<int64_t>(1, context - static_cast<int64_t>(r->prompt.size()));
+  int64_t max_tokens = limits.default_max_tokens;
+  if (chat) max_tokens = std::min<int64_t>({limits.max_tokens, room, defaults.max_tokens.value_or(room)});
+  for (const char* key : {"max_tokens", chat ? "max_completion_tokens" : "max_tokens"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      ASSIGN_OR_RETURN(max_tokens, IntInRange(*it, "max_tokens", 0, limits.max_tokens));
+    }
+  }
+  r->max_tokens = static_cast<int32_t>(max_tokens);
+  return absl::OkStatus();
+}
+
+// temperature, top_p, top_k (generation_config.json's where the request leaves them) and seed.
+absl::Status ReadSampling(const Json& j, const GenerationDefaults& defaults, SamplingParams* s) {
+  double temperature = defaults.temperature.value_or(1.0), top_p = defaults.top_p.value_or(1.0);
+  RETURN_IF_ERROR(Read(j, "temperature", &temperature));
+  RETURN_IF_ERROR(Read(j, "top_p", &top_p));
+  s->temperature = static_cast<float>(temperature);
+  s->top_p = static_cast<float>(top_p);
+  s->top_k = static_cast<int32_t>(defaults.top_k.value_or(0));
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(const int64_t top_k, IntInRange(*it, "top_k", -1, std::numeric_limits<int32_t>::max()));
+    s->top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
+  }
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(s->seed, UnsignedInt(*it, "seed"));
+  }
+  return absl::OkStatus();
+}
+
+// Stop strings (cut from the text) and stop token ids (the engine stops on them).
+absl::Status ReadStops(const Json& j, ParsedCompletion* p) {
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p->stop.push_back(it->get<std::string>());
+    } else if (it->is_array() &&
+               std::all_of(it->begin(), it->end(), [](const Json& v) { return v.is_string(); })) {
+      for (const Json& v : *it) p->stop.push_back(v.get<std::string>());
+    } else {
+      return Bad("stop", "must be a string or an array of strings");
+    }
+    for (const std::string& s : p->stop) {
+      if (s.empty()) return Bad("stop", "stop strings must not be empty");
+    }
+  }
+  RETURN_IF_ERROR(Read(j, "include_stop_str_in_output", &p->include_stop_str));
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
+    ASSIGN_OR_RETURN(p->user_stop_ids, TokenIds(*it, "stop_token_ids"));
+    p->request.stop_ids.insert(p->request.stop_ids.end(), p->user_stop_ids.begin(), p->user_stop_ids.end());
+  }
+  return absl::OkStatus();
+}
+
+// The chosen token's logprob whenever logprobs are asked for; top-n alternatives on top (chat:
+// top_logprobs, which needs logprobs true, as vLLM; completions: logprobs n, 0 the chosen only).
+absl::Status ReadLogprobs(const Json& j, bool chat, const RequestLimits& limits, ParsedCompletion* p) {
+  if (chat) {
+    RETURN_IF_ERROR(Read(j, "logprobs", &p->want_logprobs));
+    int64_t top = 0;
+    if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
+      ASSIGN_OR_RETURN(top, IntInRange(*it, "top_logprobs", 0, limits.max_top_logprobs));
+    }
+    if (top > 0 && !p->want_logprobs) return Bad("top_logprobs", "needs logprobs: true");
+    p->logprobs = static_cast<int>(top);
+  } else if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+    RETURN_IF_ERROR(Read(j, "logprobs", &p->logprobs));
+    p->want_logprobs = true;
+  }
+  p->request.logprobs = p->want_logprobs;
+  p->request.top_logprobs = p->logprobs;
+  return absl::OkStatus();
+}
+
+// A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
+// no lane to map to faithfully.
+absl::Status ReadPriority(const Json& j, Priority* out) {
+  std::string priority = "normal";
+  if (auto it = j.find("priority"); it != j.end() && it->is_number()) {
+    if (*it != 0) {
+      return Bad("priority", "integer priorities other than 0 are not supported: name a lane (fast, high, normal or low)");
+    }
+  } else {
+    RETURN_IF_ERROR(Read(j, "priority", &priority));
+  }
+  if (priority == "fast") {
+    *out = Priority::kFast;
+  } else if (priority == "high") {
+    *out = Priority::kHigh;
+  } else if (priority == "low") {
+    *out = Priority::kLow;
+  } else if (priority == "normal") {
+    *out = Priority::kNormal;
+  } else {
+    return Bad("priority", absl::StrCat("must be fast, high, normal or low, got \"", priority, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool chat,
                                                  const ModelConfig& config,
                                                  const RequestLimits& limits,
@@ -211,11 +338,10 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   ParsedCompletion p;
   p.chat = chat;
   p.tokenizer = std::move(tokenizer);
-  const Tokenizer& tok = *p.tokenizer->tokenizer;
   GenerateRequest& r = p.request;
   RETURN_IF_ERROR(Read(j, "model", &p.model));
   if (auto it = j.find("n"); it != j.end() && !it->is_null()) {
-    // Each choice is a request of its own in the engine (sharing the prompt's cached KV).
+    // Each choice is a request of its own in the engine.
     ASSIGN_OR_RETURN(const int64_t n, IntInRange(*it, "n", 1, kMaxChoices));
     p.n = static_cast<int>(n);
   }
@@ -223,98 +349,12 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
     RETURN_IF_ERROR(Read(*it, "include_usage", &p.include_usage));
   }
-  if (chat) {
-    auto it = j.find("messages");
-    if (it == j.end()) return Bad("messages", "must be a non-empty array");
-    ASSIGN_OR_RETURN(const ChatOptions options, ReadChatOptions(j));
-    ASSIGN_OR_RETURN(r.prompt, ChatPrompt(*it, *p.tokenizer, options));
-  } else {
-    auto it = j.find("prompt");
-    if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
-    bool special = true;
-    RETURN_IF_ERROR(Read(j, "add_special_tokens", &special));
-    ASSIGN_OR_RETURN(r.prompt, PromptTokens(*it, tok, special));
-  }
-  const int64_t room =
-      std::max<int64_t>(1, config.max_position_embeddings - static_cast<int64_t>(r.prompt.size()));
-  int64_t max_tokens =
-      chat ? std::min<int64_t>(limits.max_tokens, room) : limits.default_max_tokens;
-  if (defaults.max_tokens) max_tokens = std::min<int64_t>({*defaults.max_tokens, limits.max_tokens, room});
-  for (const char* key : {"max_tokens", chat ? "max_completion_tokens" : "max_tokens"}) {
-    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
-      ASSIGN_OR_RETURN(max_tokens, IntInRange(*it, "max_tokens", 0, limits.max_tokens));
-    }
-  }
-  r.max_tokens = static_cast<int32_t>(max_tokens);
-  double temperature = defaults.temperature.value_or(1.0), top_p = defaults.top_p.value_or(1.0);
-  r.sampling.top_k = static_cast<int32_t>(defaults.top_k.value_or(0));
-  RETURN_IF_ERROR(Read(j, "temperature", &temperature));
-  RETURN_IF_ERROR(Read(j, "top_p", &top_p));
-  r.sampling.temperature = static_cast<float>(temperature);
-  r.sampling.top_p = static_cast<float>(top_p);
-  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(const int64_t top_k, IntInRange(*it, "top_k", -1, std::numeric_limits<int32_t>::max()));
-    r.sampling.top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
-  }
-  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(r.sampling.seed, UnsignedInt(*it, "seed"));
-  }
-  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    if (it->is_string()) {
-      p.stop.push_back(it->get<std::string>());
-    } else if (it->is_array() &&
-               std::all_of(it->begin(), it->end(), [](const Json& v) { return v.is_string(); })) {
-      for (const Json& v : *it) p.stop.push_back(v.get<std::string>());
-    } else {
-      return Bad("stop", "must be a string or an array of strings");
-    }
-    for (const std::string& s : p.stop) {
-      if (s.empty()) return Bad("stop", "stop strings must not be empty");
-    }
-  }
-  RETURN_IF_ERROR(Read(j, "include_stop_str_in_output", &p.include_stop_str));
-  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
-    if (!it->is_array()) return Bad("stop_token_ids", "must be an array of token ids");
-    ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TokenIds(*it, "stop_token_ids"));
-    r.stop_ids.insert(r.stop_ids.end(), ids.begin(), ids.end());
-    p.user_stop_ids = ids;
-  }
-  // The chosen token's logprob whenever logprobs are asked for; top-n alternatives on top (chat:
-  // top_logprobs, which needs logprobs true, as vLLM; completions: logprobs n, 0 the chosen only).
-  if (chat) {
-    RETURN_IF_ERROR(Read(j, "logprobs", &p.want_logprobs));
-    int64_t top = 0;
-    if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
-      ASSIGN_OR_RETURN(top, IntInRange(*it, "top_logprobs", 0, limits.max_top_logprobs));
-    }
-    if (top > 0 && !p.want_logprobs) return Bad("top_logprobs", "needs logprobs: true");
-    p.logprobs = static_cast<int>(top);
-  } else if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-    RETURN_IF_ERROR(Read(j, "logprobs", &p.logprobs));
-    p.want_logprobs = true;
-  }
-  r.logprobs = p.want_logprobs;
-  r.top_logprobs = p.logprobs;
-  std::string priority = "normal";
-  if (auto it = j.find("priority"); it != j.end() && it->is_number()) {
-    // vLLM's integer priority (lower runs earlier): its default, 0, is moeserve's normal lane;
-    // other integers have no lane to map to faithfully.
-    if (*it != 0) {
-      return Bad("priority", "integer priorities other than 0 are not supported: name a lane (fast, high, normal or low)");
-    }
-  } else {
-    RETURN_IF_ERROR(Read(j, "priority", &priority));
-  }
-  if (priority == "fast") {
-    r.priority = Priority::kFast;
-  } else if (priority == "high") {
-    r.priority = Priority::kHigh;
-  } else if (priority == "low") {
-    r.priority = Priority::kLow;
-  } else if (priority != "normal") {
-    return Bad("priority",
-               absl::StrCat("must be fast, high, normal or low, got \"", priority, "\""));
-  }
+  RETURN_IF_ERROR(ReadPrompt(j, chat, &p));
+  RETURN_IF_ERROR(ReadMaxTokens(j, chat, config, limits, defaults, &r));
+  RETURN_IF_ERROR(ReadSampling(j, defaults, &r.sampling));
+  RETURN_IF_ERROR(ReadStops(j, &p));
+  RETURN_IF_ERROR(ReadLogprobs(j, chat, limits, &p));
+  RETURN_IF_ERROR(ReadPriority(j, &r.priority));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));
   bool ignore_eos = false;

@@ -2,7 +2,9 @@
 // forward's logits (tests/models/naive_forward.h): the chosen token's own logprob on every
 // sampled token, also where it is outside the top n (temperature 1 samples those), and each of
 // the top n; with `logprobs` alone (top 0) the chosen token's only.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -81,9 +83,12 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
       worst = std::max(worst, err);
       worst_rel = std::max(worst_rel, err / std::max(1e-9, std::fabs(want[g.tokens[i]])));
       ASSERT_EQ(static_cast<int>(g.top[i].size()), r.top_logprobs);
+      std::vector<double> sorted = want;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<double>());
       for (const TokenLogprob& t : g.top[i]) {
         const int32_t best = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
-        EXPECT_EQ(t.token, best) << "request " << id << " token " << i;
+        // (Which of two tokens within fp32 rounding of each other is first is not the test's.)
+        if (sorted[0] - sorted[1] > 1e-4) EXPECT_EQ(t.token, best) << "request " << id << " token " << i;
         worst = std::max(worst, std::fabs(t.logprob - want[t.token]));
         if (t.token != g.tokens[i]) ++outside_top;
       }

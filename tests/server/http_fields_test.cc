@@ -88,7 +88,7 @@ const std::set<std::string>& Accepted() {
       "stream_options", "temperature", "top_p", "include_reasoning", "parallel_tool_calls", "user",
       "top_k", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "truncation_side",
       "add_generation_prompt", "continue_final_message", "add_special_tokens", "priority", "n", "request_id", "session_id",
-      "routed_experts_prompt_start", "mm_payload", "cache_salt", "stream_interval"};
+      "routed_experts_prompt_start", "mm_payload", "cache_salt", "stream_interval", "return_mm_kwargs"};
   return ok;
 }
 
@@ -127,8 +127,13 @@ TEST_F(HttpFieldsTest, EveryVllmFieldIsImplementedOrRefusedByName) {
         ++refused;
       }
     }
-    // The same request with the field at null is the request without it.
-    const auto [ok_status, ok] = Post(path, base);
+    // Every field at null is the request without it.
+    Json nulls = base;
+    for (const auto& [field, value] : VllmFieldProbes()) {
+      if ((chat && kCompletionOnly.count(field)) || (!chat && kChatOnly.count(field))) continue;
+      nulls[field] = nullptr;
+    }
+    const auto [ok_status, ok] = Post(path, nulls);
     EXPECT_EQ(ok_status, 200) << ok.dump();
   }
   EXPECT_GT(accepted, 40);
@@ -277,6 +282,18 @@ TEST_F(HttpFieldsTest, StopReasonSystemFingerprintAndVersion) {
   EXPECT_EQ(j1["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j1["choices"][0]["stop_reason"], stop_id) << j1.dump();
   EXPECT_EQ(j1["system_fingerprint"], fp);
+  // As vLLM, the stop token's own text is left out, unless include_stop_str_in_output.
+  const size_t first = std::find(greedy.ids.begin(), greedy.ids.end(), stop_id) - greedy.ids.begin();
+  for (const bool include : {false, true}) {
+    const std::vector<int32_t> ids(greedy.ids.begin(), greedy.ids.begin() + first + (include ? 1 : 0));
+    const auto [sd, detok] = Post("/detokenize", {{"tokens", ids}});
+    ASSERT_EQ(sd, 200) << detok.dump();
+    by_id["include_stop_str_in_output"] = include;
+    const auto [si, ji] = Post("/v1/completions", by_id);
+    ASSERT_EQ(si, 200) << ji.dump();
+    EXPECT_EQ(ji["choices"][0]["text"], detok["prompt"]) << "include " << include;
+  }
+  by_id.erase("include_stop_str_in_output");
   // A stop string, whole and streamed.
   const std::string text = whole["choices"][0]["text"];
   std::string stop;
