@@ -68,6 +68,9 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
     return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], got ", s.top_p));
   }
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
+    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], got ", s.min_p));
+  }
   for (int32_t id : r.stop_ids) {
     if (id < 0 || id >= c.vocab_size) {
       return Invalid(

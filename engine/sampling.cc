@@ -17,6 +17,9 @@ absl::Status SamplingParams::Validate() const {
   if (!(top_p > 0.0f && top_p <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
   }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
   return absl::OkStatus();
 }
 
@@ -32,6 +35,7 @@ SampleSpec Sampler::Next() {
   s.temperature = params_.temperature;
   s.top_k = params_.top_k;
   s.top_p = params_.top_p;
+  s.min_p = params_.min_p;
   if (!params_.greedy()) s.u = rng_.UniformDouble();
   return s;
 }

@@ -17,6 +17,7 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int32_t top_k = 0;         // 0: no limit
   float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1], vLLM's: tokens below min_p x the likeliest's probability dropped
   std::optional<uint64_t> seed;
 
   // Errors name the field and the limit.

@@ -110,7 +110,7 @@ struct SampleSpec {
   float temperature = 0;    // 0: greedy (the largest logit, the lowest id among ties)
   float top_p = 1;          // (0, 1]: the smallest most-likely prefix holding this mass
   int32_t top_k = 0;        // 0: no limit
-  int32_t reserved = 0;
+  float min_p = 0;          // [0, 1]: tokens less likely than min_p x the likeliest dropped first
 };
 
 class Backend {

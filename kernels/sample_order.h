@@ -4,6 +4,7 @@
 // next key byte from a 256-bucket histogram. Compiles as C++17 for nvcc and as host C++.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -23,6 +24,13 @@ MOESERVE_HOST_DEVICE inline uint64_t OrderKey(float logit, int64_t id) {
   std::memcpy(&b, &logit, sizeof(b));
   b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // monotone in the float's value
   return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
+}
+
+// vLLM's min_p as a logit floor: a token stays iff its logit >= this (probability at least min_p
+// times the likeliest one's at `temperature`); -inf when off. In double, the same on both sides.
+MOESERVE_HOST_DEVICE inline double MinPLogitFloor(float max_logit, float temperature, float min_p) {
+  if (!(min_p > 0.0f)) return -INFINITY;
+  return static_cast<double>(max_logit) + static_cast<double>(temperature) * log(static_cast<double>(min_p));
 }
 
 // One pass of the descent: walks the 256 buckets of `hist` (the weight of the candidates whose

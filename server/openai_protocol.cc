@@ -239,13 +239,16 @@ absl::Status ReadMaxTokens(const Json& j, bool chat, const ModelConfig& config, 
   return absl::OkStatus();
 }
 
-// temperature, top_p, top_k (generation_config.json's where the request leaves them) and seed.
+// temperature, top_p, top_k, min_p (generation_config.json's where the request leaves them), seed.
 absl::Status ReadSampling(const Json& j, const GenerationDefaults& defaults, SamplingParams* s) {
   double temperature = defaults.temperature.value_or(1.0), top_p = defaults.top_p.value_or(1.0);
+  double min_p = defaults.min_p.value_or(0.0);
   RETURN_IF_ERROR(Read(j, "temperature", &temperature));
   RETURN_IF_ERROR(Read(j, "top_p", &top_p));
+  RETURN_IF_ERROR(Read(j, "min_p", &min_p));
   s->temperature = static_cast<float>(temperature);
   s->top_p = static_cast<float>(top_p);
+  s->min_p = static_cast<float>(min_p);
   s->top_k = static_cast<int32_t>(defaults.top_k.value_or(0));
   if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
     ASSIGN_OR_RETURN(const int64_t top_k, IntInRange(*it, "top_k", -1, std::numeric_limits<int32_t>::max()));

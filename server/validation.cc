@@ -32,6 +32,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   out.sampling.temperature = s.temperature();
   out.sampling.top_k = s.top_k();
   out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  out.sampling.min_p = s.min_p();
   if (s.has_seed()) out.sampling.seed = s.seed();
   out.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
   switch (req.priority()) {

@@ -36,6 +36,12 @@ uint64_t Descend(const std::vector<uint64_t>& keys, const std::vector<Weight>& w
   return prefix;
 }
 
+int64_t MinPCount(const float* logits, int64_t vocab, double floor) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < vocab; ++i) n += static_cast<double>(logits[i]) >= floor;
+  return n;
+}
+
 }  // namespace
 
 int32_t SortSampleRow(const float* logits, int64_t vocab, const SampleSpec& spec) {
@@ -45,6 +51,9 @@ int32_t SortSampleRow(const float* logits, int64_t vocab, const SampleSpec& spec
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   int64_t keep = vocab;
   if (spec.top_k > 0 && spec.top_k < vocab) keep = spec.top_k;
+  // min_p first: it keeps a prefix of the order (the logits at or above its floor).
+  const double min_p_floor = MinPLogitFloor(logits[ArgMaxRow(logits, vocab)], spec.temperature, spec.min_p);
+  keep = std::min(keep, MinPCount(logits, vocab, min_p_floor));
   std::partial_sort(c.begin(), c.begin() + keep, c.end(), by_logit);
   c.resize(keep);
   const double inv_t = 1.0 / spec.temperature, mx = c[0].first;
@@ -76,14 +85,17 @@ int32_t RadixSampleRow(const float* logits, int64_t vocab, const SampleSpec& spe
   if (spec.temperature == 0.0f) return ArgMaxRow(logits, vocab);
   std::vector<uint64_t> keys(vocab);
   for (int64_t i = 0; i < vocab; ++i) keys[i] = OrderKey(logits[i], static_cast<int32_t>(i));
-  // top_k: the k-th key by count (each candidate weighs 1).
+  // top_k, and min_p as the count of logits at or above its floor: the k-th key by count (each
+  // candidate weighs 1).
+  const float mx = logits[ArgMaxRow(logits, vocab)];
+  int64_t k = spec.top_k > 0 && spec.top_k < vocab ? spec.top_k : vocab;
+  k = std::min(k, MinPCount(logits, vocab, MinPLogitFloor(mx, spec.temperature, spec.min_p)));
   uint64_t floor = 0;
-  if (spec.top_k > 0 && spec.top_k < vocab) {
+  if (k < vocab) {
     const std::vector<int32_t> ones(vocab, 1);
-    floor = Descend(keys, ones, 0, static_cast<double>(spec.top_k), /*inclusive=*/true, nullptr);
+    floor = Descend(keys, ones, 0, static_cast<double>(k), /*inclusive=*/true, nullptr);
   }
   // Probabilities at temperature over the candidates (0 elsewhere).
-  const float mx = logits[ArgMaxRow(logits, vocab)];
   const double inv_t = 1.0 / spec.temperature;
   std::vector<double> p(vocab, 0.0);
   double sum = 0.0;

@@ -300,7 +300,8 @@ static_assert(sizeof(SampleSpec) == sizeof(cuda::SampleSpecDevice) &&
               offsetof(SampleSpec, u) == offsetof(cuda::SampleSpecDevice, u) &&
               offsetof(SampleSpec, temperature) == offsetof(cuda::SampleSpecDevice, temperature) &&
               offsetof(SampleSpec, top_p) == offsetof(cuda::SampleSpecDevice, top_p) &&
-              offsetof(SampleSpec, top_k) == offsetof(cuda::SampleSpecDevice, top_k),
+              offsetof(SampleSpec, top_k) == offsetof(cuda::SampleSpecDevice, top_k) &&
+              offsetof(SampleSpec, min_p) == offsetof(cuda::SampleSpecDevice, min_p),
               "SampleSpec and its device mirror must have the same layout");
 
 void CudaBackend::SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,

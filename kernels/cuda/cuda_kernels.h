@@ -58,7 +58,7 @@ struct SampleSpecDevice {
   float temperature;
   float top_p;
   int32_t top_k;
-  int32_t reserved;
+  float min_p;
 };
 // One thread block per row (sample_kernel.cu): the token each row's spec picks.
 cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpecDevice* specs,

@@ -122,9 +122,18 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   r.mx = r.x[id_of(best)];
   r.inv_t = 1.0 / static_cast<double>(s.temperature);
+  // top_k, and min_p as the count of logits at or above its floor.
+  int64_t k = s.top_k > 0 && s.top_k < vocab ? s.top_k : vocab;
+  if (s.min_p > 0.0f) {
+    const double min_p_floor = MinPLogitFloor(r.mx, s.temperature, s.min_p);
+    double n = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += kSampleThreads) n += static_cast<double>(r.x[i]) >= min_p_floor;
+    const int64_t above = static_cast<int64_t>(BlockSum(n, sum_scratch));
+    k = above < k ? above : k;
+  }
   uint64_t floor = 0;
-  if (s.top_k > 0 && s.top_k < vocab) {
-    floor = Descend(r, /*counts=*/true, 0, static_cast<double>(s.top_k), true, hist, &shared_prefix, &shared_above);
+  if (k < vocab) {
+    floor = Descend(r, /*counts=*/true, 0, static_cast<double>(k), true, hist, &shared_prefix, &shared_above);
   }
   double sum = CandidateMass(r, floor, sum_scratch);
   if (s.top_p < 1.0f) {

@@ -324,6 +324,8 @@ TEST_F(CudaBackendTest, SampleRowsPicksWhatTheHostSamplerPicks) {
     specs[r].temperature = temps[r % 4];
     specs[r].top_k = ks[(r / 4) % 4];
     specs[r].top_p = ps[(r / 16) % 3];
+    const float min_ps[] = {0.0f, 0.1f};
+    specs[r].min_p = min_ps[(r / 48) % 2];
     specs[r].u = unit(gen_);
   }
   auto dtok = gpu_->Allocate(rows * sizeof(int32_t));
@@ -341,7 +343,7 @@ TEST_F(CudaBackendTest, SampleRowsPicksWhatTheHostSamplerPicks) {
     const bool boundary = cpu_sample::SortSampleRow(logits.data() + r * vocab, vocab, lo) == got[r] ||
                           cpu_sample::SortSampleRow(logits.data() + r * vocab, vocab, hi) == got[r];
     EXPECT_TRUE(boundary) << "row " << r << " (temperature " << specs[r].temperature << ", top_k " << specs[r].top_k
-                          << ", top_p " << specs[r].top_p << ", u " << specs[r].u << "): GPU " << got[r] << ", host "
+                          << ", top_p " << specs[r].top_p << ", min_p " << specs[r].min_p << ", u " << specs[r].u << "): GPU " << got[r] << ", host "
                           << want << ", seed " << seed_;
     ++off_by_rounding;
   }

@@ -4,6 +4,7 @@
 // high temperatures, u near 0 and near 1. And CpuBackend::SampleRows row by row.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -30,18 +31,45 @@ TEST(SampleOpsTest, RadixDescentPicksWhatSortingPicks) {
     spec.top_k = ks[gen() % 7];
     const float ps[] = {1.0f, 0.95f, 0.5f, 0.01f};
     spec.top_p = ps[gen() % 4];
+    const float min_ps[] = {0.0f, 0.0f, 0.05f, 0.3f, 1.0f};
+    spec.min_p = min_ps[gen() % 5];
     const double us[] = {0.0, 1e-12, 0.999999999, unit(gen), unit(gen)};
     spec.u = us[gen() % 5];
     const int32_t want = cpu_sample::SortSampleRow(logits.data(), vocab, spec);
     const int32_t got = cpu_sample::RadixSampleRow(logits.data(), vocab, spec);
     ASSERT_EQ(got, want) << "trial " << trial << " seed " << seed << ": vocab " << vocab << " temperature "
-                         << spec.temperature << " top_k " << spec.top_k << " top_p " << spec.top_p << " u "
+                         << spec.temperature << " top_k " << spec.top_k << " top_p " << spec.top_p << " min_p " << spec.min_p << " u "
                          << spec.u << " logit of sort's " << logits[want] << ", of radix's " << logits[got];
     ++checked;
     if (want != static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())) ++sampled_non_top;
   }
   EXPECT_EQ(checked, 3000);
   EXPECT_GT(sampled_non_top, 300) << "the trials must exercise more than the argmax";
+}
+
+// min_p by hand (vLLM's rule): logits {0, -1, -3} at temperature 1 are relative probabilities
+// {1, 0.37, 0.05}; min_p 0.2 drops the third, so no draw picks it, and the draws split the rest
+// in proportion 1 : e^-1; min_p 0.5 leaves the first alone.
+TEST(SampleOpsTest, MinPDropsTokensBelowItsShareOfTheLikeliest) {
+  const std::vector<float> logits = {0.0f, -1.0f, -3.0f};
+  for (const bool radix : {false, true}) {
+    SampleSpec spec;
+    spec.temperature = 1.0f;
+    spec.min_p = 0.2f;
+    int picked[3] = {0, 0, 0};
+    for (int i = 0; i < 1000; ++i) {
+      spec.u = (i + 0.5) / 1000.0;
+      const int32_t t = radix ? cpu_sample::RadixSampleRow(logits.data(), 3, spec)
+                              : cpu_sample::SortSampleRow(logits.data(), 3, spec);
+      ++picked[t];
+    }
+    EXPECT_EQ(picked[2], 0) << "radix " << radix;
+    const double want_first = 1000.0 / (1.0 + std::exp(-1.0));
+    EXPECT_NEAR(picked[0], want_first, 1.0) << "radix " << radix;
+    spec.min_p = 0.5f;
+    spec.u = 0.999;
+    EXPECT_EQ(radix ? cpu_sample::RadixSampleRow(logits.data(), 3, spec) : cpu_sample::SortSampleRow(logits.data(), 3, spec), 0);
+  }
 }
 
 TEST(SampleOpsTest, BackendSamplesEachRowWithItsOwnSpec) {
