@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -165,13 +166,18 @@ absl::StatusOr<std::string> RenderTemplate(const Json& messages, const ModelToke
   absl::StatusOr<std::string> text = tok.chat->Render(context);
   if (!text.ok()) return Bad("messages", std::string(text.status().message()));
   if (options.continue_final_message) {
+    // As transformers: find the content stripped (templates often trim it), then keep its
+    // trailing whitespace where the template kept it.
     const std::string last = messages.back()["content"].get<std::string>();
-    const size_t at = last.empty() ? std::string::npos : text->rfind(last);
+    const absl::string_view stripped = absl::StripAsciiWhitespace(last);
+    const absl::string_view lstripped = absl::StripLeadingAsciiWhitespace(last);
+    const size_t at = stripped.empty() ? std::string::npos : text->rfind(std::string(stripped));
     if (at == std::string::npos) {
       return Bad("continue_final_message",
                  "the final message's content does not appear in the rendered chat");
     }
-    text->resize(at + last.size());
+    const bool kept = absl::string_view(*text).substr(at, lstripped.size()) == lstripped;
+    text->resize(at + (kept ? lstripped.size() : stripped.size()));
   }
   return text;
 }

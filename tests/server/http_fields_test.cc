@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "tests/server/http_test_util.h"
 
 namespace moeserve::testing {
@@ -229,6 +230,18 @@ TEST(HttpChatTemplateKwargsTest, EnableThinkingFalseRendersAsTransformersDoes) {
     ++checked;
   }
   EXPECT_GE(checked, 10);
+  // continue_final_message through a template: the rendering ends with the final message's
+  // content, also when it has trailing whitespace the template may trim (as transformers finds it).
+  for (const std::string content : {"The answer is", "The answer is\n"}) {
+    const Json messages = {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", content}}};
+    const auto [s1, ids] = PostTo(server, "/tokenize", {{"messages", messages}, {"add_generation_prompt", false},
+                                                        {"continue_final_message", true}});
+    ASSERT_EQ(s1, 200) << ids.dump();
+    const auto [s2, text] = PostTo(server, "/detokenize", {{"tokens", ids["tokens"]}});
+    ASSERT_EQ(s2, 200) << text.dump();
+    const std::string rendered = text["prompt"];
+    EXPECT_TRUE(absl::EndsWith(rendered, "The answer is") || absl::EndsWith(rendered, "The answer is\n")) << rendered;
+  }
 }
 
 // generation_config.json's sampling defaults, as vLLM applies them (--generation-config auto):
