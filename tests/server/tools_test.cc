@@ -82,7 +82,13 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
     EXPECT_NEAR(p["observed_over_bound"].get<double>(),
                 p["observed_s"].get<double>() / p["bound_s"].get<double>(), 1e-9);
   }
-  EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
+  // A fit pushed to a limit (six 1-step points on a loaded machine can be too noisy to pin the
+  // terms down) reports no coefficients, and says which limit it hit.
+  if (sweep["efficiency"].is_null()) {
+    EXPECT_FALSE(sweep["fit_at_limit"].empty()) << sweep.dump();
+  } else {
+    EXPECT_GT(sweep["efficiency"]["compute"].get<double>(), 0);
+  }
   EXPECT_EQ(sweep["knees"].size(), 2u);
   for (const auto& k : sweep["knees"]) {
     // tiny: 4 experts, top-2. Whether any decode batch is compute-bound depends on this machine's
