@@ -173,24 +173,30 @@ __global__ void WriteKvKernel(const float* k, const float* v, const int64_t* slo
 }
 
 constexpr int kMaxHeadDim = 256;
-constexpr int kWarpsPerBlock = 4;
+// Warps that split one (token, query head)'s context: a decode token's attention is a chain of
+// dependent loads per position, so the context is spread over the block's warps (warp w takes
+// positions w, w + kAttnWarps, ...) and their partial softmax states are merged at the end
+// (flash-decoding within one block). One warp per pair walked 1024 positions in 1.26 ms on an
+// H100 (docs/gpu-check.md).
+constexpr int kAttnWarps = 16;
 
-// Warp w of the block handles pair blockIdx.x * kWarpsPerBlock + w = token * q_heads + head; lane
-// l holds dimensions l, l + 32, ... of the output.
-__global__ void PagedAttentionKernel(const float* q, const int32_t* token_seq, const int32_t* token_pos,
-                                     const int32_t* block_tables, int64_t num_tokens, int64_t max_blocks_per_seq,
-                                     KvGeometry g, int64_t layer, const void* cache, int64_t q_heads, float scale,
-                                     float* out) {
-  const int lane = threadIdx.x % 32;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (pair >= num_tokens * q_heads) return;
+// Block b handles pair b = token * q_heads + head; lane l holds dimensions l, l + 32, ... of the
+// output.
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    PagedAttentionKernel(const float* q, const int32_t* token_seq, const int32_t* token_pos,
+                         const int32_t* block_tables, int64_t max_blocks_per_seq, KvGeometry g, int64_t layer,
+                         const void* cache, int64_t q_heads, float scale, float* out) {
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
+  __shared__ float part_acc[kAttnWarps][kMaxHeadDim];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t pair = blockIdx.x;
   const int64_t t = pair / q_heads, h = pair % q_heads;
   const int64_t hd = g.head_dim;
   const int64_t kv_head = h / (q_heads / g.kv_heads);
   const int64_t ctx = token_pos[t] + 1;
   const int32_t* table = block_tables + static_cast<int64_t>(token_seq[t]) * max_blocks_per_seq;
   const float* qv = q + (t * q_heads + h) * hd;
-  constexpr int kPerLane = kMaxHeadDim / 32;
   float qreg[kPerLane], acc[kPerLane];
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t d = lane + 32 * i;
@@ -198,7 +204,7 @@ __global__ void PagedAttentionKernel(const float* q, const int32_t* token_seq, c
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j = 0; j < ctx; ++j) {
+  for (int64_t j = warp; j < ctx; j += kAttnWarps) {
     const int64_t block = table[j / g.block_size], slot = j % g.block_size;
     const int64_t koff = KvOffset(g, block, layer, 0, slot) + kv_head * hd;
     const int64_t voff = KvOffset(g, block, layer, 1, slot) + kv_head * hd;
@@ -210,7 +216,7 @@ __global__ void PagedAttentionKernel(const float* q, const int32_t* token_seq, c
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     const float s = dot * scale;
     const float m_new = fmaxf(m, s);
-    const float rescale = expf(m - m_new);  // 0 on the first position (m = -inf)
+    const float rescale = expf(m - m_new);  // 0 on the warp's first position (m = -inf)
     const float p = expf(s - m_new);
     l = l * rescale + p;
     for (int i = 0; i < kPerLane; ++i) {
@@ -219,9 +225,27 @@ __global__ void PagedAttentionKernel(const float* q, const int32_t* token_seq, c
     }
     m = m_new;
   }
+  // Merge: every warp's (max, sum, weighted values) rescaled to the block's max. A warp with no
+  // position (context shorter than kAttnWarps) has sum 0 and adds nothing.
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
+  for (int i = 0; i < kPerLane; ++i) part_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float mx = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, part_m[w]);
+  float sum = 0.0f, o[kPerLane] = {};
+  for (int w = 0; w < kAttnWarps; ++w) {
+    if (part_l[w] == 0.0f) continue;
+    const float f = expf(part_m[w] - mx);
+    sum += part_l[w] * f;
+    for (int i = 0; i < kPerLane; ++i) o[i] += part_acc[w][lane + 32 * i] * f;
+  }
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t d = lane + 32 * i;
-    if (d < hd) out[(t * q_heads + h) * hd + d] = acc[i] / l;
+    if (d < hd) out[(t * q_heads + h) * hd + d] = o[i] / sum;
   }
 }
 
@@ -310,8 +334,8 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* token_seq, const
   if (g.head_dim > kMaxHeadDim || g.kv_heads <= 0 || q_heads % g.kv_heads != 0) return cudaErrorInvalidValue;
   const int64_t pairs = num_tokens * q_heads;
   if (pairs > 0) {
-    PagedAttentionKernel<<<Blocks(pairs, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-        q, token_seq, token_pos, block_tables, num_tokens, max_blocks_per_seq, g, layer, cache, q_heads, scale, out);
+    PagedAttentionKernel<<<static_cast<unsigned>(pairs), kAttnWarps * 32, 0, stream>>>(
+        q, token_seq, token_pos, block_tables, max_blocks_per_seq, g, layer, cache, q_heads, scale, out);
   }
   return cudaGetLastError();
 }
