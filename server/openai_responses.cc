@@ -58,6 +58,9 @@ Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
         alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
       }
     }
+    // As vLLM's completions: the chosen token is among its alternatives (n + 1 where it is
+    // outside the top n; with logprobs 0, alone).
+    if (i < out.chosen.size()) alternatives[tokens.back().get<std::string>()] = out.chosen[i];
     token_logprobs.push_back(chosen_logprob(i));
     top.push_back(alternatives);
   }

@@ -35,10 +35,15 @@ TEST_F(HttpResponsesTest, LogprobsCoverEveryTokenStreamedOrNot) {
     const Json& lp = whole["choices"][0]["logprobs"];
     const Json& chosen = chat ? lp["content"] : lp["token_logprobs"];
     ASSERT_EQ(chosen.size(), 48u) << lp.dump();
-    for (const Json& c : chosen) {
-      const Json& v = chat ? c["logprob"] : c;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const Json& v = chat ? chosen[i]["logprob"] : chosen[i];
       ASSERT_TRUE(v.is_number()) << lp.dump();
       EXPECT_LE(v.get<double>(), 0.0);
+      if (!chat) {  // logprobs 0: the chosen token alone among the alternatives, as vLLM
+        const Json& alternatives = lp["top_logprobs"][i];
+        ASSERT_EQ(alternatives.size(), 1u) << alternatives.dump();
+        EXPECT_EQ(alternatives[lp["tokens"][i].get<std::string>()], v) << alternatives.dump();
+      }
     }
     body["stream"] = true;
     httplib::Client c("127.0.0.1", server_->http_port());
