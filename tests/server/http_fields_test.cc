@@ -164,17 +164,13 @@ TEST_F(HttpFieldsTest, IncludeStopStrInOutputKeepsTheStopString) {
       body["include_stop_str_in_output"] = include;
       body["stream"] = stream;
       SCOPED_TRACE(absl::StrCat("stream ", stream, " include ", include));
-      httplib::Client c("127.0.0.1", server_->http_port());
-      c.set_read_timeout(60, 0);
-      auto r = c.Post("/v1/completions", body.dump(), "application/json");
-      ASSERT_TRUE(r);
-      ASSERT_EQ(r->status, 200) << r->body;
       std::string got;
       if (!stream) {
-        got = Json::parse(r->body)["choices"][0]["text"];
+        const auto [status, j] = Post("/v1/completions", body);
+        ASSERT_EQ(status, 200) << j.dump();
+        got = j["choices"][0]["text"];
       } else {
-        for (size_t p = 0; (p = r->body.find("data: {", p)) != std::string::npos; ++p) {
-          const Json e = Json::parse(r->body.substr(p + 6, r->body.find("\n\n", p) - p - 6));
+        for (const Json& e : SseObjects(PostRaw("/v1/completions", body))) {
           if (e.contains("choices") && !e["choices"].empty()) got += e["choices"][0]["text"].get<std::string>();
         }
       }

@@ -46,18 +46,14 @@ TEST_F(HttpResponsesTest, LogprobsCoverEveryTokenStreamedOrNot) {
       }
     }
     body["stream"] = true;
-    httplib::Client c("127.0.0.1", server_->http_port());
-    c.set_read_timeout(60, 0);
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    ASSERT_TRUE(r);
+    const std::string streamed = PostRaw(path, body);
     size_t entries = 0;
-    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
-      const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+    for (const Json& e : SseObjects(streamed)) {
       if (!e.contains("choices") || e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
       const Json& l = e["choices"][0]["logprobs"];
       entries += chat ? l["content"].size() : l["token_logprobs"].size();
     }
-    EXPECT_EQ(entries, 48u) << r->body;
+    EXPECT_EQ(entries, 48u) << streamed;
   }
   // top_logprobs needs logprobs, as vLLM.
   const auto [status, j] = Post("/v1/chat/completions", {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}, {"top_logprobs", 2}});
@@ -123,16 +119,14 @@ TEST_F(HttpResponsesTest, StopReasonSystemFingerprintAndVersion) {
   ASSERT_EQ(s2, 200) << j2.dump();
   EXPECT_EQ(j2["choices"][0]["stop_reason"], stop) << j2.dump();
   by_text["stream"] = true;
-  httplib::Client c("127.0.0.1", server_->http_port());
-  auto r = c.Post("/v1/completions", by_text.dump(), "application/json");
-  ASSERT_TRUE(r);
+  const std::string streamed = PostRaw("/v1/completions", by_text);
   Json last_choice;
-  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
-    const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+  for (const Json& e : SseObjects(streamed)) {
     EXPECT_EQ(e["system_fingerprint"], fp);
     if (!e["choices"].empty() && !e["choices"][0]["finish_reason"].is_null()) last_choice = e["choices"][0];
   }
-  EXPECT_EQ(last_choice["stop_reason"], stop) << r->body;
+  EXPECT_EQ(last_choice["stop_reason"], stop) << streamed;
+  httplib::Client c("127.0.0.1", server_->http_port());
   auto v = c.Get("/version");
   ASSERT_TRUE(v);
   EXPECT_EQ(v->status, 200);
@@ -179,15 +173,11 @@ TEST_F(HttpResponsesTest, NChoicesAreTheRequestAloneWithSeedPlusI) {
     // Streamed: each index's deltas add up to its text, each ends with its finish reason.
     three["stream"] = true;
     three["stream_options"] = {{"include_usage", true}};
-    httplib::Client c("127.0.0.1", server_->http_port());
-    c.set_read_timeout(60, 0);
-    auto r = c.Post(path.c_str(), three.dump(), "application/json");
-    ASSERT_TRUE(r);
+    const std::string body_text = PostRaw(path, three);
     std::vector<std::string> streamed(3);
     std::vector<int> finishes(3, 0);
     int usage_completion = 0;
-    for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at) {
-      const Json e = Json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6));
+    for (const Json& e : SseObjects(body_text)) {
       if (e.contains("usage") && e["choices"].empty()) usage_completion = e["usage"]["completion_tokens"];
       for (const Json& ch : e["choices"]) {
         const size_t i = ch["index"];
@@ -200,7 +190,7 @@ TEST_F(HttpResponsesTest, NChoicesAreTheRequestAloneWithSeedPlusI) {
         if (!ch["finish_reason"].is_null()) ++finishes[i];
       }
     }
-    EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos);
+    EXPECT_NE(body_text.find("data: [DONE]"), std::string::npos);
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(streamed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "streamed choice " << i;
       EXPECT_EQ(finishes[static_cast<size_t>(i)], 1) << "choice " << i;
