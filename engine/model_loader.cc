@@ -1,6 +1,7 @@
 // Model loading.
 #include "engine/model_loader.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
     auto w = ModelWeights::Load(config, *checkpoint, backend, dtype, only);
     if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(spec.model_dir, ": ", w.status().message()));
+    if ((*w)->skipped_mtp_tensors() > 0) {
+      std::fprintf(stderr, "%s: skipped %lld tensors of %lld multi-token-prediction layer(s), which the forward does not use\n",
+                   spec.model_dir.c_str(), static_cast<long long>((*w)->skipped_mtp_tensors()),
+                   static_cast<long long>(config.num_nextn_predict_layers));
+    }
     return w;
   }
   ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(spec.preset));

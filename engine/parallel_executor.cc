@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   const int64_t seg = kv.num_blocks / ep;
   for (int64_t e = 0; e < ep; ++e) x->segment_begin_.push_back(e * seg);
   x->segment_begin_.push_back(kv.num_blocks);
-  const double kv_token_bytes = static_cast<double>(2 * c.kv_dim()) * static_cast<double>(DTypeSize(kv.dtype));
+  const double kv_token_bytes = static_cast<double>(c.KvElemsPerToken()) * static_cast<double>(DTypeSize(kv.dtype));
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t e = 0; e < ep; ++e) {
       RankLayout l;

@@ -67,8 +67,10 @@ struct WeightRef {
 };
 
 // Where a layer's K and V live inside the paged cache. Each block holds, contiguously, the K
-// and V of `block_size` tokens for every layer: [num_layers][2][block_size][kv_heads][head_dim],
-// so that a whole block moves between tiers as one contiguous copy.
+// and V of `block_size` tokens for every layer: [num_layers][planes][block_size][kv_heads][head_dim],
+// so that a whole block moves between tiers as one contiguous copy. planes is 2 (K, then V) for
+// multi-head attention, 1 for latent attention (MLA), whose one row per token holds the latent
+// (which serves as the value too) followed by the shared rotary key.
 struct KvLayout {
   // Version of what a block's bytes mean (element order above, RoPE applied to K before it is
   // stored): part of every prefix-cache key, so a build that changes it never reads old blocks.
@@ -79,14 +81,15 @@ struct KvLayout {
   int64_t block_size = 16;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
+  int64_t planes = 2;
   DType dtype = DType::kF32;
 
   int64_t TokenElems() const { return kv_heads * head_dim; }
-  int64_t BlockElems() const { return num_layers * 2 * block_size * TokenElems(); }
+  int64_t BlockElems() const { return num_layers * planes * block_size * TokenElems(); }
   size_t BlockBytes() const { return static_cast<size_t>(BlockElems()) * DTypeSize(dtype); }
   // Element offset of (block, layer, k_or_v, slot-in-block).
   int64_t Offset(int64_t block, int64_t layer, int kv, int64_t slot) const {
-    return ((block * num_layers + layer) * 2 + kv) * block_size * TokenElems() +
+    return ((block * num_layers + layer) * planes + kv) * block_size * TokenElems() +
            slot * TokenElems();
   }
 };
@@ -223,6 +226,45 @@ class Backend {
   // probability first exceeds u. specs: [rows]; tokens: [rows].
   virtual void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                           int32_t* tokens) = 0;
+
+  // ---- multi-head latent attention (DeepSeek) and its routing ----
+  // Whether this backend implements the four ops below; a model that needs them is refused at
+  // load on one that does not.
+  virtual bool HasLatentAttention() const { return false; }
+
+  // Rotary embedding with given frequencies (YaRN's, say), rotate-half convention, in place;
+  // cos and sin are multiplied by `cos_sin_scale` (YaRN's attention factor) as transformers
+  // does. x: [n, heads, head_dim], inv_freq: [head_dim / 2] device memory.
+  virtual void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
+                          const float* inv_freq, float cos_sin_scale);
+
+  // DeepSeek's router: scores = softmax or sigmoid of logits [n, num_experts]; the choice
+  // ranks scores + bias (bias: [num_experts] or null), limited to the best `topk_group` of
+  // `n_group` equal groups (a group scored by its best member, or its best two summed); the
+  // weights are the unbiased scores of the chosen, renormalised when asked, times `scaling`.
+  struct GroupedRouting {
+    int64_t num_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+    bool sigmoid = false;
+    bool group_top_two_sum = false;  // false: a group's score is its best member's
+    bool renormalize = false;
+    float scaling = 1.0f;
+  };
+  virtual void RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,
+                                 int32_t* expert_ids, float* expert_weights);
+
+  // Writes this step's latent [n, latent_dim] and rotary key [n, head_dim - latent_dim] as one
+  // row per token into a planes == 1 cache (kv_heads 1).
+  virtual void WriteLatentKv(const float* latent, const float* rope, const int64_t* slots, int64_t n,
+                             int64_t latent_dim, const KvLayout& layout, int64_t layer, void* cache);
+
+  // Paged causal attention of `heads` query heads against the cached rows (MLA's absorbed
+  // form): a head's score against a token is q_latent . latent + q_rope . rotary key, and its
+  // output the softmax-weighted sum of the latents.
+  // q_latent: [n, heads, latent_dim], q_rope: [n, heads, head_dim - latent_dim],
+  // out: [n, heads, latent_dim]
+  virtual void PagedLatentAttention(const float* q_latent, const float* q_rope, const AttentionBatch& batch,
+                                    const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
+                                    int64_t latent_dim, float scale, float* out);
 
   // Paged causal attention with grouped-query heads.
   // q: [num_tokens, q_heads, head_dim] -> out: [num_tokens, q_heads, head_dim]

@@ -10,46 +10,18 @@
 #include "absl/strings/str_join.h"
 #include "core/file_util.h"
 #include "core/status.h"
+#include "models/config_json.h"
+#include "models/deepseek_config.h"
 #include "models/tokenizer.h"
 
 namespace moeserve {
 namespace {
 
-using Json = nlohmann::json;
-
-absl::Status TypeError(absl::string_view key, absl::string_view want, const Json& got) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: key \"", key, "\" must be ", want,
-                                                 ", got ", got.type_name(), " ", got.dump()));
-}
-
-absl::Status ReadInt(const Json& j, absl::string_view key, bool required, int64_t* out) {
-  auto it = j.find(std::string(key));
-  if (it == j.end() || it->is_null()) {
-    if (required) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: missing required key \"", key, "\""));
-    }
-    return absl::OkStatus();
-  }
-  if (!it->is_number_integer()) return TypeError(key, "an integer", *it);
-  *out = it->get<int64_t>();
-  return absl::OkStatus();
-}
-
-absl::Status ReadDouble(const Json& j, absl::string_view key, double* out) {
-  auto it = j.find(std::string(key));
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) return TypeError(key, "a number", *it);
-  *out = it->get<double>();
-  return absl::OkStatus();
-}
-
-absl::Status ReadBool(const Json& j, absl::string_view key, bool* out) {
-  auto it = j.find(std::string(key));
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_boolean()) return TypeError(key, "true or false", *it);
-  *out = it->get<bool>();
-  return absl::OkStatus();
-}
+using config_json::Json;
+using config_json::ReadBool;
+using config_json::ReadDouble;
+using config_json::ReadInt;
+using config_json::TypeError;
 
 absl::Status Positive(absl::string_view key, int64_t v, int64_t limit = 1) {
   if (v < limit) {
@@ -92,7 +64,9 @@ struct FamilyName {
 constexpr FamilyName kFamilies[] = {{ModelFamily::kMixtral, "MixtralForCausalLM", "mixtral"},
                                     {ModelFamily::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
                                     {ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
-                                    {ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe"}};
+                                    {ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe"},
+                                    {ModelFamily::kDeepseekV2, "DeepseekV2ForCausalLM", "deepseek_v2"},
+                                    {ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3"}};
 
 bool OneOf(const std::string& key, const auto& list) {
   for (const char* k : list) {
@@ -113,7 +87,7 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: architectures ", it->dump(),
           " is not supported (this build implements MixtralForCausalLM, Qwen2MoeForCausalLM, "
-          "Qwen3MoeForCausalLM and OlmoeForCausalLM)"));
+          "Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM and DeepseekV3ForCausalLM)"));
     }
   }
   if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
@@ -122,7 +96,7 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
     }
     if (!by_type) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe)"));
+          "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3)"));
     }
   }
   if (by_arch && by_type && *by_arch != *by_type) {
@@ -134,11 +108,19 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
 
 // The settings this build implements only one way: anything else is refused, naming the key.
 absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
+  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+    const std::string method = it->is_object() && it->contains("quant_method") ? (*it)["quant_method"].dump() : it->dump();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: quantization_config with quant_method ", method,
+        " is not supported: this build computes with f32 or bf16 weights only (FP8 block-scaled weights are "
+        "not implemented yet)"));
+  }
   for (const auto& [key, value] : j.items()) {
     const bool family_key = family == ModelFamily::kMixtral    ? OneOf(key, kMixtralKeys)
                             : family == ModelFamily::kQwen2Moe ? OneOf(key, kQwen2MoeKeys)
                             : family == ModelFamily::kQwen3Moe ? OneOf(key, kQwen3MoeKeys)
-                                                               : OneOf(key, kOlmoeKeys);
+                            : family == ModelFamily::kOlmoe    ? OneOf(key, kOlmoeKeys)
+                                                               : IsDeepseekKey(key);
     if (!OneOf(key, kIgnoredKeys) && !OneOf(key, kReadKeys) && !family_key) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: key \"", key, "\" is not understood by this build; refusing rather than guessing "
@@ -179,8 +161,11 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
                                                      " is not supported (projections without bias)"));
     }
   }
+  // DeepSeek reads YaRN (deepseek_config.cc); the other families' attention has plain RoPE only.
+  const bool deepseek = family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3;
   for (const char* rope : {"rope_scaling", "rope_parameters"}) {
     auto it = j.find(rope);
+    if (deepseek) continue;
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_object()) return TypeError(rope, "an object", *it);
     for (const auto& [k, v] : it->items()) {
@@ -242,12 +227,16 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   ModelConfig c;
   c.family = family;
   const bool qwen = family == ModelFamily::kQwen2Moe || family == ModelFamily::kQwen3Moe;
+  const bool deepseek = c.is_deepseek();
   // Each family's names, and transformers' defaults for the keys it may leave out.
-  const char* experts_key = family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts";
-  const char* inter_key = qwen ? "moe_intermediate_size" : "intermediate_size";
+  const char* experts_key = family == ModelFamily::kMixtral ? "num_local_experts"
+                            : deepseek                      ? "n_routed_experts"
+                                                            : "num_experts";
+  const char* inter_key = qwen || deepseek ? "moe_intermediate_size" : "intermediate_size";
   c.rope_theta = family == ModelFamily::kMixtral ? 1e6 : 1e4;
-  c.rms_norm_eps = qwen ? 1e-6 : 1e-5;
-  c.norm_topk_prob = family == ModelFamily::kMixtral;  // Mixtral always renormalises
+  c.rms_norm_eps = qwen || deepseek ? 1e-6 : 1e-5;
+  // Mixtral always renormalises; DeepseekV3Config defaults to it.
+  c.norm_topk_prob = family == ModelFamily::kMixtral || family == ModelFamily::kDeepseekV3;
   c.qkv_bias = family == ModelFamily::kQwen2Moe;
   c.qk_norm = family == ModelFamily::kQwen3Moe ? QkNorm::kPerHead
               : family == ModelFamily::kOlmoe  ? QkNorm::kWhole
@@ -279,8 +268,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c.norm_topk_prob));
-  RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", family == ModelFamily::kQwen2Moe,
-                          &c.shared_expert_intermediate_size));
+  if (!deepseek) {
+    RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", family == ModelFamily::kQwen2Moe,
+                            &c.shared_expert_intermediate_size));
+  }
   RETURN_IF_ERROR(ReadBool(j, "qkv_bias", &c.qkv_bias));
   // The checkpoint's dtype: "torch_dtype", or "dtype" as transformers 5 writes it.
   std::optional<DType> dtype;
@@ -296,6 +287,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
     dtype = *dt;
   }
   if (dtype.has_value()) c.torch_dtype = *dtype;
+  if (deepseek) RETURN_IF_ERROR(ReadDeepseekConfig(j, &c));
   // A sliding window shorter than the context changes attention; this build attends to all of it.
   // (Qwen configs carry a window that use_sliding_window, checked above, leaves unused.)
   if (auto it = j.find("sliding_window"); !qwen && it != j.end() && !it->is_null()) {
@@ -338,12 +330,13 @@ std::string ModelConfig::ToJson() const {
   j["architectures"] = Json::array({architecture()});
   j["model_type"] = model_type();
   j["hidden_size"] = hidden_size;
-  j[qwen ? "moe_intermediate_size" : "intermediate_size"] = intermediate_size;
+  j[qwen || is_deepseek() ? "moe_intermediate_size" : "intermediate_size"] = intermediate_size;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
-  j[family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts"] = num_local_experts;
+  j[family == ModelFamily::kMixtral ? "num_local_experts" : is_deepseek() ? "n_routed_experts" : "num_experts"] =
+      num_local_experts;
   j["num_experts_per_tok"] = num_experts_per_tok;
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -356,29 +349,47 @@ std::string ModelConfig::ToJson() const {
     j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   }
   if (family == ModelFamily::kQwen2Moe) j["qkv_bias"] = qkv_bias;
+  if (is_deepseek()) WriteDeepseekConfig(*this, &j);
   j["hidden_act"] = "silu";
   j["bos_token_id"] = ByteTokenizer::kBos;
   j["eos_token_id"] = ByteTokenizer::kEos;
   return j.dump(2) + "\n";
 }
 
+int64_t ModelConfig::AttentionParams() const {
+  const int64_t h = hidden_size;
+  if (!is_mla()) {
+    int64_t p = h * q_dim() * 2 + h * kv_dim() * 2;  // q, o, k, v
+    if (qkv_bias) p += q_dim() + 2 * kv_dim();
+    if (qk_norm == QkNorm::kPerHead) p += 2 * head_dim;
+    if (qk_norm == QkNorm::kWhole) p += q_dim() + kv_dim();
+    return p;
+  }
+  const MlaConfig& m = mla;
+  const int64_t heads = num_attention_heads;
+  const int64_t q = m.q_lora_rank > 0 ? h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim()
+                                      : h * heads * m.qk_head_dim();
+  return q + h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  // kv_a_proj_with_mqa, its norm
+         + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)  // kv_b_proj
+         + heads * m.v_head_dim * h;                                    // o_proj
+}
+
 int64_t ModelConfig::TotalParams() const {
   const int64_t h = hidden_size;
-  int64_t per_layer = h * q_dim() * 2 + h * kv_dim() * 2  // q, o, k, v
-                      + 2 * h                            // two norms
-                      + num_local_experts * h            // router
-                      + num_local_experts * ExpertParams();
-  if (has_shared_expert()) per_layer += 3 * h * shared_expert_intermediate_size + h;
-  if (qkv_bias) per_layer += q_dim() + 2 * kv_dim();
-  if (qk_norm == QkNorm::kPerHead) per_layer += 2 * head_dim;
-  if (qk_norm == QkNorm::kWhole) per_layer += q_dim() + kv_dim();
-  int64_t total = per_layer * num_hidden_layers + vocab_size * h + h;
+  int64_t moe_layer = num_local_experts * h + num_local_experts * ExpertParams();  // router, experts
+  if (router.correction_bias) moe_layer += num_local_experts;
+  if (has_shared_expert()) moe_layer += 3 * h * shared_expert_intermediate_size + (shared_expert_gated ? h : 0);
+  const int64_t dense_layer = 3 * h * dense_intermediate_size;
+  const int64_t per_layer = AttentionParams() + 2 * h;  // attention, two norms
+  int64_t total = per_layer * num_hidden_layers + first_k_dense_replace * dense_layer +
+                  (num_hidden_layers - first_k_dense_replace) * moe_layer + vocab_size * h + h;
   if (!tie_word_embeddings) total += vocab_size * h;
   return total;
 }
 
 int64_t ModelConfig::ActiveParams() const {
-  return TotalParams() - num_hidden_layers * (num_local_experts - num_experts_per_tok) * ExpertParams();
+  return TotalParams() -
+         (num_hidden_layers - first_k_dense_replace) * (num_local_experts - num_experts_per_tok) * ExpertParams();
 }
 
 std::vector<std::string> PresetNames() { return {"tiny", "small", "medium"}; }

@@ -10,100 +10,14 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/weight_layout.h"
+#include "models/deepseek_weights.h"
 #include "models/tensor_names.h"
+#include "models/weight_uploader.h"
 
 namespace moeserve {
 namespace {
 
 namespace tn = tensor_names;
-
-std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
-// Uploads tensors (converted to `dtype`, stacked along rows) into one device buffer, and
-// hashes every uploaded byte with its names, shape and dtype on the way (the bytes are in
-// memory then, so the digest costs one more pass over what loading reads anyway): one digest
-// per stacked weight, keyed by its names, so that ranks that read different parts of a
-// checkpoint can put the whole model's digest together.
-class Uploader {
- public:
-  Uploader(const TensorSource& src, const std::map<std::string, std::vector<int64_t>>& shapes,
-           Backend* backend, std::vector<DeviceBuffer>* buffers, size_t* total,
-           std::map<std::string, uint64_t>* digests)
-      : src_(src), shapes_(shapes), backend_(backend), buffers_(buffers), total_(total), digests_(digests) {}
-
-  absl::StatusOr<const TensorView*> Get(const std::string& name) {
-    const TensorView* t = src_.Find(name);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
-    const auto& want = shapes_.at(name);
-    if (t->shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" has shape ", ShapeString(t->shape),
-                                                     " but the config needs ", ShapeString(want)));
-    }
-    return t;
-  }
-
-  // Stacks the named matrices row-wise into one weight of `dtype`, stored in the backend's
-  // preferred layout (a GEMM operand) or row-major (a vector read directly).
-  absl::StatusOr<WeightRef> Matrix(const std::vector<std::string>& names, DType dtype, bool gemm_operand = true) {
-    std::vector<const TensorView*> parts;
-    int64_t rows = 0, cols = -1;
-    for (const auto& n : names) {
-      ASSIGN_OR_RETURN(const TensorView* t, Get(n));
-      // A vector is one row.
-      const int64_t t_rows = t->shape.size() == 2 ? t->shape[0] : 1;
-      const int64_t t_cols = t->shape.back();
-      if (t->shape.size() > 2 || (cols >= 0 && t_cols != cols)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"", n, "\" cannot be stacked"));
-      }
-      cols = t_cols;
-      rows += t_rows;
-      parts.push_back(t);
-    }
-    const size_t elems = static_cast<size_t>(rows * cols);
-    std::vector<uint8_t> host(elems * DTypeSize(dtype));
-    size_t at = 0;
-    std::vector<float> tmp;
-    for (const TensorView* t : parts) {
-      const size_t n = static_cast<size_t>(t->numel());
-      if (t->dtype == dtype) {
-        std::memcpy(host.data() + at, t->data, t->bytes);
-      } else {
-        tmp.resize(n);
-        ConvertToF32(t->data, t->dtype, n, tmp.data());
-        ConvertFromF32(tmp.data(), n, dtype, host.data() + at);
-      }
-      at += n * DTypeSize(dtype);
-    }
-    std::string key;
-    for (const auto& n : names) key.append(n.data(), n.size() + 1);  // with the NUL
-    const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
-    XXH3_64bits_update(state, shape, sizeof(shape));
-    XXH3_64bits_update(state, host.data(), host.size());
-    (*digests_)[key] = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
-    const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
-    ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), dtype, rows, cols, layout));
-    WeightRef w{buf.data(), dtype, rows, cols, layout};
-    *total_ += buf.bytes();
-    buffers_->push_back(std::move(buf));
-    return w;
-  }
-
-  absl::StatusOr<const float*> Vector(const std::string& name) {
-    ASSIGN_OR_RETURN(WeightRef w, Matrix({name}, DType::kF32, /*gemm_operand=*/false));
-    return static_cast<const float*>(w.data);
-  }
-
- private:
-  const TensorSource& src_;
-  const std::map<std::string, std::vector<int64_t>>& shapes_;
-  Backend* backend_;
-  std::vector<DeviceBuffer>* buffers_;
-  size_t* total_;
-  std::map<std::string, uint64_t>* digests_;
-};
 
 // Checks a shard against the config (its layers a range within the model, its experts real
 // ones) and says which routed experts it holds.
@@ -124,21 +38,6 @@ absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const Weight
 }
 
 }  // namespace
-
-absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_major, DType dtype, int64_t rows,
-                                          int64_t cols, WeightLayout layout) {
-  const size_t eb = DTypeSize(dtype);
-  const size_t bytes = static_cast<size_t>(WeightStorageElems(layout, rows, cols)) * eb;
-  ASSIGN_OR_RETURN(DeviceBuffer buf, backend->Allocate(bytes));
-  if (layout == WeightLayout::kRowMajor) {
-    RETURN_IF_ERROR(backend->CopyToDevice(buf.data(), row_major, bytes));
-  } else {
-    std::vector<uint8_t> packed(bytes);
-    PackWeight(layout, row_major, rows, cols, eb, packed.data());
-    RETURN_IF_ERROR(backend->CopyToDevice(buf.data(), packed.data(), bytes));
-  }
-  return buf;
-}
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,
@@ -164,15 +63,25 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
       return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
     }
   }
+  int64_t mtp_skipped = 0;
   for (const std::string& name : source.Names()) {
+    if (IsMtpTensor(config, name)) {
+      ++mtp_skipped;
+      continue;
+    }
     if (shapes.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
                                                      "\", which this build's ", config.architecture(), " does not use"));
     }
   }
+  if (config.is_mla() && !backend->HasLatentAttention()) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement multi-head latent "
+                                                 "attention (", config.architecture(), "); run it on the CPU backend"));
+  }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = config;
   w->dtype_ = dtype;
+  w->skipped_mtp_tensors_ = mtp_skipped;
   Uploader up(source, shapes, backend, &w->buffers_, &w->total_bytes_, &w->tensor_digests_);
   // A tensor outside the shard: its shape, no data.
   auto shape_only = [&](const std::vector<std::string>& names, DType d) {
@@ -202,6 +111,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     ASSIGN_OR_RETURN(lw.attn_norm, up.Vector(tn::Layer(l, "input_layernorm.weight")));
     ASSIGN_OR_RETURN(lw.mlp_norm, up.Vector(tn::Layer(l, "post_attention_layernorm.weight")));
+    if (config.is_deepseek()) {
+      RETURN_IF_ERROR(LoadMlaAttention(config, l, dtype, up, &lw));
+      RETURN_IF_ERROR(LoadDeepseekMlp(config, l, dtype, held, up, &lw));
+      w->layers_.push_back(std::move(lw));
+      continue;
+    }
     ASSIGN_OR_RETURN(lw.q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
     ASSIGN_OR_RETURN(lw.k, up.Matrix({tn::Layer(l, "self_attn.k_proj.weight")}, dtype));
     ASSIGN_OR_RETURN(lw.v, up.Matrix({tn::Layer(l, "self_attn.v_proj.weight")}, dtype));
@@ -251,6 +166,31 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   w->content_digest_ = CombineDigests(w->tensor_digests_);
   return w;
 }
+
+namespace {
+
+// A pipeline stage's copy of a layer's MLA weights and DeepSeek router bias (ModelWeights::Shard).
+template <typename Matrix, typename Vec>
+absl::Status ShardMla(const ModelConfig& c, const LayerWeights& f, Matrix& matrix, Vec& vec, LayerWeights* lw) {
+  ASSIGN_OR_RETURN(lw->router_bias, vec(f.router_bias, c.num_local_experts));
+  ASSIGN_OR_RETURN(lw->q_a_norm, vec(f.q_a_norm, c.mla.q_lora_rank));
+  ASSIGN_OR_RETURN(lw->kv_a_norm, vec(f.kv_a_norm, c.mla.kv_lora_rank));
+  for (auto [dst, src] : {std::pair{&lw->q_a, &f.q_a}, {&lw->q_nope, &f.q_nope}, {&lw->q_rope, &f.q_rope},
+                          {&lw->kv_a, &f.kv_a}, {&lw->k_rope, &f.k_rope}}) {
+    ASSIGN_OR_RETURN(*dst, matrix(*src));
+  }
+  for (const WeightRef& k : f.k_up_t) {
+    ASSIGN_OR_RETURN(WeightRef m, matrix(k));
+    lw->k_up_t.push_back(m);
+  }
+  for (const WeightRef& v : f.v_up) {
+    ASSIGN_OR_RETURN(WeightRef m, matrix(v));
+    lw->v_up.push_back(m);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWeights& full, Backend* from,
                                                                    const WeightShard& shard, Backend* to) {
@@ -313,7 +253,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
     const LayerWeights& f = full.layers_[l];
     LayerWeights lw;
     const bool mine = l >= shard.layer_begin && l < end;
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    for (size_t e = 0; e < f.w13.size(); ++e) {  // none in a dense layer
       lw.w13.push_back(shape_only(f.w13[e]));
       lw.w2.push_back(shape_only(f.w2[e]));
     }
@@ -331,7 +271,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       ASSIGN_OR_RETURN(lw.q_norm, vec(f.q_norm, per_head ? c.head_dim : c.q_dim()));
       ASSIGN_OR_RETURN(lw.k_norm, vec(f.k_norm, per_head ? c.head_dim : c.kv_dim()));
       ASSIGN_OR_RETURN(lw.router, matrix(f.router));
-      for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      for (size_t e = 0; e < f.w13.size(); ++e) {
         if (!held[e]) continue;
         ASSIGN_OR_RETURN(lw.w13[e], matrix(f.w13[e]));
         ASSIGN_OR_RETURN(lw.w2[e], matrix(f.w2[e]));
@@ -339,6 +279,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       ASSIGN_OR_RETURN(lw.shared_w13, matrix(f.shared_w13));
       ASSIGN_OR_RETURN(lw.shared_w2, matrix(f.shared_w2));
       ASSIGN_OR_RETURN(lw.shared_gate, matrix(f.shared_gate));
+      if (c.is_mla()) RETURN_IF_ERROR(ShardMla(c, f, matrix, vec, &lw));
     }
     w->layers_.push_back(std::move(lw));
   }
@@ -362,11 +303,14 @@ void ModelWeights::ReleaseTensors() {
   for (LayerWeights& lw : layers_) {
     lw.attn_norm = lw.mlp_norm = nullptr;
     lw.q_bias = lw.k_bias = lw.v_bias = lw.q_norm = lw.k_norm = nullptr;
-    for (WeightRef* w : {&lw.q, &lw.k, &lw.v, &lw.o, &lw.router, &lw.shared_w13, &lw.shared_w2, &lw.shared_gate}) {
+    lw.router_bias = lw.q_a_norm = lw.kv_a_norm = nullptr;
+    for (WeightRef* w : {&lw.q, &lw.k, &lw.v, &lw.o, &lw.router, &lw.shared_w13, &lw.shared_w2, &lw.shared_gate,
+                         &lw.q_a, &lw.q_nope, &lw.q_rope, &lw.kv_a, &lw.k_rope}) {
       drop(*w);
     }
-    for (WeightRef& w : lw.w13) drop(w);
-    for (WeightRef& w : lw.w2) drop(w);
+    for (auto* list : {&lw.w13, &lw.w2, &lw.k_up_t, &lw.v_up}) {
+      for (WeightRef& w : *list) drop(w);
+    }
   }
   buffers_.clear();  // frees the device memory
   total_bytes_ = 0;

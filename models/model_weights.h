@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "models/weight_uploader.h"
 
 namespace moeserve {
 
@@ -29,7 +30,19 @@ struct LayerWeights {
   std::vector<WeightRef> w2;         // per expert [hidden, inter]
   WeightRef shared_w13;              // [2 * shared_inter, hidden] when the config has one
   WeightRef shared_w2;               // [hidden, shared_inter]
-  WeightRef shared_gate;             // [1, hidden], fp32
+  WeightRef shared_gate;             // [1, hidden], fp32; none when the shared expert is ungated
+  // DeepSeek: the router's correction bias [experts] (V3). A dense layer (first_k_dense_replace)
+  // holds its MLP in shared_w13 / shared_w2 and no router or experts.
+  const float* router_bias = nullptr;
+  // Multi-head latent attention (DeepSeek), derived at load (models/deepseek_weights.h); `o`
+  // is o_proj and q/k/v stay empty.
+  WeightRef q_a;                     // [q_lora, hidden] (none without q_lora_rank)
+  const float* q_a_norm = nullptr;   // [q_lora]
+  WeightRef q_nope, q_rope;          // [heads * nope | heads * rope, q_lora or hidden]
+  WeightRef kv_a, k_rope;            // [kv_lora | rope, hidden]
+  const float* kv_a_norm = nullptr;  // [kv_lora]
+  std::vector<WeightRef> k_up_t;     // per head [kv_lora, nope]
+  std::vector<WeightRef> v_up;       // per head [v_head, kv_lora]
 };
 
 // The part of the weights one rank of a parallel layout holds: a pipeline stage's layers (plus
@@ -41,9 +54,6 @@ struct WeightShard {
   std::vector<int32_t> experts;  // routed experts held; empty: all
 };
 
-// Allocates a weight on `backend` and copies the row-major host matrix into it in `layout`.
-absl::StatusOr<DeviceBuffer> UploadWeight(Backend* backend, const void* row_major, DType dtype, int64_t rows,
-                                          int64_t cols, WeightLayout layout);
 
 class ModelWeights {
  public:
@@ -68,6 +78,8 @@ class ModelWeights {
   const WeightRef& lm_head() const { return lm_head_; }
   const float* final_norm() const { return final_norm_; }
   const LayerWeights& layer(int64_t l) const { return layers_[l]; }
+  // Tensors of multi-token-prediction layers the checkpoint holds and the forward skips.
+  int64_t skipped_mtp_tensors() const { return skipped_mtp_tensors_; }
   // Device bytes of all weights, and of one routed expert (for the roofline).
   size_t total_bytes() const { return total_bytes_; }
   size_t expert_bytes() const;
@@ -100,6 +112,7 @@ class ModelWeights {
   uint64_t content_digest_ = 0;
   std::map<std::string, uint64_t> tensor_digests_;
   bool released_ = false;
+  int64_t skipped_mtp_tensors_ = 0;
 };
 
 }  // namespace moeserve

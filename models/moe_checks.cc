@@ -17,6 +17,11 @@ KvLayout KvLayoutFor(const ModelConfig& c, int64_t num_blocks, int64_t block_siz
   l.block_size = block_size;
   l.kv_heads = c.num_key_value_heads;
   l.head_dim = c.head_dim;
+  if (c.is_mla()) {  // one row per token: the latent, then the shared rotary key
+    l.kv_heads = 1;
+    l.head_dim = c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;
+    l.planes = 1;
+  }
   l.dtype = dtype;
   return l;
 }
@@ -48,8 +53,9 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
       static_cast<int64_t>(shard_.expert_owner.size()) != c.num_local_experts) {
     return absl::InvalidArgumentError("forward: expert_owner must name the rank of every expert");
   }
-  if (layout.num_layers != shard_.layer_end - shard_.layer_begin ||
-      layout.kv_heads != c.num_key_value_heads || layout.head_dim != c.head_dim) {
+  const KvLayout want = KvLayoutFor(c, layout.num_blocks, layout.block_size, layout.dtype);
+  if (layout.num_layers != shard_.layer_end - shard_.layer_begin || layout.kv_heads != want.kv_heads ||
+      layout.head_dim != want.head_dim || layout.planes != want.planes) {
     return absl::InvalidArgumentError("forward: KV layout does not match the model config");
   }
   for (int64_t i = 0; i < t; ++i) {

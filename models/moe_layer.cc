@@ -15,11 +15,11 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
   const int64_t inter = c.intermediate_size;
   float* xn = ws_.xn.as<float>();
-  if (t > 0) {
-    backend_->Gemm(xn, t, lw.router, ws_.router_logits.as<float>());
-    backend_->RouterTopK(ws_.router_logits.as<float>(), t, e_count, k, c.norm_topk_prob,
-                         ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+  if (c.dense_layer(layer)) {  // DeepSeek's first layers: one MLP, every rank on its own tokens
+    if (t > 0) Mlp(lw.shared_w13, lw.shared_w2, c.dense_intermediate_size, t, /*gate=*/nullptr);
+    return absl::OkStatus();
   }
+  if (t > 0) Route(lw, t);
   if (expert_parallel()) {
     // The all-to-all's per-peer counts are host arguments (MPI, NCCL): this plan needs the ids.
     host_ids_.resize(t * k);
@@ -60,6 +60,27 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   return SharedExpert(lw, t);
 }
 
+void MoeModel::Route(const LayerWeights& lw, int64_t t) {
+  const ModelConfig& c = config();
+  float* logits = ws_.router_logits.as<float>();
+  backend_->Gemm(ws_.xn.as<float>(), t, lw.router, logits);
+  if (!c.is_deepseek()) {
+    backend_->RouterTopK(logits, t, c.num_local_experts, c.num_experts_per_tok, c.norm_topk_prob,
+                         ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+    return;
+  }
+  Backend::GroupedRouting spec;
+  spec.num_experts = c.num_local_experts;
+  spec.top_k = c.num_experts_per_tok;
+  spec.sigmoid = c.router.scoring == RouterScoring::kSigmoid;
+  spec.n_group = c.router.group_limit == GroupLimit::kNone ? 1 : c.router.n_group;
+  spec.topk_group = c.router.group_limit == GroupLimit::kNone ? 1 : c.router.topk_group;
+  spec.group_top_two_sum = c.router.group_limit == GroupLimit::kTopTwoSum;
+  spec.renormalize = c.norm_topk_prob;
+  spec.scaling = static_cast<float>(c.router.routed_scaling_factor);
+  backend_->RouterGroupedTopK(logits, t, spec, lw.router_bias, ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
+}
+
 int64_t* MoeModel::RouteOffsets(int64_t layer) {
   return ws_.route_offsets.as<int64_t>() + (layer - shard_.layer_begin) * (config().num_local_experts + 1);
 }
@@ -71,6 +92,7 @@ absl::Status MoeModel::RoutingStats(int64_t t, ForwardStats* stats) {
   std::vector<int64_t> offsets(layers * (e_count + 1));
   RETURN_IF_ERROR(backend_->CopyToHost(offsets.data(), ws_.route_offsets.data(), offsets.size() * sizeof(int64_t)));
   for (int64_t l = 0; l < layers; ++l) {
+    if (config().dense_layer(shard_.layer_begin + l)) continue;  // no routing there
     const int64_t* o = offsets.data() + l * (e_count + 1);
     for (int64_t e = 0; e < e_count; ++e) stats->experts_hit += o[e + 1] > o[e] ? 1 : 0;
   }
@@ -79,21 +101,27 @@ absl::Status MoeModel::RoutingStats(int64_t t, ForwardStats* stats) {
 
 absl::Status MoeModel::SharedExpert(const LayerWeights& lw, int64_t t) {
   const ModelConfig& c = config();
-  const int64_t h = c.hidden_size;
+  if (t > 0 && c.has_shared_expert()) {
+    // Qwen2-MoE gates its shared expert by sigmoid(shared_expert_gate . x); DeepSeek's is ungated.
+    Mlp(lw.shared_w13, lw.shared_w2, c.shared_expert_intermediate_size, t, c.shared_expert_gated ? &lw.shared_gate : nullptr);
+  }
+  return absl::OkStatus();
+}
+
+void MoeModel::Mlp(const WeightRef& w13, const WeightRef& w2, int64_t inter, int64_t t, const WeightRef* gate) {
+  const int64_t h = config().hidden_size;
   float* xn = ws_.xn.as<float>();
   float* gate_up = ws_.gate_up.as<float>();
   float* act = ws_.act.as<float>();
-  float* expert_out = ws_.expert_out.as<float>();
-  if (t > 0 && c.has_shared_expert()) {
-    const int64_t si = c.shared_expert_intermediate_size;
-    backend_->Gemm(xn, t, lw.shared_w13, gate_up);  // [t, 2*si]
-    backend_->SiluMul(gate_up, t, si, act);         // [t, si]
-    backend_->Gemm(act, t, lw.shared_w2, expert_out);
-    backend_->Gemm(xn, t, lw.shared_gate, ws_.shared_gate.as<float>());  // [t, 1]
-    backend_->SigmoidScaleRows(expert_out, ws_.shared_gate.as<float>(), t, h);
-    backend_->Add(ws_.x.as<float>(), expert_out, t * h);
+  float* out = ws_.expert_out.as<float>();
+  backend_->Gemm(xn, t, w13, gate_up);  // [t, 2*inter]
+  backend_->SiluMul(gate_up, t, inter, act);
+  backend_->Gemm(act, t, w2, out);
+  if (gate != nullptr) {
+    backend_->Gemm(xn, t, *gate, ws_.shared_gate.as<float>());  // [t, 1]
+    backend_->SigmoidScaleRows(out, ws_.shared_gate.as<float>(), t, h);
   }
-  return absl::OkStatus();
+  backend_->Add(ws_.x.as<float>(), out, t * h);
 }
 
 }  // namespace moeserve

@@ -1,4 +1,5 @@
-// MoE transformer forward: the layers in order (attention, MoE), the head and sampling.
+// MoE transformer forward: the layers in order (attention, MoE), the head and sampling. Latent
+// attention (DeepSeek) is in mla_attention.cc.
 #include "models/moe_model.h"
 
 #include <algorithm>
@@ -70,6 +71,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     *stats = ForwardStats();
     stats->tokens = t;
   }
+  if (t > 0 && c.is_mla()) RETURN_IF_ERROR(PrepareMlaStep(t));
   if (t > 0) {
     RETURN_IF_ERROR(
         backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
@@ -110,7 +112,11 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     const LayerWeights& lw = weights_->layer(l);
     const int64_t kv_layer = l - shard_.layer_begin;  // the stage's cache holds its layers only
     const float eps = static_cast<float>(c.rms_norm_eps);
-    if (t > 0) {
+    if (t > 0 && c.is_mla()) {
+      backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
+      MlaAttention(lw, t, batch, layout, kv_layer, kv_cache);
+      backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
+    } else if (t > 0) {
       backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
       backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
       backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]

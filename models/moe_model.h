@@ -108,13 +108,25 @@ class MoeModel {
         expert_out, combine_rows, gather_rows, shared_gate, ids, positions, token_seq, slots,
         block_tables, logit_rows, final_x, logits, sample_specs, sampled;
     DeviceBuffer route_offsets;  // [shard layers, experts + 1]: each layer's routing offsets
+    // Multi-head latent attention: its activations, the step's head-major <-> token-major row
+    // maps and per-head offsets (for the per-head GEMMs), and the rotary frequencies.
+    DeviceBuffer mla_qa, mla_q_nope, mla_q_rope, mla_latent, mla_k_rope, mla_head_a, mla_head_b, mla_q_latent,
+        mla_o_latent, mla_head_rows, mla_token_rows, mla_head_offsets, rope_inv_freq;
     int64_t block_table_capacity = 0;
     int64_t logit_capacity = 0;
   };
   // Grows the workspace for a step; on failure frees all of it (the next step starts afresh).
   absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
   absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
+  absl::Status GrowMla(int64_t tokens);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t layer, int64_t tokens, ForwardStats* stats);
+  // Multi-head latent attention (DeepSeek) in the absorbed form, added to the residual.
+  void MlaAttention(const LayerWeights& lw, int64_t tokens, const AttentionBatch& batch, const KvLayout& layout,
+                    int64_t kv_layer, void* kv_cache);
+  // Uploads the step's head-major row maps for MlaAttention's per-head GEMMs.
+  absl::Status PrepareMlaStep(int64_t tokens);
+  // Routes the step's tokens: softmax top-k, or DeepSeek's grouped router.
+  void Route(const LayerWeights& lw, int64_t tokens);
   // Where layer `layer`'s routing offsets live on the device this step.
   int64_t* RouteOffsets(int64_t layer);
   // Experts hit this step, from every layer's routing offsets in one copy after the step's
@@ -123,6 +135,9 @@ class MoeModel {
   // The gated shared expert, if the config has one (added to the residual).
   void AttentionExtras(const LayerWeights& lw, int64_t t);
   absl::Status SharedExpert(const LayerWeights& lw, int64_t tokens);
+  // x += down(silu(gate x) * up x) for the rows of xn (a shared expert or a dense layer),
+  // scaled by sigmoid(gate_w . xn) when `gate` is given.
+  void Mlp(const WeightRef& w13, const WeightRef& w2, int64_t inter, int64_t tokens, const WeightRef* gate);
   bool expert_parallel() const { return shard_.ep != nullptr && shard_.ep->size() > 1; }
 
   const ModelWeights* weights_;

@@ -17,6 +17,28 @@ absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int6
   return s;
 }
 
+absl::Status MoeModel::GrowMla(int64_t n) {
+  const MlaConfig& m = config().mla;
+  const int64_t nh = n * config().num_attention_heads;
+  const int64_t widest = std::max({m.qk_nope_head_dim, m.kv_lora_rank, m.v_head_dim});
+  const size_t f = sizeof(float);
+  for (auto [buf, elems] : {std::pair{&ws_.mla_qa, n * m.q_lora_rank}, {&ws_.mla_q_nope, nh * m.qk_nope_head_dim},
+                            {&ws_.mla_q_rope, nh * m.qk_rope_head_dim}, {&ws_.mla_latent, n * m.kv_lora_rank},
+                            {&ws_.mla_k_rope, n * m.qk_rope_head_dim}, {&ws_.mla_head_a, nh * widest},
+                            {&ws_.mla_head_b, nh * widest}, {&ws_.mla_q_latent, nh * m.kv_lora_rank},
+                            {&ws_.mla_o_latent, nh * m.kv_lora_rank}}) {
+    *buf = DeviceBuffer();
+    ASSIGN_OR_RETURN(*buf, backend_->Allocate(std::max<size_t>(elems * f, 64)));
+  }
+  ws_.mla_head_rows = DeviceBuffer();
+  ws_.mla_token_rows = DeviceBuffer();
+  ws_.mla_head_offsets = DeviceBuffer();
+  ASSIGN_OR_RETURN(ws_.mla_head_rows, backend_->Allocate(nh * sizeof(int32_t)));
+  ASSIGN_OR_RETURN(ws_.mla_token_rows, backend_->Allocate(nh * sizeof(int32_t)));
+  ASSIGN_OR_RETURN(ws_.mla_head_offsets, backend_->Allocate((config().num_attention_heads + 1) * sizeof(int64_t)));
+  return absl::OkStatus();
+}
+
 absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
   const ModelConfig& c = config();
   auto grow = [&](DeviceBuffer& b, size_t bytes) -> absl::Status {
@@ -28,14 +50,16 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
   if (tokens > ws_.capacity_tokens) {
     const int64_t n = std::max<int64_t>(tokens, 2 * ws_.capacity_tokens);
     const int64_t k = c.num_experts_per_tok;
-    const int64_t inter = std::max(c.intermediate_size, c.shared_expert_intermediate_size);
+    const int64_t inter =
+        std::max({c.intermediate_size, c.shared_expert_intermediate_size, c.dense_intermediate_size});
     const size_t f = sizeof(float);
     RETURN_IF_ERROR(grow(ws_.x, n * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.xn, n * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.q, n * c.q_dim() * f));
     RETURN_IF_ERROR(grow(ws_.k, n * c.kv_dim() * f));
     RETURN_IF_ERROR(grow(ws_.v, n * c.kv_dim() * f));
-    RETURN_IF_ERROR(grow(ws_.attn, n * c.q_dim() * f));
+    RETURN_IF_ERROR(grow(ws_.attn, n * std::max(c.q_dim(), c.num_attention_heads * c.mla.v_head_dim) * f));
+    if (c.is_mla()) RETURN_IF_ERROR(GrowMla(n));
     RETURN_IF_ERROR(grow(ws_.router_logits, n * c.num_local_experts * f));
     RETURN_IF_ERROR(grow(ws_.topk_ids, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.topk_w, n * k * f));

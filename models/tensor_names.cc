@@ -2,6 +2,7 @@
 #include "models/tensor_names.h"
 
 #include "absl/strings/str_cat.h"
+#include "models/deepseek_weights.h"
 
 namespace moeserve {
 namespace tensor_names {
@@ -29,6 +30,7 @@ std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const st
 
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   namespace tn = tensor_names;
+  if (c.is_deepseek()) return DeepseekExpectedTensors(c);
   const int64_t h = c.hidden_size, i = c.intermediate_size;
   std::vector<ExpectedTensor> out;
   out.push_back({tn::Embed(), {c.vocab_size, h}});

@@ -25,7 +25,7 @@ RooflineReport AnalyzeRoofline(const RooflineInputs& in) {
   // with the experts expected to be hit and the layout's per-device shares (as PredictStep).
   auto gap = [&](double batch) {
     const double flops = batch * (m.flops_per_token + 2.0 * m.lm_head_params);
-    const double experts = m.layers * ExpectedExpertsHit(m.experts, m.top_k, batch);
+    const double experts = m.moe_layers * ExpectedExpertsHit(m.experts, m.top_k, batch);
     return flops / (peak * ep) - WeightSeconds(m, hw, in.layout, batch, experts, /*any_logits=*/true);
   };
   double lo = 1e-3, hi = 1e9;

@@ -15,10 +15,12 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   m.top_k = c.num_experts_per_tok;
   m.heads = c.num_attention_heads;
   m.head_dim = c.head_dim;
+  m.moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+  m.attention_macs_per_head = c.is_mla() ? 2.0 * c.mla.kv_lora_rank + c.mla.qk_rope_head_dim : 2.0 * c.head_dim;
   m.weight_dtype = weight_dtype;
   m.weight_bytes_per_param = weight_dtype == "f32" ? 4.0 : 2.0;
   const double kv_elem = kv_dtype == "f32" ? 4.0 : 2.0;
-  m.kv_bytes_per_token = 2.0 * static_cast<double>(c.num_hidden_layers * c.kv_dim()) * kv_elem;
+  m.kv_bytes_per_token = static_cast<double>(c.num_hidden_layers * c.KvElemsPerToken()) * kv_elem;
   m.expert_params = static_cast<double>(c.ExpertParams());
   m.total_params = static_cast<double>(c.TotalParams());
   m.active_params = static_cast<double>(c.ActiveParams());
@@ -27,10 +29,10 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   // Everything but routed experts; the embedding table is read by row, not whole, and with tied
   // embeddings the lm_head is that same table.
   const double untied_head = c.tie_word_embeddings ? 0.0 : m.lm_head_params;
-  m.dense_params = m.total_params - m.experts * m.layers * m.expert_params - embedding - untied_head + m.lm_head_params;
-  m.replicated_params = m.total_params - m.experts * m.layers * m.expert_params;
+  m.dense_params = m.total_params - m.experts * m.moe_layers * m.expert_params - embedding - untied_head + m.lm_head_params;
+  m.replicated_params = m.total_params - m.experts * m.moe_layers * m.expert_params;
   // Per token: every dense weight but the lm_head (counted per logit row) and top-k experts.
-  m.flops_per_token = 2.0 * (m.dense_params - m.lm_head_params + m.layers * m.top_k * m.expert_params);
+  m.flops_per_token = 2.0 * (m.dense_params - m.lm_head_params + m.moe_layers * m.top_k * m.expert_params);
   return m;
 }
 
@@ -75,9 +77,9 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
     c.kv_write_bytes += n * m.kv_bytes_per_token;
   }
   c.experts_hit = shape.experts_hit >= 0 ? shape.experts_hit
-                                         : m.layers * ExpectedExpertsHit(m.experts, m.top_k, tokens);
+                                         : m.moe_layers * ExpectedExpertsHit(m.experts, m.top_k, tokens);
   // FLOPs: weights touched per token, attention over the context, the lm_head per sampled row.
-  c.attention_flops = attended * 4.0 * m.layers * m.heads * m.head_dim;
+  c.attention_flops = attended * 2.0 * m.layers * m.heads * m.attention_macs_per_head;
   c.flops = tokens * m.flops_per_token + c.attention_flops + logit_rows * 2.0 * m.lm_head_params;
   // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
   double dense_bytes = m.dense_params * m.weight_bytes_per_param;
@@ -105,7 +107,7 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // links busy together, so the slower of the two sets the time.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
     const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
-    const double routed = m.layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0;
+    const double routed = m.moe_layers * tokens * m.top_k * m.hidden * m.act_bytes * 2.0;
     const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
     c.comm_bytes += inside + outside;
     c.scale_out_bytes += outside;
@@ -118,8 +120,8 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
     }
     // Two all-to-alls per MoE layer (tokens out to their experts, results back), each paying
     // the slower link's per-call latency whatever its bytes: what dominates at decode sizes.
-    c.comm_latency_seconds += 2.0 * static_cast<double>(m.layers) * latency;
-    c.comm_seconds += seconds + 2.0 * static_cast<double>(m.layers) * latency;
+    c.comm_latency_seconds += 2.0 * static_cast<double>(m.moe_layers) * latency;
+    c.comm_seconds += seconds + 2.0 * static_cast<double>(m.moe_layers) * latency;
   }
   // Pipeline parallelism: activations cross each stage boundary once.
   if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {

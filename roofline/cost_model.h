@@ -16,6 +16,8 @@ namespace moeserve::roofline {
 // Sizes of a model that the cost model needs, derived once from its config.
 struct ModelCosts {
   int64_t layers = 0, hidden = 0, vocab = 0, experts = 0, top_k = 0, heads = 0, head_dim = 0;
+  int64_t moe_layers = 0;              // layers with routed experts (DeepSeek's first ones are dense)
+  double attention_macs_per_head = 0;  // per query head and attended token: 2 x head_dim; MLA 2r + rope
   double weight_bytes_per_param = 2;  // 2 for bf16, 4 for f32
   double kv_bytes_per_token = 0;      // K and V, all layers
   double act_bytes = 2;               // activations sent between devices (bf16; the engine's own are fp32)

@@ -6,7 +6,11 @@ and compares. Not part of CI (it needs torch):
 
     python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch==2.9.1 transformers==4.57.1 \
         tokenizers==0.22.1 safetensors
-    /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf
+    /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf [family ...]
+
+The DeepSeek fixtures (deepseekv3, deepseekv2lite, deepseekv2group) were made with transformers
+5.19 (its DeepseekV3/V2 classes; pass their names to regenerate only them), the other four with
+4.57.1.
 
 Each family's directory gets config.json, model.safetensors (float32), generation_config.json,
 the tokenizer trained by scripts/make-tokenizer-fixtures.py (the qwen one) and the family's
@@ -24,6 +28,10 @@ from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+try:  # transformers >= 4.57 (the DeepSeek fixtures)
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+except ImportError:
+    DeepseekV3Config = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER = os.path.join(ROOT, "tests/models/fixtures/tokenizers/qwen/tokenizer.json")
@@ -51,10 +59,42 @@ def families():
         rope_theta=10000.0, rms_norm_eps=1e-5, clip_qkv=None)
 
 
+# Multi-head latent attention with every part exercised: a dense first layer, YaRN with its
+# mscale, group-limited routing with a (random, non-zero) correction bias for V3; V2-Lite without
+# query compression and with greedy softmax routing; V2 with group_limited_greedy.
+MLA = dict(vocab_size=1201, hidden_size=64, num_attention_heads=4, max_position_embeddings=256, bos_token_id=None,
+           eos_token_id=2, tie_word_embeddings=False, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+           v_head_dim=16, moe_intermediate_size=32, intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
+           rms_norm_eps=1e-6)
+
+
+def deepseek_families():
+    yield "deepseekv3", "qwen2moe", DeepseekV3ForCausalLM, DeepseekV3Config(
+        **MLA, num_hidden_layers=3, q_lora_rank=48, first_k_dense_replace=1, n_shared_experts=1, n_group=4,
+        topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1})
+    yield "deepseekv2lite", "qwen2moe", DeepseekV2ForCausalLM, DeepseekV2Config(
+        **MLA, num_hidden_layers=2, q_lora_rank=None, first_k_dense_replace=1, n_shared_experts=2,
+        topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1})
+    yield "deepseekv2group", "qwen2moe", DeepseekV2ForCausalLM, DeepseekV2Config(
+        **MLA, num_hidden_layers=2, q_lora_rank=24, first_k_dense_replace=0, n_shared_experts=1,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
+        routed_scaling_factor=16.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
 def main():
     out_root = sys.argv[1]
+    only = set(sys.argv[2:])
     tok = Tokenizer.from_file(TOKENIZER)
-    for name, template, cls, config in families():
+    chosen = list(families()) + (list(deepseek_families()) if DeepseekV3Config is not None else [])
+    for name, template, cls, config in chosen:
+        if only and name not in only:
+            continue
         torch.manual_seed(1234)
         config.torch_dtype = torch.float32
         model = cls(config).eval()
@@ -64,6 +104,9 @@ def main():
                     p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in pname else 0.2 * torch.randn_like(p))
                 else:
                     p.copy_(torch.randn_like(p) / np.sqrt(p.shape[-1]))
+            for bname, b in model.named_buffers():  # DeepSeek-V3's correction bias, zero at init
+                if "e_score_correction_bias" in bname:
+                    b.copy_(0.1 * torch.randn_like(b))
         d = os.path.join(out_root, name)
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d, safe_serialization=True)

@@ -44,7 +44,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
     }
   } else {  // one rank holds everything
     weight_max = weight_total = static_cast<double>(c.TotalParams()) * DTypeSize(weight_dtype);
-    kv_token_max = static_cast<double>(2 * c.kv_dim() * c.num_hidden_layers) * DTypeSize(ec.kv_dtype);
+    kv_token_max = static_cast<double>(c.KvElemsPerToken() * c.num_hidden_layers) * DTypeSize(ec.kv_dtype);
   }
   j["ranks"] = ranks;
   j["weight_bytes_per_device_max"] = weight_max;

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/kernel_select.h"
+#include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/sample_ops.h"
 
@@ -237,6 +238,29 @@ void CpuBackend::WriteKv(const float* k, const float* v, const int64_t* slots, i
   RunOrderedCopies();
   if (fast()) return cpu_fast::WriteKv(k, v, slots, n, layout, layer, cache);
   cpu_ref::WriteKv(k, v, slots, n, layout, layer, cache);
+}
+
+void CpuBackend::RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
+                            const float* inv_freq, float cos_sin_scale) {
+  cpu_ref::RopeScaled(x, positions, n, heads, head_dim, inv_freq, cos_sin_scale);
+}
+
+void CpuBackend::RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,
+                                   int32_t* expert_ids, float* expert_weights) {
+  cpu_ref::RouterGroupedTopK(logits, n, spec, bias, expert_ids, expert_weights);
+}
+
+void CpuBackend::WriteLatentKv(const float* latent, const float* rope, const int64_t* slots, int64_t n,
+                               int64_t latent_dim, const KvLayout& layout, int64_t layer, void* cache) {
+  RunOrderedCopies();
+  cpu_ref::WriteLatentKv(latent, rope, slots, n, latent_dim, layout, layer, cache);
+}
+
+void CpuBackend::PagedLatentAttention(const float* q_latent, const float* q_rope, const AttentionBatch& batch,
+                                      const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
+                                      int64_t latent_dim, float scale, float* out) {
+  RunOrderedCopies();
+  cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
 }
 
 void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout,

@@ -93,6 +93,17 @@ class CpuBackend final : public Backend {
                       float* out) override;
   void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                   int32_t* tokens) override;
+  // DeepSeek's ops: the reference loops (kernels/cpu/latent_ops.h) on both paths.
+  bool HasLatentAttention() const override { return true; }
+  void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
+                  const float* inv_freq, float cos_sin_scale) override;
+  void RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,
+                         int32_t* expert_ids, float* expert_weights) override;
+  void WriteLatentKv(const float* latent, const float* rope, const int64_t* slots, int64_t n, int64_t latent_dim,
+                     const KvLayout& layout, int64_t layer, void* cache) override;
+  void PagedLatentAttention(const float* q_latent, const float* q_rope, const AttentionBatch& batch,
+                            const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
+                            int64_t latent_dim, float scale, float* out) override;
 
  protected:
   void Free(void* data, size_t bytes) override;

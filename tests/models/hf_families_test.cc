@@ -1,7 +1,8 @@
 // Each supported Hugging Face family against transformers itself: tiny random checkpoints
 // written by transformers' own config classes and save_pretrained (Mixtral, Qwen2-MoE with
 // q/k/v biases and a gated shared expert, Qwen3-MoE with per-head q/k norms and head_dim
-// independent of hidden_size, OLMoE with whole-projection q/k norms and top-8 of 64), with the
+// independent of hidden_size, OLMoE with whole-projection q/k norms and top-8 of 64, DeepSeek-V3
+// and -V2 with multi-head latent attention, YaRN, dense first layers and grouped routing), with the
 // logits transformers computed for three prompts and its greedy continuations
 // (scripts/make-hf-fixtures.py). Loaded here from the directory as a user would, every
 // position's logits must match and the greedy tokens must be the same.
@@ -107,13 +108,14 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HfFamilyTest,
-    ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"),
+    ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv2lite",
+                                         "deepseekv2group"),
                        ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
 
 TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen3_moe"})", "disagree"},
-      {R"({"architectures": ["DeepseekV3ForCausalLM"]})", "is not supported"},
+      {R"({"architectures": ["GptOssForCausalLM"]})", "is not supported"},
       {R"({"model_type": "olmoe", "clip_qkv": 8.0})", "clip_qkv 8.0 is not supported"},
       {R"({"model_type": "qwen2_moe", "mlp_only_layers": [1]})",
        "mlp_only_layers [1] is not supported"},

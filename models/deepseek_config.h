@@ -1,0 +1,24 @@
+// The DeepSeek-V2 / V3 keys of config.json (multi-head latent attention, grouped routing,
+// shared and dense layers, YaRN), read with transformers' meaning and defaults.
+#pragma once
+
+#include "models/config_json.h"
+#include "models/model_config.h"
+
+namespace moeserve {
+
+// The keys only DeepSeek configs carry (accepted by the unknown-key check, read below).
+bool IsDeepseekKey(const std::string& key);
+
+// Reads the DeepSeek keys into `c`, whose common keys (hidden size, heads, experts as
+// n_routed_experts, moe_intermediate_size, ...) are already read; refuses settings this build
+// does not compute, naming the key.
+absl::Status ReadDeepseekConfig(const config_json::Json& j, ModelConfig* c);
+
+// Writes the DeepSeek keys of `c` into a config.json object (as transformers reads them).
+void WriteDeepseekConfig(const ModelConfig& c, config_json::Json* j);
+
+// rope_scaling (transformers 4) or rope_parameters (5): "default" or "yarn" with its keys.
+absl::Status ReadRopeScaling(const config_json::Json& j, RopeScaling* out);
+
+}  // namespace moeserve

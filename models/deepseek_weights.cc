@@ -1,0 +1,172 @@
+// DeepSeek tensor names and the weights derived from them.
+#include "models/deepseek_weights.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+namespace {
+
+namespace tn = tensor_names;
+
+std::string Attn(int64_t l, const char* w) { return tn::Layer(l, absl::StrCat("self_attn.", w)); }
+
+// The rotary rows in DeepSeek's interleaved order (x0, x1), (x2, x3)... as halves: even rows
+// first, then odd ones (transformers' apply_rotary_pos_emb_interleave computes the same).
+int64_t RopeRow(int64_t i, int64_t dr, bool interleaved) {
+  if (!interleaved) return i;
+  return i < dr / 2 ? 2 * i : 2 * (i - dr / 2) + 1;
+}
+
+// Rows [begin, begin + count) of a row-major [*, cols] matrix, row i taken from begin + pick(i).
+template <typename Pick>
+std::vector<float> Rows(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t count, Pick pick) {
+  std::vector<float> out(static_cast<size_t>(count * cols));
+  for (int64_t i = 0; i < count; ++i) {
+    std::copy_n(m.begin() + (begin + pick(i)) * cols, cols, out.begin() + i * cols);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<ExpectedTensor> DeepseekExpectedTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  const MlaConfig& m = c.mla;
+  std::vector<ExpectedTensor> out;
+  out.push_back({tn::Embed(), {c.vocab_size, h}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    out.push_back({tn::Layer(l, "input_layernorm.weight"), {h}});
+    out.push_back({tn::Layer(l, "post_attention_layernorm.weight"), {h}});
+    if (m.q_lora_rank > 0) {
+      out.push_back({Attn(l, "q_a_proj.weight"), {m.q_lora_rank, h}});
+      out.push_back({Attn(l, "q_a_layernorm.weight"), {m.q_lora_rank}});
+      out.push_back({Attn(l, "q_b_proj.weight"), {heads * m.qk_head_dim(), m.q_lora_rank}});
+    } else {
+      out.push_back({Attn(l, "q_proj.weight"), {heads * m.qk_head_dim(), h}});
+    }
+    out.push_back({Attn(l, "kv_a_proj_with_mqa.weight"), {m.kv_lora_rank + m.qk_rope_head_dim, h}});
+    out.push_back({Attn(l, "kv_a_layernorm.weight"), {m.kv_lora_rank}});
+    out.push_back({Attn(l, "kv_b_proj.weight"), {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}});
+    out.push_back({Attn(l, "o_proj.weight"), {h, heads * m.v_head_dim}});
+    if (c.dense_layer(l)) {
+      const int64_t i = c.dense_intermediate_size;
+      out.push_back({tn::Layer(l, "mlp.gate_proj.weight"), {i, h}});
+      out.push_back({tn::Layer(l, "mlp.up_proj.weight"), {i, h}});
+      out.push_back({tn::Layer(l, "mlp.down_proj.weight"), {h, i}});
+      continue;
+    }
+    out.push_back({tn::Router(c, l), {c.num_local_experts, h}});
+    if (c.router.correction_bias) out.push_back({tn::Layer(l, "mlp.gate.e_score_correction_bias"), {c.num_local_experts}});
+    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      out.push_back({tn::Expert(c, l, e, "w1"), {c.intermediate_size, h}});
+      out.push_back({tn::Expert(c, l, e, "w2"), {h, c.intermediate_size}});
+      out.push_back({tn::Expert(c, l, e, "w3"), {c.intermediate_size, h}});
+    }
+    if (c.has_shared_expert()) {
+      const int64_t s = c.shared_expert_intermediate_size;
+      out.push_back({tn::Layer(l, "mlp.shared_experts.gate_proj.weight"), {s, h}});
+      out.push_back({tn::Layer(l, "mlp.shared_experts.up_proj.weight"), {s, h}});
+      out.push_back({tn::Layer(l, "mlp.shared_experts.down_proj.weight"), {h, s}});
+    }
+  }
+  out.push_back({tn::FinalNorm(), {h}});
+  if (!c.tie_word_embeddings) out.push_back({tn::LmHead(), {c.vocab_size, h}});
+  return out;
+}
+
+bool IsMtpTensor(const ModelConfig& c, const std::string& name) {
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!c.is_deepseek() || !absl::StartsWith(name, kPrefix)) return false;
+  const absl::string_view rest = absl::string_view(name).substr(kPrefix.size());
+  const size_t dot = rest.find('.');
+  int64_t layer = 0;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) return false;
+  return layer >= c.num_hidden_layers && layer < c.num_hidden_layers + c.num_nextn_predict_layers;
+}
+
+absl::Status LoadMlaAttention(const ModelConfig& c, int64_t l, DType dtype, Uploader& up, LayerWeights* lw) {
+  const MlaConfig& m = c.mla;
+  const int64_t heads = c.num_attention_heads, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
+  const int64_t qkd = m.qk_head_dim(), r = m.kv_lora_rank, dv = m.v_head_dim;
+  std::string q_name = Attn(l, "q_proj.weight");
+  int64_t q_in = c.hidden_size;
+  if (m.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(lw->q_a, up.Matrix({Attn(l, "q_a_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw->q_a_norm, up.Vector(Attn(l, "q_a_layernorm.weight")));
+    q_name = Attn(l, "q_b_proj.weight");
+    q_in = m.q_lora_rank;
+  }
+  ASSIGN_OR_RETURN(const std::vector<float> q, up.ReadF32(q_name));
+  std::vector<float> q_nope, q_rope;
+  for (int64_t h = 0; h < heads; ++h) {
+    const std::vector<float> nope = Rows(q, q_in, h * qkd, dn, [](int64_t i) { return i; });
+    const std::vector<float> rope = Rows(q, q_in, h * qkd + dn, dr, [&](int64_t i) { return RopeRow(i, dr, m.rope_interleave); });
+    q_nope.insert(q_nope.end(), nope.begin(), nope.end());
+    q_rope.insert(q_rope.end(), rope.begin(), rope.end());
+  }
+  ASSIGN_OR_RETURN(lw->q_nope, up.Derived(q_name + "#nope", q_nope, heads * dn, q_in, dtype));
+  ASSIGN_OR_RETURN(lw->q_rope, up.Derived(q_name + "#rope", q_rope, heads * dr, q_in, dtype));
+
+  const std::string kv_a_name = Attn(l, "kv_a_proj_with_mqa.weight");
+  ASSIGN_OR_RETURN(const std::vector<float> kv_a, up.ReadF32(kv_a_name));
+  const int64_t h_in = c.hidden_size;
+  ASSIGN_OR_RETURN(lw->kv_a, up.Derived(kv_a_name + "#latent", Rows(kv_a, h_in, 0, r, [](int64_t i) { return i; }), r,
+                                        h_in, dtype));
+  ASSIGN_OR_RETURN(lw->k_rope, up.Derived(kv_a_name + "#rope",
+                                          Rows(kv_a, h_in, r, dr, [&](int64_t i) { return RopeRow(i, dr, m.rope_interleave); }),
+                                          dr, h_in, dtype));
+  ASSIGN_OR_RETURN(lw->kv_a_norm, up.Vector(Attn(l, "kv_a_layernorm.weight")));
+
+  const std::string kv_b_name = Attn(l, "kv_b_proj.weight");
+  ASSIGN_OR_RETURN(const std::vector<float> kv_b, up.ReadF32(kv_b_name));  // [heads * (dn + dv), r]
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t base = h * (dn + dv);
+    std::vector<float> k_t(static_cast<size_t>(r * dn));  // [r, dn]: the transpose of rows [base, base + dn)
+    for (int64_t i = 0; i < dn; ++i) {
+      for (int64_t j = 0; j < r; ++j) k_t[j * dn + i] = kv_b[(base + i) * r + j];
+    }
+    ASSIGN_OR_RETURN(WeightRef kt, up.Derived(absl::StrCat(kv_b_name, "#k_up_t.", h), k_t, r, dn, dtype));
+    ASSIGN_OR_RETURN(WeightRef vu, up.Derived(absl::StrCat(kv_b_name, "#v_up.", h),
+                                              Rows(kv_b, r, base + dn, dv, [](int64_t i) { return i; }), dv, r, dtype));
+    lw->k_up_t.push_back(kt);
+    lw->v_up.push_back(vu);
+  }
+  ASSIGN_OR_RETURN(lw->o, up.Matrix({Attn(l, "o_proj.weight")}, dtype));
+  return absl::OkStatus();
+}
+
+absl::Status LoadDeepseekMlp(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held,
+                             Uploader& up, LayerWeights* lw) {
+  if (c.dense_layer(l)) {
+    ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.gate_proj.weight"), tn::Layer(l, "mlp.up_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw->shared_w2, up.Matrix({tn::Layer(l, "mlp.down_proj.weight")}, dtype));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(lw->router, up.Matrix({tn::Router(c, l)}, DType::kF32));
+  if (c.router.correction_bias) {
+    ASSIGN_OR_RETURN(lw->router_bias, up.Vector(tn::Layer(l, "mlp.gate.e_score_correction_bias")));
+  }
+  for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    const std::vector<std::string> names13 = {tn::Expert(c, l, e, "w1"), tn::Expert(c, l, e, "w3")};
+    const std::vector<std::string> names2 = {tn::Expert(c, l, e, "w2")};
+    WeightRef w13{nullptr, dtype, 2 * c.intermediate_size, c.hidden_size}, w2{nullptr, dtype, c.hidden_size, c.intermediate_size};
+    if (held[e]) {
+      ASSIGN_OR_RETURN(w13, up.Matrix(names13, dtype));
+      ASSIGN_OR_RETURN(w2, up.Matrix(names2, dtype));
+    }
+    lw->w13.push_back(w13);
+    lw->w2.push_back(w2);
+  }
+  if (c.has_shared_expert()) {
+    ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_experts.gate_proj.weight"),
+                                                tn::Layer(l, "mlp.shared_experts.up_proj.weight")},
+                                               dtype));
+    ASSIGN_OR_RETURN(lw->shared_w2, up.Matrix({tn::Layer(l, "mlp.shared_experts.down_proj.weight")}, dtype));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeserve

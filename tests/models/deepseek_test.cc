@@ -1,0 +1,236 @@
+// DeepSeek-V2/V3 beyond the family test's match with transformers: the real DeepSeek-V3 config
+// (parameter counts, KV bytes), what is refused, and mutations of the tiny V3 checkpoint
+// (correction bias, YaRN's mscale, group count, rotary pair order) that must each break the
+// match, so that the match is not an accident of a part that does nothing.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kvcache/kv_storage.h"
+#include "models/moe_model.h"
+#include "models/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "roofline/cost_model.h"
+
+namespace moeserve {
+namespace {
+
+std::string Fixture(const std::string& rel) { return std::string(MOESERVE_SOURCE_DIR) + "/tests/models/fixtures/" + rel; }
+
+nlohmann::json ReadJson(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
+
+// A checkpoint with some tensors replaced or added.
+class PatchedSource : public TensorSource {
+ public:
+  explicit PatchedSource(const TensorSource& base) : base_(base) {}
+  void Set(const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+    values_[name] = std::move(values);
+    TensorView v;
+    v.name = name;
+    v.shape = std::move(shape);
+    v.data = values_[name].data();
+    v.bytes = values_[name].size() * sizeof(float);
+    views_[name] = v;
+  }
+  const TensorView* Find(const std::string& name) const override {
+    auto it = views_.find(name);
+    return it != views_.end() ? &it->second : base_.Find(name);
+  }
+  std::vector<std::string> Names() const override {
+    std::vector<std::string> names = base_.Names();
+    for (const auto& [n, v] : views_) {
+      if (base_.Find(n) == nullptr) names.push_back(n);
+    }
+    return names;
+  }
+
+ private:
+  const TensorSource& base_;
+  std::map<std::string, std::vector<float>> values_;
+  std::map<std::string, TensorView> views_;
+};
+
+// Max-abs error of the first fixture prompt's logits (every position, one prefill) against
+// transformers', with `config` in place of the checkpoint's.
+double LogitError(const ModelConfig& config, const TensorSource& source, const std::string& dir) {
+  CpuBackend backend(CpuBackendOptions{CpuPath::kReference, 1, 0});
+  auto weights = ModelWeights::Load(config, source, &backend, DType::kF32);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return INFINITY;
+  const nlohmann::json expected = ReadJson(dir + "/expected.json");
+  const auto ids = expected["cases"][0]["ids"].get<std::vector<int32_t>>();
+  const int64_t n = static_cast<int64_t>(ids.size()), block = 16;
+  auto kv = KvStorage::Create(&backend, KvLayoutFor(config, 4, block, DType::kF32));
+  EXPECT_TRUE(kv.ok());
+  MoeModel model(weights->get(), &backend);
+  ForwardInput in;
+  in.token_ids = ids;
+  in.num_seqs = 1;
+  in.max_blocks_per_seq = (n + block - 1) / block;
+  for (int64_t i = 0; i < n; ++i) {
+    in.positions.push_back(static_cast<int32_t>(i));
+    in.token_seq.push_back(0);
+    in.slots.push_back(i);
+    in.logit_rows.push_back(static_cast<int32_t>(i));
+  }
+  for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(static_cast<int32_t>(b));
+  std::vector<float> logits;
+  EXPECT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
+  std::ifstream f(dir + "/" + expected["cases"][0]["logits"].get<std::string>(), std::ios::binary);
+  std::vector<float> want(logits.size());
+  f.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * sizeof(float)));
+  double err = 0;
+  for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(double{logits[i]} - want[i]));
+  return err;
+}
+
+TEST(DeepseekConfigTest, RealDeepseekV3ConfigPricesTheRealModel) {
+  nlohmann::json j = ReadJson(Fixture("deepseek/deepseek-v3-config.json"));
+  // FP8 weights are not implemented: the shipped config is refused naming them.
+  auto refused = ModelConfig::FromJson(j.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("quantization_config"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("\"fp8\""), std::string::npos) << refused.status();
+  j.erase("quantization_config");
+  j["torch_dtype"] = "bfloat16";
+  auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kDeepseekV3);
+  EXPECT_EQ(c->KvElemsPerToken(), 512 + 64);
+  EXPECT_EQ(c->first_k_dense_replace, 3);
+  EXPECT_EQ(c->router.group_limit, GroupLimit::kTopTwoSum);
+  EXPECT_TRUE(c->rope_scaling.yarn);
+  // DeepSeek's own figures: 671B parameters, 37B activated per token (the MTP module aside).
+  const double total = static_cast<double>(c->TotalParams()), active = static_cast<double>(c->ActiveParams());
+  EXPECT_LE(std::fabs(total - 671e9) / 671e9, 0.01) << "TotalParams " << total;
+  EXPECT_LE(std::fabs(active - 37e9) / 37e9, 0.03) << "ActiveParams " << active;
+  // YaRN factor 40 with mscale_all_dim 1: softmax scale 1/sqrt(192) x (0.1 ln 40 + 1)^2.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c->SoftmaxScale(), m * m / std::sqrt(192.0), 1e-12);
+  // The cache holds one 576-value latent per token per layer: 61 x 576 x 2 bytes in bf16.
+  const roofline::ModelCosts costs = roofline::ModelCosts::From(*c, "bf16", "bf16");
+  EXPECT_DOUBLE_EQ(costs.kv_bytes_per_token, 61.0 * 576 * 2);
+  EXPECT_EQ(costs.moe_layers, 58);
+}
+
+TEST(DeepseekConfigTest, WhatIsNotImplementedIsRefusedByName) {
+  const nlohmann::json base = ReadJson(Fixture("hf/deepseekv3/config.json"));
+  const std::pair<nlohmann::json, const char*> cases[] = {
+      {{{"scoring_func", "softmax"}}, "scoring_func \"softmax\" is not supported"},
+      {{{"topk_method", "greedy"}}, "topk_method \"greedy\" is not supported"},
+      {{{"n_group", 3}}, "\"n_group\" (3) must divide"},
+      {{{"topk_group", 5}}, "\"topk_group\" (5) must be in [1, n_group = 4]"},
+      {{{"moe_layer_freq", 2}}, "moe_layer_freq 2 is not supported"},
+      {{{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}}}, "rope_type \"linear\" is not supported"},
+      {{{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
+                             {"low_freq_factor", 1.0}}}},
+       "low_freq_factor 1.0 is not supported"},
+      {{{"qk_head_dim", 99}}, "qk_head_dim 99 is not supported"},
+      {{{"attention_bias", true}}, "attention_bias true is not supported"},
+      {{{"quantization_config", {{"quant_method", "awq"}}}}, "quant_method \"awq\""},
+  };
+  for (const auto& [patch, want] : cases) {
+    nlohmann::json j = base;
+    j.merge_patch(patch);
+    auto c = ModelConfig::FromJson(j.dump());
+    ASSERT_FALSE(c.ok()) << patch.dump();
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << patch.dump() << ": " << c.status();
+  }
+  nlohmann::json v2 = ReadJson(Fixture("hf/deepseekv2lite/config.json"));
+  v2["norm_topk_prob"] = true;
+  auto c = ModelConfig::FromJson(v2.dump());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("norm_topk_prob"), std::string::npos) << c.status();
+}
+
+TEST(DeepseekConfigTest, ToJsonReadsBackTheSameModel) {
+  for (const char* family : {"deepseekv3", "deepseekv2lite", "deepseekv2group"}) {
+    auto c = ModelConfig::FromFile(Fixture(std::string("hf/") + family + "/config.json"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto again = ModelConfig::FromJson(c->ToJson());
+    ASSERT_TRUE(again.ok()) << family << ": " << again.status() << "\n" << c->ToJson();
+    EXPECT_EQ(again->family, c->family);
+    EXPECT_EQ(again->mla.q_lora_rank, c->mla.q_lora_rank) << family;
+    EXPECT_EQ(again->mla.kv_lora_rank, c->mla.kv_lora_rank);
+    EXPECT_EQ(again->router.group_limit, c->router.group_limit);
+    EXPECT_EQ(again->router.n_group, c->router.n_group);
+    EXPECT_EQ(again->router.routed_scaling_factor, c->router.routed_scaling_factor);
+    EXPECT_EQ(again->first_k_dense_replace, c->first_k_dense_replace);
+    EXPECT_EQ(again->shared_expert_intermediate_size, c->shared_expert_intermediate_size);
+    EXPECT_EQ(again->rope_scaling.yarn, c->rope_scaling.yarn);
+    EXPECT_EQ(again->rope_scaling.mscale_all_dim, c->rope_scaling.mscale_all_dim);
+    EXPECT_EQ(again->TotalParams(), c->TotalParams());
+  }
+}
+
+TEST(DeepseekModelTest, EachMutationBreaksTheMatchWithTransformers) {
+  const std::string dir = Fixture("hf/deepseekv3");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const double exact = LogitError(*config, **checkpoint, dir);
+  EXPECT_LT(exact, 1e-3) << "the unmutated model must match";
+  auto expect_broken = [&](const ModelConfig& c, const TensorSource& src, const char* what) {
+    const double err = LogitError(c, src, dir);
+    EXPECT_GT(err, 100 * std::max(exact, 1e-5)) << what << " changed nothing: max-abs error " << err;
+  };
+  {
+    PatchedSource zero_bias(**checkpoint);
+    for (int64_t l = config->first_k_dense_replace; l < config->num_hidden_layers; ++l) {
+      zero_bias.Set("model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias",
+                    {config->num_local_experts}, std::vector<float>(config->num_local_experts, 0.0f));
+    }
+    expect_broken(*config, zero_bias, "dropping the correction bias");
+  }
+  ModelConfig no_mscale = *config;
+  no_mscale.rope_scaling.mscale_all_dim = 0;
+  expect_broken(no_mscale, **checkpoint, "dropping YaRN's mscale_all_dim");
+  ModelConfig groups = *config;
+  groups.router.n_group = 2;
+  groups.router.topk_group = 1;
+  expect_broken(groups, **checkpoint, "a wrong group count");
+  ModelConfig halves = *config;
+  halves.mla.rope_interleave = false;
+  expect_broken(halves, **checkpoint, "rotating halves instead of pairs");
+  ModelConfig no_yarn = *config;
+  no_yarn.rope_scaling.yarn = false;
+  expect_broken(no_yarn, **checkpoint, "plain RoPE frequencies");
+}
+
+TEST(DeepseekModelTest, MultiTokenPredictionLayersAreSkippedOthersRefused) {
+  const std::string dir = Fixture("hf/deepseekv3");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(config->num_nextn_predict_layers, 1);
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok());
+  CpuBackend backend(CpuBackendOptions{CpuPath::kReference, 1, 0});
+  {
+    PatchedSource mtp(**checkpoint);
+    mtp.Set("model.layers.3.eh_proj.weight", {64, 128}, std::vector<float>(64 * 128, 1.0f));
+    mtp.Set("model.layers.3.enorm.weight", {64}, std::vector<float>(64, 1.0f));
+    auto w = ModelWeights::Load(*config, mtp, &backend, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->skipped_mtp_tensors(), 2);
+  }
+  {
+    PatchedSource beyond(**checkpoint);
+    beyond.Set("model.layers.4.enorm.weight", {64}, std::vector<float>(64, 1.0f));
+    auto w = ModelWeights::Load(*config, beyond, &backend, DType::kF32);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("model.layers.4.enorm.weight"), std::string::npos) << w.status();
+  }
+  {
+    PatchedSource bad_shape(**checkpoint);
+    bad_shape.Set("model.layers.1.self_attn.kv_b_proj.weight", {64, 32}, std::vector<float>(64 * 32, 0.0f));
+    auto w = ModelWeights::Load(*config, bad_shape, &backend, DType::kF32);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("kv_b_proj"), std::string::npos) << w.status();
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
