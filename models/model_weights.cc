@@ -102,7 +102,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights lw;
     if (l < only.layer_begin || l >= end) {
-      for (int64_t e = 0; e < config.num_local_experts; ++e) {
+      for (int64_t e = 0; e < (config.dense_layer(l) ? 0 : config.num_local_experts); ++e) {
         lw.w13.push_back(shape_only({tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")}, dtype));
         lw.w2.push_back(shape_only({tn::Expert(config, l, e, "w2")}, dtype));
       }

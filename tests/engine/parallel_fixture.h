@@ -117,7 +117,28 @@ inline ModelConfig FamilyConfig(ModelFamily family) {
   return c;
 }
 
-const char* const kModelNames[] = {"Tiny", "Wide", "Qwen2Moe", "Qwen3Moe", "Olmoe"};
+// DeepSeek on the wide shape: multi-head latent attention (with query compression and YaRN for
+// V3, without either for V2), a dense first layer, an ungated shared expert, and V3's grouped
+// sigmoid routing with a correction bias or V2's greedy softmax.
+inline ModelConfig DeepseekConfig(bool v3) {
+  ModelConfig c = WideConfig();
+  c.family = v3 ? ModelFamily::kDeepseekV3 : ModelFamily::kDeepseekV2;
+  c.mla = MlaConfig{v3 ? 24 : 0, 32, 16, 8, 16, true};
+  c.head_dim = c.mla.qk_rope_head_dim;
+  c.intermediate_size = 32;
+  c.shared_expert_intermediate_size = v3 ? 32 : 64;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = 1;
+  c.dense_intermediate_size = 96;
+  c.norm_topk_prob = v3;
+  if (v3) {
+    c.router = RouterConfig{RouterScoring::kSigmoid, GroupLimit::kTopTwoSum, 4, 2, 2.5, true};
+    c.rope_scaling = RopeScaling{true, 4.0, 64, 32, 1, 1.0, 1.0, 0, true};
+  }
+  return c;
+}
+
+const char* const kModelNames[] = {"Tiny", "Wide", "Qwen2Moe", "Qwen3Moe", "Olmoe", "DeepseekV3", "DeepseekV2"};
 
 inline ModelConfig ModelFor(int i) {
   switch (i) {
@@ -129,8 +150,10 @@ inline ModelConfig ModelFor(int i) {
       return FamilyConfig(ModelFamily::kQwen2Moe);
     case 3:
       return FamilyConfig(ModelFamily::kQwen3Moe);
-    default:
+    case 4:
       return FamilyConfig(ModelFamily::kOlmoe);
+    default:
+      return DeepseekConfig(i == 5);
   }
 }
 

@@ -181,9 +181,10 @@ TEST_P(ParallelTest, PartialLoadsReadWhatTheShardHolds) {
       EXPECT_LT((*partial)->total_bytes(), weights_->total_bytes()) << Name(l) << " rank " << r;
       for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
         const bool in_stage = layer >= shard.layer_begin && layer < shard.layer_end;
-        EXPECT_EQ((*partial)->layer(layer).q.data != nullptr, in_stage)
+        EXPECT_EQ((*partial)->layer(layer).o.data != nullptr, in_stage)
             << Name(l) << " rank " << r << " layer " << layer;
-        for (int64_t e = 0; e < config_.num_local_experts; ++e) {
+        ASSERT_EQ((*partial)->layer(layer).w13.size(), config_.dense_layer(layer) ? 0 : config_.num_local_experts);
+        for (int64_t e = 0; e < static_cast<int64_t>((*partial)->layer(layer).w13.size()); ++e) {
           const bool held =
               in_stage && std::count(shard.experts.begin(), shard.experts.end(), e) > 0;
           EXPECT_EQ((*partial)->layer(layer).w13[e].data != nullptr, held)

@@ -130,7 +130,8 @@ TEST(ChatTemplateFlagTest, ReplacesTheTemplateOrRefusesToStart) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfCheckpointServeTest,
-                         ::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe"));
+                         ::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3",
+                                           "deepseekv2lite", "deepseekv2group"));
 
 }  // namespace
 }  // namespace moeserve::testing
