@@ -260,6 +260,10 @@ void CpuBackend::PagedLatentAttention(const float* q_latent, const float* q_rope
                                       const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                                       int64_t latent_dim, float scale, float* out) {
   RunOrderedCopies();
+  if (fast()) {
+    return cpu_fast::PagedLatentAttention(*pool_, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim,
+                                          scale, out);
+  }
   cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
 }
 

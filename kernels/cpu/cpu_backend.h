@@ -93,7 +93,8 @@ class CpuBackend final : public Backend {
                       float* out) override;
   void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                   int32_t* tokens) override;
-  // DeepSeek's ops: the reference loops (kernels/cpu/latent_ops.h) on both paths.
+  // DeepSeek's ops: the reference loops (kernels/cpu/latent_ops.h), latent attention vectorised
+  // on the fast path (kernels/cpu/attention.cc).
   bool HasLatentAttention() const override { return true; }
   void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
                   const float* inv_freq, float cos_sin_scale) override;

@@ -33,5 +33,9 @@ void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
                     float scale, float* out);
+// Latent attention (Backend::PagedLatentAttention), in attention.cc.
+void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
+                          const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
+                          int64_t latent_dim, float scale, float* out);
 
 }  // namespace moeserve::cpu_fast
