@@ -14,6 +14,8 @@ size_t DTypeSize(DType t) {
     case DType::kBF16:
     case DType::kF16:
       return 2;
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -26,6 +28,8 @@ absl::string_view DTypeSafetensorsName(DType t) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -34,8 +38,9 @@ absl::StatusOr<DType> DTypeFromSafetensorsName(absl::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, BF16, F16)"));
+      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, BF16, F16, F8_E4M3)"));
 }
 
 absl::string_view DTypeTorchName(DType t) {
@@ -46,6 +51,8 @@ absl::string_view DTypeTorchName(DType t) {
       return "bfloat16";
     case DType::kF16:
       return "float16";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
   }
   return "?";
 }
@@ -66,6 +73,8 @@ absl::string_view DTypeShortName(DType t) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kF8E4M3:
+      return "fp8";
   }
   return "?";
 }
@@ -120,6 +129,31 @@ uint16_t F32ToF16(float f) {
   return sign | static_cast<uint16_t>((exp << 10) | mant);
 }
 
+float F8E4M3ToF32(uint8_t v) {
+  const int exp = (v >> 3) & 0xf, mant = v & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::nanf("");
+  const float magnitude = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)  // subnormal: units of 2^-9
+                                   : std::ldexp(static_cast<float>(8 + mant), exp - 10);
+  return (v & 0x80) ? -magnitude : magnitude;
+}
+
+uint8_t F32ToF8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return 0x7f;
+  const float a = std::fabs(f);
+  if (a < 0.015625f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));  // 8 rounds up to 2^-6
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  int mant = static_cast<int>(std::nearbyint((m * 2.0f - 1.0f) * 8.0f));
+  int exp = e - 1 + 7;
+  if (mant == 8) {
+    mant = 0;
+    ++exp;
+  }
+  if (exp > 15 || (exp == 15 && mant == 7)) return sign | 0x7e;  // saturate at 448
+  return sign | static_cast<uint8_t>((exp << 3) | mant);
+}
+
 void ConvertToF32(const void* src, DType src_type, size_t n, float* dst) {
   switch (src_type) {
     case DType::kF32:
@@ -133,6 +167,11 @@ void ConvertToF32(const void* src, DType src_type, size_t n, float* dst) {
     case DType::kF16: {
       const uint16_t* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
       return;
     }
   }
@@ -151,6 +190,11 @@ void ConvertFromF32(const float* src, size_t n, DType dst_type, void* dst) {
     case DType::kF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      uint8_t* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = F32ToF8E4M3(src[i]);
       return;
     }
   }

@@ -10,7 +10,9 @@
 
 namespace moeserve {
 
-enum class DType { kF32, kBF16, kF16 };
+// kF8E4M3 is PyTorch's float8_e4m3fn (sign, 4 exponent bits of bias 7, 3 mantissa bits, no
+// infinities, 0x7f/0xff NaN, largest 448): FP8 weights, always with scales (kernels/backend.h).
+enum class DType { kF32, kBF16, kF16, kF8E4M3 };
 
 size_t DTypeSize(DType t);
 // Safetensors spelling: "F32", "BF16", "F16".
@@ -41,6 +43,10 @@ inline uint16_t F32ToBf16(float f) {
 
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
+float F8E4M3ToF32(uint8_t v);
+// Round to nearest even; magnitudes past 448 saturate to 448 (callers scale into range first);
+// NaN stays NaN.
+uint8_t F32ToF8E4M3(float f);
 
 // Converts `n` elements of type `src_type` at `src` to fp32.
 void ConvertToF32(const void* src, DType src_type, size_t n, float* dst);

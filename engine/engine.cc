@@ -75,7 +75,7 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
     : config_(config),
       backend_(backend),
       model_(weights, backend),
-      costs_(roofline::ModelCosts::From(weights->config(), weights->dtype() == DType::kF32 ? "f32" : "bf16",
+      costs_(roofline::ModelCosts::From(weights->config(), roofline::WeightDtypeName(weights->config(), weights->dtype()),
                                         config.kv_dtype == DType::kF32 ? "f32" : "bf16")),
       price_per_hour_(config.price_per_hour >= 0 ? config.price_per_hour
                                                  : (config.hardware ? config.hardware->price_per_hour : 0.0)),

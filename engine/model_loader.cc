@@ -24,12 +24,23 @@ std::string DescribeModelSpec(const ModelSpec& spec) {
 
 namespace {
 
+// The storage dtype: --dtype, else the checkpoint's (f16 widened to f32); FP8 for the linear
+// layers with --quantization fp8 (or a dummy model of an FP8 checkpoint's config).
+DType StorageDType(const ModelConfig& config, const ModelSpec& spec) {
+  if (spec.quantization == "fp8") return DType::kF8E4M3;
+  return spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, const ModelSpec& spec,
                                                            Backend* backend, const WeightShard& only) {
-  const DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
-  config.torch_dtype = dtype;
+  // Generated weights are plain: a config's fp8 quantization_config becomes FP8 storage.
+  DType dtype = StorageDType(config, spec);
+  if (config.fp8_checkpoint) dtype = DType::kF8E4M3;
+  config.fp8_checkpoint = false;
+  const DType generated = dtype == DType::kF8E4M3 ? DType::kBF16 : dtype;
+  config.torch_dtype = generated;
   ThreadPool pool(0);
-  auto tensors = GenerateRandomWeights(config, spec.seed, dtype, &pool);
+  auto tensors = GenerateRandomWeights(config, spec.seed, generated, &pool);
   return ModelWeights::Load(config, *tensors, backend, dtype, only);
 }
 
@@ -57,8 +68,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     const std::string config_path = (std::filesystem::path(spec.model_dir) / "config.json").string();
     ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(config_path));
     ASSIGN_OR_RETURN(auto checkpoint, SafetensorsCheckpoint::Open(spec.model_dir));
-    DType dtype = spec.dtype.value_or(config.torch_dtype == DType::kF16 ? DType::kF32 : config.torch_dtype);
-    auto w = ModelWeights::Load(config, *checkpoint, backend, dtype, only);
+    auto w = ModelWeights::Load(config, *checkpoint, backend, StorageDType(config, spec), only);
     if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(spec.model_dir, ": ", w.status().message()));
     if ((*w)->skipped_mtp_tensors() > 0) {
       std::fprintf(stderr, "%s: skipped %lld tensors of %lld multi-token-prediction layer(s), which the forward does not use\n",

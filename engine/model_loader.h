@@ -22,6 +22,9 @@ struct ModelSpec {
   // Generate the weights from `seed` for model_dir's config.json (or model_dir itself when it
   // names a JSON file) instead of reading safetensors.
   bool dummy_weights = false;
+  // "fp8": store the linear layers' weights in FP8 with 128 x 128 block scales, quantizing a
+  // bf16/f32 checkpoint at load (an FP8 checkpoint is FP8 already); "none": as stored.
+  std::string quantization = "none";
 };
 
 // The model the main command runs when no model is named.

@@ -57,13 +57,20 @@ enum class WeightLayout : int32_t {
   kTiled8 = 1,    // tiles of 8 rows, each [cols / 8][8 rows][8 cols] (the CPU fast path's GEMM order)
 };
 
-// A weight matrix [rows = out_features, cols = in_features] on the device.
+// Columns that share one scale in an FP8 weight.
+constexpr int64_t kFp8ScaleCols = 128;
+
+// A weight matrix [rows = out_features, cols = in_features] on the device. FP8 weights
+// (kF8E4M3, row-major) carry one fp32 scale per row and kFp8ScaleCols columns: element (r, c)
+// is fp8[r, c] x scales[r * ceil(cols / 128) + c / 128] (a checkpoint's 128 x 128 block scales
+// repeat over the block's rows).
 struct WeightRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   WeightLayout layout = WeightLayout::kRowMajor;
+  const float* scales = nullptr;
 };
 
 // Where a layer's K and V live inside the paged cache. Each block holds, contiguously, the K
@@ -226,6 +233,10 @@ class Backend {
   // probability first exceeds u. specs: [rows]; tokens: [rows].
   virtual void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                           int32_t* tokens) = 0;
+
+  // Whether Gemm and GroupedGemm take FP8 weights; a model that has them is refused at load on
+  // a backend that does not.
+  virtual bool HasFp8Weights() const { return false; }
 
   // ---- multi-head latent attention (DeepSeek) and its routing ----
   // Whether this backend implements the four ops below; a model that needs them is refused at

@@ -20,16 +20,6 @@ int64_t RopeRow(int64_t i, int64_t dr, bool interleaved) {
   return i < dr / 2 ? 2 * i : 2 * (i - dr / 2) + 1;
 }
 
-// Rows [begin, begin + count) of a row-major [*, cols] matrix, row i taken from begin + pick(i).
-template <typename Pick>
-std::vector<float> Rows(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t count, Pick pick) {
-  std::vector<float> out(static_cast<size_t>(count * cols));
-  for (int64_t i = 0; i < count; ++i) {
-    std::copy_n(m.begin() + (begin + pick(i)) * cols, cols, out.begin() + i * cols);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<ExpectedTensor> DeepseekExpectedTensors(const ModelConfig& c) {
@@ -91,46 +81,37 @@ absl::Status LoadMlaAttention(const ModelConfig& c, int64_t l, DType dtype, Uplo
   const MlaConfig& m = c.mla;
   const int64_t heads = c.num_attention_heads, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
   const int64_t qkd = m.qk_head_dim(), r = m.kv_lora_rank, dv = m.v_head_dim;
+  auto same = [](int64_t i) { return i; };
+  auto rope = [&](int64_t i) { return RopeRow(i, dr, m.rope_interleave); };
   std::string q_name = Attn(l, "q_proj.weight");
-  int64_t q_in = c.hidden_size;
   if (m.q_lora_rank > 0) {
     ASSIGN_OR_RETURN(lw->q_a, up.Matrix({Attn(l, "q_a_proj.weight")}, dtype));
     ASSIGN_OR_RETURN(lw->q_a_norm, up.Vector(Attn(l, "q_a_layernorm.weight")));
     q_name = Attn(l, "q_b_proj.weight");
-    q_in = m.q_lora_rank;
   }
-  ASSIGN_OR_RETURN(const std::vector<float> q, up.ReadF32(q_name));
-  std::vector<float> q_nope, q_rope;
+  const bool quantize = dtype == DType::kF8E4M3;
+  ASSIGN_OR_RETURN(const HostMatrix q, up.ReadHost(q_name, quantize));
+  HostMatrix q_nope, q_rope;
   for (int64_t h = 0; h < heads; ++h) {
-    const std::vector<float> nope = Rows(q, q_in, h * qkd, dn, [](int64_t i) { return i; });
-    const std::vector<float> rope = Rows(q, q_in, h * qkd + dn, dr, [&](int64_t i) { return RopeRow(i, dr, m.rope_interleave); });
-    q_nope.insert(q_nope.end(), nope.begin(), nope.end());
-    q_rope.insert(q_rope.end(), rope.begin(), rope.end());
+    RETURN_IF_ERROR(q_nope.Append(q.PickRows(h * qkd, dn, same), q_name));
+    RETURN_IF_ERROR(q_rope.Append(q.PickRows(h * qkd + dn, dr, rope), q_name));
   }
-  ASSIGN_OR_RETURN(lw->q_nope, up.Derived(q_name + "#nope", q_nope, heads * dn, q_in, dtype));
-  ASSIGN_OR_RETURN(lw->q_rope, up.Derived(q_name + "#rope", q_rope, heads * dr, q_in, dtype));
+  ASSIGN_OR_RETURN(lw->q_nope, up.Derived(q_name + "#nope", q_nope, dtype));
+  ASSIGN_OR_RETURN(lw->q_rope, up.Derived(q_name + "#rope", q_rope, dtype));
 
   const std::string kv_a_name = Attn(l, "kv_a_proj_with_mqa.weight");
-  ASSIGN_OR_RETURN(const std::vector<float> kv_a, up.ReadF32(kv_a_name));
-  const int64_t h_in = c.hidden_size;
-  ASSIGN_OR_RETURN(lw->kv_a, up.Derived(kv_a_name + "#latent", Rows(kv_a, h_in, 0, r, [](int64_t i) { return i; }), r,
-                                        h_in, dtype));
-  ASSIGN_OR_RETURN(lw->k_rope, up.Derived(kv_a_name + "#rope",
-                                          Rows(kv_a, h_in, r, dr, [&](int64_t i) { return RopeRow(i, dr, m.rope_interleave); }),
-                                          dr, h_in, dtype));
+  ASSIGN_OR_RETURN(const HostMatrix kv_a, up.ReadHost(kv_a_name, quantize));
+  ASSIGN_OR_RETURN(lw->kv_a, up.Derived(kv_a_name + "#latent", kv_a.PickRows(0, r, same), dtype));
+  ASSIGN_OR_RETURN(lw->k_rope, up.Derived(kv_a_name + "#rope", kv_a.PickRows(r, dr, rope), dtype));
   ASSIGN_OR_RETURN(lw->kv_a_norm, up.Vector(Attn(l, "kv_a_layernorm.weight")));
 
   const std::string kv_b_name = Attn(l, "kv_b_proj.weight");
-  ASSIGN_OR_RETURN(const std::vector<float> kv_b, up.ReadF32(kv_b_name));  // [heads * (dn + dv), r]
+  ASSIGN_OR_RETURN(const HostMatrix kv_b, up.ReadHost(kv_b_name, quantize));  // [heads * (dn + dv), r]
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t base = h * (dn + dv);
-    std::vector<float> k_t(static_cast<size_t>(r * dn));  // [r, dn]: the transpose of rows [base, base + dn)
-    for (int64_t i = 0; i < dn; ++i) {
-      for (int64_t j = 0; j < r; ++j) k_t[j * dn + i] = kv_b[(base + i) * r + j];
-    }
-    ASSIGN_OR_RETURN(WeightRef kt, up.Derived(absl::StrCat(kv_b_name, "#k_up_t.", h), k_t, r, dn, dtype));
-    ASSIGN_OR_RETURN(WeightRef vu, up.Derived(absl::StrCat(kv_b_name, "#v_up.", h),
-                                              Rows(kv_b, r, base + dn, dv, [](int64_t i) { return i; }), dv, r, dtype));
+    ASSIGN_OR_RETURN(const HostMatrix k_t, kv_b.TransposedRows(base, dn, kv_b_name));  // [r, dn]
+    ASSIGN_OR_RETURN(WeightRef kt, up.Derived(absl::StrCat(kv_b_name, "#k_up_t.", h), k_t, dtype));
+    ASSIGN_OR_RETURN(WeightRef vu, up.Derived(absl::StrCat(kv_b_name, "#v_up.", h), kv_b.PickRows(base + dn, dv, same), dtype));
     lw->k_up_t.push_back(kt);
     lw->v_up.push_back(vu);
   }

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "models/config_json.h"
 #include "models/deepseek_config.h"
+#include "models/quantization_config.h"
 #include "models/tokenizer.h"
 
 namespace moeserve {
@@ -45,7 +46,7 @@ constexpr const char* kReadKeys[] = {
     "rms_norm_eps",       "rope_theta",          "rope_parameters",   "rope_scaling",      "vocab_size",
     "max_position_embeddings", "tie_word_embeddings", "norm_topk_prob",
     "torch_dtype",        "dtype",               "hidden_act",        "sliding_window",    "attention_bias",
-    "mlp_bias"};
+    "mlp_bias",           "quantization_config"};
 // Keys of one family only.
 constexpr const char* kMixtralKeys[] = {"num_local_experts", "shared_expert_intermediate_size"};
 constexpr const char* kQwen2MoeKeys[] = {"num_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -108,13 +109,6 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
 
 // The settings this build implements only one way: anything else is refused, naming the key.
 absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
-  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
-    const std::string method = it->is_object() && it->contains("quant_method") ? (*it)["quant_method"].dump() : it->dump();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: quantization_config with quant_method ", method,
-        " is not supported: this build computes with f32 or bf16 weights only (FP8 block-scaled weights are "
-        "not implemented yet)"));
-  }
   for (const auto& [key, value] : j.items()) {
     const bool family_key = family == ModelFamily::kMixtral    ? OneOf(key, kMixtralKeys)
                             : family == ModelFamily::kQwen2Moe ? OneOf(key, kQwen2MoeKeys)
@@ -288,6 +282,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (dtype.has_value()) c.torch_dtype = *dtype;
   if (deepseek) RETURN_IF_ERROR(ReadDeepseekConfig(j, &c));
+  RETURN_IF_ERROR(ReadQuantizationConfig(j, &c.fp8_checkpoint));
   // A sliding window shorter than the context changes attention; this build attends to all of it.
   // (Qwen configs carry a window that use_sliding_window, checked above, leaves unused.)
   if (auto it = j.find("sliding_window"); !qwen && it != j.end() && !it->is_null()) {

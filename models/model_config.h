@@ -98,6 +98,9 @@ struct ModelConfig {
   int64_t num_nextn_predict_layers = 0;
   MlaConfig mla;
   RopeScaling rope_scaling;
+  // quantization_config fp8: the checkpoint's linear weights are float8_e4m3fn with 128 x 128
+  // block scales (weight_scale_inv); they stay FP8 in memory.
+  bool fp8_checkpoint = false;
   RouterConfig router;
 
   // Checks every field; the error names the key and the limit.

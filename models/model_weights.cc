@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
@@ -49,10 +50,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(config, only));
   const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
   const bool first = only.layer_begin == 0, last = end == config.num_hidden_layers;
-  if (dtype != DType::kF32 && dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32 or bf16, got ",
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32, bf16 or fp8, got ",
                                                    DTypeShortName(dtype)));
   }
+  if ((dtype == DType::kF8E4M3 || config.fp8_checkpoint) && !backend->HasFp8Weights()) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement FP8 weights"));
+  }
+  // With FP8 the linear layers are FP8; the embedding and lm_head stay bf16 (as vLLM's fp8
+  // quantization leaves them), norms and routers fp32.
+  const DType table_dtype = dtype == DType::kF8E4M3 ? DType::kBF16 : dtype;
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& e : ExpectedTensors(config)) shapes[e.name] = e.shape;
   // Report the first missing tensor before allocating anything, and refuse a tensor the config
@@ -68,6 +75,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     if (IsMtpTensor(config, name)) {
       ++mtp_skipped;
       continue;
+    }
+    if (absl::EndsWith(name, "_scale_inv") && shapes.count(name.substr(0, name.size() - 10)) > 0) {
+      if (!config.fp8_checkpoint) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint has FP8 scales (\"", name,
+                                                       "\") but config.json has no quantization_config for them"));
+      }
+      continue;  // read with its weight
     }
     if (shapes.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
@@ -95,9 +109,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     return r;
   };
   if (first || (last && config.tie_word_embeddings)) {
-    ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, dtype));
+    ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, table_dtype));
   } else {
-    w->embed_ = shape_only({tn::Embed()}, dtype);
+    w->embed_ = shape_only({tn::Embed()}, table_dtype);
   }
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights lw;
@@ -154,13 +168,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     w->layers_.push_back(std::move(lw));
   }
   if (!last) {
-    w->lm_head_ = config.tie_word_embeddings ? w->embed_ : shape_only({tn::LmHead()}, dtype);
+    w->lm_head_ = config.tie_word_embeddings ? w->embed_ : shape_only({tn::LmHead()}, table_dtype);
   } else {
     ASSIGN_OR_RETURN(w->final_norm_, up.Vector(tn::FinalNorm()));
     if (config.tie_word_embeddings) {
       w->lm_head_ = w->embed_;
     } else {
-      ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, dtype));
+      ASSIGN_OR_RETURN(w->lm_head_, up.Matrix({tn::LmHead()}, table_dtype));
     }
   }
   w->content_digest_ = CombineDigests(w->tensor_digests_);
@@ -218,6 +232,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
   auto matrix = [&](const WeightRef& m) -> absl::StatusOr<WeightRef> {
     WeightRef out = m;
     if (m.data == nullptr) return out;
+    if (m.dtype == DType::kF8E4M3) {  // row-major bytes and their scales, as stored
+      ASSIGN_OR_RETURN(out.data, copy_bytes(m.data, static_cast<size_t>(m.rows * m.cols)));
+      const size_t groups = static_cast<size_t>((m.cols + kFp8ScaleCols - 1) / kFp8ScaleCols);
+      ASSIGN_OR_RETURN(const void* scales, copy_bytes(m.scales, static_cast<size_t>(m.rows) * groups * sizeof(float)));
+      out.scales = static_cast<const float*>(scales);
+      return out;
+    }
     const WeightLayout want = to->PreferredWeightLayout();
     const size_t eb = DTypeSize(m.dtype);
     if (m.layout == want) {
@@ -335,6 +356,12 @@ void ModelWeights::MergeTensorDigests(const std::map<std::string, uint64_t>& mor
 }
 
 size_t ModelWeights::expert_bytes() const {
+  if (dtype_ == DType::kF8E4M3 || config_.fp8_checkpoint) {  // a byte per weight, 4 per 128 of a row
+    const ModelConfig& c = config_;
+    auto groups = [](int64_t n) { return (n + kFp8ScaleCols - 1) / kFp8ScaleCols; };
+    return static_cast<size_t>(c.ExpertParams() + 4 * (2 * c.intermediate_size * groups(c.hidden_size) +
+                                                      c.hidden_size * groups(c.intermediate_size)));
+  }
   return static_cast<size_t>(config_.ExpertParams()) * DTypeSize(dtype_);
 }
 

@@ -3,6 +3,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -28,38 +29,23 @@ absl::StatusOr<const TensorView*> Uploader::Get(const std::string& name) {
   return t;
 }
 
+absl::StatusOr<HostMatrix> Uploader::ReadHost(const std::string& name, bool quantize_fp8) {
+  ASSIGN_OR_RETURN(const TensorView* t, Get(name));
+  if (t->shape.size() > 2) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" is not a matrix"));
+  ASSIGN_OR_RETURN(HostMatrix m, ReadHostMatrix(*t, src_.Find(name + "_scale_inv")));
+  if (quantize_fp8 && !m.fp8) return QuantizeFp8(m);
+  return m;
+}
+
 absl::StatusOr<WeightRef> Uploader::Matrix(const std::vector<std::string>& names, DType dtype, bool gemm_operand) {
-  std::vector<const TensorView*> parts;
-  int64_t rows = 0, cols = -1;
+  HostMatrix m;
   for (const auto& n : names) {
-    ASSIGN_OR_RETURN(const TensorView* t, Get(n));
-    // A vector is one row.
-    const int64_t t_rows = t->shape.size() == 2 ? t->shape[0] : 1;
-    const int64_t t_cols = t->shape.back();
-    if (t->shape.size() > 2 || (cols >= 0 && t_cols != cols)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", n, "\" cannot be stacked"));
-    }
-    cols = t_cols;
-    rows += t_rows;
-    parts.push_back(t);
-  }
-  std::vector<uint8_t> host(static_cast<size_t>(rows * cols) * DTypeSize(dtype));
-  size_t at = 0;
-  std::vector<float> tmp;
-  for (const TensorView* t : parts) {
-    const size_t n = static_cast<size_t>(t->numel());
-    if (t->dtype == dtype) {
-      std::memcpy(host.data() + at, t->data, t->bytes);
-    } else {
-      tmp.resize(n);
-      ConvertToF32(t->data, t->dtype, n, tmp.data());
-      ConvertFromF32(tmp.data(), n, dtype, host.data() + at);
-    }
-    at += n * DTypeSize(dtype);
+    ASSIGN_OR_RETURN(HostMatrix part, ReadHost(n, gemm_operand && dtype == DType::kF8E4M3));
+    RETURN_IF_ERROR(m.Append(part, absl::StrCat("tensor \"", n, "\"")));
   }
   std::string key;
   for (const auto& n : names) key.append(n.data(), n.size() + 1);  // with the NUL
-  return Store(key, host, rows, cols, dtype, gemm_operand);
+  return Store(key, m, dtype, gemm_operand);
 }
 
 absl::StatusOr<const float*> Uploader::Vector(const std::string& name) {
@@ -67,24 +53,19 @@ absl::StatusOr<const float*> Uploader::Vector(const std::string& name) {
   return static_cast<const float*>(w.data);
 }
 
-absl::StatusOr<std::vector<float>> Uploader::ReadF32(const std::string& name) {
-  ASSIGN_OR_RETURN(const TensorView* t, Get(name));
-  std::vector<float> out(static_cast<size_t>(t->numel()));
-  ConvertToF32(t->data, t->dtype, out.size(), out.data());
-  return out;
+absl::StatusOr<WeightRef> Uploader::Derived(const std::string& key, const HostMatrix& m, DType dtype) {
+  return Store(key + std::string(1, '\0'), m, dtype, /*gemm_operand=*/true);
 }
 
-absl::StatusOr<WeightRef> Uploader::Derived(const std::string& key, const std::vector<float>& values, int64_t rows,
-                                            int64_t cols, DType dtype, bool gemm_operand) {
-  MS_CHECK(static_cast<int64_t>(values.size()) == rows * cols);
-  std::vector<uint8_t> host(values.size() * DTypeSize(dtype));
-  ConvertFromF32(values.data(), values.size(), dtype, host.data());
-  return Store(key + std::string(1, '\0'), host, rows, cols, dtype, gemm_operand);
-}
-
-absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const std::vector<uint8_t>& host, int64_t rows,
-                                          int64_t cols, DType dtype, bool gemm_operand) {
-  const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
+absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const HostMatrix& m, DType dtype, bool gemm_operand) {
+  if (m.fp8) {
+    if (!gemm_operand) return absl::InvalidArgumentError(absl::StrCat(key.c_str(), ": an FP8 tensor where a vector is read"));
+    return StoreFp8(key, m);
+  }
+  const DType stored = dtype == DType::kF8E4M3 ? DType::kF32 : dtype;
+  std::vector<uint8_t> host(m.values.size() * DTypeSize(stored));
+  ConvertFromF32(m.values.data(), m.values.size(), stored, host.data());
+  const int64_t shape[3] = {m.rows, m.cols, static_cast<int64_t>(stored)};
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   XXH3_64bits_update(state, shape, sizeof(shape));
@@ -92,10 +73,31 @@ absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const std::vec
   (*digests_)[key] = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
-  ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), dtype, rows, cols, layout));
-  WeightRef w{buf.data(), dtype, rows, cols, layout};
+  ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), stored, m.rows, m.cols, layout));
+  WeightRef w{buf.data(), stored, m.rows, m.cols, layout};
   *total_ += buf.bytes();
   buffers_->push_back(std::move(buf));
+  return w;
+}
+
+// FP8 weights stay row-major (the FP8 kernel's order), their scales beside them.
+absl::StatusOr<WeightRef> Uploader::StoreFp8(const std::string& key, const HostMatrix& m) {
+  const int64_t shape[3] = {m.rows, m.cols, static_cast<int64_t>(DType::kF8E4M3)};
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, shape, sizeof(shape));
+  XXH3_64bits_update(state, m.bytes.data(), m.bytes.size());
+  XXH3_64bits_update(state, m.scales.data(), m.scales.size() * sizeof(float));
+  (*digests_)[key] = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  ASSIGN_OR_RETURN(DeviceBuffer buf, backend_->Allocate(std::max<size_t>(m.bytes.size(), 1)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(buf.data(), m.bytes.data(), m.bytes.size()));
+  ASSIGN_OR_RETURN(DeviceBuffer sbuf, backend_->Allocate(m.scales.size() * sizeof(float)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(sbuf.data(), m.scales.data(), m.scales.size() * sizeof(float)));
+  WeightRef w{buf.data(), DType::kF8E4M3, m.rows, m.cols, WeightLayout::kRowMajor, sbuf.as<float>()};
+  *total_ += buf.bytes() + sbuf.bytes();
+  buffers_->push_back(std::move(buf));
+  buffers_->push_back(std::move(sbuf));
   return w;
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "models/host_matrix.h"
 #include "models/safetensors.h"
 
 namespace moeserve {
@@ -23,21 +24,24 @@ class Uploader {
 
   // The named tensor, with the shape the config needs.
   absl::StatusOr<const TensorView*> Get(const std::string& name);
-  // Stacks the named matrices row-wise into one weight of `dtype`, stored in the backend's
-  // preferred layout (a GEMM operand) or row-major (a vector read directly).
+  // The named tensor as a host matrix: FP8 with its scales when the checkpoint stores it so
+  // (a companion "<name>_scale_inv"), else fp32 values, quantized to FP8 by 128 x 128 blocks
+  // when `quantize_fp8` (as an FP8 checkpoint's writer does, before any derivation).
+  absl::StatusOr<HostMatrix> ReadHost(const std::string& name, bool quantize_fp8);
+  // Stacks the named matrices row-wise into one weight, stored in the backend's preferred
+  // layout (a GEMM operand) or row-major (a vector read directly): FP8 when the checkpoint's
+  // are, or each quantized when `dtype` is kF8E4M3 (GEMM operands only), else converted to
+  // `dtype`.
   absl::StatusOr<WeightRef> Matrix(const std::vector<std::string>& names, DType dtype, bool gemm_operand = true);
   absl::StatusOr<const float*> Vector(const std::string& name);
-  // The named tensor as fp32 values, row-major (for weights derived on the host).
-  absl::StatusOr<std::vector<float>> ReadF32(const std::string& name);
-  // Stores a row-major [rows, cols] fp32 matrix derived on the host from checkpoint tensors as
-  // a weight of `dtype`; `key` names it in the digests (the source tensors and the derivation).
-  absl::StatusOr<WeightRef> Derived(const std::string& key, const std::vector<float>& values, int64_t rows,
-                                    int64_t cols, DType dtype, bool gemm_operand = true);
+  // Stores a matrix derived on the host from checkpoint tensors read by ReadHost (FP8 when
+  // they were); `key` names it in the digests (the source tensors and the derivation).
+  absl::StatusOr<WeightRef> Derived(const std::string& key, const HostMatrix& m, DType dtype);
 
  private:
-  // Hashes, uploads and records host bytes of `dtype` as the weight `key`.
-  absl::StatusOr<WeightRef> Store(const std::string& key, const std::vector<uint8_t>& host, int64_t rows,
-                                  int64_t cols, DType dtype, bool gemm_operand);
+  // Hashes, uploads and records the matrix as the weight `key`.
+  absl::StatusOr<WeightRef> Store(const std::string& key, const HostMatrix& m, DType dtype, bool gemm_operand);
+  absl::StatusOr<WeightRef> StoreFp8(const std::string& key, const HostMatrix& m);
 
   const TensorSource& src_;
   const std::map<std::string, std::vector<int64_t>>& shapes_;

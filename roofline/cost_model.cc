@@ -18,7 +18,9 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   m.moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
   m.attention_macs_per_head = c.is_mla() ? 2.0 * c.mla.kv_lora_rank + c.mla.qk_rope_head_dim : 2.0 * c.head_dim;
   m.weight_dtype = weight_dtype;
-  m.weight_bytes_per_param = weight_dtype == "f32" ? 4.0 : 2.0;
+  // FP8: a byte per weight and a 4-byte scale per 128 of a row; the lm_head stays bf16.
+  m.weight_bytes_per_param = weight_dtype == "f32" ? 4.0 : weight_dtype == "fp8" ? 1.0 + 4.0 / 128 : 2.0;
+  m.lm_head_bytes_per_param = weight_dtype == "fp8" ? 2.0 : m.weight_bytes_per_param;
   const double kv_elem = kv_dtype == "f32" ? 4.0 : 2.0;
   m.kv_bytes_per_token = static_cast<double>(c.num_hidden_layers * c.KvElemsPerToken()) * kv_elem;
   m.expert_params = static_cast<double>(c.ExpertParams());
@@ -34,6 +36,15 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   // Per token: every dense weight but the lm_head (counted per logit row) and top-k experts.
   m.flops_per_token = 2.0 * (m.dense_params - m.lm_head_params + m.moe_layers * m.top_k * m.expert_params);
   return m;
+}
+
+double ModelCosts::DenseBytes() const {
+  return (dense_params - lm_head_params) * weight_bytes_per_param + lm_head_params * lm_head_bytes_per_param;
+}
+
+const char* WeightDtypeName(const ModelConfig& c, DType stored) {
+  if (c.fp8_checkpoint || stored == DType::kF8E4M3) return "fp8";
+  return stored == DType::kF32 ? "f32" : "bf16";
 }
 
 int64_t StepShape::Tokens() const {
@@ -57,8 +68,8 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
 double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
                      double experts_hit, bool any_logits, double bandwidth) {
   if (bandwidth <= 0) bandwidth = hw.mem_bandwidth;
-  double dense_bytes = m.dense_params * m.weight_bytes_per_param;
-  if (!any_logits) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+  double dense_bytes = m.DenseBytes();
+  if (!any_logits) dense_bytes -= m.lm_head_params * m.lm_head_bytes_per_param;
   const double spread_bytes = (experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
   return dense_bytes / bandwidth + spread_bytes / (bandwidth * static_cast<double>(layout.ep));
 }
@@ -82,8 +93,8 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.attention_flops = attended * 2.0 * m.layers * m.heads * m.attention_macs_per_head;
   c.flops = tokens * m.flops_per_token + c.attention_flops + logit_rows * 2.0 * m.lm_head_params;
   // Bytes: dense weights once, each expert that was hit once, embedding rows, then KV.
-  double dense_bytes = m.dense_params * m.weight_bytes_per_param;
-  if (logit_rows == 0) dense_bytes -= m.lm_head_params * m.weight_bytes_per_param;
+  double dense_bytes = m.DenseBytes();
+  if (logit_rows == 0) dense_bytes -= m.lm_head_params * m.lm_head_bytes_per_param;
   c.weight_bytes = dense_bytes + (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
 
   // Per device: a 1/ep share of the FLOPs and of the KV (weights: see WeightSeconds). Pipeline

@@ -18,7 +18,8 @@ struct ModelCosts {
   int64_t layers = 0, hidden = 0, vocab = 0, experts = 0, top_k = 0, heads = 0, head_dim = 0;
   int64_t moe_layers = 0;              // layers with routed experts (DeepSeek's first ones are dense)
   double attention_macs_per_head = 0;  // per query head and attended token: 2 x head_dim; MLA 2r + rope
-  double weight_bytes_per_param = 2;  // 2 for bf16, 4 for f32
+  double weight_bytes_per_param = 2;  // 2 for bf16, 4 for f32, 1 + 4/128 for FP8 (its scales)
+  double lm_head_bytes_per_param = 2;
   double kv_bytes_per_token = 0;      // K and V, all layers
   double act_bytes = 2;               // activations sent between devices (bf16; the engine's own are fp32)
   double dense_params = 0;            // every weight but the routed experts and the embedding table
@@ -31,7 +32,13 @@ struct ModelCosts {
 
   static ModelCosts From(const ModelConfig& config, const std::string& weight_dtype, const std::string& kv_dtype);
   double TotalWeightBytes() const { return total_params * weight_bytes_per_param; }
+  // Bytes of the dense weights (lm_head included) as stored.
+  double DenseBytes() const;
 };
+
+// The roofline's name for how weights are stored: "fp8" for an FP8 checkpoint or FP8 storage,
+// else "f32" or "bf16".
+const char* WeightDtypeName(const ModelConfig& c, DType stored);
 
 // How the model is laid out over devices: experts spread over `ep` devices (dense parts
 // replicated on each, as with data-parallel attention; tokens and sequences split evenly across

@@ -8,7 +8,7 @@ and compares. Not part of CI (it needs torch):
         tokenizers==0.22.1 safetensors
     /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf [family ...]
 
-The DeepSeek fixtures (deepseekv3, deepseekv2lite, deepseekv2group) were made with transformers
+The DeepSeek fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group) were made with transformers
 5.19 (its DeepseekV3/V2 classes; pass their names to regenerate only them), the other four with
 4.57.1.
 
@@ -19,6 +19,7 @@ and shape of its logits (raw little-endian float32, [positions, vocab]).
 """
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -81,10 +82,87 @@ def deepseek_families():
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 64, "beta_fast": 32,
                          "beta_slow": 1})
+    # FP8 block-scaled weights (DeepSeek-V3's own format), with widths that leave partial
+    # 128 x 128 blocks at the edges (192, 160, 144 + 16, 320).
+    yield "deepseekv3fp8", "qwen2moe", DeepseekV3ForCausalLM, DeepseekV3Config(
+        **{**MLA, "hidden_size": 192, "kv_lora_rank": 144, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+           "v_head_dim": 32, "moe_intermediate_size": 160, "intermediate_size": 320},
+        num_hidden_layers=2, q_lora_rank=160, first_k_dense_replace=1, n_shared_experts=1, n_group=4,
+        topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1})
     yield "deepseekv2group", "qwen2moe", DeepseekV2ForCausalLM, DeepseekV2Config(
         **MLA, num_hidden_layers=2, q_lora_rank=24, first_k_dense_replace=0, n_shared_experts=1,
         topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
         routed_scaling_factor=16.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+# The linear layers a DeepSeek FP8 checkpoint stores as float8_e4m3fn (not the embedding, the
+# lm_head, the norms or the router).
+FP8_SAVED = re.compile(r"(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+                       r"|mlp\.(gate_proj|up_proj|down_proj)|experts\.\d+\.(gate|up|down)_proj"
+                       r"|shared_experts\.(gate|up|down)_proj)\.weight$")
+
+
+def fp8_blocks(w):
+    """float8_e4m3fn values and their 128 x 128 block scales (the block's largest magnitude / 448)."""
+    rows, cols = w.shape
+    br, bc = -(-rows // 128), -(-cols // 128)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    scale = torch.ones(br, bc, dtype=torch.float32)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float()
+            s = blk.abs().max() / 448.0
+            s = s if s > 0 else torch.tensor(1.0)
+            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (blk / s).to(torch.float8_e4m3fn)
+            scale[i, j] = s
+    return q, scale
+
+
+def fp8_dequant(q, scale):
+    s = scale.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)[:, :q.shape[1]]
+    return q.float() * s
+
+
+def round_through_fp8(model, config):
+    """Replaces each weight the checkpoint will store in FP8 by its FP8 value times its block
+    scale, so that transformers' f32 forward computes with exactly the dequantized weights. The
+    fused expert parameters of transformers 5 are quantized per saved tensor (gate, up, down)."""
+    inter = config.moe_intermediate_size
+    for name, p in model.named_parameters():
+        if name.endswith("experts.gate_up_proj"):
+            for e in range(p.shape[0]):
+                for part in (slice(0, inter), slice(inter, 2 * inter)):
+                    p.data[e, part] = fp8_dequant(*fp8_blocks(p.data[e, part]))
+        elif name.endswith("experts.down_proj"):
+            for e in range(p.shape[0]):
+                p.data[e] = fp8_dequant(*fp8_blocks(p.data[e]))
+        elif p.dim() == 2 and FP8_SAVED.search(name):
+            p.data.copy_(fp8_dequant(*fp8_blocks(p.data)))
+
+
+def write_fp8_checkpoint(d):
+    """Rewrites d's f32 checkpoint with FP8 weights and weight_scale_inv, checking that each
+    stored value comes back exactly, and declares it in config.json."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(d, "model.safetensors")
+    tensors = load_file(path)
+    out = {}
+    for name, t in tensors.items():
+        if FP8_SAVED.search(name):
+            q, scale = fp8_blocks(t)
+            assert torch.equal(fp8_dequant(q, scale), t), name
+            out[name] = q
+            out[name + "_scale_inv"] = scale
+        else:
+            out[name] = t
+    save_file(out, path, metadata={"format": "pt"})
+    config = json.load(open(os.path.join(d, "config.json")))
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                     "activation_scheme": "dynamic"}
+    json.dump(config, open(os.path.join(d, "config.json"), "w"), indent=2)
 
 
 def main():
@@ -107,9 +185,13 @@ def main():
             for bname, b in model.named_buffers():  # DeepSeek-V3's correction bias, zero at init
                 if "e_score_correction_bias" in bname:
                     b.copy_(0.1 * torch.randn_like(b))
+            if name.endswith("fp8"):
+                round_through_fp8(model, config)
         d = os.path.join(out_root, name)
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d, safe_serialization=True)
+        if name.endswith("fp8"):
+            write_fp8_checkpoint(d)
         shutil.copy(TOKENIZER, os.path.join(d, "tokenizer.json"))
         chat = open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8").read()
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": None,

@@ -98,7 +98,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   if (hw) {
     // The batch one device needs before compute catches up with its weight reads, with this layout.
     roofline::RooflineInputs in;
-    in.model = roofline::ModelCosts::From(c, weight_dtype == DType::kF32 ? "f32" : "bf16", ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
+    in.model = roofline::ModelCosts::From(c, roofline::WeightDtypeName(c, weight_dtype), ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
     in.hw = *hw;
     in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.ep_domain_size};
     in.context = static_cast<int64_t>(mean_seq_tokens);

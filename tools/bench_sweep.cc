@@ -30,7 +30,7 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
                                            const roofline::HardwareProfile& hw, const SweepOptions& o) {
   const ModelConfig& c = weights.config();
   const roofline::ModelCosts costs = roofline::ModelCosts::From(
-      c, weights.dtype() == DType::kF32 ? "f32" : "bf16", o.kv_dtype == DType::kF32 ? "f32" : "bf16");
+      c, roofline::WeightDtypeName(c, weights.dtype()), o.kv_dtype == DType::kF32 ? "f32" : "bf16");
   const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
   if (max_ctx + 1 > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--context: ", max_ctx, " + 1 exceeds the model's context of ",

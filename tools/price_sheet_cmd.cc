@@ -138,9 +138,13 @@ int RunPriceSheet(PriceSheetOptions o) {
   }
   auto hw = ResolveHardware(o, backend.get());
   if (!hw.ok()) return Fail(hw.status());
-  std::string dtype = o.dtype.empty() ? std::string(DTypeShortName(config->torch_dtype)) : o.dtype;
+  std::string dtype = !o.dtype.empty()          ? o.dtype
+                      : config->fp8_checkpoint ? "fp8"
+                                               : std::string(DTypeShortName(config->torch_dtype));
   if (dtype == "f16") dtype = "bf16";
-  if (dtype != "bf16" && dtype != "f32") return Fail(absl::InvalidArgumentError("--dtype: bf16 or f32"));
+  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") {
+    return Fail(absl::InvalidArgumentError("--dtype: bf16, f32 or fp8"));
+  }
   if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
   o.mix.tpot_seconds = o.tpot_ms / 1e3;
   o.mix.ttft_seconds = o.ttft_ms / 1e3;
@@ -253,7 +257,8 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
                   "Hardware preset (" + absl::StrJoin(roofline::HardwarePresetNames(), ", ") +
                       ") or a `moeserve calibrate` profile (default: gb200-nvl72; with --measure a quick calibration "
                       "of this machine)");
-  cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16 or f32 (default: the config's torch_dtype)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Weight dtype: bf16, f32 or fp8 (a byte per weight plus block scales; default: fp8 for a config with an fp8 quantization_config, else its torch_dtype)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
   cmd->add_option("--ep", o->ep, "Devices the experts are spread over (default: the profile's devices)");
   cmd->add_option("--price-per-hour", o->price_per_hour,

@@ -59,9 +59,13 @@ int RunRoofline(const RooflineOptions& o) {
   if (!config.ok()) return Fail(config.status());
   auto hw = roofline::LoadHardware(o.hardware);
   if (!hw.ok()) return Fail(hw.status());
-  std::string dtype = o.dtype.empty() ? std::string(DTypeShortName(config->torch_dtype)) : o.dtype;
+  std::string dtype = !o.dtype.empty()          ? o.dtype
+                      : config->fp8_checkpoint ? "fp8"
+                                               : std::string(DTypeShortName(config->torch_dtype));
   if (dtype == "f16") dtype = "bf16";  // same size and rate
-  if (dtype != "bf16" && dtype != "f32") return Fail(absl::InvalidArgumentError("--dtype: bf16 or f32"));
+  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") {
+    return Fail(absl::InvalidArgumentError("--dtype: bf16, f32 or fp8"));
+  }
   if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
   if (o.context < 1) return Fail(absl::InvalidArgumentError("--context must be >= 1"));
   if (o.pp < 1) return Fail(absl::InvalidArgumentError("--pp must be >= 1"));
@@ -191,7 +195,8 @@ void AddRooflineCommand(CLI::App& app, int* exit_code) {
                   "Hardware preset (" + absl::StrJoin(roofline::HardwarePresetNames(), ", ") +
                       ") or a JSON profile from `moeserve calibrate`")
       ->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16 or f32 (default: the config's torch_dtype)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Weight dtype: bf16, f32 or fp8 (a byte per weight plus block scales; default: fp8 for a config with an fp8 quantization_config, else its torch_dtype)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
   cmd->add_option("--context", o->context, "Tokens per sequence for the KV terms")->capture_default_str();
   cmd->add_option("--batches", o->batches, "Comma-separated batch sizes of the table")->capture_default_str();

@@ -96,6 +96,7 @@ class CpuBackend final : public Backend {
   // DeepSeek's ops: the reference loops (kernels/cpu/latent_ops.h), latent attention vectorised
   // on the fast path (kernels/cpu/attention.cc).
   bool HasLatentAttention() const override { return true; }
+  bool HasFp8Weights() const override { return true; }
   void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
                   const float* inv_freq, float cos_sin_scale) override;
   void RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,

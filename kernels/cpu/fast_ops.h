@@ -14,6 +14,8 @@ namespace moeserve::cpu_fast {
 void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
 // batch_invariant: every row is computed in the same order whatever m is, on kernel variant
 // `isa` (kernels/cpu/gemm.h); otherwise large m uses OpenBLAS, batch-dependent in the last bits.
+// y = x @ w^T for FP8 weights (gemm_fp8.cc); batch-invariant.
+void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate);
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa);
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).

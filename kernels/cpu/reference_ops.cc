@@ -20,6 +20,11 @@ float WeightAt(const WeightRef& w, int64_t i) {
       return Bf16ToF32(static_cast<const uint16_t*>(w.data)[i]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF8E4M3: {  // row-major, scaled per row and 128 columns
+      const int64_t r = i / w.cols, c = i % w.cols;
+      const float s = w.scales[r * ((w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols) + c / kFp8ScaleCols];
+      return F8E4M3ToF32(static_cast<const uint8_t*>(w.data)[i]) * s;
+    }
   }
   return 0.0f;
 }

@@ -26,6 +26,15 @@ inline V8 Load(const uint16_t* p) {  // bf16 -> fp32 is a 16-bit shift, exact
   return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
 }
 inline void Store(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
+// Eight float8_e4m3fn bytes as fp32, divided by 256 (exact): each byte's sign, exponent and
+// mantissa placed in an fp16 of exponent bias 15 instead of 7, widened by vcvtph2ps. NaN codes
+// (0x7f, 0xff) read as 480/256; FP8 weights are checked free of them at load.
+inline V8 LoadFp8Over256(const uint8_t* p) {
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7);
+  return {_mm256_cvtph_ps(_mm_or_si128(sign, mag))};
+}
 inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline V8 Add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline V8 Mul(V8 a, V8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -75,6 +84,15 @@ inline V8 Load(const uint16_t* p) {
   return r;
 }
 inline void Store(float* p, V8 a) { std::memcpy(p, a.v, sizeof(a.v)); }
+inline V8 LoadFp8Over256(const uint8_t* p) {
+  V8 r;
+  for (int l = 0; l < 8; ++l) {
+    const int exp = (p[l] >> 3) & 0xf, mant = p[l] & 0x7;
+    const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -17) : std::ldexp(static_cast<float>(8 + mant), exp - 18);
+    r.v[l] = (p[l] & 0x80) ? -mag : mag;
+  }
+  return r;
+}
 inline V8 Fma(V8 a, V8 b, V8 c) {
   for (int l = 0; l < 8; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
   return c;
