@@ -159,7 +159,7 @@ void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table
 }
 
 void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
-  if (fast() && w.dtype == DType::kF8E4M3) return cpu_fast::GemmFp8(*pool_, x, m, w, y, accumulate);
+  if (fast() && w.dtype == DType::kF8E4M3) return cpu_fast::GemmFp8(*pool_, x, m, w, y, accumulate, Fp8Avx512());
   if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant, isa_);
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
@@ -169,10 +169,10 @@ void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const
   // Device memory is host memory here: the offsets are read in place.
   const std::span<const int64_t> offsets(offsets_data, w.size() + 1);
   MS_CHECK(offsets.back() <= max_rows);
-  // FP8 experts go group by group through Gemm (the grouped kernels read bf16 or fp32 tiles).
-  if (fast() && (w.empty() || w[0].dtype != DType::kF8E4M3)) {
-    return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant, isa_);
+  if (fast() && !w.empty() && w[0].dtype == DType::kF8E4M3) {
+    return cpu_fast::GroupedGemmFp8(*pool_, x, w, offsets, y, Fp8Avx512());
   }
+  if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant, isa_);
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;

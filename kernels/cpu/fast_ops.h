@@ -14,8 +14,11 @@ namespace moeserve::cpu_fast {
 void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef& table, float* out);
 // batch_invariant: every row is computed in the same order whatever m is, on kernel variant
 // `isa` (kernels/cpu/gemm.h); otherwise large m uses OpenBLAS, batch-dependent in the last bits.
-// y = x @ w^T for FP8 weights (gemm_fp8.cc); batch-invariant.
-void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate);
+// y = x @ w^T for FP8 weights (gemm_fp8.cc), on 16 lanes when `avx512` (the same bits);
+// batch-invariant. The grouped form runs every group's rows in one parallel loop.
+void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512);
+void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                    float* y, bool avx512);
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa);
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).

@@ -1,25 +1,21 @@
 // GEMM against FP8 weights (float8_e4m3fn, one fp32 scale per row and 128 columns) on the CPU
 // fast path: the weights stream from memory as bytes, one per weight (plus 4 bytes per 128),
-// and are widened in registers (vec8.h's LoadFp8Over256), so a memory-bound decode step reads
-// half the bytes of bf16.
-//
-// y[i, j] = sum over column groups g of (256 x scale[j, g]) x (sum over the group's columns of
-// w[j, c] / 256 x x[i, c]): an 8-lane FMA chain per group, then scaled into an 8-lane total,
-// reduced by one tree. Every (i, j) takes the same operations in the same order whatever m, so
-// the kernel is batch-invariant. Up to four rows of x share each widened weight vector.
+// and are widened in registers, so a memory-bound decode step reads half the bytes of bf16.
+// Each (i, j) takes the same operations in the same order whatever m and whatever its batch
+// mates (gemm_fp8.h), so the kernel is batch-invariant; for more than kFp8Rows rows of x a
+// weight row is widened once into a buffer that every row of x then reads.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/gemm_fp8.h"
 #include "kernels/cpu/vec8.h"
 
 namespace moeserve::cpu_fast {
 namespace {
 
-constexpr int64_t kMr = 4;  // rows of x per pass over a weight row
-
-// The scalar tail of a group whose width is not a multiple of 8, per row of x, in order.
 float TailDot(const uint8_t* w, const float* x, int64_t n) {
   float acc = 0.0f;
   for (int64_t c = 0; c < n; ++c) acc = std::fma(F8E4M3ToF32(w[c]) / 256.0f, x[c], acc);
@@ -27,54 +23,111 @@ float TailDot(const uint8_t* w, const float* x, int64_t n) {
 }
 
 template <int R>
-void RowDots(const uint8_t* w, const float* scales, const float* x, int64_t ldx, int64_t cols, float* out) {
-  const int64_t groups = (cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
+void Dots(const Fp8Row& w, const float* x, int64_t ldx, float* out) {
+  const int64_t groups = (w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
   V8 total[R];
   float tail[R] = {};
   for (int r = 0; r < R; ++r) total[r] = Zero();
+  auto chunk = [&](int64_t c) { return w.wide != nullptr ? Load(w.wide + c) : LoadFp8Over256(w.bytes + c); };
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(cols, c0 + kFp8ScaleCols);
+    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(w.cols, c0 + kFp8ScaleCols);
     const int64_t full = c0 + (c1 - c0) / 8 * 8;
-    V8 part[R];
-    for (int r = 0; r < R; ++r) part[r] = Zero();
-    for (int64_t c = c0; c < full; c += 8) {
-      const V8 wv = LoadFp8Over256(w + c);
-      for (int r = 0; r < R; ++r) part[r] = Fma(wv, Load(x + r * ldx + c), part[r]);
+    V8 pa[R], pb[R];
+    for (int r = 0; r < R; ++r) pa[r] = pb[r] = Zero();
+    int64_t c = c0;
+    for (; c + 16 <= full; c += 16) {
+      const V8 wa = chunk(c), wb = chunk(c + 8);
+      for (int r = 0; r < R; ++r) {
+        pa[r] = Fma(wa, Load(x + r * ldx + c), pa[r]);
+        pb[r] = Fma(wb, Load(x + r * ldx + c + 8), pb[r]);
+      }
     }
-    const float s = scales[g] * 256.0f;
+    if (c < full) {
+      const V8 wa = chunk(c);
+      for (int r = 0; r < R; ++r) pa[r] = Fma(wa, Load(x + r * ldx + c), pa[r]);
+    }
+    const float s = w.scales[g] * 256.0f;
     for (int r = 0; r < R; ++r) {
-      total[r] = Fma(part[r], Set1(s), total[r]);
-      if (full < c1) tail[r] = std::fma(TailDot(w + full, x + r * ldx + full, c1 - full), s, tail[r]);
+      total[r] = Fma(Add(pa[r], pb[r]), Set1(s), total[r]);
+      if (full < c1) tail[r] = std::fma(TailDot(w.bytes + full, x + r * ldx + full, c1 - full), s, tail[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = Reduce(total[r]) + tail[r];
 }
 
-}  // namespace
-
-void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
-  MS_CHECK(w.dtype == DType::kF8E4M3 && w.scales != nullptr && w.layout == WeightLayout::kRowMajor);
+// Rows [j0, j1) of one weight against all m rows of x.
+void RowRange(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512, int64_t j0,
+              int64_t j1, std::vector<float>* wide) {
   const uint8_t* bytes = static_cast<const uint8_t*>(w.data);
   const int64_t groups = (w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
-  pool.ParallelFor(w.rows, 16, [&](int64_t j0, int64_t j1) {
-    float out[kMr];
-    for (int64_t j = j0; j < j1; ++j) {
-      const uint8_t* wr = bytes + j * w.cols;
-      const float* sr = w.scales + j * groups;
-      for (int64_t i = 0; i < m; i += kMr) {
-        const int64_t rows = std::min(kMr, m - i);
-        const float* xi = x + i * w.cols;
-        switch (rows) {
-          case 4: RowDots<4>(wr, sr, xi, w.cols, w.cols, out); break;
-          case 3: RowDots<3>(wr, sr, xi, w.cols, w.cols, out); break;
-          case 2: RowDots<2>(wr, sr, xi, w.cols, w.cols, out); break;
-          default: RowDots<1>(wr, sr, xi, w.cols, w.cols, out); break;
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          float& dst = y[(i + r) * w.rows + j];
-          dst = accumulate ? dst + out[r] : out[r];
-        }
+  const bool widen = m > kFp8Rows;
+  if (widen) wide->resize(static_cast<size_t>(w.cols));
+  float out[kFp8Rows];
+  for (int64_t j = j0; j < j1; ++j) {
+    Fp8Row row{bytes + j * w.cols, nullptr, w.scales + j * groups, w.cols};
+    if (widen) {
+      WidenFp8Row(row.bytes, w.cols, wide->data());
+      row.wide = wide->data();
+    }
+    for (int64_t i = 0; i < m; i += kFp8Rows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kFp8Rows, m - i));
+      if (avx512) {
+        Fp8DotsAvx512(row, x + i * w.cols, w.cols, rows, out);
+      } else {
+        Fp8DotsAvx2(row, x + i * w.cols, w.cols, rows, out);
       }
+      for (int r = 0; r < rows; ++r) {
+        float& dst = y[(i + r) * w.rows + j];
+        dst = accumulate ? dst + out[r] : out[r];
+      }
+    }
+  }
+}
+
+constexpr int64_t kRowGrain = 16;  // weight rows per work item
+
+}  // namespace
+
+void WidenFp8Row(const uint8_t* bytes, int64_t cols, float* out) {
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) Store(out + c, LoadFp8Over256(bytes + c));
+  for (; c < cols; ++c) out[c] = F8E4M3ToF32(bytes[c]) / 256.0f;
+}
+
+void Fp8DotsAvx2(const Fp8Row& w, const float* x, int64_t ldx, int rows, float* out) {
+  switch (rows) {
+    case 4: return Dots<4>(w, x, ldx, out);
+    case 3: return Dots<3>(w, x, ldx, out);
+    case 2: return Dots<2>(w, x, ldx, out);
+    default: return Dots<1>(w, x, ldx, out);
+  }
+}
+
+void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512) {
+  MS_CHECK(w.dtype == DType::kF8E4M3 && w.scales != nullptr && w.layout == WeightLayout::kRowMajor);
+  pool.ParallelFor((w.rows + kRowGrain - 1) / kRowGrain, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> wide;
+    RowRange(x, m, w, y, accumulate, avx512, b * kRowGrain, std::min(w.rows, e * kRowGrain), &wide);
+  });
+}
+
+void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
+                    float* y, bool avx512) {
+  // Work items (group, chunk of its weight rows) over every group with rows, in one parallel loop.
+  std::vector<std::pair<int64_t, int64_t>> items;
+  for (size_t g = 0; g < w.size(); ++g) {
+    if (offsets[g + 1] == offsets[g]) continue;
+    MS_CHECK(w[g].dtype == DType::kF8E4M3 && w[g].scales != nullptr);
+    for (int64_t j = 0; j < w[g].rows; j += kRowGrain) items.push_back({static_cast<int64_t>(g), j});
+  }
+  pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> wide;
+    for (int64_t it = b; it < e; ++it) {
+      const auto [g, j0] = items[it];
+      const WeightRef& wg = w[g];
+      const int64_t m = offsets[g + 1] - offsets[g];
+      RowRange(x + offsets[g] * wg.cols, m, wg, y + offsets[g] * wg.rows, false, avx512, j0,
+               std::min(wg.rows, j0 + kRowGrain), &wide);
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "models/host_matrix.h"
 #include "tests/test_util.h"
 
@@ -62,7 +63,7 @@ TEST(Fp8Test, FastGemmMatchesTheReferenceAndIsBatchInvariant) {
   CpuBackend fast(CpuBackendOptions{CpuPath::kFast, 2, 0});
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 203}, {64, 256}, {5, 7}, {130, 300}}) {
     const Fp8Weight w = MakeFp8(rows, cols, static_cast<uint32_t>(rows * 1000 + cols));
-    for (int64_t m = 1; m <= 9; ++m) {
+    for (int64_t m = 1; m <= 11; ++m) {
       const auto x = RandomFloats(m * cols, static_cast<uint32_t>(m), 1.0f);
       std::vector<float> want(m * rows), got(m * rows);
       ref.Gemm(x.data(), m, w.ref, want.data(), false);
@@ -82,6 +83,26 @@ TEST(Fp8Test, FastGemmMatchesTheReferenceAndIsBatchInvariant) {
       std::vector<float> acc = got;  // accumulate adds onto y
       fast.Gemm(x.data(), m, w.ref, acc.data(), true);
       for (size_t i = 0; i < acc.size(); ++i) ASSERT_FLOAT_EQ(acc[i], 2 * got[i]);
+    }
+  }
+}
+
+// The 16-lane kernel (any variant past avx2) gives the 8-lane kernel's bits, for one row of x
+// or many (the widened-row path), with partial groups and odd chunk counts.
+TEST(Fp8Test, SixteenLanesGiveTheBitsOfEight) {
+  if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "needs AVX-512 (cpuid avx512f/bw/vl/dq)";
+  CpuBackend eight(CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx2, CpuKernelNumerics::kExact});
+  CpuBackend sixteen(CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512, CpuKernelNumerics::kExact});
+  ASSERT_EQ(eight.isa(), CpuIsa::kAvx2);
+  ASSERT_EQ(sixteen.isa(), CpuIsa::kAvx512);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 203}, {20, 136}, {33, 384}}) {
+    const Fp8Weight w = MakeFp8(rows, cols, static_cast<uint32_t>(rows + cols));
+    for (int64_t m : {1, 3, 4, 5, 13}) {
+      const auto x = RandomFloats(m * cols, static_cast<uint32_t>(7 * m), 1.0f);
+      std::vector<float> a(m * rows), b(m * rows);
+      eight.Gemm(x.data(), m, w.ref, a.data(), false);
+      sixteen.Gemm(x.data(), m, w.ref, b.data(), false);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << rows << "x" << cols << " m " << m;
     }
   }
 }
