@@ -125,6 +125,43 @@ void BM_GemmColdWeights(benchmark::State& state) {
   }
   Report(state, 2.0 * m * n * k, static_cast<double>(bytes), dtype);
 }
+// FP8 weights (row-major bytes and a scale per row and 128 columns), cold as above; compare
+// with BM_GemmColdWeights at the same shape: half the bytes of bf16.
+void BM_GemmFp8ColdWeights(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int64_t groups = (k + kFp8ScaleCols - 1) / kFp8ScaleCols;
+  const size_t bytes = static_cast<size_t>(n * k), scale_bytes = static_cast<size_t>(n * groups) * sizeof(float);
+  const size_t count = std::max<size_t>(2, (size_t{512} << 20) / bytes);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (float& v : x) v = u(gen);
+  static std::map<std::pair<int64_t, int64_t>, std::pair<std::vector<uint8_t>, std::vector<float>>> cache;
+  auto& [w, scales] = cache[{n, k}];
+  if (w.empty()) {
+    w.resize(bytes * count);
+    for (uint8_t& b : w) b = F32ToF8E4M3(u(gen) * 400.0f);
+    scales.assign(static_cast<size_t>(n * groups) * count, 1e-3f);
+  }
+  size_t next = 0;
+  for (auto _ : state) {
+    const WeightRef ref{w.data() + next * bytes, DType::kF8E4M3, n, k, WeightLayout::kRowMajor,
+                        scales.data() + next * n * groups};
+    TheBackend().Gemm(x.data(), m, ref, y.data());
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % count;
+  }
+  Report(state, 2.0 * m * n * k, static_cast<double>(bytes + scale_bytes), DType::kBF16);
+}
+BENCHMARK(BM_GemmFp8ColdWeights)
+    ->ArgNames({"m", "n", "k"})
+    ->Args({1, 2048, 512})
+    ->Args({1, 4096, 1024})
+    ->Args({1, 16384, 8192})
+    ->Args({4, 4096, 1024})
+    ->Args({16, 4096, 1024})
+    ->UseRealTime();
+
 BENCHMARK(BM_GemmColdWeights)
     ->ArgNames({"m", "n", "k", "tiled"})
     ->Args({1, 2048, 512, 1})

@@ -22,64 +22,98 @@ float TailDot(const uint8_t* w, const float* x, int64_t n) {
   return acc;
 }
 
-template <int R>
-void Dots(const Fp8Row& w, const float* x, int64_t ldx, float* out) {
-  const int64_t groups = (w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
-  V8 total[R];
-  float tail[R] = {};
-  for (int r = 0; r < R; ++r) total[r] = Zero();
-  auto chunk = [&](int64_t c) { return w.wide != nullptr ? Load(w.wide + c) : LoadFp8Over256(w.bytes + c); };
+// R rows of x against N weight rows (R x N <= 4: the chains stay in registers).
+template <int R, int N>
+void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
+  const int64_t cols = w[0].cols, groups = (cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
+  V8 ta[N][R], tb[N][R];  // the scaled sums of the even and of the odd chunks
+  float tail[N][R] = {};
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < R; ++r) ta[n][r] = tb[n][r] = Zero();
+  }
+  auto chunk = [&](int n, int64_t c) {
+    return w[n].wide != nullptr ? Load(w[n].wide + c) : LoadFp8Over256(w[n].bytes + c);
+  };
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(w.cols, c0 + kFp8ScaleCols);
+    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(cols, c0 + kFp8ScaleCols);
     const int64_t full = c0 + (c1 - c0) / 8 * 8;
-    V8 pa[R], pb[R];
-    for (int r = 0; r < R; ++r) pa[r] = pb[r] = Zero();
+    V8 pa[N][R], pb[N][R];  // the even and the odd chunks of 8 columns
+    for (int n = 0; n < N; ++n) {
+      for (int r = 0; r < R; ++r) pa[n][r] = pb[n][r] = Zero();
+    }
     int64_t c = c0;
     for (; c + 16 <= full; c += 16) {
-      const V8 wa = chunk(c), wb = chunk(c + 8);
-      for (int r = 0; r < R; ++r) {
-        pa[r] = Fma(wa, Load(x + r * ldx + c), pa[r]);
-        pb[r] = Fma(wb, Load(x + r * ldx + c + 8), pb[r]);
+      for (int n = 0; n < N; ++n) {
+        const V8 wa = chunk(n, c), wb = chunk(n, c + 8);
+        for (int r = 0; r < R; ++r) {
+          pa[n][r] = Fma(wa, Load(x + r * ldx + c), pa[n][r]);
+          pb[n][r] = Fma(wb, Load(x + r * ldx + c + 8), pb[n][r]);
+        }
       }
     }
     if (c < full) {
-      const V8 wa = chunk(c);
-      for (int r = 0; r < R; ++r) pa[r] = Fma(wa, Load(x + r * ldx + c), pa[r]);
+      for (int n = 0; n < N; ++n) {
+        const V8 wa = chunk(n, c);
+        for (int r = 0; r < R; ++r) pa[n][r] = Fma(wa, Load(x + r * ldx + c), pa[n][r]);
+      }
     }
-    const float s = w.scales[g] * 256.0f;
-    for (int r = 0; r < R; ++r) {
-      total[r] = Fma(Add(pa[r], pb[r]), Set1(s), total[r]);
-      if (full < c1) tail[r] = std::fma(TailDot(w.bytes + full, x + r * ldx + full, c1 - full), s, tail[r]);
+    for (int n = 0; n < N; ++n) {
+      const float s = w[n].scales[g] * 256.0f;
+      for (int r = 0; r < R; ++r) {
+        ta[n][r] = Fma(pa[n][r], Set1(s), ta[n][r]);
+        tb[n][r] = Fma(pb[n][r], Set1(s), tb[n][r]);
+        if (full < c1) tail[n][r] = std::fma(TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), s, tail[n][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = Reduce(total[r]) + tail[r];
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < R; ++r) out[n * R + r] = Reduce(Add(ta[n][r], tb[n][r])) + tail[n][r];
+  }
 }
 
-// Rows [j0, j1) of one weight against all m rows of x.
+constexpr int64_t kLongRow = 4096;  // columns from which a decode product takes four weight rows at once
+
+// Rows [j0, j1) of one weight against all m rows of x: for one row of x and long weight rows,
+// four weight rows at a time (the row of x, too large for the registers, is read once per
+// four); else one weight row at a time for up to four rows of x. On the Zen 4 the four-row
+// form streamed a 16384 x 8192 matrix at 18-21 GB/s against 13 for one row, but rows of 512
+// or 1024 columns at 10-12 GB/s against 18-20 (benchmarks/kernels_bench BM_GemmFp8ColdWeights).
 void RowRange(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512, int64_t j0,
               int64_t j1, std::vector<float>* wide) {
   const uint8_t* bytes = static_cast<const uint8_t*>(w.data);
   const int64_t groups = (w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
+  auto row = [&](int64_t j) { return Fp8Row{bytes + j * w.cols, nullptr, w.scales + j * groups, w.cols}; };
+  auto put = [&](int64_t i, int64_t j, float v) {
+    float& dst = y[i * w.rows + j];
+    dst = accumulate ? dst + v : v;
+  };
+  float out[kFp8Rows];
+  if (m == 1 && w.cols >= kLongRow) {
+    int64_t j = j0;
+    for (; j + kFp8Rows <= j1; j += kFp8Rows) {
+      const Fp8Row rows[kFp8Rows] = {row(j), row(j + 1), row(j + 2), row(j + 3)};
+      (avx512 ? Fp8DotsAvx512 : Fp8DotsAvx2)(rows, kFp8Rows, x, w.cols, 1, out);
+      for (int n = 0; n < kFp8Rows; ++n) put(0, j + n, out[n]);
+    }
+    for (; j < j1; ++j) {
+      const Fp8Row one = row(j);
+      (avx512 ? Fp8DotsAvx512 : Fp8DotsAvx2)(&one, 1, x, w.cols, 1, out);
+      put(0, j, out[0]);
+    }
+    return;
+  }
   const bool widen = m > kFp8Rows;
   if (widen) wide->resize(static_cast<size_t>(w.cols));
-  float out[kFp8Rows];
   for (int64_t j = j0; j < j1; ++j) {
-    Fp8Row row{bytes + j * w.cols, nullptr, w.scales + j * groups, w.cols};
+    Fp8Row r = row(j);
     if (widen) {
-      WidenFp8Row(row.bytes, w.cols, wide->data());
-      row.wide = wide->data();
+      WidenFp8Row(r.bytes, w.cols, wide->data());
+      r.wide = wide->data();
     }
     for (int64_t i = 0; i < m; i += kFp8Rows) {
       const int rows = static_cast<int>(std::min<int64_t>(kFp8Rows, m - i));
-      if (avx512) {
-        Fp8DotsAvx512(row, x + i * w.cols, w.cols, rows, out);
-      } else {
-        Fp8DotsAvx2(row, x + i * w.cols, w.cols, rows, out);
-      }
-      for (int r = 0; r < rows; ++r) {
-        float& dst = y[(i + r) * w.rows + j];
-        dst = accumulate ? dst + out[r] : out[r];
-      }
+      (avx512 ? Fp8DotsAvx512 : Fp8DotsAvx2)(&r, 1, x + i * w.cols, w.cols, rows, out);
+      for (int k = 0; k < rows; ++k) put(i + k, j, out[k]);
     }
   }
 }
@@ -94,12 +128,13 @@ void WidenFp8Row(const uint8_t* bytes, int64_t cols, float* out) {
   for (; c < cols; ++c) out[c] = F8E4M3ToF32(bytes[c]) / 256.0f;
 }
 
-void Fp8DotsAvx2(const Fp8Row& w, const float* x, int64_t ldx, int rows, float* out) {
+void Fp8DotsAvx2(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out) {
+  if (n == 4) return Dots<1, 4>(w, x, ldx, out);
   switch (rows) {
-    case 4: return Dots<4>(w, x, ldx, out);
-    case 3: return Dots<3>(w, x, ldx, out);
-    case 2: return Dots<2>(w, x, ldx, out);
-    default: return Dots<1>(w, x, ldx, out);
+    case 4: return Dots<4, 1>(w, x, ldx, out);
+    case 3: return Dots<3, 1>(w, x, ldx, out);
+    case 2: return Dots<2, 1>(w, x, ldx, out);
+    default: return Dots<1, 1>(w, x, ldx, out);
   }
 }
 

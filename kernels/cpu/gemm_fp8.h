@@ -1,9 +1,11 @@
 // The FP8 GEMM's row kernels (gemm_fp8.cc drives them): y[i, j] for up to kFp8Rows rows of x
-// against one weight row. One arithmetic, two instruction sets with the same bits: per
-// 128-column group, two 8-lane FMA chains over alternate 8-column chunks of w / 256 (the AVX-512
-// kernel keeps them as the two halves of one 16-lane chain), added, then scaled by
-// 256 x scale into an 8-lane total, reduced by vec8.h's tree; columns past the last multiple
-// of 8 of a group in a scalar FMA chain added after.
+// against one weight row, or one row of x against kFp8Rows weight rows. One arithmetic, two
+// instruction sets with the same bits: per 128-column group, two 8-lane FMA chains over the
+// even and the odd 8-column chunks of w / 256, each scaled by 256 x scale into its own 8-lane
+// total (the AVX-512 kernel keeps each pair as the halves of one 16-lane register); at the end
+// the two totals are added and reduced by vec8.h's tree, and the columns past the last multiple
+// of 8 of each group, in a scalar FMA chain, added after. Whatever the blocking, each (i, j)
+// takes these operations in this order.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +21,10 @@ struct Fp8Row {
   int64_t cols;
 };
 
-// out[r] = row . x[r * ldx, ...] for r < rows (1..kFp8Rows).
-void Fp8DotsAvx2(const Fp8Row& w, const float* x, int64_t ldx, int rows, float* out);
-void Fp8DotsAvx512(const Fp8Row& w, const float* x, int64_t ldx, int rows, float* out);
+// out[k * rows + r] = w[k] . x[r * ldx, ...] for k < n and r < rows: n is 1 (rows 1..kFp8Rows)
+// or kFp8Rows (rows 1).
+void Fp8DotsAvx2(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out);
+void Fp8DotsAvx512(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out);
 // Widens a row's FP8 values to fp32 / 256 (what the kernels multiply).
 void WidenFp8Row(const uint8_t* bytes, int64_t cols, float* out);
 

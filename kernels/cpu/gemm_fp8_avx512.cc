@@ -16,10 +16,8 @@ namespace {
 
 // Sixteen FP8 bytes as fp32 / 256 (vec8.h's LoadFp8Over256 on 16 lanes).
 inline __m512 Widen16(const uint8_t* p) {
-  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
-  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
-  return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+  const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xbf80))));
 }
 
 float TailDot(const uint8_t* w, const float* x, int64_t n) {
@@ -28,47 +26,64 @@ float TailDot(const uint8_t* w, const float* x, int64_t n) {
   return acc;
 }
 
-template <int R>
-void Dots(const Fp8Row& w, const float* x, int64_t ldx, float* out) {
-  const int64_t groups = (w.cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
-  __m256 total[R];
-  float tail[R] = {};
-  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+// R rows of x against N weight rows (R x N <= 4).
+template <int R, int N>
+void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
+  const int64_t cols = w[0].cols, groups = (cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
+  __m512 total[N][R];  // low half: the AVX2 kernel's scaled even sums, high half: its odd ones
+  float tail[N][R] = {};
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < R; ++r) total[n][r] = _mm512_setzero_ps();
+  }
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(w.cols, c0 + kFp8ScaleCols);
+    const int64_t c0 = g * kFp8ScaleCols, c1 = std::min(cols, c0 + kFp8ScaleCols);
     const int64_t full = c0 + (c1 - c0) / 8 * 8;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc[N][R];  // low half: the AVX2 kernel's even chunks, high half: its odd ones
+    for (int n = 0; n < N; ++n) {
+      for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
+    }
     int64_t c = c0;
     for (; c + 16 <= full; c += 16) {
-      const __m512 wv = w.wide != nullptr ? _mm512_loadu_ps(w.wide + c) : Widen16(w.bytes + c);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + c), acc[r]);
-    }
-    if (c < full) {  // one more chunk of 8 into the low half, as the AVX2 kernel's first chain
-      const __m512 wv = _mm512_zextps256_ps512(w.wide != nullptr ? _mm256_loadu_ps(w.wide + c)
-                                                                  : LoadFp8Over256(w.bytes + c).v);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm512_fmadd_ps(wv, _mm512_zextps256_ps512(_mm256_loadu_ps(x + r * ldx + c)), acc[r]);
+      for (int n = 0; n < N; ++n) {
+        const __m512 wv = w[n].wide != nullptr ? _mm512_loadu_ps(w[n].wide + c) : Widen16(w[n].bytes + c);
+        for (int r = 0; r < R; ++r) acc[n][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + c), acc[n][r]);
       }
     }
-    const __m256 s = _mm256_set1_ps(w.scales[g] * 256.0f);
-    for (int r = 0; r < R; ++r) {
-      const __m256 part = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
-      total[r] = _mm256_fmadd_ps(part, s, total[r]);
-      if (full < c1) tail[r] = std::fma(TailDot(w.bytes + full, x + r * ldx + full, c1 - full), w.scales[g] * 256.0f, tail[r]);
+    if (c < full) {  // one more even chunk of 8, into the low half
+      for (int n = 0; n < N; ++n) {
+        const __m512 wv = _mm512_zextps256_ps512(w[n].wide != nullptr ? _mm256_loadu_ps(w[n].wide + c)
+                                                                      : LoadFp8Over256(w[n].bytes + c).v);
+        for (int r = 0; r < R; ++r) {
+          acc[n][r] = _mm512_fmadd_ps(wv, _mm512_zextps256_ps512(_mm256_loadu_ps(x + r * ldx + c)), acc[n][r]);
+        }
+      }
+    }
+    for (int n = 0; n < N; ++n) {
+      const float sf = w[n].scales[g] * 256.0f;
+      const __m512 s = _mm512_set1_ps(sf);
+      for (int r = 0; r < R; ++r) {
+        total[n][r] = _mm512_fmadd_ps(acc[n][r], s, total[n][r]);
+        if (full < c1) tail[n][r] = std::fma(TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), sf, tail[n][r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = Reduce(V8{total[r]}) + tail[r];
+  for (int n = 0; n < N; ++n) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(total[n][r]), _mm512_extractf32x8_ps(total[n][r], 1));
+      out[n * R + r] = Reduce(V8{sum}) + tail[n][r];
+    }
+  }
 }
 
 }  // namespace
 
-void Fp8DotsAvx512(const Fp8Row& w, const float* x, int64_t ldx, int rows, float* out) {
+void Fp8DotsAvx512(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out) {
+  if (n == 4) return Dots<1, 4>(w, x, ldx, out);
   switch (rows) {
-    case 4: return Dots<4>(w, x, ldx, out);
-    case 3: return Dots<3>(w, x, ldx, out);
-    case 2: return Dots<2>(w, x, ldx, out);
-    default: return Dots<1>(w, x, ldx, out);
+    case 4: return Dots<4, 1>(w, x, ldx, out);
+    case 3: return Dots<3, 1>(w, x, ldx, out);
+    case 2: return Dots<2, 1>(w, x, ldx, out);
+    default: return Dots<1, 1>(w, x, ldx, out);
   }
 }
 

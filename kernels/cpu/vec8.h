@@ -27,13 +27,14 @@ inline V8 Load(const uint16_t* p) {  // bf16 -> fp32 is a 16-bit shift, exact
 }
 inline void Store(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
 // Eight float8_e4m3fn bytes as fp32, divided by 256 (exact): each byte's sign, exponent and
-// mantissa placed in an fp16 of exponent bias 15 instead of 7, widened by vcvtph2ps. NaN codes
-// (0x7f, 0xff) read as 480/256; FP8 weights are checked free of them at load.
+// mantissa placed in an fp16 of exponent bias 15 instead of 7, widened by vcvtph2ps. The byte
+// sign-extended and shifted left by 7 has its exponent and mantissa in place and its sign in
+// bits 14 and 15; clearing bit 14 leaves the fp16. NaN codes (0x7f, 0xff) read as 480/256;
+// FP8 weights are checked free of them at load.
 inline V8 LoadFp8Over256(const uint8_t* p) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-  const __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7);
-  return {_mm256_cvtph_ps(_mm_or_si128(sign, mag))};
+  const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(static_cast<int16_t>(0xbf80)));
+  return {_mm256_cvtph_ps(h)};
 }
 inline V8 Fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline V8 Add(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
