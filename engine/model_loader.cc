@@ -37,7 +37,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, 
   DType dtype = StorageDType(config, spec);
   if (config.fp8_checkpoint) dtype = DType::kF8E4M3;
   config.fp8_checkpoint = false;
-  const DType generated = dtype == DType::kF8E4M3 ? DType::kBF16 : dtype;
+  // FP8 is quantized at load from weights generated in the config's dtype (as make-model
+  // --quantization fp8 writes them).
+  const DType generated = dtype != DType::kF8E4M3         ? dtype
+                          : config.torch_dtype == DType::kF16 ? DType::kF32
+                                                              : config.torch_dtype;
   config.torch_dtype = generated;
   ThreadPool pool(0);
   auto tensors = GenerateRandomWeights(config, spec.seed, generated, &pool);

@@ -168,6 +168,34 @@ absl::Status ReadDeepseekConfig(const Json& j, ModelConfig* c) {
   return ReadRopeScaling(j, &c->rope_scaling);
 }
 
+ModelConfig DeepseekShape(ModelConfig c) {
+  const bool v3 = c.family == ModelFamily::kDeepseekV3;
+  c.mla = MlaConfig{v3 ? c.hidden_size / 2 : 0, 2 * c.head_dim, c.head_dim, c.head_dim / 2, c.head_dim, true};
+  c.head_dim = c.mla.qk_rope_head_dim;
+  c.num_key_value_heads = c.num_attention_heads;
+  c.shared_expert_intermediate_size = (v3 ? 1 : 2) * c.intermediate_size;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = c.num_hidden_layers > 1 ? 1 : 0;
+  c.dense_intermediate_size = 2 * c.intermediate_size;
+  c.num_nextn_predict_layers = 0;
+  c.norm_topk_prob = v3;
+  c.router = RouterConfig();
+  if (v3) {
+    const int64_t e = c.num_local_experts;
+    c.router.scoring = RouterScoring::kSigmoid;
+    c.router.group_limit = GroupLimit::kTopTwoSum;
+    c.router.correction_bias = true;
+    c.router.routed_scaling_factor = 2.5;
+    c.router.n_group = e % 4 == 0 && e / 4 >= 2 ? 4 : 1;
+    c.router.topk_group = c.router.n_group;
+    // Half the groups when they still hold the top-k.
+    if (c.router.n_group > 1 && (c.router.n_group / 2) * (e / c.router.n_group) >= c.num_experts_per_tok) {
+      c.router.topk_group = c.router.n_group / 2;
+    }
+  }
+  return c;
+}
+
 void WriteDeepseekConfig(const ModelConfig& c, Json* j) {
   Json& o = *j;
   const bool v3 = c.family == ModelFamily::kDeepseekV3;

@@ -15,6 +15,12 @@ bool IsDeepseekKey(const std::string& key);
 // does not compute, naming the key.
 absl::Status ReadDeepseekConfig(const config_json::Json& j, ModelConfig* c);
 
+// A DeepSeek model of a preset's shape (`c.family` set to V2 or V3): MLA with a latent of twice
+// the head width, a rotary part of half of it (query compression at half the hidden size for
+// V3), the first layer dense at twice the expert width, one shared expert (two for V2), and
+// V3's grouped sigmoid routing (V2: greedy softmax).
+ModelConfig DeepseekShape(ModelConfig c);
+
 // Writes the DeepSeek keys of `c` into a config.json object (as transformers reads them).
 void WriteDeepseekConfig(const ModelConfig& c, config_json::Json* j);
 

@@ -345,6 +345,10 @@ std::string ModelConfig::ToJson() const {
   }
   if (family == ModelFamily::kQwen2Moe) j["qkv_bias"] = qkv_bias;
   if (is_deepseek()) WriteDeepseekConfig(*this, &j);
+  if (fp8_checkpoint) {
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}},
+                                {"activation_scheme", "dynamic"}};
+  }
   j["hidden_act"] = "silu";
   j["bos_token_id"] = ByteTokenizer::kBos;
   j["eos_token_id"] = ByteTokenizer::kEos;
@@ -445,7 +449,7 @@ absl::StatusOr<ModelFamily> FamilyFromModelType(absl::string_view model_type) {
     if (model_type == f.model_type) return f.family;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown family \"", model_type, "\" (mixtral, qwen2_moe, qwen3_moe or olmoe)"));
+      absl::StrCat("unknown family \"", model_type, "\" (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or deepseek_v3)"));
 }
 
 ModelConfig WithFamily(ModelConfig c, ModelFamily family) {
@@ -459,6 +463,7 @@ ModelConfig WithFamily(ModelConfig c, ModelFamily family) {
     c.shared_expert_intermediate_size = 2 * c.intermediate_size;
   }
   if (family == ModelFamily::kQwen3Moe || family == ModelFamily::kOlmoe) c.shared_expert_intermediate_size = 0;
+  if (family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3) return DeepseekShape(c);
   return c;
 }
 

@@ -7,9 +7,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
 #include "tests/server/server_process.h"
@@ -181,17 +183,22 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
 // and --load-format dummy regenerates the same weights from each config.json.
 TEST(E2eToolsTest, MakeModelWritesEveryFamilyAsTransformersReadsIt) {
   const std::string dir = MakeTempDir("families");
-  const std::pair<const char*, const char*> families[] = {
-      {"mixtral", "219,148,233,55,98,89,94,24"},
-      {"qwen2_moe", "109,144,76,108,104,123,223,166"},
-      {"qwen3_moe", "219,113,268,98,89,204,266,54"},
-      {"olmoe", "219,113,268,98,89,204,266,54"}};
-  for (const auto& [family, want] : families) {
-    SCOPED_TRACE(family);
-    const std::string ck = dir + "/" + family;
+  // The greedy tokens transformers 4.57.1 (5.19 for DeepSeek; its FP8 loader dequantizes on a
+  // CPU) gives for each directory (scripts/make-model-transformers-check.py).
+  const std::tuple<const char*, const char*, const char*> families[] = {
+      {"mixtral", "none", "219,148,233,55,98,89,94,24"},
+      {"qwen2_moe", "none", "109,144,76,108,104,123,223,166"},
+      {"qwen3_moe", "none", "219,113,268,98,89,204,266,54"},
+      {"olmoe", "none", "219,113,268,98,89,204,266,54"},
+      {"deepseek_v3", "none", "248,199,125,164,110,81,110,81"},
+      {"deepseek_v3", "fp8", "248,199,125,164,110,81,110,81"},
+      {"deepseek_v2", "none", "265,37,110,267,14,256,21,72"}};
+  for (const auto& [family, quantization, want] : families) {
+    SCOPED_TRACE(absl::StrCat(family, " ", quantization));
+    const std::string ck = absl::StrCat(dir, "/", family, "_", quantization);
     std::string out, err;
     ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--family", family, "--dtype", "f32",
-                          "--seed", "3", "--out", ck},
+                          "--quantization", quantization, "--seed", "3", "--out", ck},
                          &out, &err),
               0)
         << err;
