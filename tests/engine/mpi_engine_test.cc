@@ -6,6 +6,7 @@
 // only its own shard of the weights. The processes'
 // output equals one rank's token for token (and logprob for logprob), and the traffic the
 // processes record equals the in-process ranks', byte for byte. The other ranks serve steps.
+// With --deepseek the model is DeepSeek-V3's shape (latent attention, a dense first layer).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -26,6 +27,7 @@ namespace {
 struct Job {
   MpiWorld* world = nullptr;
   int64_t ep = 1, pp = 1;
+  bool deepseek = false;  // --deepseek: the same shape as DeepSeek-V3 (MLA, a dense first layer)
 };
 Job& TheJob() {
   static Job job;
@@ -37,7 +39,7 @@ ModelConfig TestModel() {  // 3 layers (uneven stages), 8 experts, a shared expe
   c.num_hidden_layers = 3;
   c.num_local_experts = 8;
   c.shared_expert_intermediate_size = 32;
-  return c;
+  return TheJob().deepseek ? WithFamily(c, ModelFamily::kDeepseekV3) : c;
 }
 
 BackendFactory OneThreadRanks() {
@@ -201,6 +203,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--ep") job.ep = std::atoll(argv[i + 1]);
     if (std::string(argv[i]) == "--pp") job.pp = std::atoll(argv[i + 1]);
   }
+  for (int i = 1; i < argc; ++i) job.deepseek = job.deepseek || std::string(argv[i]) == "--deepseek";
   // Only rank 0 reports; the workers' failures show in its results and in the exit code.
   if (job.world->rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
