@@ -42,7 +42,7 @@ namespace {
 }
 }  // namespace
 
-void Backend::RopeScaled(float*, const int32_t*, int64_t, int64_t, int64_t, const float*, float) {
+void Backend::RopeScaled(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const float*, float) {
   NotImplemented(*this, "RopeScaled");
 }
 void Backend::RouterGroupedTopK(const float*, int64_t, const GroupedRouting&, const float*, int32_t*, float*) {

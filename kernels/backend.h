@@ -239,15 +239,16 @@ class Backend {
   virtual bool HasFp8Weights() const { return false; }
 
   // ---- multi-head latent attention (DeepSeek) and its routing ----
-  // Whether this backend implements the four ops below; a model that needs them is refused at
-  // load on one that does not.
+  // Whether this backend implements the four ops below (DeepSeek's and GLM's); a model that
+  // needs them is refused at load on one that does not.
   virtual bool HasLatentAttention() const { return false; }
 
-  // Rotary embedding with given frequencies (YaRN's, say), rotate-half convention, in place;
-  // cos and sin are multiplied by `cos_sin_scale` (YaRN's attention factor) as transformers
-  // does. x: [n, heads, head_dim], inv_freq: [head_dim / 2] device memory.
+  // Rotary embedding with given frequencies (YaRN's, say), rotate-half convention, in place, on
+  // the first `rotary_dim` values of each head (GLM rotates half; the rest pass through); cos
+  // and sin are multiplied by `cos_sin_scale` (YaRN's attention factor) as transformers does.
+  // x: [n, heads, head_dim], inv_freq: [rotary_dim / 2] device memory.
   virtual void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
-                          const float* inv_freq, float cos_sin_scale);
+                          int64_t rotary_dim, const float* inv_freq, float cos_sin_scale);
 
   // DeepSeek's router: scores = softmax or sigmoid of logits [n, num_experts]; the choice
   // ranks scores + bias (bias: [num_experts] or null), limited to the best `topk_group` of

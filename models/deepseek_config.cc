@@ -73,11 +73,20 @@ absl::Status ReadMla(const Json& j, bool v3, ModelConfig* c) {
 
 // V3: sigmoid scores, correction bias, noaux_tc group limit. V2: softmax, greedy or
 // group_limited_greedy.
-absl::Status ReadRouter(const Json& j, bool v3, ModelConfig* c) {
+// transformers' defaults of the keys a config may leave out, per class.
+struct MoeDefaults {
+  double routed_scaling_factor;
+  int64_t n_group, topk_group, n_shared, dense_intermediate, first_k_dense, nextn;
+};
+constexpr MoeDefaults kV3Defaults{2.5, 8, 4, 1, 18432, 3, 1};
+constexpr MoeDefaults kV2Defaults{1.0, 1, 1, 2, 11008, 0, 0};
+constexpr MoeDefaults kGlmDefaults{1.0, 1, 1, 1, 10944, 1, 1};
+
+absl::Status ReadRouter(const Json& j, bool v3, const MoeDefaults& d, ModelConfig* c) {
   RouterConfig& r = c->router;
   r.scoring = v3 ? RouterScoring::kSigmoid : RouterScoring::kSoftmax;
   r.correction_bias = v3;
-  r.routed_scaling_factor = v3 ? 2.5 : 1.0;
+  r.routed_scaling_factor = d.routed_scaling_factor;
   RETURN_IF_ERROR(ReadDouble(j, "routed_scaling_factor", &r.routed_scaling_factor));
   const std::string want_scoring = v3 ? "sigmoid" : "softmax";
   if (const Json* v = Find(j, "scoring_func"); v && *v != want_scoring) {
@@ -92,8 +101,8 @@ absl::Status ReadRouter(const Json& j, bool v3, ModelConfig* c) {
   if (!v3 && method != "greedy" && method != "group_limited_greedy") {
     return Refuse("topk_method", Json(method), "DeepseekV2: greedy or group_limited_greedy");
   }
-  r.n_group = v3 ? 8 : 1;
-  r.topk_group = v3 ? 4 : 1;
+  r.n_group = d.n_group;
+  r.topk_group = d.topk_group;
   RETURN_IF_ERROR(ReadInt(j, "n_group", false, &r.n_group));
   RETURN_IF_ERROR(ReadInt(j, "topk_group", false, &r.topk_group));
   r.group_limit = v3 ? GroupLimit::kTopTwoSum : method == "group_limited_greedy" ? GroupLimit::kMaxScore : GroupLimit::kNone;
@@ -122,15 +131,15 @@ absl::Status ReadRouter(const Json& j, bool v3, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ReadMlp(const Json& j, bool v3, ModelConfig* c) {
-  int64_t n_shared = v3 ? 1 : 2;
+absl::Status ReadMlp(const Json& j, const MoeDefaults& d, ModelConfig* c) {
+  int64_t n_shared = d.n_shared;
   RETURN_IF_ERROR(ReadInt(j, "n_shared_experts", false, &n_shared));
   if (n_shared < 0) return Refuse("n_shared_experts", Json(n_shared), "at least 0");
   c->shared_expert_intermediate_size = n_shared * c->intermediate_size;
   c->shared_expert_gated = false;
-  c->dense_intermediate_size = v3 ? 18432 : 11008;
+  c->dense_intermediate_size = d.dense_intermediate;
   RETURN_IF_ERROR(ReadInt(j, "intermediate_size", false, &c->dense_intermediate_size));
-  c->first_k_dense_replace = v3 ? 3 : 0;
+  c->first_k_dense_replace = d.first_k_dense;
   RETURN_IF_ERROR(ReadInt(j, "first_k_dense_replace", false, &c->first_k_dense_replace));
   if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: \"first_k_dense_replace\" must be in [0, ",
@@ -139,13 +148,52 @@ absl::Status ReadMlp(const Json& j, bool v3, ModelConfig* c) {
   if (c->first_k_dense_replace > 0 && c->dense_intermediate_size < 1) {
     return Refuse("intermediate_size", Json(c->dense_intermediate_size), "dense layers need at least 1");
   }
-  c->num_nextn_predict_layers = v3 ? 1 : 0;
+  c->num_nextn_predict_layers = d.nextn;
   RETURN_IF_ERROR(ReadInt(j, "num_nextn_predict_layers", false, &c->num_nextn_predict_layers));
   if (c->num_nextn_predict_layers < 0) return Refuse("num_nextn_predict_layers", Json(c->num_nextn_predict_layers), "at least 0");
   return absl::OkStatus();
 }
 
+constexpr const char* kGlmKeys[] = {"n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+                                    "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+                                    "use_qk_norm", "partial_rotary_factor", "num_nextn_predict_layers"};
+
+// GLM's share of the rotary dimensions: top-level (transformers 4) or in rope_parameters (5).
+absl::Status ReadPartialRotary(const Json& j, ModelConfig* c) {
+  c->partial_rotary_factor = 0.5;  // Glm4MoeConfig's default
+  RETURN_IF_ERROR(ReadDouble(j, "partial_rotary_factor", &c->partial_rotary_factor));
+  if (const Json* p = Find(j, "rope_parameters"); p != nullptr && p->is_object() && Find(*p, "partial_rotary_factor")) {
+    double inner = 0;
+    RETURN_IF_ERROR(ReadDouble(*p, "partial_rotary_factor", &inner));
+    if (Find(j, "partial_rotary_factor") != nullptr && inner != c->partial_rotary_factor) {
+      return Refuse("rope_parameters.partial_rotary_factor", Json(inner), "it disagrees with partial_rotary_factor");
+    }
+    c->partial_rotary_factor = inner;
+  }
+  const int64_t rd = c->rotary_dim();
+  if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1) || rd < 2 || rd % 2 != 0) {
+    return Refuse("partial_rotary_factor", Json(c->partial_rotary_factor),
+                  absl::StrCat("it must give an even number of rotary dimensions in [2, head_dim = ", c->head_dim, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool IsGlmKey(const std::string& key) {
+  return std::any_of(std::begin(kGlmKeys), std::end(kGlmKeys), [&](const char* k) { return key == k; });
+}
+
+absl::Status ReadGlmConfig(const Json& j, ModelConfig* c) {
+  c->qkv_bias = false;
+  RETURN_IF_ERROR(ReadBool(j, "attention_bias", &c->qkv_bias));  // q, k and v (o has none)
+  bool qk_norm = false;
+  RETURN_IF_ERROR(ReadBool(j, "use_qk_norm", &qk_norm));
+  c->qk_norm = qk_norm ? QkNorm::kPerHead : QkNorm::kNone;
+  RETURN_IF_ERROR(ReadPartialRotary(j, c));
+  RETURN_IF_ERROR(ReadRouter(j, /*v3=*/true, kGlmDefaults, c));
+  return ReadMlp(j, kGlmDefaults, c);
+}
 
 bool IsDeepseekKey(const std::string& key) {
   return std::any_of(std::begin(kDeepseekKeys), std::end(kDeepseekKeys), [&](const char* k) { return key == k; });
@@ -155,8 +203,9 @@ absl::Status ReadDeepseekConfig(const Json& j, ModelConfig* c) {
   const bool v3 = c->family == ModelFamily::kDeepseekV3;
   RETURN_IF_ERROR(CheckFixed(j));
   RETURN_IF_ERROR(ReadMla(j, v3, c));
-  RETURN_IF_ERROR(ReadRouter(j, v3, c));
-  RETURN_IF_ERROR(ReadMlp(j, v3, c));
+  const MoeDefaults& d = v3 ? kV3Defaults : kV2Defaults;
+  RETURN_IF_ERROR(ReadRouter(j, v3, d, c));
+  RETURN_IF_ERROR(ReadMlp(j, d, c));
   // transformers' DeepseekV2 router never renormalises, whatever norm_topk_prob says (the
   // original code did when it was true): refuse rather than pick one meaning.
   if (!v3 && c->norm_topk_prob) {
@@ -200,20 +249,29 @@ void WriteDeepseekConfig(const ModelConfig& c, Json* j) {
   Json& o = *j;
   const bool v3 = c.family == ModelFamily::kDeepseekV3;
   o.erase("shared_expert_intermediate_size");
-  o["q_lora_rank"] = c.mla.q_lora_rank > 0 ? Json(c.mla.q_lora_rank) : Json();
-  o["kv_lora_rank"] = c.mla.kv_lora_rank;
-  o["qk_nope_head_dim"] = c.mla.qk_nope_head_dim;
-  o["qk_rope_head_dim"] = c.mla.qk_rope_head_dim;
-  o["v_head_dim"] = c.mla.v_head_dim;
-  o["head_dim"] = c.mla.qk_rope_head_dim;
-  if (v3) o["rope_interleave"] = c.mla.rope_interleave;
+  if (c.is_mla()) {
+    o["q_lora_rank"] = c.mla.q_lora_rank > 0 ? Json(c.mla.q_lora_rank) : Json();
+    o["kv_lora_rank"] = c.mla.kv_lora_rank;
+    o["qk_nope_head_dim"] = c.mla.qk_nope_head_dim;
+    o["qk_rope_head_dim"] = c.mla.qk_rope_head_dim;
+    o["v_head_dim"] = c.mla.v_head_dim;
+    o["head_dim"] = c.mla.qk_rope_head_dim;
+    if (v3) o["rope_interleave"] = c.mla.rope_interleave;
+  }
+  if (c.family == ModelFamily::kGlm4Moe) {
+    o["attention_bias"] = c.qkv_bias;
+    o["use_qk_norm"] = c.qk_norm == QkNorm::kPerHead;
+    o["partial_rotary_factor"] = c.partial_rotary_factor;
+  }
   o["n_shared_experts"] = c.intermediate_size > 0 ? c.shared_expert_intermediate_size / c.intermediate_size : 0;
   o["intermediate_size"] = c.dense_intermediate_size;
   o["first_k_dense_replace"] = c.first_k_dense_replace;
   o["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   o["routed_scaling_factor"] = c.router.routed_scaling_factor;
-  o["scoring_func"] = v3 ? "sigmoid" : "softmax";
-  o["topk_method"] = v3 ? "noaux_tc" : c.router.group_limit == GroupLimit::kMaxScore ? "group_limited_greedy" : "greedy";
+  if (c.is_deepseek()) {
+    o["scoring_func"] = v3 ? "sigmoid" : "softmax";
+    o["topk_method"] = v3 ? "noaux_tc" : c.router.group_limit == GroupLimit::kMaxScore ? "group_limited_greedy" : "greedy";
+  }
   o["n_group"] = c.router.n_group;
   o["topk_group"] = c.router.topk_group;
   if (c.rope_scaling.yarn) {

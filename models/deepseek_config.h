@@ -24,6 +24,12 @@ ModelConfig DeepseekShape(ModelConfig c);
 // Writes the DeepSeek keys of `c` into a config.json object (as transformers reads them).
 void WriteDeepseekConfig(const ModelConfig& c, config_json::Json* j);
 
+// GLM-4.5's keys (Glm4MoeConfig): q/k/v biases (attention_bias), per-head q/k norms
+// (use_qk_norm), RoPE on the first partial_rotary_factor of each head, and DeepSeek-V3's MoE
+// with GLM's defaults.
+bool IsGlmKey(const std::string& key);
+absl::Status ReadGlmConfig(const config_json::Json& j, ModelConfig* c);
+
 // rope_scaling (transformers 4) or rope_parameters (5): "default" or "yarn" with its keys.
 absl::Status ReadRopeScaling(const config_json::Json& j, RopeScaling* out);
 

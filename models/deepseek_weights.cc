@@ -22,54 +22,49 @@ int64_t RopeRow(int64_t i, int64_t dr, bool interleaved) {
 
 }  // namespace
 
-std::vector<ExpectedTensor> DeepseekExpectedTensors(const ModelConfig& c) {
+void AddMlaTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
   const MlaConfig& m = c.mla;
-  std::vector<ExpectedTensor> out;
-  out.push_back({tn::Embed(), {c.vocab_size, h}});
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    out.push_back({tn::Layer(l, "input_layernorm.weight"), {h}});
-    out.push_back({tn::Layer(l, "post_attention_layernorm.weight"), {h}});
-    if (m.q_lora_rank > 0) {
-      out.push_back({Attn(l, "q_a_proj.weight"), {m.q_lora_rank, h}});
-      out.push_back({Attn(l, "q_a_layernorm.weight"), {m.q_lora_rank}});
-      out.push_back({Attn(l, "q_b_proj.weight"), {heads * m.qk_head_dim(), m.q_lora_rank}});
-    } else {
-      out.push_back({Attn(l, "q_proj.weight"), {heads * m.qk_head_dim(), h}});
-    }
-    out.push_back({Attn(l, "kv_a_proj_with_mqa.weight"), {m.kv_lora_rank + m.qk_rope_head_dim, h}});
-    out.push_back({Attn(l, "kv_a_layernorm.weight"), {m.kv_lora_rank}});
-    out.push_back({Attn(l, "kv_b_proj.weight"), {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}});
-    out.push_back({Attn(l, "o_proj.weight"), {h, heads * m.v_head_dim}});
-    if (c.dense_layer(l)) {
-      const int64_t i = c.dense_intermediate_size;
-      out.push_back({tn::Layer(l, "mlp.gate_proj.weight"), {i, h}});
-      out.push_back({tn::Layer(l, "mlp.up_proj.weight"), {i, h}});
-      out.push_back({tn::Layer(l, "mlp.down_proj.weight"), {h, i}});
-      continue;
-    }
-    out.push_back({tn::Router(c, l), {c.num_local_experts, h}});
-    if (c.router.correction_bias) out.push_back({tn::Layer(l, "mlp.gate.e_score_correction_bias"), {c.num_local_experts}});
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      out.push_back({tn::Expert(c, l, e, "w1"), {c.intermediate_size, h}});
-      out.push_back({tn::Expert(c, l, e, "w2"), {h, c.intermediate_size}});
-      out.push_back({tn::Expert(c, l, e, "w3"), {c.intermediate_size, h}});
-    }
-    if (c.has_shared_expert()) {
-      const int64_t s = c.shared_expert_intermediate_size;
-      out.push_back({tn::Layer(l, "mlp.shared_experts.gate_proj.weight"), {s, h}});
-      out.push_back({tn::Layer(l, "mlp.shared_experts.up_proj.weight"), {s, h}});
-      out.push_back({tn::Layer(l, "mlp.shared_experts.down_proj.weight"), {h, s}});
-    }
+  if (m.q_lora_rank > 0) {
+    out->push_back({Attn(l, "q_a_proj.weight"), {m.q_lora_rank, h}});
+    out->push_back({Attn(l, "q_a_layernorm.weight"), {m.q_lora_rank}});
+    out->push_back({Attn(l, "q_b_proj.weight"), {heads * m.qk_head_dim(), m.q_lora_rank}});
+  } else {
+    out->push_back({Attn(l, "q_proj.weight"), {heads * m.qk_head_dim(), h}});
   }
-  out.push_back({tn::FinalNorm(), {h}});
-  if (!c.tie_word_embeddings) out.push_back({tn::LmHead(), {c.vocab_size, h}});
-  return out;
+  out->push_back({Attn(l, "kv_a_proj_with_mqa.weight"), {m.kv_lora_rank + m.qk_rope_head_dim, h}});
+  out->push_back({Attn(l, "kv_a_layernorm.weight"), {m.kv_lora_rank}});
+  out->push_back({Attn(l, "kv_b_proj.weight"), {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}});
+  out->push_back({Attn(l, "o_proj.weight"), {h, heads * m.v_head_dim}});
+}
+
+void AddDeepseekMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
+  const int64_t h = c.hidden_size;
+  if (c.dense_layer(l)) {
+    const int64_t i = c.dense_intermediate_size;
+    out->push_back({tn::Layer(l, "mlp.gate_proj.weight"), {i, h}});
+    out->push_back({tn::Layer(l, "mlp.up_proj.weight"), {i, h}});
+    out->push_back({tn::Layer(l, "mlp.down_proj.weight"), {h, i}});
+    return;
+  }
+  out->push_back({tn::Router(c, l), {c.num_local_experts, h}});
+  if (c.router.correction_bias) out->push_back({tn::Layer(l, "mlp.gate.e_score_correction_bias"), {c.num_local_experts}});
+  for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    out->push_back({tn::Expert(c, l, e, "w1"), {c.intermediate_size, h}});
+    out->push_back({tn::Expert(c, l, e, "w2"), {h, c.intermediate_size}});
+    out->push_back({tn::Expert(c, l, e, "w3"), {c.intermediate_size, h}});
+  }
+  if (c.has_shared_expert()) {
+    const int64_t s = c.shared_expert_intermediate_size;
+    out->push_back({tn::Layer(l, "mlp.shared_experts.gate_proj.weight"), {s, h}});
+    out->push_back({tn::Layer(l, "mlp.shared_experts.up_proj.weight"), {s, h}});
+    out->push_back({tn::Layer(l, "mlp.shared_experts.down_proj.weight"), {h, s}});
+  }
 }
 
 bool IsMtpTensor(const ModelConfig& c, const std::string& name) {
   constexpr absl::string_view kPrefix = "model.layers.";
-  if (!c.is_deepseek() || !absl::StartsWith(name, kPrefix)) return false;
+  if (!c.deepseek_moe() || !absl::StartsWith(name, kPrefix)) return false;
   const absl::string_view rest = absl::string_view(name).substr(kPrefix.size());
   const size_t dot = rest.find('.');
   int64_t layer = 0;

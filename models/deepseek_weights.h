@@ -1,5 +1,6 @@
-// DeepSeek-V2/V3 checkpoints: the tensors they must hold, and the weights moeserve derives
-// from them at load for multi-head latent attention in its absorbed form.
+// DeepSeek-V2/V3 checkpoints (and GLM-4.5's DeepSeek-style MoE): the tensors they must hold,
+// and the weights moeserve derives from them at load for multi-head latent attention in its
+// absorbed form.
 #pragma once
 
 #include <vector>
@@ -10,10 +11,12 @@
 
 namespace moeserve {
 
-// Every tensor of a DeepSeek checkpoint (the multi-token-prediction layers excluded).
-std::vector<ExpectedTensor> DeepseekExpectedTensors(const ModelConfig& c);
+// Layer `l`'s tensors of multi-head latent attention, and of DeepSeek's MLP (dense, or router,
+// correction bias, experts and shared experts), as a checkpoint names them.
+void AddMlaTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out);
+void AddDeepseekMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out);
 
-// Whether `name` belongs to a multi-token-prediction layer (model.layers.N. with N past the
+// Whether `name` belongs to a multi-token-prediction layer (DeepSeek, GLM) (model.layers.N. with N past the
 // last decoder layer): not part of the forward, skipped at load.
 bool IsMtpTensor(const ModelConfig& c, const std::string& name);
 

@@ -17,14 +17,18 @@ constexpr float kLatentNormEps = 1e-6f;
 
 }  // namespace
 
+absl::Status MoeModel::EnsureRopeTable() {
+  if (!ws_.rope_inv_freq.empty()) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const std::vector<float> inv = RopeInvFreq(c, c.is_mla() ? c.mla.qk_rope_head_dim : c.rotary_dim());
+  ASSIGN_OR_RETURN(ws_.rope_inv_freq, backend_->Allocate(inv.size() * sizeof(float)));
+  return backend_->CopyToDevice(ws_.rope_inv_freq.data(), inv.data(), inv.size() * sizeof(float));
+}
+
 absl::Status MoeModel::PrepareMlaStep(int64_t t) {
   const ModelConfig& c = config();
   const int64_t heads = c.num_attention_heads;
-  if (ws_.rope_inv_freq.empty()) {
-    const std::vector<float> inv = RopeInvFreq(c, c.mla.qk_rope_head_dim);
-    ASSIGN_OR_RETURN(ws_.rope_inv_freq, backend_->Allocate(inv.size() * sizeof(float)));
-    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.rope_inv_freq.data(), inv.data(), inv.size() * sizeof(float)));
-  }
+  RETURN_IF_ERROR(EnsureRopeTable());
   // Row h * t + i of the head-major layout is token i's head h, row i * heads + h token-major.
   std::vector<int32_t> head_rows(t * heads), token_rows(t * heads);
   std::vector<int64_t> offsets(heads + 1);
@@ -72,8 +76,8 @@ void MoeModel::MlaAttention(const LayerWeights& lw, int64_t t, const AttentionBa
   backend_->Gemm(xn, t, lw.k_rope, k_rope);    // [t, dr]
   const float* inv_freq = ws_.rope_inv_freq.as<float>();
   const float factor = RopeAttentionFactor(c);
-  backend_->RopeScaled(q_rope, positions, t, heads, dr, inv_freq, factor);
-  backend_->RopeScaled(k_rope, positions, t, 1, dr, inv_freq, factor);
+  backend_->RopeScaled(q_rope, positions, t, heads, dr, dr, inv_freq, factor);
+  backend_->RopeScaled(k_rope, positions, t, 1, dr, dr, inv_freq, factor);
   backend_->WriteLatentKv(latent, k_rope, ws_.slots.as<int64_t>(), t, r, layout, kv_layer, kv_cache);
   // Each head's non-rotary query carried into the latent's space: [heads, t, dn] -> [heads, t, r].
   float* q_latent = ws_.mla_q_latent.as<float>();

@@ -67,7 +67,8 @@ constexpr FamilyName kFamilies[] = {{ModelFamily::kMixtral, "MixtralForCausalLM"
                                     {ModelFamily::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
                                     {ModelFamily::kOlmoe, "OlmoeForCausalLM", "olmoe"},
                                     {ModelFamily::kDeepseekV2, "DeepseekV2ForCausalLM", "deepseek_v2"},
-                                    {ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3"}};
+                                    {ModelFamily::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3"},
+                                    {ModelFamily::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe"}};
 
 bool OneOf(const std::string& key, const auto& list) {
   for (const char* k : list) {
@@ -88,7 +89,8 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: architectures ", it->dump(),
           " is not supported (this build implements MixtralForCausalLM, Qwen2MoeForCausalLM, "
-          "Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM and DeepseekV3ForCausalLM)"));
+          "Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM and "
+          "Glm4MoeForCausalLM)"));
     }
   }
   if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
@@ -97,7 +99,7 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
     }
     if (!by_type) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3)"));
+          "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe)"));
     }
   }
   if (by_arch && by_type && *by_arch != *by_type) {
@@ -114,6 +116,7 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
                             : family == ModelFamily::kQwen2Moe ? OneOf(key, kQwen2MoeKeys)
                             : family == ModelFamily::kQwen3Moe ? OneOf(key, kQwen3MoeKeys)
                             : family == ModelFamily::kOlmoe    ? OneOf(key, kOlmoeKeys)
+                            : family == ModelFamily::kGlm4Moe  ? IsGlmKey(key)
                                                                : IsDeepseekKey(key);
     if (!OneOf(key, kIgnoredKeys) && !OneOf(key, kReadKeys) && !family_key) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -150,6 +153,7 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act ", it->dump(), " is not supported (silu)"));
   }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (family == ModelFamily::kGlm4Moe && std::string(bias) == "attention_bias") continue;  // q/k/v biases
     if (auto it = j.find(bias); it != j.end() && !it->is_null() && *it != false) {
       return absl::InvalidArgumentError(absl::StrCat("config.json: ", bias, " ", it->dump(),
                                                      " is not supported (projections without bias)"));
@@ -164,7 +168,8 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
     if (!it->is_object()) return TypeError(rope, "an object", *it);
     for (const auto& [k, v] : it->items()) {
       const bool default_type = (k == "rope_type" || k == "type") && v == "default";
-      if (!default_type && k != "rope_theta") {
+      const bool partial = family == ModelFamily::kGlm4Moe && k == "partial_rotary_factor";
+      if (!default_type && k != "rope_theta" && !partial) {
         return absl::InvalidArgumentError(absl::StrCat("config.json: ", rope, ".", k, " ", v.dump(),
                                                        " is not supported (only default rotary embeddings)"));
       }
@@ -221,16 +226,17 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   ModelConfig c;
   c.family = family;
   const bool qwen = family == ModelFamily::kQwen2Moe || family == ModelFamily::kQwen3Moe;
-  const bool deepseek = c.is_deepseek();
+  const bool deepseek = c.is_deepseek(), deepseek_moe = c.deepseek_moe();
   // Each family's names, and transformers' defaults for the keys it may leave out.
   const char* experts_key = family == ModelFamily::kMixtral ? "num_local_experts"
-                            : deepseek                      ? "n_routed_experts"
+                            : deepseek_moe                  ? "n_routed_experts"
                                                             : "num_experts";
-  const char* inter_key = qwen || deepseek ? "moe_intermediate_size" : "intermediate_size";
+  const char* inter_key = qwen || deepseek_moe ? "moe_intermediate_size" : "intermediate_size";
   c.rope_theta = family == ModelFamily::kMixtral ? 1e6 : 1e4;
   c.rms_norm_eps = qwen || deepseek ? 1e-6 : 1e-5;
   // Mixtral always renormalises; DeepseekV3Config defaults to it.
-  c.norm_topk_prob = family == ModelFamily::kMixtral || family == ModelFamily::kDeepseekV3;
+  c.norm_topk_prob = family == ModelFamily::kMixtral || family == ModelFamily::kDeepseekV3 ||
+                     family == ModelFamily::kGlm4Moe;
   c.qkv_bias = family == ModelFamily::kQwen2Moe;
   c.qk_norm = family == ModelFamily::kQwen3Moe ? QkNorm::kPerHead
               : family == ModelFamily::kOlmoe  ? QkNorm::kWhole
@@ -262,7 +268,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "norm_topk_prob", &c.norm_topk_prob));
-  if (!deepseek) {
+  if (!deepseek_moe) {
     RETURN_IF_ERROR(ReadInt(j, "shared_expert_intermediate_size", family == ModelFamily::kQwen2Moe,
                             &c.shared_expert_intermediate_size));
   }
@@ -282,6 +288,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (dtype.has_value()) c.torch_dtype = *dtype;
   if (deepseek) RETURN_IF_ERROR(ReadDeepseekConfig(j, &c));
+  if (family == ModelFamily::kGlm4Moe) RETURN_IF_ERROR(ReadGlmConfig(j, &c));
   RETURN_IF_ERROR(ReadQuantizationConfig(j, &c.fp8_checkpoint));
   // A sliding window shorter than the context changes attention; this build attends to all of it.
   // (Qwen configs carry a window that use_sliding_window, checked above, leaves unused.)
@@ -325,12 +332,12 @@ std::string ModelConfig::ToJson() const {
   j["architectures"] = Json::array({architecture()});
   j["model_type"] = model_type();
   j["hidden_size"] = hidden_size;
-  j[qwen || is_deepseek() ? "moe_intermediate_size" : "intermediate_size"] = intermediate_size;
+  j[qwen || deepseek_moe() ? "moe_intermediate_size" : "intermediate_size"] = intermediate_size;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
-  j[family == ModelFamily::kMixtral ? "num_local_experts" : is_deepseek() ? "n_routed_experts" : "num_experts"] =
+  j[family == ModelFamily::kMixtral ? "num_local_experts" : deepseek_moe() ? "n_routed_experts" : "num_experts"] =
       num_local_experts;
   j["num_experts_per_tok"] = num_experts_per_tok;
   j["rms_norm_eps"] = rms_norm_eps;
@@ -344,7 +351,7 @@ std::string ModelConfig::ToJson() const {
     j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   }
   if (family == ModelFamily::kQwen2Moe) j["qkv_bias"] = qkv_bias;
-  if (is_deepseek()) WriteDeepseekConfig(*this, &j);
+  if (deepseek_moe()) WriteDeepseekConfig(*this, &j);
   if (fp8_checkpoint) {
     j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}},
                                 {"activation_scheme", "dynamic"}};

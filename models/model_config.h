@@ -18,8 +18,9 @@ namespace moeserve {
 // adds q/k/v biases and a shared expert, Qwen3-MoE an RMSNorm per head on q and k, OLMoE an
 // RMSNorm over the whole q and k projections. DeepSeek-V2/V3 replace the attention with
 // multi-head latent attention (MlaConfig) and the router with a grouped one (RouterConfig),
-// and may start with dense MLP layers.
-enum class ModelFamily { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3 };
+// and may start with dense MLP layers. GLM-4.5 (Glm4Moe) keeps grouped-query attention (q/k/v
+// biases, optional per-head q/k norms, RoPE on part of each head) with DeepSeek-V3's MoE.
+enum class ModelFamily { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe, kDeepseekV2, kDeepseekV3, kGlm4Moe };
 enum class QkNorm { kNone, kPerHead, kWhole };
 
 // Multi-head latent attention (DeepSeek): each token caches one latent of kv_lora_rank values
@@ -98,6 +99,7 @@ struct ModelConfig {
   int64_t num_nextn_predict_layers = 0;
   MlaConfig mla;
   RopeScaling rope_scaling;
+  double partial_rotary_factor = 1.0;  // GLM: 0.5
   // quantization_config fp8: the checkpoint's linear weights are float8_e4m3fn with 128 x 128
   // block scales (weight_scale_inv); they stay FP8 in memory.
   bool fp8_checkpoint = false;
@@ -118,6 +120,10 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   bool is_mla() const { return mla.kv_lora_rank > 0; }
   bool is_deepseek() const { return family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3; }
+  // DeepSeek's MoE (grouped router, ungated shared experts, dense first layers): DeepSeek, GLM.
+  bool deepseek_moe() const { return is_deepseek() || family == ModelFamily::kGlm4Moe; }
+  // Dimensions of each head that RoPE rotates (the first ones; GLM rotates half).
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
   // Values one token caches per layer: K and V of every KV head, or MLA's latent and rotary key.
   int64_t KvElemsPerToken() const { return is_mla() ? mla.kv_lora_rank + mla.qk_rope_head_dim : 2 * kv_dim(); }
   // Attention's softmax scale: 1/sqrt(query-key width), times YaRN's mscale(all_dim)^2 for MLA.

@@ -38,6 +38,50 @@ absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const Weight
   return held;
 }
 
+// Grouped-query attention: q, k, v, o and the family's biases or q/k norms.
+absl::Status LoadAttention(const ModelConfig& c, int64_t l, DType dtype, Uploader& up, LayerWeights* lw) {
+  ASSIGN_OR_RETURN(lw->q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
+  ASSIGN_OR_RETURN(lw->k, up.Matrix({tn::Layer(l, "self_attn.k_proj.weight")}, dtype));
+  ASSIGN_OR_RETURN(lw->v, up.Matrix({tn::Layer(l, "self_attn.v_proj.weight")}, dtype));
+  ASSIGN_OR_RETURN(lw->o, up.Matrix({tn::Layer(l, "self_attn.o_proj.weight")}, dtype));
+  if (c.qkv_bias) {
+    ASSIGN_OR_RETURN(lw->q_bias, up.Vector(tn::Layer(l, "self_attn.q_proj.bias")));
+    ASSIGN_OR_RETURN(lw->k_bias, up.Vector(tn::Layer(l, "self_attn.k_proj.bias")));
+    ASSIGN_OR_RETURN(lw->v_bias, up.Vector(tn::Layer(l, "self_attn.v_proj.bias")));
+  }
+  if (c.qk_norm != QkNorm::kNone) {
+    ASSIGN_OR_RETURN(lw->q_norm, up.Vector(tn::Layer(l, "self_attn.q_norm.weight")));
+    ASSIGN_OR_RETURN(lw->k_norm, up.Vector(tn::Layer(l, "self_attn.k_norm.weight")));
+  }
+  return absl::OkStatus();
+}
+
+// The router, the routed experts held (others keep their shapes), the gated shared expert.
+absl::Status LoadMoe(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
+                     LayerWeights* lw) {
+  ASSIGN_OR_RETURN(lw->router, up.Matrix({tn::Router(c, l)}, DType::kF32));
+  for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    const std::vector<std::string> names13 = {tn::Expert(c, l, e, "w1"), tn::Expert(c, l, e, "w3")};
+    const std::vector<std::string> names2 = {tn::Expert(c, l, e, "w2")};
+    WeightRef w13{nullptr, dtype, 2 * c.intermediate_size, c.hidden_size};
+    WeightRef w2{nullptr, dtype, c.hidden_size, c.intermediate_size};
+    if (held[e]) {
+      ASSIGN_OR_RETURN(w13, up.Matrix(names13, dtype));
+      ASSIGN_OR_RETURN(w2, up.Matrix(names2, dtype));
+    }
+    lw->w13.push_back(w13);
+    lw->w2.push_back(w2);
+  }
+  if (c.has_shared_expert()) {
+    ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"),
+                                                tn::Layer(l, "mlp.shared_expert.up_proj.weight")},
+                                               dtype));
+    ASSIGN_OR_RETURN(lw->shared_w2, up.Matrix({tn::Layer(l, "mlp.shared_expert.down_proj.weight")}, dtype));
+    ASSIGN_OR_RETURN(lw->shared_gate, up.Matrix({tn::Layer(l, "mlp.shared_expert_gate.weight")}, DType::kF32));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
@@ -88,9 +132,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
                                                      "\", which this build's ", config.architecture(), " does not use"));
     }
   }
-  if (config.is_mla() && !backend->HasLatentAttention()) {
-    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement multi-head latent "
-                                                 "attention (", config.architecture(), "); run it on the CPU backend"));
+  if (config.deepseek_moe() && !backend->HasLatentAttention()) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement ",
+                                                 config.architecture(), "'s ops (latent attention, scaled RoPE, grouped "
+                                                 "routing); run it on the CPU backend"));
   }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = config;
@@ -125,45 +170,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     ASSIGN_OR_RETURN(lw.attn_norm, up.Vector(tn::Layer(l, "input_layernorm.weight")));
     ASSIGN_OR_RETURN(lw.mlp_norm, up.Vector(tn::Layer(l, "post_attention_layernorm.weight")));
-    if (config.is_deepseek()) {
+    if (config.is_mla()) {
       RETURN_IF_ERROR(LoadMlaAttention(config, l, dtype, up, &lw));
+    } else {
+      RETURN_IF_ERROR(LoadAttention(config, l, dtype, up, &lw));
+    }
+    if (config.deepseek_moe()) {
       RETURN_IF_ERROR(LoadDeepseekMlp(config, l, dtype, held, up, &lw));
-      w->layers_.push_back(std::move(lw));
-      continue;
-    }
-    ASSIGN_OR_RETURN(lw.q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
-    ASSIGN_OR_RETURN(lw.k, up.Matrix({tn::Layer(l, "self_attn.k_proj.weight")}, dtype));
-    ASSIGN_OR_RETURN(lw.v, up.Matrix({tn::Layer(l, "self_attn.v_proj.weight")}, dtype));
-    ASSIGN_OR_RETURN(lw.o, up.Matrix({tn::Layer(l, "self_attn.o_proj.weight")}, dtype));
-    if (config.qkv_bias) {
-      ASSIGN_OR_RETURN(lw.q_bias, up.Vector(tn::Layer(l, "self_attn.q_proj.bias")));
-      ASSIGN_OR_RETURN(lw.k_bias, up.Vector(tn::Layer(l, "self_attn.k_proj.bias")));
-      ASSIGN_OR_RETURN(lw.v_bias, up.Vector(tn::Layer(l, "self_attn.v_proj.bias")));
-    }
-    if (config.qk_norm != QkNorm::kNone) {
-      ASSIGN_OR_RETURN(lw.q_norm, up.Vector(tn::Layer(l, "self_attn.q_norm.weight")));
-      ASSIGN_OR_RETURN(lw.k_norm, up.Vector(tn::Layer(l, "self_attn.k_norm.weight")));
-    }
-    ASSIGN_OR_RETURN(lw.router, up.Matrix({tn::Router(config, l)}, DType::kF32));
-    for (int64_t e = 0; e < config.num_local_experts; ++e) {
-      const std::vector<std::string> names13 = {tn::Expert(config, l, e, "w1"), tn::Expert(config, l, e, "w3")};
-      const std::vector<std::string> names2 = {tn::Expert(config, l, e, "w2")};
-      if (!held[e]) {
-        lw.w13.push_back(shape_only(names13, dtype));
-        lw.w2.push_back(shape_only(names2, dtype));
-        continue;
-      }
-      ASSIGN_OR_RETURN(WeightRef w13, up.Matrix(names13, dtype));
-      ASSIGN_OR_RETURN(WeightRef w2, up.Matrix(names2, dtype));
-      lw.w13.push_back(w13);
-      lw.w2.push_back(w2);
-    }
-    if (config.has_shared_expert()) {
-      ASSIGN_OR_RETURN(lw.shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"),
-                                                 tn::Layer(l, "mlp.shared_expert.up_proj.weight")},
-                                                dtype));
-      ASSIGN_OR_RETURN(lw.shared_w2, up.Matrix({tn::Layer(l, "mlp.shared_expert.down_proj.weight")}, dtype));
-      ASSIGN_OR_RETURN(lw.shared_gate, up.Matrix({tn::Layer(l, "mlp.shared_expert_gate.weight")}, DType::kF32));
+    } else {
+      RETURN_IF_ERROR(LoadMoe(config, l, dtype, held, up, &lw));
     }
     w->layers_.push_back(std::move(lw));
   }
@@ -183,10 +198,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
 
 namespace {
 
-// A pipeline stage's copy of a layer's MLA weights and DeepSeek router bias (ModelWeights::Shard).
+// A pipeline stage's copy of a layer's MLA weights (ModelWeights::Shard).
 template <typename Matrix, typename Vec>
 absl::Status ShardMla(const ModelConfig& c, const LayerWeights& f, Matrix& matrix, Vec& vec, LayerWeights* lw) {
-  ASSIGN_OR_RETURN(lw->router_bias, vec(f.router_bias, c.num_local_experts));
   ASSIGN_OR_RETURN(lw->q_a_norm, vec(f.q_a_norm, c.mla.q_lora_rank));
   ASSIGN_OR_RETURN(lw->kv_a_norm, vec(f.kv_a_norm, c.mla.kv_lora_rank));
   for (auto [dst, src] : {std::pair{&lw->q_a, &f.q_a}, {&lw->q_nope, &f.q_nope}, {&lw->q_rope, &f.q_rope},
@@ -300,6 +314,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       ASSIGN_OR_RETURN(lw.shared_w13, matrix(f.shared_w13));
       ASSIGN_OR_RETURN(lw.shared_w2, matrix(f.shared_w2));
       ASSIGN_OR_RETURN(lw.shared_gate, matrix(f.shared_gate));
+      ASSIGN_OR_RETURN(lw.router_bias, vec(f.router_bias, c.num_local_experts));
       if (c.is_mla()) RETURN_IF_ERROR(ShardMla(c, f, matrix, vec, &lw));
     }
     w->layers_.push_back(std::move(lw));

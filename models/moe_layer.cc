@@ -64,7 +64,7 @@ void MoeModel::Route(const LayerWeights& lw, int64_t t) {
   const ModelConfig& c = config();
   float* logits = ws_.router_logits.as<float>();
   backend_->Gemm(ws_.xn.as<float>(), t, lw.router, logits);
-  if (!c.is_deepseek()) {
+  if (!c.deepseek_moe()) {
     backend_->RouterTopK(logits, t, c.num_local_experts, c.num_experts_per_tok, c.norm_topk_prob,
                          ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>());
     return;

@@ -72,6 +72,7 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     stats->tokens = t;
   }
   if (t > 0 && c.is_mla()) RETURN_IF_ERROR(PrepareMlaStep(t));
+  if (t > 0 && c.family == ModelFamily::kGlm4Moe) RETURN_IF_ERROR(EnsureRopeTable());
   if (t > 0) {
     RETURN_IF_ERROR(
         backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
@@ -122,9 +123,15 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
       backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
       backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
       AttentionExtras(lw, t);
-      backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t,
-                     c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                     static_cast<float>(c.rope_theta));
+      if (c.family == ModelFamily::kGlm4Moe) {  // RoPE on the first rotary_dim of each head
+        const float* inv = ws_.rope_inv_freq.as<float>();
+        const int32_t* pos = ws_.positions.as<int32_t>();
+        backend_->RopeScaled(ws_.q.as<float>(), pos, t, c.num_attention_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
+        backend_->RopeScaled(ws_.k.as<float>(), pos, t, c.num_key_value_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
+      } else {
+        backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t, c.num_attention_heads,
+                       c.num_key_value_heads, c.head_dim, static_cast<float>(c.rope_theta));
+      }
       backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout,
                         kv_layer, kv_cache);
       backend_->PagedAttention(ws_.q.as<float>(), batch, layout, kv_layer, kv_cache,

@@ -123,6 +123,8 @@ class MoeModel {
   // Multi-head latent attention (DeepSeek) in the absorbed form, added to the residual.
   void MlaAttention(const LayerWeights& lw, int64_t tokens, const AttentionBatch& batch, const KvLayout& layout,
                     int64_t kv_layer, void* kv_cache);
+  // The rotary frequencies on the device (for RopeScaled: MLA and GLM), computed once.
+  absl::Status EnsureRopeTable();
   // Uploads the step's head-major row maps for MlaAttention's per-head GEMMs.
   absl::Status PrepareMlaStep(int64_t tokens);
   // Routes the step's tokens: softmax top-k, or DeepSeek's grouped router.

@@ -28,41 +28,66 @@ std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const st
 
 }  // namespace tensor_names
 
+namespace {
+
+// Grouped-query attention: q, k, v, o and each family's extras.
+void AddAttentionTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
+  namespace tn = tensor_names;
+  const int64_t h = c.hidden_size;
+  out->push_back({tn::Layer(l, "self_attn.q_proj.weight"), {c.q_dim(), h}});
+  out->push_back({tn::Layer(l, "self_attn.k_proj.weight"), {c.kv_dim(), h}});
+  out->push_back({tn::Layer(l, "self_attn.v_proj.weight"), {c.kv_dim(), h}});
+  out->push_back({tn::Layer(l, "self_attn.o_proj.weight"), {h, c.q_dim()}});
+  if (c.qkv_bias) {
+    out->push_back({tn::Layer(l, "self_attn.q_proj.bias"), {c.q_dim()}});
+    out->push_back({tn::Layer(l, "self_attn.k_proj.bias"), {c.kv_dim()}});
+    out->push_back({tn::Layer(l, "self_attn.v_proj.bias"), {c.kv_dim()}});
+  }
+  if (c.qk_norm != QkNorm::kNone) {
+    const bool per_head = c.qk_norm == QkNorm::kPerHead;
+    out->push_back({tn::Layer(l, "self_attn.q_norm.weight"), {per_head ? c.head_dim : c.q_dim()}});
+    out->push_back({tn::Layer(l, "self_attn.k_norm.weight"), {per_head ? c.head_dim : c.kv_dim()}});
+  }
+}
+
+// Routed experts and the optional gated shared expert (Mixtral, Qwen, OLMoE).
+void AddMoeTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
+  namespace tn = tensor_names;
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  out->push_back({tn::Router(c, l), {c.num_local_experts, h}});
+  for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    out->push_back({tn::Expert(c, l, e, "w1"), {i, h}});
+    out->push_back({tn::Expert(c, l, e, "w2"), {h, i}});
+    out->push_back({tn::Expert(c, l, e, "w3"), {i, h}});
+  }
+  if (c.has_shared_expert()) {
+    const int64_t s = c.shared_expert_intermediate_size;
+    out->push_back({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"), {s, h}});
+    out->push_back({tn::Layer(l, "mlp.shared_expert.up_proj.weight"), {s, h}});
+    out->push_back({tn::Layer(l, "mlp.shared_expert.down_proj.weight"), {h, s}});
+    out->push_back({tn::Layer(l, "mlp.shared_expert_gate.weight"), {1, h}});
+  }
+}
+
+}  // namespace
+
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   namespace tn = tensor_names;
-  if (c.is_deepseek()) return DeepseekExpectedTensors(c);
-  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t h = c.hidden_size;
   std::vector<ExpectedTensor> out;
   out.push_back({tn::Embed(), {c.vocab_size, h}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     out.push_back({tn::Layer(l, "input_layernorm.weight"), {h}});
-    out.push_back({tn::Layer(l, "self_attn.q_proj.weight"), {c.q_dim(), h}});
-    out.push_back({tn::Layer(l, "self_attn.k_proj.weight"), {c.kv_dim(), h}});
-    out.push_back({tn::Layer(l, "self_attn.v_proj.weight"), {c.kv_dim(), h}});
-    out.push_back({tn::Layer(l, "self_attn.o_proj.weight"), {h, c.q_dim()}});
-    if (c.qkv_bias) {
-      out.push_back({tn::Layer(l, "self_attn.q_proj.bias"), {c.q_dim()}});
-      out.push_back({tn::Layer(l, "self_attn.k_proj.bias"), {c.kv_dim()}});
-      out.push_back({tn::Layer(l, "self_attn.v_proj.bias"), {c.kv_dim()}});
-    }
-    if (c.qk_norm != QkNorm::kNone) {
-      const bool per_head = c.qk_norm == QkNorm::kPerHead;
-      out.push_back({tn::Layer(l, "self_attn.q_norm.weight"), {per_head ? c.head_dim : c.q_dim()}});
-      out.push_back({tn::Layer(l, "self_attn.k_norm.weight"), {per_head ? c.head_dim : c.kv_dim()}});
+    if (c.is_mla()) {
+      AddMlaTensors(c, l, &out);
+    } else {
+      AddAttentionTensors(c, l, &out);
     }
     out.push_back({tn::Layer(l, "post_attention_layernorm.weight"), {h}});
-    out.push_back({tn::Router(c, l), {c.num_local_experts, h}});
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      out.push_back({tn::Expert(c, l, e, "w1"), {i, h}});
-      out.push_back({tn::Expert(c, l, e, "w2"), {h, i}});
-      out.push_back({tn::Expert(c, l, e, "w3"), {i, h}});
-    }
-    if (c.has_shared_expert()) {
-      const int64_t s = c.shared_expert_intermediate_size;
-      out.push_back({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"), {s, h}});
-      out.push_back({tn::Layer(l, "mlp.shared_expert.up_proj.weight"), {s, h}});
-      out.push_back({tn::Layer(l, "mlp.shared_expert.down_proj.weight"), {h, s}});
-      out.push_back({tn::Layer(l, "mlp.shared_expert_gate.weight"), {1, h}});
+    if (c.deepseek_moe()) {
+      AddDeepseekMlpTensors(c, l, &out);
+    } else {
+      AddMoeTensors(c, l, &out);
     }
   }
   out.push_back({tn::FinalNorm(), {h}});

@@ -8,7 +8,7 @@ and compares. Not part of CI (it needs torch):
         tokenizers==0.22.1 safetensors
     /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf [family ...]
 
-The DeepSeek fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group) were made with transformers
+The DeepSeek and GLM fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group, glm4moe) were made with transformers
 5.19 (its DeepseekV3/V2 classes; pass their names to regenerate only them), the other four with
 4.57.1.
 
@@ -29,8 +29,9 @@ from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
-try:  # transformers >= 4.57 (the DeepSeek fixtures)
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+try:  # transformers >= 4.57 (the DeepSeek and GLM fixtures)
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                              Glm4MoeConfig, Glm4MoeForCausalLM)
 except ImportError:
     DeepseekV3Config = None
 
@@ -70,6 +71,13 @@ MLA = dict(vocab_size=1201, hidden_size=64, num_attention_heads=4, max_position_
 
 
 def deepseek_families():
+    # GLM-4.5: grouped-query attention with q/k/v biases, per-head q/k norms, RoPE on half of
+    # each head (head_dim independent of the hidden size), and DeepSeek-V3's MoE.
+    yield "glm4moe", "qwen2moe", Glm4MoeForCausalLM, Glm4MoeConfig(
+        **COMMON, head_dim=24, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+        partial_rotary_factor=0.5, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     yield "deepseekv3", "qwen2moe", DeepseekV3ForCausalLM, DeepseekV3Config(
         **MLA, num_hidden_layers=3, q_lora_rank=48, first_k_dense_replace=1, n_shared_experts=1, n_group=4,
         topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,

@@ -245,8 +245,8 @@ void CpuBackend::WriteKv(const float* k, const float* v, const int64_t* slots, i
 }
 
 void CpuBackend::RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
-                            const float* inv_freq, float cos_sin_scale) {
-  cpu_ref::RopeScaled(x, positions, n, heads, head_dim, inv_freq, cos_sin_scale);
+                            int64_t rotary_dim, const float* inv_freq, float cos_sin_scale) {
+  cpu_ref::RopeScaled(x, positions, n, heads, head_dim, rotary_dim, inv_freq, cos_sin_scale);
 }
 
 void CpuBackend::RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,

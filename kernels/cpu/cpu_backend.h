@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
   // on the fast path (kernels/cpu/attention.cc).
   bool HasLatentAttention() const override { return true; }
   bool HasFp8Weights() const override { return true; }
-  void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
+  void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, int64_t rotary_dim,
                   const float* inv_freq, float cos_sin_scale) override;
   void RouterGroupedTopK(const float* logits, int64_t n, const GroupedRouting& spec, const float* bias,
                          int32_t* expert_ids, float* expert_weights) override;

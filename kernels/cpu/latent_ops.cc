@@ -12,8 +12,9 @@
 namespace moeserve::cpu_ref {
 
 void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
-                const float* inv_freq, float cos_sin_scale) {
-  const int64_t half = head_dim / 2;
+                int64_t rotary_dim, const float* inv_freq, float cos_sin_scale) {
+  MS_CHECK(rotary_dim <= head_dim && rotary_dim % 2 == 0);
+  const int64_t half = rotary_dim / 2;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(positions[t]) * inv_freq[i];

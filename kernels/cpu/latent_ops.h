@@ -7,7 +7,7 @@
 namespace moeserve::cpu_ref {
 
 void RopeScaled(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim,
-                const float* inv_freq, float cos_sin_scale);
+                int64_t rotary_dim, const float* inv_freq, float cos_sin_scale);
 void RouterGroupedTopK(const float* logits, int64_t n, const Backend::GroupedRouting& spec, const float* bias,
                        int32_t* expert_ids, float* expert_weights);
 void WriteLatentKv(const float* latent, const float* rope, const int64_t* slots, int64_t n, int64_t latent_dim,

@@ -138,7 +138,23 @@ inline ModelConfig DeepseekConfig(bool v3) {
   return c;
 }
 
-const char* const kModelNames[] = {"Tiny", "Wide", "Qwen2Moe", "Qwen3Moe", "Olmoe", "DeepseekV3", "DeepseekV2"};
+// GLM-4.5 on the wide shape: q/k/v biases, per-head q/k norms, RoPE on half of each head, and
+// DeepSeek-V3's MoE (a dense first layer, grouped sigmoid routing with a correction bias).
+inline ModelConfig GlmConfig() {
+  ModelConfig c = DeepseekConfig(true);
+  c.family = ModelFamily::kGlm4Moe;
+  c.mla = MlaConfig{0, 0, 0, 0, 0, true};
+  c.rope_scaling = RopeScaling();
+  c.head_dim = 24;
+  c.num_key_value_heads = 2;
+  c.qkv_bias = true;
+  c.qk_norm = QkNorm::kPerHead;
+  c.partial_rotary_factor = 0.5;
+  return c;
+}
+
+const char* const kModelNames[] = {"Tiny",       "Wide",       "Qwen2Moe", "Qwen3Moe",
+                                   "Olmoe",      "DeepseekV3", "DeepseekV2", "Glm4Moe"};
 
 inline ModelConfig ModelFor(int i) {
   switch (i) {
@@ -152,8 +168,11 @@ inline ModelConfig ModelFor(int i) {
       return FamilyConfig(ModelFamily::kQwen3Moe);
     case 4:
       return FamilyConfig(ModelFamily::kOlmoe);
-    default:
+    case 5:
+    case 6:
       return DeepseekConfig(i == 5);
+    default:
+      return GlmConfig();
   }
 }
 

@@ -328,7 +328,7 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Range(0, 7),
+INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Range(0, 8),
                          [](const auto& info) { return kModelNames[info.param]; });
 
 }  // namespace moeserve::parallel_test

@@ -145,13 +145,28 @@ TEST_F(LatentOpsTest, RopeScaledWithThetaFrequenciesIsRope) {
   std::vector<float> inv(hd / 2);
   for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
   ref_.Rope(a.data(), k.data(), pos.data(), n, heads, 1, hd, 10000.0f);
-  ref_.RopeScaled(b.data(), pos.data(), n, heads, hd, inv.data(), 1.0f);
+  ref_.RopeScaled(b.data(), pos.data(), n, heads, hd, hd, inv.data(), 1.0f);
   EXPECT_TRUE(AllClose(b, a, 1e-5, 1e-5));
   // The cos/sin factor scales every rotated value.
   auto c = RandomFloats(n * heads * hd, 5, 1.0f);
-  ref_.RopeScaled(c.data(), pos.data(), n, heads, hd, inv.data(), 1.5f);
+  ref_.RopeScaled(c.data(), pos.data(), n, heads, hd, hd, inv.data(), 1.5f);
   for (auto& v : a) v *= 1.5f;
   EXPECT_TRUE(AllClose(c, a, 1e-5, 1e-5));
+  // A partial rotation (GLM): the first 8 of 16 rotated as an 8-wide RoPE, the rest untouched.
+  auto d = RandomFloats(n * heads * hd, 9, 1.0f);
+  std::vector<float> first(n * heads * 8), kk(n * 8, 0.0f);
+  for (int64_t r = 0; r < n * heads; ++r) std::copy_n(d.begin() + r * hd, 8, first.begin() + r * 8);
+  std::vector<float> inv8(4);
+  for (int64_t i = 0; i < 4; ++i) inv8[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / 8));
+  const auto before = d;
+  ref_.RopeScaled(d.data(), pos.data(), n, heads, hd, 8, inv8.data(), 1.0f);
+  ref_.Rope(first.data(), kk.data(), pos.data(), n, heads, 1, 8, 10000.0f);
+  for (int64_t r = 0; r < n * heads; ++r) {
+    for (int64_t e = 0; e < hd; ++e) {
+      const float want = e < 8 ? first[r * 8 + e] : before[r * hd + e];
+      ASSERT_NEAR(d[r * hd + e], want, 1e-5) << "row " << r << " dim " << e;
+    }
+  }
 }
 
 // Brute force: every way to pick topk_group groups, the best top_k experts inside them by

@@ -389,5 +389,31 @@ TEST(DeepseekModelTest, QuantizingAtLoadComputesTheDequantizedModel) {
   EXPECT_LT(err, 2e-5) << "max-abs logit error " << err;
 }
 
+// GLM-4.5 rotates half of each head and routes as DeepSeek-V3: each undone breaks the match.
+TEST(DeepseekModelTest, GlmMutationsBreakTheMatchWithTransformers) {
+  const std::string dir = Fixture("hf/glm4moe");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rotary_dim(), 12);
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok());
+  const double exact = LogitError(*config, **checkpoint, dir);
+  EXPECT_LT(exact, 1e-3);
+  ModelConfig full = *config;
+  full.partial_rotary_factor = 1.0;
+  EXPECT_GT(LogitError(full, **checkpoint, dir), 100 * std::max(exact, 1e-5)) << "rotating whole heads changed nothing";
+  ModelConfig scale = *config;
+  scale.router.routed_scaling_factor = 1.0;
+  EXPECT_GT(LogitError(scale, **checkpoint, dir), 100 * std::max(exact, 1e-5)) << "routed_scaling_factor changed nothing";
+  auto again = ModelConfig::FromJson(config->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << config->ToJson();
+  EXPECT_EQ(again->family, ModelFamily::kGlm4Moe);
+  EXPECT_EQ(again->partial_rotary_factor, 0.5);
+  EXPECT_EQ(again->qk_norm, QkNorm::kPerHead);
+  EXPECT_TRUE(again->qkv_bias);
+  EXPECT_EQ(again->router.n_group, config->router.n_group);
+  EXPECT_EQ(again->TotalParams(), config->TotalParams());
+}
+
 }  // namespace
 }  // namespace moeserve

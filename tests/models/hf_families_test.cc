@@ -108,7 +108,7 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HfFamilyTest,
-    ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8",
+    ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8", "glm4moe",
                                          "deepseekv2lite",
                                          "deepseekv2group"),
                        ::testing::Values(CpuPath::kReference, CpuPath::kFast)));

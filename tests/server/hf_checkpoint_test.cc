@@ -130,7 +130,7 @@ TEST(ChatTemplateFlagTest, ReplacesTheTemplateOrRefusesToStart) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfCheckpointServeTest,
-                         ::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8",
+                         ::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8", "glm4moe",
                                            "deepseekv2lite", "deepseekv2group"));
 
 }  // namespace
