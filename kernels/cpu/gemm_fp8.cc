@@ -103,17 +103,32 @@ void RowRange(const float* x, int64_t m, const WeightRef& w, float* y, bool accu
     return;
   }
   const bool widen = m > kFp8Rows;
-  if (widen) wide->resize(static_cast<size_t>(w.cols));
-  for (int64_t j = j0; j < j1; ++j) {
-    Fp8Row r = row(j);
-    if (widen) {
-      WidenFp8Row(r.bytes, w.cols, wide->data());
-      r.wide = wide->data();
+  // With 32 registers, two widened weight rows share each block of four rows of x (half the
+  // reads of x); with 16, one.
+  const int64_t pair = widen && avx512 ? 2 : 1;
+  if (widen) wide->resize(static_cast<size_t>(pair * w.cols));
+  for (int64_t j = j0; j < j1; j += pair) {
+    const int64_t nj = std::min(pair, j1 - j);
+    Fp8Row r[2] = {row(j), nj > 1 ? row(j + 1) : row(j)};
+    for (int64_t k = 0; widen && k < nj; ++k) {
+      WidenFp8Row(r[k].bytes, w.cols, wide->data() + k * w.cols);
+      r[k].wide = wide->data() + k * w.cols;
     }
     for (int64_t i = 0; i < m; i += kFp8Rows) {
       const int rows = static_cast<int>(std::min<int64_t>(kFp8Rows, m - i));
-      (avx512 ? Fp8DotsAvx512 : Fp8DotsAvx2)(&r, 1, x + i * w.cols, w.cols, rows, out);
-      for (int k = 0; k < rows; ++k) put(i + k, j, out[k]);
+      if (nj == 2 && rows == kFp8Rows) {
+        float out2[2 * kFp8Rows];
+        Fp8DotsAvx512(r, 2, x + i * w.cols, w.cols, rows, out2);
+        for (int k = 0; k < rows; ++k) {
+          put(i + k, j, out2[k]);
+          put(i + k, j + 1, out2[kFp8Rows + k]);
+        }
+        continue;
+      }
+      for (int64_t n = 0; n < nj; ++n) {
+        (avx512 ? Fp8DotsAvx512 : Fp8DotsAvx2)(&r[n], 1, x + i * w.cols, w.cols, rows, out);
+        for (int k = 0; k < rows; ++k) put(i + k, j + n, out[k]);
+      }
     }
   }
 }

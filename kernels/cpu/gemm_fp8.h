@@ -22,7 +22,7 @@ struct Fp8Row {
 };
 
 // out[k * rows + r] = w[k] . x[r * ldx, ...] for k < n and r < rows: n is 1 (rows 1..kFp8Rows)
-// or kFp8Rows (rows 1).
+// or kFp8Rows (rows 1); the AVX-512 kernel also takes n 2 with rows kFp8Rows.
 void Fp8DotsAvx2(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out);
 void Fp8DotsAvx512(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out);
 // Widens a row's FP8 values to fp32 / 256 (what the kernels multiply).

@@ -26,7 +26,7 @@ float TailDot(const uint8_t* w, const float* x, int64_t n) {
   return acc;
 }
 
-// R rows of x against N weight rows (R x N <= 4).
+// R rows of x against N weight rows (R x N <= 8: 32 registers).
 template <int R, int N>
 void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
   const int64_t cols = w[0].cols, groups = (cols + kFp8ScaleCols - 1) / kFp8ScaleCols;
@@ -79,6 +79,7 @@ void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
 
 void Fp8DotsAvx512(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out) {
   if (n == 4) return Dots<1, 4>(w, x, ldx, out);
+  if (n == 2) return Dots<4, 2>(w, x, ldx, out);
   switch (rows) {
     case 4: return Dots<4, 1>(w, x, ldx, out);
     case 3: return Dots<3, 1>(w, x, ldx, out);
