@@ -218,10 +218,17 @@ absl::Status ReadDeepseekConfig(const Json& j, ModelConfig* c) {
 }
 
 ModelConfig DeepseekShape(ModelConfig c) {
-  const bool v3 = c.family == ModelFamily::kDeepseekV3;
-  c.mla = MlaConfig{v3 ? c.hidden_size / 2 : 0, 2 * c.head_dim, c.head_dim, c.head_dim / 2, c.head_dim, true};
-  c.head_dim = c.mla.qk_rope_head_dim;
-  c.num_key_value_heads = c.num_attention_heads;
+  const bool glm = c.family == ModelFamily::kGlm4Moe;
+  const bool v3 = c.family == ModelFamily::kDeepseekV3 || glm;  // GLM routes as V3
+  if (glm) {  // grouped-query attention with biases, q/k norms and half-head RoPE
+    c.qkv_bias = true;
+    c.qk_norm = QkNorm::kPerHead;
+    c.partial_rotary_factor = 0.5;
+  } else {
+    c.mla = MlaConfig{v3 ? c.hidden_size / 2 : 0, 2 * c.head_dim, c.head_dim, c.head_dim / 2, c.head_dim, true};
+    c.head_dim = c.mla.qk_rope_head_dim;
+    c.num_key_value_heads = c.num_attention_heads;
+  }
   c.shared_expert_intermediate_size = (v3 ? 1 : 2) * c.intermediate_size;
   c.shared_expert_gated = false;
   c.first_k_dense_replace = c.num_hidden_layers > 1 ? 1 : 0;

@@ -15,10 +15,11 @@ bool IsDeepseekKey(const std::string& key);
 // does not compute, naming the key.
 absl::Status ReadDeepseekConfig(const config_json::Json& j, ModelConfig* c);
 
-// A DeepSeek model of a preset's shape (`c.family` set to V2 or V3): MLA with a latent of twice
-// the head width, a rotary part of half of it (query compression at half the hidden size for
-// V3), the first layer dense at twice the expert width, one shared expert (two for V2), and
-// V3's grouped sigmoid routing (V2: greedy softmax).
+// A DeepSeek or GLM model of a preset's shape (`c.family` set to V2, V3 or GLM): for DeepSeek,
+// MLA with a latent of twice the head width and a rotary part of half of it (query compression
+// at half the hidden size for V3); for GLM the preset's attention with q/k/v biases, q/k norms
+// and half-head RoPE; then the first layer dense at twice the expert width, one shared expert
+// (two for V2), and V3's grouped sigmoid routing (V2: greedy softmax).
 ModelConfig DeepseekShape(ModelConfig c);
 
 // Writes the DeepSeek keys of `c` into a config.json object (as transformers reads them).

@@ -402,7 +402,8 @@ absl::StatusOr<ModelFamily> FamilyFromModelType(absl::string_view model_type) {
     if (model_type == f.model_type) return f.family;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown family \"", model_type, "\" (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or deepseek_v3)"));
+      absl::StrCat("unknown family \"", model_type,
+                   "\" (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3 or glm4_moe)"));
 }
 
 }  // namespace moeserve

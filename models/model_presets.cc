@@ -74,7 +74,9 @@ ModelConfig WithFamily(ModelConfig c, ModelFamily family) {
     c.shared_expert_intermediate_size = 2 * c.intermediate_size;
   }
   if (family == ModelFamily::kQwen3Moe || family == ModelFamily::kOlmoe) c.shared_expert_intermediate_size = 0;
-  if (family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3) return DeepseekShape(c);
+  if (family == ModelFamily::kDeepseekV2 || family == ModelFamily::kDeepseekV3 || family == ModelFamily::kGlm4Moe) {
+    return DeepseekShape(c);
+  }
   return c;
 }
 

@@ -139,7 +139,7 @@ int RunMakeModel(const MakeModelOptions& o) {
 void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MakeModelOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "make-model", "Write a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 or -V3) with deterministic random weights: "
+      "make-model", "Write a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 or -V3, GLM-4.5) with deterministic random weights: "
                     "config.json, safetensors, generation_config.json, and a byte-level tokenizer.json "
                     "and tokenizer_config.json (with a ChatML chat template) that transformers also loads");
   cmd->add_option("--preset", opts->preset, "tiny (unit tests), small (~100M, 8 experts top-2) or medium (~0.8B, 16 experts top-2)")
@@ -149,7 +149,8 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
                   "gated shared expert), qwen3_moe (per-head q/k norms), olmoe (whole-projection q/k norms), "
                   "deepseek_v3 (multi-head latent attention with query compression, a dense first layer, grouped "
                   "sigmoid routing with a correction bias) or deepseek_v2 (latent attention without query "
-                  "compression, greedy softmax routing), with the preset's shape")
+                  "compression, greedy softmax routing) or glm4_moe (GLM-4.5: biases, q/k norms, half-head RoPE, "
+                  "DeepSeek-V3's MoE), with the preset's shape")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the weights: the same seed gives the same bytes")
       ->capture_default_str();

@@ -183,8 +183,8 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
 // and --load-format dummy regenerates the same weights from each config.json.
 TEST(E2eToolsTest, MakeModelWritesEveryFamilyAsTransformersReadsIt) {
   const std::string dir = MakeTempDir("families");
-  // The greedy tokens transformers 4.57.1 (5.19 for DeepSeek; its FP8 loader dequantizes on a
-  // CPU) gives for each directory (scripts/make-model-transformers-check.py).
+  // The greedy tokens transformers 4.57.1 (5.19 for DeepSeek and GLM; its FP8 loader dequantizes
+  // on a CPU) gives for each directory (scripts/make-model-transformers-check.py).
   const std::tuple<const char*, const char*, const char*> families[] = {
       {"mixtral", "none", "219,148,233,55,98,89,94,24"},
       {"qwen2_moe", "none", "109,144,76,108,104,123,223,166"},
@@ -192,7 +192,8 @@ TEST(E2eToolsTest, MakeModelWritesEveryFamilyAsTransformersReadsIt) {
       {"olmoe", "none", "219,113,268,98,89,204,266,54"},
       {"deepseek_v3", "none", "248,199,125,164,110,81,110,81"},
       {"deepseek_v3", "fp8", "248,199,125,164,110,81,110,81"},
-      {"deepseek_v2", "none", "265,37,110,267,14,256,21,72"}};
+      {"deepseek_v2", "none", "265,37,110,267,14,256,21,72"},
+      {"glm4_moe", "none", "202,155,33,130,15,26,232,202"}};
   for (const auto& [family, quantization, want] : families) {
     SCOPED_TRACE(absl::StrCat(family, " ", quantization));
     const std::string ck = absl::StrCat(dir, "/", family, "_", quantization);
