@@ -153,8 +153,11 @@ inline ModelConfig GlmConfig() {
   return c;
 }
 
-const char* const kModelNames[] = {"Tiny",       "Wide",       "Qwen2Moe", "Qwen3Moe",
-                                   "Olmoe",      "DeepseekV3", "DeepseekV2", "Glm4Moe"};
+const char* const kModelNames[] = {"Tiny",       "Wide",       "Qwen2Moe", "Qwen3Moe",     "Olmoe",
+                                   "DeepseekV3", "DeepseekV2", "Glm4Moe",  "DeepseekV3Fp8"};
+
+// How the weights are stored: bf16, and FP8 (quantized at load) for the last model.
+inline DType StorageFor(int i) { return i == 8 ? DType::kF8E4M3 : DType::kBF16; }
 
 inline ModelConfig ModelFor(int i) {
   switch (i) {
@@ -171,8 +174,10 @@ inline ModelConfig ModelFor(int i) {
     case 5:
     case 6:
       return DeepseekConfig(i == 5);
-    default:
+    case 7:
       return GlmConfig();
+    default:
+      return DeepseekConfig(true);
   }
 }
 
@@ -181,8 +186,9 @@ class ParallelTest : public ::testing::TestWithParam<int> {
   void SetUp() override {
     config_ = ModelFor(GetParam());
     seed_ = std::random_device{}();
+    storage_ = StorageFor(GetParam());
     weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
-                                   &backend_, DType::kBF16);
+                                   &backend_, storage_);
   }
   // The oracle: the single-rank forward of the same step on a cache of `layout`.
   std::vector<float> OneRankLogits(const ForwardInput& in, const KvLayout& layout) {
@@ -194,6 +200,7 @@ class ParallelTest : public ::testing::TestWithParam<int> {
   }
   CpuBackend backend_;
   ModelConfig config_;
+  DType storage_ = DType::kBF16;
   uint32_t seed_ = 0;
   std::unique_ptr<ModelWeights> weights_;
 };

@@ -25,7 +25,7 @@ TEST_P(ParallelTest, ShardsFitDevicesTheWholeModelDoesNot) {
     o.capacity_bytes = capacity;
     CpuBackend one(o);
     auto whole = ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
-                                    &one, DType::kBF16);
+                                    &one, storage_);
     EXPECT_EQ(whole.status().code(), absl::StatusCode::kResourceExhausted)
         << "the whole model fits one device";
   }
@@ -132,7 +132,7 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
 // A released copy keeps its config and shapes but refuses to run a forward pass.
 TEST_P(ParallelTest, ReleasedWeightsRefuseToForward) {
   auto copy = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
-                                  &backend_, DType::kBF16);
+                                  &backend_, storage_);
   copy->ReleaseTensors();
   EXPECT_EQ(copy->config().hidden_size, config_.hidden_size);
   EXPECT_EQ(copy->embed().rows, config_.vocab_size);
@@ -166,14 +166,14 @@ TEST_P(ParallelTest, PartialLoadsReadWhatTheShardHolds) {
     CpuBackend merged_backend;
     auto merged_or =
         ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
-                           &merged_backend, DType::kBF16, RankWeightShard(p, config_, 0));
+                           &merged_backend, storage_, RankWeightShard(p, config_, 0));
     ASSERT_TRUE(merged_or.ok()) << merged_or.status();
     ModelWeights& merged = **merged_or;
     for (int64_t r = 0; r < l.ep * l.pp; ++r) {
       const WeightShard shard = RankWeightShard(p, config_, r);
       CpuBackend mine;
       auto partial = ModelWeights::Load(
-          config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &mine, DType::kBF16, shard);
+          config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &mine, storage_, shard);
       ASSERT_TRUE(partial.ok()) << partial.status();
       CpuBackend cut_to;
       auto cut = ModelWeights::Shard(*weights_, &backend_, shard, &cut_to);

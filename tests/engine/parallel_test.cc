@@ -87,7 +87,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     if (l.ep * l.pp > 1) {
       const size_t before = backend_.used_bytes();
       staged = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
-                                   &backend_, DType::kBF16);
+                                   &backend_, storage_);
       staged_alloc = backend_.used_bytes() - before;
     }
     auto e = Engine::Create(ec, staged ? staged.get() : weights_.get(), &backend_);
@@ -287,6 +287,9 @@ TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
 TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
   const int gpus = static_cast<int>(cuda::ListDevices().size());
   if (gpus < 2) GTEST_SKIP() << "needs two or more GPUs, found " << gpus;
+  if (config_.deepseek_moe() || storage_ == DType::kF8E4M3) {
+    GTEST_SKIP() << "the CUDA backend does not implement latent attention, grouped routing or FP8 weights";
+  }
   std::mt19937 gen(seed_);
   const int64_t block = 8, blocks = 64;
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
@@ -328,7 +331,7 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Range(0, 8),
+INSTANTIATE_TEST_SUITE_P(Models, ParallelTest, ::testing::Range(0, 9),
                          [](const auto& info) { return kModelNames[info.param]; });
 
 }  // namespace moeserve::parallel_test
