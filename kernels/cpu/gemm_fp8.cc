@@ -40,6 +40,10 @@ void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
     V8 pa[N][R], pb[N][R];  // the even and the odd chunks of 8 columns
     for (int n = 0; n < N; ++n) {
       for (int r = 0; r < R; ++r) pa[n][r] = pb[n][r] = Zero();
+      // Streamed weight bytes: fetch the group after next while this one computes.
+      for (int64_t p = 0; w[n].wide == nullptr && p < kFp8ScaleCols; p += 64) {
+        Prefetch(w[n].bytes + c0 + 2 * kFp8ScaleCols + p);
+      }
     }
     int64_t c = c0;
     for (; c + 16 <= full; c += 16) {

@@ -42,6 +42,12 @@ void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
     for (int n = 0; n < N; ++n) {
       for (int r = 0; r < R; ++r) acc[n][r] = _mm512_setzero_ps();
     }
+    // Streamed weight bytes: fetch the group after next while this one computes.
+    if (w[0].wide == nullptr) {
+      for (int n = 0; n < N; ++n) {
+        for (int64_t p = 0; p < kFp8ScaleCols; p += 64) Prefetch(w[n].bytes + c0 + 2 * kFp8ScaleCols + p);
+      }
+    }
     int64_t c = c0;
     for (; c + 16 <= full; c += 16) {
       for (int n = 0; n < N; ++n) {
