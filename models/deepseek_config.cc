@@ -214,7 +214,7 @@ absl::Status ReadDeepseekConfig(const Json& j, ModelConfig* c) {
   // MLA has one latent "head" per token; num_key_value_heads (transformers writes the head
   // count) means nothing to it.
   c->num_key_value_heads = c->num_attention_heads;
-  return ReadRopeScaling(j, &c->rope_scaling);
+  return ReadRopeScaling(j, c->max_position_embeddings, &c->rope_scaling);
 }
 
 ModelConfig DeepseekShape(ModelConfig c) {
@@ -291,7 +291,7 @@ void WriteDeepseekConfig(const ModelConfig& c, Json* j) {
   }
 }
 
-absl::Status ReadRopeScaling(const Json& j, RopeScaling* out) {
+absl::Status ReadRopeScaling(const Json& j, int64_t max_position_embeddings, RopeScaling* out) {
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const Json* p = Find(j, key);
     if (p == nullptr) continue;
@@ -318,6 +318,10 @@ absl::Status ReadRopeScaling(const Json& j, RopeScaling* out) {
     r.factor = 0;
     RETURN_IF_ERROR(ReadDouble(*p, "factor", &r.factor));
     RETURN_IF_ERROR(ReadInt(*p, "original_max_position_embeddings", true, &r.original_max_position_embeddings));
+    // No factor: transformers takes the context's growth over the original one.
+    if (Find(*p, "factor") == nullptr && r.original_max_position_embeddings > 0) {
+      r.factor = static_cast<double>(max_position_embeddings) / static_cast<double>(r.original_max_position_embeddings);
+    }
     RETURN_IF_ERROR(ReadDouble(*p, "beta_fast", &r.beta_fast));
     RETURN_IF_ERROR(ReadDouble(*p, "beta_slow", &r.beta_slow));
     RETURN_IF_ERROR(ReadDouble(*p, "mscale", &r.mscale));

@@ -31,7 +31,9 @@ void WriteDeepseekConfig(const ModelConfig& c, config_json::Json* j);
 bool IsGlmKey(const std::string& key);
 absl::Status ReadGlmConfig(const config_json::Json& j, ModelConfig* c);
 
-// rope_scaling (transformers 4) or rope_parameters (5): "default" or "yarn" with its keys.
-absl::Status ReadRopeScaling(const config_json::Json& j, RopeScaling* out);
+// rope_scaling (transformers 4) or rope_parameters (5): "default" or "yarn" with its keys (a
+// missing factor is max_position_embeddings / original_max_position_embeddings, as transformers
+// derives it).
+absl::Status ReadRopeScaling(const config_json::Json& j, int64_t max_position_embeddings, RopeScaling* out);
 
 }  // namespace moeserve

@@ -96,6 +96,8 @@ absl::StatusOr<ModelFamily> DetectFamily(const Json& j) {
     for (const FamilyName& f : kFamilies) {
       if (*it == f.model_type) by_type = f.family;
     }
+    // Kimi-K2 ships DeepSeek-V3's architecture under a model_type of its own.
+    if (*it == "kimi_k2") by_type = ModelFamily::kDeepseekV3;
     if (!by_type) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: model_type ", it->dump(), " is not supported (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe)"));

@@ -93,6 +93,24 @@ TEST(DeepseekConfigTest, WhatIsNotImplementedIsRefusedByName) {
   EXPECT_NE(c.status().message().find("norm_topk_prob"), std::string::npos) << c.status();
 }
 
+// Kimi-K2 ships DeepSeek-V3's architecture under model_type kimi_k2; a YaRN block without a
+// factor takes max_position_embeddings / original_max_position_embeddings.
+TEST(DeepseekConfigTest, KimiK2AndADerivedYarnFactor) {
+  nlohmann::json j = ReadJson(Fixture("deepseek/deepseek-v3-config.json"));
+  j["model_type"] = "kimi_k2";
+  j["n_routed_experts"] = 384;
+  j["n_group"] = 1;
+  j["topk_group"] = 1;
+  j["num_attention_heads"] = 64;
+  j["rope_scaling"].erase("factor");
+  auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kDeepseekV3);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 163840.0 / 4096.0);
+  j["model_type"] = "kimi_k3";
+  EXPECT_FALSE(ModelConfig::FromJson(j.dump()).ok());
+}
+
 TEST(DeepseekConfigTest, ToJsonReadsBackTheSameModel) {
   for (const char* family : {"deepseekv3", "deepseekv2lite", "deepseekv2group"}) {
     auto c = ModelConfig::FromFile(Fixture(std::string("hf/") + family + "/config.json"));
