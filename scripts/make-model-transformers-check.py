@@ -6,8 +6,10 @@ E2eToolsTest.MakeModelWritesEveryFamilyAsTransformersReadsIt. Not part of CI (ne
     for f in mixtral qwen2_moe qwen3_moe olmoe deepseek_v3 deepseek_v2 glm4_moe; do
       build/tools/moeserve make-model --preset tiny --family $f --dtype f32 --seed 3 --out /tmp/mf_$f
     done
-    build/tools/moeserve make-model --preset tiny --family deepseek_v3 --dtype f32 --seed 3 \
-        --quantization fp8 --out /tmp/mf_deepseek_v3_fp8
+    for f in deepseek_v3 qwen3_moe; do
+      build/tools/moeserve make-model --preset tiny --family $f --dtype f32 --seed 3 \
+          --quantization fp8 --out /tmp/mf_${f}_fp8
+    done
     /tmp/hfvenv/bin/python scripts/make-model-transformers-check.py /tmp/mf_*
 
 The DeepSeek and GLM directories need transformers 5 (5.19 was used) and, for FP8, accelerate.

@@ -189,6 +189,7 @@ TEST(E2eToolsTest, MakeModelWritesEveryFamilyAsTransformersReadsIt) {
       {"mixtral", "none", "219,148,233,55,98,89,94,24"},
       {"qwen2_moe", "none", "109,144,76,108,104,123,223,166"},
       {"qwen3_moe", "none", "219,113,268,98,89,204,266,54"},
+      {"qwen3_moe", "fp8", "81,84,10,96,76,108,52,109"},  // as Qwen3-FP8 ships
       {"olmoe", "none", "219,113,268,98,89,204,266,54"},
       {"deepseek_v3", "none", "248,199,125,164,110,81,110,81"},
       {"deepseek_v3", "fp8", "248,199,125,164,110,81,110,81"},
