@@ -159,7 +159,10 @@ void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table
 }
 
 void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
-  if (fast() && w.dtype == DType::kF8E4M3) return cpu_fast::GemmFp8(*pool_, x, m, w, y, accumulate, Fp8Avx512());
+  if (fast() && w.dtype == DType::kF8E4M3) {
+    if (RoundsActivations(isa_)) return cpu_fast::GemmFp8Bf16(*pool_, x, m, w, y, accumulate);
+    return cpu_fast::GemmFp8(*pool_, x, m, w, y, accumulate, Fp8Avx512());
+  }
   if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant, isa_);
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
@@ -170,6 +173,7 @@ void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const
   const std::span<const int64_t> offsets(offsets_data, w.size() + 1);
   MS_CHECK(offsets.back() <= max_rows);
   if (fast() && !w.empty() && w[0].dtype == DType::kF8E4M3) {
+    if (RoundsActivations(isa_)) return cpu_fast::GroupedGemmFp8Bf16(*pool_, x, w, offsets, y);
     return cpu_fast::GroupedGemmFp8(*pool_, x, w, offsets, y, Fp8Avx512());
   }
   if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant, isa_);

@@ -19,6 +19,11 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
 void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512);
 void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                     float* y, bool avx512);
+// The same with activations rounded to bf16 and vdpbf16ps (gemm_fp8_bf16.cc), for the variants
+// that round activations (avx512-bf16, amx); batch-invariant.
+void GemmFp8Bf16(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate);
+void GroupedGemmFp8Bf16(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
+                        std::span<const int64_t> offsets, float* y);
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa);
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).

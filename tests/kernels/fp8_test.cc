@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/kernel_select.h"
 #include "models/host_matrix.h"
 #include "tests/test_util.h"
 
@@ -60,7 +61,8 @@ Fp8Weight MakeFp8(int64_t rows, int64_t cols, uint32_t seed) {
 
 TEST(Fp8Test, FastGemmMatchesTheReferenceAndIsBatchInvariant) {
   CpuBackend ref(CpuBackendOptions{CpuPath::kReference, 1, 0});
-  CpuBackend fast(CpuBackendOptions{CpuPath::kFast, 2, 0});
+  // The exact (fp32-activation) kernels; the bf16 variants' have a test of their own below.
+  CpuBackend fast(CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact});
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 203}, {64, 256}, {5, 7}, {130, 300}}) {
     const Fp8Weight w = MakeFp8(rows, cols, static_cast<uint32_t>(rows * 1000 + cols));
     for (int64_t m = 1; m <= 11; ++m) {
@@ -103,6 +105,40 @@ TEST(Fp8Test, SixteenLanesGiveTheBitsOfEight) {
       eight.Gemm(x.data(), m, w.ref, a.data(), false);
       sixteen.Gemm(x.data(), m, w.ref, b.data(), false);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << rows << "x" << cols << " m " << m;
+    }
+  }
+}
+
+// The variants that round activations to bf16 multiply FP8 weights with vdpbf16ps: they must
+// equal the reference on bf16-rounded rows of x (bf16 x bf16/256 products are exact in fp32)
+// to fp32 accumulation error, and be batch-invariant.
+TEST(Fp8Test, TheBf16VariantComputesOnBf16RowsOfXAndIsBatchInvariant) {
+  const absl::StatusOr<CpuIsa> isa = ChooseCpuIsa(CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest);
+  if (!isa.ok()) GTEST_SKIP() << isa.status().message();
+  CpuBackend ref(CpuBackendOptions{CpuPath::kReference, 1, 0});
+  CpuBackend bf16(CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest});
+  ASSERT_EQ(bf16.isa(), CpuIsa::kAvx512Bf16);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 203}, {64, 256}, {5, 7}, {130, 300}}) {
+    const Fp8Weight w = MakeFp8(rows, cols, static_cast<uint32_t>(rows * 7 + cols));
+    for (int64_t m : {1, 2, 4, 5, 11}) {
+      const auto x = RandomFloats(m * cols, static_cast<uint32_t>(100 + m), 1.0f);
+      std::vector<float> xr(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xr[i] = Bf16ToF32(F32ToBf16(x[i]));
+      std::vector<float> want(m * rows), got(m * rows);
+      ref.Gemm(xr.data(), m, w.ref, want.data(), false);
+      bf16.Gemm(x.data(), m, w.ref, got.data(), false);
+      double max_err = 0, max_ref = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
+        max_ref = std::max(max_ref, std::fabs(double{want[i]}));
+      }
+      EXPECT_LT(max_err, 1e-5 * std::max(1.0, max_ref))
+          << rows << "x" << cols << " m " << m << ": max-abs " << max_err << " (relative " << max_err / max_ref << ")";
+      for (int64_t i = 0; i < m; ++i) {
+        std::vector<float> one(rows);
+        bf16.Gemm(x.data() + i * cols, 1, w.ref, one.data(), false);
+        EXPECT_EQ(0, std::memcmp(one.data(), got.data() + i * rows, rows * sizeof(float))) << "m " << m << " row " << i;
+      }
     }
   }
 }

@@ -1,5 +1,8 @@
 // FP8 checkpoints beyond the family test's match with transformers: damaged ones refused at load
 // naming the tensor, and --quantization fp8 computing exactly its dequantized model.
+#include <cstdio>
+
+#include "kernels/cpu/cpu_isa.h"
 #include "models/host_matrix.h"
 #include "tests/models/checkpoint_test_util.h"
 
@@ -118,6 +121,33 @@ TEST(DeepseekModelTest, QuantizingAtLoadComputesTheDequantizedModel) {
   EXPECT_GT(quantized, 20);
   const double err = LogitError(*config, dequantized, dir, DType::kF32, &*w);
   EXPECT_LT(err, 2e-5) << "max-abs logit error " << err;
+}
+
+// The fastest kernel variant (on a CPU with AVX512-BF16 it rounds the activations of FP8
+// products to bf16) stays within bf16's precision of transformers' logits.
+TEST(Fp8CheckpointTest, TheFastestVariantStaysWithinBf16OfTransformers) {
+  const std::string dir = Fixture("hf/deepseekv3fp8");
+  auto config = ModelConfig::FromFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok());
+  CpuBackend fastest(CpuBackendOptions{CpuPath::kFast, 2, 0});
+  auto weights = ModelWeights::Load(*config, **checkpoint, &fastest, DType::kF32);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const nlohmann::json expected = checkpoint_test::ReadJson(dir + "/expected.json");
+  const auto ids = expected["cases"][0]["ids"].get<std::vector<int32_t>>();
+  const std::vector<float> got = checkpoint_test::PrefillLogits(*config, **weights, &fastest, ids);
+  std::ifstream f(dir + "/" + expected["cases"][0]["logits"].get<std::string>(), std::ios::binary);
+  std::vector<float> want(got.size());
+  f.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * sizeof(float)));
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(double{got[i]} - want[i]));
+    max_ref = std::max(max_ref, std::fabs(double{want[i]}));
+  }
+  std::printf("%s: max-abs logit error %.3g (relative %.3g)\n", CpuIsaName(fastest.isa()), max_err, max_err / max_ref);
+  // bf16 keeps 8 significant bits (relative 2^-9 per value); over a few layers of sums 2%.
+  EXPECT_LT(max_err, 0.02 * max_ref) << "max-abs " << max_err << " (relative " << max_err / max_ref << ")";
 }
 
 }  // namespace
