@@ -43,7 +43,7 @@ void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std:
                   "vLLM's spellings (auto, bfloat16, float16, half, float32, float)");
   cmd->add_option("--quantization,-q", spec->quantization,
                   "none, or fp8: the linear layers' weights stored as float8_e4m3fn with a scale per 128 x 128 "
-                  "block, quantized at load (half the bytes of bf16 read per token; activations stay fp32). An "
+                  "block, quantized at load (half the bytes of bf16 read per token; activations are not quantized). An "
                   "FP8 checkpoint (quantization_config fp8) is read as FP8 either way; embeddings and lm_head "
                   "stay bf16")
       ->capture_default_str();
