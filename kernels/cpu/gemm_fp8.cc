@@ -16,12 +16,6 @@
 namespace moeserve::cpu_fast {
 namespace {
 
-float TailDot(const uint8_t* w, const float* x, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t c = 0; c < n; ++c) acc = std::fma(F8E4M3ToF32(w[c]) / 256.0f, x[c], acc);
-  return acc;
-}
-
 // R rows of x against N weight rows (R x N <= 4: the chains stay in registers).
 template <int R, int N>
 void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
@@ -66,7 +60,7 @@ void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
       for (int r = 0; r < R; ++r) {
         ta[n][r] = Fma(pa[n][r], Set1(s), ta[n][r]);
         tb[n][r] = Fma(pb[n][r], Set1(s), tb[n][r]);
-        if (full < c1) tail[n][r] = std::fma(TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), s, tail[n][r]);
+        if (full < c1) tail[n][r] = std::fma(Fp8TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), s, tail[n][r]);
       }
     }
   }
@@ -137,9 +131,24 @@ void RowRange(const float* x, int64_t m, const WeightRef& w, float* y, bool accu
   }
 }
 
-constexpr int64_t kRowGrain = 16;  // weight rows per work item
 
 }  // namespace
+
+float Fp8TailDot(const uint8_t* w, const float* x, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t c = 0; c < n; ++c) acc = std::fma(F8E4M3ToF32(w[c]) / 256.0f, x[c], acc);
+  return acc;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Fp8GroupItems(std::span<const WeightRef> w, std::span<const int64_t> offsets) {
+  std::vector<std::pair<int64_t, int64_t>> items;
+  for (size_t g = 0; g < w.size(); ++g) {
+    if (offsets[g + 1] == offsets[g]) continue;
+    MS_CHECK(w[g].dtype == DType::kF8E4M3 && w[g].scales != nullptr);
+    for (int64_t j = 0; j < w[g].rows; j += kFp8RowGrain) items.push_back({static_cast<int64_t>(g), j});
+  }
+  return items;
+}
 
 void WidenFp8Row(const uint8_t* bytes, int64_t cols, float* out) {
   int64_t c = 0;
@@ -159,21 +168,15 @@ void Fp8DotsAvx2(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, 
 
 void GemmFp8(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate, bool avx512) {
   MS_CHECK(w.dtype == DType::kF8E4M3 && w.scales != nullptr && w.layout == WeightLayout::kRowMajor);
-  pool.ParallelFor((w.rows + kRowGrain - 1) / kRowGrain, 1, [&](int64_t b, int64_t e) {
+  pool.ParallelFor((w.rows + kFp8RowGrain - 1) / kFp8RowGrain, 1, [&](int64_t b, int64_t e) {
     std::vector<float> wide;
-    RowRange(x, m, w, y, accumulate, avx512, b * kRowGrain, std::min(w.rows, e * kRowGrain), &wide);
+    RowRange(x, m, w, y, accumulate, avx512, b * kFp8RowGrain, std::min(w.rows, e * kFp8RowGrain), &wide);
   });
 }
 
 void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                     float* y, bool avx512) {
-  // Work items (group, chunk of its weight rows) over every group with rows, in one parallel loop.
-  std::vector<std::pair<int64_t, int64_t>> items;
-  for (size_t g = 0; g < w.size(); ++g) {
-    if (offsets[g + 1] == offsets[g]) continue;
-    MS_CHECK(w[g].dtype == DType::kF8E4M3 && w[g].scales != nullptr);
-    for (int64_t j = 0; j < w[g].rows; j += kRowGrain) items.push_back({static_cast<int64_t>(g), j});
-  }
+  const std::vector<std::pair<int64_t, int64_t>> items = Fp8GroupItems(w, offsets);
   pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
     std::vector<float> wide;
     for (int64_t it = b; it < e; ++it) {
@@ -181,7 +184,7 @@ void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef>
       const WeightRef& wg = w[g];
       const int64_t m = offsets[g + 1] - offsets[g];
       RowRange(x + offsets[g] * wg.cols, m, wg, y + offsets[g] * wg.rows, false, avx512, j0,
-               std::min(wg.rows, j0 + kRowGrain), &wide);
+               std::min(wg.rows, j0 + kFp8RowGrain), &wide);
     }
   });
 }

@@ -9,6 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
 
 namespace moeserve::cpu_fast {
 
@@ -27,5 +32,13 @@ void Fp8DotsAvx2(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, 
 void Fp8DotsAvx512(const Fp8Row* w, int n, const float* x, int64_t ldx, int rows, float* out);
 // Widens a row's FP8 values to fp32 / 256 (what the kernels multiply).
 void WidenFp8Row(const uint8_t* bytes, int64_t cols, float* out);
+// The scalar FMA chain of a group's last columns (fewer than 8): sum of w / 256 x x, in order.
+float Fp8TailDot(const uint8_t* w, const float* x, int64_t n);
+
+// Weight rows per work item of the FP8 GEMMs.
+constexpr int64_t kFp8RowGrain = 16;
+// A grouped FP8 GEMM's work items: (group, first weight row of a chunk of kFp8RowGrain) over
+// every group that has rows of x, so that all groups run in one parallel loop.
+std::vector<std::pair<int64_t, int64_t>> Fp8GroupItems(std::span<const WeightRef> w, std::span<const int64_t> offsets);
 
 }  // namespace moeserve::cpu_fast

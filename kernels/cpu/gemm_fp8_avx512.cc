@@ -20,12 +20,6 @@ inline __m512 Widen16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xbf80))));
 }
 
-float TailDot(const uint8_t* w, const float* x, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t c = 0; c < n; ++c) acc = std::fma(F8E4M3ToF32(w[c]) / 256.0f, x[c], acc);
-  return acc;
-}
-
 // R rows of x against N weight rows (R x N <= 8: 32 registers).
 template <int R, int N>
 void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
@@ -69,7 +63,7 @@ void Dots(const Fp8Row* w, const float* x, int64_t ldx, float* out) {
       const __m512 s = _mm512_set1_ps(sf);
       for (int r = 0; r < R; ++r) {
         total[n][r] = _mm512_fmadd_ps(acc[n][r], s, total[n][r]);
-        if (full < c1) tail[n][r] = std::fma(TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), sf, tail[n][r]);
+        if (full < c1) tail[n][r] = std::fma(Fp8TailDot(w[n].bytes + full, x + r * ldx + full, c1 - full), sf, tail[n][r]);
       }
     }
   }

@@ -16,6 +16,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/gemm_fp8.h"
 #include "kernels/cpu/vec8.h"
 
 #pragma GCC push_options
@@ -108,7 +109,6 @@ void RowRange(const uint16_t* x, int64_t m, const WeightRef& w, float* y, bool a
   }
 }
 
-constexpr int64_t kRowGrain = 16;
 
 // x rounded to bf16 (round to nearest even), padded by 32 for the masked tail loads.
 std::vector<uint16_t> RoundRows(const float* x, int64_t n) {
@@ -122,9 +122,9 @@ std::vector<uint16_t> RoundRows(const float* x, int64_t n) {
 void GemmFp8Bf16(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
   MS_CHECK(w.dtype == DType::kF8E4M3 && w.scales != nullptr && w.layout == WeightLayout::kRowMajor);
   const std::vector<uint16_t> xb = RoundRows(x, m * w.cols);
-  pool.ParallelFor((w.rows + kRowGrain - 1) / kRowGrain, 1, [&](int64_t b, int64_t e) {
+  pool.ParallelFor((w.rows + kFp8RowGrain - 1) / kFp8RowGrain, 1, [&](int64_t b, int64_t e) {
     std::vector<uint16_t> wide;
-    RowRange(xb.data(), m, w, y, accumulate, b * kRowGrain, std::min(w.rows, e * kRowGrain), &wide);
+    RowRange(xb.data(), m, w, y, accumulate, b * kFp8RowGrain, std::min(w.rows, e * kFp8RowGrain), &wide);
   });
 }
 
@@ -132,19 +132,14 @@ void GroupedGemmFp8Bf16(ThreadPool& pool, const float* x, std::span<const Weight
                         std::span<const int64_t> offsets, float* y) {
   if (w.empty()) return;
   const std::vector<uint16_t> xb = RoundRows(x, offsets.back() * w[0].cols);
-  std::vector<std::pair<int64_t, int64_t>> items;
-  for (size_t g = 0; g < w.size(); ++g) {
-    if (offsets[g + 1] == offsets[g]) continue;
-    MS_CHECK(w[g].dtype == DType::kF8E4M3 && w[g].scales != nullptr);
-    for (int64_t j = 0; j < w[g].rows; j += kRowGrain) items.push_back({static_cast<int64_t>(g), j});
-  }
+  const std::vector<std::pair<int64_t, int64_t>> items = Fp8GroupItems(w, offsets);
   pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
     std::vector<uint16_t> wide;
     for (int64_t it = b; it < e; ++it) {
       const auto [g, j0] = items[it];
       const WeightRef& wg = w[g];
       RowRange(xb.data() + offsets[g] * wg.cols, offsets[g + 1] - offsets[g], wg, y + offsets[g] * wg.rows, false, j0,
-               std::min(wg.rows, j0 + kRowGrain), &wide);
+               std::min(wg.rows, j0 + kFp8RowGrain), &wide);
     }
   });
 }
