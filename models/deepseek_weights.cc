@@ -125,17 +125,7 @@ absl::Status LoadDeepseekMlp(const ModelConfig& c, int64_t l, DType dtype, const
   if (c.router.correction_bias) {
     ASSIGN_OR_RETURN(lw->router_bias, up.Vector(tn::Layer(l, "mlp.gate.e_score_correction_bias")));
   }
-  for (int64_t e = 0; e < c.num_local_experts; ++e) {
-    const std::vector<std::string> names13 = {tn::Expert(c, l, e, "w1"), tn::Expert(c, l, e, "w3")};
-    const std::vector<std::string> names2 = {tn::Expert(c, l, e, "w2")};
-    WeightRef w13{nullptr, dtype, 2 * c.intermediate_size, c.hidden_size}, w2{nullptr, dtype, c.hidden_size, c.intermediate_size};
-    if (held[e]) {
-      ASSIGN_OR_RETURN(w13, up.Matrix(names13, dtype));
-      ASSIGN_OR_RETURN(w2, up.Matrix(names2, dtype));
-    }
-    lw->w13.push_back(w13);
-    lw->w2.push_back(w2);
-  }
+  RETURN_IF_ERROR(LoadRoutedExperts(c, l, dtype, held, up, lw));
   if (c.has_shared_expert()) {
     ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_experts.gate_proj.weight"),
                                                 tn::Layer(l, "mlp.shared_experts.up_proj.weight")},

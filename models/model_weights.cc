@@ -38,6 +38,25 @@ absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const Weight
   return held;
 }
 
+}  // namespace
+
+absl::Status LoadRoutedExperts(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
+                               LayerWeights* lw) {
+  for (int64_t e = 0; e < c.num_local_experts; ++e) {
+    WeightRef w13{nullptr, dtype, 2 * c.intermediate_size, c.hidden_size};
+    WeightRef w2{nullptr, dtype, c.hidden_size, c.intermediate_size};
+    if (held[e]) {
+      ASSIGN_OR_RETURN(w13, up.Matrix({tn::Expert(c, l, e, "w1"), tn::Expert(c, l, e, "w3")}, dtype));
+      ASSIGN_OR_RETURN(w2, up.Matrix({tn::Expert(c, l, e, "w2")}, dtype));
+    }
+    lw->w13.push_back(w13);
+    lw->w2.push_back(w2);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // Grouped-query attention: q, k, v, o and the family's biases or q/k norms.
 absl::Status LoadAttention(const ModelConfig& c, int64_t l, DType dtype, Uploader& up, LayerWeights* lw) {
   ASSIGN_OR_RETURN(lw->q, up.Matrix({tn::Layer(l, "self_attn.q_proj.weight")}, dtype));
@@ -60,18 +79,7 @@ absl::Status LoadAttention(const ModelConfig& c, int64_t l, DType dtype, Uploade
 absl::Status LoadMoe(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
                      LayerWeights* lw) {
   ASSIGN_OR_RETURN(lw->router, up.Matrix({tn::Router(c, l)}, DType::kF32));
-  for (int64_t e = 0; e < c.num_local_experts; ++e) {
-    const std::vector<std::string> names13 = {tn::Expert(c, l, e, "w1"), tn::Expert(c, l, e, "w3")};
-    const std::vector<std::string> names2 = {tn::Expert(c, l, e, "w2")};
-    WeightRef w13{nullptr, dtype, 2 * c.intermediate_size, c.hidden_size};
-    WeightRef w2{nullptr, dtype, c.hidden_size, c.intermediate_size};
-    if (held[e]) {
-      ASSIGN_OR_RETURN(w13, up.Matrix(names13, dtype));
-      ASSIGN_OR_RETURN(w2, up.Matrix(names2, dtype));
-    }
-    lw->w13.push_back(w13);
-    lw->w2.push_back(w2);
-  }
+  RETURN_IF_ERROR(LoadRoutedExperts(c, l, dtype, held, up, lw));
   if (c.has_shared_expert()) {
     ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.shared_expert.gate_proj.weight"),
                                                 tn::Layer(l, "mlp.shared_expert.up_proj.weight")},

@@ -55,6 +55,11 @@ struct WeightShard {
 };
 
 
+// Reads layer `l`'s routed experts that `held` marks (w1 and w3 stacked, w2); the others keep
+// their shapes without data. Every family's MoE layer loads its experts this way.
+absl::Status LoadRoutedExperts(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
+                               LayerWeights* lw);
+
 class ModelWeights {
  public:
   // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.

@@ -65,13 +65,7 @@ absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const HostMatr
   const DType stored = dtype == DType::kF8E4M3 ? DType::kF32 : dtype;
   std::vector<uint8_t> host(m.values.size() * DTypeSize(stored));
   ConvertFromF32(m.values.data(), m.values.size(), stored, host.data());
-  const int64_t shape[3] = {m.rows, m.cols, static_cast<int64_t>(stored)};
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, shape, sizeof(shape));
-  XXH3_64bits_update(state, host.data(), host.size());
-  (*digests_)[key] = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
+  RecordDigest(key, m.rows, m.cols, stored, {{host.data(), host.size()}});
   const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
   ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), stored, m.rows, m.cols, layout));
   WeightRef w{buf.data(), stored, m.rows, m.cols, layout};
@@ -80,16 +74,21 @@ absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const HostMatr
   return w;
 }
 
-// FP8 weights stay row-major (the FP8 kernel's order), their scales beside them.
-absl::StatusOr<WeightRef> Uploader::StoreFp8(const std::string& key, const HostMatrix& m) {
-  const int64_t shape[3] = {m.rows, m.cols, static_cast<int64_t>(DType::kF8E4M3)};
+void Uploader::RecordDigest(const std::string& key, int64_t rows, int64_t cols, DType dtype,
+                            std::initializer_list<std::pair<const void*, size_t>> parts) {
+  const int64_t shape[3] = {rows, cols, static_cast<int64_t>(dtype)};
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   XXH3_64bits_update(state, shape, sizeof(shape));
-  XXH3_64bits_update(state, m.bytes.data(), m.bytes.size());
-  XXH3_64bits_update(state, m.scales.data(), m.scales.size() * sizeof(float));
+  for (const auto& [data, bytes] : parts) XXH3_64bits_update(state, data, bytes);
   (*digests_)[key] = XXH3_64bits_digest(state);
   XXH3_freeState(state);
+}
+
+// FP8 weights stay row-major (the FP8 kernel's order), their scales beside them.
+absl::StatusOr<WeightRef> Uploader::StoreFp8(const std::string& key, const HostMatrix& m) {
+  RecordDigest(key, m.rows, m.cols, DType::kF8E4M3,
+               {{m.bytes.data(), m.bytes.size()}, {m.scales.data(), m.scales.size() * sizeof(float)}});
   ASSIGN_OR_RETURN(DeviceBuffer buf, backend_->Allocate(std::max<size_t>(m.bytes.size(), 1)));
   RETURN_IF_ERROR(backend_->CopyToDevice(buf.data(), m.bytes.data(), m.bytes.size()));
   ASSIGN_OR_RETURN(DeviceBuffer sbuf, backend_->Allocate(m.scales.size() * sizeof(float)));

@@ -4,6 +4,7 @@
 // different parts of a checkpoint can put the whole model's digest together).
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ class Uploader {
   // Hashes, uploads and records the matrix as the weight `key`.
   absl::StatusOr<WeightRef> Store(const std::string& key, const HostMatrix& m, DType dtype, bool gemm_operand);
   absl::StatusOr<WeightRef> StoreFp8(const std::string& key, const HostMatrix& m);
+  // The digest of the weight `key`: its shape and dtype, then its bytes part by part.
+  void RecordDigest(const std::string& key, int64_t rows, int64_t cols, DType dtype,
+                    std::initializer_list<std::pair<const void*, size_t>> parts);
 
   const TensorSource& src_;
   const std::map<std::string, std::vector<int64_t>>& shapes_;

@@ -70,7 +70,7 @@ class PatchedSource : public TensorSource {
 inline std::vector<float> PrefillLogits(const ModelConfig& config, const ModelWeights& weights, Backend* backend,
                                  const std::vector<int32_t>& ids) {
   const int64_t n = static_cast<int64_t>(ids.size()), block = 16;
-  auto kv = KvStorage::Create(backend, KvLayoutFor(config, 4, block, DType::kF32));
+  auto kv = KvStorage::Create(backend, KvLayoutFor(config, (n + block - 1) / block, block, DType::kF32));
   EXPECT_TRUE(kv.ok());
   MoeModel model(&weights, backend);
   ForwardInput in;

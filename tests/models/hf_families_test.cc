@@ -18,6 +18,7 @@
 #include "models/moe_model.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/models/checkpoint_test_util.h"
 
 namespace moeserve {
 namespace {
@@ -60,24 +61,7 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
     EXPECT_EQ(*encoded, ids) << "the checkpoint's tokenizer";
 
     // One prefill of the whole prompt, logits at every position.
-    const int64_t n = static_cast<int64_t>(ids.size()), block = 16;
-    auto kv = KvStorage::Create(&backend, KvLayoutFor(*config, 8, block, DType::kF32));
-    ASSERT_TRUE(kv.ok());
-    MoeModel model(weights->get(), &backend);
-    ForwardInput in;
-    in.token_ids = ids;
-    in.num_seqs = 1;
-    in.max_blocks_per_seq = (n + block - 1) / block;
-    for (int64_t i = 0; i < n; ++i) {
-      in.positions.push_back(static_cast<int32_t>(i));
-      in.token_seq.push_back(0);
-      in.slots.push_back(i);
-      in.logit_rows.push_back(static_cast<int32_t>(i));
-    }
-    for (int64_t b = 0; b < in.max_blocks_per_seq; ++b)
-      in.block_tables.push_back(static_cast<int32_t>(b));
-    std::vector<float> logits;
-    ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
+    const std::vector<float> logits = checkpoint_test::PrefillLogits(*config, **weights, &backend, ids);
     const std::vector<float> want = ReadF32(dir + "/" + c["logits"].get<std::string>());
     ASSERT_EQ(logits.size(), want.size());
     double max_abs = 0, max_ref = 0;
@@ -97,6 +81,9 @@ TEST_P(HfFamilyTest, LogitsAndGreedyTokensMatchTransformers) {
         << worst / config->vocab_size << ", token " << worst % config->vocab_size;
 
     // Greedy continuation through the generator (prefill, then decode steps).
+    auto kv = KvStorage::Create(&backend, KvLayoutFor(*config, 8, 16, DType::kF32));
+    ASSERT_TRUE(kv.ok());
+    MoeModel model(weights->get(), &backend);
     BlockPool pool(8);
     Generator gen(&model, &*kv, &pool);
     GenerationRequest req;
