@@ -34,6 +34,8 @@ StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveL
       // Sampled on the device; the logits come to the host only for requests that want logprobs.
       in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
       in.sample.push_back(r.sampler->Next());
+      r.editor->Append(static_cast<int32_t>(in.logit_rows.size() - 1), s.num_tokens() - s.prompt_len,
+                       &in.logit_edits);
       if (r.request.wants_logprobs()) in.logits_to_host = true;
     }
     if (!r.first_scheduled) r.first_scheduled = now;

@@ -146,6 +146,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   live->seq.id = id;
   live->sampler =
       std::make_unique<Sampler>(live->request.sampling, 0x9e3779b9ull * id + 0xbf58476d1ce4e5b9ull * config_.seed);
+  live->editor = std::make_unique<LogitEditor>(live->request);
   incoming_.push_back(std::move(live));
   ++pending_;
   cv_.notify_all();

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/clock.h"
+#include "engine/logit_edits.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
 #include "engine/sequence.h"
@@ -20,6 +21,7 @@ struct LiveRequest {
   EventCallback callback;
   Sequence seq;
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<LogitEditor> editor;  // penalties, logit_bias, min_tokens
   Clock::time_point submitted;
   std::optional<Clock::time_point> first_scheduled, first_token;
   int64_t steps = 0, batch_sum = 0;  // steps joined, and the sequences of those steps in all

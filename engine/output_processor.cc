@@ -48,6 +48,7 @@ std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
     const int32_t tok = sampled[lr];
     Sequence& seq = r.seq;
     seq.tokens.push_back(tok);
+    r.editor->Observe(tok);
     if (!r.first_token) r.first_token = now;
     RequestEvent ev;
     ev.request_id = seq.id;

@@ -37,6 +37,16 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
   }
 }
 
+// The edits of logit row `from` (edits are row-ordered), renumbered as row `to` of `out`.
+void MoveRowEdits(const std::vector<LogitEdit>& edits, int64_t from, int64_t to, std::vector<LogitEdit>* out) {
+  auto lo = std::lower_bound(edits.begin(), edits.end(), from,
+                             [](const LogitEdit& e, int64_t row) { return e.row < row; });
+  for (; lo != edits.end() && lo->row == from; ++lo) {
+    out->push_back(*lo);
+    out->back().row = static_cast<int32_t>(to);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
@@ -79,6 +89,8 @@ absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
             sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
             sub.logit_dest.push_back(logit_of_token[i]);
             if (!in.sample.empty()) sub.in.sample.push_back(in.sample[logit_of_token[i]]);
+            MoveRowEdits(in.logit_edits, logit_of_token[i], static_cast<int64_t>(sub.in.logit_rows.size()) - 1,
+                         &sub.in.logit_edits);
           }
           sub.in.token_ids.push_back(in.token_ids[i]);
           sub.in.positions.push_back(in.positions[i]);

@@ -96,6 +96,7 @@ std::string EncodeRankStep(const std::vector<SubStep>& subs) {
     w.Put(in.max_blocks_per_seq);
     w.PutVector(in.logit_rows);
     w.PutVector(in.sample);
+    w.PutVector(in.logit_edits);
     w.Put<uint8_t>(in.logits_to_host ? 1 : 0);
     w.PutVector(s.logit_dest);
   }
@@ -132,6 +133,7 @@ absl::StatusOr<bool> DecodeRankStep(const std::string& bytes, std::vector<SubSte
     RETURN_IF_ERROR(r.Get(&in.max_blocks_per_seq, "max_blocks_per_seq"));
     RETURN_IF_ERROR(r.GetVector(&in.logit_rows, "logit_rows"));
     RETURN_IF_ERROR(r.GetVector(&in.sample, "sample"));
+    RETURN_IF_ERROR(r.GetVector(&in.logit_edits, "logit_edits"));
     uint8_t to_host = 0;
     RETURN_IF_ERROR(r.Get(&to_host, "logits_to_host"));
     in.logits_to_host = to_host != 0;

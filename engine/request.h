@@ -21,6 +21,9 @@ inline constexpr size_t kMaxCacheSaltBytes = 256;
 struct GenerateRequest {
   std::vector<int32_t> prompt;
   int32_t max_tokens = 16;
+  // Until this many tokens are generated, the stop tokens (stop_ids) cannot be sampled and the
+  // front ends match no stop string (vLLM's min_tokens).
+  int32_t min_tokens = 0;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;
   Priority priority = Priority::kNormal;

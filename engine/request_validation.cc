@@ -58,18 +58,17 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
     return Invalid("max_tokens", absl::StrCat("the prompt's ", r.prompt.size(), " tokens + max_tokens ", r.max_tokens,
                                               " exceed the model length of ", context, " (--max-model-len)"));
   }
-  const SamplingParams& s = r.sampling;
-  if (!std::isfinite(s.temperature) || s.temperature < 0.0f || s.temperature > 100.0f) {
-    return Invalid("sampling.temperature",
-                   absl::StrCat("must be in [0, 100], got ", s.temperature));
+  if (absl::Status s = r.sampling.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.", s.message()));
   }
-  if (s.top_k < 0)
-    return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0 = off), got ", s.top_k));
-  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], got ", s.top_p));
+  for (const auto& [token, bias] : r.sampling.logit_bias) {
+    if (token < 0 || token >= c.vocab_size) {
+      return Invalid("sampling.logit_bias",
+                     absl::StrCat("token id ", token, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
   }
-  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
-    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], got ", s.min_p));
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
+    return Invalid("min_tokens", absl::StrCat("must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens));
   }
   for (int32_t id : r.stop_ids) {
     if (id < 0 || id >= c.vocab_size) {

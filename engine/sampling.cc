@@ -9,16 +9,34 @@
 
 namespace moeserve {
 
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view limit, double got) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be ", limit, ", got ", got));
+}
+
+}  // namespace
+
 absl::Status SamplingParams::Validate() const {
-  if (!(temperature >= 0.0f) || !std::isfinite(temperature) || temperature > 100.0f) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be in [0, 100], got ", temperature));
+  if (!(temperature >= 0.0f && temperature <= 100.0f)) return Bad("temperature", "in [0, 100]", temperature);
+  if (top_k < 0) return Bad("top_k", ">= 0 (0 = off)", top_k);
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return Bad("top_p", "in (0, 1]", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return Bad("min_p", "in [0, 1]", min_p);
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) return Bad("presence_penalty", "in [-2, 2]", presence_penalty);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return Bad("frequency_penalty", "in [-2, 2]", frequency_penalty);
   }
-  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (0 = off), got ", top_k));
-  if (!(top_p > 0.0f && top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 100.0f)) {
+    return Bad("repetition_penalty", "in (0, 100]", repetition_penalty);
   }
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [token, bias] = logit_bias[i];
+    if (i > 0 && token <= logit_bias[i - 1].first) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", token, " is listed twice or out of order"));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token ", token, " must be in [-100, 100], got ", bias));
+    }
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,10 +20,20 @@ struct SamplingParams {
   float top_p = 1.0f;        // (0, 1]
   float min_p = 0.0f;        // [0, 1], vLLM's: tokens below min_p x the likeliest's probability dropped
   std::optional<uint64_t> seed;
+  // The logits processors (engine/logit_edits.h), as vLLM and OpenAI define them. They change
+  // the distribution sampled from (greedy too), not the logprobs reported.
+  float presence_penalty = 0.0f;    // [-2, 2]: subtracted from each token already generated
+  float frequency_penalty = 0.0f;   // [-2, 2]: subtracted once per time a token was generated
+  float repetition_penalty = 1.0f;  // (0, 100]: divides (multiplies if negative) the logit of
+                                    // each token of the prompt or the output; 1: off
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> added logit, [-100, 100]
 
-  // Errors name the field and the limit.
+  // Errors name the field ("top_p: must be in (0, 1], got 2") and the limit.
   absl::Status Validate() const;
   bool greedy() const { return temperature == 0.0f; }
+  bool has_penalties() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
 };
 
 struct TokenLogprob {

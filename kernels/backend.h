@@ -123,6 +123,18 @@ struct SampleSpec {
   float min_p = 0;          // [0, 1]: tokens less likely than min_p x the likeliest dropped first
 };
 
+// A change to one logit before sampling (Backend::EditLogits), in vLLM's order: the bias first
+// (logit_bias; -inf bans a token, as min_tokens does with stop tokens), then the repetition
+// penalty (a positive logit divided by it, a negative one multiplied), then `subtract`
+// (frequency x count + presence). Plain data, the same bytes on the host and the device.
+struct LogitEdit {
+  int32_t row = 0;          // the logit row
+  int32_t token = 0;        // the column; at most one edit per (row, token)
+  float bias = 0;
+  float repetition = 1;     // > 0; 1: none
+  float subtract = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -233,6 +245,8 @@ class Backend {
   // probability first exceeds u. specs: [rows]; tokens: [rows].
   virtual void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                           int32_t* tokens) = 0;
+  // Applies `edits` [n] (device memory, each (row, token) once) to logits [rows, vocab] in place.
+  virtual void EditLogits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n) = 0;
 
   // Whether Gemm and GroupedGemm take FP8 weights; a model that has them is refused at load on
   // a backend that does not.

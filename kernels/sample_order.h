@@ -51,4 +51,11 @@ MOESERVE_HOST_DEVICE inline int ChooseKeyByte(const double* hist, double target,
   return last_nonempty;
 }
 
+// One logit under a LogitEdit (kernels/backend.h), in vLLM's order: bias, repetition penalty
+// (a positive logit divided, a negative one multiplied), then the frequency/presence subtraction.
+MOESERVE_HOST_DEVICE inline float EditedLogit(float logit, float bias, float repetition, float subtract) {
+  const float l = logit + bias;
+  return (l > 0.0f ? l / repetition : l * repetition) - subtract;
+}
+
 }  // namespace moeserve

@@ -39,15 +39,13 @@ absl::StatusOr<GenerationDefaults> FromFile(const std::string& file) {
   ASSIGN_OR_RETURN(d.temperature, Number(j, file, "temperature", 0, 100));  // a request's range
   ASSIGN_OR_RETURN(d.top_p, Number(j, file, "top_p", 1e-9, 1));
   ASSIGN_OR_RETURN(d.min_p, Number(j, file, "min_p", 0, 1));
+  ASSIGN_OR_RETURN(d.repetition_penalty, Number(j, file, "repetition_penalty", 1e-9, 100));
   for (const auto& [key, lo, target] : {std::tuple{"top_k", -1.0, &d.top_k}, std::tuple{"max_new_tokens", 1.0, &d.max_tokens}}) {
     ASSIGN_OR_RETURN(const std::optional<double> v, Number(j, file, key, lo, 2147483647.0));
     if (v && *v != static_cast<double>(static_cast<int64_t>(*v))) return Bad(file, key, "must be an integer");
     if (v) *target = static_cast<int64_t>(*v);
   }
   if (d.top_k && *d.top_k <= 0) d.top_k.reset();  // -1 or 0: off, as the request default
-  // What vLLM would apply and moeserve cannot: said at start, so that no answer differs unseen.
-  ASSIGN_OR_RETURN(const std::optional<double> penalty, Number(j, file, "repetition_penalty", -1e9, 1e9));
-  if (penalty && *penalty != 1.0) d.not_applied.push_back(absl::StrCat("repetition_penalty ", *penalty));
   return d;
 }
 
@@ -58,15 +56,11 @@ std::string GenerationDefaults::Describe() const {
   if (temperature) parts.push_back(absl::StrCat("temperature ", *temperature));
   if (top_p) parts.push_back(absl::StrCat("top_p ", *top_p));
   if (min_p) parts.push_back(absl::StrCat("min_p ", *min_p));
+  if (repetition_penalty) parts.push_back(absl::StrCat("repetition_penalty ", *repetition_penalty));
   if (top_k) parts.push_back(absl::StrCat("top_k ", *top_k));
   if (max_tokens) parts.push_back(absl::StrCat("max_tokens ", *max_tokens));
-  std::string out = parts.empty() ? std::string("no sampling defaults")
-                                  : absl::StrCat("request defaults ", absl::StrJoin(parts, ", "));
-  if (!not_applied.empty()) {
-    absl::StrAppend(&out, "; NOT applied (moeserve does not implement them, so answers differ from vLLM's): ",
-                    absl::StrJoin(not_applied, ", "));
-  }
-  return out;
+  return parts.empty() ? std::string("no sampling defaults")
+                       : absl::StrCat("request defaults ", absl::StrJoin(parts, ", "));
 }
 
 absl::StatusOr<GenerationDefaults> ReadGenerationDefaults(const std::string& flag,

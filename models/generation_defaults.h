@@ -1,7 +1,6 @@
 // A checkpoint's sampling defaults (generation_config.json), which vLLM applies to OpenAI API
 // requests that do not set them (its --generation-config auto, the default): temperature, top_p,
-// top_k, min_p and max_new_tokens (as max_tokens). repetition_penalty, which moeserve does not
-// implement, is reported as not applied rather than ignored in silence.
+// top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens).
 #pragma once
 
 #include <optional>
@@ -13,11 +12,10 @@
 namespace moeserve {
 
 struct GenerationDefaults {
-  std::optional<double> temperature, top_p, min_p;
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<int64_t> top_k, max_tokens;
-  std::vector<std::string> not_applied;  // "repetition_penalty 1.05": set there, not implemented
-  std::string source;                    // the file read; empty: none
-  bool empty() const { return !temperature && !top_p && !min_p && !top_k && !max_tokens; }
+  std::string source;  // the file read; empty: none
+  bool empty() const { return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && !max_tokens; }
   std::string Describe() const;  // for the start-up log
 };
 

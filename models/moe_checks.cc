@@ -98,6 +98,18 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
     return absl::InvalidArgumentError(absl::StrCat("sample: ", in.sample.size(), " specs for ",
                                                    in.logit_rows.size(), " logit rows"));
   }
+  if (!in.logit_edits.empty() && in.sample.empty()) {
+    return absl::InvalidArgumentError("logit edits without sampling specs");
+  }
+  for (size_t i = 0; i < in.logit_edits.size(); ++i) {
+    const LogitEdit& e = in.logit_edits[i];
+    if (e.row < 0 || e.row >= static_cast<int32_t>(in.logit_rows.size()) || e.token < 0 ||
+        e.token >= config().vocab_size || !(e.repetition > 0.0f) || std::isnan(e.bias) || std::isnan(e.subtract)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit edit ", i, " out of range: row ", e.row, " of ",
+                                                     in.logit_rows.size(), ", token ", e.token, " of ",
+                                                     config().vocab_size, ", repetition ", e.repetition));
+    }
+  }
   for (const SampleSpec& s : in.sample) {
     if (!(s.temperature >= 0.0f) || !(s.top_p > 0.0f && s.top_p <= 1.0f) || s.top_k < 0 ||
         !(s.u >= 0.0 && s.u < 1.0)) {

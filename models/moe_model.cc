@@ -66,7 +66,8 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
   const int64_t h = c.hidden_size;
   const int64_t r = static_cast<int64_t>(in.logit_rows.size());
   RETURN_IF_ERROR(
-      EnsureWorkspace(std::max<int64_t>(t, 1), std::max<int64_t>(in.block_tables.size(), 1), r));
+      EnsureWorkspace(std::max<int64_t>(t, 1), std::max<int64_t>(in.block_tables.size(), 1), r,
+                      static_cast<int64_t>(in.logit_edits.size())));
   if (stats != nullptr) {
     *stats = ForwardStats();
     stats->tokens = t;
@@ -164,22 +165,27 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
   backend_->GatherRows(x, ws_.logit_rows.as<int32_t>(), r, h, fx);
   backend_->RmsNorm(fx, weights_->final_norm(), r, h, static_cast<float>(c.rms_norm_eps), fx);
   backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
-  if (!in.sample.empty()) {
-    if (sampled == nullptr)
-      return absl::InvalidArgumentError("forward: sampling specs but nowhere to put the tokens");
-    RETURN_IF_ERROR(
-        backend_->CopyToDevice(ws_.sample_specs.data(), in.sample.data(), r * sizeof(SampleSpec)));
-    backend_->SampleRows(ws_.logits.as<float>(), r, c.vocab_size, ws_.sample_specs.as<SampleSpec>(),
-                         ws_.sampled.as<int32_t>());
-    sampled->resize(static_cast<size_t>(r));
-    RETURN_IF_ERROR(backend_->CopyToHost(sampled->data(), ws_.sampled.data(), r * sizeof(int32_t)));
-  }
+  // The logits go to the host before the edits: logprobs are the model's own, as vLLM reports.
   if (in.logits_to_host) {
     logits->resize(static_cast<size_t>(r * c.vocab_size));
     RETURN_IF_ERROR(
         backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
   } else {
     logits->clear();
+  }
+  if (!in.sample.empty()) {
+    if (sampled == nullptr)
+      return absl::InvalidArgumentError("forward: sampling specs but nowhere to put the tokens");
+    if (const int64_t n = static_cast<int64_t>(in.logit_edits.size()); n > 0) {
+      RETURN_IF_ERROR(backend_->CopyToDevice(ws_.logit_edits.data(), in.logit_edits.data(), n * sizeof(LogitEdit)));
+      backend_->EditLogits(ws_.logits.as<float>(), c.vocab_size, ws_.logit_edits.as<LogitEdit>(), n);
+    }
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(ws_.sample_specs.data(), in.sample.data(), r * sizeof(SampleSpec)));
+    backend_->SampleRows(ws_.logits.as<float>(), r, c.vocab_size, ws_.sample_specs.as<SampleSpec>(),
+                         ws_.sampled.as<int32_t>());
+    sampled->resize(static_cast<size_t>(r));
+    RETURN_IF_ERROR(backend_->CopyToHost(sampled->data(), ws_.sampled.data(), r * sizeof(int32_t)));
   }
   absl::Status s = finish();
   lap(&ForwardStats::head_seconds);

@@ -32,6 +32,9 @@ struct ForwardInput {
   // Sampling on the device: one spec per logit row (empty: none); the tokens come back instead
   // of, or with, the logits. Without logits_to_host only the tokens cross the host link.
   std::vector<SampleSpec> sample;
+  // Edits of the logit rows before sampling (penalties, logit_bias, min_tokens), row-ordered;
+  // the logprobs that go to the host are of the unedited logits, as vLLM reports them.
+  std::vector<LogitEdit> logit_edits;
   bool logits_to_host = true;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
@@ -106,7 +109,7 @@ class MoeModel {
     int64_t capacity_tokens = 0;
     DeviceBuffer x, xn, q, k, v, attn, router_logits, topk_ids, topk_w, sorted_x, gate_up, act,
         expert_out, combine_rows, gather_rows, shared_gate, ids, positions, token_seq, slots,
-        block_tables, logit_rows, final_x, logits, sample_specs, sampled;
+        block_tables, logit_rows, final_x, logits, sample_specs, sampled, logit_edits;
     DeviceBuffer route_offsets;  // [shard layers, experts + 1]: each layer's routing offsets
     // Multi-head latent attention: its activations, the step's head-major <-> token-major row
     // maps and per-head offsets (for the per-head GEMMs), and the rotary frequencies.
@@ -116,8 +119,8 @@ class MoeModel {
     int64_t logit_capacity = 0;
   };
   // Grows the workspace for a step; on failure frees all of it (the next step starts afresh).
-  absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
-  absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows);
+  absl::Status EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows, int64_t logit_edits);
+  absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows, int64_t logit_edits);
   absl::Status GrowMla(int64_t tokens);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t layer, int64_t tokens, ForwardStats* stats);
   // Multi-head latent attention (DeepSeek) in the absorbed form, added to the residual.

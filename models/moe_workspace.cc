@@ -10,8 +10,9 @@
 
 namespace moeserve {
 
-absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
-  absl::Status s = GrowWorkspace(tokens, table_elems, logit_rows);
+absl::Status MoeModel::EnsureWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows,
+                                       int64_t logit_edits) {
+  absl::Status s = GrowWorkspace(tokens, table_elems, logit_rows, logit_edits);
   // A half-grown workspace would keep device memory that the next, smaller step may need.
   if (!s.ok()) ws_ = Workspace();
   return s;
@@ -39,7 +40,8 @@ absl::Status MoeModel::GrowMla(int64_t n) {
   return absl::OkStatus();
 }
 
-absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows) {
+absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows,
+                                     int64_t logit_edits) {
   const ModelConfig& c = config();
   auto grow = [&](DeviceBuffer& b, size_t bytes) -> absl::Status {
     if (b.bytes() >= bytes && !b.empty()) return absl::OkStatus();
@@ -92,6 +94,7 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.sampled, n * sizeof(int32_t)));
     ws_.logit_capacity = n;
   }
+  if (logit_edits > 0) RETURN_IF_ERROR(grow(ws_.logit_edits, 2 * logit_edits * sizeof(LogitEdit)));
   return absl::OkStatus();
 }
 

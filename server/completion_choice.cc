@@ -6,12 +6,17 @@
 namespace moeserve::server {
 
 TextStream::TextStream(const ParsedCompletion& p)
-    : stop_(p.stop), include_stop_(p.include_stop_str), decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
+    : stop_(p.stop),
+      include_stop_(p.include_stop_str),
+      min_tokens_(p.request.min_tokens),
+      decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
   for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
 }
 
 std::string TextStream::Push(int32_t token) {
   pending_ += decoder_.Push(token);
+  // As vLLM: the text of the first min_tokens tokens ends no stop string.
+  if (++pushed_ <= min_tokens_) protected_ = pending_.size();
   return Drain(false);
 }
 
@@ -23,7 +28,7 @@ std::string TextStream::Finish() {
 std::string TextStream::Drain(bool final) {
   if (stopped_) return "";
   std::string out;
-  if (CutAtStop(&pending_, stop_, include_stop_, &matched_)) {
+  if (CutAtStop(&pending_, stop_, include_stop_, &matched_, protected_)) {
     stopped_ = true;
     out.swap(pending_);
     return out;
@@ -32,6 +37,7 @@ std::string TextStream::Drain(bool final) {
   while (cut > 0 && cut < pending_.size() && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) --cut;
   out = pending_.substr(0, cut);
   pending_.erase(0, cut);
+  protected_ -= std::min(protected_, cut);
   return out;
 }
 

@@ -31,6 +31,8 @@ class TextStream {
   std::vector<std::string> stop_;
   std::string matched_;
   bool include_stop_ = false;
+  int64_t min_tokens_ = 0, pushed_ = 0;
+  size_t protected_ = 0;  // the first bytes of pending_, from the first min_tokens tokens
   size_t hold_ = 0;
   StreamDetokenizer decoder_;
   std::string pending_;

@@ -106,4 +106,11 @@ absl::StatusOr<uint64_t> UnsignedInt(const nlohmann::json& v, const char* field)
   return v.get<uint64_t>();
 }
 
+absl::StatusOr<std::optional<double>> OptionalNumber(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return absl::InvalidArgumentError(absl::StrCat(key, ": must be a number, got ", it->dump()));
+  return it->get<double>();
+}
+
 }  // namespace moeserve::server

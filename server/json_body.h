@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,8 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const JsonLi
 // `v` as an integer in [lo, hi]; INVALID_ARGUMENT "FIELD: must be an integer in [lo, hi], got V"
 // (V as written, however large) otherwise.
 absl::StatusOr<int64_t> IntInRange(const nlohmann::json& v, const char* field, int64_t lo, int64_t hi);
+// `j[key]` as a number; nullopt when absent or null; INVALID_ARGUMENT "KEY: must be a number".
+absl::StatusOr<std::optional<double>> OptionalNumber(const nlohmann::json& j, const char* key);
 // The same for unsigned fields (a seed): [0, 2^64 - 1].
 absl::StatusOr<uint64_t> UnsignedInt(const nlohmann::json& v, const char* field);
 

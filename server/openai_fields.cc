@@ -35,7 +35,8 @@ std::vector<RequestField> MakeTable() {
       Used("logprobs"), Used("top_logprobs", kChat, kNo), Used("add_generation_prompt", kChat, kNo),
       Used("continue_final_message", kChat, kNo), Used("chat_template_kwargs", kChat, kNo),
       Used("add_special_tokens"), Used("response_format"), Used("priority"), Used("cache_salt"),
-      Used("n"), Used("min_p"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
+      Used("n"), Used("min_p"), Used("presence_penalty"), Used("frequency_penalty"),
+      Used("repetition_penalty"), Used("logit_bias"), Used("min_tokens"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
       // Without effect on the tokens or the text.
       NoEffect("user"), NoEffect("request_id"), NoEffect("session_id"), NoEffect("metadata"),
       NoEffect("store"), NoEffect("service_tier"), NoEffect("prompt_cache_key"),
@@ -47,11 +48,6 @@ std::vector<RequestField> MakeTable() {
       NoEffect("return_mm_kwargs"),  // text-only models have none to return
       // Refused at any other value than their default.
       Only("best_of", {"1"}, "only 1 is supported"),
-      Only("frequency_penalty", {"0"}, "penalties are not supported (only 0)"),
-      Only("presence_penalty", {"0"}, "penalties are not supported (only 0)"),
-      Only("repetition_penalty", {"1"}, "penalties are not supported (only 1)"),
-      Only("logit_bias", {"{}"}, "not supported"),
-      Only("min_tokens", {"0"}, "not supported (only 0)"),
       Only("bad_words", {"[]"}, "not supported"),
       Only("allowed_token_ids", {}, "not supported"),
       Only("use_beam_search", {"false"}, "beam search is not supported"),

@@ -11,6 +11,7 @@
 #include "models/tokenizer.h"
 #include "server/json_body.h"
 #include "server/openai_fields.h"
+#include "server/openai_sampling.h"
 
 namespace moeserve::server {
 namespace {
@@ -245,27 +246,6 @@ absl::Status ReadMaxTokens(const Json& j, bool chat, const ModelConfig& config, 
   return absl::OkStatus();
 }
 
-// temperature, top_p, top_k, min_p (generation_config.json's where the request leaves them), seed.
-absl::Status ReadSampling(const Json& j, const GenerationDefaults& defaults, SamplingParams* s) {
-  double temperature = defaults.temperature.value_or(1.0), top_p = defaults.top_p.value_or(1.0);
-  double min_p = defaults.min_p.value_or(0.0);
-  RETURN_IF_ERROR(Read(j, "temperature", &temperature));
-  RETURN_IF_ERROR(Read(j, "top_p", &top_p));
-  RETURN_IF_ERROR(Read(j, "min_p", &min_p));
-  s->temperature = static_cast<float>(temperature);
-  s->top_p = static_cast<float>(top_p);
-  s->min_p = static_cast<float>(min_p);
-  s->top_k = static_cast<int32_t>(defaults.top_k.value_or(0));
-  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(const int64_t top_k, IntInRange(*it, "top_k", -1, std::numeric_limits<int32_t>::max()));
-    s->top_k = static_cast<int32_t>(top_k == -1 ? 0 : top_k);  // vLLM spells "off" -1
-  }
-  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(s->seed, UnsignedInt(*it, "seed"));
-  }
-  return absl::OkStatus();
-}
-
 // Stop strings (cut from the text) and stop token ids (the engine stops on them).
 absl::Status ReadStops(const Json& j, ParsedCompletion* p) {
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
@@ -360,7 +340,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   }
   RETURN_IF_ERROR(ReadPrompt(j, chat, &p));
   RETURN_IF_ERROR(ReadMaxTokens(j, chat, config, limits, defaults, &r));
-  RETURN_IF_ERROR(ReadSampling(j, defaults, &r.sampling));
+  RETURN_IF_ERROR(ReadSampling(j, defaults, &r));
   RETURN_IF_ERROR(ReadStops(j, &p));
   RETURN_IF_ERROR(ReadLogprobs(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadPriority(j, &r.priority));
@@ -376,11 +356,11 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
 }
 
 bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop,
-               std::string* matched) {
+               std::string* matched, size_t min_end) {
   size_t cut = std::string::npos;
   const std::string* which = nullptr;
   for (const std::string& s : stop) {
-    const size_t at = text->find(s);
+    const size_t at = text->find(s, min_end >= s.size() ? min_end - s.size() + 1 : 0);
     if (at < cut || (at == cut && at != std::string::npos && s.size() > which->size())) {
       cut = at;
       which = &s;

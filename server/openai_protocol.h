@@ -89,10 +89,10 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
                                                  std::shared_ptr<const ModelTokenizer> tokenizer,
                                                  const GenerationDefaults& defaults = {});
 
-// Cuts `text` at the earliest stop string (after it, with `include_stop`); true when one was
-// found, and then `matched` (when given) names it.
+// Cuts `text` at the earliest stop string that ends after its first `min_end` bytes (after it,
+// with `include_stop`); true when one was found, and then `matched` (when given) names it.
 bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop = false,
-               std::string* matched = nullptr);
+               std::string* matched = nullptr, size_t min_end = 0);
 
 // The response objects. `id` is "cmpl-..." or "chatcmpl-...".
 struct CompletionText {

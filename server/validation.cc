@@ -1,6 +1,8 @@
 // Wire-to-engine request mapping.
 #include "server/validation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
@@ -34,6 +36,12 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
   out.sampling.min_p = s.min_p();
   if (s.has_seed()) out.sampling.seed = s.seed();
+  out.sampling.presence_penalty = s.presence_penalty();
+  out.sampling.frequency_penalty = s.frequency_penalty();
+  out.sampling.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  out.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(out.sampling.logit_bias.begin(), out.sampling.logit_bias.end());
+  out.min_tokens = req.min_tokens();
   out.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
   switch (req.priority()) {
     case v1::PRIORITY_NORMAL:

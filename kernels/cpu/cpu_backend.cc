@@ -288,6 +288,14 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
 
 namespace moeserve {
 
+void CpuBackend::EditLogits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const LogitEdit& e = edits[i];
+    float& l = logits[static_cast<int64_t>(e.row) * vocab + e.token];
+    l = EditedLogit(l, e.bias, e.repetition, e.subtract);
+  }
+}
+
 void CpuBackend::SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                             int32_t* tokens) {
   for (int64_t r = 0; r < rows; ++r) tokens[r] = cpu_sample::SortSampleRow(logits + r * vocab, vocab, specs[r]);

@@ -304,6 +304,20 @@ static_assert(sizeof(SampleSpec) == sizeof(cuda::SampleSpecDevice) &&
               offsetof(SampleSpec, min_p) == offsetof(cuda::SampleSpecDevice, min_p),
               "SampleSpec and its device mirror must have the same layout");
 
+static_assert(sizeof(LogitEdit) == sizeof(cuda::LogitEditDevice) &&
+              offsetof(LogitEdit, row) == offsetof(cuda::LogitEditDevice, row) &&
+              offsetof(LogitEdit, token) == offsetof(cuda::LogitEditDevice, token) &&
+              offsetof(LogitEdit, bias) == offsetof(cuda::LogitEditDevice, bias) &&
+              offsetof(LogitEdit, repetition) == offsetof(cuda::LogitEditDevice, repetition) &&
+              offsetof(LogitEdit, subtract) == offsetof(cuda::LogitEditDevice, subtract),
+              "LogitEdit and its device mirror must have the same layout");
+
+void CudaBackend::EditLogits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n) {
+  Use();
+  NOTE_CUDA(cuda::LaunchEditLogits(logits, vocab, reinterpret_cast<const cuda::LogitEditDevice*>(edits), n,
+                                   impl_->stream));
+}
+
 void CudaBackend::SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                              int32_t* tokens) {
   Use();

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
                int64_t layer, void* cache) override;
   void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
                       const void* cache, int64_t q_heads, float scale, float* out) override;
+  void EditLogits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n) override;
   void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpec* specs,
                   int32_t* tokens) override;
 

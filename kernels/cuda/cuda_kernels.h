@@ -60,6 +60,17 @@ struct SampleSpecDevice {
   int32_t top_k;
   float min_p;
 };
+// kernels/backend.h LogitEdit, byte for byte (checked in cuda_backend.cc).
+struct LogitEditDevice {
+  int32_t row;
+  int32_t token;
+  float bias;
+  float repetition;
+  float subtract;
+};
+// One thread per edit (sample_kernel.cu); each (row, token) appears once.
+cudaError_t LaunchEditLogits(float* logits, int64_t vocab, const LogitEditDevice* edits, int64_t n,
+                             cudaStream_t stream);
 // One thread block per row (sample_kernel.cu): the token each row's spec picks.
 cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpecDevice* specs,
                              int32_t* tokens, cudaStream_t stream);

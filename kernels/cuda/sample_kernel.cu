@@ -144,7 +144,25 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (threadIdx.x == 0) tokens[row] = id_of(key);
 }
 
+__global__ void EditLogitsKernel(float* logits, int64_t vocab, const LogitEditDevice* edits, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const LogitEditDevice e = edits[i];
+  float& l = logits[static_cast<int64_t>(e.row) * vocab + e.token];
+  l = EditedLogit(l, e.bias, e.repetition, e.subtract);
+}
+
 }  // namespace
+
+cudaError_t LaunchEditLogits(float* logits, int64_t vocab, const LogitEditDevice* edits, int64_t n,
+                             cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  if (n > 0) {
+    EditLogitsKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        logits, vocab, edits, n);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleSpecDevice* specs,
                              int32_t* tokens, cudaStream_t stream) {

@@ -72,6 +72,16 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     const int extra = 1 + static_cast<int>(gen() % 40);
     for (int j = 0; j < extra; ++j) reqs[i].prompt.push_back(static_cast<int32_t>(gen() % 256));
     reqs[i].max_tokens = 1 + static_cast<int32_t>(gen() % 12);
+    // Logit edits travel with their rows into each rank's sub-step.
+    if (i % 4 == 1) {
+      reqs[i].sampling.repetition_penalty = 1.5f;
+      reqs[i].sampling.frequency_penalty = 0.7f;
+      reqs[i].sampling.presence_penalty = 0.4f;
+    } else if (i % 4 == 2) {
+      reqs[i].sampling.logit_bias = {{static_cast<int32_t>(gen() % 256), 8.0f}};
+      reqs[i].stop_ids = {reqs[i].sampling.logit_bias[0].first};
+      reqs[i].min_tokens = reqs[i].max_tokens / 2;
+    }
   }
   auto run = [&](const Layout& l) {
     EngineConfig ec;

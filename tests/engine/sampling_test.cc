@@ -78,10 +78,10 @@ TEST(SamplingTest, SameSeedSameStream) {
 TEST(SamplingTest, ValidateNamesFieldAndLimit) {
   SamplingParams p;
   p.temperature = -0.5f;
-  EXPECT_NE(std::string(p.Validate().message()).find("temperature must be in [0, 100]"), std::string::npos);
+  EXPECT_NE(std::string(p.Validate().message()).find("temperature: must be in [0, 100]"), std::string::npos);
   p = SamplingParams();
   p.top_p = 0.0f;
-  EXPECT_NE(std::string(p.Validate().message()).find("top_p must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(std::string(p.Validate().message()).find("top_p: must be in (0, 1]"), std::string::npos);
   p = SamplingParams();
   p.top_k = -1;
   EXPECT_NE(std::string(p.Validate().message()).find("top_k"), std::string::npos);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -350,6 +351,36 @@ TEST_F(CudaBackendTest, SampleRowsPicksWhatTheHostSamplerPicks) {
   EXPECT_LE(off_by_rounding, 2) << "seed " << seed_;
 }
 
+// Logit edits (penalties, biases, bans) on the device equal the CPU backend's: one thread per
+// (row, token) cell, -inf bans kept.
+TEST_F(CudaBackendTest, EditLogitsEqualsTheCpuBackend) {
+  const int64_t rows = 64, vocab = 3001;
+  std::vector<float> logits = Random(rows * vocab, 4.0f);
+  std::vector<LogitEdit> edits;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t t = static_cast<int32_t>(gen_() % 7); t < vocab; t += 1 + static_cast<int32_t>(gen_() % 50)) {
+      LogitEdit e{r, t, 50 * u(gen_), 1.0f + std::fabs(u(gen_)), 2 * u(gen_)};
+      if (gen_() % 10 == 0) e.bias = -std::numeric_limits<float>::infinity();
+      edits.push_back(e);
+    }
+  }
+  std::vector<float> want = logits;
+  cpu_.EditLogits(want.data(), vocab, edits.data(), static_cast<int64_t>(edits.size()));
+  float* d = Up(logits);
+  gpu_->EditLogits(d, vocab, Up(edits), static_cast<int64_t>(edits.size()));
+  const std::vector<float> got = Down(d, logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ASSERT_EQ(got[i], want[i]) << "element " << i;
+      continue;
+    }
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]) / std::max(1.0f, std::fabs(want[i])));
+  }
+  EXPECT_LE(worst, 1e-6) << "max relative error " << worst << " over " << edits.size() << " edits, seed " << seed_;
+}
+
 // Pinned host memory and the copy stream: a copy sees what compute enqueued before it wrote,
 // compute enqueued after OrderComputeAfterCopies sees what a copy wrote, and WaitCopy makes a
 // device-to-host copy visible to the host; more copies than the ticket ring holds.
@@ -408,6 +439,11 @@ TEST_F(CudaBackendTest, EngineGreedyOutputMatchesTheCpuBackend) {
     r.max_tokens = 16;
     r.top_logprobs = 2;
   }
+  reqs[1].sampling.repetition_penalty = 1.4f;  // logit edits on the device
+  reqs[1].sampling.frequency_penalty = 0.5f;
+  reqs[2].sampling.logit_bias = {{7, 5.0f}, {9, -5.0f}};
+  reqs[2].stop_ids = {7};
+  reqs[2].min_tokens = 8;
   auto run = [&](const ModelWeights* w, Backend* b) {
     EngineConfig ec;
     ec.num_kv_blocks = 128;

@@ -179,7 +179,7 @@ TEST_F(HttpApiTest, BadInputsGetTheRightStatusAndTheNextRequestSucceeds) {
       {"huge max_tokens", "/v1/completions", with("max_tokens", 1 << 30), 400, "max_tokens"},
       {"logprobs 21", "/v1/completions", with("logprobs", 21), 400, "logprobs"},
       {"n past its limit", "/v1/completions", with("n", 33), 400, "n"},
-      {"a penalty", "/v1/completions", with("presence_penalty", 0.5), 400, "presence_penalty"},
+      {"a penalty out of range", "/v1/completions", with("presence_penalty", 2.5), 400, "presence_penalty"},
       {"two prompts", "/v1/completions", with("prompt", Json::array({"a", "b"})), 400, "prompt"},
       {"token past the vocabulary", "/v1/completions", with("prompt", Json::array({1, 100000})),
        400, "prompt"},

@@ -1,6 +1,7 @@
 // The OpenAI HTTP API's answers as vLLM's: the chosen token's logprob on every token (streamed
 // entries of held-back text carried, none dropped), stop_reason, system_fingerprint, /version,
-// n choices (each the request alone with seed + i) and min_p reaching the sampler.
+// n choices (each the request alone with seed + i), min_p reaching the sampler, and logit_bias
+// with min_tokens (stop tokens and stop strings held off).
 #include <algorithm>
 #include <regex>
 
@@ -224,6 +225,71 @@ TEST_F(HttpResponsesTest, MinPOneSamplesTheGreedyText) {
   const auto [s3, bad] = Post("/v1/completions", {{"prompt", "hi"}, {"min_p", 1.5}});
   EXPECT_EQ(s3, 400) << bad.dump();
   EXPECT_EQ(bad["error"]["param"], "min_p") << bad.dump();
+}
+
+// logit_bias +100 on "z" makes it every greedy token. A stop string "z" then ends the text at
+// once, unless min_tokens holds it off: the first min_tokens z's are text, the next one stops,
+// whole or streamed. As a stop token id, z cannot be sampled before min_tokens tokens (other
+// tokens come first), then ends the request (its own text left out).
+TEST_F(HttpResponsesTest, LogitBiasAndMinTokensHoldOffStops) {
+  const auto [ts, tok] = Post("/tokenize", {{"prompt", "z"}, {"add_special_tokens", false}});
+  ASSERT_EQ(ts, 200) << tok.dump();
+  ASSERT_EQ(tok["tokens"].size(), 1u) << tok.dump();
+  const int z = tok["tokens"][0];
+  const Json base = {{"prompt", "The quick"}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logit_bias", {{std::to_string(z), 100}}}};
+  struct Case {
+    Json extra;
+    std::string text;
+    int tokens;
+  };
+  for (const Case& c : {Case{{{"stop", "z"}}, "", 1}, Case{{{"stop", "z"}, {"min_tokens", 3}}, "zzz", 4},
+                        Case{{{"stop_token_ids", {z}}, {"min_tokens", 2}}, "", 3},
+                        Case{{{"min_tokens", 2}}, "zzzzzzzzzz", 10}}) {
+    SCOPED_TRACE(c.extra.dump());
+    Json body = base;
+    body.update(c.extra);
+    const auto [s, j] = Post("/v1/completions", body);
+    ASSERT_EQ(s, 200) << j.dump();
+    const std::string text = j["choices"][0]["text"];
+    if (c.extra.contains("stop_token_ids")) {
+      EXPECT_EQ(text.find('z'), std::string::npos) << text;
+      EXPECT_EQ(j["choices"][0]["stop_reason"], z);
+    } else {
+      EXPECT_EQ(text, c.text);
+    }
+    // (After a stop string the engine may run a token or two before the cancel reaches it.)
+    if (!c.extra.contains("stop")) EXPECT_EQ(j["usage"]["completion_tokens"], c.tokens);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], c.tokens < 10 ? "stop" : "length");
+    body["stream"] = true;
+    std::string streamed;
+    for (const Json& e : SseObjects(PostRaw("/v1/completions", body))) {
+      if (e.contains("choices") && !e["choices"].empty()) streamed += e["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_EQ(streamed, text);
+  }
+}
+
+TEST_F(HttpResponsesTest, PenaltyAndBiasValuesOutOfRangeAreRefusedByName) {
+  const Json base = {{"prompt", "hi"}, {"max_tokens", 4}};
+  for (const auto& [extra, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"presence_penalty", 2.5}}, "presence_penalty"},
+           {{{"frequency_penalty", -3}}, "frequency_penalty"},
+           {{{"repetition_penalty", 0}}, "repetition_penalty"},
+           {{{"repetition_penalty", "high"}}, "repetition_penalty"},
+           {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+           {{{"logit_bias", {{"5", 200}}}}, "logit_bias"},
+           {{{"logit_bias", {{"5", 1}, {"05", 1}}}}, "logit_bias"},
+           {{{"logit_bias", {{"99999999", 1}}}}, "logit_bias"},
+           {{{"logit_bias", Json::array({1})}}, "logit_bias"},
+           {{{"min_tokens", 5}}, "min_tokens"},
+           {{{"min_tokens", -1}}, "min_tokens"}}) {
+    Json body = base;
+    body.update(extra);
+    const auto [s, j] = Post("/v1/completions", body);
+    EXPECT_EQ(s, 400) << body.dump() << " -> " << j.dump();
+    EXPECT_EQ(j["error"]["param"], param) << j.dump();
+  }
 }
 
 }  // namespace
