@@ -5,11 +5,11 @@
 
 namespace moeserve::server {
 
-TextStream::TextStream(const ParsedCompletion& p)
+TextStream::TextStream(const ParsedCompletion& p, const std::vector<int32_t>& prompt)
     : stop_(p.stop),
       include_stop_(p.include_stop_str),
       min_tokens_(p.request.min_tokens),
-      decoder_(p.tokenizer->tokenizer.get(), p.request.prompt) {
+      decoder_(p.tokenizer->tokenizer.get(), prompt) {
   for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
 }
 
@@ -92,6 +92,13 @@ RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices) {
   RequestEvent out = *choices.front().final_event;
   for (size_t i = 1; i < choices.size(); ++i) {
     const RequestEvent& ev = *choices[i].final_event;
+    if (choices[i].prompt_index != choices[i - 1].prompt_index) {  // another prompt of the batch
+      out.usage.prompt_tokens += ev.usage.prompt_tokens;
+      out.usage.cached_prompt_tokens += ev.usage.cached_prompt_tokens;
+      out.usage.cached_prompt_tokens_ddr += ev.usage.cached_prompt_tokens_ddr;
+      out.usage.cached_prompt_tokens_flash += ev.usage.cached_prompt_tokens_flash;
+      out.receipt.cached_tokens += ev.receipt.cached_tokens;
+    }
     out.usage.completion_tokens += ev.usage.completion_tokens;
     out.preemptions += ev.preemptions;
     out.swaps += ev.swaps;

@@ -19,7 +19,8 @@ namespace moeserve::server {
 // the first stop string.
 class TextStream {
  public:
-  explicit TextStream(const ParsedCompletion& p);
+  // `prompt`: the choice's own prompt (the decoder's context).
+  TextStream(const ParsedCompletion& p, const std::vector<int32_t>& prompt);
   std::string Push(int32_t token);
   std::string Finish();
   bool stopped() const { return stopped_; }
@@ -40,7 +41,8 @@ class TextStream {
 };
 
 struct CompletionChoice {
-  explicit CompletionChoice(const ParsedCompletion& p) : text(p) {}
+  CompletionChoice(const ParsedCompletion& p, int index)
+      : prompt_index(index / p.n), text(p, p.prompts[static_cast<size_t>(prompt_index)]) {}
   // An event's tokens (with their logprobs) into `taken`; none after a stop string. As vLLM, a
   // stop token's (EOS or stop_token_ids) text is left out unless include_stop_str_in_output.
   void Take(const RequestEvent& ev, const ParsedCompletion& p);
@@ -50,6 +52,7 @@ struct CompletionChoice {
   // named that ended it; null for an EOS and for the length limit.
   nlohmann::json StopReason(const ParsedCompletion& p) const;
 
+  int prompt_index = 0;  // which prompt of the batch it answers
   TextStream text;
   CompletionText taken;  // whole: everything; streamed: what waits for the next chunk
   std::optional<int32_t> last_token;
@@ -58,8 +61,8 @@ struct CompletionChoice {
   bool first = true, stop_cancelled = false;
 };
 
-// The final event of `n` choices as one: completion tokens, receipts and counts summed; the
-// prompt's usage and the timing of the first.
+// The final event of all choices as one: completion tokens, receipts and counts summed; each
+// prompt's usage counted once (from its first choice); the timing of the first.
 RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices);
 
 }  // namespace moeserve::server

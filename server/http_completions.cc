@@ -43,7 +43,9 @@ class Completion : public std::enable_shared_from_this<Completion> {
              std::function<void()> on_end)
       : engine_(engine), encoder_(encoder), p_(std::move(p)), reply_(std::move(reply)),
         on_end_(std::move(on_end)), cid_(NewId(p_.chat)), created_(Now()) {
-    for (int i = 0; i < p_.n; ++i) choices_.emplace_back(p_);
+    for (size_t i = 0; i < p_.prompts.size() * static_cast<size_t>(p_.n); ++i) {
+      choices_.emplace_back(p_, static_cast<int>(i));
+    }
     expected_ = choices_.size();
   }
 
@@ -231,11 +233,13 @@ void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams,
   const bool stream = p.stream;
   auto c = std::make_shared<Completion>(engine, encoder, std::move(p), reply, on_end);
   const ParsedCompletion& parsed = c->parsed();
-  for (int i = 0; i < parsed.n; ++i) {
+  const int choices = static_cast<int>(parsed.prompts.size()) * parsed.n;
+  for (int i = 0; i < choices; ++i) {
     GenerateRequest r = parsed.request;
-    // Choice i of a seeded request samples from seed + i (choice 0 is the n = 1 answer); unseeded
-    // ones get the engine's per-request streams, distinct already.
-    if (r.sampling.seed) *r.sampling.seed += static_cast<uint64_t>(i);
+    r.prompt = parsed.prompts[static_cast<size_t>(i / parsed.n)];
+    // Choice i of a seeded request samples from seed + i % n (choice 0 is the n = 1 answer);
+    // unseeded ones get the engine's per-request streams, distinct already.
+    if (r.sampling.seed) *r.sampling.seed += static_cast<uint64_t>(i % parsed.n);
     auto id = engine->Submit(r, [c, i](const RequestEvent& ev) { c->OnEvent(i, ev); });
     if (!id.ok()) {  // the queue is full: none of the choices runs
       c->Abandon(i);     // ends the completion (on_end) once the choices before i have ended

@@ -68,17 +68,36 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* fie
 
 // One prompt: a string, an array of token ids, or either alone in an array (never deeper).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Tokenizer& tok, bool special) {
-  const Json* one = &prompt;
-  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) one = &prompt[0];
-  if (one->is_string()) {
-    auto ids = tok.Encode(one->get<std::string>(), special);
+  if (prompt.is_string()) {
+    auto ids = tok.Encode(prompt.get<std::string>(), special);
     if (!ids.ok()) return Bad("prompt", std::string(ids.status().message()));
     return ids;
   }
-  if (one->is_array() && std::all_of(one->begin(), one->end(), [](const Json& v) { return v.is_number(); })) {
-    return TokenIds(*one, "prompt");
+  if (prompt.is_array() && std::all_of(prompt.begin(), prompt.end(), [](const Json& v) { return v.is_number(); })) {
+    return TokenIds(prompt, "prompt");
   }
-  return Bad("prompt", "must be a string or an array of token ids (one prompt per request)");
+  return Bad("prompt", "must be a string, an array of token ids, or a list of either (a batch)");
+}
+
+// A completions prompt: one (a string or token ids), or a batch (a list of strings or of token
+// id arrays), as vLLM takes them.
+absl::StatusOr<std::vector<std::vector<int32_t>>> BatchPrompts(const Json& prompt, const Tokenizer& tok, bool special) {
+  std::vector<std::vector<int32_t>> out;
+  const bool batch = prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
+  if (!batch) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> one, PromptTokens(prompt, tok, special));
+    out.push_back(std::move(one));
+    return out;
+  }
+  if (static_cast<int64_t>(prompt.size()) > kMaxBatchPrompts) {
+    return Bad("prompt", absl::StrCat("a batch of ", prompt.size(), " prompts; at most ", kMaxBatchPrompts));
+  }
+  for (const Json& one : prompt) {
+    if (!one.is_string() && !one.is_array()) return Bad("prompt", "a batch holds strings or arrays of token ids");
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens(one, tok, special));
+    out.push_back(std::move(ids));
+  }
+  return out;
 }
 
 // The messages as {role, content} objects with string content, or why not.
@@ -217,13 +236,15 @@ absl::Status ReadPrompt(const Json& j, bool chat, ParsedCompletion* p) {
     if (it == j.end()) return Bad("messages", "must be a non-empty array");
     ASSIGN_OR_RETURN(const ChatOptions options, ReadChatOptions(j));
     ASSIGN_OR_RETURN(p->request.prompt, ChatPrompt(*it, *p->tokenizer, options));
+    p->prompts = {p->request.prompt};
     return absl::OkStatus();
   }
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
   bool special = true;
   RETURN_IF_ERROR(Read(j, "add_special_tokens", &special));
-  ASSIGN_OR_RETURN(p->request.prompt, PromptTokens(*it, *p->tokenizer->tokenizer, special));
+  ASSIGN_OR_RETURN(p->prompts, BatchPrompts(*it, *p->tokenizer->tokenizer, special));
+  p->request.prompt = p->prompts[0];
   return absl::OkStatus();
 }
 
@@ -348,7 +369,12 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));
   bool ignore_eos = false;
   RETURN_IF_ERROR(Read(j, "ignore_eos", &ignore_eos));
-  RETURN_IF_ERROR(ValidateRequest(r, config, limits, chat ? "messages" : "prompt"));
+  for (size_t i = 0; i < p.prompts.size(); ++i) {
+    GenerateRequest each = r;
+    each.prompt = p.prompts[i];
+    const std::string field = chat ? "messages" : p.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", i, "]");
+    RETURN_IF_ERROR(ValidateRequest(each, config, limits, field));
+  }
   if (!ignore_eos) {
     r.stop_ids.insert(r.stop_ids.end(), p.tokenizer->eos_ids.begin(), p.tokenizer->eos_ids.end());
   }

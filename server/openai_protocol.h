@@ -37,15 +37,20 @@ inline std::string JsonText(const nlohmann::json& j) {
 // spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, else 500.
 ApiError ToApiError(const absl::Status& status);
 
-// The most choices (`n`) one request may ask for.
+// The most choices (`n`) one request may ask for, and the most prompts of one completions
+// batch (`prompt` as a list of prompts).
 inline constexpr int64_t kMaxChoices = 32;
+inline constexpr int64_t kMaxBatchPrompts = 256;
 
 struct ParsedCompletion {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   std::string model;              // as the client named it (checked by the caller)
-  GenerateRequest request;        // validated
+  GenerateRequest request;        // validated; its prompt is prompts[0]
+  // Every prompt (completions may bring a batch; chat has one), each validated. Choice k answers
+  // prompt k / n with seed + k % n, as vLLM numbers a batch's choices.
+  std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
   bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
   std::vector<int32_t> user_stop_ids;  // stop_token_ids as asked (the request's add the EOS ids)

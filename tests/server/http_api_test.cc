@@ -180,7 +180,7 @@ TEST_F(HttpApiTest, BadInputsGetTheRightStatusAndTheNextRequestSucceeds) {
       {"logprobs 21", "/v1/completions", with("logprobs", 21), 400, "logprobs"},
       {"n past its limit", "/v1/completions", with("n", 33), 400, "n"},
       {"a penalty out of range", "/v1/completions", with("presence_penalty", 2.5), 400, "presence_penalty"},
-      {"two prompts", "/v1/completions", with("prompt", Json::array({"a", "b"})), 400, "prompt"},
+      {"an empty prompt in a batch", "/v1/completions", with("prompt", Json::array({"a", Json::array()})), 400, "prompt[1]"},
       {"token past the vocabulary", "/v1/completions", with("prompt", Json::array({1, 100000})),
        400, "prompt"},
       {"stop not a string", "/v1/completions", with("stop", 5), 400, "stop"},
