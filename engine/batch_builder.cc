@@ -21,6 +21,7 @@ StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveL
     b.seq_ranks.push_back(static_cast<uint64_t>(s.segment));
     std::copy(s.blocks.begin(), s.blocks.end(),
               in.block_tables.begin() + j * in.max_blocks_per_seq);
+    const int64_t first_token = static_cast<int64_t>(in.token_ids.size());
     for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
       in.token_ids.push_back(s.tokens[p]);
       in.positions.push_back(static_cast<int32_t>(p));
@@ -30,6 +31,11 @@ StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveL
       b.context_tokens += p + 1;
     }
     LiveRequest& r = live(s.id);
+    for (int64_t i = 0; i < ch.prompt_logit_rows(); ++i) {  // scored, never sampled from
+      in.logit_rows.push_back(static_cast<int32_t>(first_token + i));
+      in.sample.push_back(SampleSpec());
+      in.logits_to_host = true;
+    }
     if (ch.wants_logits) {
       // Sampled on the device; the logits come to the host only for requests that want logprobs.
       in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));

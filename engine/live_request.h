@@ -28,6 +28,10 @@ struct LiveRequest {
   double device_seconds = 0.0;       // its share of those steps' time, which splits into:
   double prefill_device_seconds = 0.0, decode_device_seconds = 0.0, transfer_device_seconds = 0.0;
   double kv_gb_seconds = 0.0;        // its KV on the device over the steps it joined
+  // Prompt logprobs computed so far (a recomputed prompt after preemption adds none twice);
+  // they go out with the first token.
+  std::vector<PromptLogprob> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 };
 
 // The live request of a sequence id (the engine's map; every scheduled sequence has one).

@@ -5,6 +5,18 @@
 #include <optional>
 
 namespace moeserve {
+namespace {
+
+PromptLogprob ScorePromptToken(const float* row, int64_t vocab, int32_t token, int32_t top) {
+  const double log_z = LogNormalizer(row, vocab);
+  PromptLogprob p;
+  p.logprob = static_cast<float>(row[token] - log_z);
+  p.rank = 1 + static_cast<int32_t>(std::count_if(row, row + vocab, [&](float l) { return l > row[token]; }));
+  p.top = TopLogprobs(row, vocab, top, log_z);
+  return p;
+}
+
+}  // namespace
 
 void BookReceipts(const SchedulerOutput& out, int64_t num_seqs, double step_seconds, double transfer_seconds,
                   double block_bytes, const LiveLookup& live) {
@@ -42,8 +54,15 @@ std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
   std::vector<std::pair<LiveRequest*, FinishReason>> finishing;
   size_t row = 0;
   for (const auto& ch : out.chunks) {
-    if (!ch.wants_logits) continue;
     LiveRequest& r = live(ch.seq->id);
+    for (int64_t i = 0; i < ch.prompt_logit_rows(); ++i) {
+      const size_t lr = row++;
+      // Position p scores prompt token p + 1; a recomputed prompt adds nothing twice.
+      if (ch.start + i != static_cast<int64_t>(r.prompt_logprobs.size())) continue;
+      r.prompt_logprobs.push_back(
+          ScorePromptToken(logits.data() + lr * vocab, vocab, ch.seq->tokens[ch.start + i + 1], r.request.prompt_logprobs));
+    }
+    if (!ch.wants_logits) continue;
     const size_t lr = row++;
     const int32_t tok = sampled[lr];
     Sequence& seq = r.seq;
@@ -53,6 +72,10 @@ std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
     RequestEvent ev;
     ev.request_id = seq.id;
     ev.tokens = {tok};
+    if (!r.prompt_logprobs_sent && r.request.prompt_logprobs >= 0) {
+      ev.prompt_logprobs = r.prompt_logprobs;
+      r.prompt_logprobs_sent = true;
+    }
     if (r.request.wants_logprobs()) {
       const float* row_logits = logits.data() + lr * vocab;
       const double log_z = LogNormalizer(row_logits, vocab);

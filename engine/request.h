@@ -33,6 +33,10 @@ struct GenerateRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0: none
   bool wants_logprobs() const { return logprobs || top_logprobs > 0; }
+  // The prompt's own log-probabilities (vLLM's prompt_logprobs): -1 none; else each prompt token
+  // after the first, with the `prompt_logprobs` most likely tokens at its position. The prompt
+  // is then computed whole (no prefix-cache hit), as its logits are needed.
+  int32_t prompt_logprobs = -1;
   // Keep the prompt's KV cached for this long after it is computed (0: ordinary LRU), as the
   // prompt caches of hosted APIs offer: retained blocks outlive eviction pressure in every tier
   // within its budget.
@@ -81,9 +85,18 @@ struct RequestReceipt {
 };
 
 // Streamed to the request's callback: one event per produced token, and a final one.
+// One prompt token's log-probability, and the most likely tokens at its position.
+struct PromptLogprob {
+  float logprob = 0.0f;
+  int32_t rank = 0;  // 1 + the tokens more likely than it
+  std::vector<TokenLogprob> top;
+};
+
 struct RequestEvent {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;                    // new tokens (empty on a bare final event)
+  // With the first token, when asked: prompt tokens 1..n-1 (the first has none).
+  std::vector<PromptLogprob> prompt_logprobs;
   std::vector<float> token_logprobs;                // per new token: its own, when asked
   std::vector<std::vector<TokenLogprob>> logprobs;  // per new token: the top n (maybe none), when asked
   bool finished = false;

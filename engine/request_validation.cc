@@ -77,6 +77,10 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
           absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > limits.max_top_logprobs) {
+    return Invalid("prompt_logprobs", absl::StrCat("must be in [0, ", limits.max_top_logprobs, "] (or unset), got ",
+                                                   r.prompt_logprobs));
+  }
   if (r.top_logprobs < 0 || r.top_logprobs > limits.max_top_logprobs) {
     return Invalid("logprobs", absl::StrCat("must be in [0, ", limits.max_top_logprobs, "], got ",
                                             r.top_logprobs));

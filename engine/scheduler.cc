@@ -260,7 +260,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     return false;
   }
   Sequence* seq = waiting_.front();
-  if (config_.prefix_caching && seq->blocks.empty() && !seq->swapped()) TakeCachedPrefix(seq);
+  if (config_.prefix_caching && seq->blocks.empty() && !seq->swapped() && !seq->prompt_logits) TakeCachedPrefix(seq);
   int64_t n = seq->num_tokens() - seq->num_computed;
   bool ok = true;
   if (n > *budget) {

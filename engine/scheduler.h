@@ -15,6 +15,7 @@
 // OnTransfersDone then books what the copies did.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -54,6 +55,12 @@ struct ScheduledChunk {
   bool wants_logits = false;  // the chunk reaches the last token: sample after the step
   // One generated token fed back (not part of the prompt, nor a recomputation of it).
   bool is_decode() const { return num_tokens == 1 && wants_logits && start >= seq->prompt_len; }
+  // Logit rows for prompt logprobs, before the sampling row: positions start, start + 1, ...
+  // whose next token is a prompt token (none unless the sequence wants them).
+  int64_t prompt_logit_rows() const {
+    if (!seq->prompt_logits) return 0;
+    return std::max<int64_t>(0, std::min(start + num_tokens, seq->prompt_len - 1) - start);
+  }
 };
 
 struct SchedulerOutput {

@@ -40,6 +40,8 @@ struct Sequence {
   bool admitted_before = false;
   bool counted_new = false;         // counted against max_waiting (waiting, and never admitted)
   bool skip_lower_tiers = false;    // its last transfers failed: its next prefix lookup stays on the device
+  bool prompt_logits = false;       // every prompt position's logits are wanted (prompt logprobs):
+                                    // the prompt is computed, never taken from the prefix cache
   State state = State::kWaiting;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

@@ -2,6 +2,7 @@
 #include "server/completion_choice.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace moeserve::server {
 
@@ -43,6 +44,8 @@ std::string TextStream::Drain(bool final) {
 
 void CompletionChoice::Take(const RequestEvent& ev, const ParsedCompletion& p) {
   if (!ev.tokens.empty()) last_token = ev.tokens.back();
+  if (!ev.prompt_logprobs.empty()) prompt_logprobs = ev.prompt_logprobs;
+  if (p.echo_only) return;  // max_tokens 0 with echo: the one token generated is not answered
   const std::vector<int32_t>& stops = p.request.stop_ids;
   for (size_t i = 0; i < ev.tokens.size(); ++i) {
     if (text.stopped()) return;
@@ -52,6 +55,31 @@ void CompletionChoice::Take(const RequestEvent& ev, const ParsedCompletion& p) {
     const bool stop_token = std::find(stops.begin(), stops.end(), ev.tokens[i]) != stops.end();
     if (!stop_token || p.include_stop_str) taken.text += text.Push(ev.tokens[i]);
   }
+}
+
+CompletionText CompletionChoice::Answer(const ParsedCompletion& p) const {
+  if (!p.echo) return taken;
+  const std::vector<int32_t>& prompt = p.prompts[static_cast<size_t>(prompt_index)];
+  CompletionText out;
+  out.text = p.prompt_texts[static_cast<size_t>(prompt_index)] + taken.text;
+  out.token_ids = prompt;
+  out.token_ids.insert(out.token_ids.end(), taken.token_ids.begin(), taken.token_ids.end());
+  if (p.want_logprobs) {
+    out.chosen.push_back(std::nanf(""));
+    out.logprobs.emplace_back();
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      out.chosen.push_back(i < prompt_logprobs.size() ? prompt_logprobs[i].logprob : std::nanf(""));
+      out.logprobs.push_back(i < prompt_logprobs.size() ? prompt_logprobs[i].top : std::vector<TokenLogprob>());
+    }
+    out.chosen.insert(out.chosen.end(), taken.chosen.begin(), taken.chosen.end());
+    out.logprobs.insert(out.logprobs.end(), taken.logprobs.begin(), taken.logprobs.end());
+  }
+  return out;
+}
+
+nlohmann::json CompletionChoice::PromptLogprobs(const ParsedCompletion& p) const {
+  if (p.request.prompt_logprobs < 0) return nullptr;
+  return PromptLogprobsJson(p.prompts[static_cast<size_t>(prompt_index)], prompt_logprobs, *p.tokenizer->tokenizer);
 }
 
 std::optional<std::string> CompletionChoice::Finish(absl::Status* error) const {

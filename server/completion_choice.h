@@ -46,6 +46,11 @@ struct CompletionChoice {
   // An event's tokens (with their logprobs) into `taken`; none after a stop string. As vLLM, a
   // stop token's (EOS or stop_token_ids) text is left out unless include_stop_str_in_output.
   void Take(const RequestEvent& ev, const ParsedCompletion& p);
+  // The whole answer's text, tokens and logprobs: with echo, the prompt's first (its first
+  // token's logprob a NaN, written null), then `taken`.
+  CompletionText Answer(const ParsedCompletion& p) const;
+  // vLLM's prompt_logprobs of this choice's prompt (null unless asked for).
+  nlohmann::json PromptLogprobs(const ParsedCompletion& p) const;
   // The finish reason of a choice that ended normally; nullopt and `error` otherwise.
   std::optional<std::string> Finish(absl::Status* error) const;
   // vLLM's stop_reason: the stop string that cut the text, or the stop token id the request
@@ -55,10 +60,11 @@ struct CompletionChoice {
   int prompt_index = 0;  // which prompt of the batch it answers
   TextStream text;
   CompletionText taken;  // whole: everything; streamed: what waits for the next chunk
+  std::vector<PromptLogprob> prompt_logprobs;  // from the engine, with the first token
   std::optional<int32_t> last_token;
   std::optional<RequestEvent> final_event;
   uint64_t engine_id = 0;  // 0 until submitted
-  bool first = true, stop_cancelled = false;
+  bool first = true, stop_cancelled = false, echoed = false;
 };
 
 // The final event of all choices as one: completion tokens, receipts and counts summed; each

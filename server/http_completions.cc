@@ -145,9 +145,11 @@ class Completion : public std::enable_shared_from_this<Completion> {
         reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
         return;
       }
-      out.push_back(ChoiceObject(p_, static_cast<int>(i), c.taken, *reason, c.StopReason(p_)));
+      out.push_back(ChoiceObject(p_, static_cast<int>(i), c.Answer(p_), *reason, c.StopReason(p_), c.PromptLogprobs(p_)));
     }
-    reply_->Send(200, "application/json", JsonText(CompletionObject(p_, cid_, created_, out, MergedFinal(choices_))));
+    Json answer = CompletionObject(p_, cid_, created_, out, MergedFinal(choices_));
+    if (p_.chat && p_.request.prompt_logprobs >= 0) answer["prompt_logprobs"] = choices_[0].PromptLogprobs(p_);
+    reply_->Send(200, "application/json", JsonText(answer));
   }
 
   // Tokens whose text is held back (part of a character, or of a possible stop string) wait
@@ -155,6 +157,10 @@ class Completion : public std::enable_shared_from_this<Completion> {
   void StreamEvent(int index, bool finished) {
     if (answered_) return;
     CompletionChoice& c = choices_[static_cast<size_t>(index)];
+    if (c.first && p_.echo && !c.echoed) {  // the prompt's text opens the choice's stream
+      c.taken.text.insert(0, p_.prompt_texts[static_cast<size_t>(c.prompt_index)]);
+      c.echoed = true;
+    }
     if (!finished) {
       if (c.taken.text.empty() && !c.first) return;  // nothing new to say yet
       if (!reply_->Write(Sse(ChunkObject(p_, cid_, created_, c.taken, std::nullopt, c.first, nullptr, index)))) {

@@ -36,7 +36,8 @@ std::vector<RequestField> MakeTable() {
       Used("continue_final_message", kChat, kNo), Used("chat_template_kwargs", kChat, kNo),
       Used("add_special_tokens"), Used("response_format"), Used("priority"), Used("cache_salt"),
       Used("n"), Used("min_p"), Used("presence_penalty"), Used("frequency_penalty"),
-      Used("repetition_penalty"), Used("logit_bias"), Used("min_tokens"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
+      Used("repetition_penalty"), Used("logit_bias"), Used("min_tokens"), Used("prompt_logprobs"),
+      Used("echo", kNo, kCompletion), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
       // Without effect on the tokens or the text.
       NoEffect("user"), NoEffect("request_id"), NoEffect("session_id"), NoEffect("metadata"),
       NoEffect("store"), NoEffect("service_tier"), NoEffect("prompt_cache_key"),
@@ -52,9 +53,8 @@ std::vector<RequestField> MakeTable() {
       Only("allowed_token_ids", {}, "not supported"),
       Only("use_beam_search", {"false"}, "beam search is not supported"),
       Only("length_penalty", {"1"}, "beam search is not supported (only 1)"),
-      Only("echo", {"false"}, "not supported"),
+      Only("echo", {"false"}, "not supported on chat (it is on /v1/completions)", kChat, kNo),
       Only("suffix", {"\"\""}, "not supported", kNo, kCompletion),
-      Only("prompt_logprobs", {}, "not supported"),
       Only("logprob_token_ids", {}, "not supported"),
       Only("skip_special_tokens", {"true"}, "special tokens are always skipped in the text"),
       Only("spaces_between_special_tokens", {"true"}, "not supported (only true)"),

@@ -81,23 +81,23 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Json& prompt, const Toke
 
 // A completions prompt: one (a string or token ids), or a batch (a list of strings or of token
 // id arrays), as vLLM takes them.
-absl::StatusOr<std::vector<std::vector<int32_t>>> BatchPrompts(const Json& prompt, const Tokenizer& tok, bool special) {
-  std::vector<std::vector<int32_t>> out;
+absl::Status BatchPrompts(const Json& prompt, const Tokenizer& tok, bool special, ParsedCompletion* p) {
+  auto add = [&](const Json& one) -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens(one, tok, special));
+    p->prompt_texts.push_back(one.is_string() ? one.get<std::string>() : tok.Decode(ids, /*skip_special=*/true));
+    p->prompts.push_back(std::move(ids));
+    return absl::OkStatus();
+  };
   const bool batch = prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
-  if (!batch) {
-    ASSIGN_OR_RETURN(std::vector<int32_t> one, PromptTokens(prompt, tok, special));
-    out.push_back(std::move(one));
-    return out;
-  }
+  if (!batch) return add(prompt);
   if (static_cast<int64_t>(prompt.size()) > kMaxBatchPrompts) {
     return Bad("prompt", absl::StrCat("a batch of ", prompt.size(), " prompts; at most ", kMaxBatchPrompts));
   }
   for (const Json& one : prompt) {
     if (!one.is_string() && !one.is_array()) return Bad("prompt", "a batch holds strings or arrays of token ids");
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptTokens(one, tok, special));
-    out.push_back(std::move(ids));
+    RETURN_IF_ERROR(add(one));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 // The messages as {role, content} objects with string content, or why not.
@@ -243,7 +243,7 @@ absl::Status ReadPrompt(const Json& j, bool chat, ParsedCompletion* p) {
   if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
   bool special = true;
   RETURN_IF_ERROR(Read(j, "add_special_tokens", &special));
-  ASSIGN_OR_RETURN(p->prompts, BatchPrompts(*it, *p->tokenizer->tokenizer, special));
+  RETURN_IF_ERROR(BatchPrompts(*it, *p->tokenizer->tokenizer, special, p));
   p->request.prompt = p->prompts[0];
   return absl::OkStatus();
 }
@@ -311,6 +311,32 @@ absl::Status ReadLogprobs(const Json& j, bool chat, const RequestLimits& limits,
   return absl::OkStatus();
 }
 
+// prompt_logprobs, and echo (completions) with what it implies, as vLLM: echo with logprobs scores
+// the prompt the same way; echo with max_tokens 0 answers with the prompt alone.
+absl::Status ReadEcho(const Json& j, bool chat, const RequestLimits& limits, ParsedCompletion* p) {
+  if (!chat) RETURN_IF_ERROR(Read(j, "echo", &p->echo));
+  if (p->echo && p->stream && p->want_logprobs) {
+    return Bad("echo", "with logprobs is not available when stream is true");
+  }
+  GenerateRequest& r = p->request;
+  if (auto it = j.find("prompt_logprobs"); it != j.end() && !it->is_null()) {
+    ASSIGN_OR_RETURN(const int64_t n, IntInRange(*it, "prompt_logprobs", -1, limits.max_top_logprobs));
+    if (n == -1) {
+      return Bad("prompt_logprobs", absl::StrCat("-1 (the whole vocabulary) is not supported; at most ",
+                                                 limits.max_top_logprobs));
+    }
+    r.prompt_logprobs = static_cast<int32_t>(n);
+  } else if (p->echo && p->want_logprobs) {
+    r.prompt_logprobs = p->logprobs;
+  }
+  if (r.prompt_logprobs >= 0 && p->stream) return Bad("prompt_logprobs", "not available when stream is true (as vLLM)");
+  if (p->echo && r.max_tokens == 0) {
+    p->echo_only = true;
+    r.max_tokens = 1;
+  }
+  return absl::OkStatus();
+}
+
 // A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
 // no lane to map to faithfully.
 absl::Status ReadPriority(const Json& j, Priority* out) {
@@ -364,6 +390,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(ReadSampling(j, defaults, &r));
   RETURN_IF_ERROR(ReadStops(j, &p));
   RETURN_IF_ERROR(ReadLogprobs(j, chat, limits, &p));
+  RETURN_IF_ERROR(ReadEcho(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadPriority(j, &r.priority));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));

@@ -58,6 +58,10 @@ struct ParsedCompletion {
   bool want_logprobs = false;     // the chosen token's logprob, and
   int logprobs = 0;               // the top-n per token (0: none)
   int n = 1;                      // choices: n requests of the same prompt, sharing its KV
+  // echo (completions): each choice's text (and logprobs) begin with its prompt's; with
+  // max_tokens 0, they are only the prompt's (one token is generated, and left out).
+  bool echo = false, echo_only = false;
+  std::vector<std::string> prompt_texts;  // per prompt: as sent, or its ids decoded
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
@@ -108,8 +112,14 @@ struct CompletionText {
 };
 // One choice of an answer; `stop_reason`, as vLLM's: the stop string or stop token id that ended
 // it (null for EOS, length).
+// `prompt_logprobs` (null: none) goes in a completions choice; chat's is the answer's.
 nlohmann::json ChoiceObject(const ParsedCompletion& p, int index, const CompletionText& out,
-                            const std::string& finish_reason, const nlohmann::json& stop_reason);
+                            const std::string& finish_reason, const nlohmann::json& stop_reason,
+                            const nlohmann::json& prompt_logprobs = nullptr);
+// vLLM's prompt_logprobs: null for the first token, then {"id": {logprob, rank, decoded_token}}
+// for the prompt token and the top n at each position.
+nlohmann::json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& scored,
+                                  const Tokenizer& tok);
 // The answer with `choices` (ChoiceObject's), its usage from `final_event`.
 nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                                 const nlohmann::json& choices, const RequestEvent& final_event);

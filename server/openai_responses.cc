@@ -1,6 +1,8 @@
 // OpenAI response objects: errors, completions, stream chunks, usage and logprobs.
 #include "server/openai_protocol.h"
 
+#include <cmath>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/tokenizer.h"
@@ -52,6 +54,11 @@ Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
   for (size_t i = 0; i < out.token_ids.size(); ++i) {
     tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok)["token"]);
+    if (i < out.chosen.size() && std::isnan(out.chosen[i])) {  // an echoed prompt's first token
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
     Json alternatives = Json::object();
     if (i < out.logprobs.size()) {
       for (const TokenLogprob& lp : out.logprobs[i]) {
@@ -138,12 +145,31 @@ Json UsageObject(const RequestEvent& ev) {
               {"cost_usd", ev.receipt.cost_usd}}}}}};
 }
 
+Json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& scored,
+                        const Tokenizer& tok) {
+  Json out = Json::array({nullptr});
+  for (size_t i = 0; i < scored.size() && i + 1 < prompt.size(); ++i) {
+    Json entry = Json::object();
+    for (size_t k = 0; k < scored[i].top.size(); ++k) {
+      const TokenLogprob& t = scored[i].top[k];
+      entry[std::to_string(t.token)] = {{"logprob", t.logprob}, {"rank", k + 1},
+                                        {"decoded_token", tok.Decode(std::vector<int32_t>{t.token}, false)}};
+    }
+    const int32_t id = prompt[i + 1];
+    entry[std::to_string(id)] = {{"logprob", scored[i].logprob}, {"rank", scored[i].rank},
+                                 {"decoded_token", tok.Decode(std::vector<int32_t>{id}, false)}};
+    out.push_back(entry);
+  }
+  return out;
+}
+
 Json ChoiceObject(const ParsedCompletion& p, int index, const CompletionText& out,
-                  const std::string& finish_reason, const Json& stop_reason) {
+                  const std::string& finish_reason, const Json& stop_reason, const Json& prompt_logprobs) {
   Json choice = {{"index", index},
                  {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)},
                  {"finish_reason", finish_reason},
                  {"stop_reason", stop_reason}};
+  if (!p.chat && !prompt_logprobs.is_null()) choice["prompt_logprobs"] = prompt_logprobs;
   if (p.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
   } else {

@@ -98,5 +98,64 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
   EXPECT_GT(outside_top, 0) << "temperature 1 should sample some token outside the top 1";
 }
 
+// prompt_logprobs: every prompt token after the first, its logprob and rank and the top n at
+// its position, against a float64 log-softmax of the naive forward; across chunks of a chunked
+// prefill, and whole although the same prompt's blocks are in the prefix cache.
+TEST(LogprobsTest, PromptLogprobsEqualAFloat64LogSoftmaxAcrossChunksAndCacheHits) {
+  const ModelConfig config = *PresetConfig("tiny");
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  auto tensors = GenerateRandomWeights(config, seed, DType::kF32);
+  CpuBackend backend;
+  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EngineConfig cfg;
+  cfg.kv_dtype = DType::kF32;
+  cfg.block_size = 4;
+  cfg.scheduler.max_tokens_per_step = 8;  // a 30-token prompt in four chunks
+  auto engine = Engine::Create(cfg, weights->get(), &backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  GenerateRequest r;
+  for (int t = 0; t < 30; ++t) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+  r.max_tokens = 2;
+  std::mutex mu;
+  std::vector<std::vector<PromptLogprob>> got;
+  auto run = [&](const GenerateRequest& req) {
+    auto id = (*engine)->Submit(req, [&](const RequestEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!ev.prompt_logprobs.empty()) got.push_back(ev.prompt_logprobs);
+    });
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE((*engine)->RunUntilIdle().ok());
+  };
+  run(r);  // caches the prompt's blocks, and asks for no prompt logprobs
+  EXPECT_TRUE(got.empty());
+  r.prompt_logprobs = 3;
+  run(r);
+  r.prompt_logprobs = 0;
+  run(r);
+  ASSERT_EQ(got.size(), 2u);
+  const testing::NaiveMixtral naive(config, *tensors);
+  const auto logits = naive.Logits(r.prompt);
+  double worst = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    const int top = k == 0 ? 3 : 0;
+    ASSERT_EQ(got[k].size(), r.prompt.size() - 1);
+    for (size_t i = 0; i + 1 < r.prompt.size(); ++i) {
+      const std::vector<double> want = LogSoftmax(logits[i]);
+      const int32_t token = r.prompt[i + 1];
+      const PromptLogprob& p = got[k][i];
+      worst = std::max(worst, std::fabs(p.logprob - want[token]));
+      int rank = 1;
+      for (double v : want) rank += v > want[token] + 1e-6;
+      EXPECT_NEAR(p.rank, rank, 1) << "position " << i;  // (within fp32 rounding of a near tie)
+      ASSERT_EQ(static_cast<int>(p.top.size()), top);
+      for (const TokenLogprob& t : p.top) worst = std::max(worst, std::fabs(t.logprob - want[t.token]));
+    }
+  }
+  EXPECT_LE(worst, 1e-3) << "max abs prompt logprob error " << worst;
+}
+
 }  // namespace
 }  // namespace moeserve

@@ -67,7 +67,8 @@ const std::set<std::string>& Accepted() {
       "top_k", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "truncation_side",
       "add_generation_prompt", "continue_final_message", "add_special_tokens", "priority", "n", "request_id", "session_id",
       "routed_experts_prompt_start", "mm_payload", "cache_salt", "stream_interval", "return_mm_kwargs", "min_p",
-      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens"};
+      "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+      "prompt_logprobs", "echo"};
   return ok;
 }
 
@@ -97,7 +98,7 @@ TEST_F(HttpFieldsTest, EveryVllmFieldIsImplementedOrRefusedByName) {
       if (chat && field == "top_logprobs") body["logprobs"] = true;      // which top_logprobs needs
       SCOPED_TRACE(path + " " + field + " = " + value.dump());
       const auto [status, j] = Post(path, body);
-      if (Accepted().count(field)) {
+      if (Accepted().count(field) && !(chat && field == "echo")) {  // echo: completions only
         EXPECT_EQ(status, 200) << j.dump();
         ++accepted;
       } else {
@@ -116,7 +117,7 @@ TEST_F(HttpFieldsTest, EveryVllmFieldIsImplementedOrRefusedByName) {
     EXPECT_EQ(ok_status, 200) << ok.dump();
   }
   EXPECT_GT(accepted, 50);
-  EXPECT_GT(refused, 50);
+  EXPECT_GT(refused, 40);
 }
 
 TEST_F(HttpFieldsTest, AFieldOfNoSchemaIsRefusedByName) {
