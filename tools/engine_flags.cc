@@ -41,8 +41,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
   cmd->add_option("--backend", f->backend,
-                  "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; the CUDA backend "
-                  "has not been validated on a GPU yet)")
+                  "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; checked on an H100; "
+                  "the DeepSeek and GLM families and FP8 weights are CPU-only)")
       ->capture_default_str();
   cmd->add_option("--device", f->device,
                   "GPU ordinal for --backend cuda (with --ep/--pp: the first of ep x pp consecutive GPUs)")

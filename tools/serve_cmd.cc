@@ -10,6 +10,7 @@
 #include "models/generation_defaults.h"
 #include "tools/commands.h"
 #include "tools/mpi_job.h"
+#include "tools/serve_help.h"
 #include "tools/vllm_flags.h"
 
 namespace moeserve::tools {
@@ -275,14 +276,15 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddVllmFlags(cmd, &o->vllm);
   cmd->add_option("--generation-config", o->generation_config,
-                  "As vLLM's: auto takes the checkpoint's generation_config.json temperature, top_p, top_k and "
-                  "max_new_tokens as defaults of OpenAI API requests that leave them out; vllm takes none; a "
+                  "As vLLM's: auto takes the checkpoint's generation_config.json temperature, top_p, top_k, min_p, "
+                  "repetition_penalty and max_new_tokens as defaults of OpenAI API requests that leave them out; vllm takes none; a "
                   "directory takes its generation_config.json")
       ->capture_default_str();
   cmd->add_option("--seed", o->engine.config.seed,
                   "Seeds the sampling of requests that bring no seed of their own, with their request number (as "
                   "vLLM's --seed): the same seed and requests in the same order sample the same tokens")
       ->capture_default_str();
+  GroupServeFlags(cmd);
   cmd->callback([o, exit_code, http_listen] {
     o->http_listen_given = http_listen->count() > 0;
     *exit_code = RunServe(*o);

@@ -8,36 +8,26 @@
 namespace moeserve::tools {
 
 void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
-  const std::string group = "vLLM-compatible";
   cmd->add_option("model", f->model,
                   "The checkpoint directory, as vLLM's positional MODEL (the same as --model; a Hugging Face id is "
-                  "refused: moeserve reads local checkpoints)")
-      ->group(group);
-  cmd->add_option("--host", f->host, "HTTP API host, as vLLM's (with --port; default 127.0.0.1)")->group(group);
-  cmd->add_option("--port", f->port, "HTTP API port, as vLLM's (default 8000; gRPC keeps --listen)")->group(group);
+                  "refused: moeserve reads local checkpoints)");
+  cmd->add_option("--host", f->host, "HTTP API host, as vLLM's (with --port; default 127.0.0.1)");
+  cmd->add_option("--port", f->port, "HTTP API port, as vLLM's (default 8000; gRPC keeps --listen)");
   cmd->add_option("--max-model-len", f->max_model_len,
                   "Tokens a sequence may reach, prompt and output; a request asking past it gets 400 (default: the "
-                  "model's context)")
-      ->group(group);
+                  "model's context)");
   cmd->add_option("--tensor-parallel-size", f->tensor_parallel,
                   "-tp: only 1, or N with --enable-expert-parallel (experts over N ranks, attention replicated "
-                  "and data-parallel); moeserve has no tensor parallelism")
-      ->group(group);
-  cmd->add_option("--pipeline-parallel-size", f->pipeline_parallel, "-pp: pipeline stages (the same as --pp)")
-      ->group(group);
+                  "and data-parallel); moeserve has no tensor parallelism");
+  cmd->add_option("--pipeline-parallel-size", f->pipeline_parallel, "-pp: pipeline stages (the same as --pp)");
   cmd->add_flag("--enable-expert-parallel", f->enable_expert_parallel,
-                "With -tp N: spread the experts over N ranks (the same as --ep N)")
-      ->group(group);
+                "With -tp N: spread the experts over N ranks (the same as --ep N)");
   cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
-                  "Token budget of one step (the same as --max-tokens-per-step)")
-      ->group(group);
-  cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching, "Share KV blocks between equal prefixes (the default)")
-      ->group(group);
-  cmd->add_flag("--no-enable-prefix-caching", f->no_enable_prefix_caching, "The same as --no-prefix-caching")
-      ->group(group);
+                  "Token budget of one step (the same as --max-tokens-per-step)");
+  cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching, "Share KV blocks between equal prefixes (the default)");
+  cmd->add_flag("--no-enable-prefix-caching", f->no_enable_prefix_caching, "The same as --no-prefix-caching");
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
-                  "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)")
-      ->group(group);
+                  "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)");
 }
 
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {

@@ -139,5 +139,22 @@ TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
   }
 }
 
+// serve --help in vLLM's groups: every flag in one (none left in "Other" or the default group,
+// which holds --help alone).
+TEST(E2eVllmFlagsTest, ServeHelpGroupsEveryFlag) {
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"serve", "--help"}, &out, &err), 0) << err;
+  for (const char* group : {"Model:", "Cache (KV blocks and tiers):", "Parallel:", "Scheduler:", "Device and kernels:",
+                            "Frontend (OpenAI HTTP API, gRPC):", "Observability and cost:"}) {
+    EXPECT_NE(out.find(std::string("\n") + group + "\n"), std::string::npos) << group << "\n" << out;
+  }
+  EXPECT_EQ(out.find("\nOther:\n"), std::string::npos) << out;
+  const size_t options = out.find("\nOptions:\n");
+  ASSERT_NE(options, std::string::npos) << out;
+  const size_t end = out.find("\n\n", options + 1);
+  EXPECT_EQ(out.substr(options, end - options).find("--", out.find("--help", options) + 6), std::string::npos)
+      << "the default group holds --help alone:\n" << out.substr(options, end - options);
+}
+
 }  // namespace
 }  // namespace moeserve::testing
