@@ -92,6 +92,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const ModelSpec& spec) {
 }
 
 absl::StatusOr<ModelTokenizer> LoadModelTokenizer(const ModelSpec& spec, int64_t model_vocab) {
+  if (spec.skip_tokenizer_init) return ModelTokenizer::IdsOnly(spec.model_dir, model_vocab);
   if (spec.model_dir.empty() || !std::filesystem::is_directory(spec.model_dir)) {
     return ModelTokenizer::Bytes();
   }

@@ -25,6 +25,8 @@ struct ModelSpec {
   // "fp8": store the linear layers' weights in FP8 with 128 x 128 block scales, quantizing a
   // bf16/f32 checkpoint at load (an FP8 checkpoint is FP8 already); "none": as stored.
   std::string quantization = "none";
+  // vLLM's --skip-tokenizer-init: read no tokenizer files (ModelTokenizer::IdsOnly).
+  bool skip_tokenizer_init = false;
 };
 
 // The model the main command runs when no model is named.

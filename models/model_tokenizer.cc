@@ -117,6 +117,55 @@ ModelTokenizer ModelTokenizer::Bytes() {
   return t;
 }
 
+namespace {
+
+// No vocabulary: encoding is refused, decoding gives no text.
+class IdsOnlyTokenizer final : public Tokenizer {
+ public:
+  explicit IdsOnlyTokenizer(int32_t vocab) : vocab_(vocab) {}
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view, bool) const override {
+    return absl::InvalidArgumentError(
+        "the server runs without a tokenizer (--skip-tokenizer-init): send token ids, not text");
+  }
+  std::string Decode(absl::Span<const int32_t>, bool) const override { return ""; }
+  std::optional<int32_t> TokenId(absl::string_view) const override { return std::nullopt; }
+  bool IsSpecial(int32_t) const override { return false; }
+  int32_t vocab_size() const override { return vocab_; }
+
+ private:
+  int32_t vocab_;
+};
+
+// EOS ids as generate() takes them: generation_config.json's, else config.json's.
+absl::StatusOr<std::vector<int32_t>> EosIds(const fs::path& dir, int64_t model_vocab) {
+  ASSIGN_OR_RETURN(Json gen_config, ReadJsonFile(dir, "generation_config.json"));
+  ASSIGN_OR_RETURN(Json config, ReadJsonFile(dir, "config.json"));
+  ASSIGN_OR_RETURN(auto eos, ReadIds(gen_config, "eos_token_id", "generation_config.json"));
+  if (!eos) {
+    ASSIGN_OR_RETURN(eos, ReadIds(config, "eos_token_id", "config.json"));
+  }
+  for (int32_t id : eos.value_or(std::vector<int32_t>())) {
+    if (id < 0 || id >= model_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": eos_token_id ", id,
+                                                     " is outside the model's vocabulary [0, ", model_vocab, ")"));
+    }
+  }
+  return eos.value_or(std::vector<int32_t>());
+}
+
+}  // namespace
+
+absl::StatusOr<ModelTokenizer> ModelTokenizer::IdsOnly(const std::string& dir, int64_t model_vocab) {
+  ModelTokenizer t;
+  t.tokenizer = std::make_shared<IdsOnlyTokenizer>(static_cast<int32_t>(model_vocab));
+  t.ids_only = true;
+  t.source = "none (--skip-tokenizer-init: token ids in and out)";
+  if (!dir.empty() && fs::is_directory(dir)) {
+    ASSIGN_OR_RETURN(t.eos_ids, EosIds(fs::path(dir), model_vocab));
+  }
+  return t;
+}
+
 absl::StatusOr<ModelTokenizer> ModelTokenizer::FromDirectory(const std::string& dir_name,
                                                              int64_t model_vocab) {
   const fs::path dir(dir_name);
@@ -157,14 +206,10 @@ absl::StatusOr<ModelTokenizer> ModelTokenizer::FromDirectory(const std::string& 
 
   // EOS: generation_config.json first (what generate() uses), then config.json, then the
   // tokenizer's eos_token.
-  ASSIGN_OR_RETURN(auto eos, ReadIds(gen_config, "eos_token_id", "generation_config.json"));
-  if (!eos) {
-    ASSIGN_OR_RETURN(eos, ReadIds(config, "eos_token_id", "config.json"));
+  ASSIGN_OR_RETURN(t.eos_ids, EosIds(dir, model_vocab));
+  if (t.eos_ids.empty() && !t.eos_token.empty()) {
+    if (std::optional<int32_t> id = t.tokenizer->TokenId(t.eos_token)) t.eos_ids = {*id};
   }
-  if (!eos && !t.eos_token.empty()) {
-    if (std::optional<int32_t> id = t.tokenizer->TokenId(t.eos_token)) eos = {{*id}};
-  }
-  if (eos) t.eos_ids = *eos;
   ASSIGN_OR_RETURN(auto bos, ReadIds(gen_config, "bos_token_id", "generation_config.json"));
   if (!bos) {
     ASSIGN_OR_RETURN(bos, ReadIds(config, "bos_token_id", "config.json"));

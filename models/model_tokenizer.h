@@ -32,6 +32,14 @@ struct ModelTokenizer {
   // gets the byte tokenizer when config.json names its BOS/EOS (256/257). Ids past
   // `model_vocab` are refused: the model could not produce or read them.
   static absl::StatusOr<ModelTokenizer> FromDirectory(const std::string& dir, int64_t model_vocab);
+  // vLLM's --skip-tokenizer-init: no tokenizer files read; requests bring token ids and get
+  // token ids back (text is empty). EOS ids still come from generation_config.json or
+  // config.json in `dir` (none for a preset).
+  static absl::StatusOr<ModelTokenizer> IdsOnly(const std::string& dir, int64_t model_vocab);
+
+  // False with IdsOnly: nothing can be encoded or decoded.
+  bool has_text() const { return !ids_only; }
+  bool ids_only = false;
 
   bool IsEos(int32_t id) const;
   // Parses `source` as the chat template (a template using what the Jinja subset does not

@@ -45,10 +45,14 @@ std::string TextStream::Drain(bool final) {
 void CompletionChoice::Take(const RequestEvent& ev, const ParsedCompletion& p) {
   if (!ev.tokens.empty()) last_token = ev.tokens.back();
   if (!ev.prompt_logprobs.empty()) prompt_logprobs = ev.prompt_logprobs;
-  if (p.echo_only) return;  // max_tokens 0 with echo: the one token generated is not answered
+  if (p.echo_only) {  // max_tokens 0 with echo: the one token generated is counted, not answered
+    answered_tokens += static_cast<int64_t>(ev.tokens.size());
+    return;
+  }
   const std::vector<int32_t>& stops = p.request.stop_ids;
   for (size_t i = 0; i < ev.tokens.size(); ++i) {
     if (text.stopped()) return;
+    ++answered_tokens;
     taken.token_ids.push_back(ev.tokens[i]);
     if (i < ev.logprobs.size()) taken.logprobs.push_back(ev.logprobs[i]);
     if (i < ev.token_logprobs.size()) taken.chosen.push_back(ev.token_logprobs[i]);
@@ -61,7 +65,8 @@ CompletionText CompletionChoice::Answer(const ParsedCompletion& p) const {
   if (!p.echo) return taken;
   const std::vector<int32_t>& prompt = p.prompts[static_cast<size_t>(prompt_index)];
   CompletionText out;
-  out.text = p.prompt_texts[static_cast<size_t>(prompt_index)] + taken.text;
+  // (vLLM leaves the prompt's text out when the ids come back: return_token_ids.)
+  out.text = (p.return_token_ids ? "" : p.prompt_texts[static_cast<size_t>(prompt_index)]) + taken.text;
   out.token_ids = prompt;
   out.token_ids.insert(out.token_ids.end(), taken.token_ids.begin(), taken.token_ids.end());
   if (p.want_logprobs) {
@@ -79,7 +84,8 @@ CompletionText CompletionChoice::Answer(const ParsedCompletion& p) const {
 
 nlohmann::json CompletionChoice::PromptLogprobs(const ParsedCompletion& p) const {
   if (p.request.prompt_logprobs < 0) return nullptr;
-  return PromptLogprobsJson(p.prompts[static_cast<size_t>(prompt_index)], prompt_logprobs, *p.tokenizer->tokenizer);
+  return PromptLogprobsJson(p.prompts[static_cast<size_t>(prompt_index)], prompt_logprobs, *p.tokenizer->tokenizer,
+                            p.tokens_as_ids);
 }
 
 std::optional<std::string> CompletionChoice::Finish(absl::Status* error) const {
@@ -118,6 +124,10 @@ nlohmann::json CompletionChoice::StopReason(const ParsedCompletion& p) const {
 
 RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices) {
   RequestEvent out = *choices.front().final_event;
+  // As vLLM counts them: the tokens each choice answers (the engine may have run a token or two
+  // past a stop string before its cancel arrived; the receipt still has their cost).
+  out.usage.completion_tokens = 0;
+  for (const CompletionChoice& c : choices) out.usage.completion_tokens += c.answered_tokens;
   for (size_t i = 1; i < choices.size(); ++i) {
     const RequestEvent& ev = *choices[i].final_event;
     if (choices[i].prompt_index != choices[i - 1].prompt_index) {  // another prompt of the batch
@@ -127,7 +137,6 @@ RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices) {
       out.usage.cached_prompt_tokens_flash += ev.usage.cached_prompt_tokens_flash;
       out.receipt.cached_tokens += ev.receipt.cached_tokens;
     }
-    out.usage.completion_tokens += ev.usage.completion_tokens;
     out.preemptions += ev.preemptions;
     out.swaps += ev.swaps;
     RequestReceipt& r = out.receipt;

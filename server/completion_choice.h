@@ -61,6 +61,7 @@ struct CompletionChoice {
   TextStream text;
   CompletionText taken;  // whole: everything; streamed: what waits for the next chunk
   std::vector<PromptLogprob> prompt_logprobs;  // from the engine, with the first token
+  int64_t answered_tokens = 0;  // tokens through the one that ended it (a stop string's last)
   std::optional<int32_t> last_token;
   std::optional<RequestEvent> final_event;
   uint64_t engine_id = 0;  // 0 until submitted

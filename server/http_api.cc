@@ -165,6 +165,10 @@ std::vector<HttpRoute> HttpApi::Routes() {
                       if (!j->is_object() || !j->contains("tokens") || !(*j)["tokens"].is_array()) {
                         return Reply(*reply, absl::InvalidArgumentError("tokens: must be an array of token ids"));
                       }
+                      if (!tok->has_text()) {
+                        return Reply(*reply, absl::InvalidArgumentError(
+                                                 "tokens: the server runs without a tokenizer (--skip-tokenizer-init)"));
+                      }
                       std::vector<int32_t> ids;
                       for (const Json& v : (*j)["tokens"]) {
                         int64_t id = -1;

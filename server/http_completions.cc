@@ -146,10 +146,27 @@ class Completion : public std::enable_shared_from_this<Completion> {
         return;
       }
       out.push_back(ChoiceObject(p_, static_cast<int>(i), c.Answer(p_), *reason, c.StopReason(p_), c.PromptLogprobs(p_)));
+      if (p_.return_token_ids) {  // vLLM's: the generated ids, and (completions) the prompt's
+        out.back()["token_ids"] = c.taken.token_ids;
+        if (!p_.chat) out.back()["prompt_token_ids"] = p_.prompts[static_cast<size_t>(c.prompt_index)];
+      }
     }
     Json answer = CompletionObject(p_, cid_, created_, out, MergedFinal(choices_));
+    if (p_.chat && p_.return_token_ids) answer["prompt_token_ids"] = p_.prompts[0];
     if (p_.chat && p_.request.prompt_logprobs >= 0) answer["prompt_logprobs"] = choices_[0].PromptLogprobs(p_);
     reply_->Send(200, "application/json", JsonText(answer));
+  }
+
+  // return_token_ids: a choice's first chunk carries its prompt's ids, as vLLM's.
+  Json WithPromptIds(Json chunk, const CompletionChoice& c) const {
+    if (!p_.return_token_ids || !c.first) return chunk;
+    const std::vector<int32_t>& prompt = p_.prompts[static_cast<size_t>(c.prompt_index)];
+    if (p_.chat) {
+      chunk["prompt_token_ids"] = prompt;
+    } else {
+      chunk["choices"][0]["prompt_token_ids"] = prompt;
+    }
+    return chunk;
   }
 
   // Tokens whose text is held back (part of a character, or of a possible stop string) wait
@@ -158,12 +175,12 @@ class Completion : public std::enable_shared_from_this<Completion> {
     if (answered_) return;
     CompletionChoice& c = choices_[static_cast<size_t>(index)];
     if (c.first && p_.echo && !c.echoed) {  // the prompt's text opens the choice's stream
-      c.taken.text.insert(0, p_.prompt_texts[static_cast<size_t>(c.prompt_index)]);
+      if (!p_.return_token_ids) c.taken.text.insert(0, p_.prompt_texts[static_cast<size_t>(c.prompt_index)]);
       c.echoed = true;
     }
     if (!finished) {
       if (c.taken.text.empty() && !c.first) return;  // nothing new to say yet
-      if (!reply_->Write(Sse(ChunkObject(p_, cid_, created_, c.taken, std::nullopt, c.first, nullptr, index)))) {
+      if (!reply_->Write(Sse(WithPromptIds(ChunkObject(p_, cid_, created_, c.taken, std::nullopt, c.first, nullptr, index), c)))) {
         CancelAllLocked();
       }
       c.taken = CompletionText();
@@ -183,7 +200,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
       return;
     }
     if (!delta.text.empty() || !delta.token_ids.empty()) {
-      reply_->Write(Sse(ChunkObject(p_, cid_, created_, delta, std::nullopt, c.first, nullptr, index)));
+      reply_->Write(Sse(WithPromptIds(ChunkObject(p_, cid_, created_, delta, std::nullopt, c.first, nullptr, index), c)));
     }
     reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false, c.StopReason(p_), index)));
     if (finished_ < expected_) return;

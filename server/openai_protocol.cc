@@ -337,6 +337,19 @@ absl::Status ReadEcho(const Json& j, bool chat, const RequestLimits& limits, Par
   return absl::OkStatus();
 }
 
+// return_token_ids and return_tokens_as_token_ids; without a tokenizer (--skip-tokenizer-init)
+// there is no text: stop strings are refused, and logprobs need their tokens as ids.
+absl::Status ReadTokenIdFields(const Json& j, ParsedCompletion* p) {
+  RETURN_IF_ERROR(Read(j, "return_token_ids", &p->return_token_ids));
+  RETURN_IF_ERROR(Read(j, "return_tokens_as_token_ids", &p->tokens_as_ids));
+  if (p->tokenizer->has_text()) return absl::OkStatus();
+  if (!p->stop.empty()) return Bad("stop", "stop strings need the tokenizer (the server runs with --skip-tokenizer-init)");
+  if ((p->want_logprobs || p->request.prompt_logprobs >= 0) && !p->tokens_as_ids) {
+    return Bad("logprobs", "token text needs the tokenizer (--skip-tokenizer-init): add return_tokens_as_token_ids");
+  }
+  return absl::OkStatus();
+}
+
 // A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
 // no lane to map to faithfully.
 absl::Status ReadPriority(const Json& j, Priority* out) {
@@ -391,6 +404,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(ReadStops(j, &p));
   RETURN_IF_ERROR(ReadLogprobs(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadEcho(j, chat, limits, &p));
+  RETURN_IF_ERROR(ReadTokenIdFields(j, &p));
   RETURN_IF_ERROR(ReadPriority(j, &r.priority));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));

@@ -62,6 +62,9 @@ struct ParsedCompletion {
   // max_tokens 0, they are only the prompt's (one token is generated, and left out).
   bool echo = false, echo_only = false;
   std::vector<std::string> prompt_texts;  // per prompt: as sent, or its ids decoded
+  // vLLM's return_token_ids (each choice's token ids, and the prompt's) and
+  // return_tokens_as_token_ids (logprob tokens as "token_id:N").
+  bool return_token_ids = false, tokens_as_ids = false;
   std::shared_ptr<const ModelTokenizer> tokenizer;  // for the text of logprob tokens
 };
 
@@ -119,7 +122,7 @@ nlohmann::json ChoiceObject(const ParsedCompletion& p, int index, const Completi
 // vLLM's prompt_logprobs: null for the first token, then {"id": {logprob, rank, decoded_token}}
 // for the prompt token and the top n at each position.
 nlohmann::json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& scored,
-                                  const Tokenizer& tok);
+                                  const Tokenizer& tok, bool as_ids);
 // The answer with `choices` (ChoiceObject's), its usage from `final_event`.
 nlohmann::json CompletionObject(const ParsedCompletion& p, const std::string& id, int64_t created,
                                 const nlohmann::json& choices, const RequestEvent& final_event);

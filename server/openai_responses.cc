@@ -20,10 +20,14 @@ std::string OpenAiParam(absl::string_view field) {
 }
 // A token as text and bytes, for logprobs. A token alone may be part of a character: its text
 // then shows U+FFFD, and "bytes" its exact bytes (Tokenizer::TokenBytes).
-Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer) {
-  const std::string text = tokenizer.Decode(std::vector<int32_t>{id}, false);
+// With `as_ids` (return_tokens_as_token_ids), vLLM's "token_id:N" instead of the text.
+std::string TokenText(int32_t id, const Tokenizer& tokenizer, bool as_ids) {
+  return as_ids ? absl::StrCat("token_id:", id) : tokenizer.Decode(std::vector<int32_t>{id}, false);
+}
+Json TokenJson(int32_t id, float logprob, bool chat, const Tokenizer& tokenizer, bool as_ids) {
+  const std::string text = TokenText(id, tokenizer, as_ids);
   Json bytes = Json::array();
-  for (unsigned char b : tokenizer.TokenBytes(id)) bytes.push_back(b);
+  for (unsigned char b : as_ids ? text : tokenizer.TokenBytes(id)) bytes.push_back(b);
   Json j = {{"token", text}, {"logprob", logprob}};
   if (chat) j["bytes"] = bytes;
   return j;
@@ -34,17 +38,17 @@ Json FingerprintJson(const ParsedCompletion& p) {
 }
 
 // Logprobs of generated tokens: the chosen token's own, and the top n.
-Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
+Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok, bool as_ids) {
   if (out.logprobs.empty() && out.chosen.empty()) return nullptr;
   auto chosen_logprob = [&](size_t i) -> Json { return i < out.chosen.size() ? Json(out.chosen[i]) : Json(nullptr); };
   if (chat) {
     Json content = Json::array();
     for (size_t i = 0; i < out.token_ids.size(); ++i) {
       Json top = Json::array();
-      Json chosen = TokenJson(out.token_ids[i], 0.0f, true, tok);
+      Json chosen = TokenJson(out.token_ids[i], 0.0f, true, tok, as_ids);
       chosen["logprob"] = chosen_logprob(i);
       if (i < out.logprobs.size()) {
-        for (const TokenLogprob& lp : out.logprobs[i]) top.push_back(TokenJson(lp.token, lp.logprob, true, tok));
+        for (const TokenLogprob& lp : out.logprobs[i]) top.push_back(TokenJson(lp.token, lp.logprob, true, tok, as_ids));
       }
       chosen["top_logprobs"] = top;
       content.push_back(chosen);
@@ -53,7 +57,7 @@ Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array();
   for (size_t i = 0; i < out.token_ids.size(); ++i) {
-    tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok)["token"]);
+    tokens.push_back(TokenJson(out.token_ids[i], 0, false, tok, as_ids)["token"]);
     if (i < out.chosen.size() && std::isnan(out.chosen[i])) {  // an echoed prompt's first token
       token_logprobs.push_back(nullptr);
       top.push_back(nullptr);
@@ -62,7 +66,7 @@ Json LogprobsJson(const CompletionText& out, bool chat, const Tokenizer& tok) {
     Json alternatives = Json::object();
     if (i < out.logprobs.size()) {
       for (const TokenLogprob& lp : out.logprobs[i]) {
-        alternatives[TokenJson(lp.token, 0, false, tok)["token"].get<std::string>()] = lp.logprob;
+        alternatives[TokenJson(lp.token, 0, false, tok, as_ids)["token"].get<std::string>()] = lp.logprob;
       }
     }
     // As vLLM's completions: the chosen token is among its alternatives (n + 1 where it is
@@ -146,18 +150,18 @@ Json UsageObject(const RequestEvent& ev) {
 }
 
 Json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& scored,
-                        const Tokenizer& tok) {
+                        const Tokenizer& tok, bool as_ids) {
   Json out = Json::array({nullptr});
   for (size_t i = 0; i < scored.size() && i + 1 < prompt.size(); ++i) {
     Json entry = Json::object();
     for (size_t k = 0; k < scored[i].top.size(); ++k) {
       const TokenLogprob& t = scored[i].top[k];
       entry[std::to_string(t.token)] = {{"logprob", t.logprob}, {"rank", k + 1},
-                                        {"decoded_token", tok.Decode(std::vector<int32_t>{t.token}, false)}};
+                                        {"decoded_token", TokenText(t.token, tok, as_ids)}};
     }
     const int32_t id = prompt[i + 1];
     entry[std::to_string(id)] = {{"logprob", scored[i].logprob}, {"rank", scored[i].rank},
-                                 {"decoded_token", tok.Decode(std::vector<int32_t>{id}, false)}};
+                                 {"decoded_token", TokenText(id, tok, as_ids)}};
     out.push_back(entry);
   }
   return out;
@@ -166,7 +170,7 @@ Json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<Pr
 Json ChoiceObject(const ParsedCompletion& p, int index, const CompletionText& out,
                   const std::string& finish_reason, const Json& stop_reason, const Json& prompt_logprobs) {
   Json choice = {{"index", index},
-                 {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer)},
+                 {"logprobs", LogprobsJson(out, p.chat, *p.tokenizer->tokenizer, p.tokens_as_ids)},
                  {"finish_reason", finish_reason},
                  {"stop_reason", stop_reason}};
   if (!p.chat && !prompt_logprobs.is_null()) choice["prompt_logprobs"] = prompt_logprobs;
@@ -200,7 +204,7 @@ Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t creat
                  const CompletionText& delta, const std::optional<std::string>& finish_reason,
                  bool first, const Json& stop_reason, int index) {
   Json choice = {{"index", index},
-                 {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer)},
+                 {"logprobs", LogprobsJson(delta, p.chat, *p.tokenizer->tokenizer, p.tokens_as_ids)},
                  {"finish_reason", finish_reason ? Json(*finish_reason) : Json(nullptr)}};
   if (finish_reason) choice["stop_reason"] = stop_reason;
   if (p.chat) {
@@ -211,6 +215,7 @@ Json ChunkObject(const ParsedCompletion& p, const std::string& id, int64_t creat
   } else {
     choice["text"] = delta.text;
   }
+  if (p.return_token_ids) choice["token_ids"] = delta.token_ids;
   return {{"id", id},
           {"object", p.chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created},

@@ -26,6 +26,10 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
                   "Token budget of one step (the same as --max-tokens-per-step)");
   cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching, "Share KV blocks between equal prefixes (the default)");
   cmd->add_flag("--no-enable-prefix-caching", f->no_enable_prefix_caching, "The same as --no-prefix-caching");
+  cmd->add_flag("--skip-tokenizer-init", f->skip_tokenizer_init,
+                "As vLLM's: read no tokenizer files; requests send token ids (text prompts, chat, stop strings and "
+                "/tokenize are refused), answers carry token ids (return_token_ids) and empty text; EOS from "
+                "generation_config.json or config.json");
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
                   "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)");
 }
@@ -72,6 +76,7 @@ absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpe
     }
     model->model_dir = f.model;
   }
+  model->skip_tokenizer_init = f.skip_tokenizer_init;
   if (!f.host.empty() || f.port >= 0) {
     if (http_listen_given) return absl::InvalidArgumentError("give --host/--port or --http-listen, not both");
     if (f.port > 65535) return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", f.port));

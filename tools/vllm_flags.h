@@ -26,6 +26,7 @@ struct VllmFlags {
   int64_t max_num_batched_tokens = 0;
   bool enable_prefix_caching = false, no_enable_prefix_caching = false;
   double gpu_memory_utilization = -1;
+  bool skip_tokenizer_init = false;
 };
 
 void AddVllmFlags(CLI::App* cmd, VllmFlags* flags);
