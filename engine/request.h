@@ -15,6 +15,8 @@
 
 namespace moeserve {
 
+// Most bad-word token sequences a request may carry (vLLM's VLLM_MAX_NUM_BAD_WORDS).
+inline constexpr size_t kMaxBadWords = 128;
 // Longest cache_salt (and tenant name) a request may carry.
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 
@@ -24,6 +26,9 @@ struct GenerateRequest {
   // Until this many tokens are generated, the stop tokens (stop_ids) cannot be sampled and the
   // front ends match no stop string (vLLM's min_tokens).
   int32_t min_tokens = 0;
+  // vLLM's bad words, as token sequences: a sequence's last token is never sampled right after
+  // the output ends with the tokens before it (a one-token word: never).
+  std::vector<std::vector<int32_t>> bad_words;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;
   Priority priority = Priority::kNormal;

@@ -67,6 +67,17 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
                      absl::StrCat("token id ", token, " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
+  if (r.bad_words.size() > kMaxBadWords) {
+    return Invalid("bad_words", absl::StrCat("at most ", kMaxBadWords, " token sequences, got ", r.bad_words.size()));
+  }
+  for (const std::vector<int32_t>& word : r.bad_words) {
+    if (word.empty()) return Invalid("bad_words", "a word of no tokens");
+    for (int32_t id : word) {
+      if (id < 0 || id >= c.vocab_size) {
+        return Invalid("bad_words", absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  }
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
     return Invalid("min_tokens", absl::StrCat("must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens));
   }

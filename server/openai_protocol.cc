@@ -350,6 +350,35 @@ absl::Status ReadTokenIdFields(const Json& j, ParsedCompletion* p) {
   return absl::OkStatus();
 }
 
+// bad_words as vLLM tokenizes them: each word (deduplicated, leading spaces stripped) alone, and
+// with a leading space where that makes a different first token of the same length.
+absl::Status ReadBadWords(const Json& j, ParsedCompletion* p) {
+  auto it = j.find("bad_words");
+  if (it == j.end() || it->is_null() || (it->is_array() && it->empty())) return absl::OkStatus();
+  if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const Json& w) { return w.is_string(); })) {
+    return Bad("bad_words", "must be an array of strings");
+  }
+  if (!p->tokenizer->has_text()) return Bad("bad_words", "needs the tokenizer (the server runs with --skip-tokenizer-init)");
+  std::vector<std::string> words;
+  for (const Json& w : *it) {
+    if (std::find(words.begin(), words.end(), w.get<std::string>()) == words.end()) words.push_back(w);
+  }
+  std::vector<std::vector<int32_t>>& out = p->request.bad_words;
+  for (const std::string& word : words) {
+    if (word.empty()) return Bad("bad_words", "cannot contain an empty string");
+    for (const bool space : {false, true}) {
+      auto ids = p->tokenizer->tokenizer->Encode(absl::StrCat(space ? " " : "", absl::StripLeadingAsciiWhitespace(word)), false);
+      if (!ids.ok()) return Bad("bad_words", std::string(ids.status().message()));
+      if (ids->empty()) {
+        if (!space) return Bad("bad_words", "entries must tokenize to at least one token");
+        continue;
+      }
+      if (!space || ((*ids)[0] != out.back()[0] && ids->size() == out.back().size())) out.push_back(*std::move(ids));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
 // no lane to map to faithfully.
 absl::Status ReadPriority(const Json& j, Priority* out) {
@@ -405,6 +434,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(ReadLogprobs(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadEcho(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadTokenIdFields(j, &p));
+  RETURN_IF_ERROR(ReadBadWords(j, &p));
   RETURN_IF_ERROR(ReadPriority(j, &r.priority));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));

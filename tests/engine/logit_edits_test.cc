@@ -22,14 +22,21 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// vLLM's order: logit bias and the min-tokens ban (logits processors), then repetition (prompt
-// and output tokens), then frequency and presence (output tokens only).
+// vLLM's order: bad words, logit bias and the min-tokens ban (logits processors), then
+// repetition (prompt and output tokens), then frequency and presence (output tokens only).
 std::vector<double> VllmProcessed(std::vector<double> l, const GenerateRequest& r,
                                   const std::vector<int32_t>& output) {
   const SamplingParams& s = r.sampling;
   for (const auto& [token, bias] : s.logit_bias) l[token] += bias;
   if (static_cast<int32_t>(output.size()) < r.min_tokens) {
     for (int32_t t : r.stop_ids) l[t] = -kInf;
+  }
+  // vLLM's _apply_bad_words_single_batch.
+  for (const std::vector<int32_t>& word : r.bad_words) {
+    if (word.size() > output.size() + 1) continue;
+    const size_t prefix = word.size() - 1;
+    const std::vector<int32_t> actual(output.end() - static_cast<std::ptrdiff_t>(prefix), output.end());
+    if (actual == std::vector<int32_t>(word.begin(), word.end() - 1)) l[word.back()] = -kInf;
   }
   std::map<int32_t, int> count;
   for (int32_t t : output) ++count[t];
@@ -53,6 +60,11 @@ GenerateRequest RandomRequest(std::mt19937& gen, int64_t vocab) {
   r.stop_ids = {static_cast<int32_t>(gen() % 40), static_cast<int32_t>(vocab - 1), static_cast<int32_t>(vocab - 1)};
   r.min_tokens = 3;
   r.max_tokens = 16;
+  for (int i = 0; i < 6; ++i) {  // words of 1-3 tokens over the ids the outputs repeat
+    std::vector<int32_t> word;
+    for (int k = 0, n = 1 + static_cast<int>(gen() % 3); k < n; ++k) word.push_back(static_cast<int32_t>(gen() % 40));
+    r.bad_words.push_back(word);
+  }
   return r;
 }
 

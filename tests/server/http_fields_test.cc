@@ -68,7 +68,7 @@ const std::set<std::string>& Accepted() {
       "add_generation_prompt", "continue_final_message", "add_special_tokens", "priority", "n", "request_id", "session_id",
       "routed_experts_prompt_start", "mm_payload", "cache_salt", "stream_interval", "return_mm_kwargs", "min_p",
       "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-      "prompt_logprobs", "echo", "return_token_ids", "return_tokens_as_token_ids"};
+      "prompt_logprobs", "echo", "return_token_ids", "return_tokens_as_token_ids", "bad_words"};
   return ok;
 }
 

@@ -270,6 +270,34 @@ TEST_F(HttpResponsesTest, LogitBiasAndMinTokensHoldOffStops) {
   }
 }
 
+// bad_words ["zz"] with "z" forced by logit_bias: after each z another token comes, so the text
+// alternates and never holds "zz"; ["z"] bans it outright.
+TEST_F(HttpResponsesTest, BadWordsBanAWordsLastTokenAfterTheRestOfIt) {
+  const auto [ts, tok] = Post("/tokenize", {{"prompt", "z"}, {"add_special_tokens", false}});
+  ASSERT_EQ(ts, 200) << tok.dump();
+  const int z = tok["tokens"][0];
+  const Json base = {{"prompt", "The quick"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logit_bias", {{std::to_string(z), 100}}}, {"return_token_ids", true}};
+  for (const auto& [word, max_run] : std::vector<std::pair<std::string, int>>{{"zz", 1}, {"z", 0}}) {
+    Json body = base;
+    body["bad_words"] = {word};
+    const auto [s, j] = Post("/v1/completions", body);
+    ASSERT_EQ(s, 200) << j.dump();
+    const auto ids = j["choices"][0]["token_ids"].get<std::vector<int>>();
+    int run = 0, longest = 0, zs = 0;
+    for (int id : ids) {
+      run = id == z ? run + 1 : 0;
+      longest = std::max(longest, run);
+      zs += id == z;
+    }
+    EXPECT_EQ(longest, max_run) << word << ": " << j.dump();
+    if (max_run == 1) EXPECT_EQ(zs, 6) << "every other token is the forced z";
+  }
+  const auto [bs, bad] = Post("/v1/completions", {{"prompt", "hi"}, {"bad_words", {""}}});
+  EXPECT_EQ(bs, 400) << bad.dump();
+  EXPECT_EQ(bad["error"]["param"], "bad_words");
+}
+
 TEST_F(HttpResponsesTest, PenaltyAndBiasValuesOutOfRangeAreRefusedByName) {
   const Json base = {{"prompt", "hi"}, {"max_tokens", 4}};
   for (const auto& [extra, param] : std::vector<std::pair<Json, std::string>>{
