@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace moeserve::server {
 
@@ -80,6 +81,13 @@ CompletionText CompletionChoice::Answer(const ParsedCompletion& p) const {
     out.logprobs.insert(out.logprobs.end(), taken.logprobs.begin(), taken.logprobs.end());
   }
   return out;
+}
+
+double CompletionChoice::MeanLogprob() const {
+  if (taken.chosen.empty()) return -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  for (float lp : taken.chosen) sum += lp;
+  return sum / static_cast<double>(taken.chosen.size());
 }
 
 nlohmann::json CompletionChoice::PromptLogprobs(const ParsedCompletion& p) const {

@@ -42,13 +42,15 @@ class TextStream {
 
 struct CompletionChoice {
   CompletionChoice(const ParsedCompletion& p, int index)
-      : prompt_index(index / p.n), text(p, p.prompts[static_cast<size_t>(prompt_index)]) {}
+      : prompt_index(index / p.best_of), text(p, p.prompts[static_cast<size_t>(prompt_index)]) {}
   // An event's tokens (with their logprobs) into `taken`; none after a stop string. As vLLM, a
   // stop token's (EOS or stop_token_ids) text is left out unless include_stop_str_in_output.
   void Take(const RequestEvent& ev, const ParsedCompletion& p);
   // The whole answer's text, tokens and logprobs: with echo, the prompt's first (its first
   // token's logprob a NaN, written null), then `taken`.
   CompletionText Answer(const ParsedCompletion& p) const;
+  // best_of's ranking: the mean logprob of the tokens it answers (-inf with none).
+  double MeanLogprob() const;
   // vLLM's prompt_logprobs of this choice's prompt (null unless asked for).
   nlohmann::json PromptLogprobs(const ParsedCompletion& p) const;
   // The finish reason of a choice that ended normally; nullopt and `error` otherwise.

@@ -43,7 +43,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
              std::function<void()> on_end)
       : engine_(engine), encoder_(encoder), p_(std::move(p)), reply_(std::move(reply)),
         on_end_(std::move(on_end)), cid_(NewId(p_.chat)), created_(Now()) {
-    for (size_t i = 0; i < p_.prompts.size() * static_cast<size_t>(p_.n); ++i) {
+    for (size_t i = 0; i < p_.prompts.size() * static_cast<size_t>(p_.best_of); ++i) {
       choices_.emplace_back(p_, static_cast<int>(i));
     }
     expected_ = choices_.size();
@@ -134,9 +134,8 @@ class Completion : public std::enable_shared_from_this<Completion> {
   void FinishWhole() {
     if (answered_) return;
     answered_ = true;
-    Json out = Json::array();
-    for (size_t i = 0; i < choices_.size(); ++i) {
-      CompletionChoice& c = choices_[i];
+    std::vector<Json> objects;
+    for (CompletionChoice& c : choices_) {
       c.taken.text += c.text.Finish();
       absl::Status error;
       const auto reason = c.Finish(&error);
@@ -145,10 +144,29 @@ class Completion : public std::enable_shared_from_this<Completion> {
         reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
         return;
       }
-      out.push_back(ChoiceObject(p_, static_cast<int>(i), c.Answer(p_), *reason, c.StopReason(p_), c.PromptLogprobs(p_)));
+      CompletionText answer = c.Answer(p_);
+      if (!p_.want_logprobs) answer.chosen.clear(), answer.logprobs.clear();  // best_of's, not the client's
+      objects.push_back(ChoiceObject(p_, 0, answer, *reason, c.StopReason(p_), c.PromptLogprobs(p_)));
       if (p_.return_token_ids) {  // vLLM's: the generated ids, and (completions) the prompt's
-        out.back()["token_ids"] = c.taken.token_ids;
-        if (!p_.chat) out.back()["prompt_token_ids"] = p_.prompts[static_cast<size_t>(c.prompt_index)];
+        objects.back()["token_ids"] = c.taken.token_ids;
+        if (!p_.chat) objects.back()["prompt_token_ids"] = p_.prompts[static_cast<size_t>(c.prompt_index)];
+      }
+    }
+    // Each prompt's n answers: its candidates with the highest mean logprob per token (all of
+    // them, in order, unless best_of > n).
+    Json out = Json::array();
+    const size_t per = static_cast<size_t>(p_.best_of);
+    for (size_t k = 0; k < p_.prompts.size(); ++k) {
+      std::vector<size_t> order(per);
+      for (size_t i = 0; i < per; ++i) order[i] = k * per + i;
+      if (p_.best_of > p_.n) {
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+          return choices_[a].MeanLogprob() > choices_[b].MeanLogprob();
+        });
+      }
+      for (int j = 0; j < p_.n; ++j) {
+        out.push_back(objects[order[static_cast<size_t>(j)]]);
+        out.back()["index"] = static_cast<int>(k) * p_.n + j;
       }
     }
     Json answer = CompletionObject(p_, cid_, created_, out, MergedFinal(choices_));
@@ -256,13 +274,13 @@ void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams,
   const bool stream = p.stream;
   auto c = std::make_shared<Completion>(engine, encoder, std::move(p), reply, on_end);
   const ParsedCompletion& parsed = c->parsed();
-  const int choices = static_cast<int>(parsed.prompts.size()) * parsed.n;
+  const int choices = static_cast<int>(parsed.prompts.size()) * parsed.best_of;
   for (int i = 0; i < choices; ++i) {
     GenerateRequest r = parsed.request;
-    r.prompt = parsed.prompts[static_cast<size_t>(i / parsed.n)];
+    r.prompt = parsed.prompts[static_cast<size_t>(i / parsed.best_of)];
     // Choice i of a seeded request samples from seed + i % n (choice 0 is the n = 1 answer);
     // unseeded ones get the engine's per-request streams, distinct already.
-    if (r.sampling.seed) *r.sampling.seed += static_cast<uint64_t>(i % parsed.n);
+    if (r.sampling.seed) *r.sampling.seed += static_cast<uint64_t>(i % parsed.best_of);
     auto id = engine->Submit(r, [c, i](const RequestEvent& ev) { c->OnEvent(i, ev); });
     if (!id.ok()) {  // the queue is full: none of the choices runs
       c->Abandon(i);     // ends the completion (on_end) once the choices before i have ended

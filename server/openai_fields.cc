@@ -37,7 +37,7 @@ std::vector<RequestField> MakeTable() {
       Used("add_special_tokens"), Used("response_format"), Used("priority"), Used("cache_salt"),
       Used("n"), Used("min_p"), Used("presence_penalty"), Used("frequency_penalty"),
       Used("repetition_penalty"), Used("logit_bias"), Used("min_tokens"), Used("prompt_logprobs"),
-      Used("echo", kNo, kCompletion), Used("return_token_ids"), Used("bad_words"), Used("return_tokens_as_token_ids"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
+      Used("echo", kNo, kCompletion), Used("return_token_ids"), Used("bad_words"), Used("best_of"), Used("return_tokens_as_token_ids"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
       // Without effect on the tokens or the text.
       NoEffect("user"), NoEffect("request_id"), NoEffect("session_id"), NoEffect("metadata"),
       NoEffect("store"), NoEffect("service_tier"), NoEffect("prompt_cache_key"),
@@ -48,7 +48,6 @@ std::vector<RequestField> MakeTable() {
       NoEffect("mm_payload"), NoEffect("routed_experts_prompt_start"),
       NoEffect("return_mm_kwargs"),  // text-only models have none to return
       // Refused at any other value than their default.
-      Only("best_of", {"1"}, "only 1 is supported"),
       Only("allowed_token_ids", {}, "not supported"),
       Only("use_beam_search", {"false"}, "beam search is not supported"),
       Only("length_penalty", {"1"}, "beam search is not supported (only 1)"),

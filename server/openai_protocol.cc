@@ -379,6 +379,22 @@ absl::Status ReadBadWords(const Json& j, ParsedCompletion* p) {
   return absl::OkStatus();
 }
 
+// best_of (completions): best_of candidates per prompt, the n best answered; their ranking needs
+// each token's logprob, so the engine is asked for it whatever the client asked.
+absl::Status ReadBestOf(const Json& j, bool chat, ParsedCompletion* p) {
+  p->best_of = p->n;
+  auto it = j.find("best_of");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t best_of, IntInRange(*it, "best_of", 1, kMaxChoices));
+  if (best_of == 1 && p->n == 1) return absl::OkStatus();
+  if (chat) return Bad("best_of", "is a /v1/completions parameter (only 1 on chat)");
+  if (best_of < p->n) return Bad("best_of", absl::StrCat("must be at least n (", p->n, "), got ", best_of));
+  if (p->stream && best_of > p->n) return Bad("best_of", "cannot be used with stream (as OpenAI)");
+  p->best_of = static_cast<int>(best_of);
+  if (p->best_of > p->n) p->request.logprobs = true;
+  return absl::OkStatus();
+}
+
 // A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
 // no lane to map to faithfully.
 absl::Status ReadPriority(const Json& j, Priority* out) {
@@ -435,6 +451,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(ReadEcho(j, chat, limits, &p));
   RETURN_IF_ERROR(ReadTokenIdFields(j, &p));
   RETURN_IF_ERROR(ReadBadWords(j, &p));
+  RETURN_IF_ERROR(ReadBestOf(j, chat, &p));
   RETURN_IF_ERROR(ReadPriority(j, &r.priority));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));

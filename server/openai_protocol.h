@@ -48,8 +48,9 @@ struct ParsedCompletion {
   bool include_usage = false;     // stream_options.include_usage
   std::string model;              // as the client named it (checked by the caller)
   GenerateRequest request;        // validated; its prompt is prompts[0]
-  // Every prompt (completions may bring a batch; chat has one), each validated. Choice k answers
-  // prompt k / n with seed + k % n, as vLLM numbers a batch's choices.
+  // Every prompt (completions may bring a batch; chat has one), each validated. Candidate k
+  // answers prompt k / best_of with seed + k % best_of; answered choices are numbered as vLLM
+  // numbers a batch's (prompt i's j-th as i * n + j).
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
   bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
@@ -58,6 +59,9 @@ struct ParsedCompletion {
   bool want_logprobs = false;     // the chosen token's logprob, and
   int logprobs = 0;               // the top-n per token (0: none)
   int n = 1;                      // choices: n requests of the same prompt, sharing its KV
+  // Candidates per prompt (engine requests): best_of (completions), at least n; the n with the
+  // highest mean logprob per token are answered, as OpenAI defines best_of.
+  int best_of = 1;
   // echo (completions): each choice's text (and logprobs) begin with its prompt's; with
   // max_tokens 0, they are only the prompt's (one token is generated, and left out).
   bool echo = false, echo_only = false;

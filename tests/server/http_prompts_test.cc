@@ -148,5 +148,54 @@ TEST_F(HttpPromptsTest, PromptLogprobsOnChatAndTheirLimits) {
   EXPECT_EQ(cs, 400) << c.dump();
 }
 
+// best_of: the n of best_of candidates (seed + i) with the highest mean logprob per token, as
+// OpenAI defines it; the oracle ranks the candidates sent alone. The usage counts every
+// candidate's tokens; the answer has no logprobs unless asked.
+TEST_F(HttpPromptsTest, BestOfAnswersTheCandidatesWithTheHighestMeanLogprob) {
+  const Json base = {{"prompt", "The quick"}, {"max_tokens", 8}, {"temperature", 1.0}, {"ignore_eos", true}};
+  std::vector<std::pair<double, std::string>> candidates;
+  int tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    Json one = base;
+    one["seed"] = 30 + i;
+    one["logprobs"] = 0;
+    const auto [s, j] = Post("/v1/completions", one);
+    ASSERT_EQ(s, 200) << j.dump();
+    double sum = 0;
+    for (const Json& lp : j["choices"][0]["logprobs"]["token_logprobs"]) sum += lp.get<double>();
+    candidates.emplace_back(sum / 8, j["choices"][0]["text"]);
+    tokens += j["usage"]["completion_tokens"].get<int>();
+  }
+  std::vector<size_t> order = {0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return candidates[a].first > candidates[b].first; });
+  ASSERT_FALSE(order[0] == 0 && order[1] == 1) << "the seeds must rank out of order for the test to see the ranking";
+  Json best = base;
+  best["seed"] = 30;
+  best["best_of"] = 4;
+  best["n"] = 2;
+  const auto [s, j] = Post("/v1/completions", best);
+  ASSERT_EQ(s, 200) << j.dump();
+  ASSERT_EQ(j["choices"].size(), 2u) << j.dump();
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(j["choices"][k]["index"], k);
+    EXPECT_EQ(j["choices"][k]["text"], candidates[order[static_cast<size_t>(k)]].second) << "choice " << k;
+    EXPECT_TRUE(j["choices"][k]["logprobs"].is_null());
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], tokens);
+  for (const auto& [extra, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"best_of", 1}, {"n", 2}}, "best_of"},
+           {{{"best_of", 3}, {"stream", true}}, "best_of"},
+           {{{"best_of", 33}}, "best_of"}}) {
+    Json body = base;
+    body.update(extra);
+    const auto [bs, bad] = Post("/v1/completions", body);
+    EXPECT_EQ(bs, 400) << bad.dump();
+    EXPECT_EQ(bad["error"]["param"], param) << bad.dump();
+  }
+  const auto [cs, c] = Post("/v1/chat/completions",
+                            {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}, {"best_of", 2}});
+  EXPECT_EQ(cs, 400) << c.dump();
+}
+
 }  // namespace
 }  // namespace moeserve::testing
