@@ -117,6 +117,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback c
   auto live = std::make_unique<Live>();
   live->seq.prompt_len = static_cast<int64_t>(request.prompt.size());
   live->seq.prompt_logits = request.prompt_logprobs >= 0;
+  live->seq.rank = request.rank;
   live->seq.tokens = request.prompt;
   live->seq.cache_root = CacheRoot(request.cache_tenant, request.cache_salt);
   live->seq.priority = request.priority;

@@ -32,6 +32,9 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;
   Priority priority = Priority::kNormal;
+  // vLLM's integer priority: within the lane, a lower value is scheduled earlier and preempted
+  // later (ties by arrival).
+  int32_t rank = 0;
   std::optional<Clock::time_point> deadline;
   // Log-probabilities, under the model's unmodified distribution: the chosen token's with
   // `logprobs`, and the `top_logprobs` most likely tokens' (which implies `logprobs`).

@@ -11,6 +11,7 @@ namespace {
 
 bool Before(const Sequence* a, const Sequence* b) {
   if (a->priority != b->priority) return a->priority < b->priority;
+  if (a->rank != b->rank) return a->rank < b->rank;
   return a->arrival < b->arrival;
 }
 

@@ -1,7 +1,8 @@
 // The scheduler: pure bookkeeping over sequences and the block pool; it never copies a byte.
 //
 // Every step it builds a batch under a maximum number of sequences and a token budget:
-// running sequences first (decodes and continuing prefill chunks, by priority then arrival, so
+// running sequences first (decodes and continuing prefill chunks, by priority (lane, then vLLM's
+// integer rank) then arrival, so
 // arrivals never starve them), then waiting sequences in the same order, admitted with their
 // prefix-cache hit and a prefill chunk. When the KV pool cannot hold a running sequence's next
 // tokens, the lowest-priority, newest running sequence is preempted: its KV is either swapped

@@ -19,6 +19,7 @@ struct Sequence {
 
   uint64_t id = 0;
   Priority priority = Priority::kNormal;
+  int32_t rank = 0;                 // vLLM's integer priority, within the lane: lower is earlier
   uint64_t arrival = 0;             // submission order: FCFS within a class
   std::vector<int32_t> tokens;      // prompt, then generated tokens
   int64_t prompt_len = 0;

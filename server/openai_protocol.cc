@@ -395,14 +395,14 @@ absl::Status ReadBestOf(const Json& j, bool chat, ParsedCompletion* p) {
   return absl::OkStatus();
 }
 
-// A lane name, or vLLM's integer priority 0 (its default: the normal lane); other integers have
-// no lane to map to faithfully.
-absl::Status ReadPriority(const Json& j, Priority* out) {
+// A lane name, or vLLM's integer priority: the normal lane, ordered within it by the integer
+// (lower is earlier, as vLLM's priority scheduling).
+absl::Status ReadPriority(const Json& j, Priority* out, int32_t* rank) {
   std::string priority = "normal";
   if (auto it = j.find("priority"); it != j.end() && it->is_number()) {
-    if (*it != 0) {
-      return Bad("priority", "integer priorities other than 0 are not supported: name a lane (fast, high, normal or low)");
-    }
+    ASSIGN_OR_RETURN(const int64_t v, IntInRange(*it, "priority", std::numeric_limits<int32_t>::min(),
+                                                  std::numeric_limits<int32_t>::max()));
+    *rank = static_cast<int32_t>(v);
   } else {
     RETURN_IF_ERROR(Read(j, "priority", &priority));
   }
@@ -452,7 +452,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   RETURN_IF_ERROR(ReadTokenIdFields(j, &p));
   RETURN_IF_ERROR(ReadBadWords(j, &p));
   RETURN_IF_ERROR(ReadBestOf(j, chat, &p));
-  RETURN_IF_ERROR(ReadPriority(j, &r.priority));
+  RETURN_IF_ERROR(ReadPriority(j, &r.priority, &r.rank));
   RETURN_IF_ERROR(Read(j, "retain_seconds", &r.retain_seconds));
   RETURN_IF_ERROR(Read(j, "cache_salt", &r.cache_salt));
   bool ignore_eos = false;

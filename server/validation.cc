@@ -42,6 +42,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   out.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   std::sort(out.sampling.logit_bias.begin(), out.sampling.logit_bias.end());
   out.min_tokens = req.min_tokens();
+  out.rank = req.priority_rank();
   for (const v1::TokenIds& word : req.bad_words()) out.bad_words.emplace_back(word.ids().begin(), word.ids().end());
   out.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
   switch (req.priority()) {

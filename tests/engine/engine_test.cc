@@ -294,6 +294,29 @@ TEST_F(EngineTest, CancellingAWaitingRequestAndStoppingWithWorkInFlight) {
   EXPECT_TRUE(e->CheckAccounting());
 }
 
+// vLLM's integer priority reaches the scheduler: one sequence at a time, requests submitted
+// together finish in the order of their ranks.
+TEST_F(EngineTest, IntegerRanksOrderRequestsOfALane) {
+  EngineConfig cfg;
+  cfg.num_kv_blocks = 100;
+  cfg.scheduler.max_num_seqs = 1;
+  auto e = *Engine::Create(cfg, weights_, backend_);
+  std::vector<uint64_t> finished;
+  std::mutex mu;
+  std::vector<uint64_t> ids;
+  for (int32_t rank : {5, -1, 3}) {
+    GenerateRequest r = (*requests_)[0];
+    r.max_tokens = 2;
+    r.rank = rank;
+    ids.push_back(*e->Submit(r, [&](const RequestEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ev.finished) finished.push_back(ev.request_id);
+    }));
+  }
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(finished, (std::vector<uint64_t>{ids[1], ids[2], ids[0]}));
+}
+
 TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
   EngineConfig cfg;
   cfg.num_kv_blocks = 20;

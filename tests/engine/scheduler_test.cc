@@ -90,6 +90,52 @@ TEST_F(SchedulerTest, PriorityClassesThenFcfs) {
   Drain();
 }
 
+// vLLM's integer priority within a lane: lower first, ties by arrival; lanes still first.
+TEST_F(SchedulerTest, IntegerRanksOrderALaneLowerFirst) {
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = 1;
+  Make(cfg, 100);
+  Sequence* late = NewSeq(3, 1);
+  Sequence* early = NewSeq(3, 1);
+  Sequence* tie = NewSeq(3, 1);
+  Sequence* high = NewSeq(3, 1, Priority::kHigh);
+  late->rank = 5;
+  early->rank = -2;
+  tie->rank = 5;
+  high->rank = 100;
+  for (Sequence* s : {late, early, tie, high}) ASSERT_TRUE(sched_->Add(s).ok());
+  std::vector<Sequence*> order;
+  for (int i = 0; i < 4; ++i) {
+    auto out = Step();
+    ASSERT_EQ(out.chunks.size(), 1u);
+    order.push_back(out.chunks[0].seq);
+  }
+  EXPECT_EQ(order, (std::vector<Sequence*>{high, early, late, tie}));
+  Drain();
+}
+
+// The preemption victim is the highest rank of the lowest lane, not the newest.
+TEST_F(SchedulerTest, PreemptsTheHighestRankFirst) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 64;
+  Make(cfg, 8);  // 32 tokens
+  Sequence* low_rank = NewSeq(7, 20);
+  Sequence* newer = NewSeq(7, 20);
+  low_rank->rank = 9;
+  newer->rank = 1;
+  ASSERT_TRUE(sched_->Add(low_rank).ok());
+  ASSERT_TRUE(sched_->Add(newer).ok());
+  int preempted = 0;
+  for (int i = 0; i < 200 && (sched_->num_running() + sched_->num_waiting()) > 0; ++i) {
+    for (Sequence* p : Step().preempted) {
+      EXPECT_EQ(p, low_rank) << "rank 9 yields to rank 1";
+      ++preempted;
+    }
+  }
+  EXPECT_GT(preempted, 0);
+  Drain();
+}
+
 TEST_F(SchedulerTest, FastLaneCapsTheBatchItJoins) {
   SchedulerConfig cfg;
   cfg.max_num_seqs = 16;

@@ -130,10 +130,14 @@ TEST_F(HttpFieldsTest, AFieldOfNoSchemaIsRefusedByName) {
   const auto [status2, j2] = Post("/v1/completions", chat_only);
   EXPECT_EQ(status2, 400) << j2.dump();
   EXPECT_EQ(j2["error"]["param"], "add_generation_prompt") << j2.dump();
-  // Integer priorities: vLLM's default 0 is the normal lane; others have no lane.
-  const auto [p1, j3] = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"priority", 1}});
-  EXPECT_EQ(p1, 400) << j3.dump();
-  EXPECT_EQ(j3["error"]["param"], "priority") << j3.dump();
+  // Integer priorities are vLLM's (within the normal lane); past int32 or not whole: refused.
+  const auto [p1, j3] = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"priority", -7}});
+  EXPECT_EQ(p1, 200) << j3.dump();
+  for (const Json& bad : {Json(int64_t{1} << 40), Json(1.5)}) {
+    const auto [p2, j4] = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"priority", bad}});
+    EXPECT_EQ(p2, 400) << j4.dump();
+    EXPECT_EQ(j4["error"]["param"], "priority") << j4.dump();
+  }
 }
 
 TEST_F(HttpFieldsTest, IncludeStopStrInOutputKeepsTheStopString) {
