@@ -40,13 +40,7 @@ void AddMlaTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>*
 
 void AddDeepseekMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
   const int64_t h = c.hidden_size;
-  if (c.dense_layer(l)) {
-    const int64_t i = c.dense_intermediate_size;
-    out->push_back({tn::Layer(l, "mlp.gate_proj.weight"), {i, h}});
-    out->push_back({tn::Layer(l, "mlp.up_proj.weight"), {i, h}});
-    out->push_back({tn::Layer(l, "mlp.down_proj.weight"), {h, i}});
-    return;
-  }
+  if (c.dense_layer(l)) return AddDenseMlpTensors(c, l, out);
   out->push_back({tn::Router(c, l), {c.num_local_experts, h}});
   if (c.router.correction_bias) out->push_back({tn::Layer(l, "mlp.gate.e_score_correction_bias"), {c.num_local_experts}});
   for (int64_t e = 0; e < c.num_local_experts; ++e) {
@@ -116,11 +110,7 @@ absl::Status LoadMlaAttention(const ModelConfig& c, int64_t l, DType dtype, Uplo
 
 absl::Status LoadDeepseekMlp(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held,
                              Uploader& up, LayerWeights* lw) {
-  if (c.dense_layer(l)) {
-    ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.gate_proj.weight"), tn::Layer(l, "mlp.up_proj.weight")}, dtype));
-    ASSIGN_OR_RETURN(lw->shared_w2, up.Matrix({tn::Layer(l, "mlp.down_proj.weight")}, dtype));
-    return absl::OkStatus();
-  }
+  if (c.dense_layer(l)) return LoadDenseMlp(l, dtype, up, lw);
   ASSIGN_OR_RETURN(lw->router, up.Matrix({tn::Router(c, l)}, DType::kF32));
   if (c.router.correction_bias) {
     ASSIGN_OR_RETURN(lw->router_bias, up.Vector(tn::Layer(l, "mlp.gate.e_score_correction_bias")));

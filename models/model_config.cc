@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "models/config_json.h"
 #include "models/deepseek_config.h"
+#include "models/qwen_config.h"
 #include "models/quantization_config.h"
 #include "models/tokenizer.h"
 
@@ -51,7 +52,7 @@ constexpr const char* kMixtralKeys[] = {"num_local_experts", "shared_expert_inte
 constexpr const char* kQwen2MoeKeys[] = {"num_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
                                          "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
                                          "max_window_layers", "qkv_bias", "layer_types"};
-constexpr const char* kQwen3MoeKeys[] = {"num_experts", "moe_intermediate_size", "decoder_sparse_step",
+constexpr const char* kQwen3MoeKeys[] = {"num_experts", "num_local_experts", "moe_intermediate_size", "decoder_sparse_step",
                                          "mlp_only_layers", "use_sliding_window", "max_window_layers",
                                          "layer_types"};
 constexpr const char* kOlmoeKeys[] = {"num_experts", "clip_qkv"};
@@ -136,14 +137,6 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: clip_qkv ", v->dump(),
                                                    " is not supported (only null: no clipping)"));
   }
-  if (const Json* v = at("mlp_only_layers"); v && !(v->is_array() && v->empty())) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: mlp_only_layers ", v->dump(),
-                                                   " is not supported (dense MLP layers; only [] is)"));
-  }
-  if (const Json* v = at("decoder_sparse_step"); v && *v != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: decoder_sparse_step ", v->dump(),
-                                                   " is not supported (dense MLP layers; only 1 is)"));
-  }
   if (const Json* v = at("layer_types")) {
     if (!v->is_array() || std::any_of(v->begin(), v->end(), [](const Json& t) { return t != "full_attention"; })) {
       return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types ", v->dump(),
@@ -193,6 +186,7 @@ absl::Status ModelConfig::Validate() const {
   RETURN_IF_ERROR(Positive("vocab_size", vocab_size, ByteTokenizer::kMinVocab));
   RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
   RETURN_IF_ERROR(Positive("shared_expert_intermediate_size", shared_expert_intermediate_size, 0));
+  if (num_dense_layers() > 0) RETURN_IF_ERROR(Positive("intermediate_size (the dense layers')", dense_intermediate_size));
   if (num_attention_heads % num_key_value_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json: \"num_attention_heads\" (", num_attention_heads,
@@ -231,6 +225,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   // Each family's names, and transformers' defaults for the keys it may leave out.
   const char* experts_key = family == ModelFamily::kMixtral ? "num_local_experts"
                             : deepseek_moe                  ? "n_routed_experts"
+                            : qwen                          ? QwenExpertsKey(j)
                                                             : "num_experts";
   const char* inter_key = qwen || deepseek_moe ? "moe_intermediate_size" : "intermediate_size";
   c.rope_theta = family == ModelFamily::kMixtral ? 1e6 : 1e4;
@@ -289,6 +284,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (dtype.has_value()) c.torch_dtype = *dtype;
   if (deepseek) RETURN_IF_ERROR(ReadDeepseekConfig(j, &c));
+  if (qwen) RETURN_IF_ERROR(ReadQwenConfig(j, &c));
   if (family == ModelFamily::kGlm4Moe) RETURN_IF_ERROR(ReadGlmConfig(j, &c));
   RETURN_IF_ERROR(ReadQuantizationConfig(j, &c.fp8_checkpoint));
   // A sliding window shorter than the context changes attention; this build attends to all of it.
@@ -352,6 +348,7 @@ std::string ModelConfig::ToJson() const {
     j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   }
   if (family == ModelFamily::kQwen2Moe) j["qkv_bias"] = qkv_bias;
+  if (qwen && num_dense_layers() > 0) WriteQwenConfig(*this, &j);
   if (deepseek_moe()) WriteDeepseekConfig(*this, &j);
   if (fp8_checkpoint) {
     j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}},
@@ -388,15 +385,21 @@ int64_t ModelConfig::TotalParams() const {
   if (has_shared_expert()) moe_layer += 3 * h * shared_expert_intermediate_size + (shared_expert_gated ? h : 0);
   const int64_t dense_layer = 3 * h * dense_intermediate_size;
   const int64_t per_layer = AttentionParams() + 2 * h;  // attention, two norms
-  int64_t total = per_layer * num_hidden_layers + first_k_dense_replace * dense_layer +
-                  (num_hidden_layers - first_k_dense_replace) * moe_layer + vocab_size * h + h;
+  int64_t total = per_layer * num_hidden_layers + num_dense_layers() * dense_layer +
+                  (num_hidden_layers - num_dense_layers()) * moe_layer + vocab_size * h + h;
   if (!tie_word_embeddings) total += vocab_size * h;
   return total;
 }
 
 int64_t ModelConfig::ActiveParams() const {
   return TotalParams() -
-         (num_hidden_layers - first_k_dense_replace) * (num_local_experts - num_experts_per_tok) * ExpertParams();
+         (num_hidden_layers - num_dense_layers()) * (num_local_experts - num_experts_per_tok) * ExpertParams();
+}
+
+int64_t ModelConfig::num_dense_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += dense_layer(l);
+  return n;
 }
 
 absl::StatusOr<ModelFamily> FamilyFromModelType(absl::string_view model_type) {

@@ -4,6 +4,7 @@
 // presets (Mixtral) and parameter counts.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -90,11 +91,15 @@ struct ModelConfig {
   int64_t shared_expert_intermediate_size = 0;
   bool qkv_bias = false;        // Qwen2-MoE
   QkNorm qk_norm = QkNorm::kNone;  // Qwen3-MoE per head, OLMoE whole
-  // DeepSeek: shared experts without a gate; the first layers dense (an MLP of
-  // dense_intermediate_size, no router); multi-token-prediction layers in the checkpoint that
-  // the forward does not use.
+  // DeepSeek: shared experts without a gate; multi-token-prediction layers in the checkpoint
+  // that the forward does not use.
   bool shared_expert_gated = true;
+  // Dense MLP layers (an MLP of dense_intermediate_size, no router): DeepSeek's and GLM's first
+  // first_k_dense_replace; Qwen-MoE's mlp_only_layers and the layers decoder_sparse_step skips
+  // (layer l is sparse only when (l + 1) % decoder_sparse_step == 0).
   int64_t first_k_dense_replace = 0;
+  std::vector<int64_t> mlp_only_layers;  // sorted, unique
+  int64_t decoder_sparse_step = 1;
   int64_t dense_intermediate_size = 0;
   int64_t num_nextn_predict_layers = 0;
   MlaConfig mla;
@@ -128,7 +133,11 @@ struct ModelConfig {
   int64_t KvElemsPerToken() const { return is_mla() ? mla.kv_lora_rank + mla.qk_rope_head_dim : 2 * kv_dim(); }
   // Attention's softmax scale: 1/sqrt(query-key width), times YaRN's mscale(all_dim)^2 for MLA.
   double SoftmaxScale() const;
-  bool dense_layer(int64_t layer) const { return layer < first_k_dense_replace; }
+  bool dense_layer(int64_t layer) const {
+    return layer < first_k_dense_replace || (decoder_sparse_step > 1 && (layer + 1) % decoder_sparse_step != 0) ||
+           std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
+  }
+  int64_t num_dense_layers() const;
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // Parameters of one routed expert (w1, w2, w3).
   int64_t ExpertParams() const { return 3 * hidden_size * intermediate_size; }

@@ -78,6 +78,7 @@ absl::Status LoadAttention(const ModelConfig& c, int64_t l, DType dtype, Uploade
 // The router, the routed experts held (others keep their shapes), the gated shared expert.
 absl::Status LoadMoe(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
                      LayerWeights* lw) {
+  if (c.dense_layer(l)) return LoadDenseMlp(l, dtype, up, lw);
   ASSIGN_OR_RETURN(lw->router, up.Matrix({tn::Router(c, l)}, DType::kF32));
   RETURN_IF_ERROR(LoadRoutedExperts(c, l, dtype, held, up, lw));
   if (c.has_shared_expert()) {
@@ -91,6 +92,12 @@ absl::Status LoadMoe(const ModelConfig& c, int64_t l, DType dtype, const std::ve
 }
 
 }  // namespace
+
+absl::Status LoadDenseMlp(int64_t l, DType dtype, Uploader& up, LayerWeights* lw) {
+  ASSIGN_OR_RETURN(lw->shared_w13, up.Matrix({tn::Layer(l, "mlp.gate_proj.weight"), tn::Layer(l, "mlp.up_proj.weight")}, dtype));
+  ASSIGN_OR_RETURN(lw->shared_w2, up.Matrix({tn::Layer(l, "mlp.down_proj.weight")}, dtype));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,

@@ -59,6 +59,9 @@ struct WeightShard {
 // their shapes without data. Every family's MoE layer loads its experts this way.
 absl::Status LoadRoutedExperts(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
                                LayerWeights* lw);
+// Reads dense layer `l`'s MLP (mlp.gate_proj/up_proj stacked as shared_w13, down_proj as
+// shared_w2): DeepSeek's and GLM's first layers, Qwen-MoE's mlp_only_layers.
+absl::Status LoadDenseMlp(int64_t l, DType dtype, Uploader& up, LayerWeights* lw);
 
 class ModelWeights {
  public:

@@ -15,7 +15,7 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   const int64_t h = c.hidden_size, e_count = c.num_local_experts, k = c.num_experts_per_tok;
   const int64_t inter = c.intermediate_size;
   float* xn = ws_.xn.as<float>();
-  if (c.dense_layer(layer)) {  // DeepSeek's and GLM's first layers: one MLP, each rank its own tokens
+  if (c.dense_layer(layer)) {  // a dense MLP (DeepSeek's first layers, Qwen's mlp_only_layers): each rank its own tokens
     if (t > 0) Mlp(lw.shared_w13, lw.shared_w2, c.dense_intermediate_size, t, /*gate=*/nullptr);
     return absl::OkStatus();
   }

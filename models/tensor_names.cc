@@ -50,9 +50,22 @@ void AddAttentionTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTe
   }
 }
 
-// Routed experts and the optional gated shared expert (Mixtral, Qwen, OLMoE).
+}  // namespace
+
+void AddDenseMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
+  namespace tn = tensor_names;
+  const int64_t h = c.hidden_size, i = c.dense_intermediate_size;
+  out->push_back({tn::Layer(l, "mlp.gate_proj.weight"), {i, h}});
+  out->push_back({tn::Layer(l, "mlp.up_proj.weight"), {i, h}});
+  out->push_back({tn::Layer(l, "mlp.down_proj.weight"), {h, i}});
+}
+
+namespace {
+
+// Routed experts and the optional gated shared expert (Mixtral, Qwen, OLMoE); a dense layer's MLP.
 void AddMoeTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out) {
   namespace tn = tensor_names;
+  if (c.dense_layer(l)) return AddDenseMlpTensors(c, l, out);
   const int64_t h = c.hidden_size, i = c.intermediate_size;
   out->push_back({tn::Router(c, l), {c.num_local_experts, h}});
   for (int64_t e = 0; e < c.num_local_experts; ++e) {

@@ -28,5 +28,7 @@ std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const st
 
 // Every tensor of the model in checkpoint order (lm_head omitted when embeddings are tied).
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
+// A dense layer's MLP: mlp.gate_proj, up_proj, down_proj of dense_intermediate_size.
+void AddDenseMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out);
 
 }  // namespace moeserve

@@ -15,7 +15,7 @@ ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtyp
   m.top_k = c.num_experts_per_tok;
   m.heads = c.num_attention_heads;
   m.head_dim = c.head_dim;
-  m.moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+  m.moe_layers = c.num_hidden_layers - c.num_dense_layers();
   m.attention_macs_per_head = c.is_mla() ? 2.0 * c.mla.kv_lora_rank + c.mla.qk_rope_head_dim : 2.0 * c.head_dim;
   m.weight_dtype = weight_dtype;
   // FP8: a byte per weight and a 4-byte scale per 128 of a row; the lm_head stays bf16.

@@ -8,9 +8,9 @@ and compares. Not part of CI (it needs torch):
         tokenizers==0.22.1 safetensors
     /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf [family ...]
 
-The DeepSeek and GLM fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group, glm4moe) were made with transformers
-5.19 (its DeepseekV3/V2 classes; pass their names to regenerate only them), the other four with
-4.57.1.
+The DeepSeek and GLM fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group, glm4moe) and the
+Qwen ones with dense layers (qwen2moedense, qwen3moedense) were made with transformers 5.19 (pass
+their names to regenerate only them), the other four with 4.57.1.
 
 Each family's directory gets config.json, model.safetensors (float32), generation_config.json,
 the tokenizer trained by scripts/make-tokenizer-fixtures.py (the qwen one) and the family's
@@ -106,6 +106,20 @@ def deepseek_families():
         routed_scaling_factor=16.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
+# Qwen-MoE with dense MLP layers between the MoE layers, saved by transformers 5 (whose
+# Qwen3MoeConfig writes num_local_experts): decoder_sparse_step 2 makes layers 0 and 2 dense,
+# mlp_only_layers [3] layer 3; Qwen3 with mlp_only_layers [1] alone.
+def dense_families():
+    yield "qwen2moedense", "qwen2moe", Qwen2MoeForCausalLM, Qwen2MoeConfig(
+        **{**COMMON, "num_hidden_layers": 4}, intermediate_size=80, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        rope_theta=10000.0, rms_norm_eps=1e-6, decoder_sparse_step=2, mlp_only_layers=[3], use_sliding_window=False)
+    yield "qwen3moedense", "qwen3moe", Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        **{**COMMON, "num_hidden_layers": 3}, head_dim=24, intermediate_size=80, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        decoder_sparse_step=1, mlp_only_layers=[1], use_sliding_window=False)
+
+
 # The linear layers a DeepSeek FP8 checkpoint stores as float8_e4m3fn (not the embedding, the
 # lm_head, the norms or the router).
 FP8_SAVED = re.compile(r"(self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
@@ -177,7 +191,7 @@ def main():
     out_root = sys.argv[1]
     only = set(sys.argv[2:])
     tok = Tokenizer.from_file(TOKENIZER)
-    chosen = list(families()) + (list(deepseek_families()) if DeepseekV3Config is not None else [])
+    chosen = list(families()) + (list(deepseek_families()) + list(dense_families()) if DeepseekV3Config is not None else [])
     for name, template, cls, config in chosen:
         if only and name not in only:
             continue

@@ -98,13 +98,17 @@ inline ModelConfig WideConfig() {
 }
 
 // The other families' attention extras on the wide shape: Qwen2-MoE's q/k/v biases (with its
-// shared expert), Qwen3-MoE's per-head q/k norms with a head_dim of its own, OLMoE's
+// shared expert, and layer 1 a dense MLP: mlp_only_layers), Qwen3-MoE's per-head q/k norms with a head_dim of its own, OLMoE's
 // whole-projection q/k norms.
 inline ModelConfig FamilyConfig(ModelFamily family) {
   ModelConfig c = WideConfig();
   c.family = family;
   c.norm_topk_prob = false;
-  if (family == ModelFamily::kQwen2Moe) c.qkv_bias = true;
+  if (family == ModelFamily::kQwen2Moe) {  // and a dense MLP layer between MoE layers
+    c.qkv_bias = true;
+    c.mlp_only_layers = {1};
+    c.dense_intermediate_size = 80;
+  }
   if (family == ModelFamily::kQwen3Moe) {
     c.shared_expert_intermediate_size = 0;
     c.qk_norm = QkNorm::kPerHead;

@@ -50,7 +50,7 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
       for (int64_t r : ps.expert_tokens) rows += r;
       // Every (token, slot) assignment of every layer was computed by exactly one expert.
       EXPECT_EQ(rows, in.num_tokens() * config_.num_experts_per_tok *
-                          (config_.num_hidden_layers - config_.first_k_dense_replace))
+                          (config_.num_hidden_layers - config_.num_dense_layers()))
           << Name(l);
       EXPECT_GE(ps.expert_imbalance, 1.0);
       EXPECT_GT(ps.a2a_bytes, 0);
@@ -138,7 +138,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
           int64_t rows = 0;
           for (int64_t r : s.expert_tokens) rows += r;
           EXPECT_EQ(rows, s.num_tokens * config_.num_experts_per_tok *
-                              (config_.num_hidden_layers - config_.first_k_dense_replace))
+                              (config_.num_hidden_layers - config_.num_dense_layers()))
               << Name(l);
           EXPECT_GE(s.expert_imbalance, 1.0) << Name(l);
         }

@@ -100,7 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
     Families, HfFamilyTest,
     ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8", "glm4moe",
                                          "deepseekv2lite",
-                                         "deepseekv2group"),
+                                         "deepseekv2group", "qwen2moedense", "qwen3moedense"),
                        ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
 
 TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
@@ -108,12 +108,8 @@ TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
       {R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen3_moe"})", "disagree"},
       {R"({"architectures": ["GptOssForCausalLM"]})", "is not supported"},
       {R"({"model_type": "olmoe", "clip_qkv": 8.0})", "clip_qkv 8.0 is not supported"},
-      {R"({"model_type": "qwen2_moe", "mlp_only_layers": [1]})",
-       "mlp_only_layers [1] is not supported"},
-      {R"({"model_type": "qwen3_moe", "decoder_sparse_step": 2})",
-       "decoder_sparse_step 2 is not supported"},
       {R"({"model_type": "qwen3_moe", "use_sliding_window": true})", "use_sliding_window true"},
-      {R"({"model_type": "qwen3_moe", "num_local_experts": 8})",
+      {R"({"model_type": "qwen2_moe", "num_local_experts": 8})",
        "key \"num_local_experts\" is not understood"},
       {R"({"model_type": "mixtral", "num_experts": 8})", "key \"num_experts\" is not understood"},
       {R"({"model_type": "qwen3_moe", "attention_bias": true})",
@@ -137,6 +133,39 @@ TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
     EXPECT_EQ(again->qk_norm, c->qk_norm);
     EXPECT_EQ(again->qkv_bias, c->qkv_bias);
     EXPECT_EQ(again->norm_topk_prob, c->norm_topk_prob);
+  }
+}
+
+// Qwen-MoE's dense layers as transformers places them ((l + 1) % decoder_sparse_step, then
+// mlp_only_layers), Qwen3's num_local_experts as transformers 5 writes it, and what is refused.
+TEST(HfFamilyConfigTest, QwenDenseLayersAndTransformers5Keys) {
+  auto c2 = ModelConfig::FromFile(Dir("qwen2moedense") + "/config.json");
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  std::vector<bool> dense;
+  for (int64_t l = 0; l < c2->num_hidden_layers; ++l) dense.push_back(c2->dense_layer(l));
+  EXPECT_EQ(dense, (std::vector<bool>{true, false, true, true}));
+  EXPECT_EQ(c2->dense_intermediate_size, 80);
+  auto c3 = ModelConfig::FromFile(Dir("qwen3moedense") + "/config.json");
+  ASSERT_TRUE(c3.ok()) << c3.status();
+  EXPECT_EQ(c3->num_local_experts, 8) << "num_local_experts, as transformers 5 writes it";
+  EXPECT_EQ(c3->num_dense_layers(), 1);
+  EXPECT_TRUE(c3->dense_layer(1));
+  auto again = ModelConfig::FromJson(c2->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->mlp_only_layers, c2->mlp_only_layers);
+  EXPECT_EQ(again->decoder_sparse_step, 2);
+  EXPECT_EQ(again->TotalParams(), c2->TotalParams());
+  std::ifstream in(Dir("qwen3moedense") + "/config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  for (const auto& [patch, want] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"mlp_only_layers", {1, 9}}}, "\"mlp_only_layers\" holds 9, not a layer index in [0, 3)"},
+           {{{"decoder_sparse_step", 0}}, "\"decoder_sparse_step\" must be >= 1"},
+           {{{"num_experts", 4}}, "num_experts 4 and num_local_experts 8 disagree"}}) {
+    nlohmann::json j = base;
+    j.update(patch);
+    auto c = ModelConfig::FromJson(j.dump());
+    ASSERT_FALSE(c.ok()) << patch.dump();
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << c.status();
   }
 }
 
