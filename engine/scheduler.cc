@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "engine/shared_prefix.h"
 
 namespace moeserve {
 namespace {
@@ -260,7 +261,15 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
       num_running() >= config_.max_num_seqs) {
     return false;
   }
-  Sequence* seq = waiting_.front();
+  // The first waiting sequence of the front's lane that is not waiting for a twin's prefix
+  // (shared_prefix.h).
+  auto it = waiting_.begin();
+  while (config_.prefix_caching && config_.wait_for_shared_prefix && it != waiting_.end() &&
+         (*it)->priority == waiting_.front()->priority && SharedPrefixTwin(**it, running_, block_size_) != nullptr) {
+    ++it;
+  }
+  if (it == waiting_.end() || (*it)->priority != waiting_.front()->priority) return false;
+  Sequence* seq = *it;
   if (config_.prefix_caching && seq->blocks.empty() && !seq->swapped() && !seq->prompt_logits) TakeCachedPrefix(seq);
   int64_t n = seq->num_tokens() - seq->num_computed;
   bool ok = true;
@@ -276,7 +285,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
     ReleaseWhileWaiting(seq);  // do not hold device blocks while waiting
     return false;
   }
-  waiting_.pop_front();
+  waiting_.erase(it);
   if (seq->counted_new) --new_waiting_;
   seq->counted_new = false;
   seq->skip_lower_tiers = false;  // (admitted: later lookups may use the tiers again)

@@ -45,6 +45,9 @@ struct SchedulerConfig {
   // times the least loaded rank's (plus the prompt's own); then to the least loaded. 0: never
   // balance (pure cache affinity).
   double ep_balance_ratio = 2.0;
+  // A prompt that is mostly one a running sequence is still prefilling waits for those blocks
+  // to reach the prefix cache instead of computing them again (engine/shared_prefix.h).
+  bool wait_for_shared_prefix = true;
 
   absl::Status Validate() const;
 };

@@ -51,6 +51,7 @@ struct EngineFlags {
   EngineConfig config;
   bool no_chunked_prefill = !SchedulerConfig().chunked_prefill;
   bool no_prefix_caching = !SchedulerConfig().prefix_caching;
+  bool no_wait_for_shared_prefix = !SchedulerConfig().wait_for_shared_prefix;
   double kv_cache_mb = static_cast<double>(EngineConfig().kv_cache_bytes) / 1048576.0;
   std::string kv_dtype = "f32";
   int threads = 0;

@@ -28,6 +28,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
                 "Prefill each prompt in one step instead of chunks under the budget");
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "Do not share KV blocks between equal prefixes");
+  cmd->add_flag("--no-wait-for-shared-prefix", f->no_wait_for_shared_prefix,
+                "Admit a prompt that is mostly one still being prefilled (n choices, a burst with one long "
+                "system prompt) at once, computing the shared blocks twice, instead of letting it wait for "
+                "them to reach the prefix cache (for comparison)");
   cmd->add_option("--max-waiting", f->config.scheduler.max_waiting, "Waiting-queue bound for admissions: a new request is refused (RESOURCE_EXHAUSTED) while this many "
                   "requests wait that were never scheduled; sequences preempted under KV pressure go back to the queue even beyond it (by at most "
                   "--max-num-seqs)")
@@ -122,6 +126,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   EngineConfig c = f.config;  // the flags bound to it directly
   c.scheduler.chunked_prefill = !f.no_chunked_prefill;
   c.scheduler.prefix_caching = !f.no_prefix_caching;
+  c.scheduler.wait_for_shared_prefix = !f.no_wait_for_shared_prefix;
   if (!(f.kv_cache_mb > 0)) return absl::InvalidArgumentError(absl::StrCat("--kv-cache-mb must be > 0, got ", f.kv_cache_mb));
   c.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mb * 1048576.0);
   auto dt = DTypeFromShortName(f.kv_dtype);

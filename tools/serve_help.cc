@@ -22,7 +22,7 @@ const std::vector<Group>& Groups() {
       {"Parallel", {"--ep", "--pp", "--tensor-parallel-size", "--pipeline-parallel-size", "--enable-expert-parallel",
                     "--ep-domain-size", "--ep-balance", "--expert-placement", "--micro-batches"}},
       {"Scheduler", {"--max-num-seqs", "--max-tokens-per-step", "--max-num-batched-tokens", "--no-chunked-prefill",
-                     "--max-waiting", "--fast-lane-max-batch", "--max-tokens-limit"}},
+                     "--max-waiting", "--fast-lane-max-batch", "--max-tokens-limit", "--no-wait-for-shared-prefix"}},
       {"Device and kernels", {"--backend", "--device", "--device-mb", "--threads", "--reference",
                               "--no-batch-invariant", "--cpu-isa", "--cpu-kernel"}},
       {"Frontend (OpenAI HTTP API, gRPC)",

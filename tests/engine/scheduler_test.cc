@@ -4,6 +4,7 @@
 #include <memory>
 #include <random>
 
+#include "engine/shared_prefix.h"
 #include "tests/engine/scheduler_fixture.h"
 
 namespace moeserve {
@@ -259,6 +260,63 @@ TEST_F(SchedulerTest, SharedPrefixHitsTheCache) {
   Step();
   EXPECT_EQ(c->cached_prompt_tokens, 8);
   Drain();
+}
+
+// Twins arriving together: the second waits for the first's prompt blocks and takes them from
+// the cache; a prompt sharing only its first block of four does not wait; with
+// wait_for_shared_prefix off, both compute the whole prompt in the same steps.
+TEST_F(SchedulerTest, APromptWaitsForItsTwinsBlocksInsteadOfComputingThemAgain) {
+  for (const bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "waiting" : "not waiting");
+    SchedulerConfig cfg;
+    cfg.max_tokens_per_step = 20;  // room for a whole prompt and the start of another
+    cfg.wait_for_shared_prefix = wait;
+    Make(cfg, 100);
+    Sequence* a = NewSeq(17, 2);
+    Sequence* twin = NewSeq(17, 2);  // same tokens
+    Sequence* other = NewSeq(17, 2, Priority::kNormal, 0);
+    for (int64_t i = 4; i < 17; ++i) other->tokens[i] = 500 + static_cast<int32_t>(i);  // shares block 0 only
+    for (Sequence* s : {a, twin, other}) ASSERT_TRUE(sched_->Add(s).ok());
+    auto first = Step();
+    bool twin_in_first = false, other_in_first = false;
+    for (const auto& c : first.chunks) {
+      twin_in_first |= c.seq == twin;
+      other_in_first |= c.seq == other;
+    }
+    EXPECT_EQ(twin_in_first, !wait);
+    EXPECT_EQ(other_in_first, wait) << "the one that does not wait takes the room";
+    Drain();
+    EXPECT_EQ(twin->cached_prompt_tokens, wait ? 16 : 0);
+    EXPECT_LE(other->cached_prompt_tokens, 4);
+  }
+}
+
+TEST(SharedPrefixTest, OnlyAMostlySharedPromptStillBeingComputedIsATwin) {
+  auto seq = [](std::vector<int32_t> tokens, int64_t computed, int64_t registered) {
+    Sequence s;
+    s.tokens = tokens;
+    s.prompt_len = static_cast<int64_t>(tokens.size());
+    s.num_computed = computed;
+    s.registered_blocks = registered;
+    s.hashes = {BlockHash{1, 2}};
+    return s;
+  };
+  std::vector<int32_t> p(16);
+  for (int i = 0; i < 16; ++i) p[i] = i;
+  Sequence running = seq(p, 8, 2), waiting = seq(p, 0, 0);
+  std::vector<Sequence*> run = {&running};
+  EXPECT_EQ(SharedPrefixTwin(waiting, run, 4), &running);
+  running.num_computed = 16;  // its prefill is done: the cache has what it will have
+  EXPECT_EQ(SharedPrefixTwin(waiting, run, 4), nullptr);
+  running.num_computed = 8;
+  std::vector<int32_t> half = p;
+  for (int i = 9; i < 16; ++i) half[i] = 100 + i;  // two of four blocks shared, both registered
+  Sequence mostly = seq(half, 0, 0);
+  EXPECT_EQ(SharedPrefixTwin(mostly, run, 4), nullptr);
+  running.registered_blocks = 1;
+  EXPECT_EQ(SharedPrefixTwin(mostly, run, 4), &running) << "two shared blocks of four, one not registered yet";
+  waiting.hashes = {BlockHash{3, 4}};  // another cache namespace (tenant, salt)
+  EXPECT_EQ(SharedPrefixTwin(waiting, run, 4), nullptr);
 }
 
 TEST_F(SchedulerTest, PreemptsNewestLowestPriorityWhenThePoolIsFull) {
