@@ -36,8 +36,7 @@ absl::Status RequestLimits::Validate() const {
 absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
                              const RequestLimits& limits, absl::string_view prompt_field) {
   if (r.prompt.empty()) return Invalid(prompt_field, "the prompt is empty");
-  const int64_t context = limits.max_model_len > 0 ? std::min<int64_t>(limits.max_model_len, c.max_position_embeddings)
-                                                   : c.max_position_embeddings;
+  const int64_t context = limits.Context(c);
   const int64_t max_prompt = context - 1;
   if (static_cast<int64_t>(r.prompt.size()) > max_prompt) {
     return Invalid(prompt_field, absl::StrCat("the prompt has ", r.prompt.size(),
@@ -54,9 +53,10 @@ absl::Status ValidateRequest(const GenerateRequest& r, const ModelConfig& c,
     return Invalid("max_tokens",
                    absl::StrCat("must be in [1, ", limits.max_tokens, "], got ", r.max_tokens));
   }
-  if (limits.max_model_len > 0 && static_cast<int64_t>(r.prompt.size()) + r.max_tokens > context) {
+  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > context) {
     return Invalid("max_tokens", absl::StrCat("the prompt's ", r.prompt.size(), " tokens + max_tokens ", r.max_tokens,
-                                              " exceed the model length of ", context, " (--max-model-len)"));
+                                              " exceed the model length of ", context,
+                                              " (--max-model-len, or the model's max_position_embeddings)"));
   }
   if (absl::Status s = r.sampling.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.", s.message()));

@@ -26,6 +26,10 @@ struct RequestLimits {
   size_t max_cache_salt_bytes = kMaxCacheSaltBytes;
 
   absl::Status Validate() const;
+  // The context a sequence may reach: max_model_len, or the model's max_position_embeddings.
+  int64_t Context(const ModelConfig& c) const {
+    return max_model_len > 0 && max_model_len < c.max_position_embeddings ? max_model_len : c.max_position_embeddings;
+  }
 };
 
 // `prompt_field` names the prompt in messages ("text" or "token_ids" on the gRPC API).

@@ -252,9 +252,7 @@ absl::Status ReadPrompt(const Json& j, bool chat, ParsedCompletion* p) {
 // (under --max-model-len), or generation_config.json's max_new_tokens when smaller.
 absl::Status ReadMaxTokens(const Json& j, bool chat, const ModelConfig& config, const RequestLimits& limits,
                            const GenerationDefaults& defaults, GenerateRequest* r) {
-  const int64_t context = limits.max_model_len > 0
-                              ? std::min<int64_t>(limits.max_model_len, config.max_position_embeddings)
-                              : config.max_position_embeddings;
+  const int64_t context = limits.Context(config);
   const int64_t room = std::max<int64_t>(1, context - static_cast<int64_t>(r->prompt.size()));
   int64_t max_tokens = limits.default_max_tokens;
   if (chat) max_tokens = std::min<int64_t>({limits.max_tokens, room, defaults.max_tokens.value_or(room)});

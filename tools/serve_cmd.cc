@@ -25,7 +25,7 @@ struct ServeOptions {
   std::string api_key;
   std::string api_keys_file;
   size_t max_metadata_bytes = 16 << 10;
-  int64_t max_tokens_limit = RequestLimits().max_tokens;
+  int64_t max_tokens_limit = 0;  // 0: the context a request may reach (--max-model-len or the model's)
   std::string metrics_listen;     // empty: no Prometheus endpoint
   std::string metrics_port_file;
   std::vector<std::string> served_model_names;
@@ -78,7 +78,10 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (job != nullptr) job->Configure(o.engine, &*ecfg);
-  ecfg->limits.max_tokens = o.max_tokens_limit;
+  // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
+  auto config = LoadModelConfig(o.model);
+  if (!config.ok()) return Fail(config.status());
+  ecfg->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : ecfg->limits.Context(*config);
   if (absl::Status s = ecfg->limits.Validate(); !s.ok()) return Fail(s);
   auto backend_or = MakeBackend(o.engine);
   if (!backend_or.ok()) return Fail(backend_or.status());
@@ -272,7 +275,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "step); port 0 picks a free one (empty: off)");
   cmd->add_option("--metrics-port-file", o->metrics_port_file,
                   "Write the metrics port to this file once serving (with --port-file's, after the signal handlers)");
-  cmd->add_option("--max-tokens-limit", o->max_tokens_limit, "Largest max_tokens a request may ask")
+  cmd->add_option("--max-tokens-limit", o->max_tokens_limit,
+                  "Largest max_tokens a request may ask (0: as vLLM, what the context leaves: --max-model-len, or the "
+                  "model's max_position_embeddings)")
       ->capture_default_str();
   AddVllmFlags(cmd, &o->vllm);
   cmd->add_option("--generation-config", o->generation_config,

@@ -244,7 +244,7 @@ TEST_F(EngineTest, CancellationAndDeadlinesFreeBlocksOnTheLoopThread) {
   auto e = *Engine::Create(cfg, weights_, backend_);
   Collected c;
   GenerateRequest long_req = (*requests_)[0];
-  long_req.max_tokens = 1000;
+  long_req.max_tokens = static_cast<int32_t>(config_->max_position_embeddings - long_req.prompt.size());
   e->Start();
   // Cancel it mid-stream: its 4th token's callback holds the loop thread until the cancel is in,
   // so it cannot finish first however fast the steps are.
@@ -315,6 +315,27 @@ TEST_F(EngineTest, IntegerRanksOrderRequestsOfALane) {
   }
   ASSERT_TRUE(e->RunUntilIdle().ok());
   EXPECT_EQ(finished, (std::vector<uint64_t>{ids[1], ids[2], ids[0]}));
+}
+
+// As vLLM: max_tokens is bounded by what the context leaves (serve's default limit is the
+// context), and a prompt plus max_tokens past it is refused, not silently cut.
+TEST(RequestLimitsTest, MaxTokensIsBoundedByTheContextNotAFixedNumber) {
+  ModelConfig c = *PresetConfig("tiny");
+  c.max_position_embeddings = 100000;
+  RequestLimits limits;
+  limits.max_tokens = limits.Context(c);
+  GenerateRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 50000;
+  EXPECT_TRUE(ValidateRequest(r, c, limits).ok());
+  r.max_tokens = 99998;
+  const absl::Status past = ValidateRequest(r, c, limits);
+  EXPECT_FALSE(past.ok());
+  EXPECT_NE(past.message().find("exceed the model length of 100000"), std::string::npos) << past;
+  limits.max_model_len = 1000;
+  EXPECT_EQ(limits.Context(c), 1000);
+  r.max_tokens = 998;
+  EXPECT_NE(ValidateRequest(r, c, limits).message().find("--max-model-len"), std::string::npos);
 }
 
 TEST_F(EngineTest, RefusesBadRequestsAndAFullQueue) {
