@@ -8,9 +8,10 @@ and compares. Not part of CI (it needs torch):
         tokenizers==0.22.1 safetensors
     /tmp/hfvenv/bin/python scripts/make-hf-fixtures.py tests/models/fixtures/hf [family ...]
 
-The DeepSeek and GLM fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group, glm4moe) and the
-Qwen ones with dense layers (qwen2moedense, qwen3moedense) were made with transformers 5.19 (pass
-their names to regenerate only them), the other four with 4.57.1.
+The DeepSeek and GLM fixtures (deepseekv3, deepseekv3fp8, deepseekv2lite, deepseekv2group, glm4moe), the
+Qwen ones with dense layers (qwen2moedense, qwen3moedense) and the first four families again as
+transformers 5 saves them (mixtral5, qwen2moe5, qwen3moe5, olmoe5) were made with transformers
+5.19 (pass their names to regenerate only them), the first four with 4.57.1.
 
 Each family's directory gets config.json, model.safetensors (float32), generation_config.json,
 the tokenizer trained by scripts/make-tokenizer-fixtures.py (the qwen one) and the family's
@@ -191,7 +192,9 @@ def main():
     out_root = sys.argv[1]
     only = set(sys.argv[2:])
     tok = Tokenizer.from_file(TOKENIZER)
-    chosen = list(families()) + (list(deepseek_families()) + list(dense_families()) if DeepseekV3Config is not None else [])
+    chosen = list(families())
+    if DeepseekV3Config is not None:  # transformers 5: the same four families as it saves them, and the rest
+        chosen += [(name + "5", *rest) for name, *rest in families()] + list(deepseek_families()) + list(dense_families())
     for name, template, cls, config in chosen:
         if only and name not in only:
             continue

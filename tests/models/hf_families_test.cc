@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(
     Families, HfFamilyTest,
     ::testing::Combine(::testing::Values("mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseekv3", "deepseekv3fp8", "glm4moe",
                                          "deepseekv2lite",
-                                         "deepseekv2group", "qwen2moedense", "qwen3moedense"),
+                                         "deepseekv2group", "qwen2moedense", "qwen3moedense",
+                                         // The first four as transformers 5 saves them.
+                                         "mixtral5", "qwen2moe5", "qwen3moe5", "olmoe5"),
                        ::testing::Values(CpuPath::kReference, CpuPath::kFast)));
 
 TEST(HfFamilyConfigTest, WhatIsNotImplementedIsRefusedByName) {
