@@ -81,6 +81,13 @@ std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_
 // The backend --backend names: the CPU (with MakeBackendOptions) or a GPU (--device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& flags);
 
+// The model an analysis command (roofline, explore) prices: one of a checkpoint directory, a
+// preset's name or a config.json (default: the small preset); and its weight dtype for the
+// roofline (bf16, f32 or fp8; default the checkpoint's).
+absl::StatusOr<ModelConfig> AnalysisConfig(const std::string& model_dir, const std::string& preset,
+                                           const std::string& config);
+absl::StatusOr<std::string> AnalysisDtype(const ModelConfig& config, const std::string& dtype_flag);
+
 // The callback of the chosen command stores its exit status in *exit_code.
 void AddMakeModelCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
@@ -90,5 +97,6 @@ void AddLoadgenCommand(CLI::App& app, int* exit_code);
 void AddRooflineCommand(CLI::App& app, int* exit_code);
 void AddPriceSheetCommand(CLI::App& app, int* exit_code);
 void AddCalibrateCommand(CLI::App& app, int* exit_code);
+void AddExploreCommand(CLI::App& app, int* exit_code);
 
 }  // namespace moeserve::tools

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   moeserve::tools::AddRooflineCommand(app, &exit_code);
   moeserve::tools::AddPriceSheetCommand(app, &exit_code);
   moeserve::tools::AddCalibrateCommand(app, &exit_code);
+  moeserve::tools::AddExploreCommand(app, &exit_code);
   // vLLM's -tp and -pp, spelled long (tools/vllm_flags.h).
   std::vector<std::string> args = moeserve::tools::ExpandVllmShortFlags(argc, argv);
   std::vector<char*> ptrs;

@@ -34,14 +34,6 @@ struct RooflineOptions {
   std::string csv;
 };
 
-absl::StatusOr<ModelConfig> ResolveConfig(const RooflineOptions& o) {
-  const int given = !o.model_dir.empty() + !o.preset.empty() + !o.config.empty();
-  if (given > 1) return absl::InvalidArgumentError("give one of --model, --preset or --config");
-  if (!o.model_dir.empty()) return ModelConfig::FromFile(o.model_dir + "/config.json");
-  if (!o.config.empty()) return ModelConfig::FromFile(o.config);
-  return roofline::AnalysisPreset(o.preset.empty() ? "small" : o.preset);
-}
-
 std::string Human(double v, const char* unit) {
   const char* prefixes[] = {"", "K", "M", "G", "T", "P", "E"};
   int i = 0;
@@ -55,17 +47,13 @@ std::string Human(double v, const char* unit) {
 }
 
 int RunRoofline(const RooflineOptions& o) {
-  auto config = ResolveConfig(o);
+  auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
   if (!config.ok()) return Fail(config.status());
   auto hw = roofline::LoadHardware(o.hardware);
   if (!hw.ok()) return Fail(hw.status());
-  std::string dtype = !o.dtype.empty()          ? o.dtype
-                      : config->fp8_checkpoint ? "fp8"
-                                               : std::string(DTypeShortName(config->torch_dtype));
-  if (dtype == "f16") dtype = "bf16";  // same size and rate
-  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") {
-    return Fail(absl::InvalidArgumentError("--dtype: bf16, f32 or fp8"));
-  }
+  auto dtype_or = AnalysisDtype(*config, o.dtype);
+  if (!dtype_or.ok()) return Fail(dtype_or.status());
+  const std::string dtype = *dtype_or;
   if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
   if (o.context < 1) return Fail(absl::InvalidArgumentError("--context must be >= 1"));
   if (o.pp < 1) return Fail(absl::InvalidArgumentError("--pp must be >= 1"));
@@ -182,6 +170,24 @@ int RunRoofline(const RooflineOptions& o) {
 }
 
 }  // namespace
+
+absl::StatusOr<ModelConfig> AnalysisConfig(const std::string& model_dir, const std::string& preset,
+                                           const std::string& config) {
+  const int given = !model_dir.empty() + !preset.empty() + !config.empty();
+  if (given > 1) return absl::InvalidArgumentError("give one of --model, --preset or --config");
+  if (!model_dir.empty()) return ModelConfig::FromFile(model_dir + "/config.json");
+  if (!config.empty()) return ModelConfig::FromFile(config);
+  return roofline::AnalysisPreset(preset.empty() ? "small" : preset);
+}
+
+absl::StatusOr<std::string> AnalysisDtype(const ModelConfig& config, const std::string& dtype_flag) {
+  std::string dtype = !dtype_flag.empty()     ? dtype_flag
+                      : config.fp8_checkpoint ? "fp8"
+                                              : std::string(DTypeShortName(config.torch_dtype));
+  if (dtype == "f16") dtype = "bf16";  // same size and rate
+  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") return absl::InvalidArgumentError("--dtype: bf16, f32 or fp8");
+  return dtype;
+}
 
 void AddRooflineCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<RooflineOptions>();

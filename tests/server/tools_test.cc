@@ -132,6 +132,43 @@ TEST(E2eToolsTest, RooflineCalibrateAndDecodeSweep) {
 
 // --load-format dummy generates the weights a checkpoint would hold from its config.json alone:
 // with make-model's seed it must produce exactly the checkpoint's tokens (read from safetensors).
+// The layout explorer as a user runs it: Mixtral-8x7B on 8 H100s, JSON and CSV out, a best
+// layout per sequences count that fits, the single-device layouts refused for their weights;
+// and the plot renders where matplotlib is installed.
+TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
+  const std::string dir = MakeTempDir("explore");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"explore", "--preset", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "8",
+                        "--sequences", "8,256", "--json", dir + "/e.json", "--csv", dir + "/e.csv"},
+                       &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(ReadAll(dir + "/e.json"));
+  EXPECT_EQ(j["layouts"].size(), 15u);
+  for (const auto& l : j["layouts"]) {
+    if (l["ep"] == 1 && l["pp"] == 1) EXPECT_FALSE(l["weights_fit"]) << l.dump();
+  }
+  ASSERT_EQ(j["best"].size(), 2u);
+  for (const auto& b : j["best"]) EXPECT_FALSE(b["ep"].is_null()) << b.dump();
+  size_t points = 0;  // (a layout with pp = 3, 5, 6 or 7 has none: 8 sequences do not split over it)
+  for (const auto& l : j["layouts"]) points += l["points"].size();
+  EXPECT_EQ(points, 2u * 10u);  // ep 1: pp 1, 2, 4, 8; ep 2: 1, 2, 4; ep 4: 1, 2; ep 8: 1
+  const std::string csv = ReadAll(dir + "/e.csv");
+  EXPECT_EQ(static_cast<size_t>(std::count(csv.begin(), csv.end(), '\n')), 1 + points) << csv;
+  EXPECT_NE(out.find("<- best"), std::string::npos) << out;
+  EXPECT_NE(RunCommand({"explore", "--preset", "nope"}, &out, &err), 0);
+  std::string py_out, py_err;
+  if (RunProgram({"/usr/bin/python3", "-c", "import matplotlib"}, &py_out, &py_err) != 0) {
+    GTEST_SKIP() << "python3 matplotlib not installed: " << py_err;
+  }
+  ASSERT_EQ(RunProgram({"/usr/bin/python3", MOESERVE_SOURCE_DIR "/clients/python/plot_explore.py", dir + "/e.json",
+                        "--out", dir + "/e.png"},
+                       &py_out, &py_err),
+            0)
+      << py_out << py_err;
+  EXPECT_EQ(ReadAll(dir + "/e.png").substr(0, 4), "\x89PNG");
+}
+
 TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   const std::string dir = MakeTempDir("dummy");
   std::string out, err;

@@ -1,0 +1,62 @@
+// The layout explorer's search (see layout_search.h).
+#include "roofline/layout_search.h"
+
+#include <cmath>
+
+namespace moeserve::roofline {
+namespace {
+
+// Per device: each EP rank holds the replicated weights of its stage's layers and 1/ep of its
+// stage's experts.
+double WeightBytesPerDevice(const ModelCosts& m, const ParallelLayout& l) {
+  const double replicated = m.replicated_params * m.weight_bytes_per_param;
+  const double experts = m.TotalWeightBytes() - replicated;
+  return (replicated + experts / static_cast<double>(l.ep)) / static_cast<double>(l.pp);
+}
+
+// KV per device for `sequences` in flight: an EP rank keeps its 1/ep of the sequences, a stage
+// its 1/pp of the layers, and pp micro-batches are in flight; so pp saves weight memory, not KV.
+double KvBytesPerDevice(const ModelCosts& m, const ParallelLayout& l, int64_t sequences, int64_t context) {
+  return static_cast<double>(sequences) / static_cast<double>(l.ep) * static_cast<double>(context) *
+         m.kv_bytes_per_token / static_cast<double>(l.pp);
+}
+
+}  // namespace
+
+std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
+  std::vector<LayoutCandidate> out;
+  for (int64_t ep = 1; ep <= s.devices; ++ep) {
+    if (s.experts % ep != 0) continue;
+    for (int64_t pp = 1; ep * pp <= s.devices && pp <= s.layers; ++pp) {
+      LayoutCandidate c;
+      c.layout.ep = ep;
+      c.layout.pp = pp;
+      const int64_t domain = s.hw.scale_up_domain;
+      c.layout.ep_domain_size = domain > 0 && domain < ep && ep % domain == 0 ? domain : 0;
+      c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
+      c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
+      const double per_micro_seq = KvBytesPerDevice(s.model, c.layout, pp, s.context);  // one per micro-batch
+      c.max_micro_batch = c.weights_fit && per_micro_seq > 0
+                              ? static_cast<int64_t>(std::floor((s.hw.mem_capacity - c.weight_bytes_per_device) / per_micro_seq))
+                              : 0;
+      for (int64_t n : s.sequences) {
+        if (n % pp != 0) continue;
+        LayoutPoint p;
+        p.sequences = n;
+        p.micro_batch = n / pp;
+        p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
+        p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
+        p.cost = PredictStep(s.model, StepShape::Decode(p.micro_batch, s.context), s.hw, c.layout);
+        p.token_seconds = p.cost.bound_seconds;
+        p.tokens_per_second = static_cast<double>(n) / p.cost.bound_seconds;
+        p.usd_per_million_tokens =
+            s.price_per_hour * static_cast<double>(c.layout.devices()) / 3600.0 / p.tokens_per_second * 1e6;
+        c.points.push_back(p);
+      }
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+}  // namespace moeserve::roofline

@@ -1,0 +1,50 @@
+// The layout explorer's search (`moeserve explore`): every way to place a model on N devices
+// as expert-parallel ranks x pipeline stages (the scale-up domain being the hardware's), whether
+// it fits (weights, and KV at the context for the sequences in flight, per device), and what
+// the roofline predicts for it: tokens/s, time per output token and $ per million tokens.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "roofline/cost_model.h"
+
+namespace moeserve::roofline {
+
+struct LayoutPoint {
+  int64_t sequences = 0;    // decoding sequences in flight, over all micro-batches
+  int64_t micro_batch = 0;  // sequences per micro-batch (sequences / pp)
+  double kv_bytes_per_device = 0;
+  bool fits = false;        // weights and this KV fit in each device's memory
+  StepCost cost;            // one micro-batch's decode step through every stage
+  double tokens_per_second = 0;
+  double token_seconds = 0;  // time per output token of one sequence (a step through all stages)
+  double usd_per_million_tokens = 0;
+};
+
+struct LayoutCandidate {
+  ParallelLayout layout;
+  double weight_bytes_per_device = 0;  // the stage's share of the replicated weights + its expert share
+  bool weights_fit = false;
+  // Largest micro-batch whose KV fits beside the weights at the context (0: none).
+  int64_t max_micro_batch = 0;
+  std::vector<LayoutPoint> points;
+};
+
+struct LayoutSearch {
+  ModelCosts model;
+  HardwareProfile hw;
+  int64_t devices = 1;  // at most this many devices are used
+  int64_t experts = 1;  // EP ranks must divide them
+  int64_t layers = 1;   // stages cannot outnumber them
+  int64_t context = 1024;
+  std::vector<int64_t> sequences;  // decoding sequences in flight to predict at
+  double price_per_hour = 0;       // $ per device-hour
+};
+
+// Every (ep, pp) with ep dividing the experts, pp <= layers, ep x pp <= devices; ep ranks form
+// domains of the hardware's scale-up size when they outnumber it. Sequences not divisible by pp
+// are skipped for that layout. Sorted by devices, then ep.
+std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s);
+
+}  // namespace moeserve::roofline

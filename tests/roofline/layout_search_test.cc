@@ -1,0 +1,105 @@
+// The layout explorer's search: what fits on each device (pipelining divides the weights, not
+// the KV of the sequences that keep its stages busy), and predictions that are the roofline's
+// own for the same layout (AnalyzeRoofline's rows), so the explorer and `moeserve roofline`
+// never disagree.
+#include <gtest/gtest.h>
+
+#include "roofline/analysis.h"
+#include "roofline/layout_search.h"
+#include "roofline/model_presets.h"
+
+namespace moeserve::roofline {
+namespace {
+
+LayoutSearch MixtralOnH100s(int64_t devices) {
+  LayoutSearch s;
+  const ModelConfig c = *AnalysisPreset("mixtral-8x7b");
+  s.model = ModelCosts::From(c, "bf16", "bf16");
+  s.hw = *HardwarePreset("h100-sxm");
+  s.devices = devices;
+  s.experts = c.num_local_experts;
+  s.layers = c.num_hidden_layers;
+  s.context = 4096;
+  s.sequences = {8, 64, 256};
+  s.price_per_hour = 2.0;
+  return s;
+}
+
+const LayoutCandidate* Find(const std::vector<LayoutCandidate>& all, int64_t ep, int64_t pp) {
+  for (const auto& c : all) {
+    if (c.layout.ep == ep && c.layout.pp == pp) return &c;
+  }
+  return nullptr;
+}
+
+TEST(LayoutSearchTest, EnumeratesEveryLayoutThatTheExpertsAndLayersAllow) {
+  const auto all = ExploreLayouts(MixtralOnH100s(8));
+  // ep in {1, 2, 4, 8} (8 experts), pp with ep x pp <= 8: 8 + 4 + 2 + 1.
+  EXPECT_EQ(all.size(), 15u);
+  for (const auto& c : all) {
+    EXPECT_EQ(8 % c.layout.ep, 0);
+    EXPECT_LE(c.layout.devices(), 8);
+  }
+  EXPECT_EQ(ExploreLayouts(MixtralOnH100s(3)).size(), 3u + 1u);  // ep 1 x pp 1..3, ep 2 x pp 1
+}
+
+TEST(LayoutSearchTest, PipeliningDividesTheWeightsButNotTheKvOfABusyPipeline) {
+  const LayoutSearch s = MixtralOnH100s(8);
+  const auto all = ExploreLayouts(s);
+  const LayoutCandidate* one = Find(all, 1, 1);
+  const LayoutCandidate* two = Find(all, 1, 2);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  EXPECT_NEAR(two->weight_bytes_per_device, one->weight_bytes_per_device / 2, 1.0);
+  EXPECT_FALSE(one->weights_fit) << "Mixtral-8x7B's 93 GB of bf16 weights on one 80 GB H100";
+  EXPECT_TRUE(two->weights_fit);
+  // The same micro-batch (what makes a step efficient) keeps the same KV per device: pp
+  // micro-batches in flight, each device holding 1/pp of the layers.
+  const LayoutCandidate* four = Find(all, 1, 4);
+  for (const auto& p2 : two->points) {
+    for (const auto& p4 : four->points) {
+      if (p2.micro_batch == p4.micro_batch) EXPECT_DOUBLE_EQ(p2.kv_bytes_per_device, p4.kv_bytes_per_device);
+    }
+  }
+  // Expert parallelism divides both: the experts, and the sequences of data-parallel attention.
+  const LayoutCandidate* ep2 = Find(all, 2, 1);
+  EXPECT_LT(ep2->weight_bytes_per_device, one->weight_bytes_per_device);
+  EXPECT_DOUBLE_EQ(ep2->points[0].kv_bytes_per_device, one->points[0].kv_bytes_per_device / 2);
+}
+
+TEST(LayoutSearchTest, PredictionsAreTheRooflinesOwnForTheSameLayout) {
+  const LayoutSearch s = MixtralOnH100s(8);
+  for (const auto& c : ExploreLayouts(s)) {
+    RooflineInputs in;
+    in.model = s.model;
+    in.hw = s.hw;
+    in.layout = c.layout;
+    in.context = s.context;
+    in.price_per_hour = s.price_per_hour;
+    for (const auto& p : c.points) in.batches.push_back(p.micro_batch);
+    const RooflineReport r = AnalyzeRoofline(in);
+    ASSERT_EQ(r.rows.size(), c.points.size());
+    for (size_t i = 0; i < c.points.size(); ++i) {
+      EXPECT_DOUBLE_EQ(c.points[i].tokens_per_second, r.rows[i].tokens_per_second)
+          << "ep " << c.layout.ep << " pp " << c.layout.pp << " sequences " << c.points[i].sequences;
+      EXPECT_DOUBLE_EQ(c.points[i].usd_per_million_tokens, r.rows[i].usd_per_million_tokens);
+    }
+  }
+}
+
+TEST(LayoutSearchTest, APointFitsOnlyWhenItsKvFitsBesideTheWeights) {
+  LayoutSearch s = MixtralOnH100s(2);
+  s.sequences = {2, 4096};
+  s.context = 32768;
+  const auto all = ExploreLayouts(s);
+  const LayoutCandidate* ep2 = Find(all, 2, 1);
+  ASSERT_NE(ep2, nullptr);
+  ASSERT_TRUE(ep2->weights_fit);
+  EXPECT_TRUE(ep2->points[0].fits);
+  EXPECT_FALSE(ep2->points[1].fits) << "4096 sequences of 32k tokens: " << ep2->points[1].kv_bytes_per_device / 1e9
+                                    << " GB of KV per device";
+  EXPECT_LE(ep2->points[0].kv_bytes_per_device + ep2->weight_bytes_per_device, s.hw.mem_capacity);
+}
+
+}  // namespace
+}  // namespace moeserve::roofline

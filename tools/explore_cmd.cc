@@ -1,0 +1,161 @@
+// `moeserve explore`: the layout explorer. Every way to place a model on N devices as
+// expert-parallel ranks x pipeline stages, whether each fits (weights, and KV for the sequences
+// in flight at the context, per device), and the roofline's tokens/s, time per output token and
+// $ per million tokens for each, so an engineer can pick a strategy (roofline/layout_search.h).
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "roofline/layout_search.h"
+#include "tools/commands.h"
+
+namespace moeserve::tools {
+namespace {
+
+using Json = nlohmann::json;
+
+struct ExploreOptions {
+  std::string model_dir, preset, config;
+  std::string hardware = "h100-sxm";
+  std::string dtype, kv_dtype = "bf16";
+  int64_t devices = 0;
+  int64_t context = 4096;
+  std::string sequences = "1,8,32,64,128,256,512,1024";
+  double price_per_hour = -1;
+  std::string json, csv;
+};
+
+// The layout with the most tokens/s among those that fit, for each sequences count.
+std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>> Best(const std::vector<roofline::LayoutCandidate>& all,
+                                                                       const std::vector<int64_t>& sequences) {
+  std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>> best;
+  for (int64_t n : sequences) {
+    const roofline::LayoutCandidate* pick = nullptr;
+    double rate = 0;
+    for (const auto& c : all) {
+      for (const auto& p : c.points) {
+        if (p.sequences == n && p.fits && p.tokens_per_second > rate) rate = p.tokens_per_second, pick = &c;
+      }
+    }
+    best.emplace_back(n, pick);
+  }
+  return best;
+}
+
+Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std::vector<roofline::LayoutCandidate>& all,
+            const std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>>& best) {
+  Json j = {{"hardware", s.hw.name}, {"devices", s.devices}, {"context", s.context},
+            {"weight_dtype", s.model.weight_dtype}, {"total_params", s.model.total_params},
+            {"active_params", s.model.active_params}, {"layouts", Json::array()}, {"best", Json::array()}};
+  for (const auto& c : all) {
+    Json l = {{"ep", c.layout.ep}, {"pp", c.layout.pp}, {"ep_domain_size", c.layout.ep_domain_size},
+              {"devices", c.layout.devices()}, {"weight_bytes_per_device", c.weight_bytes_per_device},
+              {"weights_fit", c.weights_fit}, {"max_sequences", c.max_micro_batch * c.layout.pp}, {"points", Json::array()}};
+    for (const auto& p : c.points) {
+      l["points"].push_back({{"sequences", p.sequences}, {"micro_batch", p.micro_batch}, {"fits", p.fits},
+                             {"kv_bytes_per_device", p.kv_bytes_per_device}, {"tokens_per_second", p.tokens_per_second},
+                             {"token_seconds", p.token_seconds}, {"usd_per_million_tokens", p.usd_per_million_tokens},
+                             {"compute_seconds", p.cost.compute_seconds}, {"memory_seconds", p.cost.memory_seconds},
+                             {"comm_seconds", p.cost.comm_seconds}});
+    }
+    j["layouts"].push_back(l);
+  }
+  for (const auto& [n, c] : best) {
+    j["best"].push_back(c == nullptr ? Json{{"sequences", n}, {"ep", nullptr}, {"pp", nullptr}}
+                                     : Json{{"sequences", n}, {"ep", c->layout.ep}, {"pp", c->layout.pp}});
+  }
+  return j;
+}
+
+void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandidate>& all) {
+  std::ofstream f(path);
+  f << "ep,pp,ep_domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
+       "token_seconds,usd_per_million_tokens\n";
+  for (const auto& c : all) {
+    for (const auto& p : c.points) {
+      f << c.layout.ep << "," << c.layout.pp << "," << c.layout.ep_domain_size << "," << c.layout.devices() << ","
+        << c.weight_bytes_per_device << "," << p.sequences << "," << (p.fits ? 1 : 0) << "," << p.kv_bytes_per_device
+        << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << "\n";
+    }
+  }
+}
+
+int RunExplore(const ExploreOptions& o) {
+  auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
+  if (!config.ok()) return Fail(config.status());
+  auto hw = roofline::LoadHardware(o.hardware);
+  if (!hw.ok()) return Fail(hw.status());
+  auto dtype = AnalysisDtype(*config, o.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
+  if (o.context < 1) return Fail(absl::InvalidArgumentError("--context must be >= 1"));
+  auto sequences = ParseIntList("--sequences", o.sequences);
+  if (!sequences.ok()) return Fail(sequences.status());
+  roofline::LayoutSearch s;
+  s.model = roofline::ModelCosts::From(*config, *dtype, o.kv_dtype);
+  s.hw = *hw;
+  s.devices = o.devices > 0 ? o.devices : hw->devices;
+  if (s.devices > 4096) return Fail(absl::InvalidArgumentError("--devices must be in [1, 4096]"));
+  s.experts = config->num_local_experts;
+  s.layers = config->num_hidden_layers;
+  s.context = o.context;
+  s.sequences = *sequences;
+  s.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw->price_per_hour;
+  const std::vector<roofline::LayoutCandidate> all = roofline::ExploreLayouts(s);
+  const auto best = Best(all, s.sequences);
+  std::printf("explore: %.3g B parameters (%.3g B active, %s) on up to %lld x %s, context %lld\n",
+              s.model.total_params / 1e9, s.model.active_params / 1e9, dtype->c_str(),
+              static_cast<long long>(s.devices), hw->name.c_str(), static_cast<long long>(s.context));
+  std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %10s %9s\n", "ep", "pp", "domain", "devices", "weights GB/dev",
+              "max seqs", "sequences", "fits", "KV GB/dev", "tokens/s", "ms/token", "$/Mtok");
+  for (const auto& c : all) {
+    for (const auto& p : c.points) {
+      bool is_best = false;
+      for (const auto& [n, b] : best) is_best |= n == p.sequences && b == &c;
+      std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %10.3f %9.3f%s\n",
+                  static_cast<long long>(c.layout.ep), static_cast<long long>(c.layout.pp),
+                  static_cast<long long>(c.layout.ep_domain_size), static_cast<long long>(c.layout.devices()),
+                  c.weight_bytes_per_device / 1e9, static_cast<long long>(c.max_micro_batch * c.layout.pp),
+                  static_cast<long long>(p.sequences), p.fits ? "yes" : "no", p.kv_bytes_per_device / 1e9,
+                  p.tokens_per_second, p.token_seconds * 1e3, p.usd_per_million_tokens, is_best ? "  <- best" : "");
+    }
+  }
+  for (const auto& [n, b] : best) {
+    if (b == nullptr) std::printf("  %lld sequences: no layout fits\n", static_cast<long long>(n));
+  }
+  if (!o.json.empty()) std::ofstream(o.json) << ToJson(o, s, all, best).dump(1) << "\n";
+  if (!o.csv.empty()) WriteCsv(o.csv, all);
+  return 0;
+}
+
+}  // namespace
+
+void AddExploreCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<ExploreOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "explore", "Every expert-parallel x pipeline layout of a model on N devices: whether it fits, and the "
+                 "roofline's tokens/s, time per token and cost for each (nothing runs)");
+  cmd->add_option("--model", o->model_dir, "Checkpoint directory whose config.json to place");
+  cmd->add_option("--preset", o->preset, "A preset or a real model's shape (moeserve roofline --help lists them)");
+  cmd->add_option("--config", o->config, "A Hugging Face style config.json to place");
+  cmd->add_option("--hardware", o->hardware,
+                  "Device profile: h100-sxm, h200, b200, gb200-nvl72, or a JSON profile from `moeserve calibrate`; its "
+                  "scale-up domain size groups EP ranks into domains")
+      ->capture_default_str();
+  cmd->add_option("--devices", o->devices, "Most devices a layout may use (default: the profile's)");
+  cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16, f32 or fp8 (default: the checkpoint's)");
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
+  cmd->add_option("--context", o->context, "Tokens per sequence, for the KV that must fit and be read")
+      ->capture_default_str();
+  cmd->add_option("--sequences", o->sequences,
+                  "Comma-separated counts of decoding sequences in flight (over all micro-batches) to predict at")
+      ->capture_default_str();
+  cmd->add_option("--price-per-hour", o->price_per_hour, "$ per device-hour (default: the profile's)");
+  cmd->add_option("--json", o->json, "Write every layout and point, and the best layout per sequences count, as JSON");
+  cmd->add_option("--csv", o->csv, "Write one row per layout and sequences count as CSV");
+  cmd->callback([o, exit_code] { *exit_code = RunExplore(*o); });
+}
+
+}  // namespace moeserve::tools
