@@ -9,7 +9,11 @@ const Sequence* SharedPrefixTwin(const Sequence& seq, const std::vector<Sequence
   // Only a fresh prompt of at least one block (hashed at Add) can take blocks from the cache.
   if (seq.hashes.empty() || !seq.blocks.empty() || seq.swapped() || seq.prompt_logits) return nullptr;
   for (const Sequence* r : running) {
-    if (r->hashes.empty() || r->hashes[0] != seq.hashes[0] || r->num_computed >= r->prompt_len) continue;
+    // (Only a twin on the same KV pool segment, the same EP rank, can share its blocks.)
+    if (r->hashes.empty() || r->hashes[0] != seq.hashes[0] || r->segment != seq.segment ||
+        r->num_computed >= r->prompt_len) {
+      continue;
+    }
     const int64_t limit = std::min(seq.prompt_len, r->prompt_len);
     const auto mismatch = std::mismatch(seq.tokens.begin(), seq.tokens.begin() + limit, r->tokens.begin());
     // Blocks a cache hit can give: full ones, and never the last prompt token's (it is computed).

@@ -13,7 +13,8 @@
 namespace moeserve {
 
 // The running sequence `seq` should wait for, or null: one in the same cache namespace (equal
-// first block hash) still computing prompt blocks that `seq` shares, when the shared full
+// first block hash) and on the same pool segment (EP rank) still computing prompt blocks that
+// `seq` shares, when the shared full
 // blocks are at least half of `seq`'s prompt and some of them are not registered yet.
 const Sequence* SharedPrefixTwin(const Sequence& seq, const std::vector<Sequence*>& running, int64_t block_size);
 

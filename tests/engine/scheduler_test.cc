@@ -315,6 +315,9 @@ TEST(SharedPrefixTest, OnlyAMostlySharedPromptStillBeingComputedIsATwin) {
   EXPECT_EQ(SharedPrefixTwin(mostly, run, 4), nullptr);
   running.registered_blocks = 1;
   EXPECT_EQ(SharedPrefixTwin(mostly, run, 4), &running) << "two shared blocks of four, one not registered yet";
+  waiting.segment = 1;  // another EP rank's pool: nothing to share
+  EXPECT_EQ(SharedPrefixTwin(waiting, run, 4), nullptr);
+  waiting.segment = 0;
   waiting.hashes = {BlockHash{3, 4}};  // another cache namespace (tenant, salt)
   EXPECT_EQ(SharedPrefixTwin(waiting, run, 4), nullptr);
 }
