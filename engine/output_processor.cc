@@ -75,6 +75,7 @@ std::vector<std::pair<LiveRequest*, FinishReason>> ProcessOutputs(
     if (!r.prompt_logprobs_sent && r.request.prompt_logprobs >= 0) {
       ev.prompt_logprobs = r.prompt_logprobs;
       r.prompt_logprobs_sent = true;
+      seq.prompt_logits = false;  // a recompute after preemption needs no prompt logits
     }
     if (r.request.wants_logprobs()) {
       const float* row_logits = logits.data() + lr * vocab;

@@ -10,6 +10,13 @@
 namespace moeserve {
 namespace {
 
+// The tokens a sequence has left to compute; a prompt scored for prompt logprobs at most
+// kMaxPromptLogitRows per step (each of its positions brings a row of logits to the host).
+int64_t TokensToCompute(const Sequence& seq) {
+  const int64_t n = seq.num_tokens() - seq.num_computed;
+  return seq.prompt_logits ? std::min(n, kMaxPromptLogitRows) : n;
+}
+
 bool Before(const Sequence* a, const Sequence* b) {
   if (a->priority != b->priority) return a->priority < b->priority;
   if (a->rank != b->rank) return a->rank < b->rank;
@@ -231,7 +238,7 @@ void Scheduler::AddChunk(Sequence* seq, int64_t n, int64_t* budget, SchedulerOut
 
 bool Scheduler::ScheduleRunning(Sequence* seq, int64_t cap, int64_t* budget, SchedulerOutput* out) {
   if (static_cast<int64_t>(out->chunks.size()) >= cap || *budget <= 0) return false;
-  int64_t n = seq->num_tokens() - seq->num_computed;
+  int64_t n = TokensToCompute(*seq);
   if (n > *budget) {
     if (!config_.chunked_prefill) return true;  // wait for a step with room for the whole prompt
     n = *budget;
@@ -271,7 +278,7 @@ bool Scheduler::AdmitFront(int64_t cap, int64_t* budget, SchedulerOutput* out) {
   if (it == waiting_.end() || (*it)->priority != waiting_.front()->priority) return false;
   Sequence* seq = *it;
   if (config_.prefix_caching && seq->blocks.empty() && !seq->swapped() && !seq->prompt_logits) TakeCachedPrefix(seq);
-  int64_t n = seq->num_tokens() - seq->num_computed;
+  int64_t n = TokensToCompute(*seq);
   bool ok = true;
   if (n > *budget) {
     if (config_.chunked_prefill) {

@@ -52,6 +52,10 @@ struct SchedulerConfig {
   absl::Status Validate() const;
 };
 
+// Most prompt positions of one sequence scored in a step for prompt logprobs: each brings a row
+// of vocab-size logits to the host (256 x a 152k vocabulary x 4 bytes = 156 MB).
+inline constexpr int64_t kMaxPromptLogitRows = 256;
+
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int64_t start = 0;       // first token position computed in this step

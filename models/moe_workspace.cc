@@ -52,8 +52,9 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
   if (tokens > ws_.capacity_tokens) {
     const int64_t n = std::max<int64_t>(tokens, 2 * ws_.capacity_tokens);
     const int64_t k = c.num_experts_per_tok;
-    const int64_t inter =
-        std::max({c.intermediate_size, c.shared_expert_intermediate_size, c.dense_intermediate_size});
+    // The MLP rows per token: k routed experts' of intermediate_size, or one shared or dense MLP
+    // (one at a time; they share the buffers).
+    const int64_t widest = std::max({k * c.intermediate_size, c.shared_expert_intermediate_size, c.dense_intermediate_size});
     const size_t f = sizeof(float);
     RETURN_IF_ERROR(grow(ws_.x, n * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.xn, n * c.hidden_size * f));
@@ -66,8 +67,8 @@ absl::Status MoeModel::GrowWorkspace(int64_t tokens, int64_t table_elems, int64_
     RETURN_IF_ERROR(grow(ws_.topk_ids, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.topk_w, n * k * f));
     RETURN_IF_ERROR(grow(ws_.sorted_x, n * k * c.hidden_size * f));
-    RETURN_IF_ERROR(grow(ws_.gate_up, n * k * 2 * inter * f));
-    RETURN_IF_ERROR(grow(ws_.act, n * k * inter * f));
+    RETURN_IF_ERROR(grow(ws_.gate_up, n * 2 * widest * f));
+    RETURN_IF_ERROR(grow(ws_.act, n * widest * f));
     RETURN_IF_ERROR(grow(ws_.expert_out, n * k * c.hidden_size * f));
     RETURN_IF_ERROR(grow(ws_.combine_rows, n * k * sizeof(int32_t)));
     RETURN_IF_ERROR(grow(ws_.gather_rows, n * k * sizeof(int32_t)));

@@ -42,7 +42,9 @@ absl::Status ReadQwenConfig(const Json& j, ModelConfig* c) {
     c->mlp_only_layers.erase(std::unique(c->mlp_only_layers.begin(), c->mlp_only_layers.end()),
                              c->mlp_only_layers.end());
   }
-  // The dense layers' MLP width: intermediate_size, whose transformers defaults differ by family.
+  // The dense layers' MLP width, when there are any: intermediate_size, whose transformers
+  // defaults differ by family (0 otherwise: no workspace is sized for it).
+  if (c->num_dense_layers() == 0) return absl::OkStatus();
   c->dense_intermediate_size = c->family == ModelFamily::kQwen3Moe ? 6144 : 5632;
   return config_json::ReadInt(j, "intermediate_size", false, &c->dense_intermediate_size);
 }

@@ -16,9 +16,10 @@ double WeightBytesPerDevice(const ModelCosts& m, const ParallelLayout& l) {
 
 // KV per device for `sequences` in flight: an EP rank keeps its 1/ep of the sequences, a stage
 // its 1/pp of the layers, and pp micro-batches are in flight; so pp saves weight memory, not KV.
+// (A sequence lives on one EP rank: the busiest rank holds ceil(sequences / ep) of them.)
 double KvBytesPerDevice(const ModelCosts& m, const ParallelLayout& l, int64_t sequences, int64_t context) {
-  return static_cast<double>(sequences) / static_cast<double>(l.ep) * static_cast<double>(context) *
-         m.kv_bytes_per_token / static_cast<double>(l.pp);
+  const int64_t per_rank = (sequences + l.ep - 1) / l.ep;
+  return static_cast<double>(per_rank) * static_cast<double>(context) * m.kv_bytes_per_token / static_cast<double>(l.pp);
 }
 
 }  // namespace
@@ -31,14 +32,21 @@ std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
       LayoutCandidate c;
       c.layout.ep = ep;
       c.layout.pp = pp;
+      // EP ranks beyond one scale-up domain form whole domains; a count that does not split
+      // into them is skipped (its all-to-all has no single price).
       const int64_t domain = s.hw.scale_up_domain;
-      c.layout.ep_domain_size = domain > 0 && domain < ep && ep % domain == 0 ? domain : 0;
+      if (domain > 0 && ep > domain && ep % domain != 0) continue;
+      c.layout.ep_domain_size = domain > 0 && ep > domain ? domain : 0;
       c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
       c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
-      const double per_micro_seq = KvBytesPerDevice(s.model, c.layout, pp, s.context);  // one per micro-batch
-      c.max_micro_batch = c.weights_fit && per_micro_seq > 0
-                              ? static_cast<int64_t>(std::floor((s.hw.mem_capacity - c.weight_bytes_per_device) / per_micro_seq))
-                              : 0;
+      // Sequences a rank can hold (each ctx x KV-per-token / pp bytes here), and so the largest
+      // micro-batch whose pp copies in flight spread over the ep ranks fit.
+      const double per_seq = static_cast<double>(s.context) * s.model.kv_bytes_per_token / static_cast<double>(pp);
+      const int64_t per_rank =
+          c.weights_fit && per_seq > 0
+              ? static_cast<int64_t>(std::floor((s.hw.mem_capacity - c.weight_bytes_per_device) / per_seq))
+              : 0;
+      c.max_micro_batch = per_rank * ep / pp;
       for (int64_t n : s.sequences) {
         if (n % pp != 0) continue;
         LayoutPoint p;

@@ -384,9 +384,12 @@ absl::Status ReadBestOf(const Json& j, bool chat, ParsedCompletion* p) {
   auto it = j.find("best_of");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   ASSIGN_OR_RETURN(const int64_t best_of, IntInRange(*it, "best_of", 1, kMaxChoices));
-  if (best_of == 1 && p->n == 1) return absl::OkStatus();
-  if (chat) return Bad("best_of", "is a /v1/completions parameter (only 1 on chat)");
+  if (chat) {  // not a chat parameter: accepted only where it changes nothing
+    if (best_of == 1 || best_of == p->n) return absl::OkStatus();
+    return Bad("best_of", "is a /v1/completions parameter (on chat only 1 or n)");
+  }
   if (best_of < p->n) return Bad("best_of", absl::StrCat("must be at least n (", p->n, "), got ", best_of));
+  if (best_of == p->n) return absl::OkStatus();  // nothing to rank
   if (p->stream && best_of > p->n) return Bad("best_of", "cannot be used with stream (as OpenAI)");
   p->best_of = static_cast<int>(best_of);
   if (p->best_of > p->n) p->request.logprobs = true;

@@ -1,10 +1,12 @@
 // `moeserve serve`: the gRPC server over the continuous-batching engine.
 #include <csignal>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/file_util.h"
+#include "core/status.h"
 #include "server/metrics_exporter.h"
 #include "server/server_main.h"
 #include "models/generation_defaults.h"
@@ -15,6 +17,28 @@
 
 namespace moeserve::tools {
 namespace {
+
+// A sequence must fit in its pool segment's KV blocks. Without --max-model-len, a model whose
+// context is longer serves that many tokens (said at start; vLLM refuses to start instead);
+// a --max-model-len past it is refused.
+absl::Status FitModelLenToKvCache(const ModelConfig& c, EngineConfig* e) {
+  ASSIGN_OR_RETURN(const KvLayout layout, Engine::CacheLayout(*e, c));
+  const int64_t segments = e->parallel.enabled() ? e->parallel.ep : 1;
+  const int64_t capacity = layout.num_blocks / segments * e->block_size;
+  if (e->limits.max_model_len > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", e->limits.max_model_len, ": the KV cache holds ",
+                                                   capacity, " tokens per sequence at most (raise --kv-cache-mb)"));
+  }
+  if (e->limits.max_model_len == 0 && c.max_position_embeddings > capacity) {
+    e->limits.max_model_len = capacity;
+    std::fprintf(stderr,
+                 "moeserve: the KV cache holds %lld tokens per sequence, less than the model's context of %lld: "
+                 "--max-model-len is %lld (raise --kv-cache-mb to serve longer sequences)\n",
+                 static_cast<long long>(capacity), static_cast<long long>(c.max_position_embeddings),
+                 static_cast<long long>(capacity));
+  }
+  return absl::OkStatus();
+}
 
 struct ServeOptions {
   ModelSpec model = DefaultModelSpec();
@@ -78,10 +102,9 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   if (job != nullptr) job->Configure(o.engine, &*ecfg);
-  // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
-  auto config = LoadModelConfig(o.model);
-  if (!config.ok()) return Fail(config.status());
-  ecfg->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : ecfg->limits.Context(*config);
+  // (max_tokens' default bound is the context, known once the model is: a placeholder to check
+  // the other limits now.)
+  ecfg->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : std::numeric_limits<int32_t>::max();
   if (absl::Status s = ecfg->limits.Validate(); !s.ok()) return Fail(s);
   auto backend_or = MakeBackend(o.engine);
   if (!backend_or.ok()) return Fail(backend_or.status());
@@ -97,6 +120,9 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--max-model-len ", ecfg->limits.max_model_len,
                                                         " exceeds the model's context of ", context)));
   }
+  if (absl::Status s = FitModelLenToKvCache((*weights)->config(), &*ecfg); !s.ok()) return Fail(s);
+  // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
+  if (o.max_tokens_limit == 0) ecfg->limits.max_tokens = ecfg->limits.Context((*weights)->config());
   auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
   if (!text.ok()) return Fail(text.status());
   if (!o.chat_template.empty()) {  // as vLLM's --chat-template: a file that replaces the checkpoint's

@@ -44,7 +44,8 @@ TEST(LayoutSearchTest, EnumeratesEveryLayoutThatTheExpertsAndLayersAllow) {
 }
 
 TEST(LayoutSearchTest, PipeliningDividesTheWeightsButNotTheKvOfABusyPipeline) {
-  const LayoutSearch s = MixtralOnH100s(8);
+  LayoutSearch s = MixtralOnH100s(8);
+  s.sequences = {8, 16, 32, 64, 128, 256};
   const auto all = ExploreLayouts(s);
   const LayoutCandidate* one = Find(all, 1, 1);
   const LayoutCandidate* two = Find(all, 1, 2);
@@ -56,11 +57,17 @@ TEST(LayoutSearchTest, PipeliningDividesTheWeightsButNotTheKvOfABusyPipeline) {
   // The same micro-batch (what makes a step efficient) keeps the same KV per device: pp
   // micro-batches in flight, each device holding 1/pp of the layers.
   const LayoutCandidate* four = Find(all, 1, 4);
+  int compared = 0;
   for (const auto& p2 : two->points) {
     for (const auto& p4 : four->points) {
-      if (p2.micro_batch == p4.micro_batch) EXPECT_DOUBLE_EQ(p2.kv_bytes_per_device, p4.kv_bytes_per_device);
+      if (p2.micro_batch != p4.micro_batch) continue;
+      EXPECT_DOUBLE_EQ(p2.kv_bytes_per_device, p4.kv_bytes_per_device) << "micro-batch " << p2.micro_batch;
+      ++compared;
     }
   }
+  EXPECT_GE(compared, 3);
+  // A point fits exactly up to the largest micro-batch the layout reports.
+  for (const auto& p : two->points) EXPECT_EQ(p.fits, p.micro_batch <= two->max_micro_batch);
   // Expert parallelism divides both: the experts, and the sequences of data-parallel attention.
   const LayoutCandidate* ep2 = Find(all, 2, 1);
   EXPECT_LT(ep2->weight_bytes_per_device, one->weight_bytes_per_device);

@@ -192,9 +192,11 @@ TEST_F(HttpPromptsTest, BestOfAnswersTheCandidatesWithTheHighestMeanLogprob) {
     EXPECT_EQ(bs, 400) << bad.dump();
     EXPECT_EQ(bad["error"]["param"], param) << bad.dump();
   }
-  const auto [cs, c] = Post("/v1/chat/completions",
-                            {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}, {"best_of", 2}});
+  const Json messages = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  const auto [cs, c] = Post("/v1/chat/completions", {{"messages", messages}, {"best_of", 2}});
   EXPECT_EQ(cs, 400) << c.dump();
+  const auto [ns, nc] = Post("/v1/chat/completions", {{"messages", messages}, {"n", 2}, {"best_of", 1}, {"max_tokens", 2}});
+  EXPECT_EQ(ns, 200) << "best_of 1 changes nothing on chat: " << nc.dump();
 }
 
 }  // namespace

@@ -156,5 +156,26 @@ TEST(E2eVllmFlagsTest, ServeHelpGroupsEveryFlag) {
       << "the default group holds --help alone:\n" << out.substr(options, end - options);
 }
 
+// A KV cache shorter than the model's context: without --max-model-len the server serves what
+// it holds and says so (a chat request that leaves max_tokens out then fits); a --max-model-len
+// past it is refused at start.
+TEST(E2eVllmFlagsTest, AKvCacheShorterThanTheContextBoundsTheModelLength) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "8", "--block-size", "16"})) << server.log();
+  EXPECT_NE(server.log().find("--max-model-len is 128"), std::string::npos) << server.log();
+  httplib::Client http("127.0.0.1", server.http_port());
+  http.set_read_timeout(30, 0);
+  auto models = http.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(nlohmann::json::parse(models->body)["data"][0]["max_model_len"], 128) << models->body;
+  auto chat = http.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true})",
+                        "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 200) << chat->body;
+  std::string out, err;
+  EXPECT_EQ(RunCommand({"serve", "--preset", "tiny", "--kv-blocks", "8", "--max-model-len", "512"}, &out, &err), 2);
+  EXPECT_NE(err.find("raise --kv-cache-mb"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace moeserve::testing
