@@ -291,6 +291,28 @@ TEST_F(SchedulerTest, APromptWaitsForItsTwinsBlocksInsteadOfComputingThemAgain) 
   }
 }
 
+// A prompt scored for prompt logprobs computes at most kMaxPromptLogitRows positions a step,
+// whatever the budget, and skips the prefix cache; once its logprobs are out (prompt_logits
+// cleared) a recompute takes whole chunks and cached blocks again.
+TEST_F(SchedulerTest, PromptLogitsComeInBoundedChunks) {
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 4096;
+  cfg.chunked_prefill = false;  // the bound applies all the same
+  Make(cfg, 400);
+  Sequence* s = NewSeq(600, 1);
+  s->prompt_logits = true;
+  ASSERT_TRUE(sched_->Add(s).ok());
+  std::vector<int64_t> chunks;
+  for (int i = 0; i < 10 && s->num_computed < s->prompt_len; ++i) {
+    auto out = Step();
+    ASSERT_EQ(out.chunks.size(), 1u);
+    chunks.push_back(out.chunks[0].num_tokens);
+    EXPECT_LE(out.chunks[0].prompt_logit_rows(), kMaxPromptLogitRows);
+  }
+  EXPECT_EQ(chunks, (std::vector<int64_t>{256, 256, 88}));
+  Drain();
+}
+
 TEST(SharedPrefixTest, OnlyAMostlySharedPromptStillBeingComputedIsATwin) {
   auto seq = [](std::vector<int32_t> tokens, int64_t computed, int64_t registered) {
     Sequence s;

@@ -147,6 +147,11 @@ TEST(HfFamilyConfigTest, QwenDenseLayersAndTransformers5Keys) {
   for (int64_t l = 0; l < c2->num_hidden_layers; ++l) dense.push_back(c2->dense_layer(l));
   EXPECT_EQ(dense, (std::vector<bool>{true, false, true, true}));
   EXPECT_EQ(c2->dense_intermediate_size, 80);
+  // Without dense layers no dense width is read (it would size the MLP workspace for nothing).
+  auto plain = ModelConfig::FromFile(Dir("qwen3moe5") + "/config.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->num_dense_layers(), 0);
+  EXPECT_EQ(plain->dense_intermediate_size, 0);
   auto c3 = ModelConfig::FromFile(Dir("qwen3moedense") + "/config.json");
   ASSERT_TRUE(c3.ok()) << c3.status();
   EXPECT_EQ(c3->num_local_experts, 8) << "num_local_experts, as transformers 5 writes it";
