@@ -37,7 +37,9 @@ std::vector<RequestField> MakeTable() {
       Used("add_special_tokens"), Used("response_format"), Used("priority"), Used("cache_salt"),
       Used("n"), Used("min_p"), Used("presence_penalty"), Used("frequency_penalty"),
       Used("repetition_penalty"), Used("logit_bias"), Used("min_tokens"), Used("prompt_logprobs"),
-      Used("echo", kNo, kCompletion), Used("return_token_ids"), Used("bad_words"), Used("best_of"), Used("return_tokens_as_token_ids"), Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
+      Used("echo", kNo, kCompletion), Used("return_token_ids"), Used("return_tokens_as_token_ids"),
+      Used("bad_words"), Used("best_of"),
+      Used("retain_seconds"),  // moeserve's own: how long the prompt's KV stays cached
       // Without effect on the tokens or the text.
       NoEffect("user"), NoEffect("request_id"), NoEffect("session_id"), NoEffect("metadata"),
       NoEffect("store"), NoEffect("service_tier"), NoEffect("prompt_cache_key"),
