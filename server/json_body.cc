@@ -106,11 +106,14 @@ absl::StatusOr<uint64_t> UnsignedInt(const nlohmann::json& v, const char* field)
   return v.get<uint64_t>();
 }
 
-absl::StatusOr<std::optional<double>> OptionalNumber(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return absl::InvalidArgumentError(absl::StrCat(key, ": must be a number, got ", it->dump()));
-  return it->get<double>();
+absl::StatusOr<std::vector<int32_t>> TokenIds(const nlohmann::json& array, const char* field) {
+  std::vector<int32_t> ids;
+  ids.reserve(array.size());
+  for (const nlohmann::json& v : array) {
+    ASSIGN_OR_RETURN(const int64_t id, IntInRange(v, field, 0, std::numeric_limits<int32_t>::max()));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
 }
 
 }  // namespace moeserve::server

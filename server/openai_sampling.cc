@@ -14,11 +14,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-// A number field into `out` (a float), or `fallback` (the checkpoint's default) when absent.
+// A number field into `out`, or `fallback` (the checkpoint's default) when absent.
 absl::Status ReadFloat(const Json& j, const char* key, std::optional<double> fallback, float* out) {
-  ASSIGN_OR_RETURN(const std::optional<double> v, OptionalNumber(j, key));
-  if (v || fallback) *out = static_cast<float>(v ? *v : *fallback);
-  return absl::OkStatus();
+  if (fallback) *out = static_cast<float>(*fallback);
+  return ReadField(j, key, out);
 }
 
 // {"token id": bias, ...}, as OpenAI's logit_bias: the keys are token ids written as strings.
