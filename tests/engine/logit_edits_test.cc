@@ -14,6 +14,7 @@
 #include "engine/logit_edits.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
+#include "tests/engine/tiny_f32_model.h"
 #include "tests/models/naive_forward.h"
 #include "tests/test_util.h"
 
@@ -150,17 +151,12 @@ EngineRun RunAll(Engine* e, const std::vector<GenerateRequest>& reqs, std::vecto
 // each token is the arg-max of the naive forward's logits after vLLM's formulas, given the
 // tokens before it; and the penalties change some choice (a test that ignores them fails).
 TEST(LogitEditsTest, GreedyTokensAreTheArgMaxOfVllmsProcessedLogits) {
-  const ModelConfig config = *PresetConfig("tiny");
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  auto tensors = GenerateRandomWeights(config, seed, DType::kF32);
-  CpuBackend backend;
-  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  EngineConfig cfg;
-  cfg.kv_dtype = DType::kF32;
-  auto engine = Engine::Create(cfg, weights->get(), &backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::TinyF32Model tiny(seed);
+  const ModelConfig& config = tiny.config;
+  auto engine = tiny.MakeEngine(testing::F32KvConfig());
+  ASSERT_NE(engine, nullptr);
   std::mt19937 gen(static_cast<uint32_t>(seed));
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 5; ++i) {
@@ -170,8 +166,8 @@ TEST(LogitEditsTest, GreedyTokensAreTheArgMaxOfVllmsProcessedLogits) {
   reqs[0] = GenerateRequest{reqs[0].prompt};  // a batch mate asking for nothing
   reqs[0].max_tokens = 16;
   std::vector<uint64_t> ids;
-  const EngineRun got = RunAll(engine->get(), reqs, &ids);
-  const testing::NaiveMixtral naive(config, *tensors);
+  const EngineRun got = RunAll(engine.get(), reqs, &ids);
+  const testing::NaiveMixtral naive(config, *tiny.tensors);
   int changed = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const GenerateRequest& r = reqs[i];
@@ -202,13 +198,9 @@ TEST(LogitEditsTest, GreedyTokensAreTheArgMaxOfVllmsProcessedLogits) {
 // logit_bias +100 makes a stop token the only choice; min_tokens holds it off for that many
 // tokens, then it ends the request.
 TEST(LogitEditsTest, MinTokensHoldsOffAStopTokenThatLogitBiasForces) {
-  const ModelConfig config = *PresetConfig("tiny");
-  auto tensors = GenerateRandomWeights(config, 7, DType::kF32);
-  CpuBackend backend;
-  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  auto engine = Engine::Create(EngineConfig(), weights->get(), &backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::TinyF32Model tiny(7);
+  auto engine = tiny.MakeEngine(EngineConfig());
+  ASSERT_NE(engine, nullptr);
   const int32_t stop = 42;
   std::vector<GenerateRequest> reqs(3);
   for (int i = 0; i < 3; ++i) {
@@ -221,7 +213,7 @@ TEST(LogitEditsTest, MinTokensHoldsOffAStopTokenThatLogitBiasForces) {
   reqs[1].min_tokens = 5;
   reqs[2].min_tokens = 7;
   std::vector<uint64_t> ids;
-  const EngineRun got = RunAll(engine->get(), reqs, &ids);
+  const EngineRun got = RunAll(engine.get(), reqs, &ids);
   const std::vector<int32_t> want_len = {1, 6, 8};
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto& toks = got.tokens.at(ids[i]);

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
+#include "tests/engine/tiny_f32_model.h"
 #include "tests/models/naive_forward.h"
 #include "tests/test_util.h"
 
@@ -28,17 +29,12 @@ std::vector<double> LogSoftmax(const std::vector<double>& logits) {
 }
 
 TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
-  const ModelConfig config = *PresetConfig("tiny");
   const uint64_t seed = std::random_device{}();  // fresh inputs each run; the seed is in the trace
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  auto tensors = GenerateRandomWeights(config, seed, DType::kF32);
-  CpuBackend backend;
-  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  EngineConfig cfg;
-  cfg.kv_dtype = DType::kF32;
-  auto engine = Engine::Create(cfg, weights->get(), &backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::TinyF32Model tiny(seed);
+  const ModelConfig& config = tiny.config;
+  auto engine = tiny.MakeEngine(testing::F32KvConfig());
+  ASSERT_NE(engine, nullptr);
   std::mt19937 gen(static_cast<uint32_t>(seed));
   struct Got {
     std::vector<int32_t> tokens;
@@ -56,7 +52,7 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
     r.sampling.seed = seed + static_cast<uint64_t>(i);
     r.logprobs = true;
     r.top_logprobs = i % 2 == 0 ? 1 : 0;  // top 1: the chosen one is often not it
-    auto id = (*engine)->Submit(r, [&](const RequestEvent& ev) {
+    auto id = engine->Submit(r, [&](const RequestEvent& ev) {
       std::lock_guard<std::mutex> lock(mu);
       Got& g = got[ev.request_id];
       g.tokens.insert(g.tokens.end(), ev.tokens.begin(), ev.tokens.end());
@@ -66,8 +62,8 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
     ASSERT_TRUE(id.ok()) << id.status();
     sent[*id] = r;
   }
-  ASSERT_TRUE((*engine)->RunUntilIdle().ok());
-  const testing::NaiveMixtral naive(config, *tensors);
+  ASSERT_TRUE(engine->RunUntilIdle().ok());
+  const testing::NaiveMixtral naive(config, *tiny.tensors);
   double worst = 0, worst_rel = 0;
   int outside_top = 0;
   for (const auto& [id, r] : sent) {
@@ -102,19 +98,15 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
 // its position, against a float64 log-softmax of the naive forward; across chunks of a chunked
 // prefill, and whole although the same prompt's blocks are in the prefix cache.
 TEST(LogprobsTest, PromptLogprobsEqualAFloat64LogSoftmaxAcrossChunksAndCacheHits) {
-  const ModelConfig config = *PresetConfig("tiny");
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  auto tensors = GenerateRandomWeights(config, seed, DType::kF32);
-  CpuBackend backend;
-  auto weights = ModelWeights::Load(config, *tensors, &backend, DType::kF32);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  EngineConfig cfg;
-  cfg.kv_dtype = DType::kF32;
+  testing::TinyF32Model tiny(seed);
+  const ModelConfig& config = tiny.config;
+  EngineConfig cfg = testing::F32KvConfig();
   cfg.block_size = 4;
   cfg.scheduler.max_tokens_per_step = 8;  // a 30-token prompt in four chunks
-  auto engine = Engine::Create(cfg, weights->get(), &backend);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto engine = tiny.MakeEngine(cfg);
+  ASSERT_NE(engine, nullptr);
   std::mt19937 gen(static_cast<uint32_t>(seed));
   GenerateRequest r;
   for (int t = 0; t < 30; ++t) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
@@ -122,12 +114,12 @@ TEST(LogprobsTest, PromptLogprobsEqualAFloat64LogSoftmaxAcrossChunksAndCacheHits
   std::mutex mu;
   std::vector<std::vector<PromptLogprob>> got;
   auto run = [&](const GenerateRequest& req) {
-    auto id = (*engine)->Submit(req, [&](const RequestEvent& ev) {
+    auto id = engine->Submit(req, [&](const RequestEvent& ev) {
       std::lock_guard<std::mutex> lock(mu);
       if (!ev.prompt_logprobs.empty()) got.push_back(ev.prompt_logprobs);
     });
     ASSERT_TRUE(id.ok()) << id.status();
-    ASSERT_TRUE((*engine)->RunUntilIdle().ok());
+    ASSERT_TRUE(engine->RunUntilIdle().ok());
   };
   run(r);  // caches the prompt's blocks, and asks for no prompt logprobs
   EXPECT_TRUE(got.empty());
@@ -136,7 +128,7 @@ TEST(LogprobsTest, PromptLogprobsEqualAFloat64LogSoftmaxAcrossChunksAndCacheHits
   r.prompt_logprobs = 0;
   run(r);
   ASSERT_EQ(got.size(), 2u);
-  const testing::NaiveMixtral naive(config, *tensors);
+  const testing::NaiveMixtral naive(config, *tiny.tensors);
   const auto logits = naive.Logits(r.prompt);
   double worst = 0;
   for (size_t k = 0; k < got.size(); ++k) {
