@@ -105,6 +105,9 @@ class Completion : public std::enable_shared_from_this<Completion> {
   }
 
   void Drain() {
+    // A whole answer's connection is not watched while it waits: look at its socket once per
+    // batch of events, so a client that left cancels its choices (OnGone's callback) within a step.
+    if (!p_.stream) reply_->CheckGone();
     std::deque<std::pair<int, RequestEvent>> events;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -3,7 +3,10 @@
 
 #include <microhttpd.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace moeserve::server {
@@ -62,9 +65,24 @@ void ReplyState::OnGone(std::function<void()> gone) {
   on_gone_ = std::move(gone);
 }
 
-bool ReplyState::gone() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return gone_ || closed_;
+bool ReplyState::CheckGone() {
+  std::function<void()> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gone_ || closed_) return true;
+    if (!suspended_ || kind_ != Kind::kNone || conn_ == nullptr) return false;
+    // Suspended, MHD neither reads nor closes the socket, so a peek here races with nothing.
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(conn_, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info == nullptr) return false;
+    char byte;
+    const ssize_t n = recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    const bool left = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (!left) return false;
+    gone_ = true;
+    gone = std::move(on_gone_);
+  }
+  if (gone) gone();
+  return true;
 }
 
 bool ReplyState::suspended() const {

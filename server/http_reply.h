@@ -24,7 +24,7 @@ class ReplyState final : public HttpReply, public std::enable_shared_from_this<R
   bool Write(std::string chunk) override;
   void End() override;
   void OnGone(std::function<void()> gone) override;
-  bool gone() const override;
+  bool CheckGone() override;
 
   // Event-loop side. Queues the answer on `c` if there is one (`closing`: the connection closes
   // after it, for refusals sent before the body is read); otherwise suspends `c` until there is.

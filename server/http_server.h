@@ -68,7 +68,10 @@ class HttpReply {
   // `gone` runs once if the client leaves before the answer is complete (on an event-loop
   // thread; it may call Write/End, which then do nothing). Set it before answering.
   virtual void OnGone(std::function<void()> gone) = 0;
-  virtual bool gone() const = 0;
+  // True once the client has left. While a whole answer is still awaited (the connection waits,
+  // unwatched by the event loop), it looks at the socket itself: a peer that closed or reset it
+  // is gone, and the OnGone callback runs here, on the caller's thread.
+  virtual bool CheckGone() = 0;
 };
 
 // A route: `check` sees the headers before the body is read and may answer instead (return

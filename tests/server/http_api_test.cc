@@ -244,6 +244,25 @@ TEST(HttpApiDisconnectTest, ADisconnectMidStreamFreesTheKvBlocks) {
       << "the stream was not cancelled when its client left";
 }
 
+// A client that stops waiting for a whole (non-streaming) answer cancels its request too: the
+// server looks at the waiting connection's socket each step. 4000 tokens of the small preset
+// take longer than the client's one-second read timeout, whatever the CPU.
+TEST(HttpApiDisconnectTest, AClientThatLeavesAWholeAnswerCancelsIt) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "small", "--kv-cache-mb", "256"})) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  ASSERT_TRUE(EventuallyIdle(stub.get()));
+  const int64_t cancelled_before = GetStats(stub.get()).requests_by_outcome().at("cancelled");
+  const Json body = {{"model", "moeserve-small"}, {"prompt", "keep going"}, {"max_tokens", 4000}, {"ignore_eos", true}};
+  httplib::Client c("127.0.0.1", server.http_port());
+  c.set_read_timeout(1, 0);
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_FALSE(r) << "the answer came before the client left: " << r->status;
+  EXPECT_TRUE(EventuallyIdle(stub.get())) << "the abandoned request still holds KV blocks";
+  EXPECT_EQ(GetStats(stub.get()).requests_by_outcome().at("cancelled"), cancelled_before + 1)
+      << "the request was not cancelled when its client left";
+}
+
 TEST_F(HttpApiTest, ModelsHealthMetricsTokenizeDetokenize) {
   auto c = Client();
   auto models = c.Get("/v1/models");
