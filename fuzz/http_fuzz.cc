@@ -206,9 +206,9 @@ void Answer(const ParsedCompletion& p) {
     out.text += in_context.Push(generated[i]);
   }
   out.text += in_context.Flush();
-  const bool stopped = moeserve::server::CutAtStop(&out.text, p.stop);
+  const bool stopped = moeserve::server::CutAtStop(&out.text, p.text.stop);
   if (stopped) {
-    for (const std::string& s : p.stop) FUZZ_CHECK(out.text.find(s) == std::string::npos, "a stop string survived the cut");
+    for (const std::string& s : p.text.stop) FUZZ_CHECK(out.text.find(s) == std::string::npos, "a stop string survived the cut");
   }
   moeserve::RequestEvent ev;
   ev.finished = true;
@@ -248,7 +248,7 @@ absl::StatusOr<ParsedCompletion> Parse(const std::string& body, bool chat,
   FUZZ_CHECK(r.max_tokens >= 1 && r.max_tokens <= s.limits.max_tokens, "max_tokens %d", r.max_tokens);
   FUZZ_CHECK(r.top_logprobs >= 0 && r.top_logprobs <= s.limits.max_top_logprobs, "top_logprobs %d", r.top_logprobs);
   FUZZ_CHECK(p->logprobs == r.top_logprobs, "logprobs %d != top_logprobs %d", p->logprobs, r.top_logprobs);
-  for (const std::string& stop : p->stop) FUZZ_CHECK(!stop.empty(), "an empty stop string");
+  for (const std::string& stop : p->text.stop) FUZZ_CHECK(!stop.empty(), "an empty stop string");
   Answer(*p);
   return p;
 }

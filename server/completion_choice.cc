@@ -7,59 +7,10 @@
 
 namespace moeserve::server {
 
-TextStream::TextStream(const ParsedCompletion& p, const std::vector<int32_t>& prompt)
-    : stop_(p.stop),
-      include_stop_(p.include_stop_str),
-      min_tokens_(p.request.min_tokens),
-      decoder_(p.tokenizer->tokenizer.get(), prompt) {
-  for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
-}
-
-std::string TextStream::Push(int32_t token) {
-  pending_ += decoder_.Push(token);
-  // As vLLM: the text of the first min_tokens tokens ends no stop string.
-  if (++pushed_ <= min_tokens_) protected_ = pending_.size();
-  return Drain(false);
-}
-
-std::string TextStream::Finish() {
-  pending_ += decoder_.Flush();
-  return Drain(true);
-}
-
-std::string TextStream::Drain(bool final) {
-  if (stopped_) return "";
-  std::string out;
-  if (CutAtStop(&pending_, stop_, include_stop_, &matched_, protected_)) {
-    stopped_ = true;
-    out.swap(pending_);
-    return out;
-  }
-  size_t cut = pending_.size() - (final ? 0 : std::min(hold_, pending_.size()));
-  while (cut > 0 && cut < pending_.size() && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) --cut;
-  out = pending_.substr(0, cut);
-  pending_.erase(0, cut);
-  protected_ -= std::min(protected_, cut);
-  return out;
-}
-
 void CompletionChoice::Take(const RequestEvent& ev, const ParsedCompletion& p) {
-  if (!ev.tokens.empty()) last_token = ev.tokens.back();
   if (!ev.prompt_logprobs.empty()) prompt_logprobs = ev.prompt_logprobs;
-  if (p.echo_only) {  // max_tokens 0 with echo: the one token generated is counted, not answered
-    answered_tokens += static_cast<int64_t>(ev.tokens.size());
-    return;
-  }
-  const std::vector<int32_t>& stops = p.request.stop_ids;
-  for (size_t i = 0; i < ev.tokens.size(); ++i) {
-    if (text.stopped()) return;
-    ++answered_tokens;
-    taken.token_ids.push_back(ev.tokens[i]);
-    if (i < ev.logprobs.size()) taken.logprobs.push_back(ev.logprobs[i]);
-    if (i < ev.token_logprobs.size()) taken.chosen.push_back(ev.token_logprobs[i]);
-    const bool stop_token = std::find(stops.begin(), stops.end(), ev.tokens[i]) != stops.end();
-    if (!stop_token || p.include_stop_str) taken.text += text.Push(ev.tokens[i]);
-  }
+  if (p.echo_only) return stream.Count(ev);  // max_tokens 0 with echo: counted, not answered
+  stream.Take(ev, &taken);
 }
 
 CompletionText CompletionChoice::Answer(const ParsedCompletion& p) const {
@@ -96,48 +47,23 @@ nlohmann::json CompletionChoice::PromptLogprobs(const ParsedCompletion& p) const
                             p.tokens_as_ids);
 }
 
-std::optional<std::string> CompletionChoice::Finish(absl::Status* error) const {
-  if (text.stopped()) return "stop";
-  const RequestEvent& ev = *final_event;
-  switch (ev.reason) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      *error = absl::UnavailableError(ev.message);
-      break;
-    case FinishReason::kDeadline:
-      *error = absl::DeadlineExceededError(ev.message);
-      break;
-    case FinishReason::kError:
-      *error = absl::Status(ev.error_code == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
-                                                                            : absl::StatusCode::kInternal,
-                            ev.message);
-      break;
-  }
-  return std::nullopt;
-}
-
 nlohmann::json CompletionChoice::StopReason(const ParsedCompletion& p) const {
-  if (text.stopped()) return text.matched();
+  if (stream.stopped()) return stream.matched();
   const std::vector<int32_t>& eos = p.tokenizer->eos_ids;
-  if (final_event && final_event->reason == FinishReason::kStop && last_token &&
-      std::find(eos.begin(), eos.end(), *last_token) == eos.end() &&  // EOS: null, as vLLM
-      std::find(p.user_stop_ids.begin(), p.user_stop_ids.end(), *last_token) != p.user_stop_ids.end()) {
-    return *last_token;
+  const std::optional<int32_t> last = stream.last_token();
+  if (stream.ended() && stream.final_event()->reason == FinishReason::kStop && last &&
+      std::find(eos.begin(), eos.end(), *last) == eos.end() &&  // EOS: null, as vLLM
+      std::find(p.user_stop_ids.begin(), p.user_stop_ids.end(), *last) != p.user_stop_ids.end()) {
+    return *last;
   }
   return nullptr;
 }
 
 RequestEvent MergedFinal(const std::vector<CompletionChoice>& choices) {
-  RequestEvent out = *choices.front().final_event;
-  // As vLLM counts them: the tokens each choice answers (the engine may have run a token or two
-  // past a stop string before its cancel arrived; the receipt still has their cost).
-  out.usage.completion_tokens = 0;
-  for (const CompletionChoice& c : choices) out.usage.completion_tokens += c.answered_tokens;
+  RequestEvent out = choices.front().stream.Final();  // completion_tokens: the tokens answered, as vLLM
   for (size_t i = 1; i < choices.size(); ++i) {
-    const RequestEvent& ev = *choices[i].final_event;
+    const RequestEvent ev = choices[i].stream.Final();
+    out.usage.completion_tokens += ev.usage.completion_tokens;
     if (choices[i].prompt_index != choices[i - 1].prompt_index) {  // another prompt of the batch
       out.usage.prompt_tokens += ev.usage.prompt_tokens;
       out.usage.cached_prompt_tokens += ev.usage.cached_prompt_tokens;

@@ -34,14 +34,15 @@ GenerateReactor::GenerateReactor(Engine* engine, grpc::CallbackServerContext* ct
     Finish(ToGrpcStatus(s));
     return;
   }
-  auto req = ToEngineRequest(request, engine->model_config(), limits, *tokenizer_);
+  TextOptions text;
+  auto req = ToEngineRequest(request, engine->model_config(), limits, *tokenizer_, &text);
   if (!req.ok()) {
     finished_ = true;
     Finish(ToGrpcStatus(req.status()));
     return;
   }
   req->cache_tenant = *tenant;
-  decoder_.emplace(tokenizer_->tokenizer.get(), req->prompt);
+  stream_.emplace(tokenizer_->tokenizer.get(), req->prompt, text, *req);
   const auto deadline = ctx->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
     req->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
@@ -78,71 +79,72 @@ void GenerateReactor::Encode() {
   for (const RequestEvent& ev : events) AppendLocked(ev);
 }
 
+namespace {
+
+// The last message's usage (completion_tokens: the tokens answered), timing and receipt.
+void SetFinal(const RequestEvent& ev, v1::GenerateResponse* r) {
+  v1::Usage* u = r->mutable_usage();
+  u->set_prompt_tokens(ev.usage.prompt_tokens);
+  u->set_cached_prompt_tokens(ev.usage.cached_prompt_tokens);
+  u->set_completion_tokens(ev.usage.completion_tokens);
+  u->set_cached_prompt_tokens_ddr(ev.usage.cached_prompt_tokens_ddr);
+  u->set_cached_prompt_tokens_flash(ev.usage.cached_prompt_tokens_flash);
+  u->set_preemptions(ev.preemptions);
+  u->set_swaps(ev.swaps);
+  v1::Timing* t = r->mutable_timing();
+  t->set_queue_seconds(ev.timing.queue_seconds);
+  t->set_time_to_first_token_seconds(ev.timing.ttft_seconds);
+  t->set_time_per_output_token_seconds(ev.timing.tpot_seconds);
+  t->set_e2e_seconds(ev.timing.e2e_seconds);
+  v1::Receipt* rc = r->mutable_receipt();
+  rc->set_queue_seconds(ev.receipt.queue_seconds);
+  rc->set_prefill_seconds(ev.receipt.prefill_seconds);
+  rc->set_decode_seconds(ev.receipt.decode_seconds);
+  rc->set_steps(ev.receipt.steps);
+  rc->set_mean_batch_size(ev.receipt.mean_batch_size);
+  rc->set_cached_tokens(ev.receipt.cached_tokens);
+  rc->set_device_seconds(ev.receipt.device_seconds);
+  rc->set_cost_usd(ev.receipt.cost_usd);
+  rc->set_prefill_device_seconds(ev.receipt.prefill_device_seconds);
+  rc->set_decode_device_seconds(ev.receipt.decode_device_seconds);
+  rc->set_transfer_device_seconds(ev.receipt.transfer_device_seconds);
+  rc->set_kv_gb_seconds(ev.receipt.kv_gb_seconds);
+}
+
+}  // namespace
+
 void GenerateReactor::AppendLocked(const RequestEvent& ev) {
+  CompletionText piece;
+  stream_->Take(ev, &piece);  // text through the stop strings; no tokens after one
+  if (id_ && stream_->StopNow()) engine_->Cancel(*id_);  // a stop string: the rest is not wanted
+  if (piece.token_ids.empty() && !ev.finished) return;
   // Coalesce into the last queued response while a write is in flight.
   if (queue_.empty() || !queue_.back().finish_reason().empty()) queue_.emplace_back();
   v1::GenerateResponse& r = queue_.back();
-  for (size_t i = 0; i < ev.tokens.size(); ++i) {
-    r.add_token_ids(ev.tokens[i]);
-    r.mutable_text()->append(decoder_->Push(ev.tokens[i]));
-    if (i < ev.logprobs.size()) {
-      v1::TokenInfo* info = r.add_logprobs();
-      if (i < ev.token_logprobs.size()) info->set_logprob(ev.token_logprobs[i]);
-      for (const auto& lp : ev.logprobs[i]) {
-        v1::TokenLogprob* t = info->add_top_logprobs();
-        t->set_token_id(lp.token);
-        t->set_logprob(lp.logprob);
-      }
+  r.mutable_text()->append(piece.text);
+  for (size_t i = 0; i < piece.token_ids.size(); ++i) {
+    r.add_token_ids(piece.token_ids[i]);
+    if (i >= piece.logprobs.size()) continue;
+    v1::TokenInfo* info = r.add_logprobs();
+    if (i < piece.chosen.size()) info->set_logprob(piece.chosen[i]);
+    for (const auto& lp : piece.logprobs[i]) {
+      v1::TokenLogprob* t = info->add_top_logprobs();
+      t->set_token_id(lp.token);
+      t->set_logprob(lp.logprob);
     }
   }
   if (ev.finished) {
-    switch (ev.reason) {
-      case FinishReason::kLength:
-      case FinishReason::kStop: {
-        r.mutable_text()->append(decoder_->Flush());
-        r.set_finish_reason(FinishReasonName(ev.reason));
-        v1::Usage* u = r.mutable_usage();
-        u->set_prompt_tokens(ev.usage.prompt_tokens);
-        u->set_cached_prompt_tokens(ev.usage.cached_prompt_tokens);
-        u->set_completion_tokens(ev.usage.completion_tokens);
-        u->set_cached_prompt_tokens_ddr(ev.usage.cached_prompt_tokens_ddr);
-        u->set_cached_prompt_tokens_flash(ev.usage.cached_prompt_tokens_flash);
-        u->set_preemptions(ev.preemptions);
-        u->set_swaps(ev.swaps);
-        v1::Timing* t = r.mutable_timing();
-        t->set_queue_seconds(ev.timing.queue_seconds);
-        t->set_time_to_first_token_seconds(ev.timing.ttft_seconds);
-        t->set_time_per_output_token_seconds(ev.timing.tpot_seconds);
-        t->set_e2e_seconds(ev.timing.e2e_seconds);
-        v1::Receipt* rc = r.mutable_receipt();
-        rc->set_queue_seconds(ev.receipt.queue_seconds);
-        rc->set_prefill_seconds(ev.receipt.prefill_seconds);
-        rc->set_decode_seconds(ev.receipt.decode_seconds);
-        rc->set_steps(ev.receipt.steps);
-        rc->set_mean_batch_size(ev.receipt.mean_batch_size);
-        rc->set_cached_tokens(ev.receipt.cached_tokens);
-        rc->set_device_seconds(ev.receipt.device_seconds);
-        rc->set_cost_usd(ev.receipt.cost_usd);
-        rc->set_prefill_device_seconds(ev.receipt.prefill_device_seconds);
-        rc->set_decode_device_seconds(ev.receipt.decode_device_seconds);
-        rc->set_transfer_device_seconds(ev.receipt.transfer_device_seconds);
-        rc->set_kv_gb_seconds(ev.receipt.kv_gb_seconds);
-        final_status_ = grpc::Status::OK;
-        break;
-      }
-      case FinishReason::kCancelled:
-        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, ev.message);
-        break;
-      case FinishReason::kDeadline:
-        final_status_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ev.message);
-        break;
-      case FinishReason::kError:
-        final_status_ = grpc::Status(ev.error_code == absl::StatusCode::kUnavailable ? grpc::StatusCode::UNAVAILABLE
-                                                                                     : grpc::StatusCode::INTERNAL,
-                                     ev.message);
-        break;
+    const absl::StatusOr<std::string> reason = stream_->Outcome();
+    if (reason.ok()) {
+      r.mutable_text()->append(stream_->FinishText());
+      r.set_finish_reason(*reason);
+      if (stream_->stopped()) r.set_stop_string(stream_->matched());
+      SetFinal(stream_->Final(), &r);
+      final_status_ = grpc::Status::OK;
+    } else {
+      final_status_ = ToGrpcStatus(reason.status());
+      queue_.clear();  // nothing more reaches a failed stream
     }
-    if (!final_status_->ok()) queue_.clear();  // nothing more reaches a failed stream
   }
   WriteNextLocked();
 }

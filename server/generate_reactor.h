@@ -1,7 +1,8 @@
 // One self-owning reactor per Generate stream (gRPC callback API). It parses the raw request,
 // submits it to the engine and never blocks a gRPC thread: the engine's callback only queues
 // the request's events, the encoder thread (stream_encoder.h) turns them into responses
-// (detokenized text, logprobs, usage), and the reactor writes those one at a time, coalescing
+// through the request's stream (request_stream.h: text, stop strings, logprobs, usage, the
+// final status), and the reactor writes those one at a time, coalescing
 // tokens that arrive while a write is in flight. The last message goes out with the OK status
 // in one operation (StartWriteAndFinish), so no server-side deadline or cancellation can land
 // between them (a client's own deadline timer still can: docs/hardening.md).
@@ -15,8 +16,8 @@
 
 #include "engine/engine.h"
 #include "models/model_tokenizer.h"
-#include "models/stream_detokenizer.h"
 #include "server/drain_gate.h"
+#include "server/request_stream.h"
 #include "server/stream_encoder.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "server/validation.h"
@@ -66,7 +67,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   std::optional<grpc::Status> final_status_;
   bool finished_ = false;
   std::shared_ptr<const ModelTokenizer> tokenizer_;
-  std::optional<StreamDetokenizer> decoder_;  // set once the request is parsed
+  std::optional<RequestStream> stream_;  // set once the request is parsed: text, stop strings, outcome
 };
 
 // Maps absl status codes onto gRPC's (they share numbering).

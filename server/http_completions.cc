@@ -100,7 +100,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
  private:
   void CancelAllLocked() {
     for (const CompletionChoice& c : choices_) {
-      if (c.engine_id != 0 && !c.final_event) engine_->Cancel(c.engine_id);
+      if (c.engine_id != 0 && !c.stream.ended()) engine_->Cancel(c.engine_id);
     }
   }
 
@@ -118,15 +118,9 @@ class Completion : public std::enable_shared_from_this<Completion> {
     for (const auto& [index, ev] : events) {
       CompletionChoice& c = choices_[static_cast<size_t>(index)];
       c.Take(ev, p_);
-      if (ev.finished) {
-        c.final_event = ev;
-        ++finished_;
-      }
+      if (ev.finished) ++finished_;
       if (p_.stream) StreamEvent(index, ev.finished);
-      if (c.text.stopped() && !c.stop_cancelled && !ev.finished && c.engine_id != 0) {
-        c.stop_cancelled = true;  // a stop string: the rest is not wanted
-        engine_->Cancel(c.engine_id);
-      }
+      if (c.engine_id != 0 && c.stream.StopNow()) engine_->Cancel(c.engine_id);  // a stop string: the rest is not wanted
       if (finished_ == expected_) {
         if (!p_.stream) FinishWhole();
         if (on_end_) std::exchange(on_end_, nullptr)();
@@ -139,11 +133,10 @@ class Completion : public std::enable_shared_from_this<Completion> {
     answered_ = true;
     std::vector<Json> objects;
     for (CompletionChoice& c : choices_) {
-      c.taken.text += c.text.Finish();
-      absl::Status error;
-      const auto reason = c.Finish(&error);
-      if (!reason) {
-        const ApiError e = ToApiError(error);
+      c.taken.text += c.stream.FinishText();
+      const absl::StatusOr<std::string> reason = c.stream.Outcome();
+      if (!reason.ok()) {
+        const ApiError e = ToApiError(reason.status());
         reply_->Send(e.http_status, "application/json", JsonText(e.ToJson()));
         return;
       }
@@ -209,12 +202,11 @@ class Completion : public std::enable_shared_from_this<Completion> {
       return;
     }
     CompletionText delta = std::exchange(c.taken, CompletionText());
-    delta.text += c.text.Finish();
-    absl::Status error;
-    const auto reason = c.Finish(&error);
-    if (!reason) {  // the whole answer ends with the error
+    delta.text += c.stream.FinishText();
+    const absl::StatusOr<std::string> reason = c.stream.Outcome();
+    if (!reason.ok()) {  // the whole answer ends with the error
       answered_ = true;
-      reply_->Write(Sse(ToApiError(error).ToJson()));
+      reply_->Write(Sse(ToApiError(reason.status()).ToJson()));
       reply_->Write("data: [DONE]\n\n");
       reply_->End();
       CancelAllLocked();
@@ -223,7 +215,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
     if (!delta.text.empty() || !delta.token_ids.empty()) {
       reply_->Write(Sse(WithPromptIds(ChunkObject(p_, cid_, created_, delta, std::nullopt, c.first, nullptr, index), c)));
     }
-    reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, reason, false, c.StopReason(p_), index)));
+    reply_->Write(Sse(ChunkObject(p_, cid_, created_, {}, *reason, false, c.StopReason(p_), index)));
     if (finished_ < expected_) return;
     answered_ = true;
     if (p_.include_usage) {

@@ -18,18 +18,16 @@ using Json = nlohmann::json;
 absl::Status ReadStops(const Json& j, ParsedCompletion* p) {
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
-      p->stop.push_back(it->get<std::string>());
+      p->text.stop.push_back(it->get<std::string>());
     } else if (it->is_array() &&
                std::all_of(it->begin(), it->end(), [](const Json& v) { return v.is_string(); })) {
-      for (const Json& v : *it) p->stop.push_back(v.get<std::string>());
+      for (const Json& v : *it) p->text.stop.push_back(v.get<std::string>());
     } else {
       return FieldError("stop", "must be a string or an array of strings");
     }
-    for (const std::string& s : p->stop) {
-      if (s.empty()) return FieldError("stop", "stop strings must not be empty");
-    }
   }
-  RETURN_IF_ERROR(ReadField(j, "include_stop_str_in_output", &p->include_stop_str));
+  RETURN_IF_ERROR(ReadField(j, "include_stop_str_in_output", &p->text.include_stop_str));
+  RETURN_IF_ERROR(ValidateTextOptions(p->text));
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return FieldError("stop_token_ids", "must be an array of token ids");
     ASSIGN_OR_RETURN(p->user_stop_ids, TokenIds(*it, "stop_token_ids"));
@@ -84,7 +82,7 @@ absl::Status ReadTokenIdFields(const Json& j, ParsedCompletion* p) {
   RETURN_IF_ERROR(ReadField(j, "return_token_ids", &p->return_token_ids));
   RETURN_IF_ERROR(ReadField(j, "return_tokens_as_token_ids", &p->tokens_as_ids));
   if (p->tokenizer->has_text()) return absl::OkStatus();
-  if (!p->stop.empty()) return FieldError("stop", "stop strings need the tokenizer (the server runs with --skip-tokenizer-init)");
+  if (!p->text.stop.empty()) return FieldError("stop", "stop strings need the tokenizer (the server runs with --skip-tokenizer-init)");
   if ((p->want_logprobs || p->request.prompt_logprobs >= 0) && !p->tokens_as_ids) {
     return FieldError("logprobs", "token text needs the tokenizer (--skip-tokenizer-init): add return_tokens_as_token_ids");
   }

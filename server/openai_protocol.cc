@@ -279,21 +279,4 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
   return p;
 }
 
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop,
-               std::string* matched, size_t min_end) {
-  size_t cut = std::string::npos;
-  const std::string* which = nullptr;
-  for (const std::string& s : stop) {
-    const size_t at = text->find(s, min_end >= s.size() ? min_end - s.size() + 1 : 0);
-    if (at < cut || (at == cut && at != std::string::npos && s.size() > which->size())) {
-      cut = at;
-      which = &s;
-    }
-  }
-  if (which == nullptr) return false;
-  text->resize(cut + (include_stop ? which->size() : 0));
-  if (matched != nullptr) *matched = *which;
-  return true;
-}
-
 }  // namespace moeserve::server

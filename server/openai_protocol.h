@@ -16,6 +16,7 @@
 #include "models/generation_defaults.h"
 #include "models/model_config.h"
 #include "models/model_tokenizer.h"
+#include "server/request_stream.h"
 
 namespace moeserve::server {
 
@@ -34,7 +35,8 @@ inline std::string JsonText(const nlohmann::json& j) {
 }
 
 // 400 for INVALID_ARGUMENT (the message's leading "field:" becomes `param`, in OpenAI's
-// spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, else 500.
+// spelling), 401, 404, 429 for RESOURCE_EXHAUSTED, 503 for UNAVAILABLE, 499 (nginx's "client
+// closed request") for CANCELLED, 504 for DEADLINE_EXCEEDED, else 500.
 ApiError ToApiError(const absl::Status& status);
 
 // The most choices (`n`) one request may ask for, and the most prompts of one completions
@@ -52,8 +54,7 @@ struct ParsedCompletion {
   // answers prompt k / best_of with seed + k % best_of; answered choices are numbered as vLLM
   // numbers a batch's (prompt i's j-th as i * n + j).
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> stop;  // stop strings, cut from the text (the engine stops on ids)
-  bool include_stop_str = false;  // include_stop_str_in_output: the text keeps the stop string
+  TextOptions text;               // stop strings, cut from the text (the engine stops on ids)
   std::vector<int32_t> user_stop_ids;  // stop_token_ids as asked (the request's add the EOS ids)
   std::string system_fingerprint;      // the engine's fingerprint, set by the caller
   bool want_logprobs = false;     // the chosen token's logprob, and
@@ -105,18 +106,7 @@ absl::StatusOr<ParsedCompletion> ParseCompletion(const std::string& body, bool c
                                                  std::shared_ptr<const ModelTokenizer> tokenizer,
                                                  const GenerationDefaults& defaults = {});
 
-// Cuts `text` at the earliest stop string that ends after its first `min_end` bytes (after it,
-// with `include_stop`); true when one was found, and then `matched` (when given) names it.
-bool CutAtStop(std::string* text, const std::vector<std::string>& stop, bool include_stop = false,
-               std::string* matched = nullptr, size_t min_end = 0);
-
 // The response objects. `id` is "cmpl-..." or "chatcmpl-...".
-struct CompletionText {
-  std::string text;
-  std::vector<int32_t> token_ids;
-  std::vector<float> chosen;                        // per token: its own logprob, when asked
-  std::vector<std::vector<TokenLogprob>> logprobs;  // per token: the top n, when asked
-};
 // One choice of an answer; `stop_reason`, as vLLM's: the stop string or stop token id that ended
 // it (null for EOS, length).
 // `prompt_logprobs` (null: none) goes in a completions choice; chat's is the answer's.

@@ -116,6 +116,14 @@ ApiError ToApiError(const absl::Status& s) {
       e.http_status = 503;
       e.type = "service_unavailable";
       break;
+    case absl::StatusCode::kCancelled:  // by the server or an operator: the client is still there
+      e.http_status = 499;
+      e.type = "cancelled";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "timeout";
+      break;
     default:
       e.http_status = 500;
       e.type = "internal_error";

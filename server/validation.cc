@@ -10,7 +10,7 @@ namespace moeserve::server {
 
 absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
                                                 const ModelConfig& c, const RequestLimits& limits,
-                                                const ModelTokenizer& tokenizer) {
+                                                const ModelTokenizer& tokenizer, TextOptions* text) {
   GenerateRequest out;
   absl::string_view prompt_field = "prompt";
   switch (req.prompt_case()) {
@@ -67,6 +67,12 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   out.retain_seconds = req.retain_seconds();
   out.cache_salt = req.cache_salt();
   if (absl::Status v = ValidateRequest(out, c, limits, prompt_field); !v.ok()) return v;
+  text->stop.assign(req.stop().begin(), req.stop().end());
+  text->include_stop_str = req.include_stop_str_in_output();
+  RETURN_IF_ERROR(ValidateTextOptions(*text));
+  if (!text->stop.empty() && !tokenizer.has_text()) {
+    return absl::InvalidArgumentError("stop: stop strings need the tokenizer (the server runs with --skip-tokenizer-init)");
+  }
   // EOS stops generation unless the client asks to go past it (added after validation: it is
   // the tokenizer's, not the client's).
   if (!req.ignore_eos()) {

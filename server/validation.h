@@ -11,12 +11,14 @@
 #include "models/model_config.h"
 #include "models/model_tokenizer.h"
 #include "server/proto/moeserve.pb.h"
+#include "server/request_stream.h"
 
 namespace moeserve::server {
 
+// `text` receives the stop strings (request_stream.h), checked too.
 absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
                                                 const ModelConfig& config,
                                                 const RequestLimits& limits,
-                                                const ModelTokenizer& tokenizer);
+                                                const ModelTokenizer& tokenizer, TextOptions* text);
 
 }  // namespace moeserve::server

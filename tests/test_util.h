@@ -14,6 +14,12 @@
 
 namespace moeserve::testing {
 
+// A seed no run repeats: print it with a failure to replay the run.
+inline uint64_t FreshSeed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, scale);

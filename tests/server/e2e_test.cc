@@ -126,6 +126,66 @@ TEST_F(E2eTest, TextPromptStreamsTextLogprobsUsageAndTiming) {
   EXPECT_EQ(again.ids, s.ids);
 }
 
+// Stop strings on gRPC, as on HTTP (one request stream serves both): the text is cut before
+// the first occurrence (kept with include_stop_str_in_output), finish_reason "stop", the stop
+// string named, the tokens a prefix of the uncut answer and the usage counting them. The oracle
+// is the uncut greedy text.
+TEST_F(E2eTest, StopStringsCutTheText) {
+  v1::GenerateRequest req;
+  req.set_text("Stop strings, over gRPC");
+  req.set_max_tokens(40);
+  req.set_ignore_eos(true);
+  const Streamed whole = Stream(stub_.get(), req);
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  const std::string& answer = whole.text;
+  ASSERT_GE(answer.size(), 8u);
+  // Two whole characters from the middle (the tiny model's bytes are full of U+FFFD).
+  size_t from = answer.size() / 2;
+  while (from > 0 && (static_cast<unsigned char>(answer[from]) & 0xC0) == 0x80) --from;
+  size_t to = from;
+  for (int chars = 0; chars < 2 && to < answer.size(); ++chars) {
+    ++to;
+    while (to < answer.size() && (static_cast<unsigned char>(answer[to]) & 0xC0) == 0x80) ++to;
+  }
+  const std::string stop = answer.substr(from, to - from);
+  const std::string before = answer.substr(0, answer.find(stop));
+  for (const bool include : {false, true}) {
+    v1::GenerateRequest cut = req;
+    cut.add_stop(stop);
+    cut.add_stop("a stop string the answer never has \x01\x02");
+    cut.set_include_stop_str_in_output(include);
+    const Streamed s = Stream(stub_.get(), cut);
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.text, include ? before + stop : before) << "stop \"" << stop << "\", include " << include;
+    EXPECT_EQ(s.last.finish_reason(), "stop");
+    EXPECT_EQ(s.last.stop_string(), stop);
+    ASSERT_LE(s.ids.size(), whole.ids.size());
+    EXPECT_TRUE(std::equal(s.ids.begin(), s.ids.end(), whole.ids.begin())) << "the tokens are not the answer's";
+    EXPECT_LT(s.ids.size(), whole.ids.size()) << "the tokens after the stop string were sent";
+    EXPECT_EQ(s.last.usage().completion_tokens(), static_cast<int64_t>(s.ids.size()));
+  }
+  // A stop string that never comes changes nothing.
+  v1::GenerateRequest never = req;
+  never.add_stop("\x01\x02\x03 never");
+  const Streamed same = Stream(stub_.get(), never);
+  ASSERT_TRUE(same.status.ok()) << same.status.error_message();
+  EXPECT_EQ(same.text, answer);
+  EXPECT_EQ(same.ids, whole.ids);
+  EXPECT_EQ(same.last.finish_reason(), "length");
+  EXPECT_EQ(same.last.stop_string(), "");
+  // Refused by name: an empty one, too many, too long.
+  for (int bad = 0; bad < 3; ++bad) {
+    v1::GenerateRequest b = req;
+    if (bad == 0) b.add_stop("");
+    if (bad == 1) for (int i = 0; i < 65; ++i) b.add_stop("x" + std::to_string(i));
+    if (bad == 2) b.add_stop(std::string(1025, 'x'));
+    const Streamed r = Stream(stub_.get(), b);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(r.status.error_message().rfind("stop: ", 0), 0u) << r.status.error_message();
+  }
+  EXPECT_TRUE(EventuallyIdle(stub_.get()));
+}
+
 TEST_F(E2eTest, BadInputsNameTheFieldAndTheServerKeepsServing) {
   v1::ModelInfo info;
   {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "server/proto/moeserve.grpc.pb.h"
 #include "tests/server/server_process.h"
+#include "tests/test_util.h"
 
 namespace moeserve::testing {
 
@@ -96,11 +97,6 @@ inline ::testing::AssertionResult EventuallyIdle(v1::Moeserve::Stub* stub, int64
                                        << s.queue_depth() << ", KV blocks used " << s.kv_blocks_used()
                                        << ", swap slots " << s.kv_tiers().ddr_swap_blocks() << ", ended "
                                        << EndedRequests(s) << " of " << ended;
-}
-
-inline uint64_t FreshSeed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
 }
 
 // `moeserve generate ARGS... --ids`: its exit code, the token ids it printed and its stderr.
