@@ -60,12 +60,13 @@ class Client:
     @staticmethod
     def make_request(text=None, token_ids=None, max_tokens=16, temperature=0.0, top_k=0, top_p=None,
                      seed=None, stop_token_ids=(), priority="normal", logprobs=0, ignore_eos=False,
-                     retain_seconds=0.0):
+                     retain_seconds=0.0, stop=(), include_stop_str_in_output=False):
         if (text is None) == (token_ids is None):
             raise ValueError("give exactly one of text or token_ids")
         req = pb.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                  priority=PRIORITIES[priority], logprobs=logprobs, ignore_eos=ignore_eos,
-                                 retain_seconds=retain_seconds)
+                                 retain_seconds=retain_seconds, stop=list(stop),
+                                 include_stop_str_in_output=include_stop_str_in_output)
         if text is not None:
             req.text = text
         else:
