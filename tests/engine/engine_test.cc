@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/generator.h"
+#include "tests/engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
 #include "tests/test_util.h"

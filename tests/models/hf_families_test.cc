@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/generator.h"
+#include "tests/engine/generator.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/model_tokenizer.h"

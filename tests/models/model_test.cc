@@ -4,7 +4,7 @@
 #include <random>
 #include <set>
 
-#include "engine/generator.h"
+#include "tests/engine/generator.h"
 #include "engine/sampling.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/moe_model.h"

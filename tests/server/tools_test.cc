@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -167,6 +168,44 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
             0)
       << py_out << py_err;
   EXPECT_EQ(ReadAll(dir + "/e.png").substr(0, 4), "\x89PNG");
+}
+
+// `moeserve generate` runs one request on the engine the servers run: the servers' default
+// max_tokens (16), their validation (the request field named), and their stop strings (the
+// text cut before the first one, taken here from the uncut text).
+TEST(E2eToolsTest, GenerateRunsTheServersRequest) {
+  const std::vector<std::string> base = {"generate", "--preset", "tiny", "--prompt", "Generate, on the engine",
+                                         "--ignore-eos"};
+  auto run = [&](std::vector<std::string> extra, std::string* out, std::string* err) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunCommand(args, out, err);
+  };
+  std::string ids, text, err;
+  ASSERT_EQ(run({"--ids"}, &ids, &err), 0) << err;
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(absl::StripAsciiWhitespace(ids), ',')).size(), 16u)
+      << "the servers' default max_tokens is 16: " << ids;
+  EXPECT_NE(err.find("generated 16 (length)"), std::string::npos) << err;
+  ASSERT_EQ(run({"--max-tokens", "40"}, &text, &err), 0) << err;
+  ASSERT_FALSE(text.empty());
+  text.pop_back();  // the closing newline
+  // One ASCII character of the text's second half that is not in its first (the tiny model's
+  // bytes are mostly not ASCII), so the cut is where it first appears.
+  std::optional<size_t> at;
+  for (size_t i = text.size() / 2; i < text.size() && !at; ++i) {
+    if (text[i] > 32 && text[i] < 127 && text.find(text[i]) == i) at = i;
+  }
+  ASSERT_TRUE(at.has_value()) << "no ASCII character to stop on in the text: " << text;
+  std::string cut;
+  ASSERT_EQ(run({"--max-tokens", "40", "--stop", std::string(1, text[*at])}, &cut, &err), 0) << err;
+  EXPECT_EQ(cut, text.substr(0, *at) + "\n") << "stop \"" << text[*at] << "\"";
+  EXPECT_NE(err.find("(stop)"), std::string::npos) << err;
+  EXPECT_EQ(run({"--max-tokens", "0"}, &text, &err), 2);
+  EXPECT_NE(err.find("max_tokens: "), std::string::npos) << err;
+  EXPECT_EQ(run({"--stop", ""}, &text, &err), 2);
+  EXPECT_NE(err.find("stop: "), std::string::npos) << err;
+  EXPECT_EQ(run({"--top-p", "2"}, &text, &err), 2);
+  EXPECT_NE(err.find("top_p: "), std::string::npos) << err;
 }
 
 TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {

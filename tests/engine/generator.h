@@ -1,7 +1,7 @@
 // Runs a fixed set of requests to completion over the paged KV cache (static batching):
 // one prefill step for all prompts (split into chunks under a token budget), then decode steps
-// over every unfinished sequence together. The continuous-batching engine replaces this for
-// serving; it stays as the simple, sequential oracle and the engine of `moeserve generate`.
+// over every unfinished sequence together. The continuous-batching engine serves (and runs
+// `moeserve generate`); this stays in tests/ as the simple, sequential oracle it is compared to.
 #pragma once
 
 #include <functional>

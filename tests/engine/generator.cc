@@ -1,5 +1,5 @@
 // Static-batch generation.
-#include "engine/generator.h"
+#include "tests/engine/generator.h"
 
 #include <algorithm>
 #include <array>
