@@ -176,16 +176,22 @@ FitResult FitEfficiency(const std::vector<Observation>& obs) {
   if (obs.empty()) return {};
   double min_obs = obs[0].observed_seconds;
   for (const Observation& o : obs) min_obs = std::min(min_obs, o.observed_seconds);
-  // A few starts (ideal overlap, none, in between), each restarted once from its result.
+  // Starts over a coarse grid (compute and memory efficiency low or high; ideal overlap, none,
+  // in between), each restarted once from its result: from one start the fit can settle where
+  // a wrong memory efficiency and the fixed overhead make up for each other.
   Vec best_x{};
   double best_loss = 1e300;
-  for (double overlap_logit : {3.0, 0.0, -3.0}) {
-    Vec x = {Logit(0.7), Logit(0.5), Logit(0.5), overlap_logit, -3.0};
-    x = Minimize(obs, min_obs, Minimize(obs, min_obs, x));
-    const double l = Loss(obs, Decode(x, min_obs));
-    if (l < best_loss) {
-      best_loss = l;
-      best_x = x;
+  for (double compute : {0.3, 0.7}) {
+    for (double memory : {0.3, 0.6, 0.9}) {
+      for (double overlap_logit : {3.0, 0.0, -3.0}) {
+        Vec x = {Logit(compute), Logit(0.5), Logit(memory), overlap_logit, -3.0};
+        x = Minimize(obs, min_obs, Minimize(obs, min_obs, x));
+        const double l = Loss(obs, Decode(x, min_obs));
+        if (l < best_loss) {
+          best_loss = l;
+          best_x = x;
+        }
+      }
     }
   }
   FitResult r = Evaluate(obs, Decode(best_x, min_obs));

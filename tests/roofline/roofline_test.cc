@@ -340,7 +340,8 @@ TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
   hw.peak_flops_bf16 = 80e9;
   hw.mem_bandwidth = 25e9;
   hw.mem_capacity = 16e9;
-  std::mt19937_64 gen(std::random_device{}());
+  const uint64_t seed = std::getenv("FIT_SEED") ? std::strtoull(std::getenv("FIT_SEED"), nullptr, 10) : std::random_device{}();
+  std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> u(0.2, 0.95);
   Efficiency truth;
   truth.compute = u(gen);
@@ -361,7 +362,11 @@ TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
   // The fit predicts the noiseless truth closely wherever it was observed.
   for (const Observation& o : obs) {
     const double want = PredictWithEfficiency(o.cost, truth);
-    EXPECT_NEAR(PredictWithEfficiency(o.cost, fit.efficiency) / want, 1.0, 0.05);
+    EXPECT_NEAR(PredictWithEfficiency(o.cost, fit.efficiency) / want, 1.0, 0.05)
+        << "seed " << seed << " truth compute " << truth.compute << " attention " << truth.attention << " memory "
+        << truth.memory << " overlap " << truth.overlap << "; fit " << fit.efficiency.compute << " "
+        << fit.efficiency.attention << " " << fit.efficiency.memory << " " << fit.efficiency.overlap << " "
+        << fit.efficiency.overhead_seconds;
   }
   // PredictStep with the efficiency applies the same formula.
   const StepCost direct = PredictStep(m, StepShape::Decode(8, 1024), hw, {}, truth);
