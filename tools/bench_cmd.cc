@@ -20,6 +20,7 @@
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
+#include "tools/launch.h"
 #include "tools/mpi_job.h"
 
 namespace moeserve::tools {
@@ -105,16 +106,14 @@ int RunTiers(BenchOptions o) {
   if (!ecfg.ok()) return Fail(ecfg.status());
   std::optional<roofline::HardwareProfile> hw;
   if (!o.engine.hardware.empty()) hw = *ecfg->hardware;
-  auto backend_or = MakeBackend(o.engine);
-  if (!backend_or.ok()) return Fail(backend_or.status());
-  Backend& backend = **backend_or;
-  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
-  auto weights = LoadModel(o.model, &backend);
-  if (!weights.ok()) return Fail(weights.status());
+  auto loaded = LoadRank(o.engine, o.model, *ecfg, nullptr, "");
+  if (!loaded.ok()) return Fail(loaded.status());
+  Backend& backend = *loaded->backend;
+  const std::unique_ptr<ModelWeights>& weights = loaded->weights;
   TierScenarioOptions to;
   to.prompt_tokens = o.tier_prompt;
   to.flash_dir = o.engine.flash_kv_dir;
-  auto j = RunTierScenario(*ecfg, weights->get(), &backend, to, hw);
+  auto j = RunTierScenario(*ecfg, weights.get(), &backend, to, hw);
   if (!j.ok()) return Fail(j.status());
   (*j)["model"] = DescribeModelSpec(o.model);
   (*j)["backend"] = backend.Name();
@@ -146,7 +145,6 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
-  if (job != nullptr) job->Configure(o.engine, &*ecfg);
   ecfg->step_history = 1 << 22;
   WorkloadSpec w;
   w.num_requests = o.num_requests;
@@ -164,25 +162,13 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   w.seed = o.seed;
   ecfg->limits.max_tokens = std::max<int64_t>(ecfg->limits.max_tokens, ol->Max());
 
-  auto backend_or = MakeBackend(o.engine);
-  if (!backend_or.ok()) return Fail(backend_or.status());
-  Backend& backend = **backend_or;
-  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
-  auto weights = LoadModel(o.model, &backend, job != nullptr ? job->Shard(*ecfg, o.model) : WeightShard());
-  if (!weights.ok()) return Fail(weights.status());
-  if (job != nullptr) {
-    if (absl::Status s = job->ShareDigests(weights->get()); !s.ok()) return Fail(s);
-  }
-  auto engine = Engine::Create(*ecfg, weights->get(), &backend);
-  if (!engine.ok()) return Fail(engine.status());
-  if (job != nullptr) {
-    Engine* e = engine->get();
-    job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
-  }
-  // Declared after the engine, so destroyed before it: the monitor must not reach a freed engine.
-  const MonitorStop monitor_stop{job};
-  ReleaseStagingCopy(*ecfg, weights->get(), "");
-  const ModelConfig& c = (*weights)->config();
+  auto launched = LaunchEngine(o.engine, o.model, *std::move(ecfg), job, "");
+  if (!launched.ok()) return Fail(launched.status());
+  Backend& backend = *(*launched)->rank.backend;
+  const ModelWeights* weights = (*launched)->rank.weights.get();
+  Engine* engine = (*launched)->engine.get();
+  const EngineConfig* config = &(*launched)->config;
+  const ModelConfig& c = weights->config();
   w.vocab = 256;
   auto items = MakeWorkload(w);
 
@@ -196,14 +182,14 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   int64_t done = 0, failed_submit = 0;
   double elapsed = 0;  // the run itself: from the start to the last request's end
   Stopwatch wall;
-  (*engine)->Start();
+  engine->Start();
   for (size_t i = 0; i < items.size(); ++i) {
     const double wait = items[i].arrival_seconds - wall.Seconds();
     if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     GenerateRequest r;
     r.prompt = items[i].prompt;
     r.max_tokens = items[i].max_tokens;
-    auto id = (*engine)->Submit(r, [&, i](const RequestEvent& ev) {
+    auto id = engine->Submit(r, [&, i](const RequestEvent& ev) {
       if (!ev.finished) return;
       std::lock_guard<std::mutex> lock(mu);
       results[i].final_event = ev;
@@ -232,9 +218,9 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
     }
   }
   progress.Finish(static_cast<int64_t>(items.size()), "requests");
-  (*engine)->Stop();
-  if (absl::Status failed = (*engine)->failure(); !failed.ok()) return Fail(failed);
-  const EngineStats stats = (*engine)->GetStats();
+  engine->Stop();
+  if (absl::Status failed = engine->failure(); !failed.ok()) return Fail(failed);
+  const EngineStats stats = engine->GetStats();
 
   int64_t prompt_tokens = 0, cached = 0, generated = 0;
   std::vector<double> ttft, tpot, e2e;
@@ -272,12 +258,12 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   j["workload"] = {{"num_requests", o.num_requests}, {"prompt_len", pl->ToString()},
                    {"output_len", ol->ToString()}, {"shared_prefix", o.shared_prefix},
                    {"rate", o.rate}, {"seed", o.seed}};
-  j["engine"] = {{"max_num_seqs", ecfg->scheduler.max_num_seqs},
-                 {"max_tokens_per_step", ecfg->scheduler.max_tokens_per_step},
-                 {"chunked_prefill", ecfg->scheduler.chunked_prefill},
-                 {"prefix_caching", ecfg->scheduler.prefix_caching},
-                 {"block_size", ecfg->block_size},
-                 {"kv_blocks", (*engine)->num_kv_blocks()}};
+  j["engine"] = {{"max_num_seqs", config->scheduler.max_num_seqs},
+                 {"max_tokens_per_step", config->scheduler.max_tokens_per_step},
+                 {"chunked_prefill", config->scheduler.chunked_prefill},
+                 {"prefix_caching", config->scheduler.prefix_caching},
+                 {"block_size", config->block_size},
+                 {"kv_blocks", engine->num_kv_blocks()}};
   j["elapsed_seconds"] = elapsed;
   j["requests_ok"] = static_cast<int64_t>(ttft.size());
   j["requests_refused"] = failed_submit;
@@ -303,8 +289,8 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
       if (r.done) seq_tokens += r.final_event.usage.prompt_tokens + r.final_event.usage.completion_tokens;
     }
     seq_tokens /= std::max<double>(1.0, static_cast<double>(ttft.size()));
-    j["parallel"] = ParallelReport(**engine, (*weights)->dtype(), stats.recent_steps, seq_tokens, elapsed,
-                                   ecfg->hardware);
+    j["parallel"] = ParallelReport(*engine, weights->dtype(), stats.recent_steps, seq_tokens, elapsed,
+                                   config->hardware);
   }
   if (stats.has_tiers) {
     const KvTierStats& t = stats.tiers;

@@ -78,6 +78,10 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
 absl::StatusOr<CpuBackendOptions> MakeBackendOptions(const EngineFlags& flags);
 // A parallel rank's GPU backend on `gpu` (null, with the reason on stderr, when it cannot be made).
 std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes);
+// The one factory of each rank's own device, with --device-mb of capacity. Thread ranks (one
+// process): rank r gets GPU --device + r, or its share of --threads. Process ranks (mpirun):
+// the GPU `process_gpu`, or all of --threads.
+BackendFactory RankBackends(const EngineFlags& flags, bool processes, int process_gpu);
 // The backend --backend names: the CPU (with MakeBackendOptions) or a GPU (--device).
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& flags);
 

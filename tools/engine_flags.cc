@@ -183,26 +183,13 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--expert-placement must be contiguous or round-robin, got '", f.expert_placement, "'"));
   }
-  if (c.parallel.enabled() && f.backend == "cuda") {
-#if MOESERVE_HAVE_CUDA
-    // Each rank: a GPU of its own (rank r on GPU --device + r); the ranks exchange hidden states
-    // over NCCL, device to device.
-    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
-    const int first = f.device;
-    for (int64_t r = 0; r < f.ranks(); ++r) c.parallel.nccl_devices.push_back(static_cast<int>(first + r));
-    c.rank_backends = [device_bytes, first](int rank, int) { return MakeCudaRankBackend(rank, first + rank, device_bytes); };
-#endif
-  } else if (c.parallel.enabled()) {
-    // Each rank: a CPU backend of its own with its share of the threads.
-    ASSIGN_OR_RETURN(const CpuBackendOptions base, MakeBackendOptions(f));
-    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
-    c.rank_backends = [base, device_bytes](int, int ranks) -> std::unique_ptr<Backend> {
-      CpuBackendOptions o = base;
-      o.capacity_bytes = device_bytes;
-      const int threads = o.num_threads > 0 ? o.num_threads : static_cast<int>(std::thread::hardware_concurrency());
-      o.num_threads = std::max(1, threads / ranks);
-      return std::make_unique<CpuBackend>(o);
-    };
+  if (c.parallel.enabled()) {
+    RETURN_IF_ERROR(MakeBackendOptions(f).status());  // the ranks' CPU options, checked now
+    if (f.backend == "cuda") {
+      // Rank r on GPU --device + r; the ranks exchange hidden states over NCCL, device to device.
+      for (int64_t r = 0; r < f.ranks(); ++r) c.parallel.nccl_devices.push_back(static_cast<int>(f.device + r));
+    }
+    c.rank_backends = RankBackends(f, /*processes=*/false, f.device);
   }
   absl::Status s = c.Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("engine flags: ", s.message()));
@@ -236,6 +223,30 @@ void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const
                "%sfreed the %.1f MiB staging copy of the weights; each rank holds its shard (resident "
                "memory %.0f -> %.0f MiB)\n",
                log_prefix, staged_mb, rss_before, ResidentMiB());
+}
+
+BackendFactory RankBackends(const EngineFlags& f, bool processes, int process_gpu) {
+  const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
+  if (f.backend == "cuda") {
+    const int first = f.device;
+    return [=](int rank, int) { return MakeCudaRankBackend(rank, processes ? process_gpu : first + rank, device_bytes); };
+  }
+  // Checked by the caller already; a failure here still ends the rank's start with the reason,
+  // as a null backend does.
+  const absl::StatusOr<CpuBackendOptions> base = MakeBackendOptions(f);
+  return [base, device_bytes, processes](int rank, int ranks) -> std::unique_ptr<Backend> {
+    if (!base.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(base.status().message()).c_str());
+      return nullptr;
+    }
+    CpuBackendOptions o = *base;
+    o.capacity_bytes = device_bytes;
+    if (!processes) {  // thread ranks share the process's threads
+      const int threads = o.num_threads > 0 ? o.num_threads : static_cast<int>(std::thread::hardware_concurrency());
+      o.num_threads = std::max(1, threads / ranks);
+    }
+    return std::make_unique<CpuBackend>(o);
+  };
 }
 
 std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes) {

@@ -7,12 +7,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/clock.h"
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "server/request_stream.h"
 #include "tools/commands.h"
+#include "tools/launch.h"
 
 namespace moeserve::tools {
 namespace {
@@ -69,33 +69,26 @@ int RunGenerate(GenerateOptions o) {
   if (!ecfg.ok()) return Fail(ecfg.status());
   const server::TextOptions text_options{o.stop, o.include_stop_str};
   if (absl::Status s = server::ValidateTextOptions(text_options); !s.ok()) return Fail(s);
-  auto backend = MakeBackend(o.engine);
-  if (!backend.ok()) return Fail(backend.status());
-  Stopwatch load_sw;
-  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), (*backend)->Name().c_str());
-  auto weights = LoadModel(o.model, backend->get());
-  if (!weights.ok()) return Fail(weights.status());
-  const ModelConfig& c = (*weights)->config();
-  std::fprintf(stderr, "loaded in %.2f s: %.1fM parameters (%.1fM active), %s weights, %.0f MiB\n",
-               load_sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
-               std::string(DTypeShortName((*weights)->dtype())).c_str(), (*weights)->total_bytes() / 1048576.0);
-  auto text = LoadModelTokenizer(o.model, c.vocab_size);
+  // One request may ask for the whole context (the servers bound it with --max-tokens-limit).
+  const FitToModel fit = [](const ModelConfig& c, EngineConfig* e) {
+    e->limits.max_tokens = std::max<int64_t>(e->limits.max_tokens, c.max_position_embeddings);
+    return absl::OkStatus();
+  };
+  auto launched = LaunchEngine(o.engine, o.model, *std::move(ecfg), /*job=*/nullptr, "", fit);
+  if (!launched.ok()) return Fail(launched.status());
+  Engine* engine = (*launched)->engine.get();
+  auto text = LoadModelTokenizer(o.model, engine->model_config().vocab_size);
   if (!text.ok()) return Fail(text.status());
   auto request = MakeRequest(o, *text);
   if (!request.ok()) return Fail(request.status());
-  // One request may ask for the whole context (the servers bound it with --max-tokens-limit).
-  ecfg->limits.max_tokens = std::max<int64_t>(ecfg->limits.max_tokens, c.max_position_embeddings);
-  auto engine = Engine::Create(*ecfg, weights->get(), backend->get());
-  if (!engine.ok()) return Fail(engine.status());
-  ReleaseStagingCopy(*ecfg, weights->get(), "");
 
   server::RequestStream stream(text->tokenizer.get(), request->prompt, text_options, *request);
   bool first = true;
   std::optional<uint64_t> id;
-  auto submitted = (*engine)->Submit(*request, [&](const RequestEvent& ev) {
+  auto submitted = engine->Submit(*request, [&](const RequestEvent& ev) {
     server::CompletionText piece;
     stream.Take(ev, &piece);
-    if (id && stream.StopNow()) (*engine)->Cancel(*id);  // a stop string: the rest is not wanted
+    if (id && stream.StopNow()) engine->Cancel(*id);  // a stop string: the rest is not wanted
     if (o.ids) {
       for (int32_t t : piece.token_ids) std::printf("%s%d", std::exchange(first, false) ? "" : ",", t);
     } else {
@@ -105,7 +98,7 @@ int RunGenerate(GenerateOptions o) {
   });
   if (!submitted.ok()) return Fail(submitted.status());
   id = *submitted;
-  if (absl::Status s = (*engine)->RunUntilIdle(); !s.ok()) return Fail(s);
+  if (absl::Status s = engine->RunUntilIdle(); !s.ok()) return Fail(s);
   if (!o.ids) std::fputs(stream.FinishText().c_str(), stdout);
   std::printf("\n");
   std::fflush(stdout);

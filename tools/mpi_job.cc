@@ -1,6 +1,8 @@
 // MpiJob over Open MPI (parallel/mpi_world.h), when moeserve is built with MPI.
 #include "tools/mpi_job.h"
 
+#include "tools/launch.h"
+
 #include <signal.h>
 
 #include <chrono>
@@ -40,34 +42,13 @@ class OpenMpiJob final : public MpiJob {
 
   void Configure(const EngineFlags& f, EngineConfig* c) override {
     c->parallel.processes = world_.get();
-    const size_t device_bytes = static_cast<size_t>(f.device_mb * 1048576.0);
-#if MOESERVE_HAVE_CUDA
-    if (f.backend == "cuda") {
-      // One GPU per process: --device plus the rank's index among the ranks of its host; the
-      // ranks talk over NCCL, bootstrapped over MPI (MpiWorld::SplitNccl).
-      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-      const int gpu = f.device + (local != nullptr ? std::atoi(local) : 0);
-      c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), gpu);
-      c->rank_backends = [gpu, device_bytes](int rank, int) {
-        return MakeCudaRankBackend(rank, gpu, device_bytes);
-      };
-      return;
-    }
-#endif
-    // Every process is one rank with a device of its own: the CPU backend gets all of
-    // --threads (the ranks may be on different machines; on one, mpirun's binding decides).
-    // The flags were checked when this process made its staging backend (MakeBackend); a
-    // failure here still ends the rank's start with the reason, as a null backend does.
-    const absl::StatusOr<CpuBackendOptions> base = MakeBackendOptions(f);
-    c->rank_backends = [base, device_bytes](int, int) -> std::unique_ptr<Backend> {
-      if (!base.ok()) {
-        std::fprintf(stderr, "moeserve: %s\n", std::string(base.status().message()).c_str());
-        return nullptr;
-      }
-      CpuBackendOptions o = *base;
-      o.capacity_bytes = device_bytes;
-      return std::make_unique<CpuBackend>(o);
-    };
+    // One device per process. A GPU: --device plus the rank's index among the ranks of its
+    // host, the ranks talking over NCCL bootstrapped over MPI (MpiWorld::SplitNccl). A CPU:
+    // all of --threads (the ranks may be on different machines; on one, mpirun's binding decides).
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const int gpu = f.device + (local != nullptr ? std::atoi(local) : 0);
+    if (f.backend == "cuda") c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), gpu);
+    c->rank_backends = RankBackends(f, /*processes=*/true, gpu);
   }
 
   void StartMonitor(std::function<void(const std::string&)> on_lost) override {
@@ -90,22 +71,17 @@ class OpenMpiJob final : public MpiJob {
     auto config = MakeEngineConfig(f);
     if (!config.ok()) fail(config.status());
     Configure(f, &*config);
-    auto backend = MakeBackend(f);
-    if (!backend.ok()) fail(backend.status());
     Stopwatch sw;
     // Only this rank's layers and experts are read from the checkpoint.
-    auto model = LoadModelConfig(spec);
-    if (!model.ok()) fail(model.status());
-    auto weights =
-        LoadModel(spec, backend->get(), RankWeightShard(config->parallel, *model, world_->rank()));
-    if (!weights.ok()) fail(weights.status());
-    if (absl::Status s = ShareDigests(weights->get()); !s.ok()) fail(s);
-    auto kv = Engine::CacheLayout(*config, (*weights)->config());
+    auto loaded = LoadRank(f, spec, *config, this, who);
+    if (!loaded.ok()) fail(loaded.status());
+    ModelWeights* weights = loaded->weights.get();
+    auto kv = Engine::CacheLayout(*config, weights->config());
     if (!kv.ok()) fail(kv.status());
-    auto executor = ParallelExecutor::Create(config->parallel, weights->get(), backend->get(), *kv,
+    auto executor = ParallelExecutor::Create(config->parallel, weights, loaded->backend.get(), *kv,
                                              config->rank_backends);
     if (!executor.ok()) fail(executor.status());
-    ReleaseStagingCopy(*config, weights->get(), who.c_str());
+    ReleaseStagingCopy(*config, weights, who.c_str());
     std::fprintf(stderr, "%sready in %.2f s: %s\n", who.c_str(), sw.Seconds(),
                  (*executor)->layout()[static_cast<size_t>(world_->rank())].experts.empty()
                      ? "no experts"
@@ -126,11 +102,6 @@ class OpenMpiJob final : public MpiJob {
 
   absl::Status ShareDigests(ModelWeights* weights) override {
     return ShareWeightDigests(world_.get(), weights);
-  }
-
-  WeightShard Shard(const EngineConfig& config, const ModelSpec& spec) const override {
-    auto model = LoadModelConfig(spec);  // checked by Join already
-    return model.ok() ? RankWeightShard(config.parallel, *model, world_->rank()) : WeightShard();
   }
 
   void StopMonitor() override {

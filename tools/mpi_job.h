@@ -36,8 +36,6 @@ class MpiJob {
   virtual void ShutdownRequested() = 0;
   // Collective, after every rank loaded its shard: the weights' digest becomes the whole model's.
   virtual absl::Status ShareDigests(ModelWeights* weights) = 0;
-  // The part of the model this rank reads from the checkpoint.
-  virtual WeightShard Shard(const EngineConfig& config, const ModelSpec& spec) const = 0;
   // A worker rank: loads its shard of the model, serves steps; returns the exit code.
   virtual int RunWorker(const EngineFlags& flags, const ModelSpec& spec) = 0;
   // Ends the whole job (MPI_Abort, so mpirun stops every rank and exits non-zero).

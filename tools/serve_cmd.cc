@@ -11,6 +11,7 @@
 #include "server/server_main.h"
 #include "models/generation_defaults.h"
 #include "tools/commands.h"
+#include "tools/launch.h"
 #include "tools/mpi_job.h"
 #include "tools/serve_help.h"
 #include "tools/vllm_flags.h"
@@ -99,31 +100,31 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   // The transport's own limit, far enough above ours that an oversized call reaches the service
   // and is refused alone (server_main.h), and bounded so that headers cannot take much memory.
   o.server.transport_metadata_bytes = static_cast<int>(8 * o.max_metadata_bytes);
-  auto ecfg = MakeEngineConfig(o.engine);
-  if (!ecfg.ok()) return Fail(ecfg.status());
-  if (job != nullptr) job->Configure(o.engine, &*ecfg);
+  auto base = MakeEngineConfig(o.engine);
+  if (!base.ok()) return Fail(base.status());
   // (max_tokens' default bound is the context, known once the model is: a placeholder to check
   // the other limits now.)
-  ecfg->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : std::numeric_limits<int32_t>::max();
-  if (absl::Status s = ecfg->limits.Validate(); !s.ok()) return Fail(s);
-  auto backend_or = MakeBackend(o.engine);
-  if (!backend_or.ok()) return Fail(backend_or.status());
-  Backend& backend = **backend_or;
+  base->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : std::numeric_limits<int32_t>::max();
+  if (absl::Status s = base->limits.Validate(); !s.ok()) return Fail(s);
+  const FitToModel fit = [&o](const ModelConfig& c, EngineConfig* e) -> absl::Status {
+    if (e->limits.max_model_len > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", e->limits.max_model_len,
+                                                     " exceeds the model's context of ", c.max_position_embeddings));
+    }
+    RETURN_IF_ERROR(FitModelLenToKvCache(c, e));
+    // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
+    if (o.max_tokens_limit == 0) e->limits.max_tokens = e->limits.Context(c);
+    return absl::OkStatus();
+  };
   Stopwatch sw;
-  std::fprintf(stderr, "moeserve: loading %s on %s ...\n", DescribeModelSpec(o.model).c_str(), backend.Name().c_str());
-  auto weights = LoadModel(o.model, &backend, job != nullptr ? job->Shard(*ecfg, o.model) : WeightShard());
-  if (!weights.ok()) return Fail(weights.status());
-  if (job != nullptr) {
-    if (absl::Status s = job->ShareDigests(weights->get()); !s.ok()) return Fail(s);
-  }
-  if (const int64_t context = (*weights)->config().max_position_embeddings; ecfg->limits.max_model_len > context) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--max-model-len ", ecfg->limits.max_model_len,
-                                                        " exceeds the model's context of ", context)));
-  }
-  if (absl::Status s = FitModelLenToKvCache((*weights)->config(), &*ecfg); !s.ok()) return Fail(s);
-  // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
-  if (o.max_tokens_limit == 0) ecfg->limits.max_tokens = ecfg->limits.Context((*weights)->config());
-  auto text = LoadModelTokenizer(o.model, (*weights)->config().vocab_size);
+  auto launched = LaunchEngine(o.engine, o.model, *std::move(base), job, "moeserve: ", fit);
+  if (!launched.ok()) return Fail(launched.status());
+  Backend& backend = *(*launched)->rank.backend;
+  const ModelWeights* weights = (*launched)->rank.weights.get();
+  Engine* engine = (*launched)->engine.get();
+  const EngineConfig* ecfg = &(*launched)->config;
+  const ModelConfig& c = weights->config();
+  auto text = LoadModelTokenizer(o.model, c.vocab_size);
   if (!text.ok()) return Fail(text.status());
   if (!o.chat_template.empty()) {  // as vLLM's --chat-template: a file that replaces the checkpoint's
     auto source = ReadFileToString(o.chat_template);
@@ -133,24 +134,11 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     }
   }
   std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
-  auto engine = Engine::Create(*ecfg, weights->get(), &backend);
-  if (!engine.ok()) return Fail(engine.status());
-  if (job != nullptr) {
-    // A lost rank fails the engine: its requests end with UNAVAILABLE naming the rank, health
-    // turns NOT_SERVING, the server stops and the job exits non-zero.
-    Engine* e = engine->get();
-    job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
-  }
-  // Declared after the engine, so destroyed before it: the monitor must not reach a freed engine.
-  const MonitorStop monitor_stop{job};
-  ReleaseStagingCopy(*ecfg, weights->get(), "moeserve: ");
-  const ModelConfig& c = (*weights)->config();
-  std::fprintf(stderr, "moeserve: loaded in %.2f s: %.1fM parameters (%.1fM active), KV cache %lld blocks of %lld tokens\n",
-               sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
-               static_cast<long long>((*engine)->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
+  std::fprintf(stderr, "moeserve: ready in %.2f s: KV cache %lld blocks of %lld tokens\n", sw.Seconds(),
+               static_cast<long long>(engine->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
 
   if (!ecfg->kv_tiers.flash_dir.empty()) {
-    const FlashStoreStats f = (*engine)->GetStats().tiers.flash;
+    const FlashStoreStats f = engine->GetStats().tiers.flash;
     std::fprintf(stderr,
                  "moeserve: flash tier %s: %lld records (%.1f MiB) of this model; left in place: %lld records of "
                  "other models or formats, %lld other entries%s; dropped %lld damaged\n",
@@ -184,12 +172,12 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   auto& mi = so.model_info;
   mi.set_model(DescribeModelSpec(o.model));
   mi.set_config_json(c.ToJson());
-  mi.set_dtype(std::string(DTypeShortName((*weights)->dtype())));
+  mi.set_dtype(std::string(DTypeShortName(weights->dtype())));
   mi.set_total_params(c.TotalParams());
   mi.set_active_params(c.ActiveParams());
   mi.set_backend(backend.Name());
-  mi.set_parallel_layout((*engine)->parallel() != nullptr
-                             ? absl::StrCat((*engine)->parallel()->config().Name(), "\n", (*engine)->parallel()->Describe())
+  mi.set_parallel_layout(engine->parallel() != nullptr
+                             ? absl::StrCat(engine->parallel()->config().Name(), "\n", engine->parallel()->Describe())
                              : "1 rank: ep1 pp1, all layers and experts on rank 0");
   mi.set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
   mi.set_num_experts(static_cast<int32_t>(c.num_local_experts));
@@ -197,10 +185,10 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
   mi.set_vocab_size(static_cast<int32_t>(c.vocab_size));
   mi.set_max_context(static_cast<int32_t>(c.max_position_embeddings));
   auto* kv = mi.mutable_kv_capacity();
-  kv->set_blocks((*engine)->num_kv_blocks());
+  kv->set_blocks(engine->num_kv_blocks());
   kv->set_block_size(ecfg->block_size);
-  kv->set_tokens((*engine)->num_kv_blocks() * ecfg->block_size);
-  kv->set_bytes(static_cast<int64_t>((*engine)->num_kv_blocks() *
+  kv->set_tokens(engine->num_kv_blocks() * ecfg->block_size);
+  kv->set_bytes(static_cast<int64_t>(engine->num_kv_blocks() *
                                      KvLayoutFor(c, 1, ecfg->block_size, ecfg->kv_dtype).BlockBytes()));
   kv->set_dtype(std::string(DTypeShortName(ecfg->kv_dtype)));
   kv->set_ddr_bytes(static_cast<int64_t>(ecfg->kv_tiers.host_bytes));
@@ -210,12 +198,12 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     kv->set_flash_bytes(static_cast<int64_t>(ecfg->kv_tiers.flash_bytes));
   }
 
-  (*engine)->Start();
+  engine->Start();
   std::unique_ptr<server::MetricsExporter> metrics;  // scraped until the server returns
   if (!o.metrics_listen.empty()) {
-    auto m = server::MetricsExporter::Start(o.metrics_listen, engine->get());
+    auto m = server::MetricsExporter::Start(o.metrics_listen, engine);
     if (!m.ok()) {
-      (*engine)->Stop();
+      engine->Stop();
       return Fail(m.status());
     }
     metrics = std::move(*m);
@@ -225,9 +213,9 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     o.server.extra_port = metrics->port();
   }
   if (job != nullptr) o.server.on_shutdown_signal = [job] { job->ShutdownRequested(); };
-  absl::Status s = server::RunServer(o.server, so, engine->get());
+  absl::Status s = server::RunServer(o.server, so, engine);
   if (!s.ok()) {
-    (*engine)->Stop();
+    engine->Stop();
     return Fail(s);
   }
   return 0;

@@ -1,0 +1,51 @@
+// The one bring-up (see launch.h).
+#include "tools/launch.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace moeserve::tools {
+
+absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& spec, const EngineConfig& config,
+                                    MpiJob* job, const std::string& log_prefix) {
+  LoadedRank out;
+  ASSIGN_OR_RETURN(out.backend, MakeBackend(flags));
+  Stopwatch sw;
+  std::fprintf(stderr, "%sloading %s on %s ...\n", log_prefix.c_str(), DescribeModelSpec(spec).c_str(),
+               out.backend->Name().c_str());
+  WeightShard shard;  // without a job: everything
+  if (job != nullptr) {
+    ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(spec));
+    shard = RankWeightShard(config.parallel, model, job->rank());
+  }
+  ASSIGN_OR_RETURN(out.weights, LoadModel(spec, out.backend.get(), shard));
+  if (job != nullptr) RETURN_IF_ERROR(job->ShareDigests(out.weights.get()));
+  const ModelConfig& c = out.weights->config();
+  std::fprintf(stderr, "%sloaded in %.2f s: %.1fM parameters (%.1fM active), %s weights, %.0f MiB\n",
+               log_prefix.c_str(), sw.Seconds(), c.TotalParams() / 1e6, c.ActiveParams() / 1e6,
+               std::string(DTypeShortName(out.weights->dtype())).c_str(), out.weights->total_bytes() / 1048576.0);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags, const ModelSpec& spec,
+                                                       EngineConfig config, MpiJob* job,
+                                                       const std::string& log_prefix, const FitToModel& fit) {
+  auto out = std::make_unique<Launched>();
+  if (job != nullptr) job->Configure(flags, &config);
+  ASSIGN_OR_RETURN(out->rank, LoadRank(flags, spec, config, job, log_prefix));
+  if (fit) RETURN_IF_ERROR(fit(out->rank.weights->config(), &config));
+  out->config = config;
+  ASSIGN_OR_RETURN(out->engine, Engine::Create(out->config, out->rank.weights.get(), out->rank.backend.get()));
+  if (job != nullptr) {
+    Engine* e = out->engine.get();
+    job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
+    out->monitor_stop.job = job;
+  }
+  ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str());
+  return out;
+}
+
+}  // namespace moeserve::tools
