@@ -18,8 +18,8 @@
 
 #include "core/histogram.h"
 #include "engine/live_request.h"
-#include "engine/model_runner.h"
-#include "engine/parallel_executor.h"
+#include "runner/model_runner.h"
+#include "runner/parallel_executor.h"
 #include "engine/request.h"
 #include "engine/request_validation.h"
 #include "engine/scheduler.h"

@@ -1,10 +1,11 @@
-// One parallel step: plan the ranks' sub-steps, run them (threads of this process, or the
-// processes of an MPI job), gather the outputs and the statistics.
+// One parallel step: plan the ranks' sub-steps, run them (every worker rank through the same
+// loop, fed by its step channel: threads of this process, or the processes of an MPI job),
+// gather the outputs and the statistics.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "engine/parallel_executor.h"
+#include "runner/parallel_executor.h"
 
 namespace moeserve {
 namespace {
@@ -157,65 +158,72 @@ absl::Status ParallelExecutor::RunRank(size_t i, const std::vector<SubStep>& sub
   return absl::OkStatus();
 }
 
-absl::Status ParallelExecutor::RunLocalRanks(const std::vector<std::vector<SubStep>>& subs,
-                                             std::vector<RankStepResult>* results) {
-  std::vector<absl::Status> status(ranks_.size());
-  // A rank that fails aborts its groups, so that its peers return instead of waiting for it;
-  // their failures abort their other groups in turn, and every rank comes back.
-  workers_->Run([&](int r) {  // a barrier, not new threads
-    const size_t i = static_cast<size_t>(r);
-    status[i] = RunRank(i, subs[static_cast<size_t>(ranks_[i].layout.ep_rank)], &(*results)[i]);
-    if (!status[i].ok()) {
-      ranks_[i].ep->Abort();
-      ranks_[i].pp->Abort();
-    }
-  });
-  for (size_t r = 0; r < ranks_.size(); ++r) {
+absl::Status ParallelExecutor::RunPart(size_t i, const std::vector<SubStep>& subs, RankStepResult* out) {
+  const size_t micro = static_cast<size_t>(MicroBatches(config_));
+  absl::Status s = subs.size() == micro ? RunRank(i, subs, out)
+                                        : absl::InvalidArgumentError(absl::StrCat(
+                                              "step of ", subs.size(), " micro-batches, expected ", micro));
+  // Where a failed step can be retried, the rank aborts its groups, so that its peers return
+  // instead of waiting for it; their failures abort their other groups in turn.
+  if (!s.ok() && !channel_->failures_are_fatal()) {
+    ranks_[i].ep->Abort();
+    ranks_[i].pp->Abort();
+  }
+  return s;
+}
+
+absl::Status ParallelExecutor::WorkerLoop(int rank, size_t local) {
+  while (true) {
+    ASSIGN_OR_RETURN(const std::vector<SubStep>* subs, channel_->Next(rank));
+    if (subs == nullptr) return absl::OkStatus();  // shut down
+    RankStepResult result;
+    const absl::Status s = RunPart(local, *subs, &result);
+    RETURN_IF_ERROR(channel_->Reply(rank, s, std::move(result)));
+    if (!s.ok() && channel_->failures_are_fatal()) return s;
+  }
+}
+
+absl::Status ParallelExecutor::LoseStep(const absl::Status& s) {
+  channel_->EndStep();  // the step is over: the step timeout no longer applies
+  lost_ = true;
+  return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
+}
+
+absl::Status ParallelExecutor::RunRanks(const std::vector<std::vector<SubStep>>& subs,
+                                        std::vector<RankStepResult>* results) {
+  const bool fatal = channel_->failures_are_fatal();
+  const int n = static_cast<int>(layout_.size());
+  auto subs_of = [&](int r) -> const std::vector<SubStep>& {
+    return subs[static_cast<size_t>(layout_[static_cast<size_t>(r)].ep_rank)];
+  };
+  channel_->BeginStep();
+  for (int r = 1; r < n; ++r) {
+    if (absl::Status s = channel_->Send(r, subs_of(r)); !s.ok()) return LoseStep(s);
+  }
+  std::vector<absl::Status> status(static_cast<size_t>(n));
+  status[0] = RunPart(0, subs_of(0), &(*results)[0]);  // rank 0's worker, called inline
+  if (!status[0].ok() && fatal) {
+    return LoseStep(absl::Status(status[0].code(), absl::StrCat(channel_->DescribeRank(0), ": ", status[0].message())));
+  }
+  for (int r = 1; r < n; ++r) {
+    status[static_cast<size_t>(r)] = channel_->Receive(r, &(*results)[static_cast<size_t>(r)]);
+    if (!status[static_cast<size_t>(r)].ok() && fatal) return LoseStep(status[static_cast<size_t>(r)]);
+  }
+  channel_->EndStep();
+  for (size_t r = 0; r < status.size(); ++r) {
     if (status[r].ok()) continue;
     // Every rank has returned: clear the groups (flags, barriers, stale hand-offs) for the next
     // step, and report the first failure that was not a consequence of another.
     for (auto& g : ep_comms_) RETURN_IF_ERROR(g->Reset());
     for (auto& g : pp_comms_) RETURN_IF_ERROR(g->Reset());
-    for (size_t q = 0; q < ranks_.size(); ++q) {
+    for (size_t q = 0; q < status.size(); ++q) {
       if (!status[q].ok() && status[q].code() != absl::StatusCode::kAborted) {
-        return absl::Status(status[q].code(), absl::StrCat("rank ", q, ": ", status[q].message()));
+        return absl::Status(status[q].code(), absl::StrCat(channel_->DescribeRank(static_cast<int>(q)), ": ",
+                                                           status[q].message()));
       }
     }
     return status[r];
   }
-  return absl::OkStatus();
-}
-
-absl::Status ParallelExecutor::RunProcessRanks(const std::vector<std::vector<SubStep>>& subs,
-                                               std::vector<RankStepResult>* results) {
-  ProcessRanks* world = config_.processes;
-  // Among processes a failed step cannot be retried (a peer may be gone, or stuck in a
-  // collective): the step's error marks the executor lost and the job must end.
-  auto lose = [this, world](const absl::Status& s) {
-    world->StepEnds();  // the step is over: the step timeout no longer applies
-    lost_ = true;
-    return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
-  };
-  world->StepBegins();
-  for (int r = 1; r < world->size(); ++r) {
-    const std::string step =
-        EncodeRankStep(subs[static_cast<size_t>(layout_[static_cast<size_t>(r)].ep_rank)]);
-    if (absl::Status s = world->SendMessage(r, step); !s.ok()) return lose(s);
-  }
-  if (absl::Status s =
-          RunRank(0, subs[static_cast<size_t>(ranks_[0].layout.ep_rank)], &(*results)[0]);
-      !s.ok()) {
-    return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(0), ": ", s.message())));
-  }
-  for (int r = 1; r < world->size(); ++r) {
-    world->WaitingFor(r);
-    absl::StatusOr<std::string> reply = world->ReceiveMessage(r);
-    if (!reply.ok()) return lose(reply.status());
-    if (absl::Status s = DecodeRankResult(*reply, &(*results)[static_cast<size_t>(r)]); !s.ok()) {
-      return lose(absl::Status(s.code(), absl::StrCat(world->DescribeRank(r), ": ", s.message())));
-    }
-  }
-  world->StepEnds();
   return absl::OkStatus();
 }
 
@@ -237,8 +245,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
   }
   // One result per rank of the layout (process ranks: the workers' come back as messages).
   std::vector<RankStepResult> results(layout_.size());
-  RETURN_IF_ERROR(config_.processes != nullptr ? RunProcessRanks(subs, &results)
-                                               : RunLocalRanks(subs, &results));
+  RETURN_IF_ERROR(RunRanks(subs, &results));
 
   // The last stage's logit rows and tokens, into the step's order.
   if (in.logits_to_host) {
@@ -317,34 +324,13 @@ absl::Status ParallelExecutor::ServeSteps() {
   if (world == nullptr || world->rank() == 0) {
     return absl::FailedPreconditionError("ServeSteps runs on the worker processes of an MPI job");
   }
-  const size_t micro = static_cast<size_t>(MicroBatches(config_));
-  while (true) {
-    ASSIGN_OR_RETURN(const std::string message, world->ReceiveMessage(0));
-    std::vector<SubStep> subs;
-    ASSIGN_OR_RETURN(const bool step, DecodeRankStep(message, &subs));
-    if (!step) return absl::OkStatus();
-    RankStepResult result;
-    absl::Status s = subs.size() == micro
-                         ? RunRank(0, subs, &result)
-                         : absl::InvalidArgumentError(absl::StrCat(
-                               "step of ", subs.size(), " micro-batches, expected ", micro));
-    RETURN_IF_ERROR(world->SendMessage(0, EncodeRankResult(s, result)));
-    if (!s.ok()) return s;
-  }
+  return WorkerLoop(world->rank(), 0);
 }
 
 absl::Status ParallelExecutor::ShutdownWorkers() {
   ProcessRanks* world = config_.processes;
-  if (world == nullptr || world->rank() != 0 || workers_shut_down_ || lost_)
-    return absl::OkStatus();
-  workers_shut_down_ = true;
-  // Every worker, even after a failed send, so that the others can finish.
-  absl::Status first = absl::OkStatus();
-  for (int r = 1; r < world->size(); ++r) {
-    absl::Status s = world->SendMessage(r, EncodeShutdown());
-    if (!s.ok() && first.ok()) first = s;
-  }
-  return first;
+  if (channel_ == nullptr || (world != nullptr && world->rank() != 0) || lost_) return absl::OkStatus();
+  return channel_->Shutdown();
 }
 
 }  // namespace moeserve

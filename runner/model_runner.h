@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/parallel_executor.h"
+#include "runner/parallel_executor.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
 
@@ -41,7 +41,7 @@ class SingleDeviceRunner final : public ModelRunner {
   KvStorage* kv_;
 };
 
-// The ranks of an --ep/--pp layout (engine/parallel_executor.h).
+// The ranks of an --ep/--pp layout (runner/parallel_executor.h).
 class ParallelRunner final : public ModelRunner {
  public:
   explicit ParallelRunner(ParallelExecutor* executor) : executor_(executor) {}

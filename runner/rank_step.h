@@ -1,5 +1,5 @@
 // One rank's part of a parallel step, and the wire format that carries it between rank 0 and a
-// worker process (engine/parallel_executor.h under mpirun): rank 0 cuts the step into
+// worker process (runner/parallel_executor.h under mpirun): rank 0 cuts the step into
 // sub-steps per EP rank, sends each worker its own, and gets back its statistics and, from the
 // last stage, its logit rows and sampled tokens. The format is private to one build: both ends
 // are the same binary started by the same mpirun.

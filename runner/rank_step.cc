@@ -1,5 +1,5 @@
 // Rank step messages: little-endian fields in a fixed order, every vector with its length.
-#include "engine/rank_step.h"
+#include "runner/rank_step.h"
 
 #include <cstring>
 #include <type_traits>

@@ -1,7 +1,7 @@
 // The step messages between rank 0 and worker processes: random sub-steps and results survive
 // the round trip field for field; truncated, padded or foreign messages are refused with the
 // field named, never read past their end.
-#include "engine/rank_step.h"
+#include "runner/rank_step.h"
 
 #include <gtest/gtest.h>
 

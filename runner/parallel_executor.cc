@@ -1,5 +1,5 @@
 // Parallel executor.
-#include "engine/parallel_executor.h"
+#include "runner/parallel_executor.h"
 
 #include <algorithm>
 #include <cstring>
@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
     // Every rank's weight bytes, for the layout rank 0 describes.
     ASSIGN_OR_RETURN(std::vector<double> bytes, world->AllGather(x->ranks_[0].layout.weight_bytes));
     for (size_t r = 0; r < bytes.size(); ++r) x->layout_[r].weight_bytes = bytes[r];
+    x->channel_ = std::make_unique<ProcessChannel>(world);
     return x;
   }
   // One group per stage (its EP ranks) and per EP index (its stages): NCCL over the ranks' GPUs,
@@ -179,8 +180,19 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   for (const RankLayout& l : std::vector<RankLayout>(x->layout_)) {
     RETURN_IF_ERROR(x->AddRank(l, weights_backend, backends));
   }
-  x->workers_ = std::make_unique<RankWorkers>(static_cast<int>(x->ranks_.size()));
+  x->channel_ = std::make_unique<ThreadChannel>(static_cast<int>(x->ranks_.size()));
+  ParallelExecutor* self = x.get();
+  for (int r = 1; r < static_cast<int>(x->ranks_.size()); ++r) {
+    x->worker_threads_.emplace_back([self, r] { (void)self->WorkerLoop(r, static_cast<size_t>(r)); });
+  }
   return x;
+}
+
+ParallelExecutor::~ParallelExecutor() {
+  if (absl::Status s = ShutdownWorkers(); !s.ok()) {
+    std::fprintf(stderr, "ending the worker ranks: %s\n", std::string(s.message()).c_str());
+  }
+  for (std::thread& t : worker_threads_) t.join();
 }
 
 KvLayout ParallelExecutor::SegmentLayout(int64_t ep_rank, int64_t layers) const {

@@ -23,16 +23,17 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
-#include "engine/rank_step.h"
+#include "runner/rank_step.h"
+#include "runner/step_channel.h"
 #include "parallel/comm_group.h"
 #include "parallel/placement.h"
 #include "parallel/process_ranks.h"
-#include "parallel/rank_workers.h"
 
 namespace moeserve {
 
@@ -94,12 +95,8 @@ class ParallelExecutor {
   // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
   // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
   // gets an arena of its stage's layers for its segment's blocks.
-  // Process ranks: rank 0 ends the workers' loops (ShutdownWorkers).
-  ~ParallelExecutor() {
-    if (absl::Status s = ShutdownWorkers(); !s.ok()) {
-      std::fprintf(stderr, "ending the worker ranks: %s\n", std::string(s.message()).c_str());
-    }
-  }
+  // Rank 0 ends the workers' loops (ShutdownWorkers); worker threads are joined.
+  ~ParallelExecutor();
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
@@ -126,8 +123,8 @@ class ParallelExecutor {
   // Bytes in use on each of those ranks' devices (weights, KV arena, workspaces), and capacity.
   std::vector<std::pair<size_t, size_t>> device_bytes() const;
 
-  // Process ranks: a worker's loop, one step per message from rank 0, until rank 0 sends the
-  // shutdown message (OK) or a step fails (its error; the job must end).
+  // Process ranks: a worker process's loop (WorkerLoop over MPI messages), until rank 0 sends
+  // the shutdown message (OK) or a step fails (its error; the job must end).
   absl::Status ServeSteps();
   // Rank 0: ends the workers' loops. Idempotent.
   absl::Status ShutdownWorkers();
@@ -152,12 +149,16 @@ class ParallelExecutor {
                                                              const std::vector<uint64_t>& seq_ranks);
   // Runs the sub-steps of local rank `i` (index into ranks_).
   absl::Status RunRank(size_t i, const std::vector<SubStep>& subs, RankStepResult* out);
-  // In-process ranks: every rank on its worker thread; a failure aborts the groups.
-  absl::Status RunLocalRanks(const std::vector<std::vector<SubStep>>& subs,
-                             std::vector<RankStepResult>* results);
-  // Process ranks: each worker gets its sub-steps, rank 0 runs its own, the results come back.
-  absl::Status RunProcessRanks(const std::vector<std::vector<SubStep>>& subs,
-                               std::vector<RankStepResult>* results);
+  // Local rank `i` runs its part of a step; where failures are not fatal, a failed rank aborts
+  // its groups so that its peers return.
+  absl::Status RunPart(size_t i, const std::vector<SubStep>& subs, RankStepResult* out);
+  // A worker rank (`rank` of the layout, local index `local`): take a step from the channel,
+  // run it, reply; until shut down, or a fatal failure.
+  absl::Status WorkerLoop(int rank, size_t local);
+  // Rank 0: every worker gets its sub-steps, rank 0 runs its own, the results come back. A
+  // failed step resets the groups (threads) or loses the layout (processes).
+  absl::Status RunRanks(const std::vector<std::vector<SubStep>>& subs, std::vector<RankStepResult>* results);
+  absl::Status LoseStep(const absl::Status& s);
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
 
   ParallelConfig config_;
@@ -170,9 +171,9 @@ class ParallelExecutor {
   int64_t stage_block_size_ = 16;
   // Per stage, per EP index (process ranks: this process's group of each kind only).
   std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;
-  std::unique_ptr<RankWorkers> workers_;  // in-process: one persistent thread per rank after the first
+  std::unique_ptr<StepChannel> channel_;  // how rank 0 reaches the workers
+  std::vector<std::thread> worker_threads_;  // in-process: one per rank after the first, for the executor's life
   bool lost_ = false;
-  bool workers_shut_down_ = false;
 };
 
 }  // namespace moeserve

@@ -1,0 +1,91 @@
+// The two step channels (see step_channel.h).
+#include "runner/step_channel.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace moeserve {
+
+absl::Status ThreadChannel::Send(int rank, const std::vector<SubStep>& subs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Box& b = boxes_[static_cast<size_t>(rank)];
+  b.step = &subs;
+  b.taken = b.replied = false;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status ThreadChannel::Receive(int rank, RankStepResult* result) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Box& b = boxes_[static_cast<size_t>(rank)];
+  cv_.wait(lock, [&] { return b.replied; });
+  b.step = nullptr;
+  b.replied = false;
+  *result = std::move(b.result);
+  return std::exchange(b.status, absl::OkStatus());
+}
+
+absl::Status ThreadChannel::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const std::vector<SubStep>*> ThreadChannel::Next(int rank) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Box& b = boxes_[static_cast<size_t>(rank)];
+  cv_.wait(lock, [&] { return shutdown_ || (b.step != nullptr && !b.taken); });
+  if (shutdown_) return nullptr;
+  b.taken = true;
+  return b.step;
+}
+
+absl::Status ThreadChannel::Reply(int rank, const absl::Status& status, RankStepResult result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Box& b = boxes_[static_cast<size_t>(rank)];
+  b.status = status;
+  b.result = std::move(result);
+  b.replied = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+std::string ThreadChannel::DescribeRank(int rank) const { return absl::StrCat("rank ", rank); }
+
+absl::Status ProcessChannel::Send(int rank, const std::vector<SubStep>& subs) {
+  return world_->SendMessage(rank, EncodeRankStep(subs));
+}
+
+absl::Status ProcessChannel::Receive(int rank, RankStepResult* result) {
+  world_->WaitingFor(rank);
+  ASSIGN_OR_RETURN(const std::string reply, world_->ReceiveMessage(rank));
+  if (absl::Status s = DecodeRankResult(reply, result); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(world_->DescribeRank(rank), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProcessChannel::Shutdown() {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  // Every worker, even after a failed send, so that the others can finish.
+  absl::Status first = absl::OkStatus();
+  for (int r = 1; r < world_->size(); ++r) {
+    absl::Status s = world_->SendMessage(r, EncodeShutdown());
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+absl::StatusOr<const std::vector<SubStep>*> ProcessChannel::Next(int) {
+  ASSIGN_OR_RETURN(const std::string message, world_->ReceiveMessage(0));
+  ASSIGN_OR_RETURN(const bool step, DecodeRankStep(message, &received_));
+  return step ? &received_ : nullptr;
+}
+
+absl::Status ProcessChannel::Reply(int, const absl::Status& status, RankStepResult result) {
+  return world_->SendMessage(0, EncodeRankResult(status, result));
+}
+
+}  // namespace moeserve
