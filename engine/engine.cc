@@ -14,43 +14,36 @@ namespace moeserve {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                        const ModelWeights* weights,
-                                                       Backend* backend) {
+                                                       Backend* backend,
+                                                       std::unique_ptr<ParallelExecutor> ranks) {
   RETURN_IF_ERROR(config.Validate());
   if (weights->released()) {
     return absl::FailedPreconditionError("engine: the weights were released (a staging copy already sharded)");
   }
-  ASSIGN_OR_RETURN(const KvLayout full, CacheLayout(config, weights->config()));
-  if (config.parallel.processes != nullptr && config.kv_tiers.enabled()) {
-    return absl::InvalidArgumentError(
-        "KV tiers (--host-kv-mb, --flash-kv-dir) do not work with ranks that are processes (mpirun) yet");
+  if (config.parallel.enabled() != (ranks != nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("engine: the layout ", config.parallel.Name(),
+                                                   ranks != nullptr ? " has one rank, but ranks were given"
+                                                                    : " needs its ranks (ParallelExecutor::Create)"));
   }
+  ASSIGN_OR_RETURN(const KvLayout full, CacheLayout(config, weights->config()));
   KvLayout own = full;
-  if (config.parallel.enabled()) {
+  if (ranks != nullptr) {
     // The ranks keep the KV in their stages' arenas; the engine's own cache is a stub of one layer.
     own.num_layers = 1;
   }
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, own));
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
-  if (config.parallel.enabled()) {
-    ASSIGN_OR_RETURN(engine->executor_, ParallelExecutor::Create(config.parallel, weights, backend, full, config.rank_backends));
-    engine->runner_ = std::make_unique<ParallelRunner>(engine->executor_.get());
+  if (ranks != nullptr) {
+    engine->executor_ = std::move(ranks);
   } else {
-    engine->runner_ = std::make_unique<SingleDeviceRunner>(&engine->model_, &engine->kv_);
+    engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);
   }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {
     if (!config.scheduler.prefix_caching) {
       return absl::InvalidArgumentError("KV tiers hold prefix-cache blocks: they need prefix caching on");
     }
-    // The tiers hold whole blocks in the single-device layout; with --ep/--pp a block's pieces
-    // are on the stages of its EP rank.
-    KvTierDevices devices = KvTierDevices::Single(&engine->kv_, backend);
-    if (engine->executor_ != nullptr) {
-      ParallelExecutor* x = engine->executor_.get();
-      devices.layout = full;
-      devices.parts = [x](int32_t block, std::vector<KvBlockPart>* parts) { x->BlockParts(block, parts); };
-      devices.backends = x->backends();
-    }
+    ASSIGN_OR_RETURN(KvTierDevices devices, engine->executor_->TierDevices());
     ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, engine->fingerprint_, &engine->pool_,
                                                      std::move(devices), config.clock));
     engine->tiers_->SetSwapCostModel(engine->MakeSwapCostModel());
@@ -263,8 +256,8 @@ absl::StatusOr<bool> Engine::Step() {
   RunnerOutput run;
   run.logits = &logits_;
   run.sampled = &sampled_;
-  if (absl::Status s = runner_->Execute(batch.input, batch.seq_ranks, &run); !s.ok()) {
-    if (executor_ != nullptr && executor_->lost()) {  // a rank process is gone: nothing can run
+  if (absl::Status s = executor_->Execute(batch.input, batch.seq_ranks, &run); !s.ok()) {
+    if (executor_->lost()) {  // a rank process is gone: nothing can run
       Fail(s);
       FailEverything();
       return true;

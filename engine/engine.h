@@ -18,7 +18,7 @@
 
 #include "core/histogram.h"
 #include "engine/live_request.h"
-#include "runner/model_runner.h"
+#include "runner/executor.h"
 #include "runner/parallel_executor.h"
 #include "engine/request.h"
 #include "engine/request_validation.h"
@@ -54,7 +54,6 @@ struct EngineConfig {
   KvTierConfig kv_tiers;            // host DDR and flash below the device pool (prefix caching)
   WallClock clock = WallSeconds;    // for retention deadlines (tests pass a fake one)
   ParallelConfig parallel;          // --ep / --pp: ranks of their own (see parallel_executor.h)
-  BackendFactory rank_backends;     // makes each rank's device when parallel.enabled()
 
   absl::Status Validate() const;
 };
@@ -88,9 +87,13 @@ struct EngineStats {
 
 class Engine {
  public:
+  // `ranks`: with --ep/--pp (config.parallel), the layout's ranks, made by the caller
+  // (ParallelExecutor::Create over CacheLayout's KV); else null, and the engine runs the model
+  // on `backend` itself.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
                                                         const ModelWeights* weights,
-                                                        Backend* backend);
+                                                        Backend* backend,
+                                                        std::unique_ptr<ParallelExecutor> ranks = nullptr);
   ~Engine();
 
   const ModelConfig& model_config() const { return model_.config(); }
@@ -99,7 +102,7 @@ class Engine {
   uint64_t fingerprint() const { return fingerprint_; }
   const EngineConfig& config() const { return config_; }
   // The parallel layout, when --ep/--pp ask for one (null on one rank).
-  const ParallelExecutor* parallel() const { return executor_.get(); }
+  const ParallelExecutor* parallel() const { return executor_->parallel(); }
   int64_t num_kv_blocks() const { return kv_.layout().num_blocks; }
 
   // Validates and queues a request; returns its id. INVALID_ARGUMENT names the field and the
@@ -166,8 +169,7 @@ class Engine {
   BlockPool pool_;
   uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
-  std::unique_ptr<ParallelExecutor> executor_;  // runs the steps when the layout has several ranks
-  std::unique_ptr<ModelRunner> runner_;         // the engine's device, or the executor's ranks
+  std::unique_ptr<Executor> executor_;  // the engine's own device, or the layout's ranks
   // After the pool and scheduler that point to it, and after the executor whose devices hold
   // the blocks it copies (destroyed first, it waits for its copies while they still exist).
   std::unique_ptr<KvTiers> tiers_;

@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "engine/batch_builder.h"
-#include "runner/model_runner.h"
+#include "runner/executor.h"
 #include "engine/step_record.h"
 #include "roofline/cost_model.h"
 #include "roofline/hardware.h"

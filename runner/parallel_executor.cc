@@ -13,7 +13,7 @@
 
 namespace moeserve {
 
-absl::Status ParallelConfig::Validate(const ModelConfig& c) const {
+absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const {
   if (ep < 1 || ep > c.num_local_experts) {
     return absl::InvalidArgumentError(absl::StrCat("--ep must be in [1, ", c.num_local_experts,
                                                    "] (the model's experts), got ", ep));
@@ -33,8 +33,8 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c) const {
     return absl::InvalidArgumentError(absl::StrCat("parallel layout: ", nccl_devices.size(), " GPUs for ", ep * pp,
                                                    " NCCL ranks (--ep x --pp)"));
   }
-  if (processes != nullptr && processes->size() != ep * pp) {
-    return absl::InvalidArgumentError(absl::StrCat("mpirun started ", processes->size(), " processes but --ep ", ep,
+  if (processes > 0 && processes != ep * pp) {
+    return absl::InvalidArgumentError(absl::StrCat("mpirun started ", processes, " processes but --ep ", ep,
                                                    " x --pp ", pp, " is ", ep * pp, " ranks"));
   }
   return absl::OkStatus();
@@ -96,14 +96,15 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
                                                                            const ModelWeights* weights,
                                                                            Backend* weights_backend,
                                                                            const KvLayout& kv,
-                                                                           const BackendFactory& backends) {
+                                                                           const BackendFactory& backends,
+                                                                           ProcessRanks* processes) {
   if (weights->released()) {
     return absl::FailedPreconditionError("parallel layout: the weights to shard were released");
   }
   const ModelConfig& c = weights->config();
-  RETURN_IF_ERROR(config.Validate(c));
+  RETURN_IF_ERROR(config.Validate(c, processes != nullptr ? processes->size() : 0));
   if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");
-  std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config));
+  std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
   x->weights_ = weights;
   x->kv_ = kv;
   x->stage_block_size_ = kv.block_size;
@@ -133,10 +134,10 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
       x->layout_.push_back(l);
     }
   }
-  if (config.processes != nullptr) {
+  if (processes != nullptr) {
     // This process is one rank: its EP group (its stage's ranks, ordered by EP index) and its
     // pipeline (its EP index's stages), each one MPI communicator made by every process at once.
-    ProcessRanks* world = config.processes;
+    ProcessRanks* world = processes;
     const RankLayout mine = x->layout_[static_cast<size_t>(world->rank())];
     // With GPUs, NCCL between the processes' devices, bootstrapped over MPI.
     auto split = [&](int color, int key) {
@@ -220,7 +221,7 @@ absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weight
   r.layout.weight_bytes = static_cast<double>(r.weights->total_bytes());
   layout_[static_cast<size_t>(layout.rank)].weight_bytes = r.layout.weight_bytes;
   // Process ranks hold one group of each kind; in-process ranks index theirs by stage / EP index.
-  const bool processes = config_.processes != nullptr;
+  const bool processes = processes_ != nullptr;
   r.ep = ep_comms_[processes ? 0 : static_cast<size_t>(s)]->rank(static_cast<int>(e));
   r.pp = pp_comms_[processes ? 0 : static_cast<size_t>(e)]->rank(static_cast<int>(s));
   if (r.ep == nullptr || r.pp == nullptr) return absl::InternalError(absl::StrCat("rank ", layout.rank, ": no communicator"));
@@ -257,6 +258,19 @@ void ParallelExecutor::BlockParts(int32_t block, std::vector<KvBlockPart>* parts
     const size_t bytes = rank_kv_[r].layout().BlockBytes();
     parts->push_back({ranks_[r].backend.get(), static_cast<uint8_t*>(rank_kv_[r].data()) + local * bytes, bytes});
   }
+}
+
+absl::StatusOr<KvTierDevices> ParallelExecutor::TierDevices() {
+  if (processes_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "KV tiers (--host-kv-mb, --flash-kv-dir) do not work with ranks that are processes (mpirun) yet");
+  }
+  // A block's pieces are on the stages of its EP rank.
+  KvTierDevices d;
+  d.layout = kv_;
+  d.parts = [this](int32_t block, std::vector<KvBlockPart>* parts) { BlockParts(block, parts); };
+  d.backends = backends();
+  return d;
 }
 
 std::vector<Backend*> ParallelExecutor::backends() const {

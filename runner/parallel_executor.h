@@ -13,7 +13,7 @@
 // The output (logits of the rows that want them) is the same as one rank's, bit for bit on a
 // batch-invariant backend: every row meets the same kernels in the same order.
 //
-// Under mpirun (ParallelConfig::processes) every rank is a process: rank 0 holds its own shard
+// Under mpirun (Create's `processes`) every rank is a process: rank 0 holds its own shard
 // and drives the steps (it plans every rank's sub-steps, sends each worker its own as a message,
 // runs its part, and gathers the workers' statistics, logit rows and tokens); every other rank
 // runs ServeSteps. The data plane is MPI (parallel/mpi_world.h).
@@ -29,6 +29,7 @@
 #include "kernels/backend.h"
 #include "kvcache/kv_storage.h"
 #include "models/moe_model.h"
+#include "runner/executor.h"
 #include "runner/rank_step.h"
 #include "runner/step_channel.h"
 #include "parallel/comm_group.h"
@@ -49,12 +50,10 @@ struct ParallelConfig {
   // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
   // on those GPUs.
   std::vector<int> nccl_devices;
-  // Set under mpirun: the ranks are the processes of the job (its size must be ep x pp) and
-  // this process runs rank processes->rank(). Not owned.
-  ProcessRanks* processes = nullptr;
   bool enabled() const { return ep * pp > 1; }
-  // Checks the layout against the model: ep <= experts, pp <= layers, ep x pp processes.
-  absl::Status Validate(const ModelConfig& config) const;
+  // Checks the layout against the model: ep <= experts, pp <= layers; under mpirun, that the
+  // job's `processes` are ep x pp (0: not a job).
+  absl::Status Validate(const ModelConfig& config, int processes = 0) const;
   std::string Name() const;  // "ep2 pp1"
 };
 
@@ -67,18 +66,6 @@ struct RankLayout {
   double kv_bytes_per_token = 0;  // KV of one token of a sequence it owns (its layers)
 };
 
-// What the parallel part of one step did.
-struct ParallelStepStats {
-  double comm_seconds = 0;   // the slowest rank's time in collectives and send/recv
-  int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
-  int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
-  int64_t pp_bytes = 0;      // ... of which hidden states between stages
-  std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
-  double expert_imbalance = 0;  // max over mean of expert_tokens
-  double rank_imbalance = 0;    // max over mean of rows computed per EP rank
-  double attention_imbalance = 0;  // max over mean of tokens per EP rank (its own sequences)
-};
-
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;
 
 // The weights rank `rank` (= stage * ep + ep rank) of the layout holds: its stage's layers and
@@ -89,7 +76,7 @@ WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& mod
 // fingerprint, which also places sequences on EP ranks) is the whole model's.
 absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights);
 
-class ParallelExecutor {
+class ParallelExecutor final : public Executor {
  public:
   // Each rank copies its shard of `weights` (held on `weights_backend`) onto its own device,
   // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
@@ -97,10 +84,21 @@ class ParallelExecutor {
   // gets an arena of its stage's layers for its segment's blocks.
   // Rank 0 ends the workers' loops (ShutdownWorkers); worker threads are joined.
   ~ParallelExecutor();
+  // `processes` (not owned): under mpirun, the job whose processes the ranks are (this process
+  // runs rank processes->rank()); null: every rank a thread of this process.
   static absl::StatusOr<std::unique_ptr<ParallelExecutor>> Create(const ParallelConfig& config,
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
-                                                                  const BackendFactory& backends);
+                                                                  const BackendFactory& backends,
+                                                                  ProcessRanks* processes = nullptr);
+
+  // The engine's Executor: a step (Forward), the tiers' view of the KV (in-process ranks only),
+  // health.
+  absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, RunnerOutput* out) override {
+    return Forward(in, seq_ranks, out->logits, &out->stats, &out->parallel, out->sampled);
+  }
+  absl::StatusOr<KvTierDevices> TierDevices() override;
+  const ParallelExecutor* parallel() const override { return this; }
 
   // One step. `seq_ranks` ([in.num_seqs], taken modulo ep): the EP rank of each sequence, the
   // segment of the block pool its blocks come from.
@@ -129,7 +127,9 @@ class ParallelExecutor {
   // Rank 0: ends the workers' loops. Idempotent.
   absl::Status ShutdownWorkers();
   // Process ranks: a step failed because a rank was lost or failed. The job cannot go on.
-  bool lost() const { return lost_; }
+  bool lost() const override { return lost_; }
+  // The job, when the ranks are its processes; null for threads.
+  ProcessRanks* processes() const { return processes_; }
 
  private:
   struct Rank {
@@ -141,7 +141,7 @@ class ParallelExecutor {
     Communicator* pp = nullptr;  // this EP index's pipeline
     DeviceBuffer hidden_in;      // the previous stage's hidden states (stages after the first)
   };
-  explicit ParallelExecutor(const ParallelConfig& config) : config_(config) {}
+  ParallelExecutor(const ParallelConfig& config, ProcessRanks* processes) : config_(config), processes_(processes) {}
   // Builds rank `l` (its device, shard, model and KV arena), which this process holds.
   absl::Status AddRank(const RankLayout& l, Backend* weights_backend, const BackendFactory& backends);
   // Cuts a step into sub-steps: [ep rank][micro-batch], each checked before any rank starts.
@@ -162,6 +162,7 @@ class ParallelExecutor {
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
 
   ParallelConfig config_;
+  ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
   std::vector<Rank> ranks_;                    // the ranks this process holds, rank order

@@ -105,7 +105,7 @@ absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
       if (sub.in.num_tokens() == 0) continue;
       for (size_t i = 0; i < ranks_.size(); ++i) {
         const RankLayout& l = ranks_[i].layout;
-        if (config_.processes == nullptr && l.ep_rank != e) continue;
+        if (processes_ == nullptr && l.ep_rank != e) continue;
         RETURN_IF_ERROR(
             ranks_[i].model->Validate(sub.in, SegmentLayout(e, l.layer_end - l.layer_begin)));
       }
@@ -234,7 +234,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
   const ModelConfig& c = weights_->config();
   const int64_t ep = config_.ep, pp = config_.pp;
   if (lost_) return absl::UnavailableError("parallel step: a rank of this job was lost earlier");
-  if (config_.processes != nullptr && config_.processes->rank() != 0) {
+  if (processes_ != nullptr && processes_->rank() != 0) {
     return absl::FailedPreconditionError(
         "parallel forward: only rank 0 drives the steps of an MPI job");
   }
@@ -320,7 +320,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
 }
 
 absl::Status ParallelExecutor::ServeSteps() {
-  ProcessRanks* world = config_.processes;
+  ProcessRanks* world = processes_;
   if (world == nullptr || world->rank() == 0) {
     return absl::FailedPreconditionError("ServeSteps runs on the worker processes of an MPI job");
   }
@@ -328,7 +328,7 @@ absl::Status ParallelExecutor::ServeSteps() {
 }
 
 absl::Status ParallelExecutor::ShutdownWorkers() {
-  ProcessRanks* world = config_.processes;
+  ProcessRanks* world = processes_;
   if (channel_ == nullptr || (world != nullptr && world->rank() != 0) || lost_) return absl::OkStatus();
   return channel_->Shutdown();
 }

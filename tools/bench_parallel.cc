@@ -25,7 +25,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
     // The devices of the ranks this process holds: all of them, or under mpirun rank 0's alone
     // (the others' are in their processes; null here).
     const auto devices = x->device_bytes();
-    const bool processes = ec.parallel.processes != nullptr;
+    const bool processes = x->processes() != nullptr;
     for (const RankLayout& l : x->layout()) {
       const bool held = processes ? l.rank == 0 : static_cast<size_t>(l.rank) < devices.size();
       const size_t d = processes ? 0 : static_cast<size_t>(l.rank);
@@ -87,7 +87,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   // hardware profile, the roofline's prediction for the layout and its domains.
   j["comm_us_per_token"] = tokens ? 1e6 * comm_s / static_cast<double>(tokens) : 0.0;
   j["ep_domain_size"] = ec.parallel.ep_domain_size;
-  j["process_ranks"] = ec.parallel.processes != nullptr;
+  j["process_ranks"] = engine.parallel() != nullptr && engine.parallel()->processes() != nullptr;
   if (hw) {
     j["predicted_comm_bytes_per_token"] = tokens ? predicted_comm / static_cast<double>(tokens) : 0.0;
     j["predicted_comm_us_per_token"] = tokens ? 1e6 * predicted_comm_s / static_cast<double>(tokens) : 0.0;

@@ -189,7 +189,6 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
       // Rank r on GPU --device + r; the ranks exchange hidden states over NCCL, device to device.
       for (int64_t r = 0; r < f.ranks(); ++r) c.parallel.nccl_devices.push_back(static_cast<int>(f.device + r));
     }
-    c.rank_backends = RankBackends(f, /*processes=*/false, f.device);
   }
   absl::Status s = c.Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("engine flags: ", s.message()));
@@ -266,7 +265,7 @@ std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
   // With several ranks this backend only stages the full weights in host memory; the ranks get
-  // devices of their own (MakeEngineConfig's rank_backends).
+  // devices of their own (RankBackends).
   if (f.backend == "cpu" || (f.ranks() > 1 && f.backend == "cuda")) {
     ASSIGN_OR_RETURN(const CpuBackendOptions options, MakeBackendOptions(f));
     auto cpu = std::make_unique<CpuBackend>(options);

@@ -30,6 +30,18 @@ absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& s
   return out;
 }
 
+absl::StatusOr<std::unique_ptr<ParallelExecutor>> MakeRanks(const EngineFlags& flags, const EngineConfig& config,
+                                                             const ModelWeights* weights, Backend* backend,
+                                                             MpiJob* job) {
+  if (!config.parallel.enabled()) return nullptr;
+  ASSIGN_OR_RETURN(const KvLayout kv, Engine::CacheLayout(config, weights->config()));
+  if (job != nullptr) {
+    return ParallelExecutor::Create(config.parallel, weights, backend, kv, job->RankBackend(flags), job->processes());
+  }
+  return ParallelExecutor::Create(config.parallel, weights, backend, kv,
+                                  RankBackends(flags, /*processes=*/false, flags.device));
+}
+
 absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags, const ModelSpec& spec,
                                                        EngineConfig config, MpiJob* job,
                                                        const std::string& log_prefix, const FitToModel& fit) {
@@ -38,7 +50,10 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
   ASSIGN_OR_RETURN(out->rank, LoadRank(flags, spec, config, job, log_prefix));
   if (fit) RETURN_IF_ERROR(fit(out->rank.weights->config(), &config));
   out->config = config;
-  ASSIGN_OR_RETURN(out->engine, Engine::Create(out->config, out->rank.weights.get(), out->rank.backend.get()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ParallelExecutor> ranks,
+                   MakeRanks(flags, out->config, out->rank.weights.get(), out->rank.backend.get(), job));
+  ASSIGN_OR_RETURN(out->engine, Engine::Create(out->config, out->rank.weights.get(), out->rank.backend.get(),
+                                               std::move(ranks)));
   if (job != nullptr) {
     Engine* e = out->engine.get();
     job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });

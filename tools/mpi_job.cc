@@ -41,14 +41,16 @@ class OpenMpiJob final : public MpiJob {
   int rank() const override { return world_->rank(); }
 
   void Configure(const EngineFlags& f, EngineConfig* c) override {
-    c->parallel.processes = world_.get();
-    // One device per process. A GPU: --device plus the rank's index among the ranks of its
-    // host, the ranks talking over NCCL bootstrapped over MPI (MpiWorld::SplitNccl). A CPU:
-    // all of --threads (the ranks may be on different machines; on one, mpirun's binding decides).
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    const int gpu = f.device + (local != nullptr ? std::atoi(local) : 0);
-    if (f.backend == "cuda") c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), gpu);
-    c->rank_backends = RankBackends(f, /*processes=*/true, gpu);
+    if (f.backend == "cuda") c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), Gpu(f));
+  }
+
+  ProcessRanks* processes() override { return world_.get(); }
+
+  BackendFactory RankBackend(const EngineFlags& f) const override {
+    // One device per process: all of --threads (the ranks may be on different machines; on
+    // one, mpirun's binding decides), or its GPU, the ranks talking over NCCL bootstrapped over
+    // MPI (MpiWorld::SplitNccl).
+    return RankBackends(f, /*processes=*/true, Gpu(f));
   }
 
   void StartMonitor(std::function<void(const std::string&)> on_lost) override {
@@ -76,10 +78,7 @@ class OpenMpiJob final : public MpiJob {
     auto loaded = LoadRank(f, spec, *config, this, who);
     if (!loaded.ok()) fail(loaded.status());
     ModelWeights* weights = loaded->weights.get();
-    auto kv = Engine::CacheLayout(*config, weights->config());
-    if (!kv.ok()) fail(kv.status());
-    auto executor = ParallelExecutor::Create(config->parallel, weights, loaded->backend.get(), *kv,
-                                             config->rank_backends);
+    auto executor = MakeRanks(f, *config, weights, loaded->backend.get(), this);
     if (!executor.ok()) fail(executor.status());
     ReleaseStagingCopy(*config, weights, who.c_str());
     std::fprintf(stderr, "%sready in %.2f s: %s\n", who.c_str(), sw.Seconds(),
@@ -114,6 +113,12 @@ class OpenMpiJob final : public MpiJob {
   [[noreturn]] void Abort(int code) override { world_->Abort(code); }
 
  private:
+  // --device plus this rank's index among the ranks of its host.
+  static int Gpu(const EngineFlags& f) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    return f.device + (local != nullptr ? std::atoi(local) : 0);
+  }
+
   std::unique_ptr<MpiWorld> world_;
 };
 #endif
@@ -135,9 +140,7 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
   if (!config.ok()) {
     verdict = absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
   } else {
-    ParallelConfig layout = f.config.parallel;
-    layout.processes = world.get();
-    if (absl::Status s = layout.Validate(*config); !s.ok()) {
+    if (absl::Status s = f.config.parallel.Validate(*config, world->size()); !s.ok()) {
       verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
     }
   }

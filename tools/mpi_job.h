@@ -26,9 +26,13 @@ class MpiJob {
   virtual ~MpiJob() = default;
 
   virtual int rank() const = 0;
-  // Rank 0: the engine's ranks become the job's processes (each with a device of its own,
-  // all of --threads) and the monitor starts; `on_lost` runs when a rank is lost.
+  // The layout's GPUs when the ranks are on them (one per process; NCCL between them).
   virtual void Configure(const EngineFlags& flags, EngineConfig* config) = 0;
+  // The job's processes, the layout's ranks (ParallelExecutor::Create's `processes`).
+  virtual ProcessRanks* processes() = 0;
+  // This process's rank's device: a GPU (--device plus its index among its host's ranks), or
+  // the CPU with all of --threads.
+  virtual BackendFactory RankBackend(const EngineFlags& flags) const = 0;
   virtual void StartMonitor(std::function<void(const std::string&)> on_lost) = 0;
   // Stops watching and forgets `on_lost`: before the engine it calls goes away.
   virtual void StopMonitor() = 0;

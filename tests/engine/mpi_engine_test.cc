@@ -50,15 +50,13 @@ BackendFactory OneThreadRanks() {
   };
 }
 
-EngineConfig MakeConfig(int64_t ep, int64_t pp, ProcessRanks* processes) {
+EngineConfig MakeConfig(int64_t ep, int64_t pp) {
   EngineConfig ec;
   ec.num_kv_blocks = 200;
   ec.block_size = 8;
   ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
   ec.parallel.ep = ep;
   ec.parallel.pp = pp;
-  ec.parallel.processes = processes;
-  ec.rank_backends = OneThreadRanks();
   return ec;
 }
 
@@ -90,19 +88,29 @@ std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
   return reqs;
 }
 
-// `only`: the part of the weights this process reads (process ranks read their shard only).
+// `processes`: the ranks are the job's processes (null: threads); `only`: the part of the
+// weights this process reads (process ranks read their shard only).
 Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
-                 const std::vector<GenerateRequest>& reqs,
+                 const std::vector<GenerateRequest>& reqs, ProcessRanks* processes = nullptr,
                  const WeightShard& only = WeightShard()) {
   Output out;
   CpuBackend backend;
   auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
                                     &backend, DType::kBF16, only);
   EXPECT_TRUE(weights.ok()) << weights.status();
-  if (ec.parallel.processes != nullptr) {
-    EXPECT_TRUE(ShareWeightDigests(ec.parallel.processes, weights->get()).ok());
+  if (processes != nullptr) {
+    EXPECT_TRUE(ShareWeightDigests(processes, weights->get()).ok());
   }
-  auto e = Engine::Create(ec, weights->get(), &backend);
+  std::unique_ptr<ParallelExecutor> ranks;
+  if (ec.parallel.enabled()) {
+    auto kv = Engine::CacheLayout(ec, config);
+    EXPECT_TRUE(kv.ok()) << kv.status();
+    auto x = ParallelExecutor::Create(ec.parallel, weights->get(), &backend, *kv, OneThreadRanks(), processes);
+    EXPECT_TRUE(x.ok()) << x.status();
+    if (!x.ok()) return out;
+    ranks = *std::move(x);
+  }
+  auto e = Engine::Create(ec, weights->get(), &backend, std::move(ranks));
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return out;
   std::mutex mu;
@@ -137,7 +145,7 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
   ASSERT_TRUE(seeds.ok()) << seeds.status();
   const uint32_t seed = static_cast<uint32_t>((*seeds)[0]);
   const ModelConfig config = TestModel();
-  const EngineConfig processes = MakeConfig(job.ep, job.pp, world);
+  const EngineConfig processes = MakeConfig(job.ep, job.pp);
   if (world->rank() != 0) {
     CpuBackend backend;
     auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
@@ -147,17 +155,16 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
     ASSERT_TRUE(ShareWeightDigests(world, weights->get()).ok());
     auto kv = Engine::CacheLayout(processes, config);
     ASSERT_TRUE(kv.ok()) << kv.status();
-    auto x = ParallelExecutor::Create(processes.parallel, weights->get(), &backend, *kv,
-                                      processes.rank_backends);
+    auto x = ParallelExecutor::Create(processes.parallel, weights->get(), &backend, *kv, OneThreadRanks(), world);
     ASSERT_TRUE(x.ok()) << x.status();
     EXPECT_TRUE((*x)->ServeSteps().ok());
     return;
   }
   const auto reqs = MakeRequests(seed + 1);
-  const Output want = RunEngine(MakeConfig(1, 1, nullptr), config, seed, reqs);
-  const Output threads = RunEngine(MakeConfig(job.ep, job.pp, nullptr), config, seed, reqs);
+  const Output want = RunEngine(MakeConfig(1, 1), config, seed, reqs);
+  const Output threads = RunEngine(MakeConfig(job.ep, job.pp), config, seed, reqs);
   const Output got =
-      RunEngine(processes, config, seed, reqs, RankWeightShard(processes.parallel, config, 0));
+      RunEngine(processes, config, seed, reqs, world, RankWeightShard(processes.parallel, config, 0));
   const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;
@@ -176,10 +183,9 @@ TEST(MpiEngineTest, ALayoutThatIsNotTheJobIsRefusedOnEveryRank) {
   Job& job = TheJob();
   ParallelConfig p;
   p.ep = job.ep * job.pp + 1;
-  p.processes = job.world;
   ModelConfig config = TestModel();
   config.num_local_experts = 64;
-  const absl::Status s = p.Validate(config);
+  const absl::Status s = p.Validate(config, job.world->size());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find(absl::StrCat("mpirun started ", job.world->size(), " processes")),
             std::string::npos)
@@ -188,7 +194,7 @@ TEST(MpiEngineTest, ALayoutThatIsNotTheJobIsRefusedOnEveryRank) {
   p.pp = job.pp;
   config.num_local_experts = job.ep - 1;
   if (job.ep > 1) {
-    EXPECT_EQ(p.Validate(config).code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(p.Validate(config, job.world->size()).code(), absl::StatusCode::kInvalidArgument)
         << "more EP ranks than experts";
   }
 }

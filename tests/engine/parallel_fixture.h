@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 
+#include "core/status.h"
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
@@ -41,6 +42,18 @@ inline BackendFactory CpuRanks() {
     o.num_threads = 1;
     return std::make_unique<CpuBackend>(o);
   };
+}
+
+// The engine over ec.parallel's ranks, each a backend from `ranks`, made as the launch makes
+// them (tools/launch.cc MakeRanks); one rank: the engine's own device.
+inline absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineConfig& ec, const ModelWeights* weights,
+                                                          Backend* backend, const BackendFactory& ranks = CpuRanks()) {
+  std::unique_ptr<ParallelExecutor> x;
+  if (ec.parallel.enabled()) {
+    ASSIGN_OR_RETURN(const KvLayout kv, Engine::CacheLayout(ec, weights->config()));
+    ASSIGN_OR_RETURN(x, ParallelExecutor::Create(ec.parallel, weights, backend, kv, ranks));
+  }
+  return Engine::Create(ec, weights, backend, std::move(x));
 }
 
 inline ParallelConfig ToConfig(const Layout& l) {

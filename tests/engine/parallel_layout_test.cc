@@ -54,8 +54,7 @@ TEST_P(ParallelTest, SharedPrefixesMeetOnOneRankAndHitItsCache) {
   ec.num_kv_blocks = 64;
   ec.block_size = 8;
   ec.parallel = ToConfig({2, 1});
-  ec.rank_backends = CpuRanks();
-  auto e = Engine::Create(ec, weights_.get(), &backend_);
+  auto e = MakeEngine(ec, weights_.get(), &backend_);
   ASSERT_TRUE(e.ok()) << e.status();
   std::mt19937 gen(seed_);
   std::vector<int32_t> prefix(24);
@@ -98,8 +97,7 @@ TEST_P(ParallelTest, LoadBalancingSpreadsAPopularPrefixOverTheRanks) {
     ec.block_size = 8;
     ec.scheduler.ep_balance_ratio = ratio;
     ec.parallel = ToConfig(l);
-    ec.rank_backends = CpuRanks();
-    auto e = Engine::Create(ec, weights_.get(), &backend_);
+    auto e = MakeEngine(ec, weights_.get(), &backend_);
     EXPECT_TRUE(e.ok()) << e.status();
     std::map<uint64_t, std::vector<int32_t>> out;
     std::vector<uint64_t> ids;

@@ -89,7 +89,6 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     ec.block_size = 8;
     ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
     ec.parallel = ToConfig(l);
-    ec.rank_backends = CpuRanks();
     // With several ranks, shard a copy of its own and free it once the ranks hold their
     // shards, as serve and bench do: the engine must not need it afterwards.
     std::unique_ptr<ModelWeights> staged;
@@ -100,7 +99,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
                                    &backend_, storage_);
       staged_alloc = backend_.used_bytes() - before;
     }
-    auto e = Engine::Create(ec, staged ? staged.get() : weights_.get(), &backend_);
+    auto e = MakeEngine(ec, staged ? staged.get() : weights_.get(), &backend_);
     EXPECT_TRUE(e.ok()) << e.status();
     if (staged) {
       const size_t with_copy = backend_.used_bytes();
@@ -108,7 +107,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
       EXPECT_EQ(backend_.used_bytes(), with_copy - staged_alloc)
           << Name(l) << ": the staging copy is freed";
       EXPECT_TRUE(staged->released());
-      EXPECT_EQ(Engine::Create(ec, staged.get(), &backend_).status().code(),
+      EXPECT_EQ(MakeEngine(ec, staged.get(), &backend_).status().code(),
                 absl::StatusCode::kFailedPrecondition)
           << "a released copy cannot start another engine";
     }
@@ -187,20 +186,18 @@ TEST_P(ParallelTest, KvTiersWorkUnderEveryLayout) {
     ec.num_kv_blocks = tiers ? 24 : 400;
     ec.scheduler.max_num_seqs = 8;
     ec.parallel = ToConfig(l);
-    if (l.ep * l.pp > 1) {
-      ec.rank_backends = [](int, int) -> std::unique_ptr<Backend> {
-        CpuBackendOptions o;
-        o.num_threads = 1;
-        o.defer_copies = true;
-        return std::make_unique<CpuBackend>(o);
-      };
-    }
+    const BackendFactory deferred = [](int, int) -> std::unique_ptr<Backend> {
+      CpuBackendOptions o;
+      o.num_threads = 1;
+      o.defer_copies = true;
+      return std::make_unique<CpuBackend>(o);
+    };
     if (tiers) {
       ec.kv_tiers.host_bytes = 10 * block_bytes;
       ec.kv_tiers.flash_dir = dir;
       ec.kv_tiers.preemption = PreemptionMode::kSwap;
     }
-    auto e = Engine::Create(ec, weights_.get(), &backend_);
+    auto e = MakeEngine(ec, weights_.get(), &backend_, deferred);
     EXPECT_TRUE(e.ok()) << Name(l) << ": " << e.status();
     if (!e.ok()) return std::vector<std::vector<int32_t>>();
     std::map<uint64_t, std::vector<int32_t>> out;

@@ -1,0 +1,67 @@
+// What the engine runs its steps on, and all it sees of it: one device, or the ranks of an
+// --ep/--pp layout (runner/parallel_executor.h). Execute a batch, say where a KV block's bytes
+// are (for the tiers' copies), and whether it can still run (a lost rank process).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kvcache/kv_storage.h"
+#include "kvcache/kv_tiers.h"
+#include "models/moe_model.h"
+
+namespace moeserve {
+
+class ParallelExecutor;
+
+// What the parallel part of one step did.
+struct ParallelStepStats {
+  double comm_seconds = 0;   // the slowest rank's time in collectives and send/recv
+  int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
+  int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
+  int64_t pp_bytes = 0;      // ... of which hidden states between stages
+  std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
+  double expert_imbalance = 0;  // max over mean of expert_tokens
+  double rank_imbalance = 0;    // max over mean of rows computed per EP rank
+  double attention_imbalance = 0;  // max over mean of tokens per EP rank (its own sequences)
+};
+
+struct RunnerOutput {
+  std::vector<float>* logits = nullptr;     // [logit rows, vocab], when the input asks for them
+  std::vector<int32_t>* sampled = nullptr;  // a token per logit row
+  ForwardStats stats;
+  ParallelStepStats parallel;  // zeros on one device
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // One step. `seq_ranks`: the expert-parallel rank (pool segment) of each sequence.
+  virtual absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks,
+                               RunnerOutput* out) = 0;
+  // Where the KV tiers find each pool block's bytes (its pieces on the devices that hold it).
+  // FAILED_PRECONDITION where this process cannot reach them (ranks that are processes).
+  virtual absl::StatusOr<KvTierDevices> TierDevices() = 0;
+  // True once a rank of the layout is lost: no step can run again.
+  virtual bool lost() const { return false; }
+  // The --ep/--pp layout (to describe and measure it); null on one device.
+  virtual const ParallelExecutor* parallel() const { return nullptr; }
+};
+
+// The whole model on one device, over the engine's own KV cache.
+class SingleDeviceExecutor final : public Executor {
+ public:
+  SingleDeviceExecutor(MoeModel* model, KvStorage* kv, Backend* backend) : model_(model), kv_(kv), backend_(backend) {}
+  absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>&, RunnerOutput* out) override {
+    return model_->Forward(in, kv_->layout(), kv_->data(), out->logits, &out->stats, out->sampled);
+  }
+  absl::StatusOr<KvTierDevices> TierDevices() override { return KvTierDevices::Single(kv_, backend_); }
+
+ private:
+  MoeModel* model_;
+  KvStorage* kv_;
+  Backend* backend_;
+};
+
+}  // namespace moeserve
