@@ -11,7 +11,7 @@
 
 #include "core/clock.h"
 #include "engine/sampling.h"
-#include "engine/sequence.h"
+#include "engine/priority.h"
 
 namespace moeserve {
 

@@ -25,20 +25,6 @@ bool Before(const Sequence* a, const Sequence* b) {
 
 }  // namespace
 
-const char* PriorityName(Priority p) {
-  switch (p) {
-    case Priority::kFast:
-      return "fast";
-    case Priority::kHigh:
-      return "high";
-    case Priority::kNormal:
-      return "normal";
-    case Priority::kLow:
-      return "low";
-  }
-  return "?";
-}
-
 absl::Status SchedulerConfig::Validate() const {
   if (max_num_seqs < 1) return absl::InvalidArgumentError(absl::StrCat("max_num_seqs must be >= 1, got ", max_num_seqs));
   if (max_tokens_per_step < 1) {

@@ -4,15 +4,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/priority.h"
 #include "kvcache/block_hash.h"
 
 namespace moeserve {
-
-// Scheduling classes, most urgent first. Requests in the fast lane cap the size of the batch
-// they join: lower latency per token, paid for by a larger share of each step.
-enum class Priority : int { kFast = 0, kHigh = 1, kNormal = 2, kLow = 3 };
-
-const char* PriorityName(Priority p);
 
 struct Sequence {
   enum class State { kWaiting, kRunning, kFinished };

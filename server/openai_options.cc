@@ -142,17 +142,7 @@ absl::Status ReadPriority(const Json& j, Priority* out, int32_t* rank) {
   } else {
     RETURN_IF_ERROR(ReadField(j, "priority", &priority));
   }
-  if (priority == "fast") {
-    *out = Priority::kFast;
-  } else if (priority == "high") {
-    *out = Priority::kHigh;
-  } else if (priority == "low") {
-    *out = Priority::kLow;
-  } else if (priority == "normal") {
-    *out = Priority::kNormal;
-  } else {
-    return FieldError("priority", absl::StrCat("must be fast, high, normal or low, got \"", priority, "\""));
-  }
+  ASSIGN_OR_RETURN(*out, PriorityFromName(priority));
   return absl::OkStatus();
 }
 

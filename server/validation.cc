@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
@@ -45,23 +46,12 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const v1::GenerateRequest& req,
   out.rank = req.priority_rank();
   for (const v1::TokenIds& word : req.bad_words()) out.bad_words.emplace_back(word.ids().begin(), word.ids().end());
   out.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
-  switch (req.priority()) {
-    case v1::PRIORITY_NORMAL:
-      out.priority = Priority::kNormal;
-      break;
-    case v1::PRIORITY_FAST:
-      out.priority = Priority::kFast;
-      break;
-    case v1::PRIORITY_HIGH:
-      out.priority = Priority::kHigh;
-      break;
-    case v1::PRIORITY_LOW:
-      out.priority = Priority::kLow;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("priority: unknown value ", static_cast<int>(req.priority())));
+  // The enum's names are PRIORITY_<NAME>: one table of names (engine/priority.h) for both APIs.
+  const std::string& enum_name = v1::Priority_Name(req.priority());
+  if (enum_name.rfind("PRIORITY_", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("priority: unknown value ", static_cast<int>(req.priority())));
   }
+  ASSIGN_OR_RETURN(out.priority, PriorityFromName(absl::AsciiStrToLower(enum_name.substr(9))));
   out.top_logprobs = req.logprobs();
   out.logprobs = req.logprobs() > 0;  // with the top n, the chosen token's own
   out.retain_seconds = req.retain_seconds();
