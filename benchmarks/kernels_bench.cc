@@ -172,18 +172,24 @@ BENCHMARK(BM_GemmColdWeights)
     ->Args({1, 16384, 8192, 1})
     ->UseRealTime();
 
+// Decode attention over a bf16 (f32: 1) cache of `layers` layers, attending layer 0: with more
+// than one, a sequence's rows lie in blocks a whole block of every layer apart, as in a model.
 void BM_PagedDecodeAttention(benchmark::State& state) {
-  const int64_t batch = state.range(0), context = state.range(1);
+  const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2);
+  const bool f32 = state.range(3) != 0;
   const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
   const int64_t blocks_per_seq = (context + block - 1) / block;
   KvLayout layout;
   layout.num_blocks = batch * blocks_per_seq;
-  layout.num_layers = 1;
+  layout.num_layers = layers;
   layout.block_size = block;
   layout.kv_heads = kv_heads;
   layout.head_dim = head_dim;
-  layout.dtype = DType::kBF16;
-  std::vector<uint8_t> kv(static_cast<size_t>(layout.num_blocks) * layout.BlockBytes(), 0);
+  layout.dtype = f32 ? DType::kF32 : DType::kBF16;
+  // On the backend's memory, as the engine's KV arena is.
+  const size_t kv_bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
+  DeviceBuffer kv = *TheBackend().Allocate(kv_bytes);
+  std::memset(kv.data(), 0, kv_bytes);
   std::vector<int32_t> tables(static_cast<size_t>(batch * blocks_per_seq)), seq(batch), pos(batch);
   for (int64_t i = 0; i < batch * blocks_per_seq; ++i) tables[i] = static_cast<int32_t>(i);
   for (int64_t s = 0; s < batch; ++s) {
@@ -197,14 +203,17 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double flops = 4.0 * batch * context * heads * head_dim;
-  const double bytes = 2.0 * batch * context * kv_heads * head_dim * 2;  // K and V in bf16
-  Report(state, flops, bytes, DType::kBF16);
+  const double bytes = 2.0 * batch * context * kv_heads * head_dim * (f32 ? 4 : 2);  // K and V
+  Report(state, flops, bytes, layout.dtype);
 }
 BENCHMARK(BM_PagedDecodeAttention)
-    ->ArgNames({"batch", "context"})
-    ->Args({1, 4096})
-    ->Args({16, 1024})
-    ->Args({64, 4096})
+    ->ArgNames({"batch", "context", "layers", "f32"})
+    ->Args({1, 4096, 1, 0})
+    ->Args({16, 1024, 1, 0})
+    ->Args({64, 4096, 1, 0})
+    ->Args({1, 4096, 8, 1})
+    ->Args({16, 4096, 8, 0})
+    ->Args({16, 4096, 8, 1})
     ->UseRealTime();
 
 }  // namespace

@@ -249,8 +249,9 @@ TEST_F(CpuOpsTest, PagedAttentionMatchesDenseAttention) {
     layout.head_dim = 8;
     layout.dtype = kv_dtype;
     const int64_t qh = 6, layer = 1;
-    const std::vector<int64_t> lens = {1, 5, 17, 9};
-    const int64_t max_blocks = 5;
+    // The last is longer than the kernel's chunk of 32 keys, and not a multiple of it.
+    const std::vector<int64_t> lens = {1, 5, 17, 9, 75};
+    const int64_t max_blocks = 19;
     std::vector<int32_t> tables(lens.size() * max_blocks, 0);
     std::vector<int32_t> free_blocks(layout.num_blocks);
     std::iota(free_blocks.begin(), free_blocks.end(), 0);
