@@ -35,11 +35,11 @@ mkdir -p "$BUILD_DIR/obj" "$BUILD_DIR/corpus" "$BUILD_DIR/findings"
 SOURCES=(
   server/json_body.cc server/openai_protocol.cc server/openai_fields.cc
   engine/request_validation.cc
-  models/model_config.cc models/tokenizer.cc models/model_tokenizer.cc models/tokenizer_files.cc
-  models/stream_detokenizer.cc models/hf_tokenizer.cc models/hf_text.cc models/hf_decoder.cc models/bpe.cc
-  models/sp_tokenizer.cc models/sp_processor.cc
-  models/jinja_value.cc models/jinja_lexer.cc models/jinja_parser.cc models/jinja_expressions.cc
-  models/jinja_builtins.cc models/jinja_filters.cc models/jinja_helpers.cc models/jinja_template.cc
+  models/model_config.cc text/tokenizer.cc text/model_tokenizer.cc text/tokenizer_files.cc
+  text/stream_detokenizer.cc text/hf_tokenizer.cc text/hf_text.cc text/hf_decoder.cc text/bpe.cc
+  text/sp_tokenizer.cc text/sp_processor.cc
+  text/jinja_value.cc text/jinja_lexer.cc text/jinja_parser.cc text/jinja_expressions.cc
+  text/jinja_builtins.cc text/jinja_filters.cc text/jinja_helpers.cc text/jinja_template.cc
   core/file_util.cc core/dtype.cc
 )
 # The response objects live beside the parser in some revisions.

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "models/model_weights.h"
 
 namespace moeserve {

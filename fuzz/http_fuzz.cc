@@ -33,8 +33,8 @@
 
 #include "absl/status/statusor.h"
 #include "models/model_config.h"
-#include "models/model_tokenizer.h"
-#include "models/stream_detokenizer.h"
+#include "text/model_tokenizer.h"
+#include "text/stream_detokenizer.h"
 #include "server/json_body.h"
 #include "server/openai_protocol.h"
 

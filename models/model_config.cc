@@ -13,7 +13,7 @@
 #include "models/deepseek_config.h"
 #include "models/qwen_config.h"
 #include "models/quantization_config.h"
-#include "models/tokenizer.h"
+#include "core/byte_tokens.h"
 
 namespace moeserve {
 namespace {
@@ -183,7 +183,7 @@ absl::Status ModelConfig::Validate() const {
   RETURN_IF_ERROR(Positive("head_dim", head_dim, 2));
   RETURN_IF_ERROR(Positive("num_local_experts", num_local_experts));
   RETURN_IF_ERROR(Positive("num_experts_per_tok", num_experts_per_tok));
-  RETURN_IF_ERROR(Positive("vocab_size", vocab_size, ByteTokenizer::kMinVocab));
+  RETURN_IF_ERROR(Positive("vocab_size", vocab_size, kByteMinVocab));
   RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
   RETURN_IF_ERROR(Positive("shared_expert_intermediate_size", shared_expert_intermediate_size, 0));
   if (num_dense_layers() > 0) RETURN_IF_ERROR(Positive("intermediate_size (the dense layers')", dense_intermediate_size));
@@ -355,8 +355,8 @@ std::string ModelConfig::ToJson() const {
                                 {"activation_scheme", "dynamic"}};
   }
   j["hidden_act"] = "silu";
-  j["bos_token_id"] = ByteTokenizer::kBos;
-  j["eos_token_id"] = ByteTokenizer::kEos;
+  j["bos_token_id"] = kByteBos;
+  j["eos_token_id"] = kByteEos;
   return j.dump(2) + "\n";
 }
 

@@ -2,7 +2,7 @@
 """Renders the chat templates of tests/models/fixtures/chat_templates with transformers' own
 Jinja environment (jinja2 with trim_blocks, lstrip_blocks, loop controls, raise_exception,
 tojson) on a set of conversations, and writes what it produced (or the error it raised) to
-expected.jsonl, which models/jinja_template.cc must reproduce. Not part of CI:
+expected.jsonl, which text/jinja_template.cc must reproduce. Not part of CI:
 
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install transformers==4.57.1 jinja2==3.1.6
     /tmp/tokvenv/bin/python scripts/make-chat-template-fixtures.py tests/models/fixtures/chat_templates

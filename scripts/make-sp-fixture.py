@@ -2,7 +2,7 @@
 """Makes the sentencepiece fixture of tests/models/fixtures/tokenizers/sentencepiece: a small
 tokenizer.model trained with the `sentencepiece` package in Llama-2's settings (BPE, byte
 fallback, dummy prefix, no normalization), and the ids and texts that package produces for the
-strings of the llama fixture, which models/sp_tokenizer.cc (on Debian's libsentencepiece) must
+strings of the llama fixture, which text/sp_tokenizer.cc (on Debian's libsentencepiece) must
 reproduce. Not part of CI:
 
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install sentencepiece==0.2.1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes the tokenizer.json fixtures of tests/models/fixtures/tokenizers with the Hugging Face
 `tokenizers` package (the reference implementation), and the ids and texts it produces for
-thousands of strings, which models/hf_tokenizer.cc must reproduce exactly. Not part of CI:
+thousands of strings, which text/hf_tokenizer.cc must reproduce exactly. Not part of CI:
 
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers==0.22.1
     /tmp/tokvenv/bin/python scripts/make-tokenizer-fixtures.py tests/models/fixtures/tokenizers

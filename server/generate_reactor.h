@@ -15,7 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "server/drain_gate.h"
 #include "server/request_stream.h"
 #include "server/stream_encoder.h"

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/generate_reactor.h"
 #include "server/http_completions.h"
 #include "server/json_body.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/json_body.h"
 #include "server/openai_fields.h"
 #include "server/openai_options.h"

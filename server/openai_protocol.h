@@ -15,7 +15,7 @@
 #include "engine/request_validation.h"
 #include "models/generation_defaults.h"
 #include "models/model_config.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "server/request_stream.h"
 
 namespace moeserve::server {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace moeserve::server {
 namespace {

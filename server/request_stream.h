@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/request.h"
-#include "models/stream_detokenizer.h"
+#include "text/stream_detokenizer.h"
 
 namespace moeserve::server {
 

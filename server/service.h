@@ -7,7 +7,7 @@
 
 #include "engine/engine.h"
 #include "models/generation_defaults.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "server/api_keys.h"
 #include "server/drain_gate.h"
 #include "server/stream_encoder.h"

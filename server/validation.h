@@ -9,7 +9,7 @@
 #include "engine/request.h"
 #include "engine/request_validation.h"
 #include "models/model_config.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "server/proto/moeserve.pb.h"
 #include "server/request_stream.h"
 

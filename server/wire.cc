@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace moeserve::server {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "models/tokenizer_files.h"
+#include "text/tokenizer_files.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"

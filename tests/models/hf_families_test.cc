@@ -14,7 +14,7 @@
 #include "tests/engine/generator.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "models/model_tokenizer.h"
+#include "text/model_tokenizer.h"
 #include "models/moe_model.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"

@@ -8,7 +8,7 @@
 #include "engine/sampling.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/moe_model.h"
-#include "models/tokenizer.h"
+#include "text/tokenizer.h"
 #include "models/weight_init.h"
 #include "tests/models/naive_forward.h"
 #include "tests/test_util.h"
