@@ -3,12 +3,14 @@
 // in flight at the context, per device), and the roofline's tokens/s, time per output token and
 // $ per million tokens for each, so an engineer can pick a strategy (roofline/layout_search.h).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "roofline/layout_search.h"
+#include "tools/explore_measure.h"
 #include "tools/commands.h"
 
 namespace moeserve::tools {
@@ -25,6 +27,8 @@ struct ExploreOptions {
   std::string sequences = "1,8,32,64,128,256,512,1024";
   double price_per_hour = -1;
   std::string json, csv;
+  bool measure = false;
+  MeasureOptions m;
 };
 
 // The layout with the most tokens/s among those that fit, for each sequences count.
@@ -42,6 +46,34 @@ std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>> Best(const std
     best.emplace_back(n, pick);
   }
   return best;
+}
+
+Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
+  Json out = Json::array();
+  for (const MeasuredPoint& p : measured) {
+    out.push_back({{"ep", p.ep}, {"pp", p.pp}, {"sequences", p.sequences},
+                   {"predicted_step_seconds", p.predicted_step_seconds}, {"measured_step_seconds", p.measured_step_seconds},
+                   {"predicted_tokens_per_second", p.predicted_tokens_per_second},
+                   {"measured_tokens_per_second", p.measured_tokens_per_second}, {"error", p.error},
+                   {"predicted_comm_us_per_token", p.predicted_comm_us_per_token},
+                   {"measured_comm_us_per_token", p.measured_comm_us_per_token}});
+  }
+  return out;
+}
+
+// Predicted beside measured, each layout as it ran here (its ranks threads sharing the machine).
+void PrintMeasured(const std::vector<MeasuredPoint>& measured, const roofline::HardwareProfile& hw) {
+  std::printf("measured on this machine (%s), each rank a thread with its share of the cores and the memory bandwidth:\n",
+              hw.name.c_str());
+  std::printf("(error: the measured decode step's time over the predicted one, less 1; comm: time in collectives and\n"
+              " stage hand-offs per token, waiting included)\n");
+  std::printf("%4s %4s %9s | %14s %14s %8s | %16s %16s\n", "ep", "pp", "sequences", "predicted tok/s",
+              "measured tok/s", "error", "comm us/tok pred", "comm us/tok meas");
+  for (const MeasuredPoint& p : measured) {
+    std::printf("%4lld %4lld %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f\n", static_cast<long long>(p.ep),
+                static_cast<long long>(p.pp), static_cast<long long>(p.sequences), p.predicted_tokens_per_second,
+                p.measured_tokens_per_second, 100 * p.error, p.predicted_comm_us_per_token, p.measured_comm_us_per_token);
+  }
 }
 
 Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std::vector<roofline::LayoutCandidate>& all,
@@ -82,7 +114,28 @@ void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandida
   }
 }
 
-int RunExplore(const ExploreOptions& o) {
+// --measure runs what this process can load and compares with this machine's profile.
+absl::Status CheckMeasure(ExploreOptions* o) {
+  if (!o->measure) return absl::OkStatus();
+  if (!o->config.empty()) return absl::InvalidArgumentError("--measure runs the model: name it with --model or --preset, not --config");
+  if (!std::filesystem::exists(o->hardware)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--measure compares with this machine: --hardware must be its profile from `moeserve calibrate --out FILE`, got \"",
+        o->hardware, "\""));
+  }
+  if (o->m.max_ranks < 1 || o->m.max_sequences < 1) {
+    return absl::InvalidArgumentError("--measure-max-ranks and --measure-max-sequences must be >= 1");
+  }
+  if (!o->model_dir.empty()) {
+    o->m.model.model_dir = o->model_dir;
+  } else if (!o->preset.empty()) {
+    o->m.model.preset = o->preset;
+  }
+  return FinishModelSpec("", "auto", &o->m.model);
+}
+
+int RunExplore(ExploreOptions o) {
+  if (absl::Status c = CheckMeasure(&o); !c.ok()) return Fail(c);
   auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
   if (!config.ok()) return Fail(config.status());
   auto hw = roofline::LoadHardware(o.hardware);
@@ -125,10 +178,23 @@ int RunExplore(const ExploreOptions& o) {
   for (const auto& [n, b] : best) {
     if (b == nullptr) std::printf("  %lld sequences: no layout fits\n", static_cast<long long>(n));
   }
-  if (!o.json.empty()) std::ofstream(o.json) << ToJson(o, s, all, best).dump(1) << "\n";
+  Json j = ToJson(o, s, all, best);
+  if (o.measure) {
+    MeasureOptions m = o.m;
+    m.hw = *hw;
+    m.context = o.context;
+    m.kv_dtype = o.kv_dtype;
+    auto measured = MeasureLayouts(m, all);
+    if (!measured.ok()) return Fail(measured.status());
+    PrintMeasured(*measured, *hw);
+    j["measured"] = MeasuredJson(*measured);
+  }
+  if (!o.json.empty()) std::ofstream(o.json) << j.dump(1) << "\n";
   if (!o.csv.empty()) WriteCsv(o.csv, all);
   return 0;
 }
+
+
 
 }  // namespace
 
@@ -136,7 +202,8 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<ExploreOptions>();
   CLI::App* cmd = app.add_subcommand(
       "explore", "Every expert-parallel x pipeline layout of a model on N devices: whether it fits, and the "
-                 "roofline's tokens/s, time per token and cost for each (nothing runs)");
+                 "roofline's tokens/s, time per token and cost for each; with --measure, those this machine can run, "
+                 "measured beside their prediction");
   cmd->add_option("--model", o->model_dir, "Checkpoint directory whose config.json to place");
   cmd->add_option("--preset", o->preset, "A preset or a real model's shape (moeserve roofline --help lists them)");
   cmd->add_option("--config", o->config, "A Hugging Face style config.json to place");
@@ -155,6 +222,18 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--price-per-hour", o->price_per_hour, "$ per device-hour (default: the profile's)");
   cmd->add_option("--json", o->json, "Write every layout and point, and the best layout per sequences count, as JSON");
   cmd->add_option("--csv", o->csv, "Write one row per layout and sequences count as CSV");
+  cmd->add_flag("--measure", o->measure,
+                "Also run each layout this machine can run (its ranks threads of this process) at each sequences "
+                "count that fits, and print the decode speed measured beside the roofline's prediction for the layout "
+                "as it runs here (each rank a share of the machine). Needs --model or --preset and --hardware from "
+                "`moeserve calibrate`; every point prefills its sequences to --context first, so keep it small");
+  cmd->add_option("--measure-steps", o->m.steps, "Decode steps timed per measured point (the median is reported)")
+      ->capture_default_str();
+  cmd->add_option("--measure-max-ranks", o->m.max_ranks, "Layouts of more ranks are not measured")->capture_default_str();
+  cmd->add_option("--measure-max-sequences", o->m.max_sequences, "Points of more sequences are not measured")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->m.threads, "CPU threads of the measuring process, split over a layout's ranks (0: one per hardware thread)")
+      ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunExplore(*o); });
 }
 

@@ -170,6 +170,39 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
   EXPECT_EQ(ReadAll(dir + "/e.png").substr(0, 4), "\x89PNG");
 }
 
+// explore --measure runs every layout this machine can run (ranks as threads) at every point
+// that fits and is within the limits, and reports the measured decode speed beside the
+// prediction for the layout as it runs here; it refuses a profile that is not this machine's
+// and a model it cannot run. Speeds are not asserted (timed tests are not allowed): only that
+// each point was run and both figures exist.
+TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
+  const std::string dir = MakeTempDir("explore-measure");
+  const std::string hw = MOESERVE_SOURCE_DIR "/docs/data/zen4-calibrate.json";
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", hw, "--devices", "2", "--sequences", "1,2",
+                        "--context", "24", "--measure", "--measure-steps", "3", "--json", dir + "/m.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(ReadAll(dir + "/m.json"));
+  size_t fitting = 0;
+  for (const auto& l : j["layouts"]) {
+    for (const auto& p : l["points"]) fitting += p["fits"].get<bool>() ? 1 : 0;
+  }
+  ASSERT_TRUE(j.contains("measured")) << j.dump();
+  EXPECT_EQ(j["measured"].size(), fitting) << "ep1 pp1 (1, 2), ep1 pp2 (2), ep2 pp1 (1, 2): " << j["measured"].dump();
+  for (const auto& m : j["measured"]) {
+    EXPECT_GT(m["measured_tokens_per_second"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["predicted_tokens_per_second"].get<double>(), 0) << m.dump();
+  }
+  EXPECT_NE(out.find("measured tok/s"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", "h100-sxm", "--measure"}, &out, &err), 2);
+  EXPECT_NE(err.find("--hardware must be its profile from `moeserve calibrate"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"explore", "--config", hw, "--hardware", hw, "--measure"}, &out, &err), 2);
+  EXPECT_NE(err.find("--measure runs the model"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
 // `moeserve generate` runs one request on the engine the servers run: the servers' default
 // max_tokens (16), their validation (the request field named), and their stop strings (the
 // text cut before the first one, taken here from the uncut text).

@@ -1,0 +1,50 @@
+// `moeserve explore --measure`: runs each layout this machine can run, as ranks that are threads
+// of this process, and sets the decode speed it measures beside the roofline's prediction for
+// the layout as it runs here: every rank a thread with its share of the machine's cores and
+// memory bandwidth (so the profile must describe this machine: `moeserve calibrate --out`).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model_loader.h"
+#include "roofline/hardware.h"
+#include "roofline/layout_search.h"
+
+namespace moeserve::tools {
+
+struct MeasureOptions {
+  ModelSpec model;
+  roofline::HardwareProfile hw;  // this machine's
+  std::string kv_dtype = "bf16";
+  int64_t context = 256;         // tokens each sequence holds when its decode steps are timed
+  int64_t steps = 8;             // decode steps timed per point
+  int64_t max_ranks = 4;         // layouts of more ranks are not run
+  int64_t max_sequences = 64;    // points of more sequences are not run
+  int threads = 0;               // of this process (0: one per hardware thread), split over the ranks
+  bool progress = true;
+};
+
+struct MeasuredPoint {
+  int64_t ep = 1, pp = 1, sequences = 0;
+  double predicted_step_seconds = 0;  // the roofline, per decode step of all the sequences, as run here
+  double measured_step_seconds = 0;   // median over the timed decode steps
+  double predicted_tokens_per_second = 0, measured_tokens_per_second = 0;
+  double error = 0;                   // measured / predicted step time - 1
+  double measured_comm_us_per_token = 0;
+  double predicted_comm_us_per_token = 0;
+};
+
+// Every point of `candidates` that fits and is within the limits, each run on a fresh engine: the
+// sequences prefilled to `context` tokens of random ids, then `steps` decode steps timed.
+absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& o,
+                                                          const std::vector<roofline::LayoutCandidate>& candidates);
+
+// The profile of one rank of a layout of `ranks` threads on the machine `hw` describes: its
+// share of the compute and of the memory bandwidth.
+roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks);
+
+}  // namespace moeserve::tools
