@@ -26,6 +26,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
                                                                     : " needs its ranks (ParallelExecutor::Create)"));
   }
   ASSIGN_OR_RETURN(const KvLayout full, CacheLayout(config, weights->config()));
+  if (ranks != nullptr) {  // the ranks must be this config's layout over this cache
+    const ParallelConfig& p = ranks->config();
+    const KvLayout& k = ranks->cache_layout();
+    if (p.ep != config.parallel.ep || p.pp != config.parallel.pp || p.placement != config.parallel.placement ||
+        p.micro_batches != config.parallel.micro_batches || k.num_blocks != full.num_blocks ||
+        k.block_size != full.block_size || k.num_layers != full.num_layers || k.dtype != full.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("engine: the ranks given (", p.Name(), ", ", k.num_blocks,
+                                                     " KV blocks) are not the layout ", config.parallel.Name(),
+                                                     " over the engine's ", full.num_blocks, " KV blocks"));
+    }
+  }
   KvLayout own = full;
   if (ranks != nullptr) {
     // The ranks keep the KV in their stages' arenas; the engine's own cache is a stub of one layer.
@@ -34,6 +45,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, own));
   std::unique_ptr<Engine> engine(new Engine(config, weights, backend, std::move(kv)));
   if (ranks != nullptr) {
+    // Where the ranks send the experts' rows as bf16 (their GEMMs round them anyway), price that.
+    if (ranks->bf16_dispatch()) engine->costs_.dispatch_act_bytes = 2;
     engine->executor_ = std::move(ranks);
   } else {
     engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);

@@ -226,6 +226,15 @@ class Backend {
   virtual void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                           float* out) = 0;
 
+  // Whether the grouped GEMM over expert weights of `weight_dtype` rounds its activations to
+  // bf16 before multiplying (the CPU's avx512-bf16 and AMX kernels): rows bound for it may then
+  // travel as bf16 without changing a bit of the result.
+  virtual bool RoundsActivationsToBf16(DType weight_dtype) const { return false; }
+  // out[i] = bf16(x[i]), rounded to nearest even (a NaN stays a quiet NaN), n values.
+  virtual void RoundToBf16(const float* x, int64_t n, uint16_t* out) = 0;
+  // out[i] = x[i] widened to fp32 (exact), n values.
+  virtual void WidenBf16(const uint16_t* x, int64_t n, float* out) = 0;
+
   // Combines expert outputs: out[t, :] (+)= sum_j weights[t, j] * y[rows[t, j], :].
   // rows, weights: [n, k]; y: [.., dim]; out: [n, dim]
   virtual void ScatterCombine(const float* y, const int32_t* rows, const float* weights,

@@ -102,6 +102,11 @@ class MoeModel {
   const ModelShard& shard() const { return shard_; }
   int64_t layer_begin() const { return shard_.layer_begin; }
   int64_t layer_end() const { return shard_.layer_end; }
+  // Expert parallelism: the rows sent to the experts travel as bf16 (ExpertDispatch::set_bf16_rows;
+  // the layout decides, for all its ranks at once).
+  void SetBf16Dispatch(bool on) {
+    if (dispatch_ != nullptr) dispatch_->set_bf16_rows(on);
+  }
 
  private:
   // Device scratch buffers, grown on demand and reused across steps.

@@ -38,6 +38,7 @@ absl::Status ExpertDispatch::EnsureSendRows(int64_t rows) {
   RETURN_IF_ERROR(Grow(backend_, gather_rows_, n * i32));
   RETURN_IF_ERROR(Grow(backend_, combine_rows_, n * i32));
   RETURN_IF_ERROR(Grow(backend_, send_x_, n * row));
+  RETURN_IF_ERROR(Grow(backend_, send_bf16_, n * shape_.hidden * sizeof(uint16_t)));
   RETURN_IF_ERROR(Grow(backend_, results_, n * row));
   send_capacity_ = n;
   return absl::OkStatus();
@@ -50,6 +51,7 @@ absl::Status ExpertDispatch::EnsureReceiveRows(int64_t rows) {
   const size_t f = sizeof(float), i32 = sizeof(int32_t), h = shape_.hidden,
                inter = shape_.intermediate;
   RETURN_IF_ERROR(Grow(backend_, recv_x_, n * h * f));
+  RETURN_IF_ERROR(Grow(backend_, recv_bf16_, n * h * sizeof(uint16_t)));
   RETURN_IF_ERROR(Grow(backend_, recv_ids_, n * i32));
   RETURN_IF_ERROR(Grow(backend_, perm_, n * i32));
   RETURN_IF_ERROR(Grow(backend_, unperm_, n * i32));
@@ -108,12 +110,20 @@ absl::Status ExpertDispatch::Run(const float* xn, std::span<const int32_t> ids,
   int64_t r_total = 0;
   for (int64_t r : recv_rows) r_total += r;
   RETURN_IF_ERROR(EnsureReceiveRows(std::max<int64_t>(r_total, 1)));
+  if (bf16_rows_ && a > 0) backend_->RoundToBf16(send, a * h, send_bf16_.as<uint16_t>());
   RETURN_IF_ERROR(backend_->Synchronize());  // the communicator reads what the compute stream wrote
   const int64_t row_bytes = h * static_cast<int64_t>(sizeof(float));
   RETURN_IF_ERROR(ep_->AllToAll(send_ids_.data(), Scaled(send_rows, sizeof(int32_t)),
                                 recv_ids_.data(), Scaled(recv_rows, sizeof(int32_t))));
-  RETURN_IF_ERROR(ep_->AllToAll(send, Scaled(send_rows, row_bytes), recv_x_.data(),
-                                Scaled(recv_rows, row_bytes)));
+  if (bf16_rows_) {
+    const int64_t wire_bytes = h * static_cast<int64_t>(sizeof(uint16_t));
+    RETURN_IF_ERROR(ep_->AllToAll(send_bf16_.data(), Scaled(send_rows, wire_bytes), recv_bf16_.data(),
+                                  Scaled(recv_rows, wire_bytes)));
+    if (r_total > 0) backend_->WidenBf16(recv_bf16_.as<uint16_t>(), r_total * h, recv_x_.as<float>());
+  } else {
+    RETURN_IF_ERROR(ep_->AllToAll(send, Scaled(send_rows, row_bytes), recv_x_.data(),
+                                  Scaled(recv_rows, row_bytes)));
+  }
   recv_experts_.resize(r_total);
   if (r_total > 0) {
     RETURN_IF_ERROR(

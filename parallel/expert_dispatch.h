@@ -53,6 +53,12 @@ class ExpertDispatch {
                    int64_t tokens, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                    float* x, ExpertDispatchStats* stats);
 
+  // The hidden rows go to the experts as bf16, half the bytes. Only where every rank's expert
+  // GEMM rounds its activations to bf16 anyway (Backend::RoundsActivationsToBf16): the result
+  // is then bit for bit the fp32 wire's. The results come back in fp32 either way.
+  void set_bf16_rows(bool on) { bf16_rows_ = on; }
+  bool bf16_rows() const { return bf16_rows_; }
+
  private:
   // Grows the send-side buffers to `rows` assignments, the receive side to `rows` received rows.
   absl::Status EnsureSendRows(int64_t rows);
@@ -62,13 +68,14 @@ class ExpertDispatch {
   Communicator* ep_;
   std::vector<int32_t> expert_owner_;
   ExpertDispatchShape shape_;
+  bool bf16_rows_ = false;
   // Send side (this rank's assignments in send order): expert ids, gather indices, hidden rows,
   // the results that come back, and the combine map.
-  DeviceBuffer send_ids_, gather_rows_, send_x_, results_, combine_rows_;
+  DeviceBuffer send_ids_, gather_rows_, send_x_, send_bf16_, results_, combine_rows_;
   int64_t send_capacity_ = 0;
   // Receive side (rows from every rank): hidden states and expert ids as received, the gather
   // indices into expert order and back, the expert GEMMs, the group offsets.
-  DeviceBuffer recv_x_, recv_ids_, perm_, unperm_, in_, gate_up_, act_, out_, offsets_;
+  DeviceBuffer recv_x_, recv_bf16_, recv_ids_, perm_, unperm_, in_, gate_up_, act_, out_, offsets_;
   int64_t receive_capacity_ = 0;
   // The host plan.
   std::vector<int32_t> order_, send_experts_, recv_experts_, host_gather_, host_combine_;

@@ -22,6 +22,7 @@ struct ModelCosts {
   double lm_head_bytes_per_param = 2;
   double kv_bytes_per_token = 0;      // K and V, all layers
   double act_bytes = 2;               // activations sent between devices (bf16; the engine's own are fp32)
+  double dispatch_act_bytes = 0;      // the rows sent out to the experts, where less (0: act_bytes)
   double dense_params = 0;            // every weight but the routed experts and the embedding table
   double replicated_params = 0;       // every weight but the routed experts (held by each EP rank)
   double expert_params = 0;           // one routed expert (w1, w2, w3)

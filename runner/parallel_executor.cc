@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
     ASSIGN_OR_RETURN(std::vector<double> bytes, world->AllGather(x->ranks_[0].layout.weight_bytes));
     for (size_t r = 0; r < bytes.size(); ++r) x->layout_[r].weight_bytes = bytes[r];
     x->channel_ = std::make_unique<ProcessChannel>(world);
+    RETURN_IF_ERROR(x->ChooseDispatchWire());
     return x;
   }
   // One group per stage (its EP ranks) and per EP index (its stages): NCCL over the ranks' GPUs,
@@ -181,12 +182,35 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   for (const RankLayout& l : std::vector<RankLayout>(x->layout_)) {
     RETURN_IF_ERROR(x->AddRank(l, weights_backend, backends));
   }
+  RETURN_IF_ERROR(x->ChooseDispatchWire());
   x->channel_ = std::make_unique<ThreadChannel>(static_cast<int>(x->ranks_.size()));
   ParallelExecutor* self = x.get();
   for (int r = 1; r < static_cast<int>(x->ranks_.size()); ++r) {
     x->worker_threads_.emplace_back([self, r] { (void)self->WorkerLoop(r, static_cast<size_t>(r)); });
   }
   return x;
+}
+
+absl::Status ParallelExecutor::ChooseDispatchWire() {
+  // A rank's experts round their rows to bf16 if its backend does so for their dtype; a rank
+  // without experts receives no rows.
+  bool rounds = config_.ep > 1 && config_.bf16_dispatch;
+  for (const Rank& r : ranks_) {
+    for (int64_t l = r.layout.layer_begin; l < r.layout.layer_end && rounds; ++l) {
+      for (const WeightRef& w : r.weights->layer(l).w13) {
+        if (w.data == nullptr) continue;
+        rounds = r.backend->RoundsActivationsToBf16(w.dtype);
+        break;
+      }
+    }
+  }
+  if (processes_ != nullptr) {  // every process must send what the others expect
+    ASSIGN_OR_RETURN(const std::vector<double> all, processes_->AllGather(rounds ? 1.0 : 0.0));
+    for (double v : all) rounds = rounds && v != 0;
+  }
+  bf16_dispatch_ = rounds;
+  for (Rank& r : ranks_) r.model->SetBf16Dispatch(rounds);
+  return absl::OkStatus();
 }
 
 ParallelExecutor::~ParallelExecutor() {

@@ -50,6 +50,9 @@ struct ParallelConfig {
   // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
   // on those GPUs.
   std::vector<int> nccl_devices;
+  // The expert-parallel rows may travel as bf16 where every rank's expert GEMM rounds them to
+  // bf16 anyway (false: always fp32, for comparison; --fp32-dispatch).
+  bool bf16_dispatch = true;
   bool enabled() const { return ep * pp > 1; }
   // Checks the layout against the model: ep <= experts, pp <= layers; under mpirun, that the
   // job's `processes` are ep x pp (0: not a job).
@@ -108,6 +111,8 @@ class ParallelExecutor final : public Executor {
                        ForwardStats* stats, ParallelStepStats* pstats, std::vector<int32_t>* sampled = nullptr);
 
   const ParallelConfig& config() const { return config_; }
+  // The whole cache the ranks' arenas cut up (Create's `kv`).
+  const KvLayout& cache_layout() const { return kv_; }
   const std::vector<RankLayout>& layout() const { return layout_; }
   // One line per rank: "rank 0: stage 0 layers [0, 2) ep 0 experts 0-3".
   std::string Describe() const;
@@ -130,6 +135,9 @@ class ParallelExecutor final : public Executor {
   bool lost() const override { return lost_; }
   // The job, when the ranks are its processes; null for threads.
   ProcessRanks* processes() const { return processes_; }
+  // Whether the expert-parallel rows travel as bf16 (every rank that holds experts rounds them
+  // to bf16 in its GEMM anyway), halving the dispatch's bytes.
+  bool bf16_dispatch() const { return bf16_dispatch_; }
 
  private:
   struct Rank {
@@ -160,6 +168,8 @@ class ParallelExecutor final : public Executor {
   absl::Status RunRanks(const std::vector<std::vector<SubStep>>& subs, std::vector<RankStepResult>* results);
   absl::Status LoseStep(const absl::Status& s);
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
+  // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
+  absl::Status ChooseDispatchWire();
 
   ParallelConfig config_;
   ProcessRanks* processes_ = nullptr;
@@ -175,6 +185,7 @@ class ParallelExecutor final : public Executor {
   std::unique_ptr<StepChannel> channel_;  // how rank 0 reaches the workers
   std::vector<std::thread> worker_threads_;  // in-process: one per rank after the first, for the executor's life
   bool lost_ = false;
+  bool bf16_dispatch_ = false;
 };
 
 }  // namespace moeserve

@@ -134,9 +134,11 @@ void GenerateReactor::AppendLocked(const RequestEvent& ev) {
     }
   }
   if (ev.finished) {
+    // The held text first: it may complete a stop string, which makes the reason "stop".
+    const std::string rest = stream_->FinishText();
     const absl::StatusOr<std::string> reason = stream_->Outcome();
     if (reason.ok()) {
-      r.mutable_text()->append(stream_->FinishText());
+      r.mutable_text()->append(rest);
       r.set_finish_reason(*reason);
       if (stream_->stopped()) r.set_stop_string(stream_->matched());
       SetFinal(stream_->Final(), &r);

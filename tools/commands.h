@@ -59,6 +59,7 @@ struct EngineFlags {
   int device = 0;
   double device_mb = 0;
   std::string expert_placement = "contiguous";
+  bool fp32_dispatch = false;
   bool reference = false;
   bool no_batch_invariant = false;
   CpuKernelFlags cpu_kernel;

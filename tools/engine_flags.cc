@@ -115,6 +115,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
       ->capture_default_str();
+  cmd->add_flag("--fp32-dispatch", f->fp32_dispatch,
+                "With --ep: send the hidden rows to the experts as fp32 even where every rank's expert GEMM rounds "
+                "them to bf16 anyway (the avx512-bf16 and AMX kernels with bf16 or FP8 experts), which otherwise "
+                "halves those bytes without changing a bit of the output (for comparison)");
   cmd->add_option("--micro-batches", f->config.parallel.micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
   cmd->add_option("--trace-jsonl", f->config.trace_jsonl, "Write every engine step's record here, one JSON per line");
@@ -127,6 +131,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.scheduler.chunked_prefill = !f.no_chunked_prefill;
   c.scheduler.prefix_caching = !f.no_prefix_caching;
   c.scheduler.wait_for_shared_prefix = !f.no_wait_for_shared_prefix;
+  c.parallel.bf16_dispatch = !f.fp32_dispatch;
   if (!(f.kv_cache_mb > 0)) return absl::InvalidArgumentError(absl::StrCat("--kv-cache-mb must be > 0, got ", f.kv_cache_mb));
   c.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mb * 1048576.0);
   auto dt = DTypeFromShortName(f.kv_dtype);

@@ -31,26 +31,33 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   f.config.parallel.ep = layout.ep;
   f.config.parallel.pp = layout.pp;
   f.config.block_size = 16;
-  const int64_t blocks_per_seq = (o.context + o.steps + 2 + 15) / 16 + 1;
-  f.config.num_kv_blocks = sequences * blocks_per_seq + 2 * layout.ep * blocks_per_seq;
   f.config.scheduler.max_num_seqs = std::max<int64_t>(sequences, 1);
   f.config.step_history = 1 << 14;
+  // Every sequence keeps decoding until the last prompt is prefilled and `steps` more steps
+  // have run with all of them: the prefill takes about this many steps of the token budget.
+  const int64_t budget = f.config.scheduler.max_tokens_per_step;
+  const int64_t prefill_steps = (sequences * o.context + budget - 1) / budget + 1;
+  const int64_t max_tokens = o.steps + prefill_steps + 1;
+  ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(o.model));
+  if (o.context + max_tokens > model.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, " and ", max_tokens,
+                                                   " tokens to decode (", sequences, " sequences prefilled ", budget,
+                                                   " tokens a step, then --measure-steps) exceed the model's context of ",
+                                                   model.max_position_embeddings));
+  }
+  const int64_t blocks_per_seq = (o.context + max_tokens + 16) / 16 + 1;
+  f.config.num_kv_blocks = sequences * blocks_per_seq + 2 * layout.ep * blocks_per_seq;
   ASSIGN_OR_RETURN(EngineConfig config, MakeEngineConfig(f));
   config.hardware = RankShare(o.hw, ranks);
   ASSIGN_OR_RETURN(std::unique_ptr<Launched> run, LaunchEngine(f, o.model, config, nullptr, "explore: "));
   Engine& engine = *run->engine;
   const ModelConfig& c = engine.model_config();
-  if (o.context + o.steps + 1 > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, " + ", o.steps + 1,
-                                                   " decode steps exceed the model's context of ",
-                                                   c.max_position_embeddings));
-  }
   std::mt19937 gen(static_cast<uint32_t>(sequences * 131 + ranks));
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 256));
   for (int64_t i = 0; i < sequences; ++i) {
     GenerateRequest r;
     for (int64_t t = 0; t < o.context; ++t) r.prompt.push_back(static_cast<int32_t>(gen() % vocab));
-    r.max_tokens = static_cast<int32_t>(o.steps + 1);
+    r.max_tokens = static_cast<int32_t>(max_tokens);
     RETURN_IF_ERROR(engine.Submit(std::move(r), [](const RequestEvent&) {}).status());
   }
   RETURN_IF_ERROR(engine.RunUntilIdle());
@@ -114,8 +121,14 @@ absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& 
   for (size_t i = 0; i < todo.size(); ++i) {
     const auto& [layout, n] = todo[i];
     progress.Update(static_cast<int64_t>(i), absl::StrCat("ep", layout.ep, " pp", layout.pp, " x ", n, " sequences"));
-    ASSIGN_OR_RETURN(MeasuredPoint p, MeasurePoint(o, layout, n));
-    out.push_back(p);
+    absl::StatusOr<MeasuredPoint> p = MeasurePoint(o, layout, n);
+    if (!p.ok() && p.status().code() == absl::StatusCode::kInvalidArgument) return p.status();
+    if (!p.ok()) {  // this point only: say so and go on with the others
+      std::fprintf(stderr, "explore: ep%lld pp%lld, %lld sequences not measured: %s\n", static_cast<long long>(layout.ep),
+                   static_cast<long long>(layout.pp), static_cast<long long>(n), std::string(p.status().message()).c_str());
+      continue;
+    }
+    out.push_back(*p);
   }
   progress.Finish(static_cast<int64_t>(todo.size()), "done");
   return out;

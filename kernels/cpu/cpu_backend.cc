@@ -184,6 +184,21 @@ void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const
   }
 }
 
+bool CpuBackend::RoundsActivationsToBf16(DType weight_dtype) const {
+  // As GroupedGemm chooses: FP8 experts under a rounding variant always; bf16 experts on the
+  // batch-invariant kernels (OpenBLAS multiplies fp32 activations).
+  if (!fast() || !RoundsActivations(isa_)) return false;
+  return weight_dtype == DType::kF8E4M3 || (weight_dtype == DType::kBF16 && options_.batch_invariant);
+}
+
+void CpuBackend::RoundToBf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
+}
+
+void CpuBackend::WidenBf16(const uint16_t* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(x[i]);
+}
+
 void CpuBackend::RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                          float* y) {
   if (fast()) return cpu_fast::RmsNorm(*pool_, x, weight, rows, dim, eps, y);

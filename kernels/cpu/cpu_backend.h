@@ -81,6 +81,9 @@ class CpuBackend final : public Backend {
                   bool renormalize, int32_t* expert_ids, float* expert_weights) override;
   void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,
                    int32_t* gather_rows, int32_t* combine_rows) override;
+  bool RoundsActivationsToBf16(DType weight_dtype) const override;
+  void RoundToBf16(const float* x, int64_t n, uint16_t* out) override;
+  void WidenBf16(const uint16_t* x, int64_t n, float* out) override;
   void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                   float* out) override;
   void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n,

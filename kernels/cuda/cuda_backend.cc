@@ -266,6 +266,16 @@ void CudaBackend::RouterTopK(const float* logits, int64_t n, int64_t num_experts
                                    impl_->stream));
 }
 
+void CudaBackend::RoundToBf16(const float* x, int64_t n, uint16_t* out) {
+  Use();
+  NOTE_CUDA(cuda::LaunchRoundToBf16(x, n, out, impl_->stream));
+}
+
+void CudaBackend::WidenBf16(const uint16_t* x, int64_t n, float* out) {
+  Use();
+  NOTE_CUDA(cuda::LaunchWidenBf16(x, n, out, impl_->stream));
+}
+
 void CudaBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out) {
   Use();
   NOTE_CUDA(cuda::LaunchGatherRows(x, src_rows, n, dim, out, impl_->stream));

@@ -60,6 +60,10 @@ class CudaBackend final : public Backend {
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                   int32_t* expert_ids, float* expert_weights) override;
+  // (RoundsActivationsToBf16 stays false: the GPU's expert GEMMs take fp32 activations, so
+  // expert-parallel rows travel as fp32 and these two serve no dispatch yet.)
+  void RoundToBf16(const float* x, int64_t n, uint16_t* out) override;
+  void WidenBf16(const uint16_t* x, int64_t n, float* out) override;
   void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out) override;
   void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k, int64_t dim,
                       float* out, bool accumulate) override;

@@ -138,6 +138,20 @@ __global__ void RouterTopKKernel(const float* logits, int64_t n, int64_t num_exp
   }
 }
 
+__global__ void RoundToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t bits = __float_as_uint(x[i]);
+  // As the CPU's F32ToBf16: nearest even; a NaN stays a quiet NaN.
+  out[i] = (bits & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((bits >> 16) | 0x40u)
+                                              : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+__global__ void WidenBf16Kernel(const uint16_t* x, int64_t n, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
 __global__ void GatherRowsKernel(const float* x, const int32_t* src_rows, int64_t dim, float* out) {
   const int64_t i = blockIdx.x;
   const int64_t src = src_rows[i];
@@ -299,6 +313,16 @@ cudaError_t LaunchRouterTopK(const float* logits, int64_t n, int64_t num_experts
     RouterTopKKernel<<<Blocks(n, 128), 128, 0, stream>>>(logits, n, num_experts, k, renormalize, expert_ids,
                                                           expert_weights);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n > 0) RoundToBf16Kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWidenBf16(const uint16_t* x, int64_t n, float* out, cudaStream_t stream) {
+  if (n > 0) WidenBf16Kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, n, out);
   return cudaGetLastError();
 }
 

@@ -39,6 +39,9 @@ cudaError_t LaunchPlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, i
 cudaError_t LaunchGroupedGemm(const float* x, const void* const* weights, int elem, int64_t out_features,
                               int64_t in_features, const int64_t* offsets, int64_t groups, int64_t max_rows,
                               float* y, cudaStream_t stream);
+// out[i] = bf16(x[i]) rounded to nearest even; out[i] = x[i] widened. n values.
+cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+cudaError_t LaunchWidenBf16(const uint16_t* x, int64_t n, float* out, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out,
                              cudaStream_t stream);
 cudaError_t LaunchScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,

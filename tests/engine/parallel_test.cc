@@ -62,6 +62,45 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
 }
 
 // The engine with each layout: 24 mixed requests, greedy, against one rank.
+// Where the expert GEMMs round their activations to bf16 (the avx512-bf16 and AMX kernels with
+// bf16 or FP8 experts), the rows go to the experts as bf16: the logits are bit for bit the fp32
+// wire's (and the one rank's), and the all-to-all carries exactly 2 bytes less per hidden value
+// of every row routed to another rank.
+TEST_P(ParallelTest, RowsTravelAsBf16WhereTheExpertsRoundThemAnyway) {
+  if (!CpuBackend().RoundsActivationsToBf16(storage_)) {
+    GTEST_SKIP() << "this CPU's kernels do not round activations to bf16 (cpuid: no avx512_bf16 or amx_bf16)";
+  }
+  const int64_t block = 8, blocks = 64;
+  const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
+  const ForwardInput in = MakeStep(config_, blocks, block, 2, {9, 17, 4}, seed_);
+  const std::vector<float> want = OneRankLogits(in, layout);
+  std::vector<float> logits[2];
+  int64_t bytes[2] = {0, 0};
+  for (int wire = 0; wire < 2; ++wire) {  // 0: fp32 rows (--fp32-dispatch); 1: bf16 rows
+    ParallelConfig p = ToConfig({2, 1});
+    p.bf16_dispatch = wire == 1;
+    auto x = ParallelExecutor::Create(p, weights_.get(), &backend_, layout, CpuRanks());
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_EQ((*x)->bf16_dispatch(), wire == 1);
+    ForwardStats fs;
+    ParallelStepStats ps;
+    ASSERT_TRUE((*x)->Forward(in, Ids(3), &logits[wire], &fs, &ps).ok());
+    bytes[wire] = ps.a2a_bytes;
+  }
+  ASSERT_EQ(logits[1].size(), want.size());
+  EXPECT_EQ(0, std::memcmp(logits[1].data(), logits[0].data(), want.size() * sizeof(float)))
+      << "bf16 rows changed the logits (seed " << seed_ << ")";
+  EXPECT_EQ(0, std::memcmp(logits[1].data(), want.data(), want.size() * sizeof(float)))
+      << "bf16 rows differ from one rank (seed " << seed_ << ")";
+  const int64_t saved = bytes[0] - bytes[1], row = 2 * config_.hidden_size;
+  EXPECT_GT(saved, 0);
+  EXPECT_EQ(saved % row, 0) << saved << " bytes saved is not a whole number of rows of " << row << " bytes";
+  // Of every routed row's 4 + 8h bytes (its expert id, the row out, its result back), 2h.
+  const double share = static_cast<double>(saved) / static_cast<double>(bytes[0]);
+  EXPECT_GT(share, 0.2) << bytes[1] << " bytes with bf16 rows, " << bytes[0] << " with fp32";
+  EXPECT_LE(share, 0.25) << bytes[1] << " bytes with bf16 rows, " << bytes[0] << " with fp32";
+}
+
 TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
   std::mt19937 gen(seed_ + 1);
   std::vector<GenerateRequest> reqs(24);

@@ -381,6 +381,27 @@ TEST_F(CudaBackendTest, EditLogitsEqualsTheCpuBackend) {
   EXPECT_LE(worst, 1e-6) << "max relative error " << worst << " over " << edits.size() << " edits, seed " << seed_;
 }
 
+// The bf16 wire's conversions: bit for bit the CPU backend's, NaNs, infinities, ties and
+// subnormals included, and back.
+TEST_F(CudaBackendTest, Bf16ConversionsEqualTheCpuBackend) {
+  std::vector<float> x = Random(100003, 1000.0f);
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 1.00390625f /* a tie */, 1e-40f, -0.0f};
+  for (size_t i = 0; i < std::size(special); ++i) x[i] = special[i];
+  std::vector<uint16_t> want(x.size());
+  cpu_.RoundToBf16(x.data(), static_cast<int64_t>(x.size()), want.data());
+  std::vector<uint16_t> out(x.size());
+  uint16_t* d = Up(out);
+  gpu_->RoundToBf16(Up(x), static_cast<int64_t>(x.size()), d);
+  EXPECT_EQ(Down(d, x.size()), want);
+  std::vector<float> wide(x.size()), wide_want(x.size());
+  cpu_.WidenBf16(want.data(), static_cast<int64_t>(x.size()), wide_want.data());
+  float* w = Up(wide);
+  gpu_->WidenBf16(Up(want), static_cast<int64_t>(x.size()), w);
+  const std::vector<float> got = Down(w, x.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), wide_want.data(), got.size() * sizeof(float)));
+}
+
 // Pinned host memory and the copy stream: a copy sees what compute enqueued before it wrote,
 // compute enqueued after OrderComputeAfterCopies sees what a copy wrote, and WaitCopy makes a
 // device-to-host copy visible to the host; more copies than the ticket ring holds.
