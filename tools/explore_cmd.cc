@@ -51,7 +51,7 @@ std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>> Best(const std
 Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
   Json out = Json::array();
   for (const MeasuredPoint& p : measured) {
-    out.push_back({{"ep", p.ep}, {"pp", p.pp}, {"sequences", p.sequences},
+    out.push_back({{"ep", p.ep}, {"pp", p.pp}, {"sequences", p.sequences}, {"ranks_as", p.processes ? "processes" : "threads"},
                    {"predicted_step_seconds", p.predicted_step_seconds}, {"measured_step_seconds", p.measured_step_seconds},
                    {"predicted_tokens_per_second", p.predicted_tokens_per_second},
                    {"measured_tokens_per_second", p.measured_tokens_per_second}, {"error", p.error},
@@ -63,15 +63,16 @@ Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
 
 // Predicted beside measured, each layout as it ran here (its ranks threads sharing the machine).
 void PrintMeasured(const std::vector<MeasuredPoint>& measured, const roofline::HardwareProfile& hw) {
-  std::printf("measured on this machine (%s), each rank a thread with its share of the cores and the memory bandwidth:\n",
+  std::printf("measured on this machine (%s), each rank (a thread, or a process) with its share of the cores and the memory bandwidth:\n",
               hw.name.c_str());
   std::printf("(error: the measured decode step's time over the predicted one, less 1; comm: time in collectives and\n"
               " stage hand-offs per token, waiting included)\n");
-  std::printf("%4s %4s %9s | %14s %14s %8s | %16s %16s\n", "ep", "pp", "sequences", "predicted tok/s",
+  std::printf("%4s %4s %9s %9s | %14s %14s %8s | %16s %16s\n", "ep", "pp", "ranks as", "sequences", "predicted tok/s",
               "measured tok/s", "error", "comm us/tok pred", "comm us/tok meas");
   for (const MeasuredPoint& p : measured) {
-    std::printf("%4lld %4lld %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f\n", static_cast<long long>(p.ep),
-                static_cast<long long>(p.pp), static_cast<long long>(p.sequences), p.predicted_tokens_per_second,
+    std::printf("%4lld %4lld %9s %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f\n", static_cast<long long>(p.ep),
+                static_cast<long long>(p.pp), p.processes ? "processes" : "threads", static_cast<long long>(p.sequences),
+                p.predicted_tokens_per_second,
                 p.measured_tokens_per_second, 100 * p.error, p.predicted_comm_us_per_token, p.measured_comm_us_per_token);
   }
 }
@@ -227,6 +228,9 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
                 "count that fits, and print the decode speed measured beside the roofline's prediction for the layout "
                 "as it runs here (each rank a share of the machine). Needs --model or --preset and --hardware from "
                 "`moeserve calibrate`; every point prefills its sequences to --context first, so keep it small");
+  cmd->add_flag("--measure-processes", o->m.processes,
+                "With --measure: also run each layout of several ranks as an MPI job of that many processes on this "
+                "machine (mpirun --oversubscribe; `moeserve bench` with the same workload), beside the threads");
   cmd->add_option("--measure-steps", o->m.steps, "Decode steps timed per measured point (the median is reported)")
       ->capture_default_str();
   cmd->add_option("--measure-max-ranks", o->m.max_ranks, "Layouts of more ranks are not measured")->capture_default_str();

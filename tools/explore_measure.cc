@@ -1,11 +1,17 @@
 // The layout explorer's measurements (see explore_measure.h).
 #include "tools/explore_measure.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/file_util.h"
 #include "core/progress.h"
 #include "core/status.h"
 #include "tools/launch.h"
@@ -18,6 +24,53 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// How long each sequence runs: until the last prompt is prefilled and `steps` more steps have
+// run with all of them (the prefill takes about this many steps of the default token budget);
+// and the KV blocks that holds.
+struct RunPlan {
+  int64_t max_tokens = 0, kv_blocks = 0;
+};
+absl::StatusOr<RunPlan> PlanRun(const MeasureOptions& o, const roofline::ParallelLayout& layout, int64_t sequences) {
+  const int64_t budget = SchedulerConfig().max_tokens_per_step;
+  const int64_t prefill_steps = (sequences * o.context + budget - 1) / budget + 1;
+  RunPlan p;
+  p.max_tokens = o.steps + prefill_steps + 1;
+  ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(o.model));
+  if (o.context + p.max_tokens > model.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, " and ", p.max_tokens,
+                                                   " tokens to decode (", sequences, " sequences prefilled ", budget,
+                                                   " tokens a step, then --measure-steps) exceed the model's context of ",
+                                                   model.max_position_embeddings));
+  }
+  const int64_t blocks_per_seq = (o.context + p.max_tokens + 16) / 16 + 1;
+  p.kv_blocks = sequences * blocks_per_seq + 2 * layout.ep * blocks_per_seq;
+  return p;
+}
+
+// The medians of the decode steps that ran all `sequences` (no prefill), as a point.
+struct DecodeSteps {
+  std::vector<double> observed, predicted, comm, predicted_comm;
+};
+absl::StatusOr<MeasuredPoint> ToPoint(const roofline::ParallelLayout& layout, int64_t sequences, const DecodeSteps& d) {
+  if (d.observed.empty()) {
+    return absl::InternalError(absl::StrCat("ep", layout.ep, " pp", layout.pp, ", ", sequences,
+                                            " sequences: no decode step of all of them was seen"));
+  }
+  MeasuredPoint p;
+  p.ep = layout.ep;
+  p.pp = layout.pp;
+  p.sequences = sequences;
+  p.measured_step_seconds = Median(d.observed);
+  p.predicted_step_seconds = Median(d.predicted);
+  p.measured_tokens_per_second = static_cast<double>(sequences) / p.measured_step_seconds;
+  p.predicted_tokens_per_second =
+      p.predicted_step_seconds > 0 ? static_cast<double>(sequences) / p.predicted_step_seconds : 0;
+  p.error = p.predicted_step_seconds > 0 ? p.measured_step_seconds / p.predicted_step_seconds - 1 : 0;
+  p.measured_comm_us_per_token = 1e6 * Median(d.comm) / static_cast<double>(sequences);
+  p.predicted_comm_us_per_token = 1e6 * Median(d.predicted_comm) / static_cast<double>(sequences);
+  return p;
 }
 
 // One layout at one sequences count: a fresh engine, the prompts prefilled, the decode steps of
@@ -33,20 +86,9 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   f.config.block_size = 16;
   f.config.scheduler.max_num_seqs = std::max<int64_t>(sequences, 1);
   f.config.step_history = 1 << 14;
-  // Every sequence keeps decoding until the last prompt is prefilled and `steps` more steps
-  // have run with all of them: the prefill takes about this many steps of the token budget.
-  const int64_t budget = f.config.scheduler.max_tokens_per_step;
-  const int64_t prefill_steps = (sequences * o.context + budget - 1) / budget + 1;
-  const int64_t max_tokens = o.steps + prefill_steps + 1;
-  ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(o.model));
-  if (o.context + max_tokens > model.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, " and ", max_tokens,
-                                                   " tokens to decode (", sequences, " sequences prefilled ", budget,
-                                                   " tokens a step, then --measure-steps) exceed the model's context of ",
-                                                   model.max_position_embeddings));
-  }
-  const int64_t blocks_per_seq = (o.context + max_tokens + 16) / 16 + 1;
-  f.config.num_kv_blocks = sequences * blocks_per_seq + 2 * layout.ep * blocks_per_seq;
+  ASSIGN_OR_RETURN(const RunPlan plan, PlanRun(o, layout, sequences));
+  const int64_t max_tokens = plan.max_tokens;
+  f.config.num_kv_blocks = plan.kv_blocks;
   ASSIGN_OR_RETURN(EngineConfig config, MakeEngineConfig(f));
   config.hardware = RankShare(o.hw, ranks);
   ASSIGN_OR_RETURN(std::unique_ptr<Launched> run, LaunchEngine(f, o.model, config, nullptr, "explore: "));
@@ -61,32 +103,65 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
     RETURN_IF_ERROR(engine.Submit(std::move(r), [](const RequestEvent&) {}).status());
   }
   RETURN_IF_ERROR(engine.RunUntilIdle());
-  std::vector<double> observed, predicted, comm, predicted_comm;
+  DecodeSteps d;
   for (const StepRecord& s : engine.GetStats().recent_steps) {
     if (s.prefill_tokens != 0 || s.num_seqs != sequences) continue;
-    observed.push_back(s.duration_seconds);
-    predicted.push_back(s.predicted_seconds);
-    comm.push_back(s.comm_seconds);
-    predicted_comm.push_back(s.predicted_comm_seconds);
+    d.observed.push_back(s.duration_seconds);
+    d.predicted.push_back(s.predicted_seconds);
+    d.comm.push_back(s.comm_seconds);
+    d.predicted_comm.push_back(s.predicted_comm_seconds);
   }
-  if (observed.empty()) {
-    return absl::InternalError(absl::StrCat("ep", layout.ep, " pp", layout.pp, ", ", sequences,
-                                            " sequences: no decode step of all of them was seen"));
+  return ToPoint(layout, sequences, d);
+}
+
+#if MOESERVE_HAVE_MPI
+// The same point as an MPI job of one process per rank on this machine: `moeserve bench` under
+// mpirun with the same workload, predicting with the rank's share of the machine, its steps
+// read back from its --trace-jsonl.
+absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, const roofline::ParallelLayout& layout,
+                                                      int64_t sequences) {
+  ASSIGN_OR_RETURN(const RunPlan plan, PlanRun(o, layout, sequences));
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) return absl::InternalError("explore: cannot find its own executable (/proc/self/exe)");
+  self[len] = '\0';
+  char dir_template[] = "/tmp/moeserve-explore-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("explore: cannot make a temporary directory");
+  const std::string dir = dir_template, hw = dir + "/hw.json", steps = dir + "/steps.jsonl";
+  RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices()).ToJson()));
+  const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
+                                                      : absl::StrCat(" --model '", o.model.model_dir, "'");
+  const std::string cmd = absl::StrCat(
+      MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "", " -np ", layout.devices(),
+      " '", self, "' bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences,
+      " --prompt-len ", o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ",
+      plan.kv_blocks, " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '",
+      steps, "' 2>&1");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("explore: cannot run ", cmd));
+  std::string log;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) log.append(buf, n);
+  const int rc = pclose(pipe);
+  const absl::StatusOr<std::string> text = ReadFileToString(steps);
+  std::filesystem::remove_all(dir);
+  if (rc != 0 || !text.ok()) {
+    return absl::UnavailableError(absl::StrCat("explore: ", cmd, " failed (status ", rc, "): ", log));
   }
-  MeasuredPoint p;
-  p.ep = layout.ep;
-  p.pp = layout.pp;
-  p.sequences = sequences;
-  p.measured_step_seconds = Median(observed);
-  p.predicted_step_seconds = Median(predicted);
-  p.measured_tokens_per_second = static_cast<double>(sequences) / p.measured_step_seconds;
-  p.predicted_tokens_per_second =
-      p.predicted_step_seconds > 0 ? static_cast<double>(sequences) / p.predicted_step_seconds : 0;
-  p.error = p.predicted_step_seconds > 0 ? p.measured_step_seconds / p.predicted_step_seconds - 1 : 0;
-  p.measured_comm_us_per_token = 1e6 * Median(comm) / static_cast<double>(sequences);
-  p.predicted_comm_us_per_token = 1e6 * Median(predicted_comm) / static_cast<double>(sequences);
+  DecodeSteps d;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    const nlohmann::json s = nlohmann::json::parse(line, nullptr, false);
+    if (s.is_discarded() || s.value("prefill_tokens", -1) != 0 || s.value("num_seqs", -1) != sequences) continue;
+    d.observed.push_back(s["duration_s"].get<double>());
+    d.predicted.push_back(s["predicted_s"]["total"].get<double>());
+    d.comm.push_back(s["observed_s"]["comm"].get<double>());
+    d.predicted_comm.push_back(s["predicted_s"]["comm"].get<double>());
+  }
+  ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
+  p.processes = true;
   return p;
 }
+#endif
 
 }  // namespace
 
@@ -116,19 +191,28 @@ absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& 
       if (p.fits && p.sequences <= o.max_sequences) todo.emplace_back(c.layout, p.sequences);
     }
   }
+#if !MOESERVE_HAVE_MPI
+  if (o.processes) return absl::FailedPreconditionError("--measure-processes needs a moeserve built with MPI");
+#endif
   std::vector<MeasuredPoint> out;
   Progress progress("explore --measure", static_cast<int64_t>(todo.size()), o.progress);
   for (size_t i = 0; i < todo.size(); ++i) {
     const auto& [layout, n] = todo[i];
     progress.Update(static_cast<int64_t>(i), absl::StrCat("ep", layout.ep, " pp", layout.pp, " x ", n, " sequences"));
-    absl::StatusOr<MeasuredPoint> p = MeasurePoint(o, layout, n);
-    if (!p.ok() && p.status().code() == absl::StatusCode::kInvalidArgument) return p.status();
-    if (!p.ok()) {  // this point only: say so and go on with the others
-      std::fprintf(stderr, "explore: ep%lld pp%lld, %lld sequences not measured: %s\n", static_cast<long long>(layout.ep),
-                   static_cast<long long>(layout.pp), static_cast<long long>(n), std::string(p.status().message()).c_str());
-      continue;
+    std::vector<absl::StatusOr<MeasuredPoint>> runs = {MeasurePoint(o, layout, n)};
+#if MOESERVE_HAVE_MPI
+    if (o.processes && layout.devices() > 1) runs.push_back(MeasurePointInProcesses(o, layout, n));
+#endif
+    for (absl::StatusOr<MeasuredPoint>& p : runs) {
+      if (!p.ok() && p.status().code() == absl::StatusCode::kInvalidArgument) return p.status();
+      if (!p.ok()) {  // this point only: say so and go on with the others
+        std::fprintf(stderr, "explore: ep%lld pp%lld, %lld sequences not measured: %s\n",
+                     static_cast<long long>(layout.ep), static_cast<long long>(layout.pp), static_cast<long long>(n),
+                     std::string(p.status().message()).c_str());
+        continue;
+      }
+      out.push_back(*p);
     }
-    out.push_back(*p);
   }
   progress.Finish(static_cast<int64_t>(todo.size()), "done");
   return out;

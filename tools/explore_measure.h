@@ -25,11 +25,13 @@ struct MeasureOptions {
   int64_t max_ranks = 4;         // layouts of more ranks are not run
   int64_t max_sequences = 64;    // points of more sequences are not run
   int threads = 0;               // of this process (0: one per hardware thread), split over the ranks
+  bool processes = false;        // also run each layout of several ranks as processes under mpirun
   bool progress = true;
 };
 
 struct MeasuredPoint {
   int64_t ep = 1, pp = 1, sequences = 0;
+  bool processes = false;             // the ranks were processes of an MPI job (else threads)
   double predicted_step_seconds = 0;  // the roofline, per decode step of all the sequences, as run here
   double measured_step_seconds = 0;   // median over the timed decode steps
   double predicted_tokens_per_second = 0, measured_tokens_per_second = 0;
@@ -39,7 +41,9 @@ struct MeasuredPoint {
 };
 
 // Every point of `candidates` that fits and is within the limits, each run on a fresh engine: the
-// sequences prefilled to `context` tokens of random ids, then `steps` decode steps timed.
+// sequences prefilled to `context` tokens of random ids, then `steps` decode steps timed. With
+// `processes`, each layout of several ranks runs again as an MPI job of that many processes on
+// this machine (`moeserve bench` under mpirun, its steps read from --trace-jsonl).
 absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& o,
                                                           const std::vector<roofline::LayoutCandidate>& candidates);
 

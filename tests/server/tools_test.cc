@@ -203,6 +203,35 @@ TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
   std::filesystem::remove_all(dir);
 }
 
+// --measure-processes runs each layout of several ranks again as an MPI job of that many
+// processes (moeserve bench under mpirun): every such point comes back, measured and predicted.
+TEST(E2eToolsTest, ExploreMeasuresLayoutsAsProcessesToo) {
+#ifndef MOESERVE_MPIEXEC
+  GTEST_SKIP() << "built without MPI (no mpiexec found at configure time)";
+#else
+  const std::string dir = MakeTempDir("explore-processes");
+  const std::string hw = MOESERVE_SOURCE_DIR "/docs/data/zen4-calibrate.json";
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", hw, "--devices", "2", "--sequences", "1,2",
+                        "--context", "24", "--measure", "--measure-processes", "--measure-steps", "3", "--json",
+                        dir + "/m.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(ReadAll(dir + "/m.json"));
+  size_t threads = 0, processes = 0;
+  for (const auto& m : j["measured"]) {
+    (m["ranks_as"] == "processes" ? processes : threads) += 1;
+    EXPECT_GT(m["measured_tokens_per_second"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["predicted_tokens_per_second"].get<double>(), 0) << m.dump();
+    if (m["ranks_as"] == "processes") EXPECT_GT(m["ep"].get<int>() * m["pp"].get<int>(), 1) << m.dump();
+  }
+  EXPECT_EQ(threads, 5u) << j["measured"].dump();
+  EXPECT_EQ(processes, 3u) << "ep1 pp2 (2), ep2 pp1 (1, 2) as processes: " << j["measured"].dump() << err;
+  std::filesystem::remove_all(dir);
+#endif
+}
+
 // `moeserve generate` runs one request on the engine the servers run: the servers' default
 // max_tokens (16), their validation (the request field named), and their stop strings (the
 // text cut before the first one, taken here from the uncut text).
