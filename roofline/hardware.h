@@ -34,6 +34,10 @@ struct HardwareProfile {
   // seconds: what a decode-sized message costs whatever its bytes. 0: not modelled.
   double interconnect_latency = 0;
   double scale_out_latency = 0;
+  // On a CPU: the all-to-all between ranks that are threads of one process (a rendezvous in
+  // memory), by the same measure; what a layout of thread ranks pays. 0: not measured.
+  double thread_interconnect_bandwidth = 0;
+  double thread_interconnect_latency = 0;
   double host_link_bandwidth = 0;     // device <-> host DDR, bytes/s per direction (PCIe)
   double disk_read_bandwidth = 0;     // flash, bytes/s
   double disk_write_bandwidth = 0;

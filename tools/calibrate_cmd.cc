@@ -56,6 +56,15 @@ int RunCalibrate(const CalibrateOptions& o) {
   CpuBackend backend(bo);
   auto result = calibrate::Calibrate(&backend, cs);
   if (!result.ok()) return Fail(result.status());
+  // Between threads of one process: what a layout of thread ranks pays per all-to-all.
+  if (cs.progress) std::fprintf(stderr, "calibrate: all-to-all between 2 threads ...\n");
+  if (auto threads = moeserve::calibrate::MeasureThreadTransport(o.quick); threads.ok()) {
+    result->json["thread_interconnect_bandwidth"] = moeserve::calibrate::BestBandwidth(*threads);
+    result->json["thread_interconnect_latency_s"] = moeserve::calibrate::CallLatency(*threads);
+    result->json["thread_alltoall"] = *threads;
+  } else {
+    std::fprintf(stderr, "calibrate: no thread all-to-all measured: %s\n", std::string(threads.status().message()).c_str());
+  }
   if (!o.no_mpi) {
     // Between processes: shared memory stands for the scale-up links, TCP for the scale-out
     // network; their all-to-all bandwidths price the EP traffic inside and across domains.

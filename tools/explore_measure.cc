@@ -90,7 +90,7 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   const int64_t max_tokens = plan.max_tokens;
   f.config.num_kv_blocks = plan.kv_blocks;
   ASSIGN_OR_RETURN(EngineConfig config, MakeEngineConfig(f));
-  config.hardware = RankShare(o.hw, ranks);
+  config.hardware = RankShare(o.hw, ranks, /*threads=*/true);
   ASSIGN_OR_RETURN(std::unique_ptr<Launched> run, LaunchEngine(f, o.model, config, nullptr, "explore: "));
   Engine& engine = *run->engine;
   const ModelConfig& c = engine.model_config();
@@ -128,7 +128,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   char dir_template[] = "/tmp/moeserve-explore-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("explore: cannot make a temporary directory");
   const std::string dir = dir_template, hw = dir + "/hw.json", steps = dir + "/steps.jsonl";
-  RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices()).ToJson()));
+  RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false).ToJson()));
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
   const std::string cmd = absl::StrCat(
@@ -165,7 +165,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
 
 }  // namespace
 
-roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks) {
+roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads) {
   roofline::HardwareProfile r = hw;
   const double share = 1.0 / static_cast<double>(std::max<int64_t>(ranks, 1));
   r.peak_flops_bf16 *= share;
@@ -174,8 +174,12 @@ roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t
   r.mem_bandwidth *= share;
   r.llc_bandwidth *= share;
   r.llc_bytes *= share;
-  // Thread ranks exchange through memory: without a measured scale-up link, its share of the
-  // memory bandwidth stands for one.
+  // Thread ranks exchange through memory, at what calibrate measured between threads; without
+  // that, the share of the memory bandwidth stands for the link (and no latency is priced).
+  if (threads && hw.thread_interconnect_bandwidth > 0) {
+    r.interconnect_bandwidth = hw.thread_interconnect_bandwidth;
+    r.interconnect_latency = hw.thread_interconnect_latency;
+  }
   if (r.interconnect_bandwidth <= 0) r.interconnect_bandwidth = r.mem_bandwidth;
   r.name = ranks > 1 ? absl::StrCat(hw.name, " / ", ranks, " ranks") : hw.name;
   return r;

@@ -47,8 +47,9 @@ struct MeasuredPoint {
 absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& o,
                                                           const std::vector<roofline::LayoutCandidate>& candidates);
 
-// The profile of one rank of a layout of `ranks` threads on the machine `hw` describes: its
-// share of the compute and of the memory bandwidth.
-roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks);
+// The profile of one rank of a layout of `ranks` on the machine `hw` describes: its share of the
+// compute and of the memory bandwidth; its link, the all-to-all calibrate measured between
+// `threads` (else between processes: the profile's interconnect, over MPI's shared memory).
+roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads);
 
 }  // namespace moeserve::tools

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#if MOESERVE_HAVE_MPI
 #include "parallel/alltoall_probe.h"
+#include "parallel/comm_group.h"
+#if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
 #endif
 
@@ -30,6 +33,23 @@ double CallLatency(const nlohmann::json& probe) {
   });
   const double bytes = smallest["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
   return std::max(0.0, smallest["median_us"].get<double>() * 1e-6 - bytes / bw);
+}
+
+absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick) {
+  const std::unique_ptr<CommGroup> group = MakeLocalGroup(2);
+  nlohmann::json sizes = nlohmann::json::array();
+  for (int64_t bytes : {int64_t{4096}, int64_t{65536}, int64_t{1} << 20, int64_t{8} << 20}) {
+    absl::StatusOr<AllToAllTiming> timing[2];
+    std::thread peer([&] { timing[1] = TimeAllToAll(group->rank(1), bytes, quick ? 5 : 40, quick ? 2 : 5); });
+    timing[0] = TimeAllToAll(group->rank(0), bytes, quick ? 5 : 40, quick ? 2 : 5);
+    peer.join();
+    for (const auto& t : timing) RETURN_IF_ERROR(t.status());
+    sizes.push_back({{"bytes_per_peer", timing[0]->bytes_per_peer},
+                     {"median_us", timing[0]->median_us},
+                     {"p90_us", timing[0]->p90_us},
+                     {"bus_bytes_per_second", timing[0]->bus_bytes_per_second}});
+  }
+  return nlohmann::json{{"ranks", 2}, {"sizes", sizes}};
 }
 
 #if MOESERVE_HAVE_MPI

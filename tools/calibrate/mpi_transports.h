@@ -22,6 +22,10 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick);
 // {"shared_memory": {...}, "tcp": {...}} with every size's timings. UNIMPLEMENTED without MPI.
 absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick);
 
+// The same all-to-all between 2 ranks that are threads of this process (parallel/
+// local_communicator.h), as JSON of the same shape: what a layout of thread ranks pays per call.
+absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick);
+
 // The best bus bandwidth any message size reached in a probe's JSON (bytes/s), as a link's
 // datasheet figure is: small messages are bound by latency, very large ones fall out of cache.
 double BestBandwidth(const nlohmann::json& probe);
