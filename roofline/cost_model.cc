@@ -97,19 +97,24 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   if (logit_rows == 0) dense_bytes -= m.lm_head_params * m.lm_head_bytes_per_param;
   c.weight_bytes = dense_bytes + (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
 
-  // Per device: a 1/ep share of the FLOPs and of the KV (weights: see WeightSeconds). Pipeline
-  // stages run one after another, so their times add up to the same totals.
+  // Per device: a 1/ep share of the FLOPs (the busiest rank's share of the attention) and of the
+  // KV (weights: see WeightSeconds). Pipeline stages run one after another, so their times add
+  // up to the same totals.
   const double ep = static_cast<double>(layout.ep);
-  c.attention_seconds = c.attention_flops / (hw.AttentionPeakFlops(m.weight_dtype) * ep);
+  // A sequence lives on one EP rank (attention is data-parallel): the step waits for the busiest,
+  // which holds ceil(n / ep) of the n sequences, their attention and their KV.
+  const double n_seqs = static_cast<double>(shape.seqs.size());
+  const double seq_share = n_seqs > 0 ? std::ceil(n_seqs / ep) / n_seqs : 1.0 / ep;
+  c.attention_seconds = c.attention_flops * seq_share / hw.AttentionPeakFlops(m.weight_dtype);
   c.compute_seconds = (c.flops - c.attention_flops) / (hw.PeakFlops(m.weight_dtype) * ep) + c.attention_seconds;
   // What a device cycles through from step to step: its weights (every expert it holds may be
   // hit by a later step) and its sequences' KV. Where that fits in the LLC, it streams from there.
   const double dense = m.replicated_params * m.weight_bytes_per_param;
-  const double working_set = dense + (m.TotalWeightBytes() - dense) / ep + (c.kv_read_bytes + c.kv_write_bytes) / ep;
+  const double working_set = dense + (m.TotalWeightBytes() - dense) / ep + (c.kv_read_bytes + c.kv_write_bytes) * seq_share;
   const double bandwidth = hw.BandwidthFor(working_set);
   c.llc_resident = bandwidth != hw.mem_bandwidth;
   c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth);
-  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) / (bandwidth * ep);
+  c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) * seq_share / bandwidth;
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
   // Expert parallelism: each token's activation goes to its k experts and back, to every EP

@@ -120,6 +120,25 @@ TEST(CostModelTest, DecodeStepCountsFlopsAndBytesByHand) {
 // An expert layer spread over two scale-up domains: the traffic to the other domain crosses the
 // scale-out NIC (50 GB/s per H100 against NVLink's 450 GB/s), and that link, busy at the same
 // time as NVLink, sets the time.
+// A sequence lives on one EP rank: the step waits for the rank with the most, ceil(n / ep) of
+// the n sequences, and their attention and KV; computed here by hand from the one-rank figures.
+TEST(CostModelTest, AttentionAndKvAreTheBusiestEpRanks) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  ParallelLayout ep4;
+  ep4.ep = 4;
+  for (int64_t n : {1, 3, 4, 6, 8}) {
+    const StepCost one = PredictStep(m, StepShape::Decode(n, 2000), *hw, ParallelLayout());
+    const StepCost four = PredictStep(m, StepShape::Decode(n, 2000), *hw, ep4);
+    const double busiest = std::ceil(n / 4.0) / static_cast<double>(n);  // its share of the sequences
+    EXPECT_NEAR(four.attention_seconds, one.attention_seconds * busiest, 1e-12 + 1e-9 * one.attention_seconds) << n;
+    EXPECT_NEAR(four.kv_seconds, one.kv_seconds * busiest, 1e-12 + 1e-9 * one.kv_seconds) << n;
+  }
+}
+
 TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   auto c = AnalysisPreset("mixtral-8x7b");
   ASSERT_TRUE(c.ok());
