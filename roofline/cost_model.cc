@@ -66,12 +66,13 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
 }
 
 double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
-                     double experts_hit, bool any_logits, double bandwidth) {
+                     double experts_hit, bool any_logits, double bandwidth, double expert_imbalance) {
   if (bandwidth <= 0) bandwidth = hw.mem_bandwidth;
   double dense_bytes = m.DenseBytes();
   if (!any_logits) dense_bytes -= m.lm_head_params * m.lm_head_bytes_per_param;
   const double spread_bytes = (experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
-  return dense_bytes / bandwidth + spread_bytes / (bandwidth * static_cast<double>(layout.ep));
+  const double share = std::min(1.0, std::max(expert_imbalance, 1.0) / static_cast<double>(layout.ep));
+  return dense_bytes / bandwidth + spread_bytes * share / bandwidth;
 }
 
 StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
@@ -104,7 +105,9 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // A sequence lives on one EP rank (attention is data-parallel): the step waits for the busiest,
   // which holds ceil(n / ep) of the n sequences, their attention and their KV.
   const double n_seqs = static_cast<double>(shape.seqs.size());
-  const double seq_share = n_seqs > 0 ? std::ceil(n_seqs / ep) / n_seqs : 1.0 / ep;
+  const double seq_share = shape.attention_rank_imbalance > 0 ? std::min(1.0, shape.attention_rank_imbalance / ep)
+                           : n_seqs > 0                        ? std::ceil(n_seqs / ep) / n_seqs
+                                                               : 1.0 / ep;
   c.attention_seconds = c.attention_flops * seq_share / hw.AttentionPeakFlops(m.weight_dtype);
   c.compute_seconds = (c.flops - c.attention_flops) / (hw.PeakFlops(m.weight_dtype) * ep) + c.attention_seconds;
   // What a device cycles through from step to step: its weights (every expert it holds may be
@@ -113,7 +116,8 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   const double working_set = dense + (m.TotalWeightBytes() - dense) / ep + (c.kv_read_bytes + c.kv_write_bytes) * seq_share;
   const double bandwidth = hw.BandwidthFor(working_set);
   c.llc_resident = bandwidth != hw.mem_bandwidth;
-  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth);
+  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth,
+                                   shape.expert_rank_imbalance);
   c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) * seq_share / bandwidth;
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 

@@ -68,6 +68,12 @@ struct StepShape {
   // routing, layers * E * (1 - (1 - k/E)^tokens).
   double experts_hit = -1;
   double transfer_bytes = 0;  // KV moved between tiers during the step (host link)
+  // Expert parallelism, where the step was measured: max over mean of the expert rows per EP
+  // rank, and of the tokens per EP rank (its sequences'). The step waits for the busiest rank.
+  // 0: not known; the experts' work is taken as even, and the busiest rank as holding
+  // ceil(n / ep) of the n sequences.
+  double expert_rank_imbalance = 0;
+  double attention_rank_imbalance = 0;
 
   int64_t Tokens() const;
   static StepShape Decode(int64_t batch, int64_t context);
@@ -106,11 +112,11 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens);
 
 // Per-device weight-read seconds of a step: each EP rank reads its own copy of the dense
 // weights (the lm_head only when a row samples), and a 1/ep share of the experts hit and of
-// the embedding rows of `tokens`.
+// the embedding rows of `tokens` (the busiest rank's: `expert_imbalance` / ep, where measured).
 // `bandwidth`: bytes/s the weights stream at (0: the memory's; PredictStep passes the LLC's when
 // the step's working set fits there).
 double WeightSeconds(const ModelCosts& model, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
-                     double experts_hit, bool any_logits, double bandwidth = 0);
+                     double experts_hit, bool any_logits, double bandwidth = 0, double expert_imbalance = 1);
 
 StepCost PredictStep(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout = {}, const Efficiency& eff = {});

@@ -183,6 +183,7 @@ int RunExplore(ExploreOptions o) {
   if (o.measure) {
     MeasureOptions m = o.m;
     m.hw = *hw;
+    m.hardware_path = o.hardware;
     m.context = o.context;
     m.kv_dtype = o.kv_dtype;
     auto measured = MeasureLayouts(m, all);
@@ -231,6 +232,9 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--measure-processes", o->m.processes,
                 "With --measure: also run each layout of several ranks as an MPI job of that many processes on this "
                 "machine (mpirun --oversubscribe; `moeserve bench` with the same workload), beside the threads");
+  cmd->add_option("--calibration", o->m.calibration,
+                  "With --measure: a `moeserve bench --sweep-batch ... --out` JSON of this machine whose fitted "
+                  "efficiencies turn the measured layouts' predictions from the bound into calibrated ones");
   cmd->add_option("--measure-steps", o->m.steps, "Decode steps timed per measured point (the median is reported)")
       ->capture_default_str();
   cmd->add_option("--measure-max-ranks", o->m.max_ranks, "Layouts of more ranks are not measured")->capture_default_str();

@@ -86,6 +86,8 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   f.config.block_size = 16;
   f.config.scheduler.max_num_seqs = std::max<int64_t>(sequences, 1);
   f.config.step_history = 1 << 14;
+  f.hardware = o.hardware_path;  // for the calibration's efficiencies; the rank's share replaces it below
+  f.calibration = o.calibration;
   ASSIGN_OR_RETURN(const RunPlan plan, PlanRun(o, layout, sequences));
   const int64_t max_tokens = plan.max_tokens;
   f.config.num_kv_blocks = plan.kv_blocks;
@@ -136,7 +138,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
       " '", self, "' bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences,
       " --prompt-len ", o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ",
       plan.kv_blocks, " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '",
-      steps, "' 2>&1");
+      steps, "'", o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"), " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("explore: cannot run ", cmd));
   std::string log;

@@ -19,6 +19,10 @@ namespace moeserve::tools {
 struct MeasureOptions {
   ModelSpec model;
   roofline::HardwareProfile hw;  // this machine's
+  std::string hardware_path;     // the file it came from
+  // A `bench --sweep-batch --out` JSON whose fitted efficiencies turn the bound into a
+  // calibrated prediction (empty: the bound).
+  std::string calibration;
   std::string kv_dtype = "bf16";
   int64_t context = 256;         // tokens each sequence holds when its decode steps are timed
   int64_t steps = 8;             // decode steps timed per point

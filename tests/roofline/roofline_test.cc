@@ -137,6 +137,16 @@ TEST(CostModelTest, AttentionAndKvAreTheBusiestEpRanks) {
     EXPECT_NEAR(four.attention_seconds, one.attention_seconds * busiest, 1e-12 + 1e-9 * one.attention_seconds) << n;
     EXPECT_NEAR(four.kv_seconds, one.kv_seconds * busiest, 1e-12 + 1e-9 * one.kv_seconds) << n;
   }
+  // Where the step was measured, its own imbalances: the busiest rank's tokens (max over mean,
+  // over ep) and expert rows. All the experts' rows on one of 4 ranks: that rank streams them all.
+  StepShape measured = StepShape::Decode(8, 2000);
+  measured.attention_rank_imbalance = 2.0;  // one rank with half the tokens
+  measured.expert_rank_imbalance = 4.0;
+  const StepCost one = PredictStep(m, StepShape::Decode(8, 2000), *hw, ParallelLayout());
+  const StepCost four = PredictStep(m, measured, *hw, ep4);
+  EXPECT_NEAR(four.attention_seconds, one.attention_seconds / 2, 1e-9 * one.attention_seconds);
+  EXPECT_NEAR(four.weight_seconds, one.weight_seconds, 1e-9 * one.weight_seconds)
+      << "every expert's rows on one rank: it reads all the experts hit, as one rank does";
 }
 
 TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {

@@ -196,6 +196,18 @@ TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
     EXPECT_GT(m["predicted_tokens_per_second"].get<double>(), 0) << m.dump();
   }
   EXPECT_NE(out.find("measured tok/s"), std::string::npos) << out;
+  // With a sweep's fitted efficiencies the predictions are calibrated: slower than the bound.
+  ASSERT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", hw, "--devices", "1", "--sequences", "1",
+                        "--context", "24", "--measure", "--measure-steps", "3", "--calibration",
+                        MOESERVE_SOURCE_DIR "/docs/data/zen4-sweep-default.json", "--json", dir + "/c.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto cal = nlohmann::json::parse(ReadAll(dir + "/c.json"));
+  ASSERT_EQ(cal["measured"].size(), 1u);
+  EXPECT_LT(cal["measured"][0]["predicted_tokens_per_second"].get<double>(),
+            j["measured"][0]["predicted_tokens_per_second"].get<double>())
+      << "the calibrated prediction is not below the bound's";
   EXPECT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", "h100-sxm", "--measure"}, &out, &err), 2);
   EXPECT_NE(err.find("--hardware must be its profile from `moeserve calibrate"), std::string::npos) << err;
   EXPECT_EQ(RunCommand({"explore", "--config", hw, "--hardware", hw, "--measure"}, &out, &err), 2);
