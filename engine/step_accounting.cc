@@ -45,6 +45,12 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
     rec.predicted_transfer_seconds = cost.transfer_seconds;
     rec.predicted_bound_seconds = cost.bound_seconds;
     rec.predicted_seconds = cost.seconds;
+    if (pricing.layout.pp > 1) {  // the stages overlap the micro-batches: the pipeline's own time
+      rec.predicted_bound_seconds =
+          roofline::PipelinedStepSeconds(*pricing.costs, shape, *pricing.hardware, pricing.layout, roofline::Efficiency());
+      rec.predicted_seconds =
+          roofline::PipelinedStepSeconds(*pricing.costs, shape, *pricing.hardware, pricing.layout, pricing.efficiency);
+    }
   }
   rec.num_seqs = batch.input.num_seqs;
   rec.num_tokens = out.num_tokens;

@@ -166,4 +166,42 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   return c;
 }
 
+ModelCosts StageCosts(const ModelCosts& m, int64_t pp) {
+  if (pp <= 1) return m;
+  ModelCosts s = m;
+  const double share = std::ceil(static_cast<double>(m.layers) / static_cast<double>(pp)) / static_cast<double>(m.layers);
+  s.layers = (m.layers + pp - 1) / pp;
+  s.moe_layers = (m.moe_layers + pp - 1) / pp;
+  s.dense_params = (m.dense_params - m.lm_head_params) * share + m.lm_head_params;
+  s.replicated_params = (m.replicated_params - m.lm_head_params) * share + m.lm_head_params;
+  s.total_params = (m.total_params - m.lm_head_params) * share + m.lm_head_params;
+  s.active_params = (m.active_params - m.lm_head_params) * share + m.lm_head_params;
+  s.flops_per_token = m.flops_per_token * share;
+  s.kv_bytes_per_token = m.kv_bytes_per_token * share;
+  return s;
+}
+
+double PipelinedStepSeconds(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
+                            const ParallelLayout& layout, const Efficiency& eff) {
+  if (layout.pp <= 1) return PredictStep(m, shape, hw, layout, eff).seconds;
+  const ModelCosts stage = StageCosts(m, layout.pp);
+  ParallelLayout one_stage = layout;
+  one_stage.pp = 1;
+  const size_t n = shape.seqs.size();
+  const size_t micro = static_cast<size_t>(layout.micro_batches > 0 ? layout.micro_batches : layout.pp);
+  double total = 0, longest = 0;
+  for (size_t i = 0; i < micro; ++i) {
+    StepShape mb = shape;
+    mb.seqs.assign(shape.seqs.begin() + static_cast<long>(n * i / micro),
+                   shape.seqs.begin() + static_cast<long>(n * (i + 1) / micro));
+    if (mb.seqs.empty()) continue;
+    mb.experts_hit = -1;  // the expectation for this micro-batch's tokens
+    mb.transfer_bytes = 0;
+    const double t = PredictStep(stage, mb, hw, one_stage, eff).seconds;
+    total += t;
+    longest = std::max(longest, t);
+  }
+  return total + static_cast<double>(layout.pp - 1) * longest;
+}
+
 }  // namespace moeserve::roofline

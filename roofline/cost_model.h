@@ -54,6 +54,7 @@ struct ParallelLayout {
   int64_t ep_domain_size = 0;
   int64_t devices() const { return ep * pp; }
   bool overlap_comm = false;  // whether communication hides under compute/memory time
+  int64_t micro_batches = 0;  // with pp > 1: micro-batches per step (0: pp), for PipelinedStepSeconds
 };
 
 struct SeqShape {
@@ -120,5 +121,18 @@ double WeightSeconds(const ModelCosts& model, const HardwareProfile& hw, const P
 
 StepCost PredictStep(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout = {}, const Efficiency& eff = {});
+
+// One stage of `pp`: 1/pp of the layers (rounded up: the slowest stage), their weights, FLOPs and
+// KV, and the lm_head (the last stage's).
+ModelCosts StageCosts(const ModelCosts& model, int64_t pp);
+
+// A step through pipeline stages (layout.pp > 1) as they run it: the step's sequences cut into
+// micro-batches (consecutive, as even as they go), each passing every stage in turn, the
+// stages working on different micro-batches at once. The step lasts every micro-batch's time on
+// a stage plus the pipeline's fill, (p - 1) times the longest: (m + p - 1) stage-times for equal
+// micro-batches, so a bubble of (p-1)/(m+p-1); and each micro-batch reads its stage's weights
+// again. With `eff` the calibrated time; with Efficiency() the bound. pp 1: PredictStep's.
+double PipelinedStepSeconds(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
+                            const ParallelLayout& layout, const Efficiency& eff = {});
 
 }  // namespace moeserve::roofline

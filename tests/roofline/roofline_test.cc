@@ -149,6 +149,33 @@ TEST(CostModelTest, AttentionAndKvAreTheBusiestEpRanks) {
       << "every expert's rows on one rank: it reads all the experts hit, as one rank does";
 }
 
+// Pipeline stages overlap the micro-batches: a step of m equal micro-batches through p equal
+// stages takes (m + p - 1) times one micro-batch's time on a stage (the bubble (p-1)/(m+p-1)),
+// and a stage holds 1/p of the layers' weights and the whole lm_head.
+TEST(CostModelTest, APipelinedStepIsMPlusPMinusOneStageTimes) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  const ModelCosts half = StageCosts(m, 2);
+  const double lm_head = m.lm_head_params * m.weight_bytes_per_param;
+  EXPECT_NEAR(half.TotalWeightBytes(), (m.TotalWeightBytes() - lm_head) / 2 + lm_head, 1e-6 * m.TotalWeightBytes());
+  EXPECT_EQ(half.layers, 16);
+  EXPECT_NEAR(half.kv_bytes_per_token, m.kv_bytes_per_token / 2, 1e-9);
+  for (int64_t micro : {1, 2, 4, 8}) {
+    ParallelLayout pp2;
+    pp2.pp = 2;
+    pp2.micro_batches = micro;
+    const double step = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, pp2);
+    const double stage = PredictStep(half, StepShape::Decode(64 / micro, 1000), *hw).seconds;
+    EXPECT_NEAR(step, static_cast<double>(micro + 1) * stage, 1e-12 + 1e-9 * step) << micro << " micro-batches";
+  }
+  ParallelLayout one;
+  EXPECT_EQ(PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, one),
+            PredictStep(m, StepShape::Decode(64, 1000), *hw, one).seconds);
+}
+
 TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   auto c = AnalysisPreset("mixtral-8x7b");
   ASSERT_TRUE(c.ok());
