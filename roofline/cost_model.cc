@@ -99,8 +99,8 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.weight_bytes = dense_bytes + (c.experts_hit * m.expert_params + tokens * m.hidden) * m.weight_bytes_per_param;
 
   // Per device: a 1/ep share of the FLOPs (the busiest rank's share of the attention) and of the
-  // KV (weights: see WeightSeconds). Pipeline stages run one after another, so their times add
-  // up to the same totals.
+  // KV (weights: see WeightSeconds). Pipeline stages are summed here, as one micro-batch sees
+  // them (a step's totals of work); PipelinedStepSeconds overlaps the micro-batches.
   const double ep = static_cast<double>(layout.ep);
   // A sequence lives on one EP rank (attention is data-parallel): the step waits for the busiest,
   // which holds ceil(n / ep) of the n sequences, their attention and their KV.
