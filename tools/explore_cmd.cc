@@ -232,6 +232,9 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--measure-processes", o->m.processes,
                 "With --measure: also run each layout of several ranks as an MPI job of that many processes on this "
                 "machine (mpirun --oversubscribe; `moeserve bench` with the same workload), beside the threads");
+  cmd->add_option("--measure-mpirun-args", o->m.mpirun_args,
+                  "With --measure-processes: more arguments for mpirun, e.g. a hostfile and launch agent that put the "
+                  "ranks on other hosts or in network namespaces (docs/multi-host.md); passed through a shell");
   cmd->add_option("--calibration", o->m.calibration,
                   "With --measure: a `moeserve bench --sweep-batch ... --out` JSON of this machine whose fitted "
                   "efficiencies turn the measured layouts' predictions from the bound into calibrated ones");

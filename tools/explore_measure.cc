@@ -134,11 +134,17 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
   const std::string cmd = absl::StrCat(
-      MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "", " -np ", layout.devices(),
+      MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "", " ", o.mpirun_args,
+      " -np ", layout.devices(),
       " '", self, "' bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences,
       " --prompt-len ", o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ",
       plan.kv_blocks, " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '",
-      steps, "'", o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"), " 2>&1");
+      steps, "'", o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
+      // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size: ranks
+      // of other domains talk over the scale-out network. On one host, all over shared memory.
+      !o.mpirun_args.empty() && layout.ep_domain_size > 0 ? absl::StrCat(" --ep-domain-size ", layout.ep_domain_size)
+                                                          : "",
+      " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("explore: cannot run ", cmd));
   std::string log;
