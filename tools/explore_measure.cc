@@ -15,6 +15,7 @@
 #include "core/progress.h"
 #include "core/status.h"
 #include "tools/launch.h"
+#include "tools/mpirun_self.h"
 
 namespace moeserve::tools {
 namespace {
@@ -123,38 +124,28 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
 absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, const roofline::ParallelLayout& layout,
                                                       int64_t sequences) {
   ASSIGN_OR_RETURN(const RunPlan plan, PlanRun(o, layout, sequences));
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (len <= 0) return absl::InternalError("explore: cannot find its own executable (/proc/self/exe)");
-  self[len] = '\0';
   char dir_template[] = "/tmp/moeserve-explore-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("explore: cannot make a temporary directory");
   const std::string dir = dir_template, hw = dir + "/hw.json", steps = dir + "/steps.jsonl";
   RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false).ToJson()));
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
-  const std::string cmd = absl::StrCat(
-      MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "", " ", o.mpirun_args,
-      " -np ", layout.devices(),
-      " '", self, "' bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences,
-      " --prompt-len ", o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ",
-      plan.kv_blocks, " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '",
-      steps, "'", o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
+  const std::string args = absl::StrCat(
+      "bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences, " --prompt-len ",
+      o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ", plan.kv_blocks,
+      " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '", steps, "'",
+      o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
       // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size: ranks
       // of other domains talk over the scale-out network. On one host, all over shared memory.
       !o.mpirun_args.empty() && layout.ep_domain_size > 0 ? absl::StrCat(" --ep-domain-size ", layout.ep_domain_size)
-                                                          : "",
-      " 2>&1");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("explore: cannot run ", cmd));
-  std::string log;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) log.append(buf, n);
-  const int rc = pclose(pipe);
+                                                          : "");
+  const absl::StatusOr<MpirunOutput> run = RunSelfUnderMpirun(static_cast<int>(layout.devices()), o.mpirun_args, args);
   const absl::StatusOr<std::string> text = ReadFileToString(steps);
   std::filesystem::remove_all(dir);
-  if (rc != 0 || !text.ok()) {
-    return absl::UnavailableError(absl::StrCat("explore: ", cmd, " failed (status ", rc, "): ", log));
+  RETURN_IF_ERROR(run.status());
+  if (run->status != 0 || !text.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("explore: bench under mpirun (", args, ") failed (status ", run->status, "): ", run->output));
   }
   DecodeSteps d;
   for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {

@@ -1,8 +1,6 @@
 // All-to-all bandwidth per MPI transport.
 #include "tools/calibrate/mpi_transports.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 
@@ -10,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "tools/mpirun_self.h"
 #include "parallel/alltoall_probe.h"
 #include "parallel/comm_group.h"
 #if MOESERVE_HAVE_MPI
@@ -72,23 +71,13 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
 }
 
 absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (len <= 0)
-    return absl::InternalError("calibrate: cannot find its own executable (/proc/self/exe)");
-  self[len] = '\0';
   nlohmann::json out;
   for (auto [name, btl] :
        {std::pair<const char*, const char*>{"shared_memory", "self,vader"}, {"tcp", "self,tcp"}}) {
-    const std::string cmd = absl::StrCat(
-        MOESERVE_MPIEXEC, " --oversubscribe", geteuid() == 0 ? " --allow-run-as-root" : "",
-        " --mca btl ", btl, " -np 2 '", self, "' calibrate", quick ? " --quick" : "", " 2>&1");
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return absl::UnavailableError(absl::StrCat("calibrate: cannot run ", cmd));
-    std::string text;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) text.append(buf, n);
-    const int rc = pclose(pipe);
+    ASSIGN_OR_RETURN(const tools::MpirunOutput run, tools::RunSelfUnderMpirun(2, absl::StrCat("--mca btl ", btl),
+                                                                              quick ? "calibrate --quick" : "calibrate"));
+    const std::string& text = run.output;
+    const int rc = run.status;
     // The JSON object rank 0 printed starts at {"ranks" (mpirun adds no output after it).
     const size_t open = text.find("{\"ranks\"");
     nlohmann::json probe = open == std::string::npos
@@ -96,7 +85,7 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
                                : nlohmann::json::parse(text.substr(open), nullptr, false);
     if (rc != 0 || probe.is_discarded() || !probe.is_object()) {
       return absl::UnavailableError(
-          absl::StrCat("calibrate: ", cmd, " failed (status ", rc, "): ", text));
+          absl::StrCat("calibrate: the transport probe over ", btl, " failed (status ", rc, "): ", text));
     }
     out[name] = probe;
   }
