@@ -46,10 +46,10 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
     rec.predicted_bound_seconds = cost.bound_seconds;
     rec.predicted_seconds = cost.seconds;
     if (pricing.layout.pp > 1) {  // the stages overlap the micro-batches: the pipeline's own time
-      rec.predicted_bound_seconds =
-          roofline::PipelinedStepSeconds(*pricing.costs, shape, *pricing.hardware, pricing.layout, roofline::Efficiency());
-      rec.predicted_seconds =
+      const roofline::PipelinedSeconds p =
           roofline::PipelinedStepSeconds(*pricing.costs, shape, *pricing.hardware, pricing.layout, pricing.efficiency);
+      rec.predicted_bound_seconds = p.bound_seconds;
+      rec.predicted_seconds = p.seconds;
     }
   }
   rec.num_seqs = batch.input.num_seqs;

@@ -181,15 +181,18 @@ ModelCosts StageCosts(const ModelCosts& m, int64_t pp) {
   return s;
 }
 
-double PipelinedStepSeconds(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
-                            const ParallelLayout& layout, const Efficiency& eff) {
-  if (layout.pp <= 1) return PredictStep(m, shape, hw, layout, eff).seconds;
+PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
+                                      const ParallelLayout& layout, const Efficiency& eff) {
+  if (layout.pp <= 1) {
+    const StepCost c = PredictStep(m, shape, hw, layout, eff);
+    return {c.bound_seconds, c.seconds};
+  }
   const ModelCosts stage = StageCosts(m, layout.pp);
   ParallelLayout one_stage = layout;
   one_stage.pp = 1;
   const size_t n = shape.seqs.size();
   const size_t micro = static_cast<size_t>(layout.micro_batches > 0 ? layout.micro_batches : layout.pp);
-  double total = 0, longest = 0;
+  PipelinedSeconds total, longest;
   for (size_t i = 0; i < micro; ++i) {
     StepShape mb = shape;
     mb.seqs.assign(shape.seqs.begin() + static_cast<long>(n * i / micro),
@@ -197,11 +200,14 @@ double PipelinedStepSeconds(const ModelCosts& m, const StepShape& shape, const H
     if (mb.seqs.empty()) continue;
     mb.experts_hit = -1;  // the expectation for this micro-batch's tokens
     mb.transfer_bytes = 0;
-    const double t = PredictStep(stage, mb, hw, one_stage, eff).seconds;
-    total += t;
-    longest = std::max(longest, t);
+    const StepCost c = PredictStep(stage, mb, hw, one_stage, eff);
+    total.bound_seconds += c.bound_seconds;
+    total.seconds += c.seconds;
+    longest.bound_seconds = std::max(longest.bound_seconds, c.bound_seconds);
+    longest.seconds = std::max(longest.seconds, c.seconds);
   }
-  return total + static_cast<double>(layout.pp - 1) * longest;
+  const double fill = static_cast<double>(layout.pp - 1);
+  return {total.bound_seconds + fill * longest.bound_seconds, total.seconds + fill * longest.seconds};
 }
 
 }  // namespace moeserve::roofline

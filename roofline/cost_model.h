@@ -131,8 +131,11 @@ ModelCosts StageCosts(const ModelCosts& model, int64_t pp);
 // stages working on different micro-batches at once. The step lasts every micro-batch's time on
 // a stage plus the pipeline's fill, (p - 1) times the longest: (m + p - 1) stage-times for equal
 // micro-batches, so a bubble of (p-1)/(m+p-1); and each micro-batch reads its stage's weights
-// again. With `eff` the calibrated time; with Efficiency() the bound. pp 1: PredictStep's.
-double PipelinedStepSeconds(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
-                            const ParallelLayout& layout, const Efficiency& eff = {});
+// again. `seconds` with `eff` (calibrated), `bound_seconds` at the peaks. pp 1: PredictStep's.
+struct PipelinedSeconds {
+  double bound_seconds = 0, seconds = 0;
+};
+PipelinedSeconds PipelinedStepSeconds(const ModelCosts& model, const StepShape& shape, const HardwareProfile& hw,
+                                      const ParallelLayout& layout, const Efficiency& eff = {});
 
 }  // namespace moeserve::roofline

@@ -167,12 +167,12 @@ TEST(CostModelTest, APipelinedStepIsMPlusPMinusOneStageTimes) {
     ParallelLayout pp2;
     pp2.pp = 2;
     pp2.micro_batches = micro;
-    const double step = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, pp2);
+    const double step = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, pp2).seconds;
     const double stage = PredictStep(half, StepShape::Decode(64 / micro, 1000), *hw).seconds;
     EXPECT_NEAR(step, static_cast<double>(micro + 1) * stage, 1e-12 + 1e-9 * step) << micro << " micro-batches";
   }
   ParallelLayout one;
-  EXPECT_EQ(PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, one),
+  EXPECT_EQ(PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, one).seconds,
             PredictStep(m, StepShape::Decode(64, 1000), *hw, one).seconds);
 }
 
