@@ -65,6 +65,23 @@ double ExpectedExpertsHit(int64_t experts, int64_t top_k, double tokens) {
   return static_cast<double>(experts) * (1.0 - std::pow(std::max(miss, 0.0), tokens));
 }
 
+double ExpectedExpertRankImbalance(int64_t experts, int64_t top_k, int64_t ep, double tokens) {
+  const int64_t per_rank = ep > 0 ? experts / ep : 0;
+  if (ep <= 1 || per_rank <= 0 || tokens <= 0) return 1.0;
+  const double p = ExpectedExpertsHit(experts, top_k, tokens) / static_cast<double>(experts);
+  if (p <= 0 || p >= 1) return 1.0;
+  // E[max of ep counts] = sum over x >= 0 of P(max > x) = 1 - F(x)^ep, F the binomial CDF.
+  double cdf = 0, expected_max = 0;
+  const double e = static_cast<double>(per_rank);
+  for (int64_t x = 0; x < per_rank; ++x) {
+    const double xd = static_cast<double>(x);
+    cdf += std::exp(std::lgamma(e + 1) - std::lgamma(xd + 1) - std::lgamma(e - xd + 1) + xd * std::log(p) +
+                    (e - xd) * std::log1p(-p));
+    expected_max += 1.0 - std::pow(std::min(cdf, 1.0), static_cast<double>(ep));
+  }
+  return std::max(1.0, expected_max / (e * p));
+}
+
 double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
                      double experts_hit, bool any_logits, double bandwidth, double expert_imbalance) {
   if (bandwidth <= 0) bandwidth = hw.mem_bandwidth;
@@ -116,8 +133,11 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   const double working_set = dense + (m.TotalWeightBytes() - dense) / ep + (c.kv_read_bytes + c.kv_write_bytes) * seq_share;
   const double bandwidth = hw.BandwidthFor(working_set);
   c.llc_resident = bandwidth != hw.mem_bandwidth;
-  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth,
-                                   shape.expert_rank_imbalance);
+  const double expert_imbalance = shape.expert_rank_imbalance > 0
+                                      ? shape.expert_rank_imbalance
+                                      : ExpectedExpertRankImbalance(m.experts, m.top_k, layout.ep, tokens);
+  c.expert_rank_imbalance = expert_imbalance;
+  c.weight_seconds = WeightSeconds(m, hw, layout, tokens, c.experts_hit, logit_rows > 0, bandwidth, expert_imbalance);
   c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) * seq_share / bandwidth;
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 

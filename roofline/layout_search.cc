@@ -59,6 +59,9 @@ std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
         p.tokens_per_second = static_cast<double>(n) / p.cost.bound_seconds;
         p.usd_per_million_tokens =
             s.price_per_hour * static_cast<double>(c.layout.devices()) / 3600.0 / p.tokens_per_second * 1e6;
+        p.engine_step_seconds =
+            PipelinedStepSeconds(s.model, StepShape::Decode(n, s.context), s.hw, c.layout).bound_seconds;
+        p.engine_tokens_per_second = static_cast<double>(n) / p.engine_step_seconds;
         c.points.push_back(p);
       }
       out.push_back(std::move(c));

@@ -20,6 +20,11 @@ struct LayoutPoint {
   double tokens_per_second = 0;
   double token_seconds = 0;  // time per output token of one sequence (a step through all stages)
   double usd_per_million_tokens = 0;
+  // The above take a pipeline that never drains (a micro-batch enters as one leaves). moeserve's
+  // engine drains it every step: pp micro-batches through pp stages in (2 pp - 1) stage-times
+  // (PipelinedStepSeconds). Its step time and tokens/s; equal to the above at pp 1.
+  double engine_step_seconds = 0;
+  double engine_tokens_per_second = 0;
 };
 
 struct LayoutCandidate {

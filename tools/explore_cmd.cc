@@ -91,7 +91,10 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
                              {"kv_bytes_per_device", p.kv_bytes_per_device}, {"tokens_per_second", p.tokens_per_second},
                              {"token_seconds", p.token_seconds}, {"usd_per_million_tokens", p.usd_per_million_tokens},
                              {"compute_seconds", p.cost.compute_seconds}, {"memory_seconds", p.cost.memory_seconds},
-                             {"comm_seconds", p.cost.comm_seconds}});
+                             {"comm_seconds", p.cost.comm_seconds},
+                             {"expert_rank_imbalance", p.cost.expert_rank_imbalance},
+                             {"engine_step_seconds", p.engine_step_seconds},
+                             {"engine_tokens_per_second", p.engine_tokens_per_second}});
     }
     j["layouts"].push_back(l);
   }
@@ -105,12 +108,13 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
 void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandidate>& all) {
   std::ofstream f(path);
   f << "ep,pp,ep_domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
-       "token_seconds,usd_per_million_tokens\n";
+       "token_seconds,usd_per_million_tokens,engine_tokens_per_second,expert_rank_imbalance\n";
   for (const auto& c : all) {
     for (const auto& p : c.points) {
       f << c.layout.ep << "," << c.layout.pp << "," << c.layout.ep_domain_size << "," << c.layout.devices() << ","
         << c.weight_bytes_per_device << "," << p.sequences << "," << (p.fits ? 1 : 0) << "," << p.kv_bytes_per_device
-        << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << "\n";
+        << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << ","
+        << p.engine_tokens_per_second << "," << p.cost.expert_rank_imbalance << "\n";
     }
   }
 }
@@ -162,18 +166,22 @@ int RunExplore(ExploreOptions o) {
   std::printf("explore: %.3g B parameters (%.3g B active, %s) on up to %lld x %s, context %lld\n",
               s.model.total_params / 1e9, s.model.active_params / 1e9, dtype->c_str(),
               static_cast<long long>(s.devices), hw->name.c_str(), static_cast<long long>(s.context));
-  std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %10s %9s\n", "ep", "pp", "domain", "devices", "weights GB/dev",
-              "max seqs", "sequences", "fits", "KV GB/dev", "tokens/s", "ms/token", "$/Mtok");
+  std::printf("(tokens/s: a pipeline that never drains; moeserve tok/s: as moeserve's engine runs it, draining its\n"
+              " pp micro-batches each step; imb: the busiest EP rank's expert weights over the mean, uniform routing)\n");
+  std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %14s %5s %10s %9s\n", "ep", "pp", "domain", "devices",
+              "weights GB/dev", "max seqs", "sequences", "fits", "KV GB/dev", "tokens/s", "moeserve tok/s", "imb",
+              "ms/token", "$/Mtok");
   for (const auto& c : all) {
     for (const auto& p : c.points) {
       bool is_best = false;
       for (const auto& [n, b] : best) is_best |= n == p.sequences && b == &c;
-      std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %10.3f %9.3f%s\n",
+      std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %14.1f %5.2f %10.3f %9.3f%s\n",
                   static_cast<long long>(c.layout.ep), static_cast<long long>(c.layout.pp),
                   static_cast<long long>(c.layout.ep_domain_size), static_cast<long long>(c.layout.devices()),
                   c.weight_bytes_per_device / 1e9, static_cast<long long>(c.max_micro_batch * c.layout.pp),
                   static_cast<long long>(p.sequences), p.fits ? "yes" : "no", p.kv_bytes_per_device / 1e9,
-                  p.tokens_per_second, p.token_seconds * 1e3, p.usd_per_million_tokens, is_best ? "  <- best" : "");
+                  p.tokens_per_second, p.engine_tokens_per_second, p.cost.expert_rank_imbalance, p.token_seconds * 1e3,
+                  p.usd_per_million_tokens, is_best ? "  <- best" : "");
     }
   }
   for (const auto& [n, b] : best) {

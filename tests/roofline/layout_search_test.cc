@@ -94,6 +94,30 @@ TEST(LayoutSearchTest, PredictionsAreTheRooflinesOwnForTheSameLayout) {
   }
 }
 
+// moeserve's engine drains its pipeline every step: pp micro-batches through pp stages in
+// (2 pp - 1) stage-times, where the roofline's steady pipeline takes pp. With equal stages and
+// micro-batches, and nothing to communicate, the engine's rate is pp / (2 pp - 1) of it.
+TEST(LayoutSearchTest, TheEnginesRateDrainsThePipelineEachStep) {
+  LayoutSearch s = MixtralOnH100s(4);
+  s.hw.interconnect_bandwidth = 0;  // no hand-off costs: stages of equal work
+  s.sequences = {8, 64};
+  for (const auto& c : ExploreLayouts(s)) {
+    for (const auto& p : c.points) {
+      if (c.layout.pp == 1) {
+        EXPECT_DOUBLE_EQ(p.engine_tokens_per_second, p.tokens_per_second);
+        continue;
+      }
+      ParallelLayout l = c.layout;
+      const PipelinedSeconds step = PipelinedStepSeconds(s.model, StepShape::Decode(p.sequences, s.context), s.hw, l);
+      EXPECT_DOUBLE_EQ(p.engine_tokens_per_second, static_cast<double>(p.sequences) / step.bound_seconds);
+      if (c.layout.ep > 1 || s.model.layers % c.layout.pp != 0) continue;  // uneven stages or ranks
+      const double pp = static_cast<double>(c.layout.pp);
+      EXPECT_NEAR(p.engine_tokens_per_second / p.tokens_per_second, pp / (2 * pp - 1), 0.05)
+          << "pp " << c.layout.pp << " sequences " << p.sequences;
+    }
+  }
+}
+
 TEST(LayoutSearchTest, APointFitsOnlyWhenItsKvFitsBesideTheWeights) {
   LayoutSearch s = MixtralOnH100s(2);
   s.sequences = {2, 4096};

@@ -2,6 +2,8 @@
 // from the architecture (parameter counts written out here, independently of ModelConfig).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
 #include <random>
 #include <unordered_set>
 
@@ -81,6 +83,59 @@ TEST(CostModelTest, ExpectedExpertsHitMatchesSimulation) {
   }
   EXPECT_DOUBLE_EQ(ExpectedExpertsHit(8, 2, 1), 2.0);
   EXPECT_NEAR(ExpectedExpertsHit(8, 2, 1000), 8.0, 1e-9);
+}
+
+// The busiest EP rank's share of the experts hit, against a simulation of top-k routing: each
+// token picks k distinct experts, rank r holds experts [r E/ep, (r+1) E/ep); the ratio of the
+// mean busiest rank's count to the mean rank's count.
+TEST(CostModelTest, ExpectedExpertRankImbalanceMatchesSimulation) {
+  std::mt19937_64 gen(std::random_device{}());
+  for (auto [E, k, ep, T] : {std::tuple<int, int, int, int>{8, 2, 2, 1}, {8, 2, 4, 1}, {8, 2, 2, 8}, {64, 6, 8, 1},
+                             {64, 6, 8, 16}, {256, 8, 16, 4}, {256, 8, 8, 64}}) {
+    double busiest = 0, mean = 0;
+    const int trials = 3000;
+    std::vector<int> ids(E);
+    for (int t = 0; t < trials; ++t) {
+      std::unordered_set<int> hit;
+      for (int tok = 0; tok < T; ++tok) {
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), gen);
+        hit.insert(ids.begin(), ids.begin() + k);
+      }
+      std::vector<int> per_rank(static_cast<size_t>(ep), 0);
+      for (int id : hit) ++per_rank[static_cast<size_t>(id / (E / ep))];
+      busiest += *std::max_element(per_rank.begin(), per_rank.end());
+      mean += static_cast<double>(hit.size()) / ep;
+    }
+    const double simulated = busiest / mean, predicted = ExpectedExpertRankImbalance(E, k, ep, T);
+    EXPECT_NEAR(predicted, simulated, 0.06 * simulated)
+        << "E=" << E << " k=" << k << " ep=" << ep << " T=" << T << ": predicted " << predicted << ", simulated "
+        << simulated << " (rel err " << (predicted - simulated) / simulated << ")";
+  }
+  EXPECT_EQ(ExpectedExpertRankImbalance(8, 2, 1, 5), 1.0);
+  EXPECT_NEAR(ExpectedExpertRankImbalance(8, 2, 2, 1e4), 1.0, 1e-9) << "every expert hit on every rank";
+}
+
+// Without measured statistics, an EP step's expert weights are the busiest rank's expected share.
+TEST(CostModelTest, AnUnmeasuredEpStepReadsTheBusiestRanksExpectedExperts) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  ParallelLayout ep4;
+  ep4.ep = 4;
+  const StepShape shape = StepShape::Decode(2, 100);
+  const StepCost expected = PredictStep(m, shape, *hw, ep4);
+  const double imbalance = ExpectedExpertRankImbalance(8, 2, 4, 2);
+  EXPECT_GT(imbalance, 1.3);
+  EXPECT_DOUBLE_EQ(expected.expert_rank_imbalance, imbalance);
+  StepShape even = shape;
+  even.expert_rank_imbalance = 1.0;
+  const StepCost flat = PredictStep(m, even, *hw, ep4);
+  const double spread = expected.weight_seconds - flat.weight_seconds;  // (imbalance - 1) x the mean rank's part
+  const double dense = m.DenseBytes() / hw->mem_bandwidth;
+  EXPECT_NEAR(spread, (imbalance - 1) * (flat.weight_seconds - dense), 1e-9 * flat.weight_seconds);
 }
 
 TEST(CostModelTest, DecodeStepCountsFlopsAndBytesByHand) {
