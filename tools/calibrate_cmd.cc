@@ -25,6 +25,7 @@ struct CalibrateOptions {
   bool quick = false;
   bool no_progress = false;
   bool no_mpi = false;
+  std::string scale_out_mpirun_args;
   CpuKernelFlags cpu_kernel;
 };
 
@@ -69,13 +70,14 @@ int RunCalibrate(const CalibrateOptions& o) {
     // Between processes: shared memory stands for the scale-up links, TCP for the scale-out
     // network; their all-to-all bandwidths price the EP traffic inside and across domains.
     if (cs.progress) std::fprintf(stderr, "calibrate: all-to-all between 2 processes over shared memory and TCP ...\n");
-    auto mpi = moeserve::calibrate::MeasureMpiTransports(o.quick);
+    auto mpi = moeserve::calibrate::MeasureMpiTransports(o.quick, o.scale_out_mpirun_args);
     if (mpi.ok()) {
       result->json["interconnect_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["shared_memory"]);
       result->json["scale_out_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["tcp"]);
       result->json["interconnect_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["shared_memory"]);
       result->json["scale_out_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["tcp"]);
       result->json["mpi_alltoall"] = *mpi;
+      if (!o.scale_out_mpirun_args.empty()) result->json["scale_out_mpirun_args"] = o.scale_out_mpirun_args;
     } else {
       std::fprintf(stderr, "calibrate: no MPI transports measured: %s\n", std::string(mpi.status().message()).c_str());
     }
@@ -114,7 +116,17 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
                 "interconnect_bandwidth, scale_out_bandwidth and their per-call latencies). Under mpirun, calibrate "
                 "measures only that "
                 "all-to-all, over the transport mpirun chose, and rank 0 prints it as JSON");
-  cmd->callback([o, exit_code] { *exit_code = RunCalibrate(*o); });
+  cmd->add_option("--scale-out-mpirun-args", o->scale_out_mpirun_args,
+                  "mpirun arguments for the scale-out probe in place of \"--mca btl self,tcp\": a hostfile and launch "
+                  "agent that put its 2 ranks on 2 hosts or network namespaces (docs/multi-host.md), so that "
+                  "scale_out_bandwidth and scale_out_latency_s are that link's, not loopback's; passed through a shell");
+  cmd->callback([o, exit_code] {
+    if (o->no_mpi && !o->scale_out_mpirun_args.empty()) {
+      *exit_code = Fail(absl::InvalidArgumentError("--scale-out-mpirun-args measures over MPI: drop --no-mpi"));
+      return;
+    }
+    *exit_code = RunCalibrate(*o);
+  });
 }
 
 }  // namespace moeserve::tools

@@ -70,12 +70,13 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
   return nlohmann::json{{"ranks", world->size()}, {"sizes", sizes}};
 }
 
-absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::string& scale_out_mpirun_args) {
   nlohmann::json out;
-  for (auto [name, btl] :
-       {std::pair<const char*, const char*>{"shared_memory", "self,vader"}, {"tcp", "self,tcp"}}) {
-    ASSIGN_OR_RETURN(const tools::MpirunOutput run, tools::RunSelfUnderMpirun(2, absl::StrCat("--mca btl ", btl),
-                                                                              quick ? "calibrate --quick" : "calibrate"));
+  const std::string tcp = scale_out_mpirun_args.empty() ? "--mca btl self,tcp" : scale_out_mpirun_args;
+  for (auto [name, args] :
+       {std::pair<const char*, std::string>{"shared_memory", "--mca btl self,vader"}, {"tcp", tcp}}) {
+    ASSIGN_OR_RETURN(const tools::MpirunOutput run,
+                     tools::RunSelfUnderMpirun(2, args, quick ? "calibrate --quick" : "calibrate"));
     const std::string& text = run.output;
     const int rc = run.status;
     // The JSON object rank 0 printed starts at {"ranks" (mpirun adds no output after it).
@@ -85,7 +86,7 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
                                : nlohmann::json::parse(text.substr(open), nullptr, false);
     if (rc != 0 || probe.is_discarded() || !probe.is_object()) {
       return absl::UnavailableError(
-          absl::StrCat("calibrate: the transport probe over ", btl, " failed (status ", rc, "): ", text));
+          absl::StrCat("calibrate: the transport probe with mpirun ", args, " failed (status ", rc, "): ", text));
     }
     out[name] = probe;
   }
@@ -97,7 +98,7 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick) {
 absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool) {
   return absl::UnimplementedError("started by mpirun, but this moeserve was built without MPI");
 }
-absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool) {
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool, const std::string&) {
   return absl::UnimplementedError("this moeserve was built without MPI");
 }
 

@@ -19,8 +19,11 @@ namespace moeserve::calibrate {
 absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick);
 
 // Runs `moeserve calibrate` under mpirun with 2 ranks over each transport and returns
-// {"shared_memory": {...}, "tcp": {...}} with every size's timings. UNIMPLEMENTED without MPI.
-absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick);
+// {"shared_memory": {...}, "tcp": {...}} with every size's timings. `scale_out_mpirun_args`, when
+// given, replace the TCP run's "--mca btl self,tcp": a hostfile and launch agent that put the two
+// ranks on two hosts (or network namespaces, docs/multi-host.md), so that "tcp" is the link
+// between them rather than loopback. UNIMPLEMENTED without MPI.
+absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::string& scale_out_mpirun_args = "");
 
 // The same all-to-all between 2 ranks that are threads of this process (parallel/
 // local_communicator.h), as JSON of the same shape: what a layout of thread ranks pays per call.
