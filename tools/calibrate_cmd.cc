@@ -78,6 +78,8 @@ int RunCalibrate(const CalibrateOptions& o) {
       result->json["scale_out_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["tcp"]);
       result->json["mpi_alltoall"] = *mpi;
       if (!o.scale_out_mpirun_args.empty()) result->json["scale_out_mpirun_args"] = o.scale_out_mpirun_args;
+    } else if (!o.scale_out_mpirun_args.empty()) {
+      return Fail(mpi.status());  // the link asked for was not measured: no profile without it
     } else {
       std::fprintf(stderr, "calibrate: no MPI transports measured: %s\n", std::string(mpi.status().message()).c_str());
     }

@@ -5,6 +5,7 @@
 // gives UNAVAILABLE naming it and a non-zero exit; nothing is left behind. Skips, naming what is
 // missing, where namespaces cannot be made (not root, no iproute2); built only with MPI.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/server/grpc_client.h"
 
@@ -187,6 +189,37 @@ TEST_F(NetnsServeTest, AnEp2JobWithARankPerNamespaceStreamsWhatOneProcessDoes) {
 // Two ranks per namespace: each pair shares memory (vader), the pairs talk over the link.
 TEST_F(NetnsServeTest, AnEp2Pp2JobOverTwoNamespacesStreamsWhatOneProcessDoes) {
   ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--ep-domain-size", "2"}, Mpirun(4, 2));
+}
+
+// `calibrate --scale-out-mpirun-args`: the scale-out probe's two ranks sit in the two namespaces
+// (their host names, set by the launch agent, say so), and the profile's scale-out figures are
+// that link's, while the shared-memory probe stays on this host.
+TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
+  std::vector<std::string> launcher = Mpirun(2, 1);
+  std::string args;  // mpirun's arguments after the program and before -np, quoted for a shell
+  for (size_t i = 1; i + 2 < launcher.size(); ++i) absl::StrAppend(&args, " '", launcher[i], "'");
+  const std::string profile = MakeTempDir("netns-cal") + "/profile.json";
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-disk", "--no-progress", "--array-mb", "16", "--out", profile,
+                        "--scale-out-mpirun-args", args},
+                       &out, &err),
+            0)
+      << err;
+  const auto j = nlohmann::json::parse(ReadAll(profile));
+  ASSERT_TRUE(j.contains("mpi_alltoall")) << j.dump();
+  const auto& tcp = j["mpi_alltoall"]["tcp"];
+  ASSERT_EQ(tcp["hosts"].size(), 2u) << tcp.dump();
+  EXPECT_EQ(tcp["hosts"][0], std::string(kPrefix) + "0");
+  EXPECT_EQ(tcp["hosts"][1], std::string(kPrefix) + "1");
+  const auto& shm = j["mpi_alltoall"]["shared_memory"]["hosts"];
+  ASSERT_EQ(shm.size(), 2u);
+  EXPECT_EQ(shm[0], shm[1]) << "the shared-memory probe's ranks share a host";
+  EXPECT_GT(j["scale_out_latency_s"].get<double>(), 0);
+  EXPECT_GT(j["scale_out_bandwidth"].get<double>(), 0);
+  EXPECT_EQ(j["scale_out_mpirun_args"], args);
+  // And a run that cannot measure over MPI refuses the flag by name.
+  EXPECT_NE(RunCommand({"calibrate", "--quick", "--no-mpi", "--scale-out-mpirun-args", args}, &out, &err), 0);
+  EXPECT_NE(err.find("--scale-out-mpirun-args"), std::string::npos) << err;
 }
 
 // Streams a long generation from `job` and runs `fault` after the third message: the call's

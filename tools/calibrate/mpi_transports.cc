@@ -5,8 +5,13 @@
 #include <cstdio>
 
 #include <thread>
+#include <vector>
 
+#include <unistd.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/status.h"
 #include "tools/mpirun_self.h"
 #include "parallel/alltoall_probe.h"
@@ -66,8 +71,16 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
                      {"p90_us", t.p90_us},
                      {"bus_bytes_per_second", t.bus_bytes_per_second}});
   }
+  // Each rank's host name (the launch agent of docs/multi-host.md sets a namespace's), so the
+  // profile says which hosts the scale-out figures were measured between.
+  char name[64] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::vector<char> names(sizeof(name) * static_cast<size_t>(world->size()));
+  RETURN_IF_ERROR(comm->AllGather(name, sizeof(name), names.data()));
   if (world->rank() != 0) return nlohmann::json::object();
-  return nlohmann::json{{"ranks", world->size()}, {"sizes", sizes}};
+  nlohmann::json hosts = nlohmann::json::array();
+  for (int r = 0; r < world->size(); ++r) hosts.push_back(std::string(names.data() + r * sizeof(name)));
+  return nlohmann::json{{"ranks", world->size()}, {"hosts", hosts}, {"sizes", sizes}};
 }
 
 absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::string& scale_out_mpirun_args) {
@@ -79,12 +92,14 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::strin
                      tools::RunSelfUnderMpirun(2, args, quick ? "calibrate --quick" : "calibrate"));
     const std::string& text = run.output;
     const int rc = run.status;
-    // The JSON object rank 0 printed starts at {"ranks" (mpirun adds no output after it).
-    const size_t open = text.find("{\"ranks\"");
-    nlohmann::json probe = open == std::string::npos
-                               ? nlohmann::json()
-                               : nlohmann::json::parse(text.substr(open), nullptr, false);
-    if (rc != 0 || probe.is_discarded() || !probe.is_object()) {
+    // Rank 0 printed its JSON object on a line of its own; mpirun may add lines around it.
+    nlohmann::json probe;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (!absl::StartsWith(line, "{")) continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("ranks")) probe = std::move(j);
+    }
+    if (rc != 0 || !probe.is_object()) {
       return absl::UnavailableError(
           absl::StrCat("calibrate: the transport probe with mpirun ", args, " failed (status ", rc, "): ", text));
     }
