@@ -1,9 +1,12 @@
 // Paged causal attention on the CPU fast path (declared in fast_ops.h), vectorised on 8-lane
 // registers (vec8.h).
 //
-// Work items are (tile, kv head): a tile is up to 16 consecutive tokens of one sequence (a
+// Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (a
 // prefill chunk; a decode token is a tile of one), and the group of query heads that share a
-// kv head reads each K/V row once, converted to fp32 eight keys at a time. Exact and
+// kv head reads each K/V row once, converted to fp32 eight keys at a time (32 for V, whose
+// accumulators stay in registers over them). An item takes one kv head where tiles are few and
+// all of them where they are many, so that a token's row (all kv heads side by side in the
+// cache) is read whole, not a slice of each cache line at a time. Exact and
 // batch-invariant: a token's scores, softmax and weighted sum are the same operations in the
 // same order whatever its tile or batch mates: each score is an 8-lane FMA chain over the head
 // dimension summed by one tree (Reduce8x8); the max is order-free; the exponentials (vec8.h's
@@ -25,14 +28,17 @@ namespace {
 
 constexpr int64_t kTile = 16;  // tokens of one sequence per work item
 constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
+// Keys per pass of the weighted sum over V: its accumulators stay in registers over this many
+// (a whole head of 64 dimensions is 8 of them), loaded and stored once per pass.
+constexpr int64_t kValueKeys = 32;
 
-// The fp32 rows of keys [k0, k0 + 8) (K or V, kv head g): pointers into an fp32 cache, or
-// rows widened into `scratch` [8][hd] from a bf16 one; keys at or past ctx read `zeros`.
+// The fp32 rows of keys [k0, k0 + n) (K or V, kv head g): pointers into an fp32 cache, or
+// rows widened into `scratch` [n][hd] from a bf16 one; keys at or past ctx read `zeros`.
 void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer,
-                int kv, int64_t g, int64_t k0, int64_t ctx, float* scratch, const float* zeros,
-                const float* rows[kKeys]) {
+                int kv, int64_t g, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
+                const float** rows) {
   const int64_t hd = layout.head_dim, bs = layout.block_size;
-  for (int64_t k = 0; k < kKeys; ++k) {
+  for (int64_t k = 0; k < n; ++k) {
     const int64_t j = k0 + k;
     if (j >= ctx) {
       rows[k] = zeros;
@@ -62,7 +68,7 @@ V8 Scores(const float* q, const float* const keys[kKeys], int64_t hd, float scal
 
 // out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.
 template <int N>
-void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys], int64_t c0,
+void AddWeighted(const float* probs, int64_t nk, const float* const* values, int64_t c0,
                  float* out) {
   V8 a[N];
   for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
@@ -73,7 +79,7 @@ void AddWeighted(const float* probs, int64_t nk, const float* const values[kKeys
   for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
 }
 
-void AddWeightedRow(const float* probs, int64_t nk, const float* const values[kKeys], int64_t hd,
+void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd,
                     float* out) {
   for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
     const int64_t left = (hd - c) / 8;
@@ -137,46 +143,57 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   }
   const int64_t tiles = static_cast<int64_t>(tile_start.size());
   tile_start.push_back(batch.num_tokens);
-  pool.ParallelFor(tiles * kvh, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, scratch(static_cast<size_t>(kKeys * hd)),
+  // A token's K (and V) row holds every kv head side by side. With tiles enough to keep the
+  // threads busy, an item takes all of a tile's kv heads, so it reads each row whole and in
+  // order; with few tiles (a decode of few sequences), one kv head each, to spread them. Either
+  // way each (token, head) sees the same operations: the choice changes no bit.
+  const int64_t heads_per_item = tiles >= 4 * static_cast<int64_t>(pool.num_threads()) ? kvh : 1;
+  const int64_t chunks = kvh / heads_per_item;
+  pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores, acc, scratch(static_cast<size_t>(kValueKeys * hd)),
         zeros(static_cast<size_t>(hd), 0.0f);
-    const float* rows[kKeys];
+    const float* rows[kValueKeys];
     for (int64_t item = b; item < e; ++item) {
-      const int64_t tile = item / kvh, g = item % kvh;
+      const int64_t tile = item / chunks, g0 = item % chunks * heads_per_item;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
       const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
       const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
-      const int64_t nrows = nt * group;  // (token, query head) pairs, token-major
-      scores.resize(static_cast<size_t>(nrows * padded));
-      acc.assign(static_cast<size_t>(nrows * hd), 0.0f);
+      const int64_t nrows = nt * group;  // per kv head: (token, query head) pairs, token-major
+      scores.resize(static_cast<size_t>(heads_per_item * nrows * padded));
+      acc.assign(static_cast<size_t>(heads_per_item * nrows * hd), 0.0f);
       auto ctx_of = [&](int64_t r) {
         return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1;
       };
-      auto q_of = [&](int64_t r) {
-        return q + ((t0 + r / group) * q_heads + g * group + r % group) * hd;
-      };
+      // Row r of kv head g: its query, its scores and its output accumulator.
+      auto head_of = [&](int64_t g, int64_t r) { return (t0 + r / group) * q_heads + g * group + r % group; };
+      auto scores_of = [&](int64_t g, int64_t r) { return scores.data() + ((g - g0) * nrows + r) * padded; };
+      auto acc_of = [&](int64_t g, int64_t r) { return acc.data() + ((g - g0) * nrows + r) * hd; };
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, g, k0, ctx_max, scratch.data(), zeros.data(),
-                   rows);
-        for (int64_t r = 0; r < nrows; ++r) {
-          if (k0 < ctx_of(r))
-            Store(scores.data() + r * padded + k0, Scores(q_of(r), rows, hd, scale));
+        for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
+          GatherKeys(layout, cache, table, layer, 0, g, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
+          for (int64_t r = 0; r < nrows; ++r) {
+            if (k0 < ctx_of(r)) Store(scores_of(g, r) + k0, Scores(q + head_of(g, r) * hd, rows, hd, scale));
+          }
         }
       }
-      for (int64_t r = 0; r < nrows; ++r) Softmax(scores.data() + r * padded, ctx_of(r));
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 1, g, k0, ctx_max, scratch.data(), zeros.data(),
-                   rows);
-        for (int64_t r = 0; r < nrows; ++r) {
-          const int64_t nk = std::min(kKeys, ctx_of(r) - k0);
-          if (nk > 0)
-            AddWeightedRow(scores.data() + r * padded + k0, nk, rows, hd, acc.data() + r * hd);
+      for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
+        for (int64_t r = 0; r < nrows; ++r) Softmax(scores_of(g, r), ctx_of(r));
+      }
+      for (int64_t k0 = 0; k0 < ctx_max; k0 += kValueKeys) {
+        const int64_t n = std::min(kValueKeys, ctx_max - k0);
+        for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
+          GatherKeys(layout, cache, table, layer, 1, g, k0, n, ctx_max, scratch.data(), zeros.data(), rows);
+          for (int64_t r = 0; r < nrows; ++r) {
+            const int64_t nk = std::min(n, ctx_of(r) - k0);
+            if (nk > 0) AddWeightedRow(scores_of(g, r) + k0, nk, rows, hd, acc_of(g, r));
+          }
         }
       }
-      for (int64_t r = 0; r < nrows; ++r) {
-        std::memcpy(out + ((t0 + r / group) * q_heads + g * group + r % group) * hd,
-                    acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
+      for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
+        for (int64_t r = 0; r < nrows; ++r) {
+          std::memcpy(out + head_of(g, r) * hd, acc_of(g, r), static_cast<size_t>(hd) * sizeof(float));
+        }
       }
     }
   });
@@ -224,14 +241,14 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
       }
       auto ctx_of = [&](int64_t row) { return static_cast<int64_t>(batch.token_pos[t0 + row / nh]) + 1; };
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 0, 0, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
           if (k0 < ctx_of(row)) Store(scores.data() + row * padded + k0, Scores(qcat.data() + row * hd, rows, hd, scale));
         }
       }
       for (int64_t row = 0; row < nrows; ++row) Softmax(scores.data() + row * padded, ctx_of(row));
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 0, 0, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
           const int64_t nk = std::min(kKeys, ctx_of(row) - k0);
           if (nk > 0) AddWeightedRow(scores.data() + row * padded + k0, nk, rows, r, acc.data() + row * r);
