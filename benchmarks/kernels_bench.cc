@@ -216,6 +216,36 @@ BENCHMARK(BM_PagedDecodeAttention)
     ->Args({16, 4096, 8, 1})
     ->UseRealTime();
 
+// A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
+// causally (the tokens of a 2000-token prompt's last 512-token step, as the engine runs it).
+void BM_PagedPrefillAttention(benchmark::State& state) {
+  const int64_t context = state.range(0), chunk = state.range(1);
+  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
+  const int64_t blocks = (context + block - 1) / block;
+  KvLayout layout;
+  layout.num_blocks = blocks;
+  layout.num_layers = 1;
+  layout.block_size = block;
+  layout.kv_heads = kv_heads;
+  layout.head_dim = head_dim;
+  layout.dtype = DType::kBF16;
+  DeviceBuffer kv = *TheBackend().Allocate(static_cast<size_t>(blocks) * layout.BlockBytes());
+  std::memset(kv.data(), 0, static_cast<size_t>(blocks) * layout.BlockBytes());
+  std::vector<int32_t> table(static_cast<size_t>(blocks)), seq(static_cast<size_t>(chunk), 0), pos(seq.size());
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
+  AttentionBatch ab{seq.data(), pos.data(), table.data(), chunk, 1, blocks};
+  std::vector<float> q(static_cast<size_t>(chunk * heads * head_dim), 0.1f), out(q.size());
+  for (auto _ : state) {
+    TheBackend().PagedAttention(q.data(), ab, layout, 0, kv.data(), heads, 0.125f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  double attended = 0;
+  for (int64_t t = 0; t < chunk; ++t) attended += static_cast<double>(pos[t] + 1);
+  Report(state, 4.0 * attended * heads * head_dim, 2.0 * context * kv_heads * head_dim * 2, layout.dtype);
+}
+BENCHMARK(BM_PagedPrefillAttention)->ArgNames({"context", "chunk"})->Args({512, 512})->Args({2000, 464})->UseRealTime();
+
 }  // namespace
 }  // namespace moeserve
 
