@@ -2,6 +2,7 @@
 // written to traces.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <vector>

@@ -3,10 +3,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "engine/step_fields.h"
 
 namespace moeserve {
 
@@ -34,44 +36,12 @@ absl::Status TraceWriter::Open(const std::string& jsonl_path, const std::string&
 }
 
 std::string TraceWriter::ToJsonLine(const StepRecord& r) {
-  nlohmann::json j = {{"step", r.step},
-                      {"start_s", r.start_seconds},
-                      {"duration_s", r.duration_seconds},
-                      {"num_seqs", r.num_seqs},
-                      {"num_tokens", r.num_tokens},
-                      {"prefill_tokens", r.prefill_tokens},
-                      {"decode_tokens", r.decode_tokens},
-                      {"context_tokens", r.context_tokens},
-                      {"experts_hit", r.experts_hit},
-                      {"preempted", r.preempted},
-                      {"observed_s",
-                       {{"schedule", r.schedule_seconds},
-                        {"attention", r.attention_seconds},
-                        {"moe", r.moe_seconds},
-                        {"head", r.head_seconds},
-                        {"sampling", r.sampling_seconds},
-                        {"comm", r.comm_seconds},
-                        {"transfer", r.transfer_seconds}}},
-                      {"flops", r.flops},
-                      {"bytes",
-                       {{"weights", r.weight_bytes},
-                        {"kv_read", r.kv_read_bytes},
-                        {"kv_write", r.kv_write_bytes},
-                        {"comm", r.comm_bytes},
-                        {"comm_observed", r.comm_bytes_observed},
-                        {"transfer", r.transfer_bytes}}},
-                      {"expert_tokens", r.expert_tokens},
-                      {"expert_imbalance", r.expert_imbalance},
-                      {"rank_imbalance", r.rank_imbalance},
-                      {"attention_imbalance", r.attention_imbalance},
-                      {"predicted_s",
-                       {{"compute", r.predicted_compute_seconds},
-                        {"memory", r.predicted_memory_seconds},
-                        {"comm", r.predicted_comm_seconds},
-                        {"transfer", r.predicted_transfer_seconds},
-                        {"bound", r.predicted_bound_seconds},
-                        {"total", r.predicted_seconds}}},
-                      {"observed_over_predicted", r.observed_over_predicted()}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const StepField& f : StepFields()) {
+    nlohmann::json& at = *f.trace_group ? j[f.trace_group][f.trace_name] : j[f.trace_name];
+    std::visit([&](auto member) { at = r.*member; }, f.member);
+  }
+  j["observed_over_predicted"] = r.observed_over_predicted();
   return j.dump();
 }
 

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/generate_reactor.h"
+#include "server/step_summary.h"
 #include "server/wire.h"
 
 namespace moeserve::server {
@@ -65,33 +66,7 @@ void FillStats(const EngineStats& s, v1::Stats* out) {
   const size_t keep = 64;
   const size_t from = s.recent_steps.size() > keep ? s.recent_steps.size() - keep : 0;
   for (size_t i = from; i < s.recent_steps.size(); ++i) {
-    const auto& r = s.recent_steps[i];
-    v1::StepSummary* st = out->add_recent_steps();
-    st->set_step(r.step);
-    st->set_num_seqs(r.num_seqs);
-    st->set_num_tokens(r.num_tokens);
-    st->set_duration_ms(r.duration_seconds * 1e3);
-    st->set_prefill_tokens(r.prefill_tokens);
-    st->set_decode_tokens(r.decode_tokens);
-    st->set_experts_hit(r.experts_hit);
-    st->set_attention_ms(r.attention_seconds * 1e3);
-    st->set_moe_ms(r.moe_seconds * 1e3);
-    st->set_sampling_ms(r.sampling_seconds * 1e3);
-    st->set_predicted_ms(r.predicted_seconds * 1e3);
-    st->set_predicted_bound_ms(r.predicted_bound_seconds * 1e3);
-    st->set_weight_bytes(r.weight_bytes);
-    st->set_kv_read_bytes(r.kv_read_bytes);
-    st->set_flops(r.flops);
-    st->set_comm_ms(r.comm_seconds * 1e3);
-    st->set_comm_bytes(r.comm_bytes_observed);
-    st->set_predicted_comm_ms(r.predicted_comm_seconds * 1e3);
-    st->set_expert_imbalance(r.expert_imbalance);
-    st->set_rank_imbalance(r.rank_imbalance);
-    st->set_attention_imbalance(r.attention_imbalance);
-    for (int64_t t : r.expert_tokens) st->add_expert_tokens(t);
-    st->set_transfer_bytes(r.transfer_bytes);
-    st->set_transfer_ms(r.transfer_seconds * 1e3);
-    st->set_predicted_transfer_ms(r.predicted_transfer_seconds * 1e3);
+    FillStepSummary(s.recent_steps[i], out->add_recent_steps());
   }
   out->set_kv_blocks_total(s.kv_blocks_total);
   out->set_kv_blocks_used(s.kv_blocks_used);
