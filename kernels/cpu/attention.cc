@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/vec8.h"
@@ -125,12 +127,88 @@ void Softmax(float* sc, int64_t ctx) {
   for (int64_t j = 0; j < padded; j += kKeys) Store(sc + j, Mul(Load(sc + j), inv));
 }
 
+// One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
+// kv head, rows are (token, query head) pairs, token-major.
+struct ItemRows {
+  const AttentionBatch* batch;
+  const KvLayout* layout;
+  const void* cache;
+  int64_t layer, t0, nt, g0, heads, group, q_heads, ctx_max;
+  int64_t nrows() const { return nt * group; }
+  int64_t ctx_of(int64_t r) const { return static_cast<int64_t>(batch->token_pos[t0 + r / group]) + 1; }
+  int64_t head_of(int64_t g, int64_t r) const { return (t0 + r / group) * q_heads + g * group + r % group; }
+  // The bf16 row of key j (K: kv 0, V: 1) of kv head g; `zeros` at or past ctx_max.
+  const uint16_t* Row(int kv, int64_t g, int64_t j, const uint16_t* zeros) const {
+    if (j >= ctx_max) return zeros;
+    const int32_t* table = batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq;
+    const int64_t bs = layout->block_size;
+    return static_cast<const uint16_t*>(cache) + layout->Offset(table[j / bs], layer, kv, j % bs) +
+           g * layout->head_dim;
+  }
+};
+
+struct Bf16Scratch {
+  std::vector<float> q, scores, acc;
+  std::vector<uint16_t> qb, zeros;
+};
+
+// An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 16 keys scored per call
+// for all of a kv head's rows, the softmax in fp32 as the exact kernel's, then the weighted sum
+// over up to 64 keys per call with the probabilities rounded to bf16. A row's keys past its own
+// context get probability 0 (their products add exact zeros), so its result does not depend on
+// the tile it shares.
+void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
+  const int64_t padded = (it.ctx_max + kBf16KeyBlock - 1) / kBf16KeyBlock * kBf16KeyBlock;
+  s->q.resize(static_cast<size_t>(all * hd));
+  s->qb.resize(static_cast<size_t>(all * hd));
+  s->zeros.assign(static_cast<size_t>(hd), 0);
+  s->scores.resize(static_cast<size_t>(all * padded));
+  s->acc.assign(static_cast<size_t>(all * hd), 0.0f);
+  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(s->q.data() + ((g - it.g0) * nrows + r) * hd, q + it.head_of(g, r) * hd,
+                  static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+  RoundRowsToBf16(s->q.data(), all, hd, s->qb.data());
+  const uint16_t* rows[kBf16MaxValueKeys];
+  for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16KeyBlock) {
+    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+      for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, k0 + j, s->zeros.data());
+      ScoreKeysBf16(s->qb.data() + (g - it.g0) * nrows * hd, nrows, hd, rows, scale,
+                    s->scores.data() + (g - it.g0) * nrows * padded + k0, padded);
+    }
+  }
+  for (int64_t row = 0; row < all; ++row) {
+    float* sc = s->scores.data() + row * padded;
+    const int64_t ctx = it.ctx_of(row % nrows);
+    Softmax(sc, ctx);
+    std::fill(sc + ctx, sc + padded, 0.0f);
+  }
+  for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16MaxValueKeys) {
+    const int64_t n = std::min(kBf16MaxValueKeys, (it.ctx_max - k0 + 1) / 2 * 2);
+    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+      for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, k0 + j, s->zeros.data());
+      AddWeightedBf16(s->scores.data() + (g - it.g0) * nrows * padded + k0, padded, nrows, n, rows, hd,
+                      s->acc.data() + (g - it.g0) * nrows * hd);
+    }
+  }
+  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + ((g - it.g0) * nrows + r) * hd,
+                  static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+}
+
 }  // namespace
 
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
-                    float scale, float* out) {
+                    float scale, float* out, bool round_to_bf16) {
   const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
+  const bool bf16 = round_to_bf16 && layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd);
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
@@ -152,11 +230,17 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     std::vector<float> scores, acc, scratch(static_cast<size_t>(kValueKeys * hd)),
         zeros(static_cast<size_t>(hd), 0.0f);
+    Bf16Scratch bf16_scratch;
     const float* rows[kValueKeys];
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, g0 = item % chunks * heads_per_item;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
+      if (bf16) {
+        const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
+        AttendBf16(it, q, scale, out, &bf16_scratch);
+        continue;
+      }
       const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
       const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
       const int64_t nrows = nt * group;  // per kv head: (token, query head) pairs, token-major

@@ -55,7 +55,12 @@ std::string CpuBackend::Name() const {
 std::string CpuBackend::KernelNumerics() const {
   if (!fast()) return "cpu-reference-1";
   const std::string base = options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2";
-  return RoundsActivations(isa_) ? absl::StrCat(base, "-", CpuIsaName(isa_), "-1") : base;
+  // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention).
+  return RoundsActivations(isa_) ? absl::StrCat(base, "-", CpuIsaName(isa_), Bf16Attention() ? "-2" : "-1") : base;
+}
+
+bool CpuBackend::Bf16Attention() const {
+  return fast() && options_.batch_invariant && RoundsActivations(isa_) && DetectCpuFeatures().avx512_bf16;
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
@@ -295,7 +300,9 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
                                 float* out) {
   MS_CHECK(layout.kv_heads > 0 && q_heads % layout.kv_heads == 0);
   RunOrderedCopies();
-  if (fast()) return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out);
+  if (fast()) {
+    return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out, Bf16Attention());
+  }
   cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
 }
 

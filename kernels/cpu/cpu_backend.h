@@ -52,6 +52,10 @@ class CpuBackend final : public Backend {
   CpuPath path() const { return options_.path; }
   // The kernel variant the fast path runs (resolved, never kAuto).
   CpuIsa isa() const { return isa_; }
+  // Whether attention over a bf16 KV cache runs on vdpbf16ps, rounding queries and
+  // probabilities to bf16: the variants that round activations, batch-invariant, on a CPU with
+  // AVX512-BF16 (every AMX CPU has it).
+  bool Bf16Attention() const;
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;

@@ -9,7 +9,9 @@
 #include <numeric>
 #include <random>
 
+#include "core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -174,6 +176,108 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
       fast_.PagedAttention(q.data() + i * qh * hd, one, layout, layer, cache.data(), qh, scale, alone.data());
       ASSERT_EQ(0, std::memcmp(alone.data(), out_fast.data() + i * qh * hd, alone.size() * sizeof(float)))
           << "sequence " << token_seq[i] << " position " << token_pos[i] << ": differs from the same token alone";
+    }
+  }
+}
+
+// The bf16 path of the avx512-bf16 and amx variants (queries and probabilities rounded to bf16,
+// vdpbf16ps) against float64 attention over the same cache with the fp32 queries, within the
+// bound its rounding implies: a score moves by at most d = scale 2^-8 sum_i |q_i k_i| (the query
+// rounded), a probability by a factor e^(2 d) - 1 and then 2^-9 more (its own rounding), so an
+// output by (e^(2 dmax) - 1 + 2^-7) max_j |v_j| (with room for fp32 sums). And batch-invariant:
+// every token equals itself computed alone, with many tiles and with few.
+TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+  CpuBackend bf16{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  ASSERT_TRUE(bf16.Bf16Attention());
+  std::random_device rd;
+  const uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (int64_t hd : {32, 64, 128}) {
+    for (int64_t seqs : {3, 19}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << hd << ", " << seqs << " sequences");
+      KvLayout layout;
+      layout.num_layers = 2;
+      layout.block_size = 16;
+      layout.kv_heads = 2;
+      layout.head_dim = hd;
+      layout.dtype = DType::kBF16;
+      const int64_t qh = 6, layer = 1, max_blocks = 12;
+      std::vector<int64_t> lens(static_cast<size_t>(seqs));
+      for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * 16)(gen);
+      int64_t blocks = 0;
+      for (int64_t l : lens) blocks += (l + 15) / 16;
+      layout.num_blocks = blocks;
+      std::vector<int32_t> order(static_cast<size_t>(blocks)), tables(static_cast<size_t>(seqs * max_blocks), 0);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), gen);
+      std::vector<uint8_t> cache(static_cast<size_t>(blocks) * layout.BlockBytes());
+      size_t next = 0;
+      for (int64_t s = 0; s < seqs; ++s) {
+        std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
+        for (int64_t b = 0; b < (lens[s] + 15) / 16; ++b) tables[s * max_blocks + b] = order[next++];
+        for (int64_t p = 0; p < lens[s]; ++p) slots[p] = tables[s * max_blocks + p / 16] * 16 + p % 16;
+        const auto k = RandomFloats(lens[s] * 2 * hd, gen(), 2.0f), v = RandomFloats(lens[s] * 2 * hd, gen());
+        bf16.WriteKv(k.data(), v.data(), slots.data(), lens[s], layout, layer, cache.data());
+      }
+      std::vector<int32_t> token_seq, token_pos;
+      for (int64_t s = 0; s < seqs; ++s) {
+        const int64_t chunk = s % 2 == 0 ? std::min<int64_t>(lens[s], 21) : 1;
+        for (int64_t p = lens[s] - chunk; p < lens[s]; ++p) {
+          token_seq.push_back(static_cast<int32_t>(s));
+          token_pos.push_back(static_cast<int32_t>(p));
+        }
+      }
+      const int64_t t = static_cast<int64_t>(token_seq.size());
+      const auto q = RandomFloats(t * qh * hd, gen(), 2.0f);
+      const AttentionBatch batch{token_seq.data(), token_pos.data(), tables.data(), t, seqs, max_blocks};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      std::vector<float> out(q.size());
+      bf16.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out.data());
+      auto cached = [&](int kv, int64_t s, int64_t j, int64_t g, int64_t i) {
+        const int64_t off = layout.Offset(tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
+        return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(cache.data())[off]));
+      };
+      double worst = 0, worst_err = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t s = token_seq[i], ctx = token_pos[i] + 1;
+        for (int64_t h = 0; h < qh; ++h) {
+          const int64_t g = h / 3;
+          const float* qr = q.data() + (i * qh + h) * hd;
+          std::vector<double> sc(static_cast<size_t>(ctx));
+          double mx = -1e300, sum = 0, dmax = 0;
+          for (int64_t j = 0; j < ctx; ++j) {
+            double d = 0, mag = 0;
+            for (int64_t e = 0; e < hd; ++e) {
+              d += qr[e] * cached(0, s, j, g, e);
+              mag += std::fabs(qr[e] * cached(0, s, j, g, e));
+            }
+            sc[j] = d * scale;
+            dmax = std::max(dmax, scale * mag / 256.0);
+            mx = std::max(mx, sc[j]);
+          }
+          for (auto& v : sc) sum += v = std::exp(v - mx);
+          for (int64_t e = 0; e < hd; ++e) {
+            double o = 0, vmax = 0;
+            for (int64_t j = 0; j < ctx; ++j) {
+              o += sc[j] / sum * cached(1, s, j, g, e);
+              vmax = std::max(vmax, std::fabs(cached(1, s, j, g, e)));
+            }
+            const double err = std::fabs(out[(i * qh + h) * hd + e] - o);
+            const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
+            if (err / bound > worst) worst = err / bound, worst_err = err;
+          }
+        }
+      }
+      EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
+      for (int64_t i = 0; i < t; ++i) {
+        const AttentionBatch one{&token_seq[i], &token_pos[i], tables.data(), 1, seqs, max_blocks};
+        std::vector<float> alone(static_cast<size_t>(qh * hd));
+        bf16.PagedAttention(q.data() + i * qh * hd, one, layout, layer, cache.data(), qh, scale, alone.data());
+        ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * qh * hd, alone.size() * sizeof(float)))
+            << "sequence " << token_seq[i] << " position " << token_pos[i] << ": differs from the same token alone";
+      }
     }
   }
 }

@@ -1,0 +1,167 @@
+// Paged attention's inner loops on vdpbf16ps (see attention_bf16.h).
+//
+// Scores: a register holds dimension pair d of 16 keys (one key per fp32 lane), so a vdpbf16ps
+// against the query's pair d broadcast adds that pair's products to 16 scores at once; the keys
+// are transposed into that form once per call and serve every query row. Weighted sum: a register
+// holds 16 dimensions of two consecutive keys' values interleaved, so a vdpbf16ps against the two
+// keys' probabilities broadcast adds both to 16 output dimensions.
+//
+// Compiled for AVX512-BF16 by the target pragma below (after every include, so no inline
+// function of a header is compiled for it).
+#include "kernels/cpu/attention_bf16.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#pragma GCC push_options
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's own AVX-512 intrinsics' pass-through operand
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+
+namespace moeserve::cpu_fast {
+namespace {
+
+// 16 rows of 16 dwords into 16 columns, in place.
+inline void Transpose16(__m512i r[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // b[4i + c], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + c.
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+    const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44),
+                  q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
+  }
+}
+
+inline uint32_t PairAt(const uint16_t* row, int64_t d) {
+  uint32_t v;
+  std::memcpy(&v, row + 2 * d, sizeof(v));
+  return v;
+}
+
+inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
+
+// The weighted sum for H x 32 dimensions, rows in blocks of R whose accumulators stay in
+// registers. Within each 32 dimensions, interleaving two keys' values (unpacklo/hi of 16-bit
+// words) orders the fp32 lanes as dimensions 8L + {0..3} (lo) and 8L + 4 + {0..3} (hi) of each
+// 128-bit lane L: the accumulators are kept in that order and put back in place on store.
+template <int H>
+void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
+                  float* acc) {
+  constexpr int R = 24 / (2 * H) > 0 ? 24 / (2 * H) : 1;  // 24 accumulators of the 32 registers
+  constexpr int64_t hd = 32 * H;
+  alignas(64) int32_t lo_idx[16], hi_idx[16], back0[16], back1[16];
+  for (int i = 0; i < 16; ++i) {
+    lo_idx[i] = 8 * (i / 4) + i % 4;
+    hi_idx[i] = lo_idx[i] + 4;
+    for (int half = 0; half < 2; ++half) {
+      const int d = 16 * half + i, lane = d / 8, w = d % 8;
+      (half == 0 ? back0 : back1)[i] = w < 4 ? 4 * lane + w : 16 + 4 * lane + w - 4;
+    }
+  }
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  const __m512i b0 = _mm512_load_si512(back0), b1 = _mm512_load_si512(back1);
+  alignas(64) uint32_t pairs[R][kBf16MaxValueKeys / 2];
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
+    __m512 a[R][2 * H];
+    for (int i = 0; i < nr; ++i) {
+      const float* pr = p + (r0 + i) * p_stride;
+      for (int64_t j = 0; j < n; j += 32) {  // probabilities rounded to bf16 pairs
+        const __mmask16 m0 = static_cast<__mmask16>(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+        const __mmask16 m1 = static_cast<__mmask16>(n - j >= 32 ? 0xffff : n - j <= 16 ? 0 : (1u << (n - j - 16)) - 1);
+        const __m512bh bh = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, pr + j + 16), _mm512_maskz_loadu_ps(m0, pr + j));
+        _mm512_store_si512(pairs[i] + j / 2, reinterpret_cast<__m512i>(bh));
+      }
+      float* ar = acc + (r0 + i) * hd;
+      for (int h = 0; h < H; ++h) {
+        const __m512 n0 = _mm512_loadu_ps(ar + 32 * h), n1 = _mm512_loadu_ps(ar + 32 * h + 16);
+        a[i][2 * h] = _mm512_permutex2var_ps(n0, lo, n1);
+        a[i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
+      }
+    }
+    for (int64_t j = 0; j < n; j += 2) {
+      __m512i v[2 * H];
+      for (int h = 0; h < H; ++h) {
+        const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
+        v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
+        v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
+      }
+      for (int i = 0; i < nr; ++i) {
+        const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
+        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
+      }
+    }
+    for (int i = 0; i < nr; ++i) {
+      float* ar = acc + (r0 + i) * hd;
+      for (int h = 0; h < H; ++h) {
+        _mm512_storeu_ps(ar + 32 * h, _mm512_permutex2var_ps(a[i][2 * h], b0, a[i][2 * h + 1]));
+        _mm512_storeu_ps(ar + 32 * h + 16, _mm512_permutex2var_ps(a[i][2 * h], b1, a[i][2 * h + 1]));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
+                   float* out, int64_t out_stride) {
+  const int64_t pairs = hd / 2;
+  alignas(64) __m512i kt[128];  // kt[d]: pair d of the 16 keys
+  for (int64_t d0 = 0; d0 < pairs; d0 += 16) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + 2 * d0);
+    Transpose16(r);
+    for (int j = 0; j < 16; ++j) kt[d0 + j] = r[j];
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < rows; r += 2) {
+    const uint16_t* q0 = q + r * hd;
+    const uint16_t* q1 = r + 1 < rows ? q0 + hd : q0;  // an odd last row is computed twice, stored once
+    __m512 a0[4], a1[4];
+    for (int u = 0; u < 4; ++u) a0[u] = a1[u] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < pairs; d += 4) {
+      for (int u = 0; u < 4; ++u) {
+        const __m512bh k = AsBh(kt[d + u]);
+        a0[u] = _mm512_dpbf16_ps(a0[u], AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q0, d + u)))), k);
+        a1[u] = _mm512_dpbf16_ps(a1[u], AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q1, d + u)))), k);
+      }
+    }
+    const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3]));
+    _mm512_storeu_ps(out + r * out_stride, _mm512_mul_ps(s0, vscale));
+    if (r + 1 < rows) {
+      const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3]));
+      _mm512_storeu_ps(out + (r + 1) * out_stride, _mm512_mul_ps(s1, vscale));
+    }
+  }
+}
+
+void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
+                     int64_t hd, float* acc) {
+  switch (hd / 32) {
+    case 1: return AddWeightedT<1>(p, p_stride, rows, n, values, acc);
+    case 2: return AddWeightedT<2>(p, p_stride, rows, n, values, acc);
+    case 4: return AddWeightedT<4>(p, p_stride, rows, n, values, acc);
+    case 8: return AddWeightedT<8>(p, p_stride, rows, n, values, acc);
+    default: return;  // Bf16AttentionHeadDim keeps other sizes on the exact kernel
+  }
+}
+
+}  // namespace moeserve::cpu_fast
+
+#pragma GCC pop_options

@@ -1,0 +1,31 @@
+// The two inner loops of paged attention on vdpbf16ps (AVX512-BF16), for the kernel variants that
+// round activations to bf16 (avx512-bf16, amx) over a bf16 KV cache: the queries and the
+// probabilities are rounded to bf16 (round to nearest even), their products summed in fp32, as
+// the GEMMs of those variants do with their activations. attention.cc drives them (tiles, work
+// items, softmax); only CPUs with AVX512-BF16 may call them.
+#pragma once
+
+#include <cstdint>
+
+namespace moeserve::cpu_fast {
+
+inline constexpr int64_t kBf16KeyBlock = 16;  // keys scored per call, one per fp32 lane
+inline constexpr int64_t kBf16MaxValueKeys = 64;  // keys of one AddWeightedBf16 call, at most
+
+// The head dimensions these kernels take.
+inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
+
+// out[r * out_stride + j] = scale * dot(q_r, keys[j]) for the 16 keys and the `rows` query rows
+// (q: rows x hd bf16, row after row). Each score is four fp32 chains of vdpbf16ps over the
+// head dimension's pairs (pair d in chain d % 4, in order), summed as (c0 + c1) + (c2 + c3):
+// the same operations whatever the other rows.
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
+                   float* out, int64_t out_stride);
+
+// acc[r * hd + c] += sum over keys j < n of bf16(p[r * p_stride + j]) * values[j][c], for rows
+// r < rows; n even, at most kBf16MaxValueKeys; keys taken in pairs, in order (one vdpbf16ps per
+// pair and 16 dimensions).
+void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
+                     int64_t hd, float* acc);
+
+}  // namespace moeserve::cpu_fast
