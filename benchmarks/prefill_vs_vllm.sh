@@ -7,8 +7,9 @@
 # vLLM loads the model once per round, prefills one untimed prompt (warm-up: JIT kernels,
 # first-touch memory), then REPS distinct prompts of LEN random ids (no prefix-cache hits), one
 # output token each; moeserve runs `bench` once per prompt. A prompt's time is its time to first
-# token. moeserve runs at its default
-# step budget and with one that takes the whole prompt in one step (as vLLM's does).
+# token. moeserve runs with its default f32 KV cache, with a bf16 one (vLLM's, for the model's
+# dtype; the bf16 kernel variants then attend on vdpbf16ps), and with bf16 and the whole prompt
+# in one step (as vLLM's budget takes it).
 # Prints one CSV row per prompt: engine,setting,round,seconds,prefill_tok_s.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +44,7 @@ echo "engine,setting,round,seconds,prefill_tok_s"
 for r in $(seq 1 "$ROUNDS"); do
   if [ $((r % 2)) -eq 1 ]; then run_vllm "$r"; fi
   run_moeserve "$r" default
-  run_moeserve "$r" one-step --max-tokens-per-step "$LEN"
+  run_moeserve "$r" kv-bf16 --kv-dtype bf16
+  run_moeserve "$r" kv-bf16-one-step --kv-dtype bf16 --max-tokens-per-step "$LEN"
   if [ $((r % 2)) -eq 0 ]; then run_vllm "$r"; fi
 done

@@ -3,7 +3,10 @@
 // is fed the same tokens (teacher forcing), and per step the largest absolute logit difference
 // and whether its argmax is the reference's are recorded. Variants this CPU lacks are skipped.
 //
-//   build/benchmarks/variant_accuracy [STEPS] [PRESET]      (default 1000, small)
+//   build/benchmarks/variant_accuracy [STEPS] [PRESET] [KV]      (default 1000, small, f32)
+//
+// KV: the variants' cache dtype (the reference keeps f32); bf16 also puts the bf16 variants'
+// attention on vdpbf16ps.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +41,7 @@ constexpr int64_t kBlock = 16;
 int Main(int argc, char** argv) {
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 1000;
   const std::string preset = argc > 2 ? argv[2] : "small";
+  const DType kv_dtype = argc > 3 && std::string(argv[3]) == "bf16" ? DType::kBF16 : DType::kF32;
   auto config = PresetConfig(preset);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
@@ -53,7 +57,8 @@ int Main(int argc, char** argv) {
     o.num_threads = 2;
     r.backend = std::make_unique<CpuBackend>(o);
     auto w = ModelWeights::Load(*config, *tensors, r.backend.get(), config->torch_dtype);
-    auto kv = KvStorage::Create(r.backend.get(), KvLayoutFor(*config, blocks, kBlock, DType::kF32));
+    const DType kv_type = o.path == CpuPath::kReference ? DType::kF32 : kv_dtype;
+    auto kv = KvStorage::Create(r.backend.get(), KvLayoutFor(*config, blocks, kBlock, kv_type));
     if (!w.ok() || !kv.ok()) std::abort();
     r.weights = *std::move(w);
     r.kv = std::make_unique<KvStorage>(*std::move(kv));
