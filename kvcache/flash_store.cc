@@ -181,55 +181,40 @@ absl::Status FlashStore::Scan() {
   // Most recently written first, as the LRU order.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime > b.mtime; });
   for (const Found& f : found) {
-    lru_.push_back(f.hash);
-    index_[f.hash] = Entry{f.bytes, std::prev(lru_.end()), f.retain_until};
+    records_.Put(f.hash, f.bytes, f.retain_until, /*newest=*/false);
     stats_.bytes += f.bytes;
   }
-  stats_.records = static_cast<int64_t>(index_.size());
+  stats_.records = static_cast<int64_t>(records_.size());
   // The budget may have shrunk since the last run.
   MakeRoomLocked(0, /*may_evict_retained=*/true);
   return absl::OkStatus();
 }
 
 void FlashStore::EraseLocked(const BlockHash& hash) {
-  if (index_.count(hash) == 0) return;
+  if (!records_.Contains(hash)) return;
   std::error_code ec;
   fs::remove(PathOf(hash), ec);
   UnindexLocked(hash);
 }
 
 void FlashStore::UnindexLocked(const BlockHash& hash) {
-  auto it = index_.find(hash);
-  if (it == index_.end()) return;
-  stats_.bytes -= it->second.file_bytes;
-  lru_.erase(it->second.lru);
-  index_.erase(it);
-  stats_.records = static_cast<int64_t>(index_.size());
+  const auto e = records_.Take(hash);
+  if (!e) return;
+  stats_.bytes -= e->value;
+  stats_.records = static_cast<int64_t>(records_.size());
 }
 
 bool FlashStore::MakeRoomLocked(uint64_t bytes, bool may_evict_retained) {
   const double now = options_.clock();
   auto fits = [&] { return stats_.bytes + reserved_ + bytes <= options_.budget_bytes; };
-  // Ordinary (or expired) records first, least recently used first.
-  for (auto it = lru_.end(); !fits() && it != lru_.begin();) {
-    --it;
-    if (index_.at(*it).retain_until > now) continue;
-    const BlockHash victim = *it;
-    it = std::next(it);  // EraseLocked invalidates the victim's iterator, not its successor
-    EraseLocked(victim);
-    ++stats_.evictions;
-  }
-  while (!fits() && may_evict_retained && !lru_.empty()) {
-    EraseLocked(lru_.back());
+  // Ordinary (or expired) records first, least recently used first; retained ones only after.
+  while (!fits()) {
+    const std::optional<BlockHash> victim = records_.Victim(now, may_evict_retained);
+    if (!victim) break;
+    EraseLocked(*victim);
     ++stats_.evictions;
   }
   return fits();
-}
-
-void FlashStore::TouchLocked(Entry& e, const BlockHash& hash) {
-  lru_.erase(e.lru);
-  lru_.push_front(hash);
-  e.lru = lru_.begin();
 }
 
 absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32_t layer_end, DType dtype,
@@ -254,9 +239,9 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
 
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = index_.find(hash); it != index_.end() && it->second.retain_until > retain_until) {
+    if (const auto* e = records_.Find(hash); e != nullptr && e->retain_until > retain_until) {
       // A later deadline wins: rewrite the header with the old one.
-      h.retain_until = retain_until = it->second.retain_until;
+      h.retain_until = retain_until = e->retain_until;
       h.Encode(header);
     }
     EraseLocked(hash);
@@ -278,23 +263,17 @@ absl::Status FlashStore::Put(const BlockHash& hash, uint32_t layer_begin, uint32
   std::lock_guard<std::mutex> lock(mu_);
   reserved_ -= file_bytes;
   if (!written.ok()) return written;
-  if (auto it = index_.find(hash); it != index_.end()) {  // written meanwhile by another Put
-    stats_.bytes -= it->second.file_bytes;
-    lru_.erase(it->second.lru);
-    index_.erase(it);
-  }
-  lru_.push_front(hash);
-  index_[hash] = Entry{file_bytes, lru_.begin(), retain_until};
+  if (const auto old = records_.Take(hash)) stats_.bytes -= old->value;  // written meanwhile by another Put
+  records_.Put(hash, file_bytes, retain_until);
   stats_.bytes += file_bytes;
-  stats_.records = static_cast<int64_t>(index_.size());
+  stats_.records = static_cast<int64_t>(records_.size());
   ++stats_.writes;
   return absl::OkStatus();
 }
 
 absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes, double* retain_until) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(hash);
-  if (it == index_.end()) {
+  if (!records_.Contains(hash)) {
     ++stats_.misses;
     return absl::NotFoundError("flash store: no such block");
   }
@@ -321,15 +300,15 @@ absl::Status FlashStore::Get(const BlockHash& hash, void* out, size_t bytes, dou
     return drop(&stats_.dropped_truncated, "length differs from the header");
   }
   if (XXH3_64bits(out, bytes) != h->payload_checksum) return drop(&stats_.dropped_corrupt, "payload checksum mismatch");
-  TouchLocked(it->second, hash);
-  if (retain_until != nullptr) *retain_until = it->second.retain_until;
+  const auto* e = records_.Find(hash, /*touch=*/true);
+  if (retain_until != nullptr) *retain_until = e->retain_until;
   ++stats_.hits;
   return absl::OkStatus();
 }
 
 bool FlashStore::Contains(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return index_.count(hash) > 0;
+  return records_.Contains(hash);
 }
 
 void FlashStore::Erase(const BlockHash& hash) {
@@ -340,9 +319,7 @@ void FlashStore::Erase(const BlockHash& hash) {
 FlashStoreStats FlashStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   FlashStoreStats s = stats_;
-  const double now = options_.clock();
-  s.retained = 0;
-  for (const auto& [h, e] : index_) s.retained += e.retain_until > now;
+  s.retained = records_.Retained(options_.clock());
   return s;
 }
 

@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "kvcache/block_hash.h"
+#include "kvcache/retention_lru.h"
 #include "kvcache/flash_dir.h"
 
 namespace moeserve {
@@ -105,19 +106,12 @@ class FlashStore {
   std::string PathOf(const BlockHash& hash) const;
 
  private:
-  struct Entry {
-    uint64_t file_bytes = 0;
-    std::list<BlockHash>::iterator lru;  // position in lru_ (front = most recent)
-    double retain_until = 0;
-  };
-
   FlashStore(FlashStoreOptions options, FlashDirLock lock) : options_(std::move(options)), lock_(std::move(lock)) {}
   absl::Status Scan();
   // Whether a decoded header is another model's, format's or block shape's.
   bool Foreign(const FlashRecordHeader& h) const;
   void EraseLocked(const BlockHash& hash);
   void UnindexLocked(const BlockHash& hash);  // forgets a record, leaving its file
-  void TouchLocked(Entry& e, const BlockHash& hash);
   // Evicts until `bytes` more fit (reserved_ included); false if only retained records are
   // left and `may_evict_retained` is false.
   bool MakeRoomLocked(uint64_t bytes, bool may_evict_retained);
@@ -125,8 +119,7 @@ class FlashStore {
   FlashStoreOptions options_;
   FlashDirLock lock_;
   mutable std::mutex mu_;
-  std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
-  std::list<BlockHash> lru_;
+  RetentionLru<BlockHash, uint64_t, BlockHashHasher> records_;  // each record's file bytes
   FlashStoreStats stats_;
   uint64_t reserved_ = 0;  // bytes of records being written outside the lock
 };

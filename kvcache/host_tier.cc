@@ -62,24 +62,13 @@ int64_t HostKvTier::TakeSlotLocked() {
     free_slots_.pop_back();
     return s;
   }
-  if (lru_.empty()) return -1;  // every slot is lent to swap
   // The least recently used block whose retention has passed, else the least recently used.
-  const double now = options_.clock();
-  auto victim_it = std::prev(lru_.end());
-  for (auto it = lru_.end(); it != lru_.begin();) {
-    --it;
-    if (index_.at(*it).retain_until <= now) {
-      victim_it = it;
-      break;
-    }
-  }
-  const BlockHash victim = *victim_it;
-  const Entry e = index_.at(victim);
-  ToFlashLocked(victim, Slot(e.slot), e.retain_until);
-  lru_.erase(victim_it);
-  index_.erase(victim);
-  stats_.blocks = static_cast<int64_t>(index_.size());
-  return e.slot;
+  const std::optional<BlockHash> victim = blocks_.Victim(options_.clock(), /*may_take_retained=*/true);
+  if (!victim) return -1;  // every slot is lent to swap
+  const auto e = *blocks_.Take(*victim);
+  ToFlashLocked(*victim, Slot(e.value), e.retain_until);
+  stats_.blocks = static_cast<int64_t>(blocks_.size());
+  return e.value;
 }
 
 void HostKvTier::ToFlashLocked(const BlockHash& hash, const void* data, double retain_until) {
@@ -104,20 +93,17 @@ void HostKvTier::ToFlashLocked(const BlockHash& hash, const void* data, double r
 }
 
 bool HostKvTier::StoreLocked(const BlockHash& hash, const void* data, double retain_until) {
-  auto it = index_.find(hash);
   int64_t slot;
-  if (it != index_.end()) {
-    slot = it->second.slot;
-    retain_until = std::max(retain_until, it->second.retain_until);
-    lru_.erase(it->second.lru);
+  if (const auto* e = blocks_.Find(hash, /*touch=*/false)) {
+    slot = e->value;
+    retain_until = std::max(retain_until, e->retain_until);
   } else {
     slot = TakeSlotLocked();
     if (slot < 0) return false;
   }
   std::memcpy(Slot(slot), data, options_.block_bytes);
-  lru_.push_front(hash);
-  index_[hash] = Entry{slot, lru_.begin(), retain_until};
-  stats_.blocks = static_cast<int64_t>(index_.size());
+  blocks_.Put(hash, slot, retain_until);
+  stats_.blocks = static_cast<int64_t>(blocks_.size());
   return true;
 }
 
@@ -132,17 +118,13 @@ absl::Status HostKvTier::Put(const BlockHash& hash, const void* data, double ret
 
 absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double* retain_until, bool take) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (auto it = index_.find(hash); it != index_.end()) {
-    std::memcpy(out, Slot(it->second.slot), options_.block_bytes);
-    if (retain_until != nullptr) *retain_until = it->second.retain_until;
-    lru_.erase(it->second.lru);
+  if (const auto* e = blocks_.Find(hash, /*touch=*/!take)) {
+    std::memcpy(out, Slot(e->value), options_.block_bytes);
+    if (retain_until != nullptr) *retain_until = e->retain_until;
     if (take) {
-      free_slots_.push_back(it->second.slot);
-      index_.erase(it);
-      stats_.blocks = static_cast<int64_t>(index_.size());
-    } else {
-      lru_.push_front(hash);
-      it->second.lru = lru_.begin();
+      free_slots_.push_back(e->value);
+      blocks_.Erase(hash);
+      stats_.blocks = static_cast<int64_t>(blocks_.size());
     }
     ++stats_.host_hits;
     return KvTier::kHost;
@@ -178,7 +160,7 @@ absl::StatusOr<KvTier> HostKvTier::Get(const BlockHash& hash, void* out, double*
 
 std::optional<KvTier> HostKvTier::Find(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (index_.count(hash) > 0 || pending_.count(hash) > 0) return KvTier::kHost;
+  if (blocks_.Contains(hash) || pending_.count(hash) > 0) return KvTier::kHost;
   if (flash_ != nullptr && flash_->Contains(hash)) return KvTier::kFlash;
   return std::nullopt;
 }
@@ -187,7 +169,7 @@ void HostKvTier::Prefetch(const std::vector<BlockHash>& hashes) {
   if (!thread_.joinable() || stats_.capacity_blocks == 0) return;  // nowhere to prefetch into
   std::lock_guard<std::mutex> lock(mu_);
   for (const BlockHash& h : hashes) {
-    if (index_.count(h) || pending_.count(h)) continue;
+    if (blocks_.Contains(h) || pending_.count(h)) continue;
     prefetch_queue_.push_back(h);
     ++stats_.prefetch_requests;
   }
@@ -234,7 +216,7 @@ void HostKvTier::TransferLoop() {
     if (!prefetch_queue_.empty()) {
       const BlockHash hash = prefetch_queue_.front();
       prefetch_queue_.pop_front();
-      if (index_.count(hash) || pending_.count(hash)) continue;
+      if (blocks_.Contains(hash) || pending_.count(hash)) continue;
       // Prefetching must not push other blocks into a full write queue (that would write to
       // flash under the lock the engine thread needs).
       if (free_slots_.empty() && static_cast<int64_t>(pending_.size()) >= options_.max_pending_writes) continue;
@@ -248,7 +230,7 @@ void HostKvTier::TransferLoop() {
       --in_flight_;
       stats_.flash_read_seconds += took;
       ++stats_.flash_reads;
-      if (hit && !index_.count(hash) && StoreLocked(hash, buffer.data(), until)) ++stats_.prefetched;
+      if (hit && !blocks_.Contains(hash) && StoreLocked(hash, buffer.data(), until)) ++stats_.prefetched;
       cv_.notify_all();
       continue;
     }
@@ -258,7 +240,7 @@ void HostKvTier::TransferLoop() {
 
 absl::StatusOr<std::vector<int64_t>> HostKvTier::ReserveSwap(int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t available = static_cast<int64_t>(free_slots_.size() + lru_.size());
+  const int64_t available = static_cast<int64_t>(free_slots_.size() + blocks_.size());
   if (n > available) {
     return absl::ResourceExhaustedError(absl::StrCat("host KV tier: swap needs ", n, " blocks, ", available,
                                                      " of ", stats_.capacity_blocks, " could be freed"));
@@ -278,9 +260,7 @@ void HostKvTier::FreeSwap(const std::vector<int64_t>& slots) {
 HostTierStats HostKvTier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   HostTierStats s = stats_;
-  const double now = options_.clock();
-  s.retained = 0;
-  for (const auto& [h, e] : index_) s.retained += e.retain_until > now;
+  s.retained = blocks_.Retained(options_.clock());
   return s;
 }
 

@@ -106,11 +106,6 @@ class HostKvTier {
   size_t block_bytes() const { return options_.block_bytes; }
 
  private:
-  struct Entry {
-    int64_t slot;
-    std::list<BlockHash>::iterator lru;
-    double retain_until = 0;
-  };
   struct Pending {
     std::shared_ptr<const std::vector<uint8_t>> data;
     double retain_until = 0;
@@ -134,8 +129,7 @@ class HostKvTier {
   std::condition_variable cv_;
   HostBuffer slab_;
   std::vector<int64_t> free_slots_;
-  std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;
-  std::list<BlockHash> lru_;  // front: most recently used
+  RetentionLru<BlockHash, int64_t, BlockHashHasher> blocks_;  // each block's slot
   // Transfer thread state.
   std::unordered_map<BlockHash, Pending, BlockHashHasher> pending_;  // awaiting a flash write
   std::deque<BlockHash> write_queue_, prefetch_queue_;
