@@ -59,8 +59,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     ASSIGN_OR_RETURN(KvTierDevices devices, engine->executor_->TierDevices());
     ASSIGN_OR_RETURN(engine->tiers_, KvTiers::Create(config.kv_tiers, engine->fingerprint_, &engine->pool_,
                                                      std::move(devices), config.clock));
-    engine->tiers_->SetSwapCostModel(engine->MakeSwapCostModel());
-    engine->scheduler_.SetLowerTiers(engine->tiers_.get());
+    engine->scheduler_.SetLowerTiers(engine->tiers_.get(), engine->MakePreemptionPolicy());
   }
   return engine;
 }
@@ -99,22 +98,14 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
 
 Engine::~Engine() { Stop("engine destroyed"); }
 
-SwapCostModel Engine::MakeSwapCostModel() {
-  SwapCostModel m;
-  if (config_.hardware) {
-    m.recompute_seconds = [this](int64_t tokens) {
-      roofline::StepShape shape;
-      shape.seqs.push_back({tokens, tokens, false});
-      return roofline::PredictStep(costs_, shape, *config_.hardware, {}, config_.efficiency).seconds;
-    };
-  } else {
-    m.recompute_seconds = [this](int64_t tokens) { return static_cast<double>(tokens) * seconds_per_prefill_token_; };
-  }
+std::unique_ptr<PreemptionPolicy> Engine::MakePreemptionPolicy() const {
+  std::optional<PreemptionPolicy::Roofline> roofline;
+  if (config_.hardware) roofline = PreemptionPolicy::Roofline{&costs_, &*config_.hardware, config_.efficiency};
   const double link = config_.hardware && config_.hardware->host_link_bandwidth > 0
                           ? config_.hardware->host_link_bandwidth
                           : tiers_->measured_link_bytes_per_second();
-  m.link_bytes_per_second = [link] { return link; };
-  return m;
+  return std::make_unique<PreemptionPolicy>(config_.kv_tiers.preemption, static_cast<double>(kv_.layout().BlockBytes()),
+                                            link, roofline);
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(GenerateRequest request, EventCallback callback) {
@@ -288,9 +279,8 @@ absl::StatusOr<bool> Engine::Step() {
   // Requests that end with this step finish after the step is booked in the stats, so that a
   // client that has its last token also finds the step that made it in GetStats.
   const auto finishing = ProcessOutputs(out, sampled_, logits_, model_.config().vocab_size, Clock::now(), lookup_);
-  if (out.num_prefill_tokens > 0) {
-    const double per_token = timing.forward_seconds / static_cast<double>(out.num_tokens);
-    seconds_per_prefill_token_ = seconds_per_prefill_token_ == 0 ? per_token : 0.8 * seconds_per_prefill_token_ + 0.2 * per_token;
+  if (out.num_prefill_tokens > 0 && scheduler_.preemption() != nullptr) {
+    scheduler_.preemption()->ObservePrefill(out.num_tokens, timing.forward_seconds);
   }
   timing.duration_seconds = since();
   // The whole step, streaming included, goes on the receipts: they add up to the busy time.
@@ -341,6 +331,8 @@ EngineStats Engine::GetStats() const {
   if (tiers_ != nullptr) {
     s.has_tiers = true;
     s.tiers = tiers_->stats();
+    s.tiers.swap_decisions = scheduler_.preemption()->swap_decisions();
+    s.tiers.recompute_decisions = scheduler_.preemption()->recompute_decisions();
   }
   return s;
 }

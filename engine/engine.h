@@ -157,7 +157,7 @@ class Engine {
   // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
   void UpdateGaugesLocked();
   // Swap-or-recompute costs: the roofline with a hardware profile, else measured rates.
-  SwapCostModel MakeSwapCostModel();
+  std::unique_ptr<PreemptionPolicy> MakePreemptionPolicy() const;
 
   EngineConfig config_;
   Backend* backend_;
@@ -194,7 +194,6 @@ class Engine {
   std::vector<float> logits_;    // of the last step, only when some request wanted logprobs
   std::vector<int32_t> sampled_;  // the last step's token per logit row, sampled on the device
   LiveLookup lookup_;             // the live request of a sequence id
-  double seconds_per_prefill_token_ = 0;  // measured, for the swap cost model without a profile
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.
   EngineStats counters_;

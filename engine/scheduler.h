@@ -19,12 +19,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/preemption_policy.h"
 #include "engine/sequence.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/host_tier.h"
@@ -89,9 +91,15 @@ class Scheduler {
   Scheduler(SchedulerConfig config, BlockPool* pool, int64_t block_size, uint64_t fingerprint);
 
   const SchedulerConfig& config() const { return config_; }
-  // Lower tiers for prefix-cache misses, evictions and swap (none by default); must outlive
-  // the scheduler.
-  void SetLowerTiers(KvTierView* tiers) { tiers_ = tiers; }
+  // Lower tiers for prefix-cache misses, evictions and swap (none by default; `tiers` must
+  // outlive the scheduler), and the policy that decides whether a preempted sequence swaps.
+  void SetLowerTiers(KvTierView* tiers, std::unique_ptr<PreemptionPolicy> preemption) {
+    tiers_ = tiers;
+    preemption_ = std::move(preemption);
+  }
+  // The preemption policy (null without lower tiers).
+  PreemptionPolicy* preemption() { return preemption_.get(); }
+  const PreemptionPolicy* preemption() const { return preemption_.get(); }
 
   // Queues a sequence; RESOURCE_EXHAUSTED when max_waiting never-admitted sequences wait,
   // INVALID_ARGUMENT when it could never fit the KV pool even alone. Engine::Submit checks both
@@ -164,6 +172,7 @@ class Scheduler {
   int64_t total_preemptions_ = 0, total_swaps_ = 0;
   int64_t new_waiting_ = 0;
   KvTierView* tiers_ = nullptr;
+  std::unique_ptr<PreemptionPolicy> preemption_;
   // Transfers planned since the last schedule, with their sequences.
   std::vector<KvTransfer> transfers_;
   std::vector<Sequence*> transfer_seqs_;

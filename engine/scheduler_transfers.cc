@@ -37,7 +37,7 @@ bool Scheduler::PlanSwapOut(Sequence* seq) {
   // Every block holding computed KV, the partial last one included.
   const int64_t n =
       std::min<int64_t>(BlocksFor(seq->num_computed), static_cast<int64_t>(seq->blocks.size()));
-  if (swap_held_ + n > tiers_->swap_capacity() || !tiers_->ShouldSwap(n, seq->num_computed)) {
+  if (swap_held_ + n > tiers_->swap_capacity() || preemption_ == nullptr || !preemption_->ShouldSwap(n, seq->num_computed)) {
     return false;  // (a decision is counted only where swap space would allow it)
   }
   KvTransfer t;

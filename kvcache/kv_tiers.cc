@@ -224,28 +224,6 @@ void KvTiers::Prefetch(std::span<const BlockHash> hashes, int64_t segment) {
   host_->Prefetch(wanted);
 }
 
-bool KvTiers::ShouldSwap(int64_t blocks, int64_t tokens) {
-  bool swap = false;
-  switch (config_.preemption) {
-    case PreemptionMode::kRecompute:
-      swap = false;
-      break;
-    case PreemptionMode::kSwap:
-      swap = true;
-      break;
-    case PreemptionMode::kAuto: {
-      // Out and back in over the host link, against recomputing every computed token.
-      const double bytes = 2.0 * static_cast<double>(blocks * devices_.layout.BlockBytes());
-      const double link = swap_cost_.link_bytes_per_second ? swap_cost_.link_bytes_per_second() : 0.0;
-      const double recompute = swap_cost_.recompute_seconds ? swap_cost_.recompute_seconds(tokens) : 0.0;
-      swap = link > 0 && bytes / link < recompute;
-      break;
-    }
-  }
-  ++(swap ? swap_decisions_ : recompute_decisions_);
-  return swap;
-}
-
 KvTransferOutcome KvTiers::SwapOut(const std::vector<int32_t>& blocks) {
   KvTransferOutcome o;
   const int64_t n = static_cast<int64_t>(blocks.size());
@@ -315,8 +293,6 @@ KvTierStats KvTiers::stats() const {
   s.promoted_flash = promoted_flash_;
   s.promote_failures = promote_failures_;
   s.prefetch_requests = prefetch_requests_;
-  s.swap_decisions = swap_decisions_;
-  s.recompute_decisions = recompute_decisions_;
   s.swapped_out = swapped_out_;
   s.swapped_in = swapped_in_;
   s.swap_failures = swap_failures_;

@@ -7,8 +7,8 @@
 //   before the step that needs it; a queued request's prefix is prefetched from flash into DDR
 //   by the transfer thread while earlier steps compute (Prefetch).
 // - Swap: a preempted sequence's whole KV (partial last block included) can be parked in DDR
-//   slots and copied back when it is readmitted; ShouldSwap weighs the copies against
-//   recomputing the tokens with the swap policy's cost model.
+//   slots and copied back when it is readmitted (the scheduler's PreemptionPolicy decides,
+//   engine/preemption_policy.h).
 // Device copies go through the backend's copy stream (Backend::CopyAsync) to and from pinned
 // host memory (the DDR slab and the staging buffers come from Backend::AllocateHost): on a GPU
 // they are DMA beside the compute stream, ordered against it by events; on the CPU, memcpy.
@@ -59,13 +59,6 @@ struct KvTierDevices {
   static KvTierDevices Single(KvStorage* kv, Backend* backend);
 };
 
-// The cost model behind swap-or-recompute: seconds to recompute a sequence's first `tokens`
-// tokens, and the host link's bytes per second (each direction) for the swap copies.
-struct SwapCostModel {
-  std::function<double(int64_t tokens)> recompute_seconds;
-  std::function<double()> link_bytes_per_second;
-};
-
 struct KvTierStats {
   HostTierStats host;
   FlashStoreStats flash;
@@ -73,7 +66,7 @@ struct KvTierStats {
   int64_t demoted = 0, demote_failures = 0;
   int64_t promoted_ddr = 0, promoted_flash = 0, promote_failures = 0;
   int64_t prefetch_requests = 0;
-  // Preemption decisions and swaps.
+  // Preemption decisions (the scheduler's policy's, filled in by the engine) and swaps.
   int64_t swap_decisions = 0, recompute_decisions = 0;
   int64_t swapped_out = 0, swapped_in = 0, swap_failures = 0;  // sequences
   int64_t swap_out_blocks = 0, swap_in_blocks = 0;
@@ -93,11 +86,9 @@ class KvTiers final : public KvTierView {
   // Waits for copies still in flight (they may target host buffers freed with this object).
   ~KvTiers() override;
 
-  void SetSwapCostModel(SwapCostModel model) { swap_cost_ = std::move(model); }
 
   // KvTierView.
   std::optional<KvTier> Find(const BlockHash& hash) const override { return host_->Find(hash); }
-  bool ShouldSwap(int64_t blocks, int64_t tokens) override;
   int64_t swap_capacity() const override { return host_->stats().capacity_blocks; }
 
   // Runs one step's transfers in list order and orders the devices' compute after their
@@ -160,13 +151,12 @@ class KvTiers final : public KvTierView {
   int promote_next_ = 0;
   // The copies into and out of swap slots: slots go back to the DDR tier only after them.
   Tickets swap_tickets_;
-  SwapCostModel swap_cost_;
   double measured_link_ = 0;
   std::atomic<int64_t> transfer_bytes_{0}, transfer_ns_{0};
   // Written by the engine thread, read by GetStats.
   std::atomic<int64_t> demoted_{0}, demote_failures_{0}, promoted_ddr_{0}, promoted_flash_{0};
   std::atomic<int64_t> promote_failures_{0};
-  std::atomic<int64_t> prefetch_requests_{0}, swap_decisions_{0}, recompute_decisions_{0};
+  std::atomic<int64_t> prefetch_requests_{0};
   std::atomic<int64_t> swapped_out_{0}, swapped_in_{0}, swap_failures_{0}, swap_out_blocks_{0}, swap_in_blocks_{0};
   std::atomic<int64_t> demote_ns_{0}, promote_ddr_ns_{0}, promote_flash_ns_{0}, swap_out_ns_{0}, swap_in_ns_{0};
 };

@@ -58,9 +58,6 @@ class KvTierView {
   virtual ~KvTierView() = default;
   // The lower tier that holds `hash`, if any.
   virtual std::optional<KvTier> Find(const BlockHash& hash) const = 0;
-  // Preemption: whether swapping `blocks` blocks out (and back in) is cheaper than recomputing
-  // `tokens` tokens.
-  virtual bool ShouldSwap(int64_t blocks, int64_t tokens) = 0;
   // DDR slots that swapped-out sequences may hold at once.
   virtual int64_t swap_capacity() const = 0;
 };

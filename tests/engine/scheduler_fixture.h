@@ -31,7 +31,6 @@ class FakeTiers : public KvTierView {
     if (it == held.end()) return std::nullopt;
     return it->second;
   }
-  bool ShouldSwap(int64_t, int64_t) override { return swap; }
   int64_t swap_capacity() const override { return capacity; }
 
   std::vector<KvTransferOutcome> Run(const std::vector<KvTransfer>& transfers) {
@@ -74,7 +73,11 @@ class SchedulerTest : public ::testing::Test {
     pool_ = std::make_unique<BlockPool>(blocks);
     sched_ = std::make_unique<Scheduler>(cfg, pool_.get(), kBlock, /*fingerprint=*/42);
     tiers_ = tiers;
-    if (tiers != nullptr) sched_->SetLowerTiers(tiers);
+    if (tiers != nullptr) {
+      sched_->SetLowerTiers(tiers, std::make_unique<PreemptionPolicy>(tiers->swap ? PreemptionMode::kSwap
+                                                                                  : PreemptionMode::kRecompute,
+                                                                      /*block_bytes=*/1, /*link=*/0));
+    }
   }
   Sequence* NewSeq(int64_t prompt_len, int64_t max_tokens, Priority p = Priority::kNormal,
                    int32_t first_token = 0) {
