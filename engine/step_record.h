@@ -27,7 +27,8 @@ struct StepRecord {
   double moe_seconds = 0.0;
   double head_seconds = 0.0;       // embedding, final norm, lm_head, sampling (on the device)
   double sampling_seconds = 0.0;   // after the forward: tokens and logprobs into events, streaming
-  double comm_seconds = 0.0;       // collective communication (0 on one rank)
+  double comm_seconds = 0.0;       // collective communication (0 on one rank), the slowest rank's
+  double comm_min_seconds = 0.0;   // ... the rank that waited least (ParallelStepStats)
   double transfer_seconds = 0.0;   // KV moved between the device and the tiers (inside scheduling)
   // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
   // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).

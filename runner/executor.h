@@ -18,6 +18,10 @@ class ParallelExecutor;
 // What the parallel part of one step did.
 struct ParallelStepStats {
   double comm_seconds = 0;   // the slowest rank's time in collectives and send/recv
+  // The least of the ranks' times there: the rank that waits least on the others, an upper
+  // bound on the time the communication itself takes (comm_seconds adds the waits for the
+  // slowest rank).
+  double comm_min_seconds = 0;
   int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
   int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
   int64_t pp_bytes = 0;      // ... of which hidden states between stages

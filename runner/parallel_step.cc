@@ -299,6 +299,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
     ps.a2a_bytes += results[r].a2a_bytes;
     ps.pp_bytes += results[r].pp_bytes;
     ps.comm_seconds = std::max(ps.comm_seconds, results[r].comm_seconds);
+    ps.comm_min_seconds = r == 0 ? results[r].comm_seconds : std::min(ps.comm_min_seconds, results[r].comm_seconds);
   }
   ps.comm_bytes = ps.a2a_bytes + ps.pp_bytes;
   total.comm_seconds = ps.comm_seconds;

@@ -41,7 +41,8 @@ struct MeasuredPoint {
   double measured_step_seconds = 0;   // median over the timed decode steps
   double predicted_tokens_per_second = 0, measured_tokens_per_second = 0;
   double error = 0;                   // measured / predicted step time - 1
-  double measured_comm_us_per_token = 0;
+  double measured_comm_us_per_token = 0;      // the slowest rank's, waits included
+  double measured_comm_min_us_per_token = 0;  // the rank that waited least
   double predicted_comm_us_per_token = 0;
 };
 

@@ -54,6 +54,9 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
           << Name(l);
       EXPECT_GE(ps.expert_imbalance, 1.0);
       EXPECT_GT(ps.a2a_bytes, 0);
+      // Every rank spends some time in the all-to-alls; the least-waiting one no more than the slowest.
+      EXPECT_GT(ps.comm_min_seconds, 0) << Name(l);
+      EXPECT_LE(ps.comm_min_seconds, ps.comm_seconds) << Name(l);
     }
     if (l.pp > 1) {
       EXPECT_GT(ps.pp_bytes, 0) << Name(l);
