@@ -104,7 +104,9 @@ std::unique_ptr<PreemptionPolicy> Engine::MakePreemptionPolicy() const {
   const double link = config_.hardware && config_.hardware->host_link_bandwidth > 0
                           ? config_.hardware->host_link_bandwidth
                           : tiers_->measured_link_bytes_per_second();
-  return std::make_unique<PreemptionPolicy>(config_.kv_tiers.preemption, static_cast<double>(kv_.layout().BlockBytes()),
+  // The tiers' layout: a whole block over all its pieces (with ranks, the engine's own cache is
+  // a one-layer stub).
+  return std::make_unique<PreemptionPolicy>(config_.kv_tiers.preemption, static_cast<double>(tiers_->block_bytes()),
                                             link, roofline);
 }
 

@@ -6,6 +6,7 @@
 // runs (ObservePrefill).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -37,15 +38,16 @@ class PreemptionPolicy {
   void ObservePrefill(int64_t tokens, double seconds);
 
   PreemptionMode mode() const { return mode_; }
-  int64_t swap_decisions() const { return swaps_; }
-  int64_t recompute_decisions() const { return recomputes_; }
+  // Read by GetStats on other threads while the engine thread decides.
+  int64_t swap_decisions() const { return swaps_.load(std::memory_order_relaxed); }
+  int64_t recompute_decisions() const { return recomputes_.load(std::memory_order_relaxed); }
 
  private:
   PreemptionMode mode_;
   double block_bytes_, link_bytes_per_second_;
   std::optional<Roofline> roofline_;
   double seconds_per_prefill_token_ = 0;
-  int64_t swaps_ = 0, recomputes_ = 0;
+  std::atomic<int64_t> swaps_{0}, recomputes_{0};
 };
 
 }  // namespace moeserve

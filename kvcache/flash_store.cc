@@ -207,11 +207,13 @@ void FlashStore::UnindexLocked(const BlockHash& hash) {
 bool FlashStore::MakeRoomLocked(uint64_t bytes, bool may_evict_retained) {
   const double now = options_.clock();
   auto fits = [&] { return stats_.bytes + reserved_ + bytes <= options_.budget_bytes; };
+  if (fits()) return true;
   // Ordinary (or expired) records first, least recently used first; retained ones only after.
-  while (!fits()) {
-    const std::optional<BlockHash> victim = records_.Victim(now, may_evict_retained);
-    if (!victim) break;
-    EraseLocked(*victim);
+  uint64_t freed = 0;
+  const uint64_t over = stats_.bytes + reserved_ + bytes - options_.budget_bytes;
+  for (const BlockHash& victim :
+       records_.Victims(now, may_evict_retained, [&](const auto& e) { return (freed += e.value) >= over; })) {
+    EraseLocked(victim);
     ++stats_.evictions;
   }
   return fits();

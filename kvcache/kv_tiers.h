@@ -105,6 +105,8 @@ class KvTiers final : public KvTierView {
   // Device -> host copy bandwidth measured at creation (one block, a few times), the swap
   // cost model's fallback when the hardware profile gives no host link.
   double measured_link_bytes_per_second() const { return measured_link_; }
+  // Bytes of one whole block over every device that holds a piece of it (what a swap copies).
+  size_t block_bytes() const { return devices_.layout.BlockBytes(); }
   // Bytes copied between the device and the tiers since the last call (the step's transfers).
   int64_t TakeTransferBytes() { return transfer_bytes_.exchange(0); }
   // Host seconds spent in those copies (the waits they needed included), since the last call.

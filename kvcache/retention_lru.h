@@ -14,6 +14,7 @@
 #include <optional>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace moeserve {
 
@@ -24,6 +25,11 @@ class RetentionLru {
     Value value;
     double retain_until = 0;  // 0: an ordinary entry
   };
+
+  RetentionLru() = default;
+  // Not copyable: the index holds positions in the order list.
+  RetentionLru(const RetentionLru&) = delete;
+  RetentionLru& operator=(const RetentionLru&) = delete;
 
   size_t size() const { return index_.size(); }
   bool empty() const { return index_.empty(); }
@@ -71,6 +77,24 @@ class RetentionLru {
     }
     if (may_take_retained && !order_.empty()) return order_.back();
     return std::nullopt;
+  }
+
+  // The entries to push out at `now`, in the order Victim would name them one after another,
+  // until `enough(entry)` (called on each in turn) says the room is made: one pass over the
+  // expired entries, least recently used first, then (with `may_take_retained`) one over the
+  // retained ones. The caller erases them.
+  template <typename Enough>
+  std::vector<Key> Victims(double now, bool may_take_retained, Enough&& enough) const {
+    std::vector<Key> out;
+    for (int retained = 0; retained < (may_take_retained ? 2 : 1); ++retained) {
+      for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+        const Entry& e = index_.at(*it).entry;
+        if ((e.retain_until > now) != (retained == 1)) continue;
+        out.push_back(*it);
+        if (enough(e)) return out;
+      }
+    }
+    return out;
   }
 
   // Entries whose deadline is after `now`.

@@ -150,13 +150,14 @@ struct ItemRows {
 struct Bf16Scratch {
   std::vector<float> q, scores, acc;
   std::vector<uint16_t> qb, zeros;
+  std::vector<int64_t> keys;  // value keys per row of a pass
 };
 
 // An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 16 keys scored per call
 // for all of a kv head's rows, the softmax in fp32 as the exact kernel's, then the weighted sum
-// over up to 64 keys per call with the probabilities rounded to bf16. A row's keys past its own
-// context get probability 0 (their products add exact zeros), so its result does not depend on
-// the tile it shares.
+// over up to 64 keys per call with the probabilities rounded to bf16. Each row stops at its own
+// context (an odd last key paired with zeros), so its result does not depend on the tile it
+// shares.
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
   const int64_t padded = (it.ctx_max + kBf16KeyBlock - 1) / kBf16KeyBlock * kBf16KeyBlock;
@@ -186,12 +187,16 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     Softmax(sc, ctx);
     std::fill(sc + ctx, sc + padded, 0.0f);
   }
+  s->keys.resize(static_cast<size_t>(nrows));
   for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16MaxValueKeys) {
     const int64_t n = std::min(kBf16MaxValueKeys, (it.ctx_max - k0 + 1) / 2 * 2);
+    for (int64_t r = 0; r < nrows; ++r) {
+      s->keys[r] = std::clamp<int64_t>(it.ctx_of(r) - k0, 0, n);
+    }
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
       for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, k0 + j, s->zeros.data());
-      AddWeightedBf16(s->scores.data() + (g - it.g0) * nrows * padded + k0, padded, nrows, n, rows, hd,
-                      s->acc.data() + (g - it.g0) * nrows * hd);
+      AddWeightedBf16(s->scores.data() + (g - it.g0) * nrows * padded + k0, padded, nrows, s->keys.data(), n, rows,
+                      hd, s->acc.data() + (g - it.g0) * nrows * hd);
     }
   }
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {

@@ -61,8 +61,8 @@ inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 // words) orders the fp32 lanes as dimensions 8L + {0..3} (lo) and 8L + 4 + {0..3} (hi) of each
 // 128-bit lane L: the accumulators are kept in that order and put back in place on store.
 template <int H>
-void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
-                  float* acc) {
+void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                  const uint16_t* const* values, float* acc) {
   constexpr int R = 24 / (2 * H) > 0 ? 24 / (2 * H) : 1;  // 24 accumulators of the 32 registers
   constexpr int64_t hd = 32 * H;
   alignas(64) int32_t lo_idx[16], hi_idx[16], back0[16], back1[16];
@@ -96,15 +96,20 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, int64_t n, con
       }
     }
     for (int64_t j = 0; j < n; j += 2) {
-      __m512i v[2 * H];
+      __m512i v[2 * H], tail[2 * H];  // tail: key j with zeros, for a row whose keys end at j + 1
       for (int h = 0; h < H; ++h) {
         const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
         v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
         v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
+        tail[2 * h] = _mm512_unpacklo_epi16(v0, _mm512_setzero_si512());
+        tail[2 * h + 1] = _mm512_unpackhi_epi16(v0, _mm512_setzero_si512());
       }
       for (int i = 0; i < nr; ++i) {
+        const int64_t own = keys[r0 + i];
+        if (j >= own) continue;
+        const __m512i* vs = j + 1 == own ? tail : v;
         const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
-        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
+        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(vs[h]));
       }
     }
     for (int i = 0; i < nr; ++i) {
@@ -151,13 +156,13 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* 
   }
 }
 
-void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
-                     int64_t hd, float* acc) {
+void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                     const uint16_t* const* values, int64_t hd, float* acc) {
   switch (hd / 32) {
-    case 1: return AddWeightedT<1>(p, p_stride, rows, n, values, acc);
-    case 2: return AddWeightedT<2>(p, p_stride, rows, n, values, acc);
-    case 4: return AddWeightedT<4>(p, p_stride, rows, n, values, acc);
-    case 8: return AddWeightedT<8>(p, p_stride, rows, n, values, acc);
+    case 1: return AddWeightedT<1>(p, p_stride, rows, keys, n, values, acc);
+    case 2: return AddWeightedT<2>(p, p_stride, rows, keys, n, values, acc);
+    case 4: return AddWeightedT<4>(p, p_stride, rows, keys, n, values, acc);
+    case 8: return AddWeightedT<8>(p, p_stride, rows, keys, n, values, acc);
     default: return;  // Bf16AttentionHeadDim keeps other sizes on the exact kernel
   }
 }

@@ -22,10 +22,12 @@ inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
                    float* out, int64_t out_stride);
 
-// acc[r * hd + c] += sum over keys j < n of bf16(p[r * p_stride + j]) * values[j][c], for rows
-// r < rows; n even, at most kBf16MaxValueKeys; keys taken in pairs, in order (one vdpbf16ps per
-// pair and 16 dimensions).
-void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n, const uint16_t* const* values,
-                     int64_t hd, float* acc);
+// acc[r * hd + c] += sum over keys j < keys[r] of bf16(p[r * p_stride + j]) * values[j][c], for
+// rows r < rows; keys[r] <= n <= kBf16MaxValueKeys, n even (values has n rows); keys taken in
+// pairs, in order (one vdpbf16ps per pair and 16 dimensions; a row's odd last key is paired
+// with zeros). A row reads no value past its own keys, so another row's longer context cannot
+// reach it.
+void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                     const uint16_t* const* values, int64_t hd, float* acc);
 
 }  // namespace moeserve::cpu_fast

@@ -194,7 +194,7 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  for (int64_t hd : {32, 64, 128}) {
+  for (int64_t hd : {32, 64, 128, 256}) {
     for (int64_t seqs : {3, 19}) {
       SCOPED_TRACE(::testing::Message() << "head_dim " << hd << ", " << seqs << " sequences");
       KvLayout layout;
@@ -279,6 +279,40 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
             << "sequence " << token_seq[i] << " position " << token_pos[i] << ": differs from the same token alone";
       }
     }
+  }
+}
+
+// A value that is not finite reaches only the tokens that attend it: earlier tokens of the same
+// prefill tile (which share the kernel's value passes) stay finite and equal to themselves alone.
+TEST(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+  CpuBackend bf16{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  const int64_t hd = 64, qh = 4, len = 7;  // odd lengths: rows end on half a pair
+  KvLayout layout;
+  layout.num_blocks = 1;
+  layout.num_layers = 1;
+  layout.block_size = 16;
+  layout.kv_heads = 1;
+  layout.head_dim = hd;
+  layout.dtype = DType::kBF16;
+  std::vector<uint8_t> cache(layout.BlockBytes());
+  std::vector<int64_t> slots(len);
+  std::iota(slots.begin(), slots.end(), 0);
+  auto k = RandomFloats(len * hd, 5), v = RandomFloats(len * hd, 6);
+  v[(len - 1) * hd + 3] = INFINITY;  // the last token's value row
+  bf16.WriteKv(k.data(), v.data(), slots.data(), len, layout, 0, cache.data());
+  std::vector<int32_t> table = {0}, seq(len, 0), pos(len);
+  std::iota(pos.begin(), pos.end(), 0);
+  const auto q = RandomFloats(len * qh * hd, 7);
+  std::vector<float> out(q.size());
+  bf16.PagedAttention(q.data(), AttentionBatch{seq.data(), pos.data(), table.data(), len, 1, 1}, layout, 0,
+                      cache.data(), qh, 0.125f, out.data());
+  for (int64_t t = 0; t + 1 < len; ++t) {
+    std::vector<float> alone(qh * hd);
+    bf16.PagedAttention(q.data() + t * qh * hd, AttentionBatch{&seq[t], &pos[t], table.data(), 1, 1, 1}, layout, 0,
+                        cache.data(), qh, 0.125f, alone.data());
+    for (float x : alone) ASSERT_TRUE(std::isfinite(x)) << "token " << t;
+    ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + t * qh * hd, alone.size() * sizeof(float))) << "token " << t;
   }
 }
 

@@ -85,6 +85,16 @@ TEST(RetentionLruTest, AgreesWithANaiveModelOnRandomOperations) {
         const auto got = lru.Victim(now, retained_too);
         const auto want = naive.Victim(now, retained_too);
         ASSERT_EQ(got, want);
+        // The one-pass list names, one after another, what Victim names after each erase.
+        const int many = std::uniform_int_distribution<int>(1, 6)(gen);
+        int seen = 0;
+        const auto list = lru.Victims(now, retained_too, [&](const auto&) { return ++seen == many; });
+        Naive copy = naive;
+        for (int key : list) {
+          ASSERT_EQ(copy.Victim(now, retained_too), key);
+          copy.Erase(key);
+        }
+        if (static_cast<int>(list.size()) < many) ASSERT_FALSE(copy.Victim(now, retained_too).has_value());
         if (got) {
           lru.Erase(*got);
           naive.Erase(*got);
