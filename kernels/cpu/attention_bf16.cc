@@ -95,21 +95,33 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
         a[i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
       }
     }
-    for (int64_t j = 0; j < n; j += 2) {
-      __m512i v[2 * H], tail[2 * H];  // tail: key j with zeros, for a row whose keys end at j + 1
+    // Pairs every row of the block takes whole, then the last few where rows end (each at its own
+    // key count, an odd last key paired with zeros): the same operations per row either way.
+    int64_t common = n;
+    for (int i = 0; i < nr; ++i) common = std::min(common, keys[r0 + i] / 2 * 2);
+    for (int64_t j = 0; j < common; j += 2) {
+      __m512i v[2 * H];
       for (int h = 0; h < H; ++h) {
         const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
         v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
         v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
-        tail[2 * h] = _mm512_unpacklo_epi16(v0, _mm512_setzero_si512());
-        tail[2 * h + 1] = _mm512_unpackhi_epi16(v0, _mm512_setzero_si512());
       }
+      for (int i = 0; i < nr; ++i) {
+        const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
+        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
+      }
+    }
+    for (int64_t j = common; j < n; j += 2) {
       for (int i = 0; i < nr; ++i) {
         const int64_t own = keys[r0 + i];
         if (j >= own) continue;
-        const __m512i* vs = j + 1 == own ? tail : v;
         const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
-        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(vs[h]));
+        for (int h = 0; h < H; ++h) {
+          const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h);
+          const __m512i v1 = j + 1 < own ? _mm512_loadu_si512(values[j + 1] + 32 * h) : _mm512_setzero_si512();
+          a[i][2 * h] = _mm512_dpbf16_ps(a[i][2 * h], AsBh(pp), AsBh(_mm512_unpacklo_epi16(v0, v1)));
+          a[i][2 * h + 1] = _mm512_dpbf16_ps(a[i][2 * h + 1], AsBh(pp), AsBh(_mm512_unpackhi_epi16(v0, v1)));
+        }
       }
     }
     for (int i = 0; i < nr; ++i) {

@@ -287,7 +287,8 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
 TEST(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
   if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
   CpuBackend bf16{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
-  const int64_t hd = 64, qh = 4, len = 7;  // odd lengths: rows end on half a pair
+  // The bad value is key 7, the second of a pair: token 6 (7 keys) ends on that pair's first.
+  const int64_t hd = 64, qh = 4, len = 8;
   KvLayout layout;
   layout.num_blocks = 1;
   layout.num_layers = 1;
