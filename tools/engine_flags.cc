@@ -42,7 +42,11 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--block-size", f->config.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-blocks", f->config.num_kv_blocks, "KV blocks on the device (0: from --kv-cache-mb)")->capture_default_str();
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size in MiB when --kv-blocks is 0")->capture_default_str();
-  cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
+  cmd->add_option("--kv-dtype", f->kv_dtype,
+                  "KV cache dtype: f32 or bf16 (bf16 halves the cache, as vLLM's default for a bf16 model; with the "
+                  "avx512-bf16 and amx CPU kernels, attention then runs on vdpbf16ps, queries and probabilities "
+                  "rounded to bf16)")
+      ->capture_default_str();
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; checked on an H100; "
