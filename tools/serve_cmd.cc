@@ -58,6 +58,7 @@ struct ServeOptions {
   std::string chat_template;
   VllmFlags vllm;
   bool http_listen_given = false;
+  bool kv_dtype_given = false;  // --kv-dtype on the command line (vLLM's --kv-cache-dtype must agree)
 };
 
 int RunServeRank0(ServeOptions o, MpiJob* job);
@@ -75,6 +76,7 @@ int RunServe(ServeOptions o) {
   auto dtype = DTypeFlag(o.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
   if (absl::Status s = FinishModelSpec(*dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = ApplyVllmKvCacheDtype(o.vllm, o.kv_dtype_given, o.model, &o.engine); !s.ok()) return Fail(s);
   // Under mpirun: rank 0 serves, the other ranks run their shards (tools/mpi_job.h).
   auto job = MpiJob::Join(o.engine, o.model);
   if (!job.ok()) return Fail(job.status());
@@ -304,8 +306,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "vLLM's --seed): the same seed and requests in the same order sample the same tokens")
       ->capture_default_str();
   GroupServeFlags(cmd);
-  cmd->callback([o, exit_code, http_listen] {
+  cmd->callback([o, exit_code, http_listen, cmd] {
     o->http_listen_given = http_listen->count() > 0;
+    o->kv_dtype_given = cmd->get_option("--kv-dtype")->count() > 0;
     *exit_code = RunServe(*o);
   });
 }

@@ -16,7 +16,7 @@ const std::vector<Group>& Groups() {
                  "--max-model-len", "--served-model-name", "--chat-template", "--generation-config", "--seed",
                  "--skip-tokenizer-init"}},
       {"Cache (KV blocks and tiers)",
-       {"--block-size", "--kv-blocks", "--kv-cache-mb", "--kv-dtype", "--gpu-memory-utilization", "--no-prefix-caching",
+       {"--block-size", "--kv-blocks", "--kv-cache-mb", "--kv-dtype", "--kv-cache-dtype", "--gpu-memory-utilization", "--no-prefix-caching",
         "--enable-prefix-caching", "--no-enable-prefix-caching", "--host-kv-mb", "--flash-kv-dir",
         "--flash-kv-purge-foreign", "--flash-kv-mb", "--sync-flash", "--preemption", "--max-retain-seconds"}},
       {"Parallel", {"--ep", "--pp", "--tensor-parallel-size", "--pipeline-parallel-size", "--enable-expert-parallel",

@@ -27,6 +27,7 @@ struct VllmFlags {
   bool enable_prefix_caching = false, no_enable_prefix_caching = false;
   double gpu_memory_utilization = -1;
   bool skip_tokenizer_init = false;
+  std::string kv_cache_dtype;  // empty: not given
 };
 
 void AddVllmFlags(CLI::App* cmd, VllmFlags* flags);
@@ -36,6 +37,14 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* flags);
 // settings of `engine`, and the request limit on the model length.
 absl::Status ApplyVllmFlags(const VllmFlags& flags, bool http_listen_given, ModelSpec* model,
                             std::string* http_listen, EngineFlags* engine);
+
+// vLLM's --kv-cache-dtype, once the model is known (`model` finished by FinishModelSpec): "auto"
+// is the dtype the weights are stored and computed in (bf16 for bf16 and FP8 weights, f32 for
+// f32 and f16 ones, which moeserve keeps in f32), "bfloat16" is bf16; fp8 caches are refused. It
+// sets `engine`'s KV dtype, and refuses an explicit --kv-dtype (`kv_dtype_given`) that differs.
+// Every rank of a job resolves it the same way, from the same config.json.
+absl::Status ApplyVllmKvCacheDtype(const VllmFlags& flags, bool kv_dtype_given, const ModelSpec& model,
+                                   EngineFlags* engine);
 
 // argv with vLLM's two-letter flags (-tp, -pp), which CLI11 cannot name, spelled long (for
 // `moeserve serve` only; other commands' arguments are left as they are).

@@ -139,6 +139,36 @@ TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
   }
 }
 
+// vLLM's --kv-cache-dtype: auto is the weights' dtype (GetModelInfo's KV dtype says which),
+// bfloat16 is bf16; fp8 and a disagreeing --kv-dtype are refused by name.
+TEST(E2eVllmFlagsTest, KvCacheDtypeAutoFollowsTheWeights) {
+  const std::string dir = MakeTempDir("vllm_flags");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--dtype", "bf16", "--out", dir + "/ck"}, &out, &err), 0)
+      << err;
+  const std::string ck = dir + "/ck";
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{ck, "--kv-cache-dtype", "auto"}, "bf16"},
+           {{ck, "--kv-cache-dtype", "auto", "--dtype", "float32"}, "f32"},
+           {{ck, "--kv-cache-dtype", "bfloat16", "--dtype", "float32"}, "bf16"},
+           {{ck}, "f32"}}) {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start(args)) << absl::StrJoin(args, " ") << "\n" << server.log();
+    auto stub = v1::Moeserve::NewStub(server.channel());
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.kv_capacity().dtype(), want) << absl::StrJoin(args, " ");
+  }
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"serve", ck, "--kv-cache-dtype", "fp8"}, "--kv-cache-dtype: 'fp8'"},
+           {{"serve", ck, "--kv-cache-dtype", "auto", "--kv-dtype", "f32"}, "disagree"}}) {
+    EXPECT_EQ(RunCommand(args, &out, &err), 2) << absl::StrJoin(args, " ") << "\n" << err;
+    EXPECT_NE(err.find(says), std::string::npos) << absl::StrJoin(args, " ") << "\n" << err;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // serve --help in vLLM's groups: every flag in one (none left in "Other" or the default group,
 // which holds --help alone).
 TEST(E2eVllmFlagsTest, ServeHelpGroupsEveryFlag) {
