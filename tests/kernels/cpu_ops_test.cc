@@ -134,31 +134,14 @@ TEST_F(CpuOpsTest, EmbeddingGathersRows) {
   }
 }
 
-TEST_F(CpuOpsTest, RmsNormMatchesReference) {
-  for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {5, 64}, {67, 1000}}) {
-    auto x = RandomFloats(rows * dim, rows + dim, 3.0f);
-    auto w = RandomFloats(dim, 99);
-    std::vector<float> a(x.size()), b(x.size());
-    ref_.RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, a.data());
-    fast_.RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, b.data());
-    EXPECT_TRUE(AllClose(b, a, 1e-5, 1e-5)) << "rows " << rows << " dim " << dim;
-    // In place gives the same result.
-    std::vector<float> c = x;
-    fast_.RmsNorm(c.data(), w.data(), rows, dim, 1e-5f, c.data());
-    EXPECT_TRUE(AllClose(c, b, 0, 0));
-  }
-}
-
-TEST_F(CpuOpsTest, RopeMatchesReferenceAndPreservesNorm) {
+// (Every backend against the reference: op_cases.h. Here, the reference against the maths.)
+TEST_F(CpuOpsTest, RopePreservesNormAndLeavesPositionZero) {
   const int64_t n = 13, qh = 6, kh = 2, hd = 32;
   auto q = RandomFloats(n * qh * hd, 5), k = RandomFloats(n * kh * hd, 6);
   std::vector<int32_t> pos(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i * 397 % 5000);
-  auto q1 = q, k1 = k, q2 = q, k2 = k;
+  auto q1 = q, k1 = k;
   ref_.Rope(q1.data(), k1.data(), pos.data(), n, qh, kh, hd, 10000.0f);
-  fast_.Rope(q2.data(), k2.data(), pos.data(), n, qh, kh, hd, 10000.0f);
-  EXPECT_TRUE(AllClose(q2, q1, 1e-5, 1e-5));
-  EXPECT_TRUE(AllClose(k2, k1, 1e-5, 1e-5));
   // A rotation preserves each head's norm; position 0 is the identity.
   double before = 0, after = 0;
   for (int64_t d = 0; d < hd; ++d) {
@@ -180,26 +163,13 @@ TEST_F(CpuOpsTest, RopeRotateHalfConvention) {
   EXPECT_NEAR(k[3], std::sin(0.1), 1e-6);
 }
 
-TEST_F(CpuOpsTest, SiluMulMatchesReference) {
-  for (auto [rows, inter] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 17}, {40, 300}}) {
-    auto gu = RandomFloats(rows * 2 * inter, 11, 4.0f);
-    std::vector<float> a(rows * inter), b(rows * inter);
-    ref_.SiluMul(gu.data(), rows, inter, a.data());
-    fast_.SiluMul(gu.data(), rows, inter, b.data());
-    EXPECT_TRUE(AllClose(b, a, 1e-6, 1e-5));
-  }
-}
-
-TEST_F(CpuOpsTest, RouterTopKMatchesReference) {
+TEST_F(CpuOpsTest, RouterTopKPicksTheLargestLogits) {
   for (auto [n, e, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {5, 8, 2}, {33, 16, 4}, {7, 64, 8}}) {
     for (bool renorm : {true, false}) {
       auto logits = RandomFloats(n * e, n * e + k, 2.0f);
-      std::vector<int32_t> ia(n * k), ib(n * k);
-      std::vector<float> wa(n * k), wb(n * k);
+      std::vector<int32_t> ia(n * k);
+      std::vector<float> wa(n * k);
       ref_.RouterTopK(logits.data(), n, e, k, renorm, ia.data(), wa.data());
-      fast_.RouterTopK(logits.data(), n, e, k, renorm, ib.data(), wb.data());
-      EXPECT_EQ(ia, ib);
-      EXPECT_TRUE(AllClose(wb, wa, 1e-6, 1e-5));
       for (int64_t t = 0; t < n; ++t) {
         // The chosen experts are the k largest logits.
         std::vector<int32_t> order(e);
@@ -216,21 +186,13 @@ TEST_F(CpuOpsTest, RouterTopKMatchesReference) {
   }
 }
 
-TEST_F(CpuOpsTest, GatherAndScatterCombine) {
+TEST_F(CpuOpsTest, GatherRowsCopiesTheNamedRows) {
   const int64_t n = 9, k = 3, dim = 21;
   auto y = RandomFloats(n * k * dim, 12);
   std::vector<int32_t> rows(n * k);
   std::iota(rows.begin(), rows.end(), 0);
   std::mt19937 gen(3);
   std::shuffle(rows.begin(), rows.end(), gen);
-  auto w = RandomFloats(n * k, 13);
-  for (bool acc : {false, true}) {
-    auto init = RandomFloats(n * dim, 14);
-    auto a = init, b = init;
-    ref_.ScatterCombine(y.data(), rows.data(), w.data(), n, k, dim, a.data(), acc);
-    fast_.ScatterCombine(y.data(), rows.data(), w.data(), n, k, dim, b.data(), acc);
-    EXPECT_TRUE(AllClose(b, a, 1e-6, 1e-5));
-  }
   std::vector<float> g(n * k * dim);
   fast_.GatherRows(y.data(), rows.data(), n * k, dim, g.data());
   for (int64_t i = 0; i < n * k; ++i) EXPECT_EQ(g[i * dim + 5], y[rows[i] * dim + 5]);

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #include "models/weight_init.h"
+#include "tests/kernels/op_cases.h"
 
 namespace moeserve {
 namespace {
@@ -127,7 +128,7 @@ TEST_F(CudaBackendTest, GroupedGemmWithEmptyGroups) {
 // device offsets matches the CPU's, for a decode-sized batch (the kernel) and one past
 // kHostPlanRows (cuBLAS after reading the offsets back), bf16 and f32 experts.
 TEST_F(CudaBackendTest, RoutingPlannedOnTheDeviceFeedsTheGroupedGemm) {
-  SCOPED_TRACE(testing::Message() << "seed " << seed_);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const int64_t experts = 16, k = 4, rows = 96, cols = 80;
   for (const int64_t n : {int64_t{5}, int64_t{700}}) {
     std::vector<int32_t> ids(n * k);
@@ -169,88 +170,30 @@ TEST_F(CudaBackendTest, RoutingPlannedOnTheDeviceFeedsTheGroupedGemm) {
   }
 }
 
-TEST_F(CudaBackendTest, ElementwiseNormRopeRouterGatherCombine) {
-  SCOPED_TRACE(testing::Message() << "seed " << seed_);
-  // dim 300 and head_dim 80: the strided loops take more than one pass.
-  const int64_t n = 9, dim = 300, heads = 4, kv_heads = 2, hd = 80, experts = 8, k = 2;
-  const auto x = Random(n * dim), w = Random(dim);
-  {  // RMSNorm
-    std::vector<float> want(n * dim);
-    cpu_.RmsNorm(x.data(), w.data(), n, dim, 1e-5f, want.data());
-    float* dy = Up(std::vector<float>(n * dim));
-    gpu_->RmsNorm(Up(x), Up(w), n, dim, 1e-5f, dy);
-    ExpectClose(Down(dy, want.size()), want, 1e-4, "rmsnorm");
-  }
-  {  // Add and SiluMul
-    std::vector<float> want = x;
-    cpu_.Add(want.data(), w.data(), dim);
-    float* dy = Up(x);
-    gpu_->Add(dy, Up(w), dim);
-    ExpectClose(Down(dy, want.size()), want, 1e-6, "add");
-    std::vector<float> biased = x;  // a bias per row (Qwen2-MoE's q/k/v)
-    cpu_.AddBias(biased.data(), w.data(), n, dim);
-    float* db = Up(x);
-    gpu_->AddBias(db, Up(w), n, dim);
-    ExpectClose(Down(db, biased.size()), biased, 1e-6, "add bias");
-    // In place over rows of one head (Qwen3-MoE's q/k norms) and of the whole projection (OLMoE).
-    std::vector<float> normed = x;
-    cpu_.RmsNorm(normed.data(), w.data(), n * dim / 60, 60, 1e-6f, normed.data());
-    float* dn = Up(x);
-    gpu_->RmsNorm(dn, Up(w), n * dim / 60, 60, 1e-6f, dn);
-    ExpectClose(Down(dn, normed.size()), normed, 1e-4, "rmsnorm in place per head");
-    const auto gu = Random(n * 2 * dim);
-    std::vector<float> act(n * dim);
-    cpu_.SiluMul(gu.data(), n, dim, act.data());
-    float* da = Up(std::vector<float>(n * dim));
-    gpu_->SiluMul(Up(gu), n, dim, da);
-    ExpectClose(Down(da, act.size()), act, 1e-5, "silu*mul");
-  }
-  {  // RoPE at scattered positions
-    auto q = Random(n * heads * hd), kk = Random(n * kv_heads * hd);
-    std::vector<int32_t> pos(n);
-    for (auto& p : pos) p = static_cast<int32_t>(gen_() % 3000);
-    float *dq = Up(q), *dk = Up(kk);
-    gpu_->Rope(dq, dk, Up(pos), n, heads, kv_heads, hd, 10000.0f);
-    cpu_.Rope(q.data(), kk.data(), pos.data(), n, heads, kv_heads, hd, 10000.0f);
-    ExpectClose(Down(dq, q.size()), q, 1e-5, "rope q");
-    ExpectClose(Down(dk, kk.size()), kk, 1e-5, "rope k");
-  }
-  {  // Router top-k (ids must match exactly: no near-ties in random normal logits)
-    const auto logits = Random(n * experts);
-    std::vector<int32_t> ids(n * k);
-    std::vector<float> wts(n * k);
-    cpu_.RouterTopK(logits.data(), n, experts, k, true, ids.data(), wts.data());
-    int32_t* did = Up(std::vector<int32_t>(n * k));
-    float* dwt = Up(std::vector<float>(n * k));
-    gpu_->RouterTopK(Up(logits), n, experts, k, true, did, dwt);
-    EXPECT_EQ(Down(did, ids.size()), ids);
-    ExpectClose(Down(dwt, wts.size()), wts, 1e-5, "router weights");
-  }
-  {  // Gather, combine, sigmoid scale
-    std::vector<int32_t> src(n * k);
-    for (auto& s : src) s = static_cast<int32_t>(gen_() % n);
-    std::vector<float> g(n * k * dim);
-    cpu_.GatherRows(x.data(), src.data(), n * k, dim, g.data());
-    float* dg = Up(std::vector<float>(n * k * dim));
-    gpu_->GatherRows(Up(x), Up(src), n * k, dim, dg);
-    ExpectClose(Down(dg, g.size()), g, 0, "gather");
-    const auto cw = Random(n * k);
-    std::vector<float> out = x;
-    cpu_.ScatterCombine(g.data(), src.data(), cw.data(), n, k, dim, out.data(), true);
-    float* dout = Up(x);
-    gpu_->ScatterCombine(dg, Up(src), Up(cw), n, k, dim, dout, true);
-    ExpectClose(Down(dout, out.size()), out, 1e-5, "combine");
-    const auto gate = Random(n);
-    std::vector<float> sx = x;
-    cpu_.SigmoidScaleRows(sx.data(), gate.data(), n, dim);
-    float* dsx = Up(x);
-    gpu_->SigmoidScaleRows(dsx, Up(gate), n, dim);
-    ExpectClose(Down(dsx, sx.size()), sx, 1e-5, "sigmoid scale");
+// Every op case of tests/kernels/op_cases.h (norms, elementwise, RoPE, routing, gather and
+// combine, bf16 conversions) on the GPU against the CPU reference with the same inputs: the
+// max-abs error relative to the reference's largest magnitude within 10x the case's rtol (the
+// GPU's exp, rsqrt, sin and cos differ from libm's in the last bits), and exact where the case
+// asks for it.
+TEST_F(CudaBackendTest, EveryOpCaseMatchesTheReference) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (const testing::OpCase& c : testing::OpCases()) {
+    std::mt19937 g1(seed_), g2(seed_);
+    const std::vector<double> want = c.run(cpu_, g1), got = c.run(*gpu_, g2);
+    ASSERT_EQ(got.size(), want.size()) << c.name;
+    double max_abs = 0, scale = 1e-30;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << c.name << " element " << i;
+      max_abs = std::max(max_abs, std::fabs(got[i] - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    EXPECT_LE(max_abs, c.atol + 10 * c.rtol * scale) << c.name << ": max-abs " << max_abs << ", relative "
+                                                     << max_abs / scale;
   }
 }
 
 TEST_F(CudaBackendTest, EmbeddingKvWriteAndPagedAttention) {
-  SCOPED_TRACE(testing::Message() << "seed " << seed_);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   for (auto [kv_dtype, head_dim] : {std::pair{DType::kF32, 16}, std::pair{DType::kBF16, 16},
                                     std::pair{DType::kF32, 128}, std::pair{DType::kBF16, 80}}) {
     KvLayout layout;
@@ -447,7 +390,7 @@ TEST_F(CudaBackendTest, PinnedCopiesOnTheCopyStreamAreOrderedAgainstCompute) {
 // sides multiply in fp32 (with bf16 weights the GPU rounds activations to bf16 and a flipped
 // expert choice would be expected now and then; the op test covers bf16).
 TEST_F(CudaBackendTest, EngineGreedyOutputMatchesTheCpuBackend) {
-  SCOPED_TRACE(testing::Message() << "seed " << seed_);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const ModelConfig config = *PresetConfig("tiny");
   auto tensors = GenerateRandomWeights(config, gen_(), DType::kF32);
   CpuBackend cpu;
