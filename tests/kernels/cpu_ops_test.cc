@@ -123,11 +123,9 @@ TEST_F(CpuOpsTest, EmbeddingGathersRows) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     HostWeight table = MakeWeight(37, 19, dt, 3, 1.0f);
     std::vector<int32_t> ids = {0, 36, 5, 5, 17};
-    std::vector<float> a(ids.size() * 19), b(ids.size() * 19);
+    std::vector<float> a(ids.size() * 19);
     ref_.Embedding(ids.data(), ids.size(), table.ref, a.data());
-    fast_.Embedding(ids.data(), ids.size(), table.ref, b.data());
-    EXPECT_TRUE(AllClose(b, a, 0, 0));
-    // Row 36 column 4 read independently.
+    // Row 36 column 4 read independently (every backend against the reference: op_cases.h).
     float direct;
     ConvertToF32(table.bytes.data() + (36 * 19 + 4) * DTypeSize(dt), dt, 1, &direct);
     EXPECT_EQ(a[1 * 19 + 4], direct);

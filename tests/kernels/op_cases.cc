@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 
 namespace moeserve::testing {
 namespace {
@@ -163,6 +164,55 @@ void AddRoutingCases(std::vector<OpCase>* cases) {
   }
 }
 
+// Embedding rows of an f32 or bf16 table (row-major, as the loader stores embeddings), and K/V
+// written into scattered slots of a paged cache of either dtype (the whole cache compared).
+void AddMemoryCases(std::vector<OpCase>* cases) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const std::string name(DTypeShortName(dt));
+    cases->push_back({"Embedding 5 of 37 rows of 19, " + name, 0, 0, [dt](Backend& b, std::mt19937& g) {
+                        DeviceIo io(b);
+                        const auto values = Normal(g, 37 * 19);
+                        std::vector<uint16_t> half(values.size());
+                        for (size_t i = 0; i < values.size(); ++i) half[i] = F32ToBf16(values[i]);
+                        WeightRef table;
+                        table.data = dt == DType::kF32 ? static_cast<const void*>(io.Up(values)) : io.Up(half);
+                        table.dtype = dt;
+                        table.rows = 37;
+                        table.cols = 19;
+                        const int32_t* ids = io.Up(std::vector<int32_t>{0, 36, 5, 5, 17});
+                        float* out = io.Up(std::vector<float>(5 * 19));
+                        b.Embedding(ids, 5, table, out);
+                        return io.Down(out, 5 * 19);
+                      }});
+    cases->push_back({"WriteKv 11 tokens into scattered slots, " + name, 0, 0, [dt](Backend& b, std::mt19937& g) {
+                        KvLayout layout;
+                        layout.num_blocks = 12;
+                        layout.num_layers = 2;
+                        layout.block_size = 4;
+                        layout.kv_heads = 2;
+                        layout.head_dim = 24;
+                        layout.dtype = dt;
+                        std::vector<int64_t> slots(48);
+                        std::iota(slots.begin(), slots.end(), 0);
+                        std::shuffle(slots.begin(), slots.end(), g);
+                        slots.resize(11);
+                        DeviceIo io(b);
+                        const size_t elems = layout.BlockBytes() * 12 / DTypeSize(dt);
+                        const int64_t n = 11, te = layout.TokenElems();
+                        const float* k = io.Up(Normal(g, n * te));
+                        const float* v = io.Up(Normal(g, n * te));
+                        if (dt == DType::kF32) {
+                          float* cache = io.Up(std::vector<float>(elems));
+                          b.WriteKv(k, v, io.Up(slots), n, layout, 1, cache);
+                          return io.Down(cache, elems);
+                        }
+                        uint16_t* cache = io.Up(std::vector<uint16_t>(elems));
+                        b.WriteKv(k, v, io.Up(slots), n, layout, 1, cache);
+                        return io.Down(cache, elems);
+                      }});
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> OpCases() {
@@ -171,6 +221,7 @@ std::vector<OpCase> OpCases() {
   AddElementwiseCases(&cases);
   AddRopeCases(&cases);
   AddRoutingCases(&cases);
+  AddMemoryCases(&cases);
   return cases;
 }
 

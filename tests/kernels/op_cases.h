@@ -18,7 +18,8 @@ namespace moeserve::testing {
 struct OpCase {
   std::string name;  // the op and its shape
   double atol = 0, rtol = 0;  // |got - want| <= atol + rtol |want|
-  // The op's outputs (integers as doubles) on `backend`, its inputs drawn from `gen`.
+  // The op's outputs (integers and bf16 bit patterns as doubles) on `backend`, its inputs drawn
+  // from `gen`.
   std::function<std::vector<double>(Backend& backend, std::mt19937& gen)> run;
 };
 
