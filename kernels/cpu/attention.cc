@@ -137,15 +137,62 @@ struct ItemRows {
   int64_t nrows() const { return nt * group; }
   int64_t ctx_of(int64_t r) const { return static_cast<int64_t>(batch->token_pos[t0 + r / group]) + 1; }
   int64_t head_of(int64_t g, int64_t r) const { return (t0 + r / group) * q_heads + g * group + r % group; }
+  const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
   // The bf16 row of key j (K: kv 0, V: 1) of kv head g; `zeros` at or past ctx_max.
   const uint16_t* Row(int kv, int64_t g, int64_t j, const uint16_t* zeros) const {
     if (j >= ctx_max) return zeros;
-    const int32_t* table = batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq;
     const int64_t bs = layout->block_size;
-    return static_cast<const uint16_t*>(cache) + layout->Offset(table[j / bs], layer, kv, j % bs) +
+    return static_cast<const uint16_t*>(cache) + layout->Offset(table()[j / bs], layer, kv, j % bs) +
            g * layout->head_dim;
   }
 };
+
+struct ExactScratch {
+  std::vector<float> scores, acc, scratch, zeros;
+  const float* rows[kValueKeys];
+};
+
+// An item on the exact fp32 kernel: scores 8 keys at a time for every row of each kv head, the
+// softmax, then the weighted sum over 32 keys at a time; each row stops at its own context.
+void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), g0 = it.g0, ctx_max = it.ctx_max;
+  const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
+  const int32_t* table = it.table();
+  s->scratch.resize(static_cast<size_t>(kValueKeys * hd));
+  s->zeros.assign(static_cast<size_t>(hd), 0.0f);
+  s->scores.resize(static_cast<size_t>(it.heads * nrows * padded));
+  s->acc.assign(static_cast<size_t>(it.heads * nrows * hd), 0.0f);
+  auto scores_of = [&](int64_t g, int64_t r) { return s->scores.data() + ((g - g0) * nrows + r) * padded; };
+  auto acc_of = [&](int64_t g, int64_t r) { return s->acc.data() + ((g - g0) * nrows + r) * hd; };
+  for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
+    for (int64_t g = g0; g < g0 + it.heads; ++g) {
+      GatherKeys(*it.layout, it.cache, table, it.layer, 0, g, k0, kKeys, ctx_max, s->scratch.data(), s->zeros.data(),
+                 s->rows);
+      for (int64_t r = 0; r < nrows; ++r) {
+        if (k0 < it.ctx_of(r)) Store(scores_of(g, r) + k0, Scores(q + it.head_of(g, r) * hd, s->rows, hd, scale));
+      }
+    }
+  }
+  for (int64_t g = g0; g < g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) Softmax(scores_of(g, r), it.ctx_of(r));
+  }
+  for (int64_t k0 = 0; k0 < ctx_max; k0 += kValueKeys) {
+    const int64_t n = std::min(kValueKeys, ctx_max - k0);
+    for (int64_t g = g0; g < g0 + it.heads; ++g) {
+      GatherKeys(*it.layout, it.cache, table, it.layer, 1, g, k0, n, ctx_max, s->scratch.data(), s->zeros.data(),
+                 s->rows);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t nk = std::min(n, it.ctx_of(r) - k0);
+        if (nk > 0) AddWeightedRow(scores_of(g, r) + k0, nk, s->rows, hd, acc_of(g, r));
+      }
+    }
+  }
+  for (int64_t g = g0; g < g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(out + it.head_of(g, r) * hd, acc_of(g, r), static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+}
 
 struct Bf16Scratch {
   std::vector<float> q, scores, acc;
@@ -233,56 +280,17 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   const int64_t heads_per_item = tiles >= 4 * static_cast<int64_t>(pool.num_threads()) ? kvh : 1;
   const int64_t chunks = kvh / heads_per_item;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, scratch(static_cast<size_t>(kValueKeys * hd)),
-        zeros(static_cast<size_t>(hd), 0.0f);
+    ExactScratch exact_scratch;
     Bf16Scratch bf16_scratch;
-    const float* rows[kValueKeys];
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, g0 = item % chunks * heads_per_item;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
+      const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
       if (bf16) {
-        const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
         AttendBf16(it, q, scale, out, &bf16_scratch);
-        continue;
-      }
-      const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
-      const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
-      const int64_t nrows = nt * group;  // per kv head: (token, query head) pairs, token-major
-      scores.resize(static_cast<size_t>(heads_per_item * nrows * padded));
-      acc.assign(static_cast<size_t>(heads_per_item * nrows * hd), 0.0f);
-      auto ctx_of = [&](int64_t r) {
-        return static_cast<int64_t>(batch.token_pos[t0 + r / group]) + 1;
-      };
-      // Row r of kv head g: its query, its scores and its output accumulator.
-      auto head_of = [&](int64_t g, int64_t r) { return (t0 + r / group) * q_heads + g * group + r % group; };
-      auto scores_of = [&](int64_t g, int64_t r) { return scores.data() + ((g - g0) * nrows + r) * padded; };
-      auto acc_of = [&](int64_t g, int64_t r) { return acc.data() + ((g - g0) * nrows + r) * hd; };
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
-          GatherKeys(layout, cache, table, layer, 0, g, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
-          for (int64_t r = 0; r < nrows; ++r) {
-            if (k0 < ctx_of(r)) Store(scores_of(g, r) + k0, Scores(q + head_of(g, r) * hd, rows, hd, scale));
-          }
-        }
-      }
-      for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
-        for (int64_t r = 0; r < nrows; ++r) Softmax(scores_of(g, r), ctx_of(r));
-      }
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kValueKeys) {
-        const int64_t n = std::min(kValueKeys, ctx_max - k0);
-        for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
-          GatherKeys(layout, cache, table, layer, 1, g, k0, n, ctx_max, scratch.data(), zeros.data(), rows);
-          for (int64_t r = 0; r < nrows; ++r) {
-            const int64_t nk = std::min(n, ctx_of(r) - k0);
-            if (nk > 0) AddWeightedRow(scores_of(g, r) + k0, nk, rows, hd, acc_of(g, r));
-          }
-        }
-      }
-      for (int64_t g = g0; g < g0 + heads_per_item; ++g) {
-        for (int64_t r = 0; r < nrows; ++r) {
-          std::memcpy(out + head_of(g, r) * hd, acc_of(g, r), static_cast<size_t>(hd) * sizeof(float));
-        }
+      } else {
+        AttendExact(it, q, scale, out, &exact_scratch);
       }
     }
   });
