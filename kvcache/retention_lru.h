@@ -72,11 +72,9 @@ class RetentionLru {
   // The entry to push out at time `now`: the least recently used whose deadline is not after
   // `now`, else, with `may_take_retained`, the least recently used; nothing when none may go.
   std::optional<Key> Victim(double now, bool may_take_retained) const {
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-      if (index_.at(*it).entry.retain_until <= now) return *it;
-    }
-    if (may_take_retained && !order_.empty()) return order_.back();
-    return std::nullopt;
+    const std::vector<Key> first = Victims(now, may_take_retained, [](const Entry&) { return true; });
+    if (first.empty()) return std::nullopt;
+    return first.front();
   }
 
   // The entries to push out at `now`, in the order Victim would name them one after another,
