@@ -62,21 +62,24 @@ TEST(HardwareTest, JsonRoundTripAndErrorsNameTheKey) {
   EXPECT_FALSE(LoadHardware("no-such-gpu").ok());
 }
 
+// The experts that T tokens hit when each picks k distinct ones of E uniformly (top-k routing).
+std::unordered_set<int> SimulateRouting(int E, int k, int T, std::mt19937_64& gen) {
+  std::vector<int> ids(E);
+  std::unordered_set<int> hit;
+  for (int tok = 0; tok < T; ++tok) {
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), gen);
+    hit.insert(ids.begin(), ids.begin() + k);
+  }
+  return hit;
+}
+
 TEST(CostModelTest, ExpectedExpertsHitMatchesSimulation) {
   std::mt19937_64 gen(std::random_device{}());
   for (auto [E, k, T] : {std::tuple<int, int, int>{8, 2, 1}, {8, 2, 3}, {64, 6, 10}, {256, 8, 40}}) {
     double sum = 0;
     const int trials = 4000;
-    std::vector<int> ids(E);
-    for (int t = 0; t < trials; ++t) {
-      std::unordered_set<int> hit;
-      for (int tok = 0; tok < T; ++tok) {
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), gen);
-        hit.insert(ids.begin(), ids.begin() + k);
-      }
-      sum += static_cast<double>(hit.size());
-    }
+    for (int t = 0; t < trials; ++t) sum += static_cast<double>(SimulateRouting(E, k, T, gen).size());
     const double simulated = sum / trials;
     const double predicted = ExpectedExpertsHit(E, k, T);
     EXPECT_NEAR(predicted, simulated, 0.03 * E) << "E=" << E << " k=" << k << " T=" << T;
@@ -94,14 +97,8 @@ TEST(CostModelTest, ExpectedExpertRankImbalanceMatchesSimulation) {
                              {64, 6, 8, 16}, {256, 8, 16, 4}, {256, 8, 8, 64}}) {
     double busiest = 0, mean = 0;
     const int trials = 3000;
-    std::vector<int> ids(E);
     for (int t = 0; t < trials; ++t) {
-      std::unordered_set<int> hit;
-      for (int tok = 0; tok < T; ++tok) {
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), gen);
-        hit.insert(ids.begin(), ids.begin() + k);
-      }
+      const std::unordered_set<int> hit = SimulateRouting(E, k, T, gen);
       std::vector<int> per_rank(static_cast<size_t>(ep), 0);
       for (int id : hit) ++per_rank[static_cast<size_t>(id / (E / ep))];
       busiest += *std::max_element(per_rank.begin(), per_rank.end());
