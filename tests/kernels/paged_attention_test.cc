@@ -20,6 +20,69 @@ namespace {
 using testing::AllClose;
 using testing::RandomFloats;
 
+// Sequences of random lengths in scattered blocks of a fresh cache (random K and V, written by
+// `writer`), a decode token for each and a prefill chunk of up to `chunk` tokens for every
+// `every`-th, and random queries; keys and queries drawn `spread` times wider than values.
+struct RandomBatch {
+  KvLayout layout;
+  int64_t layer = 0, q_heads = 0, seqs = 0, max_blocks = 0;
+  std::vector<int32_t> tables, token_seq, token_pos;
+  std::vector<uint8_t> cache;
+  std::vector<float> q;
+  int64_t tokens() const { return static_cast<int64_t>(token_seq.size()); }
+  AttentionBatch Batch() const { return {token_seq.data(), token_pos.data(), tables.data(), tokens(), seqs, max_blocks}; }
+  // Token i alone, as a batch of one.
+  AttentionBatch One(int64_t i) const { return {&token_seq[i], &token_pos[i], tables.data(), 1, seqs, max_blocks}; }
+};
+
+RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t layer, int64_t q_heads, int64_t seqs,
+                            int64_t max_blocks, int64_t every, int64_t chunk, float spread, std::mt19937& gen) {
+  RandomBatch rb;
+  rb.layout = layout;
+  rb.layer = layer;
+  rb.q_heads = q_heads;
+  rb.seqs = seqs;
+  rb.max_blocks = max_blocks;
+  const int64_t bs = layout.block_size, te = layout.TokenElems();
+  std::vector<int64_t> lens(static_cast<size_t>(seqs));
+  for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * bs)(gen);
+  int64_t blocks = 0;
+  for (int64_t l : lens) blocks += (l + bs - 1) / bs;
+  rb.layout.num_blocks = blocks;
+  std::vector<int32_t> order(static_cast<size_t>(blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), gen);
+  rb.tables.assign(static_cast<size_t>(seqs * max_blocks), 0);
+  rb.cache.assign(static_cast<size_t>(blocks) * rb.layout.BlockBytes(), 0);
+  size_t next = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
+    for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) rb.tables[s * max_blocks + b] = order[next++];
+    for (int64_t p = 0; p < lens[s]; ++p) slots[p] = rb.tables[s * max_blocks + p / bs] * bs + p % bs;
+    const auto k = RandomFloats(lens[s] * te, gen(), spread), v = RandomFloats(lens[s] * te, gen());
+    writer.WriteKv(k.data(), v.data(), slots.data(), lens[s], rb.layout, layer, rb.cache.data());
+    const int64_t n = s % every == 0 ? std::min(lens[s], chunk) : 1;
+    for (int64_t p = lens[s] - n; p < lens[s]; ++p) {
+      rb.token_seq.push_back(static_cast<int32_t>(s));
+      rb.token_pos.push_back(static_cast<int32_t>(p));
+    }
+  }
+  rb.q = RandomFloats(rb.tokens() * q_heads * layout.head_dim, gen(), spread);
+  return rb;
+}
+
+// Every token of `out` (the whole batch on `b`) is bit-equal to itself computed alone.
+void ExpectEachTokenAsAlone(Backend& b, const RandomBatch& rb, float scale, const std::vector<float>& out) {
+  const int64_t row = rb.q_heads * rb.layout.head_dim;
+  for (int64_t i = 0; i < rb.tokens(); ++i) {
+    std::vector<float> alone(static_cast<size_t>(row));
+    b.PagedAttention(rb.q.data() + i * row, rb.One(i), rb.layout, rb.layer, rb.cache.data(), rb.q_heads, scale,
+                     alone.data());
+    ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * row, alone.size() * sizeof(float)))
+        << "sequence " << rb.token_seq[i] << " position " << rb.token_pos[i] << ": differs from the same token alone";
+  }
+}
+
 class PagedAttentionTest : public ::testing::Test {
  protected:
   CpuBackend ref_{CpuBackendOptions{CpuPath::kReference, 1, 0}};
@@ -135,48 +198,14 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
     layout.kv_heads = 4;
     layout.head_dim = 24;
     layout.dtype = kv_dtype;
-    const int64_t qh = 8, layer = 2, hd = 24, seqs = 21, max_blocks = 20;
-    std::vector<int64_t> lens(seqs);
-    for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * 8)(gen);
-    int64_t blocks = 0;
-    for (int64_t l : lens) blocks += (l + 7) / 8;
-    layout.num_blocks = blocks;
-    std::vector<int32_t> order(static_cast<size_t>(blocks)), tables(static_cast<size_t>(seqs * max_blocks), 0);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), gen);
-    std::vector<uint8_t> cache(static_cast<size_t>(blocks) * layout.BlockBytes());
-    size_t next = 0;
-    for (int64_t s = 0; s < seqs; ++s) {
-      std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
-      for (int64_t b = 0; b < (lens[s] + 7) / 8; ++b) tables[s * max_blocks + b] = order[next++];
-      for (int64_t p = 0; p < lens[s]; ++p) slots[p] = tables[s * max_blocks + p / 8] * 8 + p % 8;
-      const auto k = RandomFloats(lens[s] * 4 * hd, gen()), v = RandomFloats(lens[s] * 4 * hd, gen());
-      ref_.WriteKv(k.data(), v.data(), slots.data(), lens[s], layout, layer, cache.data());
-    }
-    // A decode token per sequence, and a prefill chunk of up to 20 tokens for every third.
-    std::vector<int32_t> token_seq, token_pos;
-    for (int64_t s = 0; s < seqs; ++s) {
-      const int64_t chunk = s % 3 == 0 ? std::min<int64_t>(lens[s], 20) : 1;
-      for (int64_t p = lens[s] - chunk; p < lens[s]; ++p) {
-        token_seq.push_back(static_cast<int32_t>(s));
-        token_pos.push_back(static_cast<int32_t>(p));
-      }
-    }
-    const int64_t t = static_cast<int64_t>(token_seq.size());
-    const auto q = RandomFloats(t * qh * hd, gen());
-    const AttentionBatch batch{token_seq.data(), token_pos.data(), tables.data(), t, seqs, max_blocks};
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    std::vector<float> out_ref(q.size()), out_fast(q.size());
-    ref_.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out_ref.data());
-    fast_.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out_fast.data());
+    const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/2, /*q_heads=*/8, /*seqs=*/21, /*max_blocks=*/20,
+                                           /*every=*/3, /*chunk=*/20, /*spread=*/1.0f, gen);
+    const float scale = 1.0f / std::sqrt(24.0f);
+    std::vector<float> out_ref(rb.q.size()), out_fast(rb.q.size());
+    ref_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_ref.data());
+    fast_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_fast.data());
     EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
-    for (int64_t i = 0; i < t; ++i) {
-      const AttentionBatch one{&token_seq[i], &token_pos[i], tables.data(), 1, seqs, max_blocks};
-      std::vector<float> alone(static_cast<size_t>(qh * hd));
-      fast_.PagedAttention(q.data() + i * qh * hd, one, layout, layer, cache.data(), qh, scale, alone.data());
-      ASSERT_EQ(0, std::memcmp(alone.data(), out_fast.data() + i * qh * hd, alone.size() * sizeof(float)))
-          << "sequence " << token_seq[i] << " position " << token_pos[i] << ": differs from the same token alone";
-    }
+    ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
   }
 }
 
@@ -204,44 +233,20 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
       layout.head_dim = hd;
       layout.dtype = DType::kBF16;
       const int64_t qh = 6, layer = 1, max_blocks = 12;
-      std::vector<int64_t> lens(static_cast<size_t>(seqs));
-      for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * 16)(gen);
-      int64_t blocks = 0;
-      for (int64_t l : lens) blocks += (l + 15) / 16;
-      layout.num_blocks = blocks;
-      std::vector<int32_t> order(static_cast<size_t>(blocks)), tables(static_cast<size_t>(seqs * max_blocks), 0);
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), gen);
-      std::vector<uint8_t> cache(static_cast<size_t>(blocks) * layout.BlockBytes());
-      size_t next = 0;
-      for (int64_t s = 0; s < seqs; ++s) {
-        std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
-        for (int64_t b = 0; b < (lens[s] + 15) / 16; ++b) tables[s * max_blocks + b] = order[next++];
-        for (int64_t p = 0; p < lens[s]; ++p) slots[p] = tables[s * max_blocks + p / 16] * 16 + p % 16;
-        const auto k = RandomFloats(lens[s] * 2 * hd, gen(), 2.0f), v = RandomFloats(lens[s] * 2 * hd, gen());
-        bf16.WriteKv(k.data(), v.data(), slots.data(), lens[s], layout, layer, cache.data());
-      }
-      std::vector<int32_t> token_seq, token_pos;
-      for (int64_t s = 0; s < seqs; ++s) {
-        const int64_t chunk = s % 2 == 0 ? std::min<int64_t>(lens[s], 21) : 1;
-        for (int64_t p = lens[s] - chunk; p < lens[s]; ++p) {
-          token_seq.push_back(static_cast<int32_t>(s));
-          token_pos.push_back(static_cast<int32_t>(p));
-        }
-      }
-      const int64_t t = static_cast<int64_t>(token_seq.size());
-      const auto q = RandomFloats(t * qh * hd, gen(), 2.0f);
-      const AttentionBatch batch{token_seq.data(), token_pos.data(), tables.data(), t, seqs, max_blocks};
+      const RandomBatch rb =
+          MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, /*chunk=*/21, /*spread=*/2.0f, gen);
+      const int64_t t = rb.tokens();
+      const std::vector<float>& q = rb.q;
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       std::vector<float> out(q.size());
-      bf16.PagedAttention(q.data(), batch, layout, layer, cache.data(), qh, scale, out.data());
+      bf16.PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, out.data());
       auto cached = [&](int kv, int64_t s, int64_t j, int64_t g, int64_t i) {
-        const int64_t off = layout.Offset(tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
-        return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(cache.data())[off]));
+        const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
+        return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
       };
       double worst = 0, worst_err = 0;
       for (int64_t i = 0; i < t; ++i) {
-        const int64_t s = token_seq[i], ctx = token_pos[i] + 1;
+        const int64_t s = rb.token_seq[i], ctx = rb.token_pos[i] + 1;
         for (int64_t h = 0; h < qh; ++h) {
           const int64_t g = h / 3;
           const float* qr = q.data() + (i * qh + h) * hd;
@@ -271,13 +276,7 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
         }
       }
       EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
-      for (int64_t i = 0; i < t; ++i) {
-        const AttentionBatch one{&token_seq[i], &token_pos[i], tables.data(), 1, seqs, max_blocks};
-        std::vector<float> alone(static_cast<size_t>(qh * hd));
-        bf16.PagedAttention(q.data() + i * qh * hd, one, layout, layer, cache.data(), qh, scale, alone.data());
-        ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * qh * hd, alone.size() * sizeof(float)))
-            << "sequence " << token_seq[i] << " position " << token_pos[i] << ": differs from the same token alone";
-      }
+      ExpectEachTokenAsAlone(bf16, rb, scale, out);
     }
   }
 }
