@@ -92,7 +92,8 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   Stopwatch sw;
   Tickets tickets;
   for (int i = 0; i < 8; ++i) {
-    if (!t->CopyBlock(0, t->staging_.data(), /*to_host=*/true, &tickets)) {
+    if (!t->FetchRemote({0}) || !t->CopyBlock(0, t->staging_.data(), /*to_host=*/true, &tickets) ||
+        !t->CommitRemote()) {
       (void)t->Wait(tickets);  // earlier copies into the staging block must land before it is freed
       return absl::InternalError("KV tiers: a test copy failed");
     }
@@ -111,6 +112,12 @@ bool KvTiers::CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tic
   devices_.parts(block, &parts_);
   size_t offset = 0;
   for (const KvBlockPart& p : parts_) {
+    if (p.remote()) {  // held by another process: its copy fetched for this list
+      if (to_host && !devices_.remote->Read(p, host + offset)) return false;
+      if (!to_host) devices_.remote->Write(p, host + offset);
+      offset += p.bytes;
+      continue;
+    }
     auto t = to_host ? p.backend->CopyAsync(host + offset, p.data, p.bytes)
                      : p.backend->CopyAsync(p.data, host + offset, p.bytes);
     if (!t.ok()) return false;
@@ -126,6 +133,20 @@ void KvTiers::BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind
   *kind_ns += ns;
 }
 
+bool KvTiers::FetchRemote(const std::vector<int32_t>& blocks) {
+  if (devices_.remote == nullptr || blocks.empty()) return true;
+  std::vector<KvBlockPart> pieces;
+  for (int32_t b : blocks) {
+    devices_.parts(b, &parts_);
+    for (const KvBlockPart& p : parts_) {
+      if (p.remote()) pieces.push_back(p);
+    }
+  }
+  return pieces.empty() || devices_.remote->Fetch(pieces).ok();
+}
+
+bool KvTiers::CommitRemote() { return devices_.remote == nullptr || devices_.remote->Commit().ok(); }
+
 bool KvTiers::Wait(const Tickets& tickets) {
   bool ok = true;
   for (const auto& [backend, t] : tickets) ok = backend->WaitCopy(t).ok() && ok;
@@ -139,6 +160,16 @@ void KvTiers::OrderCompute() {
 std::vector<KvTransferOutcome> KvTiers::Execute(const std::vector<KvTransfer>& transfers) {
   std::vector<KvTransferOutcome> outcomes(transfers.size());
   Spoiled spoiled;
+  // Remote pieces that the list reads are fetched before any of its writes; a failed fetch
+  // fails the copies out of them (the job is lost: its steps fail too).
+  std::vector<int32_t> read;
+  for (const KvTransfer& t : transfers) {
+    if (t.kind == KvTransfer::Kind::kDemote || t.kind == KvTransfer::Kind::kSwapOut) {
+      read.insert(read.end(), t.blocks.begin(), t.blocks.end());
+    }
+    for (const BlockEviction& e : t.evicted) read.push_back(e.block);
+  }
+  (void)FetchRemote(read);
   for (size_t i = 0; i < transfers.size(); ++i) {
     const KvTransfer& t = transfers[i];
     switch (t.kind) {
@@ -157,6 +188,12 @@ std::vector<KvTransferOutcome> KvTiers::Execute(const std::vector<KvTransfer>& t
       case KvTransfer::Kind::kFreeSwap:
         FreeSwap(t.slots);
         break;
+    }
+  }
+  if (!CommitRemote()) {  // the promoted and swapped-in pieces did not all arrive
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      const KvTransfer::Kind k = transfers[i].kind;
+      if (k == KvTransfer::Kind::kPromote || k == KvTransfer::Kind::kSwapIn) outcomes[i].ok = false;
     }
   }
   // The step reads the promoted and swapped-in blocks and may overwrite the demoted and

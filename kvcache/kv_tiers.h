@@ -49,12 +49,15 @@ struct KvTierConfig {
 };
 
 // Where the device pool's blocks live: the single-device layout of a whole block (every layer),
-// the pieces of each block on the devices, and every device that holds blocks (host memory for
-// the tiers comes from the first).
+// the pieces of each block on the devices, and every device of this process that holds blocks
+// (host memory for the tiers comes from the first). Under mpirun, the pieces other processes
+// hold travel through `remote`: the tiers (DDR, flash) are rank 0's and hold whole blocks, the
+// same records as with in-process ranks.
 struct KvTierDevices {
   KvLayout layout;
   KvBlockParts parts;
   std::vector<Backend*> backends;
+  KvRemotePieces* remote = nullptr;  // null: every piece is in this process
   // One device: the engine's own cache.
   static KvTierDevices Single(KvStorage* kv, Backend* backend);
 };
@@ -130,6 +133,10 @@ class KvTiers final : public KvTierView {
   // Enqueues the copies of every piece of `block` to (to_host) or from a whole host block and
   // notes their tickets; false if a copy could not be enqueued.
   bool CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets);
+  // Remote pieces: fetches those of `blocks` before a list reads them; after the list, writes
+  // back those it wrote (false: they did not arrive, and the job is lost).
+  bool FetchRemote(const std::vector<int32_t>& blocks);
+  bool CommitRemote();
   // Books a finished tier copy: its bytes and time for the step, its time for its kind.
   void BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind_ns);
   bool Wait(const Tickets& tickets);

@@ -44,8 +44,8 @@ class Executor {
   // One step. `seq_ranks`: the expert-parallel rank (pool segment) of each sequence.
   virtual absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks,
                                RunnerOutput* out) = 0;
-  // Where the KV tiers find each pool block's bytes (its pieces on the devices that hold it).
-  // FAILED_PRECONDITION where this process cannot reach them (ranks that are processes).
+  // Where the KV tiers find each pool block's bytes (its pieces on the devices that hold it, and
+  // under mpirun the workers' pieces, reached by messages). FAILED_PRECONDITION on a worker.
   virtual absl::StatusOr<KvTierDevices> TierDevices() = 0;
   // True once a rank of the layout is lost: no step can run again.
   virtual bool lost() const { return false; }

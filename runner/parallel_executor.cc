@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "runner/remote_kv.h"
 
 namespace moeserve {
 
@@ -155,7 +156,12 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
     // Every rank's weight bytes, for the layout rank 0 describes.
     ASSIGN_OR_RETURN(std::vector<double> bytes, world->AllGather(x->ranks_[0].layout.weight_bytes));
     for (size_t r = 0; r < bytes.size(); ++r) x->layout_[r].weight_bytes = bytes[r];
-    x->channel_ = std::make_unique<ProcessChannel>(world);
+    auto channel = std::make_unique<ProcessChannel>(world);
+    ParallelExecutor* self = x.get();
+    x->remote_kv_ = std::make_unique<RemoteKvPieces>(channel.get(), [self](const absl::Status& s) {
+      (void)self->LoseStep(s);
+    });
+    x->channel_ = std::move(channel);
     RETURN_IF_ERROR(x->ChooseDispatchWire());
     return x;
   }
@@ -275,25 +281,38 @@ void ParallelExecutor::BlockParts(int32_t block, std::vector<KvBlockPart>* parts
   const int64_t ep = config_.ep;
   int64_t e = 0;
   while (e + 1 < ep && block >= segment_begin_[e + 1]) ++e;
-  const int64_t local = block - segment_begin_[e];  // the arena numbers its segment from 0
+  const int32_t local = block - static_cast<int32_t>(segment_begin_[e]);  // the arena numbers its segment from 0
   parts->clear();
   for (int64_t s = 0; s < config_.pp; ++s) {
-    const size_t r = static_cast<size_t>(s * ep + e);
-    const size_t bytes = rank_kv_[r].layout().BlockBytes();
-    parts->push_back({ranks_[r].backend.get(), static_cast<uint8_t*>(rank_kv_[r].data()) + local * bytes, bytes});
+    const int64_t r = s * ep + e;
+    const int64_t held = HeldIndex(r);
+    if (held < 0) {  // another process's arena
+      const size_t bytes = SegmentLayout(e, layout_[r].layer_end - layout_[r].layer_begin).BlockBytes();
+      parts->push_back({nullptr, nullptr, bytes, static_cast<int>(r), local});
+      continue;
+    }
+    const KvStorage& arena = rank_kv_[static_cast<size_t>(held)];
+    const size_t bytes = arena.layout().BlockBytes();
+    parts->push_back({ranks_[held].backend.get(), static_cast<uint8_t*>(arena.data()) + local * bytes, bytes});
   }
 }
 
+int64_t ParallelExecutor::HeldIndex(int64_t rank) const {
+  if (processes_ == nullptr) return rank;
+  return rank == processes_->rank() ? 0 : -1;
+}
+
 absl::StatusOr<KvTierDevices> ParallelExecutor::TierDevices() {
-  if (processes_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "KV tiers (--host-kv-mb, --flash-kv-dir) do not work with ranks that are processes (mpirun) yet");
+  if (processes_ != nullptr && processes_->rank() != 0) {
+    return absl::FailedPreconditionError("KV tiers are rank 0's: a worker process has none");
   }
-  // A block's pieces are on the stages of its EP rank.
+  // A block's pieces are on the stages of its EP rank; under mpirun, rank 0 holds one of them
+  // at most and reaches the others through the workers (remote_kv_).
   KvTierDevices d;
   d.layout = kv_;
   d.parts = [this](int32_t block, std::vector<KvBlockPart>* parts) { BlockParts(block, parts); };
   d.backends = backends();
+  d.remote = remote_kv_.get();
   return d;
 }
 

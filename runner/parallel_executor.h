@@ -95,8 +95,8 @@ class ParallelExecutor final : public Executor {
                                                                   const BackendFactory& backends,
                                                                   ProcessRanks* processes = nullptr);
 
-  // The engine's Executor: a step (Forward), the tiers' view of the KV (in-process ranks only),
-  // health.
+  // The engine's Executor: a step (Forward), the tiers' view of the KV (on rank 0 under mpirun:
+  // the workers' pieces travel as messages, runner/remote_kv.h), health.
   absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, RunnerOutput* out) override {
     return Forward(in, seq_ranks, out->logits, &out->stats, &out->parallel, out->sampled);
   }
@@ -118,8 +118,8 @@ class ParallelExecutor final : public Executor {
   std::string Describe() const;
   // KV bytes held by the arenas of all ranks.
   size_t kv_bytes() const;
-  // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment
-  // (in-process ranks only: the engine refuses KV tiers with process ranks).
+  // Where pool block `block` lives: one piece per stage, on the ranks of its EP segment (under
+  // mpirun, those of other processes as remote pieces: their rank and arena block).
   void BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const;
   // The backends of the ranks this process holds (all of them without mpirun), rank order.
   std::vector<Backend*> backends() const;
@@ -168,6 +168,8 @@ class ParallelExecutor final : public Executor {
   absl::Status RunRanks(const std::vector<std::vector<SubStep>>& subs, std::vector<RankStepResult>* results);
   absl::Status LoseStep(const absl::Status& s);
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
+  // The index in ranks_ of rank `rank` of the layout, or -1 where another process holds it.
+  int64_t HeldIndex(int64_t rank) const;
   // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
   absl::Status ChooseDispatchWire();
 
@@ -183,6 +185,7 @@ class ParallelExecutor final : public Executor {
   // Per stage, per EP index (process ranks: this process's group of each kind only).
   std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;
   std::unique_ptr<StepChannel> channel_;  // how rank 0 reaches the workers
+  std::unique_ptr<KvRemotePieces> remote_kv_;  // rank 0 under mpirun: the workers' KV pieces
   std::vector<std::thread> worker_threads_;  // in-process: one per rank after the first, for the executor's life
   bool lost_ = false;
   bool bf16_dispatch_ = false;

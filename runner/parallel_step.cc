@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "runner/parallel_executor.h"
+#include "runner/remote_kv.h"
 
 namespace moeserve {
 namespace {
@@ -174,10 +175,17 @@ absl::Status ParallelExecutor::RunPart(size_t i, const std::vector<SubStep>& sub
 
 absl::Status ParallelExecutor::WorkerLoop(int rank, size_t local) {
   while (true) {
-    ASSIGN_OR_RETURN(const std::vector<SubStep>* subs, channel_->Next(rank));
-    if (subs == nullptr) return absl::OkStatus();  // shut down
+    ASSIGN_OR_RETURN(const WorkerTask task, channel_->Next(rank));
+    if (task.shutdown()) return absl::OkStatus();
+    if (task.kv != nullptr) {  // the KV tiers copy pieces of this rank's arena
+      std::string data;
+      const absl::Status s = ServeKvPieces(*task.kv, ranks_[local].backend.get(), rank_kv_[local], &data);
+      RETURN_IF_ERROR(channel_->ReplyKv(rank, s, data));
+      if (!s.ok()) return s;
+      continue;
+    }
     RankStepResult result;
-    const absl::Status s = RunPart(local, *subs, &result);
+    const absl::Status s = RunPart(local, *task.step, &result);
     RETURN_IF_ERROR(channel_->Reply(rank, s, std::move(result)));
     if (!s.ok() && channel_->failures_are_fatal()) return s;
   }

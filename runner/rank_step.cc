@@ -13,6 +13,8 @@ namespace {
 constexpr uint32_t kStepMagic = 0x4d535354;      // "MSST"
 constexpr uint32_t kShutdownMagic = 0x4d53444e;  // "MSDN"
 constexpr uint32_t kResultMagic = 0x4d535253;    // "MSRS"
+constexpr uint32_t kKvOpMagic = 0x4d534b56;      // "MSKV"
+constexpr uint32_t kKvReplyMagic = 0x4d534b52;   // "MSKR"
 
 class Writer {
  public:
@@ -57,9 +59,11 @@ class Reader {
     return absl::OkStatus();
   }
   absl::Status GetString(std::string* s, const char* field) {
-    std::vector<char> chars;
-    RETURN_IF_ERROR(GetVector(&chars, field));
-    s->assign(chars.begin(), chars.end());
+    uint64_t n = 0;
+    RETURN_IF_ERROR(Get(&n, field));
+    if (n > in_.size() - pos_) return Truncated(field);
+    s->assign(in_.data() + pos_, n);
+    pos_ += n;
     return absl::OkStatus();
   }
   absl::Status Done() const {
@@ -103,17 +107,36 @@ std::string EncodeRankStep(const std::vector<SubStep>& subs) {
   return w.Take();
 }
 
+std::string EncodeKvPieceOp(const KvPieceOp& op) {
+  Writer w;
+  w.Put(kKvOpMagic);
+  w.Put<uint8_t>(op.write ? 1 : 0);
+  w.PutVector(op.blocks);
+  w.PutString(op.data);
+  return w.Take();
+}
+
 std::string EncodeShutdown() {
   Writer w;
   w.Put(kShutdownMagic);
   return w.Take();
 }
 
-absl::StatusOr<bool> DecodeRankStep(const std::string& bytes, std::vector<SubStep>* subs) {
+absl::StatusOr<WorkerMessage> DecodeWorkerMessage(const std::string& bytes, std::vector<SubStep>* subs,
+                                                  KvPieceOp* kv) {
   Reader r(bytes);
   uint32_t magic = 0;
   RETURN_IF_ERROR(r.Get(&magic, "magic"));
-  if (magic == kShutdownMagic) return false;
+  if (magic == kShutdownMagic) return WorkerMessage::kShutdown;
+  if (magic == kKvOpMagic) {
+    uint8_t write = 0;
+    RETURN_IF_ERROR(r.Get(&write, "write"));
+    kv->write = write != 0;
+    RETURN_IF_ERROR(r.GetVector(&kv->blocks, "blocks"));
+    RETURN_IF_ERROR(r.GetString(&kv->data, "data"));
+    RETURN_IF_ERROR(r.Done());
+    return WorkerMessage::kKvPieces;
+  }
   if (magic != kStepMagic)
     return absl::InvalidArgumentError("rank step message: not a step (bad magic)");
   uint64_t n = 0;
@@ -144,7 +167,7 @@ absl::StatusOr<bool> DecodeRankStep(const std::string& bytes, std::vector<SubSte
     }
   }
   RETURN_IF_ERROR(r.Done());
-  return true;
+  return WorkerMessage::kStep;
 }
 
 std::string EncodeRankResult(const absl::Status& status, const RankStepResult& res) {
@@ -197,6 +220,32 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.Get(&res->comm_seconds, "rank comm_seconds"));
   RETURN_IF_ERROR(r.GetVector(&res->logits, "logits"));
   RETURN_IF_ERROR(r.GetVector(&res->sampled, "sampled"));
+  RETURN_IF_ERROR(r.Done());
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+std::string EncodeKvPieceReply(const absl::Status& status, const std::string& data) {
+  Writer w;
+  w.Put(kKvReplyMagic);
+  w.Put<int32_t>(static_cast<int32_t>(status.code()));
+  w.PutString(std::string(status.message()));
+  w.PutString(data);
+  return w.Take();
+}
+
+absl::Status DecodeKvPieceReply(const std::string& bytes, std::string* data) {
+  Reader r(bytes);
+  uint32_t magic = 0;
+  RETURN_IF_ERROR(r.Get(&magic, "magic"));
+  if (magic != kKvReplyMagic) return absl::InvalidArgumentError("KV piece reply: bad magic");
+  int32_t code = 0;
+  std::string message;
+  RETURN_IF_ERROR(r.Get(&code, "status code"));
+  RETURN_IF_ERROR(r.GetString(&message, "status message"));
+  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV piece reply: status code ", code));
+  }
+  RETURN_IF_ERROR(r.GetString(data, "data"));
   RETURN_IF_ERROR(r.Done());
   return absl::Status(static_cast<absl::StatusCode>(code), message);
 }

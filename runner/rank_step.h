@@ -30,16 +30,31 @@ struct RankStepResult {
   std::vector<int32_t> sampled;  // last stage, with sampling: their tokens
 };
 
+// KV tiers under mpirun (runner/remote_kv.h): rank 0 reads or writes whole pieces of blocks
+// of a worker's KV arena, before and after a step's transfer list.
+struct KvPieceOp {
+  bool write = false;
+  std::vector<int32_t> blocks;  // blocks of the worker's arena
+  std::string data;             // a write's pieces, in block order
+};
+
 // A step for a worker: its sub-steps (one per micro-batch).
 std::string EncodeRankStep(const std::vector<SubStep>& subs);
+std::string EncodeKvPieceOp(const KvPieceOp& op);
 // The message that ends a worker's loop.
 std::string EncodeShutdown();
-// False for the shutdown message. A malformed message is INVALID_ARGUMENT naming the field.
-absl::StatusOr<bool> DecodeRankStep(const std::string& bytes, std::vector<SubStep>* subs);
+// What a message asks a worker to do: a step (into `subs`), a KV piece copy (into `kv`), or to
+// stop. A malformed message is INVALID_ARGUMENT naming the field.
+enum class WorkerMessage { kStep, kKvPieces, kShutdown };
+absl::StatusOr<WorkerMessage> DecodeWorkerMessage(const std::string& bytes, std::vector<SubStep>* subs,
+                                                  KvPieceOp* kv);
 
 // A worker's answer: how its part went and, when it went well, what it produced.
 std::string EncodeRankResult(const absl::Status& status, const RankStepResult& result);
 // Returns the rank's own status (or INVALID_ARGUMENT for a malformed message).
 absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* result);
+// A worker's answer to a KV piece copy: its status and, for a read, the pieces in block order.
+std::string EncodeKvPieceReply(const absl::Status& status, const std::string& data);
+absl::Status DecodeKvPieceReply(const std::string& bytes, std::string* data);
 
 }  // namespace moeserve

@@ -32,13 +32,13 @@ absl::Status ThreadChannel::Shutdown() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const std::vector<SubStep>*> ThreadChannel::Next(int rank) {
+absl::StatusOr<WorkerTask> ThreadChannel::Next(int rank) {
   std::unique_lock<std::mutex> lock(mu_);
   Box& b = boxes_[static_cast<size_t>(rank)];
   cv_.wait(lock, [&] { return shutdown_ || (b.step != nullptr && !b.taken); });
-  if (shutdown_) return nullptr;
+  if (shutdown_) return WorkerTask{};
   b.taken = true;
-  return b.step;
+  return WorkerTask{b.step, nullptr};
 }
 
 absl::Status ThreadChannel::Reply(int rank, const absl::Status& status, RankStepResult result) {
@@ -49,6 +49,10 @@ absl::Status ThreadChannel::Reply(int rank, const absl::Status& status, RankStep
   b.replied = true;
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status ThreadChannel::ReplyKv(int rank, const absl::Status&, const std::string&) {
+  return absl::InternalError(absl::StrCat("rank ", rank, ": in-process ranks are never sent KV piece copies"));
 }
 
 std::string ThreadChannel::DescribeRank(int rank) const { return absl::StrCat("rank ", rank); }
@@ -78,10 +82,28 @@ absl::Status ProcessChannel::Shutdown() {
   return first;
 }
 
-absl::StatusOr<const std::vector<SubStep>*> ProcessChannel::Next(int) {
+absl::StatusOr<WorkerTask> ProcessChannel::Next(int) {
   ASSIGN_OR_RETURN(const std::string message, world_->ReceiveMessage(0));
-  ASSIGN_OR_RETURN(const bool step, DecodeRankStep(message, &received_));
-  return step ? &received_ : nullptr;
+  ASSIGN_OR_RETURN(const WorkerMessage kind, DecodeWorkerMessage(message, &received_, &received_kv_));
+  switch (kind) {
+    case WorkerMessage::kStep: return WorkerTask{&received_, nullptr};
+    case WorkerMessage::kKvPieces: return WorkerTask{nullptr, &received_kv_};
+    case WorkerMessage::kShutdown: break;
+  }
+  return WorkerTask{};
+}
+
+absl::Status ProcessChannel::ReplyKv(int, const absl::Status& status, const std::string& data) {
+  return world_->SendMessage(0, EncodeKvPieceReply(status, data));
+}
+
+absl::Status ProcessChannel::ReceiveKv(int rank, std::string* data) {
+  world_->WaitingFor(rank);
+  ASSIGN_OR_RETURN(const std::string reply, world_->ReceiveMessage(rank));
+  if (absl::Status s = DecodeKvPieceReply(reply, data); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(world_->DescribeRank(rank), ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ProcessChannel::Reply(int, const absl::Status& status, RankStepResult result) {

@@ -5,7 +5,8 @@
 //   - ThreadChannel: a mailbox per worker thread; the sub-steps are lent, not copied or
 //     encoded. A failed step can be retried: the ranks' groups are reset.
 //   - ProcessChannel: step and result messages (runner/rank_step.h) over MPI. A failed step
-//     cannot be retried (a peer may be gone, or stuck in a collective): the job is lost.
+//     cannot be retried (a peer may be gone, or stuck in a collective): the job is lost. It
+//     also carries the KV tiers' copies of the pieces a worker holds (runner/remote_kv.h).
 #pragma once
 
 #include <condition_variable>
@@ -19,6 +20,14 @@
 #include "runner/rank_step.h"
 
 namespace moeserve {
+
+// A worker's next task, valid until its reply: a step's sub-steps, or (process ranks with KV
+// tiers) a copy of KV pieces of its arena; neither once shut down.
+struct WorkerTask {
+  const std::vector<SubStep>* step = nullptr;
+  const KvPieceOp* kv = nullptr;
+  bool shutdown() const { return step == nullptr && kv == nullptr; }
+};
 
 class StepChannel {
  public:
@@ -34,9 +43,10 @@ class StepChannel {
   // Ends every worker's loop. Idempotent.
   virtual absl::Status Shutdown() = 0;
 
-  // A worker's side: its next step's sub-steps (valid until its Reply), or null once shut down.
-  virtual absl::StatusOr<const std::vector<SubStep>*> Next(int rank) = 0;
+  // A worker's side: its next task, and its answers to a step and to a KV piece copy.
+  virtual absl::StatusOr<WorkerTask> Next(int rank) = 0;
   virtual absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) = 0;
+  virtual absl::Status ReplyKv(int rank, const absl::Status& status, const std::string& data) = 0;
 
   // Whether a failed step ends the layout (processes) or leaves it usable once its groups are
   // reset (threads).
@@ -52,8 +62,10 @@ class ThreadChannel final : public StepChannel {
   absl::Status Send(int rank, const std::vector<SubStep>& subs) override;
   absl::Status Receive(int rank, RankStepResult* result) override;
   absl::Status Shutdown() override;
-  absl::StatusOr<const std::vector<SubStep>*> Next(int rank) override;
+  absl::StatusOr<WorkerTask> Next(int rank) override;
   absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) override;
+  // In-process ranks' KV is reached directly (ParallelExecutor::BlockParts): never asked.
+  absl::Status ReplyKv(int rank, const absl::Status&, const std::string&) override;
   bool failures_are_fatal() const override { return false; }
   std::string DescribeRank(int rank) const override;
 
@@ -81,14 +93,21 @@ class ProcessChannel final : public StepChannel {
   absl::Status Receive(int rank, RankStepResult* result) override;
   void EndStep() override { world_->StepEnds(); }
   absl::Status Shutdown() override;
-  absl::StatusOr<const std::vector<SubStep>*> Next(int rank) override;
+  absl::StatusOr<WorkerTask> Next(int rank) override;
   absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) override;
+  absl::Status ReplyKv(int rank, const absl::Status& status, const std::string& data) override;
   bool failures_are_fatal() const override { return true; }
   std::string DescribeRank(int rank) const override { return world_->DescribeRank(rank); }
 
+  // Rank 0's side of a KV piece copy (runner/remote_kv.h): Send to each worker concerned, then
+  // Receive from each; a read's pieces come back in `data`.
+  absl::Status SendKv(int rank, const KvPieceOp& op) { return world_->SendMessage(rank, EncodeKvPieceOp(op)); }
+  absl::Status ReceiveKv(int rank, std::string* data);
+
  private:
   ProcessRanks* world_;
-  std::vector<SubStep> received_;  // a worker's current step
+  std::vector<SubStep> received_;  // a worker's current task
+  KvPieceOp received_kv_;
   bool shut_down_ = false;
 };
 

@@ -17,6 +17,15 @@ std::vector<T> RandomVector(std::mt19937& gen, size_t max_len) {
   return v;
 }
 
+// Decodes a message meant to be a step or the shutdown; false for the shutdown.
+absl::StatusOr<bool> DecodeStep(const std::string& bytes, std::vector<SubStep>* subs) {
+  KvPieceOp kv;
+  auto kind = DecodeWorkerMessage(bytes, subs, &kv);
+  if (!kind.ok()) return kind.status();
+  EXPECT_NE(*kind, WorkerMessage::kKvPieces);
+  return *kind == WorkerMessage::kStep;
+}
+
 std::vector<SubStep> RandomSubs(std::mt19937& gen) {
   std::vector<SubStep> subs(1 + gen() % 4);
   for (SubStep& s : subs) {
@@ -48,7 +57,7 @@ TEST(RankStepTest, StepsRoundTrip) {
   for (int round = 0; round < 50; ++round) {
     const auto subs = RandomSubs(gen);
     std::vector<SubStep> back;
-    auto step = DecodeRankStep(EncodeRankStep(subs), &back);
+    auto step = DecodeStep(EncodeRankStep(subs), &back);
     ASSERT_TRUE(step.ok()) << step.status();
     EXPECT_TRUE(*step);
     ASSERT_EQ(back.size(), subs.size());
@@ -72,7 +81,7 @@ TEST(RankStepTest, StepsRoundTrip) {
     }
   }
   std::vector<SubStep> none;
-  auto shutdown = DecodeRankStep(EncodeShutdown(), &none);
+  auto shutdown = DecodeStep(EncodeShutdown(), &none);
   ASSERT_TRUE(shutdown.ok());
   EXPECT_FALSE(*shutdown);
 }
@@ -104,24 +113,53 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   EXPECT_EQ(DecodeRankResult(EncodeRankResult(failed, {}), &ignored), failed);
 }
 
+// The KV tiers' piece copies under mpirun: the operation and the worker's answer.
+TEST(RankStepTest, KvPieceCopiesRoundTripAndRefuseTruncation) {
+  std::mt19937 gen(std::random_device{}());
+  KvPieceOp op;
+  op.write = gen() % 2 == 0;
+  op.blocks = RandomVector<int32_t>(gen, 20);
+  for (size_t i = 0; i < 3000; ++i) op.data.push_back(static_cast<char>(gen()));
+  const std::string bytes = EncodeKvPieceOp(op);
+  std::vector<SubStep> subs;
+  KvPieceOp back;
+  auto kind = DecodeWorkerMessage(bytes, &subs, &back);
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  EXPECT_EQ(*kind, WorkerMessage::kKvPieces);
+  EXPECT_EQ(back.write, op.write);
+  EXPECT_EQ(back.blocks, op.blocks);
+  EXPECT_EQ(back.data, op.data);
+  for (size_t cut = 0; cut < bytes.size(); cut += 1 + bytes.size() / 30) {
+    auto s = DecodeWorkerMessage(bytes.substr(0, cut), &subs, &back);
+    ASSERT_FALSE(s.ok()) << "cut at " << cut;
+    EXPECT_NE(s.status().message().find("truncated at"), std::string::npos) << s.status();
+  }
+  std::string data;
+  ASSERT_TRUE(DecodeKvPieceReply(EncodeKvPieceReply(absl::OkStatus(), op.data), &data).ok());
+  EXPECT_EQ(data, op.data);
+  const absl::Status failed = absl::InvalidArgumentError("KV piece copy: block 99 outside the arena's 12");
+  EXPECT_EQ(DecodeKvPieceReply(EncodeKvPieceReply(failed, ""), &data), failed);
+  EXPECT_EQ(DecodeKvPieceReply(bytes, &data).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RankStepTest, MalformedMessagesAreRefusedNamingTheField) {
   std::mt19937 gen(std::random_device{}());
   const std::string step = EncodeRankStep(RandomSubs(gen));
   std::vector<SubStep> subs;
   for (size_t cut = 0; cut < step.size(); cut += 1 + step.size() / 40) {
-    auto s = DecodeRankStep(step.substr(0, cut), &subs);
+    auto s = DecodeStep(step.substr(0, cut), &subs);
     ASSERT_FALSE(s.ok()) << "cut at " << cut;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find("truncated at"), std::string::npos) << s.status();
   }
-  EXPECT_NE(DecodeRankStep(step + "x", &subs).status().message().find("left over"),
+  EXPECT_NE(DecodeStep(step + "x", &subs).status().message().find("left over"),
             std::string::npos);
-  EXPECT_NE(DecodeRankStep("JUNKJUNK", &subs).status().message().find("bad magic"),
+  EXPECT_NE(DecodeStep("JUNKJUNK", &subs).status().message().find("bad magic"),
             std::string::npos);
   // A length beyond the message is refused, not allocated.
   std::string huge = step.substr(0, 12);
   huge.append(8, '\xff');
-  EXPECT_FALSE(DecodeRankStep(huge, &subs).ok());
+  EXPECT_FALSE(DecodeStep(huge, &subs).ok());
   RankStepResult r;
   EXPECT_EQ(DecodeRankResult(step, &r).code(), absl::StatusCode::kInvalidArgument);
 }

@@ -26,11 +26,12 @@ TEST(ThreadChannelTest, WorkersRunEachStepTogetherAndEveryReplyReachesItsRank) {
     for (int r = 1; r < n; ++r) {
       workers.emplace_back([&, r] {
         while (true) {
-          auto subs = channel.Next(r);
-          ASSERT_TRUE(subs.ok());
-          if (*subs == nullptr) return;  // shut down
+          auto task = channel.Next(r);
+          ASSERT_TRUE(task.ok());
+          if (task->shutdown()) return;
+          ASSERT_EQ(task->kv, nullptr) << "in-process ranks are never sent KV piece copies";
           // Every rank (rank 0 included) waits here for all the others in this step.
-          const int step = static_cast<int>((*subs)->size());
+          const int step = static_cast<int>(task->step->size());
           arrived.fetch_add(1);
           const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
           while (arrived.load() < n * (step + 1)) {

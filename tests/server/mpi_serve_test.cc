@@ -1,7 +1,8 @@
 // `serve` under mpirun (ranks as processes, tools/mpi_job.h), end to end: the streamed tokens
 // of an --ep 2 job equal `moeserve generate` on one process; a worker rank killed mid-stream
 // gives the client UNAVAILABLE naming the rank, and the job exits non-zero within a bound;
-// a layout that is not the job is refused by every rank before any weights load.
+// a layout that is not the job is refused by every rank before any weights load; KV tiers serve
+// a prefix back into the workers' pieces.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <thread>
 
 #include "tests/server/grpc_client.h"
@@ -124,6 +126,51 @@ SignalledStream StreamAndSignalRank1(const ServerProcess& server, int sig) {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// KV tiers under mpirun: a prompt's prefix, pushed out of a small device pool by other prompts,
+// comes back from rank 0's DDR or flash into the pieces the workers hold, and the tokens equal
+// one process's `generate`.
+TEST(MpiServeTest, AnEp2JobBringsAPrefixBackFromTheLowerTiers) {
+  const std::string dir = ::testing::TempDir() + "moeserve_mpi_serve_tiers_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> model = {"--preset", "tiny", "--model-seed", "7"};
+  std::vector<std::string> args = model;
+  for (std::string a : {"--ep", "2", "--kv-blocks", "16", "--block-size", "8", "--host-kv-mb", "1", "--flash-kv-dir",
+                        dir.c_str()}) {
+    args.push_back(a);
+  }
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(args, Mpirun(2))) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  std::mt19937 gen(std::random_device{}());
+  auto random_prompt = [&](int n) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (auto& t : p) t = static_cast<int32_t>(1 + gen() % 250);
+    return p;
+  };
+  const std::vector<int32_t> prompt = random_prompt(40);
+  const Streamed first = Stream(stub.get(), IdsRequest(prompt, 6));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message() << "\n" << server.log();
+  for (int i = 0; i < 8; ++i) {  // other prompts take every device block of both ranks
+    const Streamed other = Stream(stub.get(), IdsRequest(random_prompt(40), 6));
+    ASSERT_TRUE(other.status.ok()) << other.status.error_message() << "\n" << server.log();
+  }
+  const Streamed again = Stream(stub.get(), IdsRequest(prompt, 6));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message() << "\n" << server.log();
+  EXPECT_EQ(again.ids, first.ids);
+  const v1::Usage& u = again.last.usage();
+  EXPECT_GT(u.cached_prompt_tokens_ddr() + u.cached_prompt_tokens_flash(), 0)
+      << "the prefix did not come back from DDR or flash: " << u.ShortDebugString();
+  std::vector<std::string> one = model;
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (std::string a : {"--prompt-ids", ids.c_str(), "--max-tokens", "6"}) one.push_back(a);
+  const GeneratedIds want = GenerateIds(one);
+  ASSERT_EQ(want.rc, 0) << want.err;
+  EXPECT_EQ(first.ids, want.ids);
+  server.Stop();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MpiServeTest, AKilledWorkerGivesUnavailableNamingItAndTheJobExitsNonZero) {
