@@ -147,9 +147,10 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // links busy together, so the slower of the two sets the time.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
     const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
-    // Rows out to their experts, then their results back.
+    // Rows out to their experts (each with its expert id), then their results back.
     const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
-    const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
+    const double routed =
+        m.moe_layers * tokens * m.top_k * (m.hidden * (out_bytes + m.act_bytes) + kDispatchIdBytes);
     const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
     c.comm_bytes += inside + outside;
     c.scale_out_bytes += outside;
@@ -160,10 +161,11 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
       seconds = std::max(seconds, outside / (out_bw * ep));
       latency = std::max(latency, hw.scale_out_latency);
     }
-    // Two all-to-alls per MoE layer (tokens out to their experts, results back), each paying
-    // the slower link's per-call latency whatever its bytes: what dominates at decode sizes.
-    c.comm_latency_seconds += 2.0 * static_cast<double>(m.moe_layers) * latency;
-    c.comm_seconds += seconds + 2.0 * static_cast<double>(m.moe_layers) * latency;
+    // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
+    // whatever its bytes: what dominates at decode sizes.
+    const double calls = kDispatchCallsPerMoeLayer * static_cast<double>(m.moe_layers);
+    c.comm_latency_seconds += calls * latency;
+    c.comm_seconds += seconds + calls * latency;
   }
   // Pipeline parallelism: activations cross each stage boundary once.
   if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {

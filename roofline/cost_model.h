@@ -92,6 +92,12 @@ struct Efficiency {
   double overhead_seconds = 0.0;
 };
 
+// What moeserve's expert dispatch (parallel/expert_dispatch.cc, ExpertDispatch::Run) sends in
+// every MoE layer: four collective calls (the per-peer row counts, the rows' expert ids, the
+// rows, the results back), and a 4-byte expert id with every routed row.
+inline constexpr double kDispatchCallsPerMoeLayer = 4;
+inline constexpr double kDispatchIdBytes = 4;
+
 struct StepCost {
   double flops = 0;
   double attention_flops = 0;  // the part of flops spent on QK^T and PV

@@ -25,10 +25,8 @@ absl::Status RemoteKvPieces::Fetch(const std::vector<KvBlockPart>& pieces) {
     for (int32_t block : op.blocks) {
       const size_t n = bytes[{rank, block}];
       if (data.size() < offset + n) {
-        const absl::Status s = absl::InternalError(
-            absl::StrCat("KV pieces from ", channel_->DescribeRank(rank), ": ", data.size(), " bytes, expected more"));
-        on_lost_(s);
-        return s;
+        return Lose(absl::InternalError(
+            absl::StrCat("KV pieces from ", channel_->DescribeRank(rank), ": ", data.size(), " bytes, expected more")));
       }
       cache_[{rank, block}].bytes.assign(data, offset, n);
       offset += n;
@@ -66,6 +64,7 @@ absl::Status RemoteKvPieces::Commit() {
 }
 
 absl::Status RemoteKvPieces::Exchange(const std::map<int, KvPieceOp>& ops, std::map<int, std::string>* replies) {
+  if (!lost_.ok()) return lost_;  // a peer may be gone: nothing more is sent
   // Under the job's step timeout, as a step is: a rank that stops answering ends the wait.
   channel_->BeginStep();
   absl::Status s = absl::OkStatus();
@@ -77,11 +76,14 @@ absl::Status RemoteKvPieces::Exchange(const std::map<int, KvPieceOp>& ops, std::
     s = channel_->ReceiveKv(rank, &(*replies)[rank]);
   }
   channel_->EndStep();
-  if (!s.ok()) {
-    cache_.clear();
-    on_lost_(s);
-  }
-  return s;
+  return s.ok() ? s : Lose(s);
+}
+
+absl::Status RemoteKvPieces::Lose(const absl::Status& s) {
+  cache_.clear();
+  lost_ = absl::UnavailableError(absl::StrCat("KV pieces: ", s.message()));
+  on_lost_(s);
+  return lost_;
 }
 
 absl::Status ServeKvPieces(const KvPieceOp& op, Backend* backend, const KvStorage& arena, std::string* out) {

@@ -38,10 +38,13 @@ class RemoteKvPieces final : public KvRemotePieces {
   };
   // Sends every rank its op, then takes every answer (a read's pieces into `replies`).
   absl::Status Exchange(const std::map<int, KvPieceOp>& ops, std::map<int, std::string>* replies);
+  // A failed exchange: the job is lost, and every later one fails at once.
+  absl::Status Lose(const absl::Status& s);
 
   ProcessChannel* channel_;
   std::function<void(const absl::Status&)> on_lost_;
   std::map<Key, Piece> cache_;  // this transfer list's pieces
+  absl::Status lost_;           // set by a failed exchange: the job is lost
 };
 
 // A worker's side: reads (into `out`, in block order) or writes the pieces `op` names in its
