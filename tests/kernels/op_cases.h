@@ -25,4 +25,10 @@ struct OpCase {
 
 std::vector<OpCase> OpCases();
 
+// The cases of op_cases_compute.cc: GEMMs (dense, and grouped over a routing planned by the
+// backend), paged attention over either KV dtype, logit edits and sampling.
+void AddMatmulCases(std::vector<OpCase>* cases);
+void AddAttentionCases(std::vector<OpCase>* cases);
+void AddSamplingCases(std::vector<OpCase>* cases);
+
 }  // namespace moeserve::testing
