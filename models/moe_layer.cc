@@ -21,14 +21,9 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   }
   if (t > 0) Route(lw, t);
   if (expert_parallel()) {
-    // The all-to-all's per-peer counts are host arguments (MPI, NCCL): this plan needs the ids.
-    host_ids_.resize(t * k);
-    if (t > 0) {
-      RETURN_IF_ERROR(
-          backend_->CopyToHost(host_ids_.data(), ws_.topk_ids.data(), t * k * sizeof(int32_t)));
-    }
+    // Planned on the device; only counts visit the host (parallel/expert_dispatch.h).
     ExpertDispatchStats ds;
-    RETURN_IF_ERROR(dispatch_->Run(xn, host_ids_, ws_.topk_w.as<float>(), t, lw.w13, lw.w2, ws_.x.as<float>(),
+    RETURN_IF_ERROR(dispatch_->Run(xn, ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>(), t, lw.w13, lw.w2, ws_.x.as<float>(),
                                    stats != nullptr ? &ds : nullptr));
     if (stats != nullptr) {
       if (stats->expert_rows.empty()) stats->expert_rows.assign(e_count, 0);

@@ -154,9 +154,8 @@ class MoeModel {
   Backend* backend_;
   ModelShard shard_;
   Workspace ws_;
-  // Expert parallelism: the dispatch over the EP group, and the routed ids it plans with.
+  // Expert parallelism: the dispatch over the EP group.
   std::unique_ptr<ExpertDispatch> dispatch_;
-  std::vector<int32_t> host_ids_;
 };
 
 }  // namespace moeserve

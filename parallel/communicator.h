@@ -29,7 +29,9 @@ class Communicator {
   // what p sends to this rank (INVALID_ARGUMENT otherwise, on every rank that sees it).
   virtual absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                 const std::vector<int64_t>& recv_counts) = 0;
-  // Exchanges the counts themselves: recv_counts[p] = what peer p passes as send_counts[rank].
+  // Exchanges counts themselves, m per peer (send_counts holds size() * m, peer p's m at p * m;
+  // every rank passes the same m): recv_counts[p * m + i] = what peer p passes as
+  // send_counts[rank * m + i]. On the host, whatever the device.
   virtual absl::Status AllToAllCounts(const std::vector<int64_t>& send_counts, std::vector<int64_t>* recv_counts) = 0;
   // recv receives size() * bytes: rank p's `bytes` at offset p * bytes.
   virtual absl::Status AllGather(const void* send, int64_t bytes, void* recv) = 0;

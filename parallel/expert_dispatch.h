@@ -8,9 +8,11 @@
 // takes part in every all-to-all.
 //
 // Every buffer handed to the communicator is device memory of the rank's backend (host memory on
-// the CPU backend), so the same code runs over LocalCommunicator, MPI and NCCL; only the plan
-// (expert ids and counts, a few bytes per row) visits the host, as the all-to-all takes its
-// per-peer counts on the host.
+// the CPU backend), so the same code runs over LocalCommunicator, MPI and NCCL. The rows are
+// planned on the device (Backend::PlanRouting, as on one rank); only counts visit the host: each
+// expert's row count is read back once per layer (the all-to-all takes per-peer counts on the
+// host), and the receivers plan their grouped GEMMs from the per-(peer, expert) counts alone,
+// without the rows' expert ids.
 #pragma once
 
 #include <cstdint>
@@ -45,13 +47,13 @@ class ExpertDispatch {
   ExpertDispatch(Backend* backend, Communicator* ep, std::vector<int32_t> expert_owner,
                  ExpertDispatchShape shape);
 
-  // xn [tokens, hidden]: the tokens' normalised hidden states (device); ids [tokens, top_k]: their
-  // experts (host); weights [tokens, top_k]: the router's weights (device); w13, w2: the layer's
+  // xn [tokens, hidden]: the tokens' normalised hidden states; ids [tokens, top_k]: their experts;
+  // weights [tokens, top_k]: the router's weights (all device memory); w13, w2: the layer's
   // expert weights ([experts]; only this rank's entries are read). Adds the weighted expert
-  // outputs to x [tokens, hidden] (device).
-  absl::Status Run(const float* xn, std::span<const int32_t> ids, const float* weights,
-                   int64_t tokens, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
-                   float* x, ExpertDispatchStats* stats);
+  // outputs to x [tokens, hidden] (device). One copy to the host when tokens > 0, none otherwise.
+  absl::Status Run(const float* xn, const int32_t* ids, const float* weights, int64_t tokens,
+                   std::span<const WeightRef> w13, std::span<const WeightRef> w2, float* x,
+                   ExpertDispatchStats* stats);
 
   // The hidden rows go to the experts as bf16, half the bytes. Only where every rank's expert
   // GEMM rounds its activations to bf16 anyway (Backend::RoundsActivationsToBf16): the result
@@ -63,23 +65,33 @@ class ExpertDispatch {
   // Grows the send-side buffers to `rows` assignments, the receive side to `rows` received rows.
   absl::Status EnsureSendRows(int64_t rows);
   absl::Status EnsureReceiveRows(int64_t rows);
+  // The send side: the device plan, each expert's count read back, the per-(peer, expert)
+  // counts, and the send order where the placement interleaves ranks.
+  absl::Status PlanSend(const int32_t* ids, int64_t tokens);
+  // The receive side, from the counts received: the rows this rank gets (returned), their
+  // expert order, this rank's statistics.
+  absl::StatusOr<int64_t> PlanReceive(ExpertDispatchStats* stats);
 
   Backend* backend_;
   Communicator* ep_;
   std::vector<int32_t> expert_owner_;
   ExpertDispatchShape shape_;
   bool bf16_rows_ = false;
-  // Send side (this rank's assignments in send order): expert ids, gather indices, hidden rows,
-  // the results that come back, and the combine map.
-  DeviceBuffer send_ids_, gather_rows_, send_x_, send_bf16_, results_, combine_rows_;
+  std::vector<std::vector<int32_t>> experts_of_;  // each rank's experts, ascending
+  int64_t max_local_ = 0;    // the most experts one rank holds: counts exchanged per peer
+  bool rank_major_ = false;  // expert order is rank order (contiguous placement)
+  // Send side (this rank's assignments): the device plan (expert offsets, the token of each
+  // sorted row, the sorted row of each assignment), the send order (interleaved placements),
+  // hidden rows, the results that come back.
+  DeviceBuffer plan_offsets_, gather_rows_, combine_rows_, send_perm_, send_unperm_, send_x_, send_bf16_, results_;
   int64_t send_capacity_ = 0;
-  // Receive side (rows from every rank): hidden states and expert ids as received, the gather
-  // indices into expert order and back, the expert GEMMs, the group offsets.
-  DeviceBuffer recv_x_, recv_bf16_, recv_ids_, perm_, unperm_, in_, gate_up_, act_, out_, offsets_;
+  // Receive side (rows from every rank): hidden states as received, the gather indices into
+  // expert order and back, the expert GEMMs, the group offsets.
+  DeviceBuffer recv_x_, recv_bf16_, perm_, unperm_, in_, gate_up_, act_, out_, offsets_;
   int64_t receive_capacity_ = 0;
-  // The host plan.
-  std::vector<int32_t> order_, send_experts_, recv_experts_, host_gather_, host_combine_;
-  std::vector<int64_t> host_offsets_;
+  // The host's share: counts only.
+  std::vector<int64_t> host_offsets_, host_group_offsets_, send_counts_, recv_counts_, send_rows_, recv_rows_;
+  std::vector<int32_t> host_perm_, host_unperm_;
 };
 
 }  // namespace moeserve

@@ -114,23 +114,26 @@ absl::Status LocalCommunicator::AllToAll(const void* send, const std::vector<int
 absl::Status LocalCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                                std::vector<int64_t>* recv_counts) {
   Stopwatch sw;
-  const int n = size();
-  const bool shape_ok = static_cast<int>(send_counts.size()) == n;
+  const size_t n = static_cast<size_t>(size());
+  const size_t m = send_counts.size() / n;  // counts per peer
+  const bool shape_ok = m > 0 && send_counts.size() == n * m;
   group_->slots_[rank_] = {nullptr, shape_ok ? &send_counts : nullptr, nullptr, 0};
   if (!group_->ArriveAndWait()) return Aborted();
   absl::Status status = absl::OkStatus();
-  recv_counts->assign(n, 0);
-  for (int p = 0; p < n; ++p) {
+  recv_counts->assign(n * std::max<size_t>(m, 1), 0);
+  for (size_t p = 0; p < n; ++p) {
     const auto* counts = group_->slots_[p].send_counts;
-    if (counts == nullptr) {
+    if (counts == nullptr || counts->size() != n * m) {
       status = absl::InvalidArgumentError(absl::StrCat("all-to-all counts: rank ", p, " passed ",
-                                                       p == rank_ ? send_counts.size() : 0, " entries, not ", n));
+                                                       counts == nullptr ? 0 : counts->size(),
+                                                       " entries, not a multiple of ", n, " equal to this rank's ", n * m));
       continue;
     }
-    (*recv_counts)[p] = (*counts)[rank_];
+    for (size_t i = 0; i < m; ++i) (*recv_counts)[p * m + i] = (*counts)[static_cast<size_t>(rank_) * m + i];
   }
   if (!group_->ArriveAndWait()) return Aborted();
-  Book(static_cast<int64_t>(sizeof(int64_t)) * (n - 1), static_cast<int64_t>(sizeof(int64_t)) * (n - 1), sw.Seconds());
+  const int64_t bytes = static_cast<int64_t>(sizeof(int64_t) * m * (n - 1));
+  Book(bytes, bytes, sw.Seconds());
   return status;
 }
 

@@ -125,15 +125,16 @@ absl::Status MpiCommunicator::ReapSends(bool wait) {
 
 absl::Status MpiCommunicator::ExchangeCounts(const std::vector<int64_t>& send_counts,
                                              std::vector<int64_t>* recv_counts, bool count_traffic) {
-  recv_counts->assign(static_cast<size_t>(size_), 0);
+  const int m = static_cast<int>(send_counts.size() / static_cast<size_t>(size_));  // per peer, equal on every rank
+  recv_counts->assign(send_counts.size(), 0);
   MPI_Request req;
-  RETURN_IF_ERROR(Check(MPI_Ialltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts->data(), 1,
+  RETURN_IF_ERROR(Check(MPI_Ialltoall(send_counts.data(), m, MPI_INT64_T, recv_counts->data(), m,
                                       MPI_INT64_T, comm_, &req),
                         "MPI_Ialltoall"));
   RETURN_IF_ERROR(Wait(&req, MPI_STATUS_IGNORE, "MPI_Ialltoall"));
   if (count_traffic) {
-    stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
-    stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (size_ - 1);
+    stats_.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * m * (size_ - 1);
+    stats_.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * m * (size_ - 1);
   }
   return absl::OkStatus();
 }
@@ -141,7 +142,8 @@ absl::Status MpiCommunicator::ExchangeCounts(const std::vector<int64_t>& send_co
 absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                              std::vector<int64_t>* recv_counts) {
   if (aborted_) return Aborted();
-  if (static_cast<int>(send_counts.size()) != size_) {
+  const size_t n = static_cast<size_t>(size_);
+  if (send_counts.empty() || send_counts.size() % n != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("all-to-all counts: ", send_counts.size(), " counts for a group of ", size_));
   }

@@ -43,6 +43,7 @@ struct NcclCommunicator::Impl {
   int device = 0;
   int64_t* counts_send = nullptr;  // device scratch for count exchanges and barriers
   int64_t* counts_recv = nullptr;
+  size_t counts_capacity = 0;      // int64 values of each
   std::shared_ptr<std::atomic<bool>> abort_flag;  // shared by the group's ranks; never null
 
   // Also frees a half-built rank whose creation failed.
@@ -72,6 +73,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator::Impl>> NcclCommunicator::NewImp
   CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_send, sizeof(int64_t) * size));
   CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->counts_recv, sizeof(int64_t) * size));
   CUDA_RETURN_IF_ERROR(cudaMemset(impl->counts_send, 0, sizeof(int64_t) * size));
+  impl->counts_capacity = static_cast<size_t>(size);
   return impl;
 }
 
@@ -230,16 +232,28 @@ absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int6
 absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_counts,
                                               std::vector<int64_t>* recv_counts) {
   RETURN_IF_ERROR(Usable());
-  if (static_cast<int>(send_counts.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("all-to-all counts: ", send_counts.size(), " entries, not ", size_));
+  const size_t n = static_cast<size_t>(size_), total = send_counts.size();
+  if (total == 0 || total % n != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-to-all counts: ", total, " entries, not a multiple of ", size_));
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->counts_send, send_counts.data(), sizeof(int64_t) * size_,
+  if (total > impl_->counts_capacity) {  // m counts per peer: the scratch grows (never shrinks)
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+    cudaFree(impl_->counts_send);
+    cudaFree(impl_->counts_recv);
+    impl_->counts_send = impl_->counts_recv = nullptr;
+    impl_->counts_capacity = 0;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&impl_->counts_send, sizeof(int64_t) * total));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&impl_->counts_recv, sizeof(int64_t) * total));
+    impl_->counts_capacity = total;
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->counts_send, send_counts.data(), sizeof(int64_t) * total,
                                        cudaMemcpyHostToDevice, impl_->stream));
-  const std::vector<int64_t> eight(size_, sizeof(int64_t));
-  RETURN_IF_ERROR(AllToAll(impl_->counts_send, eight, impl_->counts_recv, eight));
-  recv_counts->resize(size_);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * size_,
+  const std::vector<int64_t> bytes(n, static_cast<int64_t>(sizeof(int64_t) * (total / n)));
+  RETURN_IF_ERROR(AllToAll(impl_->counts_send, bytes, impl_->counts_recv, bytes));
+  recv_counts->resize(total);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * total,
                                        cudaMemcpyDeviceToHost, impl_->stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();

@@ -147,10 +147,9 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   // links busy together, so the slower of the two sets the time.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
     const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
-    // Rows out to their experts (each with its expert id), then their results back.
+    // Rows out to their experts, then their results back.
     const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
-    const double routed =
-        m.moe_layers * tokens * m.top_k * (m.hidden * (out_bytes + m.act_bytes) + kDispatchIdBytes);
+    const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
     const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
     c.comm_bytes += inside + outside;
     c.scale_out_bytes += outside;

@@ -92,11 +92,10 @@ struct Efficiency {
   double overhead_seconds = 0.0;
 };
 
-// What moeserve's expert dispatch (parallel/expert_dispatch.cc, ExpertDispatch::Run) sends in
-// every MoE layer: four collective calls (the per-peer row counts, the rows' expert ids, the
-// rows, the results back), and a 4-byte expert id with every routed row.
-inline constexpr double kDispatchCallsPerMoeLayer = 4;
-inline constexpr double kDispatchIdBytes = 4;
+// What moeserve's expert dispatch (parallel/expert_dispatch.cc, ExpertDispatch::Run) makes in
+// every MoE layer: three collective calls (the per-(peer, expert) row counts, the rows, the
+// results back). The counts are a few bytes per expert, not priced.
+inline constexpr double kDispatchCallsPerMoeLayer = 3;
 
 struct StepCost {
   double flops = 0;

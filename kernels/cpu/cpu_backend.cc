@@ -92,6 +92,7 @@ absl::Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) 
   return absl::OkStatus();
 }
 absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  ++copies_to_host_;
   RunOrderedCopies();
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();

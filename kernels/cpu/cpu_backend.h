@@ -63,6 +63,9 @@ class CpuBackend final : public Backend {
   size_t used_bytes() const override { return used_.load(); }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  // CopyToHost calls so far: the host round trips a GPU would make in the same place (tests
+  // count them, e.g. one per MoE layer under expert parallelism).
+  int64_t copies_to_host() const { return copies_to_host_.load(); }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
   absl::StatusOr<HostBuffer> AllocateHost(size_t bytes) override;
@@ -139,6 +142,7 @@ class CpuBackend final : public Backend {
   std::deque<QueuedCopy> copies_;
   uint64_t copies_issued_ = 0, copies_ordered_ = 0;
   std::atomic<size_t> used_{0};
+  std::atomic<int64_t> copies_to_host_{0};
   std::unique_ptr<ThreadPool> pool_;  // fast path only
 };
 

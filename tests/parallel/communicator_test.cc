@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "parallel/comm_group.h"
 #include "parallel/local_communicator.h"
 #if MOESERVE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -81,6 +82,44 @@ TEST(LocalCommunicatorTest, AllToAllWithUnevenAndZeroCounts) {
       for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "size " << n << " rank " << r;
     }
   }
+}
+
+// Several counts per peer (the expert dispatch sends one per expert the peer holds): each lands
+// at its sender's place; a call whose size is not a multiple of the group fails on every rank.
+TEST(LocalCommunicatorTest, CountsExchangeCarriesSeveralCountsPerPeer) {
+  std::mt19937 gen(std::random_device{}());
+  for (int n : {1, 2, 3}) {
+    for (int64_t m : {1, 3}) {
+      const uint32_t salt = gen() % 1000;
+      auto count = [&](int src, int dst, int64_t i) { return int64_t{src * 1000 + dst * 10 + i + salt}; };
+      const auto group = MakeLocalGroup(n);
+      std::vector<std::string> errors(n);
+      OnRanks(n, [&](int r) {
+        std::vector<int64_t> send(static_cast<size_t>(n * m)), recv;
+        for (int p = 0; p < n; ++p) {
+          for (int64_t i = 0; i < m; ++i) send[p * m + i] = count(r, p, i);
+        }
+        if (absl::Status s = group->rank(r)->AllToAllCounts(send, &recv); !s.ok()) {
+          errors[r] = std::string(s.message());
+          return;
+        }
+        for (int p = 0; p < n; ++p) {
+          for (int64_t i = 0; i < m; ++i) {
+            if (recv[p * m + i] != count(p, r, i)) errors[r] += "wrong count " + std::to_string(i) + " from " + std::to_string(p) + "; ";
+          }
+        }
+      });
+      for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << n << " ranks, " << m << " per peer, rank " << r;
+    }
+  }
+  const auto group = MakeLocalGroup(2);
+  std::vector<absl::Status> status(2);
+  OnRanks(2, [&](int r) {
+    std::vector<int64_t> recv;
+    status[r] = group->rank(r)->AllToAllCounts(std::vector<int64_t>(r == 0 ? 3 : 4, 1), &recv);
+  });
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kInvalidArgument) << status[0];
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kInvalidArgument) << status[1];
 }
 
 TEST(LocalCommunicatorTest, MismatchedCountsFailOnEveryAffectedRankWithoutHanging) {

@@ -44,6 +44,16 @@ TEST(MpiCommunicatorTest, AllToAllWithUnevenAndZeroCounts) {
     std::vector<int64_t> recv_counts;
     ASSERT_TRUE(comm->AllToAllCounts(send_counts, &recv_counts).ok());
     EXPECT_EQ(recv_counts, want_recv);
+    // Three counts per peer, as the expert dispatch sends one per expert of the peer.
+    std::vector<int64_t> triple(3 * n), want_triple(3 * n), got_triple;
+    for (int p = 0; p < n; ++p) {
+      for (int i = 0; i < 3; ++i) {
+        triple[3 * p + i] = Count(me, p, round) * 10 + i;
+        want_triple[3 * p + i] = Count(p, me, round) * 10 + i;
+      }
+    }
+    ASSERT_TRUE(comm->AllToAllCounts(triple, &got_triple).ok());
+    EXPECT_EQ(got_triple, want_triple);
     int64_t total = 0;
     for (int64_t c : recv_counts) total += c;
     std::vector<char> recv(static_cast<size_t>(total) + 1, '?');

@@ -164,7 +164,7 @@ TEST(CostModelTest, DecodeStepCountsFlopsAndBytesByHand) {
   ParallelLayout ep8;
   ep8.ep = 8;
   const StepCost e = PredictStep(m, StepShape::Decode(B, ctx), *hw, ep8);
-  EXPECT_NEAR(e.comm_bytes, layers * B * 2 * (h * 2 * 2 + 4) * 7.0 / 8, 1);  // rows out and back, expert ids
+  EXPECT_NEAR(e.comm_bytes, layers * B * 2 * h * 2 * 2 * 7.0 / 8, 1);  // rows out and back
   EXPECT_GT(e.bound_seconds, e.comm_seconds);
   EXPECT_EQ(e.scale_out_bytes, 0.0) << "one domain by default";
 }
@@ -235,19 +235,19 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   auto hw = HardwarePreset("h100-sxm");
   ASSERT_TRUE(hw.ok());
   EXPECT_EQ(hw->scale_out_bandwidth, 50e9);
-  // Each routed row: bf16 out, bf16 back, and its 4-byte expert id.
-  const double h = 4096, layers = 32, B = 64, ep = 16, routed = layers * B * 2 * (h * 2 * 2 + 4);
+  // Each routed row: bf16 out, bf16 back.
+  const double h = 4096, layers = 32, B = 64, ep = 16, routed = layers * B * 2 * h * 2 * 2;
   ParallelLayout one, two;
   one.ep = two.ep = 16;
   two.ep_domain_size = 8;
   const StepCost a = PredictStep(m, StepShape::Decode(64, 1000), *hw, one);
   const StepCost b = PredictStep(m, StepShape::Decode(64, 1000), *hw, two);
-  // Four collective calls per layer (counts, expert ids, rows, results back, as
+  // Three collective calls per layer (counts, rows, results back, as
   // parallel/expert_dispatch.cc makes them), each paying the link's per-call latency (10 us
   // NVLink, 25 us across the fabric, the preset's figures) on top of its bytes.
   EXPECT_EQ(hw->interconnect_latency, 10e-6);
   EXPECT_EQ(hw->scale_out_latency, 25e-6);
-  const double calls = 4 * layers;
+  const double calls = 3 * layers;
   EXPECT_NEAR(a.comm_bytes, routed * 15 / ep, 1);
   EXPECT_NEAR(a.comm_seconds, routed * 15 / ep / (450e9 * ep) + calls * 10e-6, 1e-15);
   EXPECT_NEAR(a.comm_latency_seconds, calls * 10e-6, 1e-15);

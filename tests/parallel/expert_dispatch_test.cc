@@ -1,0 +1,155 @@
+// parallel/expert_dispatch: one MoE layer's experts spread over thread ranks (LocalCommunicator,
+// a CPU backend each) against the same layer on one device, on fresh random tokens, routing and
+// weights: every token's output equals the one device's bit for bit (the kernels are
+// batch-invariant), for contiguous and round-robin placement, the fp32 and bf16 wires, and a
+// rank without tokens; and a rank with tokens copies to the host once per layer (the experts'
+// row counts), a rank without none: the rows are planned on the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "parallel/comm_group.h"
+#include "parallel/expert_dispatch.h"
+#include "parallel/placement.h"
+
+namespace moeserve {
+namespace {
+
+constexpr int64_t kExperts = 8, kTopK = 2, kHidden = 32, kInter = 24;
+
+std::vector<float> Normal(std::mt19937& g, int64_t n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+// One rank's tokens: normalised states, routing (k distinct experts each), router weights, and
+// the residual the layer adds into.
+struct Tokens {
+  int64_t t = 0;
+  std::vector<float> xn, w, x;
+  std::vector<int32_t> ids;
+};
+
+Tokens MakeTokens(std::mt19937& g, int64_t t) {
+  Tokens k{t, Normal(g, t * kHidden, 1.0f), Normal(g, t * kTopK, 0.5f), Normal(g, t * kHidden, 1.0f), {}};
+  std::vector<int32_t> all(kExperts);
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t i = 0; i < t; ++i) {
+    std::shuffle(all.begin(), all.end(), g);
+    k.ids.insert(k.ids.end(), all.begin(), all.begin() + kTopK);
+  }
+  return k;
+}
+
+// The experts' weights, stored as `dt` (bf16 keeps the rounded values' bits).
+struct Experts {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<WeightRef> w13, w2;
+};
+
+Experts MakeExperts(std::mt19937& g, DType dt) {
+  Experts e;
+  for (int64_t i = 0; i < 2 * kExperts; ++i) {
+    const bool up = i < kExperts;
+    const int64_t rows = up ? 2 * kInter : kHidden, cols = up ? kHidden : kInter;
+    const std::vector<float> v = Normal(g, rows * cols, 0.2f);
+    e.bytes.emplace_back(v.size() * DTypeSize(dt));
+    ConvertFromF32(v.data(), v.size(), dt, e.bytes.back().data());
+    (up ? e.w13 : e.w2).push_back(WeightRef{e.bytes.back().data(), dt, rows, cols});
+  }
+  return e;
+}
+
+// The layer on one device (moe_layer.cc's path without expert parallelism), all ranks' tokens.
+std::vector<float> OneDevice(const std::vector<Tokens>& ranks, const Experts& ex) {
+  Tokens all;
+  for (const Tokens& r : ranks) {
+    all.t += r.t;
+    all.xn.insert(all.xn.end(), r.xn.begin(), r.xn.end());
+    all.w.insert(all.w.end(), r.w.begin(), r.w.end());
+    all.x.insert(all.x.end(), r.x.begin(), r.x.end());
+    all.ids.insert(all.ids.end(), r.ids.begin(), r.ids.end());
+  }
+  CpuBackendOptions o;
+  o.num_threads = 1;
+  CpuBackend b(o);
+  const int64_t a = all.t * kTopK;
+  std::vector<int64_t> offsets(kExperts + 1);
+  std::vector<int32_t> gather(a), combine(a);
+  std::vector<float> sorted(a * kHidden), gate_up(a * 2 * kInter), act(a * kInter), out(a * kHidden);
+  b.PlanRouting(all.ids.data(), all.t, kTopK, kExperts, offsets.data(), gather.data(), combine.data());
+  b.GatherRows(all.xn.data(), gather.data(), a, kHidden, sorted.data());
+  b.GroupedGemm(sorted.data(), ex.w13, offsets.data(), a, gate_up.data());
+  b.SiluMul(gate_up.data(), a, kInter, act.data());
+  b.GroupedGemm(act.data(), ex.w2, offsets.data(), a, out.data());
+  b.ScatterCombine(out.data(), combine.data(), all.w.data(), all.t, kTopK, kHidden, all.x.data(), true);
+  return all.x;
+}
+
+void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, DType dt, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int n = static_cast<int>(tokens.size());
+  std::vector<Tokens> ranks;
+  for (int64_t t : tokens) ranks.push_back(MakeTokens(g, t));
+  const Experts ex = MakeExperts(g, dt);
+  const std::vector<float> want = OneDevice(ranks, ex);
+  const auto group = MakeLocalGroup(n);
+  std::vector<std::string> errors(n);
+  std::vector<int64_t> copies(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CpuBackendOptions o;
+      o.num_threads = 1;
+      CpuBackend b(o);
+      ExpertDispatch d(&b, group->rank(r), ExpertOwners(kExperts, n, placement), {kHidden, kInter, kExperts, kTopK});
+      d.set_bf16_rows(dt == DType::kBF16);
+      ExpertDispatchStats stats;
+      const int64_t before = b.copies_to_host();
+      const absl::Status s = d.Run(ranks[r].xn.data(), ranks[r].ids.data(), ranks[r].w.data(), ranks[r].t, ex.w13,
+                                   ex.w2, ranks[r].x.data(), &stats);
+      copies[r] = b.copies_to_host() - before;
+      if (!s.ok()) errors[r] = std::string(s.message());
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::string name = ::testing::PrintToString(tokens) + (placement == ExpertPlacement::kRoundRobin ? " round-robin " : " contiguous ") +
+                           std::string(DTypeShortName(dt)) + " (seed " + std::to_string(seed) + ")";
+  size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << name << " rank " << r;
+    EXPECT_EQ(copies[r], ranks[r].t > 0 ? 1 : 0) << name << " rank " << r << ": copies to the host in one layer";
+    for (size_t i = 0; i < ranks[r].x.size(); ++i, ++at) {
+      ASSERT_EQ(ranks[r].x[i], want[at]) << name << " rank " << r << " value " << i;
+    }
+  }
+}
+
+TEST(ExpertDispatchTest, EqualsOneDeviceAndCopiesOnlyCountsToTheHost) {
+  const uint32_t seed = std::random_device{}();
+  for (ExpertPlacement placement : {ExpertPlacement::kContiguous, ExpertPlacement::kRoundRobin}) {
+    for (const std::vector<int64_t>& tokens : std::vector<std::vector<int64_t>>{{5, 3}, {4, 0}, {1, 7, 2}, {0, 0}}) {
+      CheckLayout(tokens, placement, DType::kF32, seed);
+    }
+  }
+}
+
+// The bf16 wire, where the experts' GEMMs round their rows to bf16 anyway (the same bits).
+TEST(ExpertDispatchTest, TheBf16WireEqualsOneDevice) {
+  if (!CpuBackend().RoundsActivationsToBf16(DType::kBF16)) {
+    GTEST_SKIP() << "this CPU's kernels do not round activations to bf16 (cpuid: no avx512_bf16 or amx_bf16)";
+  }
+  const uint32_t seed = std::random_device{}();
+  for (ExpertPlacement placement : {ExpertPlacement::kContiguous, ExpertPlacement::kRoundRobin}) {
+    CheckLayout({6, 2, 3}, placement, DType::kBF16, seed);
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
