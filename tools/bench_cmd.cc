@@ -12,10 +12,12 @@
 #include "core/clock.h"
 #include "core/file_util.h"
 #include "core/progress.h"
+#include "core/status.h"
 #include "core/summary.h"
 #include "roofline/hardware.h"
 #include "tools/bench_sweep.h"
 #include "tools/bench_parallel.h"
+#include "tools/bench_report.h"
 #include "tools/bench_tiers.h"
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
@@ -140,47 +142,32 @@ int RunBench(BenchOptions o) {
   return code;
 }
 
-int RunBenchRank0(BenchOptions o, MpiJob* job) {
-  if (o.tier_scenario) return RunTiers(std::move(o));
-  if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
-  auto ecfg = MakeEngineConfig(o.engine);
-  if (!ecfg.ok()) return Fail(ecfg.status());
-  ecfg->step_history = 1 << 22;
+// The workload the flags describe, checked.
+absl::StatusOr<WorkloadSpec> ParseWorkload(const BenchOptions& o) {
   WorkloadSpec w;
   w.num_requests = o.num_requests;
-  if (o.num_requests < 1) return Fail(absl::InvalidArgumentError("--num-requests must be >= 1"));
-  auto pl = LengthDist::Parse("--prompt-len", o.prompt_len);
-  if (!pl.ok()) return Fail(pl.status());
-  auto ol = LengthDist::Parse("--output-len", o.output_len);
-  if (!ol.ok()) return Fail(ol.status());
-  if (o.rate < 0) return Fail(absl::InvalidArgumentError("--rate must be >= 0"));
-  if (o.shared_prefix < 0) return Fail(absl::InvalidArgumentError("--shared-prefix must be >= 0"));
-  w.prompt_len = *pl;
-  w.output_len = *ol;
+  if (o.num_requests < 1) return absl::InvalidArgumentError("--num-requests must be >= 1");
+  ASSIGN_OR_RETURN(w.prompt_len, LengthDist::Parse("--prompt-len", o.prompt_len));
+  ASSIGN_OR_RETURN(w.output_len, LengthDist::Parse("--output-len", o.output_len));
+  if (o.rate < 0) return absl::InvalidArgumentError("--rate must be >= 0");
+  if (o.shared_prefix < 0) return absl::InvalidArgumentError("--shared-prefix must be >= 0");
   w.shared_prefix_len = o.shared_prefix;
   w.rate = o.rate;
   w.seed = o.seed;
-  ecfg->limits.max_tokens = std::max<int64_t>(ecfg->limits.max_tokens, ol->Max());
-
-  auto launched = LaunchEngine(o.engine, o.model, *std::move(ecfg), job, "");
-  if (!launched.ok()) return Fail(launched.status());
-  Backend& backend = *(*launched)->rank.backend;
-  const ModelWeights* weights = (*launched)->rank.weights.get();
-  Engine* engine = (*launched)->engine.get();
-  const EngineConfig* config = &(*launched)->config;
-  const ModelConfig& c = weights->config();
   w.vocab = 256;
-  auto items = MakeWorkload(w);
+  return w;
+}
 
-  struct Result {
-    RequestEvent final_event;
-    bool done = false;
-  };
+// Submits the requests at their arrival times and waits, with a progress line, until every one
+// has ended. The run's time is taken when the last request ends (in its callback), not at the
+// next redraw of the progress line.
+BenchRun RunWorkload(Engine* engine, const std::vector<WorkloadItem>& items) {
+  BenchRun run;
+  run.requests.resize(items.size());
   std::mutex mu;
   std::condition_variable all_done;
-  std::vector<Result> results(items.size());
-  int64_t done = 0, failed_submit = 0;
-  double elapsed = 0;  // the run itself: from the start to the last request's end
+  int64_t done = 0;
+  const int64_t total = static_cast<int64_t>(items.size());
   Stopwatch wall;
   engine->Start();
   for (size_t i = 0; i < items.size(); ++i) {
@@ -192,152 +179,53 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
     auto id = engine->Submit(r, [&, i](const RequestEvent& ev) {
       if (!ev.finished) return;
       std::lock_guard<std::mutex> lock(mu);
-      results[i].final_event = ev;
-      results[i].done = true;
-      if (++done == static_cast<int64_t>(results.size())) {
-        elapsed = wall.Seconds();
+      run.requests[i] = {ev, true};
+      if (++done == total) {
+        run.elapsed = wall.Seconds();
         all_done.notify_all();
       }
     });
     if (!id.ok()) {
       std::fprintf(stderr, "request %zu refused: %s\n", i, std::string(id.status().message()).c_str());
       std::lock_guard<std::mutex> lock(mu);
-      ++failed_submit;
-      if (++done == static_cast<int64_t>(results.size())) elapsed = wall.Seconds();
+      ++run.refused;
+      if (++done == total) run.elapsed = wall.Seconds();
     }
   }
-  // Progress until every request has finished.
-  Progress progress("bench", static_cast<int64_t>(items.size()), true);
+  Progress progress("bench", total, true);
   {
-    // The progress line is redrawn every 100 ms; the run's time is taken when the last request
-    // ends (in its callback), not at the next redraw.
     std::unique_lock<std::mutex> lock(mu);
-    while (done < static_cast<int64_t>(items.size())) {
+    while (done < total) {
       progress.Update(done, "requests");
       all_done.wait_for(lock, std::chrono::milliseconds(100));
     }
   }
-  progress.Finish(static_cast<int64_t>(items.size()), "requests");
+  progress.Finish(total, "requests");
   engine->Stop();
+  return run;
+}
+
+int RunBenchRank0(BenchOptions o, MpiJob* job) {
+  if (o.tier_scenario) return RunTiers(std::move(o));
+  if (!o.sweep_batch.empty()) return RunSweep(std::move(o));
+  auto ecfg = MakeEngineConfig(o.engine);
+  if (!ecfg.ok()) return Fail(ecfg.status());
+  ecfg->step_history = 1 << 22;
+  auto w = ParseWorkload(o);
+  if (!w.ok()) return Fail(w.status());
+  ecfg->limits.max_tokens = std::max<int64_t>(ecfg->limits.max_tokens, w->output_len.Max());
+  auto launched = LaunchEngine(o.engine, o.model, *std::move(ecfg), job, "");
+  if (!launched.ok()) return Fail(launched.status());
+  Engine* engine = (*launched)->engine.get();
+  const BenchRun run = RunWorkload(engine, MakeWorkload(*w));
   if (absl::Status failed = engine->failure(); !failed.ok()) return Fail(failed);
-  const EngineStats stats = engine->GetStats();
-
-  int64_t prompt_tokens = 0, cached = 0, generated = 0;
-  std::vector<double> ttft, tpot, e2e;
-  for (const auto& r : results) {
-    if (!r.done) continue;
-    prompt_tokens += r.final_event.usage.prompt_tokens;
-    cached += r.final_event.usage.cached_prompt_tokens;
-    generated += r.final_event.usage.completion_tokens;
-    ttft.push_back(r.final_event.timing.ttft_seconds * 1e3);
-    tpot.push_back(r.final_event.timing.tpot_seconds * 1e3);
-    e2e.push_back(r.final_event.timing.e2e_seconds * 1e3);
-  }
-  std::vector<double> step_ms, batch;
-  double prefill_s = 0, decode_s = 0;
-  int64_t prefill_tok = 0, decode_tok = 0;
-  for (const auto& s : stats.recent_steps) {
-    step_ms.push_back(s.duration_seconds * 1e3);
-    batch.push_back(static_cast<double>(s.num_seqs));
-    // Attribute each step's time to prefill and decode in proportion to their tokens.
-    const double frac = s.num_tokens ? static_cast<double>(s.prefill_tokens) / s.num_tokens : 0.0;
-    prefill_s += s.duration_seconds * frac;
-    decode_s += s.duration_seconds * (1 - frac);
-    prefill_tok += s.prefill_tokens;
-    decode_tok += s.decode_tokens;
-  }
-  double mean_batch = 0;
-  for (double b : batch) mean_batch += b;
-  mean_batch = batch.empty() ? 0 : mean_batch / batch.size();
-
-  nlohmann::json j;
-  j["model"] = DescribeModelSpec(o.model);
-  j["backend"] = backend.Name();
-  j["total_params"] = c.TotalParams();
-  j["active_params"] = c.ActiveParams();
-  j["workload"] = {{"num_requests", o.num_requests}, {"prompt_len", pl->ToString()},
-                   {"output_len", ol->ToString()}, {"shared_prefix", o.shared_prefix},
-                   {"rate", o.rate}, {"seed", o.seed}};
-  j["engine"] = {{"max_num_seqs", config->scheduler.max_num_seqs},
-                 {"max_tokens_per_step", config->scheduler.max_tokens_per_step},
-                 {"chunked_prefill", config->scheduler.chunked_prefill},
-                 {"prefix_caching", config->scheduler.prefix_caching},
-                 {"block_size", config->block_size},
-                 {"kv_blocks", engine->num_kv_blocks()}};
-  j["elapsed_seconds"] = elapsed;
-  j["requests_ok"] = static_cast<int64_t>(ttft.size());
-  j["requests_refused"] = failed_submit;
-  j["prompt_tokens"] = prompt_tokens;
-  j["generated_tokens"] = generated;
-  j["throughput"] = {{"requests_per_s", ttft.size() / elapsed},
-                     {"total_tokens_per_s", (prompt_tokens - cached + generated) / elapsed},
-                     {"output_tokens_per_s", generated / elapsed},
-                     {"prefill_tokens_per_s", prefill_s > 0 ? prefill_tok / prefill_s : 0.0},
-                     {"decode_tokens_per_s", decode_s > 0 ? decode_tok / decode_s : 0.0}};
-  j["batch_size"] = {{"mean", mean_batch}, {"max", batch.empty() ? 0.0 : *std::max_element(batch.begin(), batch.end())}};
-  j["step_ms"] = {{"count", step_ms.size()}, {"p50", Percentile(step_ms, 50)}, {"p90", Percentile(step_ms, 90)},
-                  {"p99", Percentile(step_ms, 99)}, {"max", Percentile(step_ms, 100)}};
-  j["ttft_ms"] = {{"p50", Percentile(ttft, 50)}, {"p90", Percentile(ttft, 90)}, {"p99", Percentile(ttft, 99)}};
-  j["tpot_ms"] = {{"p50", Percentile(tpot, 50)}, {"p90", Percentile(tpot, 90)}, {"p99", Percentile(tpot, 99)}};
-  j["prefix_cache"] = {{"cached_prompt_tokens", cached},
-                       {"hit_rate", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
-  j["preemptions"] = stats.preemptions;
-  j["swaps"] = stats.swaps;
-  {
-    double seq_tokens = 0;
-    for (const auto& r : results) {
-      if (r.done) seq_tokens += r.final_event.usage.prompt_tokens + r.final_event.usage.completion_tokens;
-    }
-    seq_tokens /= std::max<double>(1.0, static_cast<double>(ttft.size()));
-    j["parallel"] = ParallelReport(*engine, weights->dtype(), stats.recent_steps, seq_tokens, elapsed,
-                                   config->hardware);
-  }
-  if (stats.has_tiers) {
-    const KvTierStats& t = stats.tiers;
-    j["swap"] = {{"swapped_out", t.swapped_out},
-                 {"swapped_in", t.swapped_in},
-                 {"swap_decisions", t.swap_decisions},
-                 {"recompute_decisions", t.recompute_decisions},
-                 {"out_bytes_per_s", t.swap_out_seconds > 0 ? t.swap_out_blocks * t.block_bytes / t.swap_out_seconds : 0.0},
-                 {"in_bytes_per_s", t.swap_in_seconds > 0 ? t.swap_in_blocks * t.block_bytes / t.swap_in_seconds : 0.0}};
-  }
-  // Observed against predicted, step by step, when a hardware profile was given.
-  std::vector<double> ratio, bound_ratio;
-  for (const auto& s : stats.recent_steps) {
-    if (s.predicted_seconds > 0) ratio.push_back(s.duration_seconds / s.predicted_seconds);
-    if (s.predicted_bound_seconds > 0) bound_ratio.push_back(s.duration_seconds / s.predicted_bound_seconds);
-  }
-  const Summary ratio_summary = Summarize(ratio), bound_summary = Summarize(bound_ratio);
-  if (!ratio.empty()) {
-    const Summary& r = ratio_summary;
-    const Summary& b = bound_summary;
-    j["observed_over_predicted"] = {{"median", r.median}, {"p90", r.p90}, {"min", r.min}, {"max", r.max}};
-    j["observed_over_bound"] = {{"median", b.median}, {"min", b.min}, {"max", b.max}};
-  }
-
-  std::printf("bench: %zu requests in %.2f s on %s\n", ttft.size(), elapsed, backend.Name().c_str());
-  std::printf("  throughput: %.2f req/s, %.1f total tok/s, %.1f output tok/s\n", ttft.size() / elapsed,
-              (prompt_tokens - cached + generated) / elapsed, generated / elapsed);
-  std::printf("  prefill %.1f tok/s, decode %.1f tok/s (step time shared by token kind)\n",
-              j["throughput"]["prefill_tokens_per_s"].get<double>(), j["throughput"]["decode_tokens_per_s"].get<double>());
-  std::printf("  batch size: mean %.2f, max %.0f over %zu steps\n", mean_batch, j["batch_size"]["max"].get<double>(),
-              step_ms.size());
-  std::printf("  step ms: p50 %.2f, p90 %.2f, p99 %.2f, max %.2f\n", Percentile(step_ms, 50),
-              Percentile(step_ms, 90), Percentile(step_ms, 99), Percentile(step_ms, 100));
-  std::printf("  ttft ms: p50 %.1f, p99 %.1f | tpot ms: p50 %.2f, p99 %.2f\n", Percentile(ttft, 50),
-              Percentile(ttft, 99), Percentile(tpot, 50), Percentile(tpot, 99));
-  std::printf("  prefix cache: %lld of %lld prompt tokens (%.1f%%) | preemptions: %lld (%lld swapped to DDR)\n",
-              static_cast<long long>(cached), static_cast<long long>(prompt_tokens),
-              prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, static_cast<long long>(stats.preemptions),
-              static_cast<long long>(stats.swaps));
-  PrintParallelReport(j["parallel"]);
-  if (!ratio.empty()) {
-    const Summary& r = ratio_summary;
-    const Summary& b = bound_summary;
-    std::printf("  observed / predicted step time: median %.3f, p90 %.3f (min %.3f, max %.3f); "
-                "observed / roofline bound: median %.2f, min %.2f\n",
-                r.median, r.p90, r.min, r.max, b.median, b.min);
-  }
+  const nlohmann::json workload = {{"num_requests", o.num_requests}, {"prompt_len", w->prompt_len.ToString()},
+                                   {"output_len", w->output_len.ToString()}, {"shared_prefix", o.shared_prefix},
+                                   {"rate", o.rate}, {"seed", o.seed}};
+  const nlohmann::json j = BenchReportJson(run, engine->GetStats(), *engine, (*launched)->config,
+                                           *(*launched)->rank.weights, DescribeModelSpec(o.model),
+                                           (*launched)->rank.backend->Name(), workload);
+  PrintBenchReport(j);
   if (!o.out.empty()) {
     std::ofstream f(o.out);
     f << j.dump(2) << "\n";
