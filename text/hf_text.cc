@@ -2,8 +2,6 @@
 // (version 0.22): regexes on PCRE2 (Unicode properties on), Unicode normalization on utf8proc.
 #include "text/hf_text.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <utf8proc.h>
 
 #include <cstdlib>
@@ -12,63 +10,10 @@
 #include "absl/strings/str_replace.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "text/regex.h"
+#include "text/utf8_chars.h"
 
 namespace moeserve {
-
-// A compiled pattern; matching allocates its own match data, so one Regex serves many threads.
-class Regex {
- public:
-  static absl::StatusOr<std::shared_ptr<const Regex>> Compile(absl::string_view pattern) {
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP, &err, &at, nullptr);
-    if (code == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof(msg));
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: regex \"", pattern,
-                                                     "\" does not compile at offset ", at, ": ",
-                                                     reinterpret_cast<const char*>(msg)));
-    }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
-    return std::shared_ptr<const Regex>(new Regex(code));
-  }
-  ~Regex() { pcre2_code_free(code_); }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-
-  // The [start, end) byte ranges of the successive non-overlapping matches in `s` (valid UTF-8).
-  absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Find(absl::string_view s) const {
-    std::vector<std::pair<size_t, size_t>> out;
-    std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
-        pcre2_match_data_create_from_pattern(code_, nullptr), pcre2_match_data_free);
-    size_t pos = 0;
-    while (pos <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
-                                 PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(rc, msg, sizeof(msg));
-        return absl::ResourceExhaustedError(
-            absl::StrCat("tokenizer regex failed: ", reinterpret_cast<const char*>(msg)));
-      }
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-      out.emplace_back(ov[0], ov[1]);
-      if (ov[1] > ov[0]) {
-        pos = ov[1];
-      } else {  // an empty match: step over one character, as Oniguruma's iterator does
-        pos = ov[1] + 1;
-        while (pos < s.size() && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) ++pos;
-      }
-    }
-    return out;
-  }
-
- private:
-  explicit Regex(pcre2_code* code) : code_(code) {}
-  pcre2_code* code_;
-};
 
 namespace {
 
@@ -159,17 +104,6 @@ std::vector<TextPiece> SplitPiece(const TextPiece& piece, std::vector<Segment> s
     if (end > start)
       out.push_back({piece.text.substr(start, end - start), piece.at_start && start == 0});
   }
-  return out;
-}
-
-absl::StatusOr<std::string> UnicodeNormalize(const std::string& s, int options) {
-  utf8proc_uint8_t* dst = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                          static_cast<utf8proc_ssize_t>(s.size()), &dst,
-                                          static_cast<utf8proc_option_t>(options));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("text: ", utf8proc_errmsg(n)));
-  std::string out(reinterpret_cast<const char*>(dst), static_cast<size_t>(n));
-  std::free(dst);
   return out;
 }
 
@@ -318,44 +252,6 @@ bool StartsWith(const std::string& s, const std::string& prefix) {
 }
 
 }  // namespace
-
-CharInfo CharAt(absl::string_view s, size_t i) {
-  utf8proc_int32_t cp = 0;
-  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
-                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
-  CharInfo info{n > 0 ? static_cast<size_t>(n) : 1, false, false};
-  if (n <= 0) return info;
-  const auto cat = utf8proc_category(cp);
-  info.space = cp == '\t' || cp == '\n' || cp == 0x0B || cp == '\f' || cp == '\r' || cp == 0x85 ||
-               cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL ||
-               cat == UTF8PROC_CATEGORY_ZP;
-  info.alnum = (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
-               (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
-  return info;
-}
-
-size_t PrevCharStart(absl::string_view s, size_t end) {
-  size_t i = end - 1;
-  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
-  return i;
-}
-
-const std::vector<std::string>& ByteLevelAlphabet() {
-  static const std::vector<std::string>* const kAlphabet = [] {
-    auto* out = new std::vector<std::string>(256);
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      const utf8proc_int32_t cp = printable ? b : 256 + extra++;
-      utf8proc_uint8_t buf[4];
-      const auto n = utf8proc_encode_char(cp, buf);
-      (*out)[static_cast<size_t>(b)].assign(reinterpret_cast<const char*>(buf),
-                                            static_cast<size_t>(n));
-    }
-    return out;
-  }();
-  return *kAlphabet;
-}
 
 absl::StatusOr<TextPipeline> TextPipeline::Create(const Json& normalizer,
                                                   const Json& pre_tokenizer) {

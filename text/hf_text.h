@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
+#include "text/utf8_chars.h"
 
 namespace moeserve {
 
@@ -21,7 +22,7 @@ struct TextPiece {
   bool at_start = false;
 };
 
-class Regex;  // a compiled PCRE2 pattern (hf_text.cc)
+class Regex;  // a compiled PCRE2 pattern (text/regex.h)
 
 // How a split keeps the delimiters it finds, as the tokenizers library's SplitDelimiterBehavior.
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -72,19 +73,5 @@ class TextPipeline {
   std::vector<NormalizerStep> normalizer_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
 };
-
-// The character at s[i] (valid UTF-8): its byte length, and whether Rust's char::is_whitespace
-// and char::is_alphanumeric hold for it (the tokenizers library's tests for spaces and words).
-struct CharInfo {
-  size_t len;
-  bool space, alnum;
-};
-CharInfo CharAt(absl::string_view s, size_t i);
-// Start of the character whose last byte is s[end - 1].
-size_t PrevCharStart(absl::string_view s, size_t end);
-
-// GPT-2's map of the 256 byte values to printable characters (UTF-8), which byte-level BPE
-// vocabularies are written in.
-const std::vector<std::string>& ByteLevelAlphabet();
 
 }  // namespace moeserve

@@ -3,6 +3,9 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace moeserve::jinja {
@@ -145,6 +148,82 @@ Value GetAttr(const Value& v, const std::string& path) {
     start = dot + 1;
   }
   return cur;
+}
+
+// Python's slice indices for a sequence of length n.
+std::vector<size_t> SliceIndices(int64_t n, const Value& a, const Value& b, const Value& c) {
+  const int64_t step = c.is_int() ? c.as_int() : 1;
+  std::vector<size_t> out;
+  if (step == 0) return out;
+  auto clamp = [&](const Value& v, int64_t dflt) {
+    if (!v.is_int()) return dflt;
+    int64_t i = v.as_int();
+    if (i < 0) i += n;
+    if (step > 0) return std::clamp<int64_t>(i, 0, n);
+    return std::clamp<int64_t>(i, -1, n - 1);
+  };
+  const int64_t start = clamp(a, step > 0 ? 0 : n - 1);
+  const int64_t stop = clamp(b, step > 0 ? n : -1);
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+    out.push_back(static_cast<size_t>(i));
+  return out;
+}
+
+absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b, size_t max_string_bytes) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported operand types for ", op, ": '",
+                                                   a.TypeName(), "' and '", b.TypeName(), "'"));
+  };
+  if (a.is_undefined() || b.is_undefined()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", a.is_undefined() ? a.undefined_name() : b.undefined_name(), "' is undefined"));
+  }
+  if (op == "+") {
+    if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
+    if (a.is_list() && b.is_list()) {
+      List out = a.list();
+      out.insert(out.end(), b.list().begin(), b.list().end());
+      return Value(std::move(out));
+    }
+  }
+  if (op == "*" && ((a.is_string() && b.is_int()) || (a.is_int() && b.is_string()))) {
+    const std::string& s = a.is_string() ? a.str() : b.str();
+    std::string out;
+    for (int64_t i = 0, n = a.is_int() ? a.as_int() : b.as_int(); i < n && out.size() < max_string_bytes;
+         ++i)
+      out += s;
+    return Value(std::move(out));
+  }
+  const bool numeric = (a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool());
+  if (!numeric) return bad();
+  auto num = [](const Value& v) { return v.is_bool() ? (v.as_bool() ? 1.0 : 0.0) : v.as_number(); };
+  auto integer = [](const Value& v) { return v.is_bool() ? int64_t{v.as_bool()} : v.as_int(); };
+  const bool ints = !a.is_float() && !b.is_float();
+  const double x = num(a), y = num(b);
+  if (op == "+") return ints ? Value(integer(a) + integer(b)) : Value(x + y);
+  if (op == "-") return ints ? Value(integer(a) - integer(b)) : Value(x - y);
+  if (op == "*") return ints ? Value(integer(a) * integer(b)) : Value(x * y);
+  if (op == "**")
+    return ints && integer(b) >= 0 ? Value(static_cast<int64_t>(std::pow(x, y)))
+                                   : Value(std::pow(x, y));
+  if (y == 0) return absl::InvalidArgumentError("division by zero");
+  if (op == "/") return Value(x / y);
+  if (op == "//") {
+    if (ints) {
+      const int64_t p = integer(a), q = integer(b);
+      return Value(p / q - ((p % q != 0) && ((p < 0) != (q < 0)) ? 1 : 0));
+    }
+    return Value(std::floor(x / y));
+  }
+  if (op == "%") {
+    if (ints) {
+      const int64_t p = integer(a), q = integer(b);
+      const int64_t r = p % q;
+      return Value(r != 0 && ((r < 0) != (q < 0)) ? r + q : r);
+    }
+    return Value(x - y * std::floor(x / y));
+  }
+  return bad();
 }
 
 }  // namespace moeserve::jinja

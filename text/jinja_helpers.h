@@ -30,6 +30,13 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
 // UTF-8 code points (Python's len and iteration over str).
 std::vector<std::string> CodePoints(const std::string& s);
 
+// Python's slice a:b:c over a sequence of length n (non-integer parts take their defaults): the
+// indices it selects, in order.
+std::vector<size_t> SliceIndices(int64_t n, const Value& a, const Value& b, const Value& c);
+// A binary arithmetic operator (+ - * / // % **) with Python's semantics; a repeated string
+// stops growing at `max_string_bytes`.
+absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b, size_t max_string_bytes);
+
 // A dict's items as [key, value] lists.
 Value Pairs(const Dict& d);
 // The attribute (dotted path) of an item, as selectattr and map read it.
