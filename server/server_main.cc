@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/file_util.h"
+#include "core/status.h"
 #include "server/drain_gate.h"
 
 namespace moeserve::server {
@@ -81,6 +82,86 @@ class SignalPipe {
   int fds_[2];
 };
 
+// TLS from --tls-cert and --tls-key (both or neither), else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& options) {
+  if (options.tls_cert.empty() && options.tls_key.empty()) return grpc::InsecureServerCredentials();
+  if (options.tls_cert.empty() || options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+  }
+  auto cert = ReadFileToString(options.tls_cert);
+  if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", cert.status().message()));
+  auto key = ReadFileToString(options.tls_key);
+  if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key.status().message()));
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// The gRPC server on --listen (its port in `port`); UNAVAILABLE naming who holds a taken port.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const ServerOptions& options,
+                                                        std::shared_ptr<grpc::ServerCredentials> creds,
+                                                        MoeserveService* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.transport_metadata_bytes);
+  // No SO_REUSEPORT: a second server on a taken port must fail, not share its traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server != nullptr && *port != 0) return server;
+  int wanted = 0;
+  const size_t colon = options.listen.rfind(':');
+  const std::string holder = colon != std::string::npos && absl::SimpleAtoi(options.listen.substr(colon + 1), &wanted) && wanted > 0
+                                 ? ProcessListeningOn(wanted)
+                                 : "";
+  return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen,
+                                             holder.empty() ? "" : absl::StrCat(" (held by ", holder, ")")));
+}
+
+// The port files supervisors and tests wait for: HTTP's before gRPC's, then the metrics'.
+absl::Status WritePortFiles(const ServerOptions& options, int port, const HttpApi* http) {
+  auto write = [](const char* flag, const std::string& file, int value) -> absl::Status {
+    if (file.empty()) return absl::OkStatus();
+    absl::Status s = WriteFileAtomically(file, absl::StrCat(value, "\n"));
+    return s.ok() ? s : absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
+  };
+  if (http != nullptr) RETURN_IF_ERROR(write("--http-port-file", options.http_port_file, http->port()));
+  RETURN_IF_ERROR(write("--port-file", options.port_file, port));
+  return write("--metrics-port-file", options.extra_port_file, options.extra_port);
+}
+
+// Waits for a shutdown signal or the engine's failure, then drains and shuts the server down.
+void ShutDownOnSignal(const ServerOptions& options, SignalPipe* signal_pipe, Engine* engine, DrainGate* gate,
+                      grpc::Server* server, HttpApi* http) {
+  const int sig = signal_pipe->Wait();
+  if (sig == kEngineFailed) {
+    std::fprintf(stderr, "moeserve: engine failed: %s; not serving, stopping\n",
+                 std::string(engine->failure().message()).c_str());
+    gate->StartDraining();
+    server->GetHealthCheckService()->SetServingStatus(false);
+    // The streams have their final status already; give them a moment to deliver it.
+    gate->WaitIdle(Clock::now() + std::chrono::seconds(2));
+    server->Shutdown(std::chrono::system_clock::now());
+    return;
+  }
+  std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               options.grace_seconds);
+  if (options.on_shutdown_signal) options.on_shutdown_signal();
+  // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
+  // within the grace period, then shut down; calls still running are cancelled, and their
+  // reactors cancel the engine requests, which frees their KV blocks.
+  gate->StartDraining();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  const bool idle = gate->WaitIdle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(options.grace_seconds)));
+  if (!idle) std::fprintf(stderr, "moeserve: grace period over, cancelling the requests still running\n");
+  // Every HTTP stream still open ends with an error event and [DONE], not a cut connection.
+  if (http != nullptr) http->EndOpenStreams("the server is shutting down: the drain's grace period is over");
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
 }  // namespace
 
 absl::Status RunServer(const ServerOptions& options, const ServiceOptions& service_options, Engine* engine) {
@@ -100,44 +181,13 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
   // sent as soon as the server is up drains it instead of killing it.
   SignalPipe signal_pipe;
   if (!signal_pipe.ok()) return absl::InternalError("cannot create the signal pipe");
-  std::shared_ptr<grpc::ServerCredentials> creds;
-  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
-    if (options.tls_cert.empty() || options.tls_key.empty()) {
-      return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
-    }
-    auto cert = ReadFileToString(options.tls_cert);
-    if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", cert.status().message()));
-    auto key = ReadFileToString(options.tls_key);
-    if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key.status().message()));
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
-    creds = grpc::SslServerCredentials(ssl);
-  } else {
-    creds = grpc::InsecureServerCredentials();
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, Credentials(options));
 
   DrainGate gate;          // outlives the server, whose reactors leave it
   StreamEncoder encoder;   // outlives the server and the engine's last events (engine->Stop below)
   MoeserveService service(engine, service_options, &gate, &encoder);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, creds, &port);
-  builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.transport_metadata_bytes);
-  // No SO_REUSEPORT: a second server on a taken port must fail, not share its traffic.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    int wanted = 0;
-    const size_t colon = options.listen.rfind(':');
-    const std::string holder = colon != std::string::npos && absl::SimpleAtoi(options.listen.substr(colon + 1), &wanted) && wanted > 0
-                                   ? ProcessListeningOn(wanted)
-                                   : "";
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen,
-                                               holder.empty() ? "" : absl::StrCat(" (held by ", holder, ")")));
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server, StartGrpc(options, creds, &service, &port));
   std::unique_ptr<HttpApi> http;
   if (!options.http.listen.empty()) {
     auto started = HttpApi::Start(options.http, engine, service_options, &gate);
@@ -156,61 +206,16 @@ absl::Status RunServer(const ServerOptions& options, const ServiceOptions& servi
                   ? absl::StrCat(" (api key required: ", service_options.api_keys.num_keys(), " key(s))").c_str()
                   : "");
   std::fflush(stdout);
-  // Before the gRPC port file, which supervisors and tests wait for.
-  if (http != nullptr && !options.http_port_file.empty()) {
-    absl::Status s = WriteFileAtomically(options.http_port_file, absl::StrCat(http->port(), "\n"));
-    if (!s.ok()) {
-      server->Shutdown(std::chrono::system_clock::now());
-      return absl::InvalidArgumentError(absl::StrCat("--http-port-file: ", s.message()));
-    }
-  }
-  if (!options.port_file.empty()) {
-    absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(port, "\n"));
-    if (!s.ok()) {
-      server->Shutdown(std::chrono::system_clock::now());
-      return absl::InvalidArgumentError(absl::StrCat("--port-file: ", s.message()));
-    }
-  }
-  if (!options.extra_port_file.empty()) {
-    absl::Status s = WriteFileAtomically(options.extra_port_file, absl::StrCat(options.extra_port, "\n"));
-    if (!s.ok()) {
-      server->Shutdown(std::chrono::system_clock::now());
-      return absl::InvalidArgumentError(absl::StrCat("--metrics-port-file: ", s.message()));
-    }
+  if (absl::Status s = WritePortFiles(options, port, http.get()); !s.ok()) {
+    server->Shutdown(std::chrono::system_clock::now());
+    return s;
   }
 
   // A failed engine (a rank of its MPI job lost) has ended its requests with UNAVAILABLE; the
   // server stops serving and RunServer returns the failure, so the job exits non-zero.
   engine->SetFailureCallback([&signal_pipe](const absl::Status&) { signal_pipe.Notify(kEngineFailed); });
   if (!engine->failure().ok()) signal_pipe.Notify(kEngineFailed);  // it failed before the server was up
-  // The shutdown thread: wait for SIGTERM/SIGINT, then shut down with a grace period.
-  std::thread signals([&] {
-    const int sig = signal_pipe.Wait();
-    if (sig == kEngineFailed) {
-      std::fprintf(stderr, "moeserve: engine failed: %s; not serving, stopping\n",
-                   std::string(engine->failure().message()).c_str());
-      gate.StartDraining();
-      server->GetHealthCheckService()->SetServingStatus(false);
-      // The streams have their final status already; give them a moment to deliver it.
-      gate.WaitIdle(Clock::now() + std::chrono::seconds(2));
-      server->Shutdown(std::chrono::system_clock::now());
-      return;
-    }
-    std::fprintf(stderr, "moeserve: %s received, draining for up to %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                 options.grace_seconds);
-    if (options.on_shutdown_signal) options.on_shutdown_signal();
-    // Refuse new streams (UNAVAILABLE) and tell health checkers, let the running ones finish
-    // within the grace period, then shut down; calls still running are cancelled, and their
-    // reactors cancel the engine requests, which frees their KV blocks.
-    gate.StartDraining();
-    server->GetHealthCheckService()->SetServingStatus(false);
-    const bool idle = gate.WaitIdle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(options.grace_seconds)));
-    if (!idle) std::fprintf(stderr, "moeserve: grace period over, cancelling the requests still running\n");
-    // Every HTTP stream still open ends with an error event and [DONE], not a cut connection.
-    if (http != nullptr) http->EndOpenStreams("the server is shutting down: the drain's grace period is over");
-    server->Shutdown(std::chrono::system_clock::now());
-  });
+  std::thread signals([&] { ShutDownOnSignal(options, &signal_pipe, engine, &gate, server.get(), http.get()); });
   server->Wait();
   signals.join();
   // Requests still running over HTTP end here (cancelled), so their threads can return.

@@ -87,119 +87,92 @@ int RunServe(ServeOptions o) {
   return code;
 }
 
-int RunServeRank0(ServeOptions o, MpiJob* job) {
-  if (!o.metrics_listen.empty()) {  // a bad address fails before the model loads
-    if (absl::Status s = server::CheckMetricsListen(o.metrics_listen); !s.ok()) return Fail(s);
-  } else if (!o.metrics_port_file.empty()) {
-    return Fail(absl::InvalidArgumentError("--metrics-port-file needs --metrics-listen"));
+// The serving flags that can be checked before the model loads.
+absl::Status CheckServeFlags(ServeOptions* o) {
+  if (!o->metrics_listen.empty()) {  // a bad address fails before the model loads
+    RETURN_IF_ERROR(server::CheckMetricsListen(o->metrics_listen));
+  } else if (!o->metrics_port_file.empty()) {
+    return absl::InvalidArgumentError("--metrics-port-file needs --metrics-listen");
   }
-  auto api_keys = server::ApiKeys::FromFlags(o.api_key, o.api_keys_file);
-  if (!api_keys.ok()) return Fail(api_keys.status());
-  if (o.max_metadata_bytes < 1024 || o.max_metadata_bytes > (256 << 10)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--max-metadata-bytes must be in [1024, 262144], got ", o.max_metadata_bytes)));
+  if (o->max_metadata_bytes < 1024 || o->max_metadata_bytes > (256 << 10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-metadata-bytes must be in [1024, 262144], got ", o->max_metadata_bytes));
+  }
+  for (const std::string& name : o->served_model_names) {
+    if (name.empty()) return absl::InvalidArgumentError("--served-model-name: a name is empty");
   }
   // The transport's own limit, far enough above ours that an oversized call reaches the service
   // and is refused alone (server_main.h), and bounded so that headers cannot take much memory.
-  o.server.transport_metadata_bytes = static_cast<int>(8 * o.max_metadata_bytes);
-  auto base = MakeEngineConfig(o.engine);
-  if (!base.ok()) return Fail(base.status());
-  // (max_tokens' default bound is the context, known once the model is: a placeholder to check
-  // the other limits now.)
-  base->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : std::numeric_limits<int32_t>::max();
-  if (absl::Status s = base->limits.Validate(); !s.ok()) return Fail(s);
-  const FitToModel fit = [&o](const ModelConfig& c, EngineConfig* e) -> absl::Status {
-    if (e->limits.max_model_len > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", e->limits.max_model_len,
-                                                     " exceeds the model's context of ", c.max_position_embeddings));
-    }
-    RETURN_IF_ERROR(FitModelLenToKvCache(c, e));
-    // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
-    if (o.max_tokens_limit == 0) e->limits.max_tokens = e->limits.Context(c);
-    return absl::OkStatus();
-  };
-  Stopwatch sw;
-  auto launched = LaunchEngine(o.engine, o.model, *std::move(base), job, "moeserve: ", fit);
-  if (!launched.ok()) return Fail(launched.status());
-  Backend& backend = *(*launched)->rank.backend;
-  const ModelWeights* weights = (*launched)->rank.weights.get();
-  Engine* engine = (*launched)->engine.get();
-  const EngineConfig* ecfg = &(*launched)->config;
-  const ModelConfig& c = weights->config();
-  auto text = LoadModelTokenizer(o.model, c.vocab_size);
-  if (!text.ok()) return Fail(text.status());
-  if (!o.chat_template.empty()) {  // as vLLM's --chat-template: a file that replaces the checkpoint's
+  o->server.transport_metadata_bytes = static_cast<int>(8 * o->max_metadata_bytes);
+  o->server.http.server.max_body_bytes = static_cast<size_t>(o->server.max_message_bytes);
+  o->server.http.served_model_names = o->served_model_names;
+  if (o->served_model_names.empty()) {
+    o->server.http.served_model_names = {!o->model.model_dir.empty() ? o->model.model_dir
+                                                                     : absl::StrCat("moeserve-", o->model.preset)};
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint's tokenizer, or --chat-template's in place of its template (as vLLM's flag).
+absl::StatusOr<ModelTokenizer> LoadServeTokenizer(const ServeOptions& o, const ModelConfig& c) {
+  ASSIGN_OR_RETURN(ModelTokenizer text, LoadModelTokenizer(o.model, c.vocab_size));
+  if (!o.chat_template.empty()) {
     auto source = ReadFileToString(o.chat_template);
-    if (!source.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--chat-template: ", source.status().message())));
-    if (absl::Status s = text->SetChatTemplate(*std::move(source), "--chat-template " + o.chat_template); !s.ok()) {
-      return Fail(s);
-    }
+    if (!source.ok()) return absl::InvalidArgumentError(absl::StrCat("--chat-template: ", source.status().message()));
+    RETURN_IF_ERROR(text.SetChatTemplate(*std::move(source), "--chat-template " + o.chat_template));
   }
-  std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
-  std::fprintf(stderr, "moeserve: ready in %.2f s: KV cache %lld blocks of %lld tokens\n", sw.Seconds(),
-               static_cast<long long>(engine->num_kv_blocks()), static_cast<long long>(ecfg->block_size));
+  return text;
+}
 
-  if (!ecfg->kv_tiers.flash_dir.empty()) {
-    const FlashStoreStats f = engine->GetStats().tiers.flash;
-    std::fprintf(stderr,
-                 "moeserve: flash tier %s: %lld records (%.1f MiB) of this model; left in place: %lld records of "
-                 "other models or formats, %lld other entries%s; dropped %lld damaged\n",
-                 ecfg->kv_tiers.flash_dir.c_str(), static_cast<long long>(f.records), f.bytes / 1048576.0,
-                 static_cast<long long>(f.skipped_foreign), static_cast<long long>(f.skipped_other),
-                 f.skipped_foreign > 0 ? " (--flash-kv-purge-foreign deletes the records)" : "",
-                 static_cast<long long>(f.dropped_corrupt + f.dropped_truncated + f.dropped_incomplete +
-                                        f.dropped_foreign));
-  }
-  server::ServiceOptions so;
-  so.api_keys = *std::move(api_keys);
-  so.max_metadata_bytes = o.max_metadata_bytes;
-  o.server.http.server.max_body_bytes = static_cast<size_t>(o.server.max_message_bytes);
-  o.server.http.served_model_names = o.served_model_names;
-  if (o.served_model_names.empty()) {
-    o.server.http.served_model_names = {!o.model.model_dir.empty() ? o.model.model_dir
-                                                                   : absl::StrCat("moeserve-", o.model.preset)};
-  }
-  for (const std::string& name : o.served_model_names) {
-    if (name.empty()) return Fail(absl::InvalidArgumentError("--served-model-name: a name is empty"));
-  }
-  so.limits = ecfg->limits;
-  auto defaults = ReadGenerationDefaults(o.generation_config, o.model.model_dir);
-  if (!defaults.ok()) return Fail(defaults.status());
-  if (!defaults->source.empty()) {
-    std::fprintf(stderr, "moeserve: %s: %s for OpenAI API requests (--generation-config vllm: none)\n",
-                 defaults->source.c_str(), defaults->Describe().c_str());
-  }
-  so.generation_defaults = *std::move(defaults);
-  so.tokenizer = std::make_shared<const ModelTokenizer>(*std::move(text));
-  auto& mi = so.model_info;
-  mi.set_model(DescribeModelSpec(o.model));
-  mi.set_config_json(c.ToJson());
-  mi.set_dtype(std::string(DTypeShortName(weights->dtype())));
-  mi.set_total_params(c.TotalParams());
-  mi.set_active_params(c.ActiveParams());
-  mi.set_backend(backend.Name());
-  mi.set_parallel_layout(engine->parallel() != nullptr
-                             ? absl::StrCat(engine->parallel()->config().Name(), "\n", engine->parallel()->Describe())
-                             : "1 rank: ep1 pp1, all layers and experts on rank 0");
-  mi.set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
-  mi.set_num_experts(static_cast<int32_t>(c.num_local_experts));
-  mi.set_experts_per_token(static_cast<int32_t>(c.num_experts_per_tok));
-  mi.set_vocab_size(static_cast<int32_t>(c.vocab_size));
-  mi.set_max_context(static_cast<int32_t>(c.max_position_embeddings));
-  auto* kv = mi.mutable_kv_capacity();
-  kv->set_blocks(engine->num_kv_blocks());
-  kv->set_block_size(ecfg->block_size);
-  kv->set_tokens(engine->num_kv_blocks() * ecfg->block_size);
-  kv->set_bytes(static_cast<int64_t>(engine->num_kv_blocks() *
-                                     KvLayoutFor(c, 1, ecfg->block_size, ecfg->kv_dtype).BlockBytes()));
-  kv->set_dtype(std::string(DTypeShortName(ecfg->kv_dtype)));
-  kv->set_ddr_bytes(static_cast<int64_t>(ecfg->kv_tiers.host_bytes));
-  kv->set_preemption(ecfg->kv_tiers.enabled() ? PreemptionModeName(ecfg->kv_tiers.preemption) : "recompute");
-  if (!ecfg->kv_tiers.flash_dir.empty()) {
-    kv->set_flash_dir(ecfg->kv_tiers.flash_dir);
-    kv->set_flash_bytes(static_cast<int64_t>(ecfg->kv_tiers.flash_bytes));
-  }
+void LogFlashTier(const EngineConfig& ecfg, const Engine& engine) {
+  if (ecfg.kv_tiers.flash_dir.empty()) return;
+  const FlashStoreStats f = engine.GetStats().tiers.flash;
+  std::fprintf(stderr,
+               "moeserve: flash tier %s: %lld records (%.1f MiB) of this model; left in place: %lld records of "
+               "other models or formats, %lld other entries%s; dropped %lld damaged\n",
+               ecfg.kv_tiers.flash_dir.c_str(), static_cast<long long>(f.records), f.bytes / 1048576.0,
+               static_cast<long long>(f.skipped_foreign), static_cast<long long>(f.skipped_other),
+               f.skipped_foreign > 0 ? " (--flash-kv-purge-foreign deletes the records)" : "",
+               static_cast<long long>(f.dropped_corrupt + f.dropped_truncated + f.dropped_incomplete +
+                                      f.dropped_foreign));
+}
 
+// GetModelInfo's static part: the model, its layout and its KV capacity.
+void FillModelInfo(const ServeOptions& o, const Launched& l, v1::ModelInfo* mi) {
+  const ModelConfig& c = l.rank.weights->config();
+  const Engine& engine = *l.engine;
+  const EngineConfig& ecfg = l.config;
+  mi->set_model(DescribeModelSpec(o.model));
+  mi->set_config_json(c.ToJson());
+  mi->set_dtype(std::string(DTypeShortName(l.rank.weights->dtype())));
+  mi->set_total_params(c.TotalParams());
+  mi->set_active_params(c.ActiveParams());
+  mi->set_backend(l.rank.backend->Name());
+  mi->set_parallel_layout(engine.parallel() != nullptr
+                              ? absl::StrCat(engine.parallel()->config().Name(), "\n", engine.parallel()->Describe())
+                              : "1 rank: ep1 pp1, all layers and experts on rank 0");
+  mi->set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
+  mi->set_num_experts(static_cast<int32_t>(c.num_local_experts));
+  mi->set_experts_per_token(static_cast<int32_t>(c.num_experts_per_tok));
+  mi->set_vocab_size(static_cast<int32_t>(c.vocab_size));
+  mi->set_max_context(static_cast<int32_t>(c.max_position_embeddings));
+  auto* kv = mi->mutable_kv_capacity();
+  kv->set_blocks(engine.num_kv_blocks());
+  kv->set_block_size(ecfg.block_size);
+  kv->set_tokens(engine.num_kv_blocks() * ecfg.block_size);
+  kv->set_bytes(static_cast<int64_t>(engine.num_kv_blocks() *
+                                     KvLayoutFor(c, 1, ecfg.block_size, ecfg.kv_dtype).BlockBytes()));
+  kv->set_dtype(std::string(DTypeShortName(ecfg.kv_dtype)));
+  kv->set_ddr_bytes(static_cast<int64_t>(ecfg.kv_tiers.host_bytes));
+  kv->set_preemption(ecfg.kv_tiers.enabled() ? PreemptionModeName(ecfg.kv_tiers.preemption) : "recompute");
+  if (!ecfg.kv_tiers.flash_dir.empty()) {
+    kv->set_flash_dir(ecfg.kv_tiers.flash_dir);
+    kv->set_flash_bytes(static_cast<int64_t>(ecfg.kv_tiers.flash_bytes));
+  }
+}
+
+// Starts the engine and the metrics endpoint, and serves until a shutdown signal.
+int StartAndServe(ServeOptions o, const server::ServiceOptions& so, Engine* engine, MpiJob* job) {
   engine->Start();
   std::unique_ptr<server::MetricsExporter> metrics;  // scraped until the server returns
   if (!o.metrics_listen.empty()) {
@@ -221,6 +194,53 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
     return Fail(s);
   }
   return 0;
+}
+
+int RunServeRank0(ServeOptions o, MpiJob* job) {
+  if (absl::Status s = CheckServeFlags(&o); !s.ok()) return Fail(s);
+  auto api_keys = server::ApiKeys::FromFlags(o.api_key, o.api_keys_file);
+  if (!api_keys.ok()) return Fail(api_keys.status());
+  auto base = MakeEngineConfig(o.engine);
+  if (!base.ok()) return Fail(base.status());
+  // (max_tokens' default bound is the context, known once the model is: a placeholder to check
+  // the other limits now.)
+  base->limits.max_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : std::numeric_limits<int32_t>::max();
+  if (absl::Status s = base->limits.Validate(); !s.ok()) return Fail(s);
+  const FitToModel fit = [&o](const ModelConfig& c, EngineConfig* e) -> absl::Status {
+    if (e->limits.max_model_len > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", e->limits.max_model_len,
+                                                     " exceeds the model's context of ", c.max_position_embeddings));
+    }
+    RETURN_IF_ERROR(FitModelLenToKvCache(c, e));
+    // As vLLM: max_tokens is bounded by the context a sequence may reach, unless a lower limit is set.
+    if (o.max_tokens_limit == 0) e->limits.max_tokens = e->limits.Context(c);
+    return absl::OkStatus();
+  };
+  Stopwatch sw;
+  auto launched = LaunchEngine(o.engine, o.model, *std::move(base), job, "moeserve: ", fit);
+  if (!launched.ok()) return Fail(launched.status());
+  Engine* engine = (*launched)->engine.get();
+  const EngineConfig& ecfg = (*launched)->config;
+  auto text = LoadServeTokenizer(o, (*launched)->rank.weights->config());
+  if (!text.ok()) return Fail(text.status());
+  std::fprintf(stderr, "moeserve: tokenizer: %s\n", text->Describe().c_str());
+  std::fprintf(stderr, "moeserve: ready in %.2f s: KV cache %lld blocks of %lld tokens\n", sw.Seconds(),
+               static_cast<long long>(engine->num_kv_blocks()), static_cast<long long>(ecfg.block_size));
+  LogFlashTier(ecfg, *engine);
+  server::ServiceOptions so;
+  so.api_keys = *std::move(api_keys);
+  so.max_metadata_bytes = o.max_metadata_bytes;
+  so.limits = ecfg.limits;
+  auto defaults = ReadGenerationDefaults(o.generation_config, o.model.model_dir);
+  if (!defaults.ok()) return Fail(defaults.status());
+  if (!defaults->source.empty()) {
+    std::fprintf(stderr, "moeserve: %s: %s for OpenAI API requests (--generation-config vllm: none)\n",
+                 defaults->source.c_str(), defaults->Describe().c_str());
+  }
+  so.generation_defaults = *std::move(defaults);
+  so.tokenizer = std::make_shared<const ModelTokenizer>(*std::move(text));
+  FillModelInfo(o, **launched, &so.model_info);
+  return StartAndServe(std::move(o), so, engine, job);
 }
 
 }  // namespace
