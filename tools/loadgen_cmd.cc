@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "core/status.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
 #include "tools/loadgen/report.h"
@@ -96,30 +97,28 @@ void PrintRow(const loadgen::LevelReport& r) {
   }
 }
 
-int RunLoadgen(const LoadgenOptions& o) {
-  auto levels = ParseLevels(o);
-  if (!levels.ok()) return Fail(levels.status());
-  auto priority = ParsePriority(o.priority);
-  if (!priority.ok()) return Fail(priority.status());
-  auto slo = loadgen::Slo::Parse(o.slo);
-  if (!slo.ok()) return Fail(slo.status());
-  auto pl = LengthDist::Parse("--prompt-len", o.prompt_len);
-  if (!pl.ok()) return Fail(pl.status());
-  auto ol = LengthDist::Parse("--output-len", o.output_len);
-  if (!ol.ok()) return Fail(ol.status());
-  if (o.num_requests < 1) return Fail(absl::InvalidArgumentError("--num-requests must be >= 1"));
-  if (!(o.burstiness > 0)) return Fail(absl::InvalidArgumentError("--burstiness must be > 0"));
-  if (o.shared_prefix < 0) return Fail(absl::InvalidArgumentError("--shared-prefix must be >= 0"));
-  if (!(o.retain_seconds >= 0)) return Fail(absl::InvalidArgumentError("--retain-seconds must be >= 0"));
-  if (o.timeout < 0) return Fail(absl::InvalidArgumentError("--timeout must be >= 0"));
-  if (o.price_per_hour < 0) return Fail(absl::InvalidArgumentError("--price-per-hour must be >= 0"));
+// The server's gRPC stub, and the metadata of its unary calls (the API key, a 30 s deadline).
+struct Client {
+  std::unique_ptr<v1::Moeserve::Stub> stub;
+  std::string api_key;
+  void Prepare(grpc::ClientContext* ctx) const {
+    if (!api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + api_key);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  }
+  grpc::Status GetStats(v1::Stats* out) const {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return stub->GetStats(&ctx, v1::GetStatsRequest(), out);
+  }
+};
 
+// Connects to --target (TLS with --tls-ca), within --connect-timeout.
+absl::StatusOr<Client> Connect(const LoadgenOptions& o) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!o.tls_ca.empty()) {
-    auto pem = ReadFileToString(o.tls_ca);
-    if (!pem.ok()) return Fail(pem.status());
+    ASSIGN_OR_RETURN(const std::string pem, ReadFileToString(o.tls_ca));
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = *pem;
+    ssl.pem_root_certs = pem;
     creds = grpc::SslCredentials(ssl);
   }
   grpc::ChannelArguments args;
@@ -127,19 +126,88 @@ int RunLoadgen(const LoadgenOptions& o) {
   auto channel = grpc::CreateCustomChannel(o.target, creds, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1e3)))) {
-    return Fail(absl::UnavailableError(absl::StrCat("--target: cannot connect to ", o.target, " within ",
-                                                    o.connect_timeout, " s (is `moeserve serve` running?)")));
+    return absl::UnavailableError(absl::StrCat("--target: cannot connect to ", o.target, " within ",
+                                               o.connect_timeout, " s (is `moeserve serve` running?)"));
   }
-  auto stub = v1::Moeserve::NewStub(channel);
-  auto unary_ctx = [&](grpc::ClientContext* ctx) {
-    if (!o.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + o.api_key);
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  };
+  return Client{v1::Moeserve::NewStub(channel), o.api_key};
+}
+
+// The numeric flags, checked.
+absl::Status CheckLoadgenFlags(const LoadgenOptions& o) {
+  if (o.num_requests < 1) return absl::InvalidArgumentError("--num-requests must be >= 1");
+  if (!(o.burstiness > 0)) return absl::InvalidArgumentError("--burstiness must be > 0");
+  if (o.shared_prefix < 0) return absl::InvalidArgumentError("--shared-prefix must be >= 0");
+  if (!(o.retain_seconds >= 0)) return absl::InvalidArgumentError("--retain-seconds must be >= 0");
+  if (o.timeout < 0) return absl::InvalidArgumentError("--timeout must be >= 0");
+  if (o.price_per_hour < 0) return absl::InvalidArgumentError("--price-per-hour must be >= 0");
+  return absl::OkStatus();
+}
+
+// One level of load: its requests (fresh prompts, so one level's cache does not serve the next),
+// the client's metrics, and the server's statistics over the level.
+loadgen::LevelReport RunOneLevel(const LoadgenOptions& o, const Client& client, const v1::ModelInfo& info,
+                                 WorkloadSpec w, size_t li, size_t levels, const LevelSpec& level,
+                                 v1::Priority priority, const loadgen::Slo& slo) {
+  w.rate = level.closed_loop || std::isinf(level.rate) ? 0.0 : level.rate;
+  w.vocab = std::min<int32_t>(info.vocab_size(), 256);
+  w.seed = o.seed + li;
+  const auto items = MakeWorkload(w);
+  loadgen::LevelReport rep;
+  rep.level = level;
+  rep.price_per_hour = o.price_per_hour;
+  v1::Stats before;
+  const grpc::Status sb = client.GetStats(&before);
+  loadgen::RunOptions ro;
+  ro.call.api_key = o.api_key;
+  ro.call.timeout_seconds = o.timeout;
+  ro.priority = priority;
+  ro.retain_seconds = o.retain_seconds;
+  ro.progress = !o.no_progress;
+  ro.progress_label = absl::StrCat("level ", li + 1, "/", levels, " ", level.Label());
+  const loadgen::LevelRun run = loadgen::RunLevel(client.stub.get(), level, items, ro);
+  rep.metrics = loadgen::ComputeMetrics(run.results, run.duration_seconds, slo);
+  // The last response can reach us before the server has booked the step that made it:
+  // wait (briefly) for the server to go idle so the level's deltas are complete.
+  v1::Stats after;
+  grpc::Status sa = client.GetStats(&after);
+  for (int i = 0; i < 200 && sa.ok() && (after.running_requests() > 0 || after.queue_depth() > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    sa = client.GetStats(&after);
+  }
+  if (sb.ok() && sa.ok()) {
+    rep.server = loadgen::Difference(before, after);
+    rep.stats = after;
+  } else {
+    rep.stats_error = (sb.ok() ? sa : sb).error_message();
+  }
+  return rep;
+}
+
+int RunLoadgen(const LoadgenOptions& o) {
+  auto levels = ParseLevels(o);
+  if (!levels.ok()) return Fail(levels.status());
+  auto priority = ParsePriority(o.priority);
+  if (!priority.ok()) return Fail(priority.status());
+  auto slo = loadgen::Slo::Parse(o.slo);
+  if (!slo.ok()) return Fail(slo.status());
+  WorkloadSpec w;
+  w.num_requests = o.num_requests;
+  w.shared_prefix_len = o.shared_prefix;
+  w.burstiness = o.burstiness;
+  auto pl = LengthDist::Parse("--prompt-len", o.prompt_len);
+  if (!pl.ok()) return Fail(pl.status());
+  auto ol = LengthDist::Parse("--output-len", o.output_len);
+  if (!ol.ok()) return Fail(ol.status());
+  w.prompt_len = *pl;
+  w.output_len = *ol;
+  if (absl::Status s = CheckLoadgenFlags(o); !s.ok()) return Fail(s);
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
   v1::ModelInfo info;
   {
     grpc::ClientContext ctx;
-    unary_ctx(&ctx);
-    grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    client->Prepare(&ctx);
+    grpc::Status s = client->stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
     if (!s.ok()) return Fail(FromGrpc(s, "GetModelInfo"));
   }
   const int64_t longest = o.shared_prefix + pl->Max() + ol->Max();
@@ -150,13 +218,6 @@ int RunLoadgen(const LoadgenOptions& o) {
   }
   std::fprintf(stderr, "loadgen: %s serves %s (%s, %.1fM params, %.1fM active)\n", o.target.c_str(),
                info.model().c_str(), info.backend().c_str(), info.total_params() / 1e6, info.active_params() / 1e6);
-
-  auto get_stats = [&](v1::Stats* out) {
-    grpc::ClientContext ctx;
-    unary_ctx(&ctx);
-    return stub->GetStats(&ctx, v1::GetStatsRequest(), out);
-  };
-
   nlohmann::json report;
   report["target"] = o.target;
   report["model_info"] = loadgen::ProtoToJson(info);
@@ -168,53 +229,11 @@ int RunLoadgen(const LoadgenOptions& o) {
   report["price_per_hour"] = o.price_per_hour;
   report["levels"] = nlohmann::json::array();
   std::string csv = loadgen::CsvHeader() + "\n";
-
   std::printf("%-16s %6s %6s %6s %8s %9s %8s %9s %9s %8s %8s %9s %7s %9s\n", "level", "sent", "ok", "failed",
               "req/s", "out tok/s", "goodput", "ttft p50", "ttft p99", "tpot p50", "itl p99", "e2e p50",
               "batch", "$/Mtok");
   for (size_t li = 0; li < levels->size(); ++li) {
-    const LevelSpec& level = (*levels)[li];
-    WorkloadSpec w;
-    w.num_requests = o.num_requests;
-    w.prompt_len = *pl;
-    w.output_len = *ol;
-    w.shared_prefix_len = o.shared_prefix;
-    w.rate = level.closed_loop || std::isinf(level.rate) ? 0.0 : level.rate;
-    w.burstiness = o.burstiness;
-    w.vocab = std::min<int32_t>(info.vocab_size(), 256);
-    w.seed = o.seed + li;  // fresh prompts per level, so one level's cache does not serve the next
-    const auto items = MakeWorkload(w);
-
-    loadgen::LevelReport rep;
-    rep.level = level;
-    rep.price_per_hour = o.price_per_hour;
-    v1::Stats before;
-    const grpc::Status sb = get_stats(&before);
-
-    loadgen::RunOptions ro;
-    ro.call.api_key = o.api_key;
-    ro.call.timeout_seconds = o.timeout;
-    ro.priority = *priority;
-    ro.retain_seconds = o.retain_seconds;
-    ro.progress = !o.no_progress;
-    ro.progress_label = absl::StrCat("level ", li + 1, "/", levels->size(), " ", level.Label());
-    const loadgen::LevelRun run = loadgen::RunLevel(stub.get(), level, items, ro);
-    rep.metrics = loadgen::ComputeMetrics(run.results, run.duration_seconds, *slo);
-
-    // The last response can reach us before the server has booked the step that made it:
-    // wait (briefly) for the server to go idle so the level's deltas are complete.
-    v1::Stats after;
-    grpc::Status sa = get_stats(&after);
-    for (int i = 0; i < 200 && sa.ok() && (after.running_requests() > 0 || after.queue_depth() > 0); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      sa = get_stats(&after);
-    }
-    if (sb.ok() && sa.ok()) {
-      rep.server = loadgen::Difference(before, after);
-      rep.stats = after;
-    } else {
-      rep.stats_error = (sb.ok() ? sa : sb).error_message();
-    }
+    const loadgen::LevelReport rep = RunOneLevel(o, *client, info, w, li, levels->size(), (*levels)[li], *priority, *slo);
     PrintRow(rep);
     std::fflush(stdout);
     report["levels"].push_back(loadgen::ToJson(rep));
