@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
+#include "core/status.h"
 #include "roofline/analysis.h"
 #include "roofline/model_presets.h"
 #include "tools/commands.h"
@@ -46,47 +47,46 @@ std::string Human(double v, const char* unit) {
   return buf;
 }
 
-int RunRoofline(const RooflineOptions& o) {
-  auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
-  if (!config.ok()) return Fail(config.status());
-  auto hw = roofline::LoadHardware(o.hardware);
-  if (!hw.ok()) return Fail(hw.status());
-  auto dtype_or = AnalysisDtype(*config, o.dtype);
-  if (!dtype_or.ok()) return Fail(dtype_or.status());
-  const std::string dtype = *dtype_or;
-  if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
-  if (o.context < 1) return Fail(absl::InvalidArgumentError("--context must be >= 1"));
-  if (o.pp < 1) return Fail(absl::InvalidArgumentError("--pp must be >= 1"));
+// The analysis' inputs from the flags, checked.
+absl::StatusOr<roofline::RooflineInputs> MakeInputs(const RooflineOptions& o, const ModelConfig& config,
+                                                     const roofline::HardwareProfile& hw, const std::string& dtype) {
+  if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return absl::InvalidArgumentError("--kv-dtype: bf16 or f32");
+  if (o.context < 1) return absl::InvalidArgumentError("--context must be >= 1");
+  if (o.pp < 1) return absl::InvalidArgumentError("--pp must be >= 1");
   roofline::RooflineInputs in;
-  in.model = roofline::ModelCosts::From(*config, dtype, o.kv_dtype);
-  in.hw = *hw;
-  in.layout.ep = o.ep > 0 ? o.ep : hw->devices;
+  in.model = roofline::ModelCosts::From(config, dtype, o.kv_dtype);
+  in.hw = hw;
+  in.layout.ep = o.ep > 0 ? o.ep : hw.devices;
   in.layout.pp = o.pp;
   if (o.ep_domain_size < 0 || o.ep_domain_size > in.layout.ep ||
       (o.ep_domain_size > 0 && in.layout.ep % o.ep_domain_size != 0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--ep-domain-size must divide the ", in.layout.ep,
-                                                        " EP ranks (0: all in one domain), got ", o.ep_domain_size)));
+    return absl::InvalidArgumentError(absl::StrCat("--ep-domain-size must divide the ", in.layout.ep,
+                                                   " EP ranks (0: all in one domain), got ", o.ep_domain_size));
   }
   in.layout.ep_domain_size = o.ep_domain_size;
   in.context = o.context;
-  in.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw->price_per_hour;
+  in.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw.price_per_hour;
   for (absl::string_view part : absl::StrSplit(o.batches, ',', absl::SkipEmpty())) {
     int64_t b = 0;
     if (!absl::SimpleAtoi(part, &b) || b < 1) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--batches: '", part, "' is not an integer >= 1")));
+      return absl::InvalidArgumentError(absl::StrCat("--batches: '", part, "' is not an integer >= 1"));
     }
     in.batches.push_back(b);
   }
-  const roofline::RooflineReport r = roofline::AnalyzeRoofline(in);
-  const double devices = static_cast<double>(in.layout.devices());
+  return in;
+}
 
+void PrintReport(const roofline::RooflineInputs& in, const roofline::RooflineReport& r, const std::string& dtype) {
+  const roofline::HardwareProfile& hw = in.hw;
+  const double devices = static_cast<double>(in.layout.devices());
+  const long long context = static_cast<long long>(in.context);
   std::printf("model: %s total, %s active parameters (%s weights, %s KV per token)\n",
               Human(in.model.total_params, "").c_str(), Human(in.model.active_params, "").c_str(), dtype.c_str(),
               Human(r.kv_bytes_per_token, "B").c_str());
-  std::printf("hardware: %s x %lld (ep=%lld pp=%lld): %s FLOP/s, %s/s, %s per device (%s)\n", hw->name.c_str(),
+  std::printf("hardware: %s x %lld (ep=%lld pp=%lld): %s FLOP/s, %s/s, %s per device (%s)\n", hw.name.c_str(),
               static_cast<long long>(in.layout.devices()), static_cast<long long>(in.layout.ep),
-              static_cast<long long>(in.layout.pp), Human(hw->PeakFlops(dtype), "").c_str(),
-              Human(hw->mem_bandwidth, "B").c_str(), Human(hw->mem_capacity, "B").c_str(), hw->source.c_str());
+              static_cast<long long>(in.layout.pp), Human(hw.PeakFlops(dtype), "").c_str(),
+              Human(hw.mem_bandwidth, "B").c_str(), Human(hw.mem_capacity, "B").c_str(), hw.source.c_str());
   std::printf("  FLOP/byte ratio:             %.1f\n", r.flops_per_byte);
   std::printf("  critical batch:              %.0f tokens  (ratio x total/active%s)\n", r.critical_batch,
               dtype == "f32" ? " x 2 for f32" : "");
@@ -94,14 +94,12 @@ int RunRoofline(const RooflineOptions& o) {
   std::printf("  ... MoE-aware, this layout:  %.0f tokens  (compute = weight time, experts expected to be hit)\n",
               r.critical_batch_moe_aware);
   std::printf("  latency floor:               %.3f ms  (all weights once over %s/s, fully sharded)\n",
-              r.latency_floor_seconds * 1e3,
-              Human(hw->mem_bandwidth * devices, "B").c_str());
+              r.latency_floor_seconds * 1e3, Human(hw.mem_bandwidth * devices, "B").c_str());
   std::printf("  ... with this layout:        %.3f ms  (each EP rank reads the dense weights)\n",
               r.latency_floor_layout_seconds * 1e3);
-  std::printf("  batch-1 step at context %lld: %.3f ms\n", static_cast<long long>(o.context),
-              r.latency_floor_batch1_seconds * 1e3);
+  std::printf("  batch-1 step at context %lld: %.3f ms\n", context, r.latency_floor_batch1_seconds * 1e3);
   std::printf("  drain time:                  %.2f ms  (capacity / bandwidth)\n", r.drain_seconds * 1e3);
-  std::printf("  largest batch whose KV fits at context %lld: %lld\n", static_cast<long long>(o.context),
+  std::printf("  largest batch whose KV fits at context %lld: %lld\n", context,
               static_cast<long long>(r.max_batch_kv_fits));
   std::printf("  context where KV reads = weight reads: %.0f tokens at batch 1, %.0f at the critical batch\n",
               r.kv_equals_weights_context_batch1, r.kv_equals_weights_context_at_critical);
@@ -109,7 +107,7 @@ int RunRoofline(const RooflineOptions& o) {
     const int64_t d = in.layout.ep_domain_size > 0 ? in.layout.ep_domain_size : in.layout.ep;
     std::printf("  expert all-to-all: %lld EP ranks in domains of %lld; scale-up %s/s, scale-out %s/s per device\n",
                 static_cast<long long>(in.layout.ep), static_cast<long long>(d),
-                Human(hw->interconnect_bandwidth, "B").c_str(), Human(hw->scale_out_bandwidth, "B").c_str());
+                Human(hw.interconnect_bandwidth, "B").c_str(), Human(hw.scale_out_bandwidth, "B").c_str());
   }
   std::printf("\n%8s %12s %12s %12s %12s %12s %14s %10s %6s\n", "batch", "step ms", "compute ms", "memory ms",
               "comm ms", "tokens/s", "$/M tokens", "bound", "fits");
@@ -119,53 +117,65 @@ int RunRoofline(const RooflineOptions& o) {
                 row.cost.comm_seconds * 1e3, row.tokens_per_second, row.usd_per_million_tokens,
                 row.cost.compute_bound ? "compute" : "memory", row.kv_fits ? "yes" : "no");
   }
-  std::printf("(price: $%.2f per device-hour; context %lld per sequence)\n", in.price_per_hour,
-              static_cast<long long>(o.context));
+  std::printf("(price: $%.2f per device-hour; context %lld per sequence)\n", in.price_per_hour, context);
+}
 
-  if (!o.json.empty() || !o.csv.empty()) {
-    nlohmann::json j;
-    j["hardware"] = nlohmann::json::parse(hw->ToJson());
-    j["model"] = {{"total_params", in.model.total_params}, {"active_params", in.model.active_params},
-                  {"weight_dtype", dtype}, {"kv_bytes_per_token", r.kv_bytes_per_token}};
-    j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}, {"ep_domain_size", in.layout.ep_domain_size}};
-    j["context"] = o.context;
-    j["flops_per_byte"] = r.flops_per_byte;
-    j["critical_batch"] = r.critical_batch;
-    j["critical_batch_routed_experts"] = r.critical_batch_routed_experts;
-    j["critical_batch_moe_aware"] = r.critical_batch_moe_aware;
-    j["latency_floor_s"] = r.latency_floor_seconds;
-    j["latency_floor_layout_s"] = r.latency_floor_layout_seconds;
-    j["batch1_step_s"] = r.latency_floor_batch1_seconds;
-    j["drain_s"] = r.drain_seconds;
-    j["max_batch_kv_fits"] = r.max_batch_kv_fits;
-    j["kv_equals_weights_context_batch1"] = r.kv_equals_weights_context_batch1;
-    j["kv_equals_weights_context_at_critical"] = r.kv_equals_weights_context_at_critical;
-    std::string csv = "batch,step_s,compute_s,memory_s,tokens_per_s,usd_per_million_tokens,compute_bound,kv_fits\n";
-    for (const auto& row : r.rows) {
-      j["rows"].push_back({{"batch", row.batch},
-                           {"step_s", row.cost.bound_seconds},
-                           {"compute_s", row.cost.compute_seconds},
-                           {"memory_s", row.cost.memory_seconds},
-                           {"weight_s", row.cost.weight_seconds},
-                           {"kv_s", row.cost.kv_seconds},
-                           {"comm_s", row.cost.comm_seconds},
-                           {"comm_bytes", row.cost.comm_bytes},
-                           {"scale_out_bytes", row.cost.scale_out_bytes},
-                           {"experts_hit", row.cost.experts_hit},
-                           {"tokens_per_s", row.tokens_per_second},
-                           {"usd_per_million_tokens", row.usd_per_million_tokens},
-                           {"kv_fits", row.kv_fits}});
-      csv += absl::StrCat(row.batch, ",", row.cost.bound_seconds, ",", row.cost.compute_seconds, ",",
-                          row.cost.memory_seconds, ",", row.tokens_per_second, ",", row.usd_per_million_tokens, ",",
-                          row.cost.compute_bound ? 1 : 0, ",", row.kv_fits ? 1 : 0, "\n");
-    }
-    if (!o.json.empty()) {
-      if (absl::Status s = WriteFileAtomically(o.json, j.dump(2) + "\n"); !s.ok()) return Fail(s);
-    }
-    if (!o.csv.empty()) {
-      if (absl::Status s = WriteFileAtomically(o.csv, csv); !s.ok()) return Fail(s);
-    }
+// --json and --csv: the figures above and one row per batch.
+absl::Status WriteReport(const RooflineOptions& o, const roofline::RooflineInputs& in,
+                         const roofline::RooflineReport& r, const std::string& dtype) {
+  nlohmann::json j;
+  j["hardware"] = nlohmann::json::parse(in.hw.ToJson());
+  j["model"] = {{"total_params", in.model.total_params}, {"active_params", in.model.active_params},
+                {"weight_dtype", dtype}, {"kv_bytes_per_token", r.kv_bytes_per_token}};
+  j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}, {"ep_domain_size", in.layout.ep_domain_size}};
+  j["context"] = o.context;
+  j["flops_per_byte"] = r.flops_per_byte;
+  j["critical_batch"] = r.critical_batch;
+  j["critical_batch_routed_experts"] = r.critical_batch_routed_experts;
+  j["critical_batch_moe_aware"] = r.critical_batch_moe_aware;
+  j["latency_floor_s"] = r.latency_floor_seconds;
+  j["latency_floor_layout_s"] = r.latency_floor_layout_seconds;
+  j["batch1_step_s"] = r.latency_floor_batch1_seconds;
+  j["drain_s"] = r.drain_seconds;
+  j["max_batch_kv_fits"] = r.max_batch_kv_fits;
+  j["kv_equals_weights_context_batch1"] = r.kv_equals_weights_context_batch1;
+  j["kv_equals_weights_context_at_critical"] = r.kv_equals_weights_context_at_critical;
+  std::string csv = "batch,step_s,compute_s,memory_s,tokens_per_s,usd_per_million_tokens,compute_bound,kv_fits\n";
+  for (const auto& row : r.rows) {
+    j["rows"].push_back({{"batch", row.batch},
+                         {"step_s", row.cost.bound_seconds},
+                         {"compute_s", row.cost.compute_seconds},
+                         {"memory_s", row.cost.memory_seconds},
+                         {"weight_s", row.cost.weight_seconds},
+                         {"kv_s", row.cost.kv_seconds},
+                         {"comm_s", row.cost.comm_seconds},
+                         {"comm_bytes", row.cost.comm_bytes},
+                         {"scale_out_bytes", row.cost.scale_out_bytes},
+                         {"experts_hit", row.cost.experts_hit},
+                         {"tokens_per_s", row.tokens_per_second},
+                         {"usd_per_million_tokens", row.usd_per_million_tokens},
+                         {"kv_fits", row.kv_fits}});
+    csv += absl::StrCat(row.batch, ",", row.cost.bound_seconds, ",", row.cost.compute_seconds, ",",
+                        row.cost.memory_seconds, ",", row.tokens_per_second, ",", row.usd_per_million_tokens, ",",
+                        row.cost.compute_bound ? 1 : 0, ",", row.kv_fits ? 1 : 0, "\n");
   }
+  if (!o.json.empty()) RETURN_IF_ERROR(WriteFileAtomically(o.json, j.dump(2) + "\n"));
+  if (!o.csv.empty()) RETURN_IF_ERROR(WriteFileAtomically(o.csv, csv));
+  return absl::OkStatus();
+}
+
+int RunRoofline(const RooflineOptions& o) {
+  auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
+  if (!config.ok()) return Fail(config.status());
+  auto hw = roofline::LoadHardware(o.hardware);
+  if (!hw.ok()) return Fail(hw.status());
+  auto dtype = AnalysisDtype(*config, o.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
+  auto in = MakeInputs(o, *config, *hw, *dtype);
+  if (!in.ok()) return Fail(in.status());
+  const roofline::RooflineReport r = roofline::AnalyzeRoofline(*in);
+  PrintReport(*in, r, *dtype);
+  if (absl::Status s = WriteReport(o, *in, r, *dtype); !s.ok()) return Fail(s);
   return 0;
 }
 
