@@ -36,6 +36,60 @@ std::string ErrorBody(int status, const std::string& message) {
   return JsonText(e.ToJson());
 }
 
+// vLLM's /v1/models: every served name, each serving the first.
+Json ModelsList(const std::vector<std::string>& names, int64_t max_model_len) {
+  Json data = Json::array();
+  for (const std::string& name : names) {
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "moeserve"},
+                    {"root", names.front()},  // as vLLM: what the names serve
+                    {"parent", nullptr},
+                    {"max_model_len", max_model_len}});
+  }
+  return {{"object", "list"}, {"data", data}};
+}
+
+// vLLM's /tokenize: a prompt, or chat messages rendered as the chat endpoint renders them.
+void Tokenize(const ModelTokenizer& tok, int64_t max_model_len, const HttpRequest& req, HttpReply& reply) {
+  auto j = ParseJsonBody(req.body);
+  if (!j.ok()) return Reply(reply, j.status());
+  absl::StatusOr<std::vector<int32_t>> ids;
+  if (j->is_object() && j->contains("prompt") && (*j)["prompt"].is_string()) {
+    const bool special = !j->contains("add_special_tokens") || (*j)["add_special_tokens"] != false;
+    ids = tok.tokenizer->Encode((*j)["prompt"].get<std::string>(), special);
+  } else if (j->is_object() && j->contains("messages") && (*j)["messages"].is_array()) {
+    absl::StatusOr<ChatOptions> options = ReadChatOptions(*j);
+    ids = options.ok() ? ChatPrompt((*j)["messages"], tok, *options) : options.status();
+  } else {
+    ids = absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\"");
+  }
+  if (!ids.ok()) return Reply(reply, ids.status());
+  ReplyJson(reply, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", max_model_len}});
+}
+
+// vLLM's /detokenize.
+void Detokenize(const ModelTokenizer& tok, const HttpRequest& req, HttpReply& reply) {
+  auto j = ParseJsonBody(req.body);
+  if (!j.ok()) return Reply(reply, j.status());
+  if (!j->is_object() || !j->contains("tokens") || !(*j)["tokens"].is_array()) {
+    return Reply(reply, absl::InvalidArgumentError("tokens: must be an array of token ids"));
+  }
+  if (!tok.has_text()) {
+    return Reply(reply, absl::InvalidArgumentError("tokens: the server runs without a tokenizer (--skip-tokenizer-init)"));
+  }
+  std::vector<int32_t> ids;
+  for (const Json& v : (*j)["tokens"]) {
+    int64_t id = -1;
+    if (!v.is_number_integer() || !v.get_to(id) || id < 0 || id > INT32_MAX) {
+      return Reply(reply, absl::InvalidArgumentError("tokens: must be an array of token ids"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  ReplyJson(reply, {{"prompt", tok.tokenizer->Decode(ids, true)}});
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpOptions& options, Engine* engine,
@@ -111,17 +165,7 @@ std::vector<HttpRoute> HttpApi::Routes() {
   routes.push_back({"POST", "/v1/chat/completions", authorized, completion(true)});
   routes.push_back({"GET", "/v1/models", authorized,
                     [model_names, max_model_len](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
-                      Json data = Json::array();
-                      for (const std::string& name : model_names) {
-                        data.push_back({{"id", name},
-                                        {"object", "model"},
-                                        {"created", 0},
-                                        {"owned_by", "moeserve"},
-                                        {"root", model_names.front()},  // as vLLM: what the names serve
-                                        {"parent", nullptr},
-                                        {"max_model_len", max_model_len}});
-                      }
-                      ReplyJson(*reply, {{"object", "list"}, {"data", data}});
+                      ReplyJson(*reply, ModelsList(model_names, max_model_len));
                     }});
   // /health, and vLLM's /ping (GET or POST) for load balancers that probe that: 503 once draining.
   const auto health = [this](const HttpRequest&, std::shared_ptr<HttpReply> reply) {
@@ -140,44 +184,11 @@ std::vector<HttpRoute> HttpApi::Routes() {
                     }});
   routes.push_back({"POST", "/tokenize", authorized,
                     [max_model_len, tok = service_.tokenizer](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
-                      auto j = ParseJsonBody(req.body);
-                      if (!j.ok()) return Reply(*reply, j.status());
-                      absl::StatusOr<std::vector<int32_t>> ids;
-                      if (j->is_object() && j->contains("prompt") && (*j)["prompt"].is_string()) {
-                        const bool special = !j->contains("add_special_tokens") || (*j)["add_special_tokens"] != false;
-                        ids = tok->tokenizer->Encode((*j)["prompt"].get<std::string>(), special);
-                      } else if (j->is_object() && j->contains("messages") && (*j)["messages"].is_array()) {
-                        // As the chat endpoint renders them, with the same options.
-                        absl::StatusOr<ChatOptions> options = ReadChatOptions(*j);
-                        ids = options.ok() ? ChatPrompt((*j)["messages"], *tok, *options) : options.status();
-                      } else {
-                        ids = absl::InvalidArgumentError("prompt: give \"prompt\" (a string) or \"messages\"");
-                      }
-                      if (!ids.ok()) return Reply(*reply, ids.status());
-                      ReplyJson(*reply, {{"tokens", *ids},
-                                         {"count", ids->size()},
-                                         {"max_model_len", max_model_len}});
+                      Tokenize(*tok, max_model_len, req, *reply);
                     }});
   routes.push_back({"POST", "/detokenize", authorized,
                     [tok = service_.tokenizer](const HttpRequest& req, std::shared_ptr<HttpReply> reply) {
-                      auto j = ParseJsonBody(req.body);
-                      if (!j.ok()) return Reply(*reply, j.status());
-                      if (!j->is_object() || !j->contains("tokens") || !(*j)["tokens"].is_array()) {
-                        return Reply(*reply, absl::InvalidArgumentError("tokens: must be an array of token ids"));
-                      }
-                      if (!tok->has_text()) {
-                        return Reply(*reply, absl::InvalidArgumentError(
-                                                 "tokens: the server runs without a tokenizer (--skip-tokenizer-init)"));
-                      }
-                      std::vector<int32_t> ids;
-                      for (const Json& v : (*j)["tokens"]) {
-                        int64_t id = -1;
-                        if (!v.is_number_integer() || !v.get_to(id) || id < 0 || id > INT32_MAX) {
-                          return Reply(*reply, absl::InvalidArgumentError("tokens: must be an array of token ids"));
-                        }
-                        ids.push_back(static_cast<int32_t>(id));
-                      }
-                      ReplyJson(*reply, {{"prompt", tok->tokenizer->Decode(ids, true)}});
+                      Detokenize(*tok, req, *reply);
                     }});
   return routes;
 }
