@@ -124,6 +124,109 @@ absl::Status WriteOutputs(const PriceSheetOptions& o, const nlohmann::json& j, c
   return absl::OkStatus();
 }
 
+// The weights' dtype the sheet prices (--dtype, else the checkpoint's), and the KV's, checked.
+absl::StatusOr<std::string> SheetDtype(const PriceSheetOptions& o, const ModelConfig& config) {
+  std::string dtype = !o.dtype.empty()         ? o.dtype
+                      : config.fp8_checkpoint ? "fp8"
+                                              : std::string(DTypeShortName(config.torch_dtype));
+  if (dtype == "f16") dtype = "bf16";
+  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") return absl::InvalidArgumentError("--dtype: bf16, f32 or fp8");
+  if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return absl::InvalidArgumentError("--kv-dtype: bf16 or f32");
+  return dtype;
+}
+
+// The machine's prices, the model's bytes, the request mix and the grid the sheet is drawn on.
+absl::StatusOr<roofline::PriceInputs> MakePriceInputs(const PriceSheetOptions& o, const ModelConfig& config,
+                                                      const roofline::HardwareProfile& hw,
+                                                      const roofline::ModelCosts& costs, int64_t ep) {
+  roofline::PriceInputs in;
+  ASSIGN_OR_RETURN(in.grid, MakeGrid(o, config.max_position_embeddings));
+  in.machine.devices = ep;
+  in.machine.usd_per_device_hour =
+      o.price_per_hour >= 0 ? o.price_per_hour : (hw.price_per_hour > 0 ? hw.price_per_hour : kLocalCpuUsdPerHour);
+  in.machine.device_memory_bytes = hw.mem_capacity;
+  in.machine.usd_per_gb_hour_device = o.gb_hour_device;
+  in.machine.usd_per_gb_hour_ddr = o.gb_hour_ddr;
+  in.machine.usd_per_gb_hour_flash = o.gb_hour_flash;
+  in.machine.host_link_bytes_per_s = hw.host_link_bandwidth;
+  in.machine.flash_read_bytes_per_s = hw.disk_read_bandwidth;
+  // Each EP rank holds its own copy of the weights that are not routed experts.
+  in.model.weight_bytes =
+      costs.TotalWeightBytes() + costs.replicated_params * costs.weight_bytes_per_param * static_cast<double>(ep - 1);
+  in.model.kv_bytes_per_token = costs.kv_bytes_per_token;
+  in.model.max_context = config.max_position_embeddings;
+  in.mix = o.mix;
+  in.mix.tpot_seconds = o.tpot_ms / 1e3;
+  in.mix.ttft_seconds = o.ttft_ms / 1e3;
+  RETURN_IF_ERROR(in.Validate());
+  return in;
+}
+
+// The sheet's inputs as JSON, and the two lines that say what is priced.
+nlohmann::json DescribeInputs(const PriceSheetOptions& o, const roofline::PriceInputs& in,
+                              const roofline::ModelCosts& costs, const roofline::HardwareProfile& hw,
+                              const std::string& dtype) {
+  nlohmann::json j;
+  j["model"] = {{"total_params", costs.total_params}, {"active_params", costs.active_params}, {"weight_dtype", dtype},
+                {"weight_bytes", in.model.weight_bytes}, {"kv_bytes_per_token", costs.kv_bytes_per_token},
+                {"max_context", in.model.max_context}};
+  j["hardware"] = nlohmann::json::parse(hw.ToJson());
+  j["prices"] = {{"usd_per_device_hour", in.machine.usd_per_device_hour}, {"devices", in.machine.devices},
+                 {"usd_per_gb_hour_device", in.machine.DeviceTierUsdPerGbHour()},
+                 {"usd_per_gb_hour_ddr", in.machine.usd_per_gb_hour_ddr},
+                 {"usd_per_gb_hour_flash", in.machine.usd_per_gb_hour_flash}};
+  j["mix"] = {{"prompt_tokens", in.mix.prompt_tokens}, {"output_tokens", in.mix.output_tokens},
+              {"cache_hit_rate", in.mix.cache_hit_rate}, {"tpot_s", in.mix.tpot_seconds},
+              {"ttft_s", in.mix.ttft_seconds}};
+  std::printf("price sheet: %.3g total / %.3g active parameters (%s), %.3g KB of KV per token; %s x %lld at $%.3f "
+              "per device-hour (%s)\n",
+              costs.total_params, costs.active_params, dtype.c_str(), costs.kv_bytes_per_token / 1e3, hw.name.c_str(),
+              static_cast<long long>(in.machine.devices), in.machine.usd_per_device_hour, hw.source.c_str());
+  std::printf("mix: %lld prompt + %lld output tokens, %.0f%% cache hits; TPOT %.1f ms, TTFT %.0f ms\n",
+              static_cast<long long>(in.mix.prompt_tokens), static_cast<long long>(in.mix.output_tokens),
+              in.mix.cache_hit_rate * 100, o.tpot_ms, o.ttft_ms);
+  return j;
+}
+
+// --measure: the sheet again from step times measured on this machine, set beside the
+// prediction, then the fast lane. The files are written after the sheet and again after the
+// fast lane, so that a failure there keeps what was measured.
+absl::Status MeasureSheet(const PriceSheetOptions& o, Backend* backend, const roofline::HardwareProfile& hw,
+                          const roofline::PriceInputs& in, const roofline::PredictedStepTimes& predicted_times,
+                          const roofline::PriceSheet& predicted, const std::string& dtype, nlohmann::json* j,
+                          std::string* csv) {
+  ModelSpec spec;
+  spec.model_dir = o.model_dir;
+  if (!o.preset.empty()) spec.preset = o.preset;
+  spec.dtype = dtype == "f32" ? DType::kF32 : DType::kBF16;  // what the prediction priced
+  std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(spec).c_str(), backend->Name().c_str());
+  ASSIGN_OR_RETURN(auto weights, LoadModel(spec, backend));
+  PriceMeasureOptions mo;
+  mo.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
+  mo.repeats = o.repeats;
+  mo.tier_prompt_tokens = o.tier_prompt >= 0 ? o.tier_prompt : in.mix.prompt_tokens;
+  ASSIGN_OR_RETURN(auto m, MeasurePriceTimes(*weights, backend, hw, in, &predicted_times, mo));
+  roofline::PriceInputs measured_in = in;
+  if (m.host_link_bytes_per_s > 0) measured_in.machine.host_link_bytes_per_s = m.host_link_bytes_per_s;
+  if (m.flash_read_bytes_per_s > 0) measured_in.machine.flash_read_bytes_per_s = m.flash_read_bytes_per_s;
+  const roofline::PriceSheet measured = roofline::ComputePriceSheet(measured_in, m.times);
+  PrintPriceSheet(measured, measured_in, absl::StrCat("measured on ", backend->Name()));
+  (*j)["measured"] = PriceSheetToJson(measured, measured_in);
+  (*j)["measured"]["backend"] = backend->Name();
+  (*j)["measured"]["tier_scenario"] = m.tier_scenario;
+  (*j)["comparison"] = ComparePriceSheets(predicted, measured);
+  PrintComparison((*j)["comparison"]);
+  *csv += PriceCurvesCsv(measured, "measured");
+  RETURN_IF_ERROR(WriteOutputs(o, *j, *csv));
+  const int64_t lane_output = o.fast_lane_output >= 0 ? o.fast_lane_output : std::min<int64_t>(in.mix.output_tokens, 64);
+  if (lane_output < 2) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto lane, MeasureFastLane(*weights, backend, measured.output.batch, in.mix.prompt_tokens,
+                                              lane_output, in.machine.usd_per_device_hour, mo));
+  PrintFastLane(lane, measured);
+  (*j)["measured"]["fast_lane"] = lane;
+  return absl::OkStatus();
+}
+
 int RunPriceSheet(PriceSheetOptions o) {
   auto config = ResolveConfig(o);
   if (!config.ok()) return Fail(config.status());
@@ -138,102 +241,25 @@ int RunPriceSheet(PriceSheetOptions o) {
   }
   auto hw = ResolveHardware(o, backend.get());
   if (!hw.ok()) return Fail(hw.status());
-  std::string dtype = !o.dtype.empty()          ? o.dtype
-                      : config->fp8_checkpoint ? "fp8"
-                                               : std::string(DTypeShortName(config->torch_dtype));
-  if (dtype == "f16") dtype = "bf16";
-  if (dtype != "bf16" && dtype != "f32" && dtype != "fp8") {
-    return Fail(absl::InvalidArgumentError("--dtype: bf16, f32 or fp8"));
-  }
-  if (o.kv_dtype != "bf16" && o.kv_dtype != "f32") return Fail(absl::InvalidArgumentError("--kv-dtype: bf16 or f32"));
-  o.mix.tpot_seconds = o.tpot_ms / 1e3;
-  o.mix.ttft_seconds = o.ttft_ms / 1e3;
-  auto grid = MakeGrid(o, config->max_position_embeddings);
-  if (!grid.ok()) return Fail(grid.status());
-
-  const roofline::ModelCosts costs = roofline::ModelCosts::From(*config, dtype, o.kv_dtype);
+  auto dtype = SheetDtype(o, *config);
+  if (!dtype.ok()) return Fail(dtype.status());
+  const roofline::ModelCosts costs = roofline::ModelCosts::From(*config, *dtype, o.kv_dtype);
   roofline::ParallelLayout layout;
   layout.ep = o.measure ? 1 : (o.ep > 0 ? o.ep : hw->devices);
-  roofline::PriceInputs in;
-  in.machine.devices = layout.ep;
-  in.machine.usd_per_device_hour =
-      o.price_per_hour >= 0 ? o.price_per_hour : (hw->price_per_hour > 0 ? hw->price_per_hour : kLocalCpuUsdPerHour);
-  in.machine.device_memory_bytes = hw->mem_capacity;
-  in.machine.usd_per_gb_hour_device = o.gb_hour_device;
-  in.machine.usd_per_gb_hour_ddr = o.gb_hour_ddr;
-  in.machine.usd_per_gb_hour_flash = o.gb_hour_flash;
-  in.machine.host_link_bytes_per_s = hw->host_link_bandwidth;
-  in.machine.flash_read_bytes_per_s = hw->disk_read_bandwidth;
-  // Each EP rank holds its own copy of the weights that are not routed experts.
-  in.model.weight_bytes = costs.TotalWeightBytes() +
-                          costs.replicated_params * costs.weight_bytes_per_param * static_cast<double>(layout.ep - 1);
-  in.model.kv_bytes_per_token = costs.kv_bytes_per_token;
-  in.model.max_context = config->max_position_embeddings;
-  in.mix = o.mix;
-  in.grid = *grid;
-  in.latency_floor_seconds = roofline::BatchOneWeightSeconds(costs, *hw, layout);
-  if (absl::Status s = in.Validate(); !s.ok()) return Fail(s);
-
+  auto in = MakePriceInputs(o, *config, *hw, costs, layout.ep);
+  if (!in.ok()) return Fail(in.status());
+  in->latency_floor_seconds = roofline::BatchOneWeightSeconds(costs, *hw, layout);
   const roofline::PredictedStepTimes predicted_times(costs, *hw, layout);
-  const roofline::PriceSheet predicted = roofline::ComputePriceSheet(in, predicted_times);
-  nlohmann::json j;
-  j["model"] = {{"total_params", costs.total_params}, {"active_params", costs.active_params}, {"weight_dtype", dtype},
-                {"weight_bytes", in.model.weight_bytes}, {"kv_bytes_per_token", costs.kv_bytes_per_token},
-                {"max_context", in.model.max_context}};
-  j["hardware"] = nlohmann::json::parse(hw->ToJson());
-  j["prices"] = {{"usd_per_device_hour", in.machine.usd_per_device_hour}, {"devices", in.machine.devices},
-                 {"usd_per_gb_hour_device", in.machine.DeviceTierUsdPerGbHour()},
-                 {"usd_per_gb_hour_ddr", in.machine.usd_per_gb_hour_ddr},
-                 {"usd_per_gb_hour_flash", in.machine.usd_per_gb_hour_flash}};
-  j["mix"] = {{"prompt_tokens", in.mix.prompt_tokens}, {"output_tokens", in.mix.output_tokens},
-              {"cache_hit_rate", in.mix.cache_hit_rate}, {"tpot_s", in.mix.tpot_seconds},
-              {"ttft_s", in.mix.ttft_seconds}};
-  std::printf("price sheet: %.3g total / %.3g active parameters (%s), %.3g KB of KV per token; %s x %lld at $%.3f "
-              "per device-hour (%s)\n",
-              costs.total_params, costs.active_params, dtype.c_str(), costs.kv_bytes_per_token / 1e3, hw->name.c_str(),
-              static_cast<long long>(in.machine.devices), in.machine.usd_per_device_hour, hw->source.c_str());
-  std::printf("mix: %lld prompt + %lld output tokens, %.0f%% cache hits; TPOT %.1f ms, TTFT %.0f ms\n",
-              static_cast<long long>(in.mix.prompt_tokens), static_cast<long long>(in.mix.output_tokens),
-              in.mix.cache_hit_rate * 100, o.tpot_ms, o.ttft_ms);
-  PrintPriceSheet(predicted, in, "predicted (roofline at the profile's peaks)");
-  j["predicted"] = PriceSheetToJson(predicted, in);
+  const roofline::PriceSheet predicted = roofline::ComputePriceSheet(*in, predicted_times);
+  nlohmann::json j = DescribeInputs(o, *in, costs, *hw, *dtype);
+  PrintPriceSheet(predicted, *in, "predicted (roofline at the profile's peaks)");
+  j["predicted"] = PriceSheetToJson(predicted, *in);
   std::string csv = "source,curve,x,batch,step_s,usd_per_million_or_price_multiple,memory_limited_or_speed_multiple\n" +
                     PriceCurvesCsv(predicted, "predicted");
-
   if (o.measure) {
-    ModelSpec spec;
-    spec.model_dir = o.model_dir;
-    if (!o.preset.empty()) spec.preset = o.preset;
-    spec.dtype = dtype == "f32" ? DType::kF32 : DType::kBF16;  // what the prediction priced
-    std::fprintf(stderr, "loading %s on %s ...\n", DescribeModelSpec(spec).c_str(), backend->Name().c_str());
-    auto weights = LoadModel(spec, backend.get());
-    if (!weights.ok()) return Fail(weights.status());
-    PriceMeasureOptions mo;
-    mo.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
-    mo.repeats = o.repeats;
-    mo.tier_prompt_tokens = o.tier_prompt >= 0 ? o.tier_prompt : in.mix.prompt_tokens;
-    auto m = MeasurePriceTimes(**weights, backend.get(), *hw, in, &predicted_times, mo);
-    if (!m.ok()) return Fail(m.status());
-    roofline::PriceInputs measured_in = in;
-    if (m->host_link_bytes_per_s > 0) measured_in.machine.host_link_bytes_per_s = m->host_link_bytes_per_s;
-    if (m->flash_read_bytes_per_s > 0) measured_in.machine.flash_read_bytes_per_s = m->flash_read_bytes_per_s;
-    const roofline::PriceSheet measured = roofline::ComputePriceSheet(measured_in, m->times);
-    PrintPriceSheet(measured, measured_in, absl::StrCat("measured on ", backend->Name()));
-    j["measured"] = PriceSheetToJson(measured, measured_in);
-    j["measured"]["backend"] = backend->Name();
-    j["measured"]["tier_scenario"] = m->tier_scenario;
-    j["comparison"] = ComparePriceSheets(predicted, measured);
-    PrintComparison(j["comparison"]);
-    csv += PriceCurvesCsv(measured, "measured");
-    // Written now, and again with the fast lane: a failure there keeps what was measured.
-    if (absl::Status s = WriteOutputs(o, j, csv); !s.ok()) return Fail(s);
-    const int64_t lane_output = o.fast_lane_output >= 0 ? o.fast_lane_output : std::min<int64_t>(in.mix.output_tokens, 64);
-    if (lane_output >= 2) {
-      auto lane = MeasureFastLane(**weights, backend.get(), measured.output.batch, in.mix.prompt_tokens, lane_output,
-                                  in.machine.usd_per_device_hour, mo);
-      if (!lane.ok()) return Fail(lane.status());
-      PrintFastLane(*lane, measured);
-      j["measured"]["fast_lane"] = *lane;
+    if (absl::Status s = MeasureSheet(o, backend.get(), *hw, *in, predicted_times, predicted, *dtype, &j, &csv);
+        !s.ok()) {
+      return Fail(s);
     }
   }
   if (absl::Status s = WriteOutputs(o, j, csv); !s.ok()) return Fail(s);
