@@ -20,7 +20,10 @@
 
 namespace moeserve::tools {
 
-void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
+namespace {
+
+// Scheduling and the device KV cache.
+void AddSchedulerFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--max-num-seqs", f->config.scheduler.max_num_seqs, "Most sequences in one engine step")->capture_default_str();
   cmd->add_option("--max-tokens-per-step", f->config.scheduler.max_tokens_per_step,
                   "Token budget of one step (prefill chunks plus decodes)")
@@ -47,6 +50,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "avx512-bf16 and amx CPU kernels, attention then runs on vdpbf16ps, queries and probabilities "
                   "rounded to bf16)")
       ->capture_default_str();
+}
+
+// The device the model runs on, its kernels, and the roofline profile that predicts its steps.
+void AddDeviceFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; checked on an H100; "
@@ -72,9 +79,14 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "roofline bound into a calibrated prediction (needs --hardware)");
   cmd->add_option("--price-per-hour", f->config.price_per_hour,
                   "$ per hour of this machine for request receipts (default: the profile's price)");
+}
+
+// The KV tiers below the device (host DDR, flash) and preemption.
+void AddKvTierFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--host-kv-mb", f->host_kv_mb,
                   "Host DDR tier for evicted prefix-cache blocks and swapped-out sequences, MiB (0: none); pinned "
-                  "memory with --backend cuda; works with --ep/--pp (blocks are assembled from every stage)")
+                  "memory with --backend cuda; works with --ep/--pp, as threads or as mpirun processes (the tiers are rank "
+                  "0's; a block is assembled from every rank that holds a piece of it)")
       ->capture_default_str();
   cmd->add_option("--flash-kv-dir", f->flash_kv_dir,
                   "Directory of the flash tier below DDR (verified records; survives restarts). Created 0700 "
@@ -95,6 +107,10 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--max-retain-seconds", f->config.limits.max_retain_seconds,
                   "Largest retain_seconds (prompt-cache retention) a request may ask")
       ->capture_default_str();
+}
+
+// Expert parallelism and pipeline stages.
+void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--ep", f->config.parallel.ep,
                   "Expert-parallel ranks: each holds 1/N of every layer's experts and runs attention for its own "
                   "sequences; MoE layers exchange hidden states by all-to-all. Each rank is a thread with its own "
@@ -125,6 +141,15 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                 "halves those bytes without changing a bit of the output (for comparison)");
   cmd->add_option("--micro-batches", f->config.parallel.micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
+  AddSchedulerFlags(cmd, f);
+  AddDeviceFlags(cmd, f);
+  AddKvTierFlags(cmd, f);
+  AddParallelFlags(cmd, f);
   cmd->add_option("--trace-jsonl", f->config.trace_jsonl, "Write every engine step's record here, one JSON per line");
   cmd->add_option("--trace-chrome", f->config.trace_chrome,
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
