@@ -245,11 +245,10 @@ int RunServeRank0(ServeOptions o, MpiJob* job) {
 
 }  // namespace
 
-void AddServeCommand(CLI::App& app, int* exit_code) {
-  auto o = std::make_shared<ServeOptions>();
-  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over gRPC (moeserve.v1.Moeserve, health, reflection)");
-  AddModelFlags(cmd, &o->model, &o->dtype, &o->load_format);
-  AddEngineFlags(cmd, &o->engine);
+namespace {
+
+// The gRPC server: address, keys, TLS, message limits, the drain.
+void AddGrpcServerFlags(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--listen", o->server.listen, "Address to listen on, host:port (port 0 picks a free one)")
       ->capture_default_str();
   cmd->add_option("--api-key", o->api_key, "Require \"authorization: Bearer KEY\" on every moeserve.v1 call (one tenant)");
@@ -270,12 +269,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "On SIGTERM/SIGINT, how long running requests may finish before they are cancelled")
       ->capture_default_str();
   cmd->add_option("--port-file", o->server.port_file, "Write the bound port to this file once listening");
-  CLI::Option* http_listen = cmd->add_option("--http-listen", o->server.http.listen,
-                  "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
-                  "/health, /metrics, /tokenize, /detokenize) on HOST:PORT; port 0 picks a free one; empty: off")
-      ->capture_default_str();
-  cmd->add_option("--http-port-file", o->server.http_port_file, "Write the HTTP API's bound port to this file");
-  server::HttpServerOptions& hs = o->server.http.server;
+}
+
+// The HTTP server's connections and timeouts.
+void AddHttpServerFlags(CLI::App* cmd, server::HttpServerOptions& hs) {
   cmd->add_option("--http-threads", hs.threads,
                   "Event loops of the HTTP server (every connection, idle or streaming, is served by one of "
                   "them without holding a thread)")
@@ -298,6 +295,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--http-backlog", hs.backlog,
                   "Connections the kernel queues before the server accepts them (a burst beyond it is reset)")
       ->capture_default_str();
+}
+
+// The served model's names, template, defaults and limits, and the metrics endpoint.
+void AddServedModelFlags(CLI::App* cmd, ServeOptions* o) {
   cmd->add_option("--chat-template", o->chat_template,
                   "A Jinja chat template file that replaces the checkpoint's (tokenizer_config.json's "
                   "chat_template); refused at start if it uses what moeserve's Jinja subset does not implement "
@@ -325,6 +326,23 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Seeds the sampling of requests that bring no seed of their own, with their request number (as "
                   "vLLM's --seed): the same seed and requests in the same order sample the same tokens")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over gRPC (moeserve.v1.Moeserve, health, reflection)");
+  AddModelFlags(cmd, &o->model, &o->dtype, &o->load_format);
+  AddEngineFlags(cmd, &o->engine);
+  AddGrpcServerFlags(cmd, o.get());
+  CLI::Option* http_listen = cmd->add_option("--http-listen", o->server.http.listen,
+                  "Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+                  "/health, /metrics, /tokenize, /detokenize) on HOST:PORT; port 0 picks a free one; empty: off")
+      ->capture_default_str();
+  cmd->add_option("--http-port-file", o->server.http_port_file, "Write the HTTP API's bound port to this file");
+  AddHttpServerFlags(cmd, o->server.http.server);
+  AddServedModelFlags(cmd, o.get());
   GroupServeFlags(cmd);
   cmd->callback([o, exit_code, http_listen, cmd] {
     o->http_listen_given = http_listen->count() > 0;
