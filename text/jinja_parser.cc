@@ -49,89 +49,106 @@ absl::StatusOr<Body> Parser::ParseBody(const std::set<std::string>& ends) {
 }
 
 // After {%: one statement through its end tag (null for a pass-through {% generation %}).
+absl::Status Parser::IfStatement(Node* n) {
+  n->kind = Node::kIf;
+  ASSIGN_OR_RETURN(auto cond, Expression());
+  RETURN_IF_ERROR(Close());
+  while (true) {
+    ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}));
+    n->branches.emplace_back(std::move(cond), std::move(body));
+    Next();  // {%
+    const std::string end = Next().text;
+    if (end == "endif") break;
+    if (end == "else") {
+      RETURN_IF_ERROR(Close());
+      ASSIGN_OR_RETURN(Body rest, ParseBody({"endif"}));
+      n->branches.emplace_back(nullptr, std::move(rest));
+      Next();
+      Next();
+      break;
+    }
+    ASSIGN_OR_RETURN(cond, Expression());  // elif
+    RETURN_IF_ERROR(Close());
+  }
+  return Close();
+}
+
+absl::Status Parser::ForStatement(Node* n) {
+  n->kind = Node::kFor;
+  do {
+    ASSIGN_OR_RETURN(std::string target, ExpectName());
+    n->targets.push_back(std::move(target));
+  } while (IsOp(",") && (Next(), true));
+  RETURN_IF_ERROR(Expect(Token::kName, "in", "'in'"));
+  ASSIGN_OR_RETURN(n->expr, Expression(/*with_condition=*/false));
+  if (IsName("if")) {
+    Next();
+    ASSIGN_OR_RETURN(n->filter, Expression(false));
+  }
+  if (IsName("recursive")) return Error("recursive loops are not supported");
+  RETURN_IF_ERROR(Close());
+  ASSIGN_OR_RETURN(n->body, ParseBody({"else", "endfor"}));
+  Next();
+  if (Next().text == "else") {
+    RETURN_IF_ERROR(Close());
+    ASSIGN_OR_RETURN(n->else_body, ParseBody({"endfor"}));
+    Next();
+    Next();
+  }
+  return Close();
+}
+
+absl::Status Parser::SetStatement(Node* n) {
+  n->kind = Node::kSet;
+  ASSIGN_OR_RETURN(std::string target, ExpectName());
+  n->targets.push_back(std::move(target));
+  if (IsOp(".")) {
+    Next();
+    ASSIGN_OR_RETURN(n->attr, ExpectName());
+  } else {
+    while (IsOp(",")) {
+      Next();
+      ASSIGN_OR_RETURN(std::string more, ExpectName());
+      n->targets.push_back(std::move(more));
+    }
+  }
+  if (!IsOp("=")) return Error("{% set %} blocks (without '=') are not supported");
+  Next();
+  ASSIGN_OR_RETURN(n->expr, Expression());
+  return Close();
+}
+
+// transformers' marker of the assistant's tokens: rendering is unchanged (an always-true if).
+absl::Status Parser::GenerationStatement(Node* n) {
+  RETURN_IF_ERROR(Close());
+  n->kind = Node::kIf;
+  ASSIGN_OR_RETURN(Body body, ParseBody({"endgeneration"}));
+  Next();
+  Next();
+  RETURN_IF_ERROR(Close());
+  auto yes = std::make_unique<Expr>();
+  yes->kind = Expr::kLiteral;
+  yes->value = Value(true);
+  n->branches.emplace_back(std::move(yes), std::move(body));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Node>> Parser::Statement() {
   const int line = Peek().line;
   ASSIGN_OR_RETURN(std::string keyword, ExpectName());
   auto n = std::make_unique<Node>();
   n->line = line;
   if (keyword == "if") {
-    n->kind = Node::kIf;
-    ASSIGN_OR_RETURN(auto cond, Expression());
-    RETURN_IF_ERROR(Close());
-    while (true) {
-      ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}));
-      n->branches.emplace_back(std::move(cond), std::move(body));
-      Next();  // {%
-      const std::string end = Next().text;
-      if (end == "endif") break;
-      if (end == "else") {
-        RETURN_IF_ERROR(Close());
-        ASSIGN_OR_RETURN(Body rest, ParseBody({"endif"}));
-        n->branches.emplace_back(nullptr, std::move(rest));
-        Next();
-        Next();
-        break;
-      }
-      ASSIGN_OR_RETURN(cond, Expression());  // elif
-      RETURN_IF_ERROR(Close());
-    }
-    RETURN_IF_ERROR(Close());
+    RETURN_IF_ERROR(IfStatement(n.get()));
   } else if (keyword == "for") {
-    n->kind = Node::kFor;
-    do {
-      ASSIGN_OR_RETURN(std::string target, ExpectName());
-      n->targets.push_back(std::move(target));
-    } while (IsOp(",") && (Next(), true));
-    RETURN_IF_ERROR(Expect(Token::kName, "in", "'in'"));
-    ASSIGN_OR_RETURN(n->expr, Expression(/*with_condition=*/false));
-    if (IsName("if")) {
-      Next();
-      ASSIGN_OR_RETURN(n->filter, Expression(false));
-    }
-    if (IsName("recursive")) return Error("recursive loops are not supported");
-    RETURN_IF_ERROR(Close());
-    ASSIGN_OR_RETURN(n->body, ParseBody({"else", "endfor"}));
-    Next();
-    if (Next().text == "else") {
-      RETURN_IF_ERROR(Close());
-      ASSIGN_OR_RETURN(n->else_body, ParseBody({"endfor"}));
-      Next();
-      Next();
-    }
-    RETURN_IF_ERROR(Close());
+    RETURN_IF_ERROR(ForStatement(n.get()));
   } else if (keyword == "set") {
-    n->kind = Node::kSet;
-    ASSIGN_OR_RETURN(std::string target, ExpectName());
-    n->targets.push_back(std::move(target));
-    if (IsOp(".")) {
-      Next();
-      ASSIGN_OR_RETURN(n->attr, ExpectName());
-    } else {
-      while (IsOp(",")) {
-        Next();
-        ASSIGN_OR_RETURN(std::string more, ExpectName());
-        n->targets.push_back(std::move(more));
-      }
-    }
-    if (!IsOp("=")) return Error("{% set %} blocks (without '=') are not supported");
-    Next();
-    ASSIGN_OR_RETURN(n->expr, Expression());
-    RETURN_IF_ERROR(Close());
+    RETURN_IF_ERROR(SetStatement(n.get()));
   } else if (keyword == "break" || keyword == "continue") {
     n->kind = keyword == "break" ? Node::kBreak : Node::kContinue;
     RETURN_IF_ERROR(Close());
   } else if (keyword == "generation") {
-    // transformers' marker of the assistant's tokens: rendering is unchanged.
-    RETURN_IF_ERROR(Close());
-    n->kind = Node::kIf;
-    ASSIGN_OR_RETURN(Body body, ParseBody({"endgeneration"}));
-    Next();
-    Next();
-    RETURN_IF_ERROR(Close());
-    auto yes = std::make_unique<Expr>();
-    yes->kind = Expr::kLiteral;
-    yes->value = Value(true);
-    n->branches.emplace_back(std::move(yes), std::move(body));
+    RETURN_IF_ERROR(GenerationStatement(n.get()));
   } else if (keyword.rfind("end", 0) == 0 || keyword == "elif" || keyword == "else") {
     return absl::InvalidArgumentError(
         absl::StrCat("chat template line ", line, ": unexpected {% ", keyword, " %}"));

@@ -54,6 +54,11 @@ class Parser {
   absl::StatusOr<Body> ParseBody(const std::set<std::string>& ends);
   // After {%: one statement through its end tag (null for a pass-through {% generation %}).
   absl::StatusOr<std::unique_ptr<Node>> Statement();
+  // The parts of the statements with a body, after their keyword: into `n`.
+  absl::Status IfStatement(Node* n);
+  absl::Status ForStatement(Node* n);
+  absl::Status SetStatement(Node* n);
+  absl::Status GenerationStatement(Node* n);
   ExprPtr Make(Expr::Kind kind, int line, std::string name = "");
   ExprPtr Binary(std::string op, ExprPtr a, ExprPtr b);
   absl::StatusOr<ExprPtr> Expression(bool with_condition = true);
