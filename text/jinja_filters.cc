@@ -1,6 +1,7 @@
 // Jinja's filters, as jinja2 3.1 implements them for the values of jinja_value.h.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,22 +41,8 @@ absl::StatusOr<Value> Select(const Value& x, const Args& args, bool by_attr, boo
   return Value(std::move(out));
 }
 
-}  // namespace
-
-absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const Args& args,
-                                  const Kwargs& kwargs) {
-  if (name == "default" || name == "d") {
-    const Value* fallback = Arg(args, 0, kwargs, "default_value");
-    const Value* boolean = Arg(args, 1, kwargs, "boolean");
-    const bool use = x.is_undefined() || (boolean != nullptr && boolean->Truthy() && !x.Truthy());
-    return use ? (fallback ? *fallback : Value("")) : x;
-  }
-  if (x.is_undefined() && name != "string" && name != "list" && name != "length" &&
-      name != "count") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", x.undefined_name(), "' is undefined (filter ", name, ")"));
-  }
-  if (name == "safe") return x;
+// Filters on strings: the value as a string or JSON, trimmed, case-mapped, replaced, indented.
+std::optional<absl::StatusOr<Value>> TextFilter(const std::string& name, const Value& x, const Args& args, const Kwargs& kwargs) {
   if (name == "string") return Value(x.ToString());
   if (name == "tojson") {
     const Value* indent = Arg(args, 0, kwargs, "indent");
@@ -63,13 +50,6 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const
         std::string json,
         x.ToJson(indent && indent->is_int() ? static_cast<int>(indent->as_int()) : -1));
     return Value(std::move(json));
-  }
-  if (name == "length" || name == "count") {
-    if (x.is_string()) return Value(static_cast<int64_t>(CodePoints(x.str()).size()));
-    if (x.is_list()) return Value(static_cast<int64_t>(x.list().size()));
-    if (x.is_dict()) return Value(static_cast<int64_t>(x.dict().items.size()));
-    if (x.is_undefined()) return Value(0);
-    return TypeError(absl::StrCat("filter ", name), x);
   }
   if (name == "trim") {
     ASSIGN_OR_RETURN(std::string s, Str(x, "filter trim"));
@@ -92,6 +72,43 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const
     const Value* count = Arg(args, 2, kwargs, "count");
     return Value(
         Replace(s, args[0].str(), args[1].str(), count && count->is_int() ? count->as_int() : -1));
+  }
+  if (name == "indent") {
+    ASSIGN_OR_RETURN(std::string s, Str(x, "filter indent"));
+    const Value* width = Arg(args, 0, kwargs, "width");
+    const Value* first = Arg(args, 1, kwargs, "first");
+    const Value* blank = Arg(args, 2, kwargs, "blank");
+    const std::string pad =
+        width && width->is_string()
+            ? width->str()
+            : std::string(static_cast<size_t>(width && width->is_int() ? width->as_int() : 4), ' ');
+    std::string out;
+    size_t start = 0;
+    for (int line = 0; start <= s.size(); ++line) {
+      const size_t nl = s.find('\n', start);
+      const std::string text =
+          s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+      const bool indent =
+          (line > 0 || (first && first->Truthy())) && (!text.empty() || (blank && blank->Truthy()));
+      out += (indent ? pad : "") + text;
+      if (nl == std::string::npos) break;
+      out += '\n';
+      start = nl + 1;
+    }
+    return Value(std::move(out));
+  }
+  return std::nullopt;
+}
+
+// Filters on sequences: length, join, first and last, list, reverse, unique, items, select and
+// reject, map, sort, min and max.
+std::optional<absl::StatusOr<Value>> SequenceFilter(const std::string& name, const Value& x, const Args& args, const Kwargs& kwargs) {
+  if (name == "length" || name == "count") {
+    if (x.is_string()) return Value(static_cast<int64_t>(CodePoints(x.str()).size()));
+    if (x.is_list()) return Value(static_cast<int64_t>(x.list().size()));
+    if (x.is_dict()) return Value(static_cast<int64_t>(x.dict().items.size()));
+    if (x.is_undefined()) return Value(0);
+    return TypeError(absl::StrCat("filter ", name), x);
   }
   if (name == "join") {
     ASSIGN_OR_RETURN(List items, Iterate(x));
@@ -136,36 +153,6 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const
   if (name == "items") {
     if (!x.is_dict()) return TypeError("filter items", x);
     return Pairs(x.dict());
-  }
-  if (name == "int") {
-    if (x.is_int()) return x;
-    if (x.is_bool()) return Value(static_cast<int64_t>(x.as_bool()));
-    if (x.is_float()) return Value(static_cast<int64_t>(x.as_number()));
-    int64_t v = 0;
-    if (x.is_string() && absl::SimpleAtoi(Strip(x.str(), kWhitespace, true, true), &v))
-      return Value(v);
-    const Value* fallback = Arg(args, 0, kwargs, "default");
-    return fallback ? *fallback : Value(0);
-  }
-  if (name == "float") {
-    if (x.is_number() || x.is_bool())
-      return Value(x.is_bool() ? (x.as_bool() ? 1.0 : 0.0) : x.as_number());
-    double v = 0;
-    if (x.is_string() && absl::SimpleAtod(x.str(), &v)) return Value(v);
-    const Value* fallback = Arg(args, 0, kwargs, "default");
-    return fallback ? *fallback : Value(0.0);
-  }
-  if (name == "abs") {
-    if (x.is_int()) return Value(x.as_int() < 0 ? -x.as_int() : x.as_int());
-    if (x.is_float()) return Value(std::fabs(x.as_number()));
-    return TypeError("filter abs", x);
-  }
-  if (name == "round") {
-    if (!x.is_number()) return TypeError("filter round", x);
-    const Value* precision = Arg(args, 0, kwargs, "precision");
-    const double scale = std::pow(
-        10.0, precision && precision->is_int() ? static_cast<double>(precision->as_int()) : 0.0);
-    return Value(std::round(x.as_number() * scale) / scale);
   }
   if (name == "selectattr" || name == "rejectattr")
     return Select(x, args, true, name == "selectattr");
@@ -215,29 +202,62 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const
     if (reverse && reverse->Truthy()) std::reverse(items.begin(), items.end());
     return Value(std::move(items));
   }
-  if (name == "indent") {
-    ASSIGN_OR_RETURN(std::string s, Str(x, "filter indent"));
-    const Value* width = Arg(args, 0, kwargs, "width");
-    const Value* first = Arg(args, 1, kwargs, "first");
-    const Value* blank = Arg(args, 2, kwargs, "blank");
-    const std::string pad =
-        width && width->is_string()
-            ? width->str()
-            : std::string(static_cast<size_t>(width && width->is_int() ? width->as_int() : 4), ' ');
-    std::string out;
-    size_t start = 0;
-    for (int line = 0; start <= s.size(); ++line) {
-      const size_t nl = s.find('\n', start);
-      const std::string text =
-          s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-      const bool indent =
-          (line > 0 || (first && first->Truthy())) && (!text.empty() || (blank && blank->Truthy()));
-      out += (indent ? pad : "") + text;
-      if (nl == std::string::npos) break;
-      out += '\n';
-      start = nl + 1;
-    }
-    return Value(std::move(out));
+  return std::nullopt;
+}
+
+// Filters on numbers: int, float, abs, round.
+std::optional<absl::StatusOr<Value>> NumberFilter(const std::string& name, const Value& x, const Args& args, const Kwargs& kwargs) {
+  if (name == "int") {
+    if (x.is_int()) return x;
+    if (x.is_bool()) return Value(static_cast<int64_t>(x.as_bool()));
+    if (x.is_float()) return Value(static_cast<int64_t>(x.as_number()));
+    int64_t v = 0;
+    if (x.is_string() && absl::SimpleAtoi(Strip(x.str(), kWhitespace, true, true), &v))
+      return Value(v);
+    const Value* fallback = Arg(args, 0, kwargs, "default");
+    return fallback ? *fallback : Value(0);
+  }
+  if (name == "float") {
+    if (x.is_number() || x.is_bool())
+      return Value(x.is_bool() ? (x.as_bool() ? 1.0 : 0.0) : x.as_number());
+    double v = 0;
+    if (x.is_string() && absl::SimpleAtod(x.str(), &v)) return Value(v);
+    const Value* fallback = Arg(args, 0, kwargs, "default");
+    return fallback ? *fallback : Value(0.0);
+  }
+  if (name == "abs") {
+    if (x.is_int()) return Value(x.as_int() < 0 ? -x.as_int() : x.as_int());
+    if (x.is_float()) return Value(std::fabs(x.as_number()));
+    return TypeError("filter abs", x);
+  }
+  if (name == "round") {
+    if (!x.is_number()) return TypeError("filter round", x);
+    const Value* precision = Arg(args, 0, kwargs, "precision");
+    const double scale = std::pow(
+        10.0, precision && precision->is_int() ? static_cast<double>(precision->as_int()) : 0.0);
+    return Value(std::round(x.as_number() * scale) / scale);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const Args& args,
+                                  const Kwargs& kwargs) {
+  if (name == "default" || name == "d") {
+    const Value* fallback = Arg(args, 0, kwargs, "default_value");
+    const Value* boolean = Arg(args, 1, kwargs, "boolean");
+    const bool use = x.is_undefined() || (boolean != nullptr && boolean->Truthy() && !x.Truthy());
+    return use ? (fallback ? *fallback : Value("")) : x;
+  }
+  if (x.is_undefined() && name != "string" && name != "list" && name != "length" &&
+      name != "count") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", x.undefined_name(), "' is undefined (filter ", name, ")"));
+  }
+  if (name == "safe") return x;
+  for (auto* filter : {TextFilter, SequenceFilter, NumberFilter}) {
+    if (std::optional<absl::StatusOr<Value>> out = filter(name, x, args, kwargs)) return *std::move(out);
   }
   return absl::InvalidArgumentError(absl::StrCat("filter '", name, "' is not supported"));
 }
