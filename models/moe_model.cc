@@ -49,6 +49,67 @@ absl::Status MoeModel::Forward(const ForwardInput& in, const KvLayout& layout, v
   return ForwardShard(in, layout, kv_cache, nullptr, nullptr, logits, stats, sampled);
 }
 
+absl::Status MoeModel::UploadStep(const ForwardInput& in) {
+  const int64_t t = in.num_tokens();
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.positions.data(), in.positions.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.token_seq.data(), in.token_seq.data(), t * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.slots.data(), in.slots.data(), t * sizeof(int64_t)));
+  return backend_->CopyToDevice(ws_.block_tables.data(), in.block_tables.data(),
+                                in.block_tables.size() * sizeof(int32_t));
+}
+
+void MoeModel::StandardAttention(const LayerWeights& lw, int64_t t, const AttentionBatch& batch,
+                                 const KvLayout& layout, int64_t kv_layer, void* kv_cache) {
+  const ModelConfig& c = config();
+  backend_->Gemm(ws_.xn.as<float>(), t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
+  backend_->Gemm(ws_.xn.as<float>(), t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
+  backend_->Gemm(ws_.xn.as<float>(), t, lw.v, ws_.v.as<float>());
+  AttentionExtras(lw, t);
+  if (c.family == ModelFamily::kGlm4Moe) {  // RoPE on the first rotary_dim of each head
+    const float* inv = ws_.rope_inv_freq.as<float>();
+    const int32_t* pos = ws_.positions.as<int32_t>();
+    backend_->RopeScaled(ws_.q.as<float>(), pos, t, c.num_attention_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
+    backend_->RopeScaled(ws_.k.as<float>(), pos, t, c.num_key_value_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
+  } else {
+    backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t, c.num_attention_heads,
+                   c.num_key_value_heads, c.head_dim, static_cast<float>(c.rope_theta));
+  }
+  backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout, kv_layer, kv_cache);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  backend_->PagedAttention(ws_.q.as<float>(), batch, layout, kv_layer, kv_cache, c.num_attention_heads, scale,
+                           ws_.attn.as<float>());
+  backend_->Gemm(ws_.attn.as<float>(), t, lw.o, ws_.x.as<float>(), /*accumulate=*/true);  // residual
+}
+
+absl::Status MoeModel::Head(const ForwardInput& in, std::vector<float>* logits, std::vector<int32_t>* sampled) {
+  const ModelConfig& c = config();
+  const int64_t r = static_cast<int64_t>(in.logit_rows.size()), h = c.hidden_size;
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.logit_rows.data(), in.logit_rows.data(), r * sizeof(int32_t)));
+  float* fx = ws_.final_x.as<float>();
+  backend_->GatherRows(ws_.x.as<float>(), ws_.logit_rows.as<int32_t>(), r, h, fx);
+  backend_->RmsNorm(fx, weights_->final_norm(), r, h, static_cast<float>(c.rms_norm_eps), fx);
+  backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
+  // The logits go to the host before the edits: logprobs are the model's own, as vLLM reports.
+  if (in.logits_to_host) {
+    logits->resize(static_cast<size_t>(r * c.vocab_size));
+    RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
+  } else {
+    logits->clear();
+  }
+  if (in.sample.empty()) return absl::OkStatus();
+  if (sampled == nullptr) return absl::InvalidArgumentError("forward: sampling specs but nowhere to put the tokens");
+  if (const int64_t n = static_cast<int64_t>(in.logit_edits.size()); n > 0) {
+    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.logit_edits.data(), in.logit_edits.data(), n * sizeof(LogitEdit)));
+    backend_->EditLogits(ws_.logits.as<float>(), c.vocab_size, ws_.logit_edits.as<LogitEdit>(), n);
+  }
+  RETURN_IF_ERROR(backend_->CopyToDevice(ws_.sample_specs.data(), in.sample.data(), r * sizeof(SampleSpec)));
+  backend_->SampleRows(ws_.logits.as<float>(), r, c.vocab_size, ws_.sample_specs.as<SampleSpec>(),
+                       ws_.sampled.as<int32_t>());
+  sampled->resize(static_cast<size_t>(r));
+  return backend_->CopyToHost(sampled->data(), ws_.sampled.data(), r * sizeof(int32_t));
+}
+
 absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layout, void* kv_cache,
                                     const float* hidden_in, const float** hidden_out,
                                     std::vector<float>* logits, ForwardStats* stats,
@@ -74,27 +135,9 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
   }
   if (t > 0 && c.is_mla()) RETURN_IF_ERROR(PrepareMlaStep(t));
   if (t > 0 && c.family == ModelFamily::kGlm4Moe) RETURN_IF_ERROR(EnsureRopeTable());
-  if (t > 0) {
-    RETURN_IF_ERROR(
-        backend_->CopyToDevice(ws_.ids.data(), in.token_ids.data(), t * sizeof(int32_t)));
-    RETURN_IF_ERROR(
-        backend_->CopyToDevice(ws_.positions.data(), in.positions.data(), t * sizeof(int32_t)));
-    RETURN_IF_ERROR(
-        backend_->CopyToDevice(ws_.token_seq.data(), in.token_seq.data(), t * sizeof(int32_t)));
-    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.slots.data(), in.slots.data(), t * sizeof(int64_t)));
-    RETURN_IF_ERROR(backend_->CopyToDevice(ws_.block_tables.data(), in.block_tables.data(),
-                                           in.block_tables.size() * sizeof(int32_t)));
-  }
-
-  AttentionBatch batch;
-  batch.token_seq = ws_.token_seq.as<int32_t>();
-  batch.token_pos = ws_.positions.as<int32_t>();
-  batch.block_tables = ws_.block_tables.as<int32_t>();
-  batch.num_tokens = t;
-  batch.num_seqs = in.num_seqs;
-  batch.max_blocks_per_seq = in.max_blocks_per_seq;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-
+  if (t > 0) RETURN_IF_ERROR(UploadStep(in));
+  const AttentionBatch batch{ws_.token_seq.as<int32_t>(), ws_.positions.as<int32_t>(), ws_.block_tables.as<int32_t>(),
+                             t, in.num_seqs, in.max_blocks_per_seq};
   float* x = ws_.x.as<float>();
   float* xn = ws_.xn.as<float>();
   Stopwatch phase;
@@ -102,93 +145,38 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     if (stats != nullptr) stats->*field += phase.Seconds();
     phase.Reset();
   };
-  if (t > 0) {
-    if (first) {
-      backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
-    } else {
-      RETURN_IF_ERROR(backend_->CopyOnDevice(x, hidden_in, t * h * sizeof(float)));
-    }
-  }
+  if (t > 0 && first) backend_->Embedding(ws_.ids.as<int32_t>(), t, weights_->embed(), x);  // [t, hidden]
+  if (t > 0 && !first) RETURN_IF_ERROR(backend_->CopyOnDevice(x, hidden_in, t * h * sizeof(float)));
   lap(&ForwardStats::head_seconds);
+  const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) {
     const LayerWeights& lw = weights_->layer(l);
     const int64_t kv_layer = l - shard_.layer_begin;  // the stage's cache holds its layers only
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    if (t > 0 && c.is_mla()) {
+    if (t > 0) {
       backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
-      MlaAttention(lw, t, batch, layout, kv_layer, kv_cache);
-      backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
-    } else if (t > 0) {
-      backend_->RmsNorm(x, lw.attn_norm, t, h, eps, xn);
-      backend_->Gemm(xn, t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
-      backend_->Gemm(xn, t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
-      backend_->Gemm(xn, t, lw.v, ws_.v.as<float>());
-      AttentionExtras(lw, t);
-      if (c.family == ModelFamily::kGlm4Moe) {  // RoPE on the first rotary_dim of each head
-        const float* inv = ws_.rope_inv_freq.as<float>();
-        const int32_t* pos = ws_.positions.as<int32_t>();
-        backend_->RopeScaled(ws_.q.as<float>(), pos, t, c.num_attention_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
-        backend_->RopeScaled(ws_.k.as<float>(), pos, t, c.num_key_value_heads, c.head_dim, c.rotary_dim(), inv, 1.0f);
+      if (c.is_mla()) {
+        MlaAttention(lw, t, batch, layout, kv_layer, kv_cache);
       } else {
-        backend_->Rope(ws_.q.as<float>(), ws_.k.as<float>(), ws_.positions.as<int32_t>(), t, c.num_attention_heads,
-                       c.num_key_value_heads, c.head_dim, static_cast<float>(c.rope_theta));
+        StandardAttention(lw, t, batch, layout, kv_layer, kv_cache);
       }
-      backend_->WriteKv(ws_.k.as<float>(), ws_.v.as<float>(), ws_.slots.as<int64_t>(), t, layout,
-                        kv_layer, kv_cache);
-      backend_->PagedAttention(ws_.q.as<float>(), batch, layout, kv_layer, kv_cache,
-                               c.num_attention_heads, scale, ws_.attn.as<float>());
-      backend_->Gemm(ws_.attn.as<float>(), t, lw.o, x, /*accumulate=*/true);  // residual
       backend_->RmsNorm(x, lw.mlp_norm, t, h, eps, xn);
     }
     lap(&ForwardStats::attention_seconds);
     RETURN_IF_ERROR(MoeLayer(lw, l, t, stats));
     lap(&ForwardStats::moe_seconds);
   }
-  // The step's compute is done once the stream is: then the routing statistics are read back.
-  auto finish = [&]() -> absl::Status {
-    RETURN_IF_ERROR(backend_->Synchronize());
-    return RoutingStats(t, stats);
-  };
   if (!last) {
     *hidden_out = x;
     if (logits != nullptr) logits->clear();
-    return finish();
-  }
-  if (sampled != nullptr) sampled->clear();
-  if (r == 0) {
-    logits->clear();
-    return finish();
-  }
-  RETURN_IF_ERROR(
-      backend_->CopyToDevice(ws_.logit_rows.data(), in.logit_rows.data(), r * sizeof(int32_t)));
-  float* fx = ws_.final_x.as<float>();
-  backend_->GatherRows(x, ws_.logit_rows.as<int32_t>(), r, h, fx);
-  backend_->RmsNorm(fx, weights_->final_norm(), r, h, static_cast<float>(c.rms_norm_eps), fx);
-  backend_->Gemm(fx, r, weights_->lm_head(), ws_.logits.as<float>());  // [r, vocab]
-  // The logits go to the host before the edits: logprobs are the model's own, as vLLM reports.
-  if (in.logits_to_host) {
-    logits->resize(static_cast<size_t>(r * c.vocab_size));
-    RETURN_IF_ERROR(
-        backend_->CopyToHost(logits->data(), ws_.logits.data(), logits->size() * sizeof(float)));
   } else {
-    logits->clear();
+    if (sampled != nullptr) sampled->clear();
+    if (r == 0) logits->clear();
+    if (r > 0) RETURN_IF_ERROR(Head(in, logits, sampled));
   }
-  if (!in.sample.empty()) {
-    if (sampled == nullptr)
-      return absl::InvalidArgumentError("forward: sampling specs but nowhere to put the tokens");
-    if (const int64_t n = static_cast<int64_t>(in.logit_edits.size()); n > 0) {
-      RETURN_IF_ERROR(backend_->CopyToDevice(ws_.logit_edits.data(), in.logit_edits.data(), n * sizeof(LogitEdit)));
-      backend_->EditLogits(ws_.logits.as<float>(), c.vocab_size, ws_.logit_edits.as<LogitEdit>(), n);
-    }
-    RETURN_IF_ERROR(
-        backend_->CopyToDevice(ws_.sample_specs.data(), in.sample.data(), r * sizeof(SampleSpec)));
-    backend_->SampleRows(ws_.logits.as<float>(), r, c.vocab_size, ws_.sample_specs.as<SampleSpec>(),
-                         ws_.sampled.as<int32_t>());
-    sampled->resize(static_cast<size_t>(r));
-    RETURN_IF_ERROR(backend_->CopyToHost(sampled->data(), ws_.sampled.data(), r * sizeof(int32_t)));
-  }
-  absl::Status s = finish();
-  lap(&ForwardStats::head_seconds);
+  // The step's compute is done once the stream is: then the routing statistics are read back.
+  RETURN_IF_ERROR(backend_->Synchronize());
+  absl::Status s = RoutingStats(t, stats);
+  if (last && r > 0) lap(&ForwardStats::head_seconds);
   return s;
 }
 

@@ -128,6 +128,13 @@ class MoeModel {
   absl::Status GrowWorkspace(int64_t tokens, int64_t table_elems, int64_t logit_rows, int64_t logit_edits);
   absl::Status GrowMla(int64_t tokens);
   absl::Status MoeLayer(const LayerWeights& lw, int64_t layer, int64_t tokens, ForwardStats* stats);
+  // The step's token ids, positions, sequences, slots and block tables onto the device.
+  absl::Status UploadStep(const ForwardInput& in);
+  // Grouped-query attention with RoPE over the paged cache, added to the residual.
+  void StandardAttention(const LayerWeights& lw, int64_t tokens, const AttentionBatch& batch, const KvLayout& layout,
+                         int64_t kv_layer, void* kv_cache);
+  // The last stage's head: the logit rows, to the host if asked, edited and sampled if asked.
+  absl::Status Head(const ForwardInput& in, std::vector<float>* logits, std::vector<int32_t>* sampled);
   // Multi-head latent attention (DeepSeek) in the absorbed form, added to the residual.
   void MlaAttention(const LayerWeights& lw, int64_t tokens, const AttentionBatch& batch, const KvLayout& layout,
                     int64_t kv_layer, void* kv_cache);
