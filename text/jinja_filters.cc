@@ -100,8 +100,7 @@ std::optional<absl::StatusOr<Value>> TextFilter(const std::string& name, const V
   return std::nullopt;
 }
 
-// Filters on sequences: length, join, first and last, list, reverse, unique, items, select and
-// reject, map, sort, min and max.
+// Filters on sequences as a whole: length, join, first and last, list, reverse, unique, items.
 std::optional<absl::StatusOr<Value>> SequenceFilter(const std::string& name, const Value& x, const Args& args, const Kwargs& kwargs) {
   if (name == "length" || name == "count") {
     if (x.is_string()) return Value(static_cast<int64_t>(CodePoints(x.str()).size()));
@@ -154,6 +153,12 @@ std::optional<absl::StatusOr<Value>> SequenceFilter(const std::string& name, con
     if (!x.is_dict()) return TypeError("filter items", x);
     return Pairs(x.dict());
   }
+  return std::nullopt;
+}
+
+// Filters that pick, transform or order a sequence's items: select and reject, map, sort, min, max.
+std::optional<absl::StatusOr<Value>> ItemsFilter(const std::string& name, const Value& x, const Args& args,
+                                                 const Kwargs& kwargs) {
   if (name == "selectattr" || name == "rejectattr")
     return Select(x, args, true, name == "selectattr");
   if (name == "select" || name == "reject") return Select(x, args, false, name == "select");
@@ -256,7 +261,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, const
         absl::StrCat("'", x.undefined_name(), "' is undefined (filter ", name, ")"));
   }
   if (name == "safe") return x;
-  for (auto* filter : {TextFilter, SequenceFilter, NumberFilter}) {
+  for (auto* filter : {TextFilter, SequenceFilter, ItemsFilter, NumberFilter}) {
     if (std::optional<absl::StatusOr<Value>> out = filter(name, x, args, kwargs)) return *std::move(out);
   }
   return absl::InvalidArgumentError(absl::StrCat("filter '", name, "' is not supported"));
