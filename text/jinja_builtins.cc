@@ -123,6 +123,48 @@ absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& x, const Ar
   return x.Equals(other);
 }
 
+namespace {
+
+// Python's str.split: on runs of whitespace without `sep` (no empty strings), else on `sep`; at
+// most `maxsplit` splits.
+absl::StatusOr<Value> Split(const std::string& s, const Value* sep, const Value* maxsplit) {
+  int64_t left = maxsplit && maxsplit->is_int() ? maxsplit->as_int() : -1;
+  List out;
+  if (sep == nullptr || sep->is_none()) {  // runs of whitespace, no empty strings
+    size_t i = 0;
+    while (true) {
+      while (i < s.size() && kWhitespace.find(s[i]) != absl::string_view::npos) ++i;
+      if (i >= s.size()) break;
+      if (left == 0) {
+        out.push_back(Value(Strip(s.substr(i), kWhitespace, false, true)));
+        break;
+      }
+      size_t j = i;
+      while (j < s.size() && kWhitespace.find(s[j]) == absl::string_view::npos) ++j;
+      out.push_back(Value(s.substr(i, j - i)));
+      --left;
+      i = j;
+    }
+    return Value(std::move(out));
+  }
+  if (!sep->is_string() || sep->str().empty())
+    return absl::InvalidArgumentError("split() needs a non-empty separator");
+  size_t start = 0;
+  while (true) {
+    const size_t hit = left == 0 ? std::string::npos : s.find(sep->str(), start);
+    if (hit == std::string::npos) {
+      out.push_back(Value(s.substr(start)));
+      break;
+    }
+    out.push_back(Value(s.substr(start, hit - start)));
+    start = hit + sep->str().size();
+    --left;
+  }
+  return Value(std::move(out));
+}
+
+}  // namespace
+
 absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, const Args& args,
                                  const Kwargs& kwargs) {
   if (self.is_dict() && !self.dict().is_namespace) {
@@ -185,43 +227,7 @@ absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, con
     return Value(Replace(s, args[0].str(), args[1].str(),
                          args.size() > 2 && args[2].is_int() ? args[2].as_int() : -1));
   }
-  if (name == "split") {
-    const Value* sep = Arg(args, 0, kwargs, "sep");
-    const Value* maxsplit = Arg(args, 1, kwargs, "maxsplit");
-    int64_t left = maxsplit && maxsplit->is_int() ? maxsplit->as_int() : -1;
-    List out;
-    if (sep == nullptr || sep->is_none()) {  // runs of whitespace, no empty strings
-      size_t i = 0;
-      while (true) {
-        while (i < s.size() && kWhitespace.find(s[i]) != absl::string_view::npos) ++i;
-        if (i >= s.size()) break;
-        if (left == 0) {
-          out.push_back(Value(Strip(s.substr(i), kWhitespace, false, true)));
-          break;
-        }
-        size_t j = i;
-        while (j < s.size() && kWhitespace.find(s[j]) == absl::string_view::npos) ++j;
-        out.push_back(Value(s.substr(i, j - i)));
-        --left;
-        i = j;
-      }
-      return Value(std::move(out));
-    }
-    if (!sep->is_string() || sep->str().empty())
-      return absl::InvalidArgumentError("split() needs a non-empty separator");
-    size_t start = 0;
-    while (true) {
-      const size_t hit = left == 0 ? std::string::npos : s.find(sep->str(), start);
-      if (hit == std::string::npos) {
-        out.push_back(Value(s.substr(start)));
-        break;
-      }
-      out.push_back(Value(s.substr(start, hit - start)));
-      start = hit + sep->str().size();
-      --left;
-    }
-    return Value(std::move(out));
-  }
+  if (name == "split") return Split(s, Arg(args, 0, kwargs, "sep"), Arg(args, 1, kwargs, "maxsplit"));
   return absl::InvalidArgumentError(absl::StrCat("'str' object has no method '", name, "'"));
 }
 
