@@ -93,33 +93,15 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const ParallelConfig& config,
-                                                                           const ModelWeights* weights,
-                                                                           Backend* weights_backend,
-                                                                           const KvLayout& kv,
-                                                                           const BackendFactory& backends,
-                                                                           ProcessRanks* processes) {
-  if (weights->released()) {
-    return absl::FailedPreconditionError("parallel layout: the weights to shard were released");
-  }
-  const ModelConfig& c = weights->config();
-  RETURN_IF_ERROR(config.Validate(c, processes != nullptr ? processes->size() : 0));
-  if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");
-  std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
-  x->weights_ = weights;
-  x->kv_ = kv;
-  x->stage_block_size_ = kv.block_size;
-  const int64_t ep = config.ep, pp = config.pp;
+void ParallelExecutor::PlanLayout(const ModelConfig& c) {
+  const int64_t ep = config_.ep, pp = config_.pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
-  const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config.placement);
-  if (kv.num_blocks < ep) {
-    return absl::InvalidArgumentError(absl::StrCat("--ep ", ep, " needs at least that many KV blocks, got ", kv.num_blocks));
-  }
+  const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config_.placement);
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
-  const int64_t seg = kv.num_blocks / ep;
-  for (int64_t e = 0; e < ep; ++e) x->segment_begin_.push_back(e * seg);
-  x->segment_begin_.push_back(kv.num_blocks);
-  const double kv_token_bytes = static_cast<double>(c.KvElemsPerToken()) * static_cast<double>(DTypeSize(kv.dtype));
+  const int64_t seg = kv_.num_blocks / ep;
+  for (int64_t e = 0; e < ep; ++e) segment_begin_.push_back(e * seg);
+  segment_begin_.push_back(kv_.num_blocks);
+  const double kv_token_bytes = static_cast<double>(c.KvElemsPerToken()) * static_cast<double>(DTypeSize(kv_.dtype));
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t e = 0; e < ep; ++e) {
       RankLayout l;
@@ -132,68 +114,90 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
         if (owner[ex] == e) l.experts.push_back(static_cast<int32_t>(ex));
       }
       l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(l.layer_end - l.layer_begin);
-      x->layout_.push_back(l);
+      layout_.push_back(l);
     }
   }
-  if (processes != nullptr) {
-    // This process is one rank: its EP group (its stage's ranks, ordered by EP index) and its
-    // pipeline (its EP index's stages), each one MPI communicator made by every process at once.
-    ProcessRanks* world = processes;
-    const RankLayout mine = x->layout_[static_cast<size_t>(world->rank())];
-    // With GPUs, NCCL between the processes' devices, bootstrapped over MPI.
-    auto split = [&](int color, int key) {
-      return config.nccl_devices.empty()
-                 ? world->Split(color, key)
-                 : world->SplitNccl(color, key, config.nccl_devices[static_cast<size_t>(world->rank())]);
-    };
-    ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> ep_group,
-                     split(static_cast<int>(mine.stage), static_cast<int>(mine.ep_rank)));
-    ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> pp_group,
-                     split(static_cast<int>(mine.ep_rank), static_cast<int>(mine.stage)));
-    x->ep_comms_.push_back(std::move(ep_group));
-    x->pp_comms_.push_back(std::move(pp_group));
-    RETURN_IF_ERROR(x->AddRank(mine, weights_backend, backends));
-    // Every rank's weight bytes, for the layout rank 0 describes.
-    ASSIGN_OR_RETURN(std::vector<double> bytes, world->AllGather(x->ranks_[0].layout.weight_bytes));
-    for (size_t r = 0; r < bytes.size(); ++r) x->layout_[r].weight_bytes = bytes[r];
-    auto channel = std::make_unique<ProcessChannel>(world);
-    ParallelExecutor* self = x.get();
-    x->remote_kv_ = std::make_unique<RemoteKvPieces>(channel.get(), [self](const absl::Status& s) {
-      (void)self->LoseStep(s);
-    });
-    x->channel_ = std::move(channel);
-    RETURN_IF_ERROR(x->ChooseDispatchWire());
-    return x;
-  }
+}
+
+absl::Status ParallelExecutor::JoinProcesses(Backend* weights_backend, const BackendFactory& backends) {
+  // This process is one rank: its EP group (its stage's ranks, ordered by EP index) and its
+  // pipeline (its EP index's stages), each one MPI communicator made by every process at once.
+  ProcessRanks* world = processes_;
+  const RankLayout mine = layout_[static_cast<size_t>(world->rank())];
+  // With GPUs, NCCL between the processes' devices, bootstrapped over MPI.
+  auto split = [&](int color, int key) {
+    return config_.nccl_devices.empty()
+               ? world->Split(color, key)
+               : world->SplitNccl(color, key, config_.nccl_devices[static_cast<size_t>(world->rank())]);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> ep_group, split(static_cast<int>(mine.stage), static_cast<int>(mine.ep_rank)));
+  ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> pp_group, split(static_cast<int>(mine.ep_rank), static_cast<int>(mine.stage)));
+  ep_comms_.push_back(std::move(ep_group));
+  pp_comms_.push_back(std::move(pp_group));
+  RETURN_IF_ERROR(AddRank(mine, weights_backend, backends));
+  // Every rank's weight bytes, for the layout rank 0 describes.
+  ASSIGN_OR_RETURN(std::vector<double> bytes, world->AllGather(ranks_[0].layout.weight_bytes));
+  for (size_t r = 0; r < bytes.size(); ++r) layout_[r].weight_bytes = bytes[r];
+  auto channel = std::make_unique<ProcessChannel>(world);
+  remote_kv_ = std::make_unique<RemoteKvPieces>(channel.get(), [this](const absl::Status& s) { (void)LoseStep(s); });
+  channel_ = std::move(channel);
+  return ChooseDispatchWire();
+}
+
+absl::Status ParallelExecutor::StartThreads(Backend* weights_backend, const BackendFactory& backends) {
+  const int64_t ep = config_.ep, pp = config_.pp;
   // One group per stage (its EP ranks) and per EP index (its stages): NCCL over the ranks' GPUs,
   // or in-process; a group of one never communicates.
   auto make_group = [&](const std::vector<int64_t>& ranks) -> absl::StatusOr<std::unique_ptr<CommGroup>> {
-    if (config.nccl_devices.empty() || ranks.size() == 1) return MakeLocalGroup(static_cast<int>(ranks.size()));
+    if (config_.nccl_devices.empty() || ranks.size() == 1) return MakeLocalGroup(static_cast<int>(ranks.size()));
     std::vector<int> devices;
-    for (int64_t r : ranks) devices.push_back(config.nccl_devices[r]);
+    for (int64_t r : ranks) devices.push_back(config_.nccl_devices[r]);
     return MakeNcclGroup(devices);
   };
   for (int64_t s = 0; s < pp; ++s) {
     std::vector<int64_t> members;
     for (int64_t e = 0; e < ep; ++e) members.push_back(s * ep + e);
     ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> g, make_group(members));
-    x->ep_comms_.push_back(std::move(g));
+    ep_comms_.push_back(std::move(g));
   }
   for (int64_t e = 0; e < ep; ++e) {
     std::vector<int64_t> members;
     for (int64_t s = 0; s < pp; ++s) members.push_back(s * ep + e);
     ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> g, make_group(members));
-    x->pp_comms_.push_back(std::move(g));
+    pp_comms_.push_back(std::move(g));
   }
-  for (const RankLayout& l : std::vector<RankLayout>(x->layout_)) {
-    RETURN_IF_ERROR(x->AddRank(l, weights_backend, backends));
+  for (const RankLayout& l : std::vector<RankLayout>(layout_)) RETURN_IF_ERROR(AddRank(l, weights_backend, backends));
+  RETURN_IF_ERROR(ChooseDispatchWire());
+  channel_ = std::make_unique<ThreadChannel>(static_cast<int>(ranks_.size()));
+  for (int r = 1; r < static_cast<int>(ranks_.size()); ++r) {
+    worker_threads_.emplace_back([this, r] { (void)WorkerLoop(r, static_cast<size_t>(r)); });
   }
-  RETURN_IF_ERROR(x->ChooseDispatchWire());
-  x->channel_ = std::make_unique<ThreadChannel>(static_cast<int>(x->ranks_.size()));
-  ParallelExecutor* self = x.get();
-  for (int r = 1; r < static_cast<int>(x->ranks_.size()); ++r) {
-    x->worker_threads_.emplace_back([self, r] { (void)self->WorkerLoop(r, static_cast<size_t>(r)); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const ParallelConfig& config,
+                                                                           const ModelWeights* weights,
+                                                                           Backend* weights_backend,
+                                                                           const KvLayout& kv,
+                                                                           const BackendFactory& backends,
+                                                                           ProcessRanks* processes) {
+  if (weights->released()) {
+    return absl::FailedPreconditionError("parallel layout: the weights to shard were released");
   }
+  const ModelConfig& c = weights->config();
+  RETURN_IF_ERROR(config.Validate(c, processes != nullptr ? processes->size() : 0));
+  if (!backends) return absl::InvalidArgumentError("parallel layout: no backend factory for the ranks");
+  if (kv.num_blocks < config.ep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep ", config.ep, " needs at least that many KV blocks, got ", kv.num_blocks));
+  }
+  std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
+  x->weights_ = weights;
+  x->kv_ = kv;
+  x->stage_block_size_ = kv.block_size;
+  x->PlanLayout(c);
+  RETURN_IF_ERROR(processes != nullptr ? x->JoinProcesses(weights_backend, backends)
+                                       : x->StartThreads(weights_backend, backends));
   return x;
 }
 

@@ -150,6 +150,12 @@ class ParallelExecutor final : public Executor {
     DeviceBuffer hidden_in;      // the previous stage's hidden states (stages after the first)
   };
   ParallelExecutor(const ParallelConfig& config, ProcessRanks* processes) : config_(config), processes_(processes) {}
+  // Every rank's layers, experts and KV segment (layout_, segment_begin_).
+  void PlanLayout(const ModelConfig& c);
+  // This process's rank of an MPI job: its groups, its shard, the step channel to the others.
+  absl::Status JoinProcesses(Backend* weights_backend, const BackendFactory& backends);
+  // Every rank a thread of this process: the groups, the shards, the workers' threads.
+  absl::Status StartThreads(Backend* weights_backend, const BackendFactory& backends);
   // Builds rank `l` (its device, shard, model and KV arena), which this process holds.
   absl::Status AddRank(const RankLayout& l, Backend* weights_backend, const BackendFactory& backends);
   // Cuts a step into sub-steps: [ep rank][micro-batch], each checked before any rank starts.
