@@ -235,62 +235,49 @@ absl::Status ParallelExecutor::RunRanks(const std::vector<std::vector<SubStep>>&
   return absl::OkStatus();
 }
 
-absl::Status ParallelExecutor::Forward(const ForwardInput& in,
-                                       const std::vector<uint64_t>& seq_ranks,
-                                       std::vector<float>* logits, ForwardStats* stats,
-                                       ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
-  const ModelConfig& c = weights_->config();
-  const int64_t ep = config_.ep, pp = config_.pp;
-  if (lost_) return absl::UnavailableError("parallel step: a rank of this job was lost earlier");
-  if (processes_ != nullptr && processes_->rank() != 0) {
-    return absl::FailedPreconditionError(
-        "parallel forward: only rank 0 drives the steps of an MPI job");
-  }
-  ASSIGN_OR_RETURN(const std::vector<std::vector<SubStep>> subs, PlanStep(in, seq_ranks));
-  if (!in.sample.empty() && sampled == nullptr) {
-    return absl::InvalidArgumentError(
-        "parallel forward: sampling specs but nowhere to put the tokens");
-  }
-  // One result per rank of the layout (process ranks: the workers' come back as messages).
-  std::vector<RankStepResult> results(layout_.size());
-  RETURN_IF_ERROR(RunRanks(subs, &results));
+namespace {
 
-  // The last stage's logit rows and tokens, into the step's order.
+using SubSteps = std::vector<std::vector<SubStep>>;  // [ep rank][micro-batch]
+
+// The last stage's logit rows and tokens, into the step's order.
+absl::Status GatherOutputs(const std::vector<RankLayout>& layout, int64_t last_stage, const SubSteps& subs,
+                           const std::vector<RankStepResult>& results, const ForwardInput& in, int64_t vocab,
+                           std::vector<float>* logits, std::vector<int32_t>* sampled) {
   if (in.logits_to_host) {
-    logits->assign(in.logit_rows.size() * static_cast<size_t>(c.vocab_size), 0.0f);
+    logits->assign(in.logit_rows.size() * static_cast<size_t>(vocab), 0.0f);
   } else {
     logits->clear();
   }
   if (sampled != nullptr) sampled->assign(in.sample.size(), -1);
-  for (size_t r = 0; r < layout_.size(); ++r) {
-    if (layout_[r].stage != pp - 1) continue;
+  for (size_t r = 0; r < layout.size(); ++r) {
+    if (layout[r].stage != last_stage) continue;
     const RankStepResult& res = results[r];
+    const std::vector<SubStep>& mine = subs[static_cast<size_t>(layout[r].ep_rank)];
     size_t q = 0;
-    for (const SubStep& sub : subs[static_cast<size_t>(layout_[r].ep_rank)])
-      q += sub.logit_dest.size();
-    if ((in.logits_to_host && res.logits.size() != q * static_cast<size_t>(c.vocab_size)) ||
+    for (const SubStep& sub : mine) q += sub.logit_dest.size();
+    if ((in.logits_to_host && res.logits.size() != q * static_cast<size_t>(vocab)) ||
         (!in.sample.empty() && res.sampled.size() != q)) {
-      return absl::InternalError(absl::StrCat("rank ", r, " returned ",
-                                              res.logits.size() / c.vocab_size, " logit rows and ",
-                                              res.sampled.size(), " tokens for ", q, " rows"));
+      return absl::InternalError(absl::StrCat("rank ", r, " returned ", res.logits.size() / vocab,
+                                              " logit rows and ", res.sampled.size(), " tokens for ", q, " rows"));
     }
     q = 0;
-    for (const SubStep& sub : subs[static_cast<size_t>(layout_[r].ep_rank)]) {
+    for (const SubStep& sub : mine) {
       for (int64_t dest : sub.logit_dest) {
-        if (in.logits_to_host) {
-          std::copy_n(res.logits.data() + q * c.vocab_size, c.vocab_size,
-                      logits->data() + dest * c.vocab_size);
-        }
+        if (in.logits_to_host) std::copy_n(res.logits.data() + q * vocab, vocab, logits->data() + dest * vocab);
         if (!in.sample.empty()) (*sampled)[dest] = res.sampled[q];
         ++q;
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  // Aggregate: work sums over ranks; phase times are the slowest rank's.
+// The step's statistics: work sums over ranks; phase times are the slowest rank's.
+void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts, const SubSteps& subs,
+                    const std::vector<RankStepResult>& results, ForwardStats* stats, ParallelStepStats* pstats) {
   ForwardStats total;
   ParallelStepStats ps;
-  ps.expert_tokens.assign(c.num_local_experts, 0);
+  ps.expert_tokens.assign(experts, 0);
   std::vector<double> ep_rows(ep, 0.0);
   for (size_t r = 0; r < results.size(); ++r) {
     const ForwardStats& f = results[r].stats;
@@ -302,7 +289,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
     total.head_seconds = std::max(total.head_seconds, f.head_seconds);
     for (size_t x = 0; x < f.expert_rows.size() && x < ps.expert_tokens.size(); ++x) {
       ps.expert_tokens[x] += f.expert_rows[x];
-      ep_rows[layout_[r].ep_rank] += static_cast<double>(f.expert_rows[x]);
+      ep_rows[layout[r].ep_rank] += static_cast<double>(f.expert_rows[x]);
     }
     ps.a2a_bytes += results[r].a2a_bytes;
     ps.pp_bytes += results[r].pp_bytes;
@@ -313,11 +300,9 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
   total.comm_seconds = ps.comm_seconds;
   total.comm_bytes = ps.comm_bytes;
   if (ep > 1) {
-    ps.expert_imbalance =
-        Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
+    ps.expert_imbalance = Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
     ps.rank_imbalance = Imbalance(ep_rows);
-    std::vector<double> ep_tokens(ep,
-                                  0.0);  // attention is data-parallel: each rank its own sequences
+    std::vector<double> ep_tokens(ep, 0.0);  // attention is data-parallel: each rank its own sequences
     for (int64_t e = 0; e < ep; ++e) {
       for (const SubStep& sub : subs[e]) ep_tokens[e] += static_cast<double>(sub.in.num_tokens());
     }
@@ -325,6 +310,30 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
   }
   if (stats != nullptr) *stats = total;
   if (pstats != nullptr) *pstats = std::move(ps);
+}
+
+}  // namespace
+
+absl::Status ParallelExecutor::Forward(const ForwardInput& in,
+                                       const std::vector<uint64_t>& seq_ranks,
+                                       std::vector<float>* logits, ForwardStats* stats,
+                                       ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
+  const ModelConfig& c = weights_->config();
+  if (lost_) return absl::UnavailableError("parallel step: a rank of this job was lost earlier");
+  if (processes_ != nullptr && processes_->rank() != 0) {
+    return absl::FailedPreconditionError(
+        "parallel forward: only rank 0 drives the steps of an MPI job");
+  }
+  ASSIGN_OR_RETURN(const SubSteps subs, PlanStep(in, seq_ranks));
+  if (!in.sample.empty() && sampled == nullptr) {
+    return absl::InvalidArgumentError(
+        "parallel forward: sampling specs but nowhere to put the tokens");
+  }
+  // One result per rank of the layout (process ranks: the workers' come back as messages).
+  std::vector<RankStepResult> results(layout_.size());
+  RETURN_IF_ERROR(RunRanks(subs, &results));
+  RETURN_IF_ERROR(GatherOutputs(layout_, config_.pp - 1, subs, results, in, c.vocab_size, logits, sampled));
+  AggregateStats(layout_, config_.ep, c.num_local_experts, subs, results, stats, pstats);
   return absl::OkStatus();
 }
 
