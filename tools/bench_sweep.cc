@@ -24,132 +24,96 @@ namespace moeserve::tools {
 
 namespace {
 
-}  // namespace
+// b sequences, each `ctx` tokens already cached, each decoding one token at position ctx,
+// greedy on the device as the engine samples (only the tokens come back).
+ForwardInput DecodeBatch(int64_t b, int64_t ctx, int64_t block_size, int64_t vocab, std::mt19937& gen) {
+  const int64_t blocks_per_seq = (ctx + 1 + block_size - 1) / block_size;
+  ForwardInput in;
+  in.num_seqs = b;
+  in.max_blocks_per_seq = blocks_per_seq;
+  in.block_tables.resize(static_cast<size_t>(b * blocks_per_seq));
+  for (int64_t j = 0; j < b; ++j) {
+    for (int64_t k = 0; k < blocks_per_seq; ++k) in.block_tables[j * blocks_per_seq + k] = static_cast<int32_t>(j * blocks_per_seq + k);
+    in.token_ids.push_back(static_cast<int32_t>(gen() % vocab));
+    in.positions.push_back(static_cast<int32_t>(ctx));
+    in.token_seq.push_back(static_cast<int32_t>(j));
+    in.slots.push_back((j * blocks_per_seq + ctx / block_size) * block_size + ctx % block_size);
+    in.logit_rows.push_back(static_cast<int32_t>(j));
+  }
+  in.sample.assign(static_cast<size_t>(b), SampleSpec{});
+  in.logits_to_host = false;
+  return in;
+}
 
-absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend* backend,
-                                           const roofline::HardwareProfile& hw, const SweepOptions& o) {
-  const ModelConfig& c = weights.config();
-  const roofline::ModelCosts costs = roofline::ModelCosts::From(
-      c, roofline::WeightDtypeName(c, weights.dtype()), o.kv_dtype == DType::kF32 ? "f32" : "bf16");
-  const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
-  if (max_ctx + 1 > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--context: ", max_ctx, " + 1 exceeds the model's context of ",
-                                                   c.max_position_embeddings));
-  }
-  // One KV pool for the largest point that fits the byte limit.
-  const double token_bytes = costs.kv_bytes_per_token;
-  int64_t pool_tokens = 0;
-  for (int64_t b : o.batches) {
-    for (int64_t ctx : o.contexts) {
-      const int64_t blocks = b * ((ctx + 1 + o.block_size - 1) / o.block_size);
-      if (blocks * o.block_size * token_bytes <= o.max_kv_bytes) pool_tokens = std::max(pool_tokens, blocks * o.block_size);
-    }
-  }
-  if (pool_tokens == 0) return absl::InvalidArgumentError("no sweep point fits --sweep-max-kv-gb");
-  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, pool_tokens / o.block_size, o.block_size,
-                                                                        o.kv_dtype)));
-  MoeModel model(&weights, backend);
-  std::mt19937 gen(42);
-  SweepReport report;
-  report.weight_dtype = costs.weight_dtype;
+// Times decode steps of `in` (each feeding its tokens back): the median step and its phases.
+absl::StatusOr<SweepPoint> MeasurePoint(MoeModel& model, const KvStorage& kv, ForwardInput in, const SweepOptions& o) {
   std::vector<float> logits;
-  Progress progress("sweep", static_cast<int64_t>(o.batches.size() * o.contexts.size()), o.progress);
-  int64_t done = 0;
-  for (int64_t ctx : o.contexts) {
-    for (int64_t b : o.batches) {
-      const int64_t blocks_per_seq = (ctx + 1 + o.block_size - 1) / o.block_size;
-      if (b * blocks_per_seq * o.block_size > pool_tokens) {
-        report.skipped.push_back(absl::StrCat(b, "x", ctx));
-        progress.Update(++done);
-        continue;
-      }
-      // b sequences, each `ctx` tokens already cached, each decoding one token at position ctx.
-      ForwardInput in;
-      in.num_seqs = b;
-      in.max_blocks_per_seq = blocks_per_seq;
-      in.block_tables.resize(static_cast<size_t>(b * blocks_per_seq));
-      for (int64_t j = 0; j < b; ++j) {
-        for (int64_t k = 0; k < blocks_per_seq; ++k) in.block_tables[j * blocks_per_seq + k] = static_cast<int32_t>(j * blocks_per_seq + k);
-        in.token_ids.push_back(static_cast<int32_t>(gen() % c.vocab_size));
-        in.positions.push_back(static_cast<int32_t>(ctx));
-        in.token_seq.push_back(static_cast<int32_t>(j));
-        in.slots.push_back((j * blocks_per_seq + ctx / o.block_size) * o.block_size + ctx % o.block_size);
-        in.logit_rows.push_back(static_cast<int32_t>(j));
-      }
-      // Greedy on the device, as the engine samples: only the tokens come back.
-      in.sample.assign(static_cast<size_t>(b), SampleSpec{});
-      in.logits_to_host = false;
-      std::vector<int32_t> sampled;
-      std::vector<double> times;
-      std::vector<ForwardStats> stats;
-      Stopwatch total;
-      // Unrecorded warm-up steps: at least 10 and 0.2 s (the first point of a sweep measured
-      // a quarter slower over its first tens of steps with one).
-      int warmup = 0;
-      for (Stopwatch w; warmup < 10 || w.Seconds() < 0.2; ++warmup) {
-        RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, nullptr, &sampled));
-        for (int64_t j = 0; j < b; ++j) in.token_ids[j] = sampled[j];
-      }
-      for (int step = 0; step < 1 + o.min_steps || total.Seconds() < o.min_seconds; ++step) {
-        ForwardStats fs;
-        Stopwatch sw;
-        RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs, &sampled));
-        const double t = sw.Seconds();  // the forward, which is what the cost model predicts
-        for (int64_t j = 0; j < b; ++j) in.token_ids[j] = sampled[j];
-        if (step == 0) {
-          total.Reset();
-          continue;
-        }
-        times.push_back(t);
-        stats.push_back(fs);
-        if (step >= 50) break;
-      }
-      SweepPoint p;
-      p.batch = b;
-      p.context = ctx;
-      p.steps = static_cast<int>(times.size());
-      // The median step and its phases.
-      std::vector<size_t> order(times.size());
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return times[x] < times[y]; });
-      const size_t mid = order[order.size() / 2];
-      p.observed_seconds = times[mid];
-      p.min_seconds = times[order.front()];
-      p.attention_seconds = stats[mid].attention_seconds;
-      p.moe_seconds = stats[mid].moe_seconds;
-      p.head_seconds = stats[mid].head_seconds;
-      double hit = 0;
-      for (const auto& s : stats) hit += static_cast<double>(s.experts_hit);
-      p.experts_hit = hit / static_cast<double>(stats.size());
-      roofline::StepShape shape = roofline::StepShape::Decode(b, ctx + 1);
-      shape.experts_hit = p.experts_hit;
-      p.peak = roofline::PredictStep(costs, shape, hw);
-      report.points.push_back(p);
-      progress.Update(++done, absl::StrCat("batch ", b, " context ", ctx, ": ", p.observed_seconds * 1e3, " ms"));
-    }
+  std::vector<int32_t> sampled;
+  std::vector<double> times;
+  std::vector<ForwardStats> stats;
+  const int64_t b = in.num_seqs;
+  // Unrecorded warm-up steps: at least 10 and 0.2 s (the first point of a sweep measured a
+  // quarter slower over its first tens of steps with one).
+  int warmup = 0;
+  for (Stopwatch w; warmup < 10 || w.Seconds() < 0.2; ++warmup) {
+    RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, nullptr, &sampled));
+    for (int64_t j = 0; j < b; ++j) in.token_ids[j] = sampled[j];
   }
-  progress.Finish(done);
+  Stopwatch total;
+  for (int step = 0; step < 1 + o.min_steps || total.Seconds() < o.min_seconds; ++step) {
+    ForwardStats fs;
+    Stopwatch sw;
+    RETURN_IF_ERROR(model.Forward(in, kv.layout(), kv.data(), &logits, &fs, &sampled));
+    const double t = sw.Seconds();  // the forward, which is what the cost model predicts
+    for (int64_t j = 0; j < b; ++j) in.token_ids[j] = sampled[j];
+    if (step == 0) {
+      total.Reset();
+      continue;
+    }
+    times.push_back(t);
+    stats.push_back(fs);
+    if (step >= 50) break;
+  }
+  SweepPoint p;
+  p.steps = static_cast<int>(times.size());
+  std::vector<size_t> order(times.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return times[x] < times[y]; });
+  const size_t mid = order[order.size() / 2];
+  p.observed_seconds = times[mid];
+  p.min_seconds = times[order.front()];
+  p.attention_seconds = stats[mid].attention_seconds;
+  p.moe_seconds = stats[mid].moe_seconds;
+  p.head_seconds = stats[mid].head_seconds;
+  double hit = 0;
+  for (const auto& s : stats) hit += static_cast<double>(s.experts_hit);
+  p.experts_hit = hit / static_cast<double>(stats.size());
+  return p;
+}
 
+// The efficiencies fitted to every point (and, as a hold-out check, to every other one), and
+// each context's measured knee beside the predicted one.
+void FitAndKnees(const ModelConfig& c, const roofline::ModelCosts& costs, const roofline::HardwareProfile& hw,
+                 const SweepOptions& o, SweepReport* report) {
   std::vector<roofline::Observation> all, even, odd;
-  for (size_t i = 0; i < report.points.size(); ++i) {
-    const roofline::Observation ob{report.points[i].peak, report.points[i].observed_seconds};
+  for (size_t i = 0; i < report->points.size(); ++i) {
+    const roofline::Observation ob{report->points[i].peak, report->points[i].observed_seconds};
     all.push_back(ob);
     (i % 2 == 0 ? even : odd).push_back(ob);
-    if (ob.observed_seconds < 0.95 * ob.cost.bound_seconds) ++report.beats_bound;
+    if (ob.observed_seconds < 0.95 * ob.cost.bound_seconds) ++report->beats_bound;
   }
-  report.fit = roofline::FitEfficiency(all);
-  if (!even.empty() && !odd.empty()) report.holdout = roofline::Evaluate(odd, roofline::FitEfficiency(even).efficiency);
-  for (SweepPoint& p : report.points) p.calibrated_seconds = roofline::PredictWithEfficiency(p.peak, report.fit.efficiency);
-  report.num_experts = c.num_local_experts;
+  report->fit = roofline::FitEfficiency(all);
+  if (!even.empty() && !odd.empty()) report->holdout = roofline::Evaluate(odd, roofline::FitEfficiency(even).efficiency);
+  for (SweepPoint& p : report->points) p.calibrated_seconds = roofline::PredictWithEfficiency(p.peak, report->fit.efficiency);
+  report->num_experts = c.num_local_experts;
   for (int64_t ctx : o.contexts) {
     std::vector<double> bs, ts, bound, calibrated;
-    for (const SweepPoint& p : report.points) {
-      if (p.context == ctx) {
-        bs.push_back(static_cast<double>(p.batch));
-        ts.push_back(p.observed_seconds);
-        bound.push_back(p.peak.bound_seconds);
-        calibrated.push_back(p.calibrated_seconds);
-      }
+    for (const SweepPoint& p : report->points) {
+      if (p.context != ctx) continue;
+      bs.push_back(static_cast<double>(p.batch));
+      ts.push_back(p.observed_seconds);
+      bound.push_back(p.peak.bound_seconds);
+      calibrated.push_back(p.calibrated_seconds);
     }
     if (bs.size() < 2) continue;
     SweepReport::Knee k;
@@ -163,8 +127,59 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
     k.experts_hit_batch1 = roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, 1);
     k.experts_hit_at_critical =
         roofline::ExpectedExpertsHit(c.num_local_experts, c.num_experts_per_tok, k.predicted_critical);
-    report.knees.push_back(k);
+    report->knees.push_back(k);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend* backend,
+                                           const roofline::HardwareProfile& hw, const SweepOptions& o) {
+  const ModelConfig& c = weights.config();
+  const roofline::ModelCosts costs = roofline::ModelCosts::From(
+      c, roofline::WeightDtypeName(c, weights.dtype()), o.kv_dtype == DType::kF32 ? "f32" : "bf16");
+  const int64_t max_ctx = *std::max_element(o.contexts.begin(), o.contexts.end());
+  if (max_ctx + 1 > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--context: ", max_ctx, " + 1 exceeds the model's context of ",
+                                                   c.max_position_embeddings));
+  }
+  // One KV pool for the largest point that fits the byte limit.
+  auto blocks_per_seq = [&](int64_t ctx) { return (ctx + 1 + o.block_size - 1) / o.block_size; };
+  int64_t pool_tokens = 0;
+  for (int64_t b : o.batches) {
+    for (int64_t ctx : o.contexts) {
+      const int64_t tokens = b * blocks_per_seq(ctx) * o.block_size;
+      if (tokens * costs.kv_bytes_per_token <= o.max_kv_bytes) pool_tokens = std::max(pool_tokens, tokens);
+    }
+  }
+  if (pool_tokens == 0) return absl::InvalidArgumentError("no sweep point fits --sweep-max-kv-gb");
+  ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, pool_tokens / o.block_size, o.block_size,
+                                                                        o.kv_dtype)));
+  MoeModel model(&weights, backend);
+  std::mt19937 gen(42);
+  SweepReport report;
+  report.weight_dtype = costs.weight_dtype;
+  Progress progress("sweep", static_cast<int64_t>(o.batches.size() * o.contexts.size()), o.progress);
+  int64_t done = 0;
+  for (int64_t ctx : o.contexts) {
+    for (int64_t b : o.batches) {
+      if (b * blocks_per_seq(ctx) * o.block_size > pool_tokens) {
+        report.skipped.push_back(absl::StrCat(b, "x", ctx));
+        progress.Update(++done);
+        continue;
+      }
+      ASSIGN_OR_RETURN(SweepPoint p, MeasurePoint(model, kv, DecodeBatch(b, ctx, o.block_size, c.vocab_size, gen), o));
+      p.batch = b;
+      p.context = ctx;
+      roofline::StepShape shape = roofline::StepShape::Decode(b, ctx + 1);
+      shape.experts_hit = p.experts_hit;
+      p.peak = roofline::PredictStep(costs, shape, hw);
+      report.points.push_back(p);
+      progress.Update(++done, absl::StrCat("batch ", b, " context ", ctx, ": ", p.observed_seconds * 1e3, " ms"));
+    }
+  }
+  progress.Finish(done);
+  FitAndKnees(c, costs, hw, o, &report);
   return report;
 }
 
