@@ -99,6 +99,27 @@ absl::Status LoadDenseMlp(int64_t l, DType dtype, Uploader& up, LayerWeights* lw
   return absl::OkStatus();
 }
 
+namespace {
+
+// The storage dtype and the checkpoint's kind, against what the backend implements.
+absl::Status CheckLoadable(const ModelConfig& config, const Backend* backend, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32, bf16 or fp8, got ",
+                                                   DTypeShortName(dtype)));
+  }
+  if ((dtype == DType::kF8E4M3 || config.fp8_checkpoint) && !backend->HasFp8Weights()) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement FP8 weights"));
+  }
+  if (config.deepseek_moe() && !backend->HasLatentAttention()) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement ",
+                                                 config.architecture(), "'s ops (latent attention, scaled RoPE, grouped "
+                                                 "routing); run it on the CPU backend"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,
                                                                   Backend* backend, DType dtype,
@@ -109,49 +130,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(config, only));
   const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
   const bool first = only.layer_begin == 0, last = end == config.num_hidden_layers;
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF8E4M3) {
-    return absl::InvalidArgumentError(absl::StrCat("weight storage dtype must be f32, bf16 or fp8, got ",
-                                                   DTypeShortName(dtype)));
-  }
-  if ((dtype == DType::kF8E4M3 || config.fp8_checkpoint) && !backend->HasFp8Weights()) {
-    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement FP8 weights"));
-  }
+  RETURN_IF_ERROR(CheckLoadable(config, backend, dtype));
   // With FP8 the linear layers are FP8; the embedding and lm_head stay bf16 (as vLLM's fp8
   // quantization leaves them), norms and routers fp32.
   const DType table_dtype = dtype == DType::kF8E4M3 ? DType::kBF16 : dtype;
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& e : ExpectedTensors(config)) shapes[e.name] = e.shape;
-  // Report the first missing tensor before allocating anything, and refuse a tensor the config
-  // does not explain: it belongs to something this build does not compute (biases, another
-  // architecture's parts), and ignoring it would run a different model.
-  for (const auto& [name, shape] : shapes) {
-    if (source.Find(name) == nullptr) {
-      return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
-    }
-  }
-  int64_t mtp_skipped = 0;
-  for (const std::string& name : source.Names()) {
-    if (IsMtpTensor(config, name)) {
-      ++mtp_skipped;
-      continue;
-    }
-    if (absl::EndsWith(name, "_scale_inv") && shapes.count(name.substr(0, name.size() - 10)) > 0) {
-      if (!config.fp8_checkpoint) {
-        return absl::InvalidArgumentError(absl::StrCat("checkpoint has FP8 scales (\"", name,
-                                                       "\") but config.json has no quantization_config for them"));
-      }
-      continue;  // read with its weight
-    }
-    if (shapes.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
-                                                     "\", which this build's ", config.architecture(), " does not use"));
-    }
-  }
-  if (config.deepseek_moe() && !backend->HasLatentAttention()) {
-    return absl::UnimplementedError(absl::StrCat("the ", backend->Name(), " backend does not implement ",
-                                                 config.architecture(), "'s ops (latent attention, scaled RoPE, grouped "
-                                                 "routing); run it on the CPU backend"));
-  }
+  ASSIGN_OR_RETURN(const int64_t mtp_skipped, CheckCheckpointTensors(config, source, shapes));
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = config;
   w->dtype_ = dtype;
@@ -233,6 +218,38 @@ absl::Status ShardMla(const ModelConfig& c, const LayerWeights& f, Matrix& matri
   return absl::OkStatus();
 }
 
+
+// A pipeline stage's copy of one of its layers: norms, attention, router, its EP rank's experts,
+// the shared expert (ModelWeights::Shard).
+template <typename Matrix, typename Vec>
+absl::Status ShardLayer(const ModelConfig& c, const LayerWeights& f, const std::vector<bool>& held, Matrix& matrix,
+                        Vec& vec, LayerWeights* lw) {
+  ASSIGN_OR_RETURN(lw->attn_norm, vec(f.attn_norm, c.hidden_size));
+  ASSIGN_OR_RETURN(lw->mlp_norm, vec(f.mlp_norm, c.hidden_size));
+  ASSIGN_OR_RETURN(lw->q, matrix(f.q));
+  ASSIGN_OR_RETURN(lw->k, matrix(f.k));
+  ASSIGN_OR_RETURN(lw->v, matrix(f.v));
+  ASSIGN_OR_RETURN(lw->o, matrix(f.o));
+  ASSIGN_OR_RETURN(lw->q_bias, vec(f.q_bias, c.q_dim()));
+  ASSIGN_OR_RETURN(lw->k_bias, vec(f.k_bias, c.kv_dim()));
+  ASSIGN_OR_RETURN(lw->v_bias, vec(f.v_bias, c.kv_dim()));
+  const bool per_head = c.qk_norm == QkNorm::kPerHead;
+  ASSIGN_OR_RETURN(lw->q_norm, vec(f.q_norm, per_head ? c.head_dim : c.q_dim()));
+  ASSIGN_OR_RETURN(lw->k_norm, vec(f.k_norm, per_head ? c.head_dim : c.kv_dim()));
+  ASSIGN_OR_RETURN(lw->router, matrix(f.router));
+  for (size_t e = 0; e < f.w13.size(); ++e) {
+    if (!held[e]) continue;
+    ASSIGN_OR_RETURN(lw->w13[e], matrix(f.w13[e]));
+    ASSIGN_OR_RETURN(lw->w2[e], matrix(f.w2[e]));
+  }
+  ASSIGN_OR_RETURN(lw->shared_w13, matrix(f.shared_w13));
+  ASSIGN_OR_RETURN(lw->shared_w2, matrix(f.shared_w2));
+  ASSIGN_OR_RETURN(lw->shared_gate, matrix(f.shared_gate));
+  ASSIGN_OR_RETURN(lw->router_bias, vec(f.router_bias, c.num_local_experts));
+  if (c.is_mla()) RETURN_IF_ERROR(ShardMla(c, f, matrix, vec, lw));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWeights& full, Backend* from,
@@ -308,29 +325,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       lw.w2.push_back(shape_only(f.w2[e]));
     }
     if (mine) {
-      ASSIGN_OR_RETURN(lw.attn_norm, vec(f.attn_norm, c.hidden_size));
-      ASSIGN_OR_RETURN(lw.mlp_norm, vec(f.mlp_norm, c.hidden_size));
-      ASSIGN_OR_RETURN(lw.q, matrix(f.q));
-      ASSIGN_OR_RETURN(lw.k, matrix(f.k));
-      ASSIGN_OR_RETURN(lw.v, matrix(f.v));
-      ASSIGN_OR_RETURN(lw.o, matrix(f.o));
-      ASSIGN_OR_RETURN(lw.q_bias, vec(f.q_bias, c.q_dim()));
-      ASSIGN_OR_RETURN(lw.k_bias, vec(f.k_bias, c.kv_dim()));
-      ASSIGN_OR_RETURN(lw.v_bias, vec(f.v_bias, c.kv_dim()));
-      const bool per_head = c.qk_norm == QkNorm::kPerHead;
-      ASSIGN_OR_RETURN(lw.q_norm, vec(f.q_norm, per_head ? c.head_dim : c.q_dim()));
-      ASSIGN_OR_RETURN(lw.k_norm, vec(f.k_norm, per_head ? c.head_dim : c.kv_dim()));
-      ASSIGN_OR_RETURN(lw.router, matrix(f.router));
-      for (size_t e = 0; e < f.w13.size(); ++e) {
-        if (!held[e]) continue;
-        ASSIGN_OR_RETURN(lw.w13[e], matrix(f.w13[e]));
-        ASSIGN_OR_RETURN(lw.w2[e], matrix(f.w2[e]));
-      }
-      ASSIGN_OR_RETURN(lw.shared_w13, matrix(f.shared_w13));
-      ASSIGN_OR_RETURN(lw.shared_w2, matrix(f.shared_w2));
-      ASSIGN_OR_RETURN(lw.shared_gate, matrix(f.shared_gate));
-      ASSIGN_OR_RETURN(lw.router_bias, vec(f.router_bias, c.num_local_experts));
-      if (c.is_mla()) RETURN_IF_ERROR(ShardMla(c, f, matrix, vec, &lw));
+      RETURN_IF_ERROR(ShardLayer(c, f, held, matrix, vec, &lw));
     }
     w->layers_.push_back(std::move(lw));
   }

@@ -1,6 +1,7 @@
 // Mixtral tensor naming.
 #include "models/tensor_names.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/deepseek_weights.h"
 
@@ -107,5 +108,38 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   if (!c.tie_word_embeddings) out.push_back({tn::LmHead(), {c.vocab_size, h}});
   return out;
 }
+
+// Reports the first missing tensor before anything is allocated, and refuses a tensor the config
+// does not explain: it belongs to something this build does not compute (biases, another
+// architecture's parts), and ignoring it would run a different model. Returns how many
+// multi-token-prediction tensors were skipped.
+absl::StatusOr<int64_t> CheckCheckpointTensors(const ModelConfig& config, const TensorSource& source,
+                                               const std::map<std::string, std::vector<int64_t>>& shapes) {
+  for (const auto& [name, shape] : shapes) {
+    if (source.Find(name) == nullptr) {
+      return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
+    }
+  }
+  int64_t mtp_skipped = 0;
+  for (const std::string& name : source.Names()) {
+    if (IsMtpTensor(config, name)) {
+      ++mtp_skipped;
+      continue;
+    }
+    if (absl::EndsWith(name, "_scale_inv") && shapes.count(name.substr(0, name.size() - 10)) > 0) {
+      if (!config.fp8_checkpoint) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint has FP8 scales (\"", name,
+                                                       "\") but config.json has no quantization_config for them"));
+      }
+      continue;  // read with its weight
+    }
+    if (shapes.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint has tensor \"", name,
+                                                     "\", which this build's ", config.architecture(), " does not use"));
+    }
+  }
+  return mtp_skipped;
+}
+
 
 }  // namespace moeserve

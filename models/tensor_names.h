@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "models/model_config.h"
+#include "models/safetensors.h"
 
 namespace moeserve {
 
@@ -28,6 +31,12 @@ std::string Expert(const ModelConfig& c, int64_t layer, int64_t expert, const st
 
 // Every tensor of the model in checkpoint order (lm_head omitted when embeddings are tied).
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config);
+
+// Every expected tensor (`shapes`, by name) is in `source`, and every tensor of `source` is
+// expected (an FP8 weight's scales and the multi-token-prediction layers aside): NOT_FOUND or
+// INVALID_ARGUMENT naming the first that is not. Returns how many MTP tensors were skipped.
+absl::StatusOr<int64_t> CheckCheckpointTensors(const ModelConfig& config, const TensorSource& source,
+                                               const std::map<std::string, std::vector<int64_t>>& shapes);
 // A dense layer's MLP: mlp.gate_proj, up_proj, down_proj of dense_intermediate_size.
 void AddDenseMlpTensors(const ModelConfig& c, int64_t l, std::vector<ExpectedTensor>* out);
 
