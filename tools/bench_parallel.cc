@@ -10,16 +10,14 @@
 
 namespace moeserve::tools {
 
-nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const std::vector<StepRecord>& steps,
-                              double mean_seq_tokens, double elapsed_seconds,
-                              const std::optional<roofline::HardwareProfile>& hw) {
+namespace {
+
+// Each rank's place and bytes, and the largest and total weights and the largest KV per token.
+void AddRanks(const Engine& engine, DType weight_dtype, nlohmann::json* j, double* kv_token_max) {
   const EngineConfig& ec = engine.config();
   const ModelConfig& c = engine.model_config();
-  nlohmann::json j;
-  j["layout"] = ec.parallel.Name();
-  j["ep"] = ec.parallel.ep;
-  j["pp"] = ec.parallel.pp;
-  double weight_max = 0, weight_total = 0, kv_token_max = 0;
+  double weight_max = 0, weight_total = 0;
+  *kv_token_max = 0;
   nlohmann::json ranks = nlohmann::json::array();
   if (const ParallelExecutor* x = engine.parallel(); x != nullptr) {
     // The devices of the ranks this process holds: all of them, or under mpirun rank 0's alone
@@ -40,16 +38,48 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
                        {"kv_bytes_per_token", l.kv_bytes_per_token}});
       weight_max = std::max(weight_max, l.weight_bytes);
       weight_total += l.weight_bytes;
-      kv_token_max = std::max(kv_token_max, l.kv_bytes_per_token);
+      *kv_token_max = std::max(*kv_token_max, l.kv_bytes_per_token);
     }
   } else {  // one rank holds everything
     weight_max = weight_total = static_cast<double>(c.TotalParams()) * DTypeSize(weight_dtype);
-    kv_token_max = static_cast<double>(c.KvElemsPerToken() * c.num_hidden_layers) * DTypeSize(ec.kv_dtype);
+    *kv_token_max = static_cast<double>(c.KvElemsPerToken() * c.num_hidden_layers) * DTypeSize(ec.kv_dtype);
   }
-  j["ranks"] = ranks;
-  j["weight_bytes_per_device_max"] = weight_max;
-  j["weight_bytes_all_devices"] = weight_total;
-  j["kv_bytes_per_token_per_device"] = kv_token_max;
+  (*j)["ranks"] = ranks;
+  (*j)["weight_bytes_per_device_max"] = weight_max;
+  (*j)["weight_bytes_all_devices"] = weight_total;
+  (*j)["kv_bytes_per_token_per_device"] = *kv_token_max;
+}
+
+// With a hardware profile: the batch one device needs before compute catches up with its weight
+// reads, with this layout.
+void AddCriticalBatch(const Engine& engine, DType weight_dtype, double mean_seq_tokens,
+                      const roofline::HardwareProfile& hw, nlohmann::json* j) {
+  const EngineConfig& ec = engine.config();
+  const ModelConfig& c = engine.model_config();
+  roofline::RooflineInputs in;
+  in.model = roofline::ModelCosts::From(c, roofline::WeightDtypeName(c, weight_dtype), ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
+  in.hw = hw;
+  in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.ep_domain_size};
+  in.context = static_cast<int64_t>(mean_seq_tokens);
+  const roofline::RooflineReport r = roofline::AnalyzeRoofline(in);
+  (*j)["critical_batch"] = r.critical_batch;
+  (*j)["critical_batch_routed_experts"] = r.critical_batch_routed_experts;
+  (*j)["critical_batch_moe_aware"] = r.critical_batch_moe_aware;
+  (*j)["sparsity"] = static_cast<double>(c.num_local_experts) / static_cast<double>(c.num_experts_per_tok);
+}
+
+}  // namespace
+
+nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const std::vector<StepRecord>& steps,
+                              double mean_seq_tokens, double elapsed_seconds,
+                              const std::optional<roofline::HardwareProfile>& hw) {
+  const EngineConfig& ec = engine.config();
+  nlohmann::json j;
+  j["layout"] = ec.parallel.Name();
+  j["ep"] = ec.parallel.ep;
+  j["pp"] = ec.parallel.pp;
+  double kv_token_max = 0;
+  AddRanks(engine, weight_dtype, &j, &kv_token_max);
   // A sequence lives on one EP rank and, with pp stages, on one device per stage.
   j["kv_bytes_per_sequence_per_device"] = kv_token_max * mean_seq_tokens;
   int64_t tokens = 0, comm = 0, seqs = 0;
@@ -70,16 +100,14 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
       ++imb_steps;
     }
   }
+  const double mean_batch = steps.empty() ? 0.0 : static_cast<double>(seqs) / static_cast<double>(steps.size());
   j["tokens_per_second"] = elapsed_seconds > 0 ? tokens / elapsed_seconds : 0.0;
   j["mean_step_ms"] = steps.empty() ? 0.0 : 1e3 * busy / static_cast<double>(steps.size());
-  j["mean_batch"] = steps.empty() ? 0.0 : static_cast<double>(seqs) / static_cast<double>(steps.size());
+  j["mean_batch"] = mean_batch;
   // Every device holds KV (of its layers) for every sequence in flight that it serves; pp stages
   // need pp micro-batches in flight to stay busy.
-  const double micro = ec.parallel.pp > 1 ? static_cast<double>(ec.parallel.micro_batches > 0 ? ec.parallel.micro_batches
-                                                                                                : ec.parallel.pp)
-                                          : 1.0;
-  const double mean_batch = steps.empty() ? 0.0 : static_cast<double>(seqs) / static_cast<double>(steps.size());
-  j["sequences_per_micro_batch"] = mean_batch / micro;
+  const int64_t micro = ec.parallel.pp > 1 ? (ec.parallel.micro_batches > 0 ? ec.parallel.micro_batches : ec.parallel.pp) : 1;
+  j["sequences_per_micro_batch"] = mean_batch / static_cast<double>(micro);
   j["kv_bytes_per_device_in_flight"] = kv_token_max * mean_seq_tokens * mean_batch / static_cast<double>(ec.parallel.ep);
   j["comm_bytes_per_token"] = tokens ? static_cast<double>(comm) / static_cast<double>(tokens) : 0.0;
   j["comm_share_of_step_time"] = busy > 0 ? comm_s / busy : 0.0;
@@ -91,23 +119,11 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   if (hw) {
     j["predicted_comm_bytes_per_token"] = tokens ? predicted_comm / static_cast<double>(tokens) : 0.0;
     j["predicted_comm_us_per_token"] = tokens ? 1e6 * predicted_comm_s / static_cast<double>(tokens) : 0.0;
+    AddCriticalBatch(engine, weight_dtype, mean_seq_tokens, *hw, &j);
   }
   j["mean_expert_imbalance"] = imb_steps ? expert_imb / imb_steps : 0.0;
   j["mean_rank_imbalance"] = imb_steps ? rank_imb / imb_steps : 0.0;
   j["mean_attention_imbalance"] = imb_steps ? attn_imb / imb_steps : 0.0;
-  if (hw) {
-    // The batch one device needs before compute catches up with its weight reads, with this layout.
-    roofline::RooflineInputs in;
-    in.model = roofline::ModelCosts::From(c, roofline::WeightDtypeName(c, weight_dtype), ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
-    in.hw = *hw;
-    in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.ep_domain_size};
-    in.context = static_cast<int64_t>(mean_seq_tokens);
-    const roofline::RooflineReport r = roofline::AnalyzeRoofline(in);
-    j["critical_batch"] = r.critical_batch;
-    j["critical_batch_routed_experts"] = r.critical_batch_routed_experts;
-    j["critical_batch_moe_aware"] = r.critical_batch_moe_aware;
-    j["sparsity"] = static_cast<double>(c.num_local_experts) / static_cast<double>(c.num_experts_per_tok);
-  }
   return j;
 }
 
