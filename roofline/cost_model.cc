@@ -92,6 +92,49 @@ double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const Paral
   return dense_bytes / bandwidth + spread_bytes * share / bandwidth;
 }
 
+namespace {
+
+// The layout's traffic between devices, priced as α + bytes/β per link kind.
+void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
+                      StepCost* c) {
+  const double ep = static_cast<double>(layout.ep);
+  // Expert parallelism: each token's activation goes to its k experts and back, to every EP
+  // rank alike; the share that leaves its device crosses the scale-up links (to ranks of its
+  // domain) or the scale-out network (to other domains), all devices sending at once and both
+  // links busy together, so the slower of the two sets the time.
+  if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
+    const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
+    // Rows out to their experts, then their results back.
+    const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
+    const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
+    const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
+    c->comm_bytes += inside + outside;
+    c->scale_out_bytes += outside;
+    double seconds = inside / (hw.interconnect_bandwidth * ep);
+    double latency = hw.interconnect_latency;
+    if (outside > 0) {
+      const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
+      seconds = std::max(seconds, outside / (out_bw * ep));
+      latency = std::max(latency, hw.scale_out_latency);
+    }
+    // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
+    // whatever its bytes: what dominates at decode sizes.
+    const double calls = kDispatchCallsPerMoeLayer * static_cast<double>(m.moe_layers);
+    c->comm_latency_seconds += calls * latency;
+    c->comm_seconds += seconds + calls * latency;
+  }
+  // Pipeline parallelism: activations cross each stage boundary once.
+  if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {
+    const double pp_bytes = (static_cast<double>(layout.pp) - 1) * tokens * m.hidden * m.act_bytes;
+    c->comm_bytes += pp_bytes;
+    const double hand_offs = static_cast<double>(layout.pp) - 1;
+    c->comm_latency_seconds += hand_offs * hw.interconnect_latency;
+    c->comm_seconds += pp_bytes / hw.interconnect_bandwidth + hand_offs * hw.interconnect_latency;
+  }
+}
+
+}  // namespace
+
 StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout, const Efficiency& eff) {
   StepCost c;
@@ -141,39 +184,7 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) * seq_share / bandwidth;
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
-  // Expert parallelism: each token's activation goes to its k experts and back, to every EP
-  // rank alike; the share that leaves its device crosses the scale-up links (to ranks of its
-  // domain) or the scale-out network (to other domains), all devices sending at once and both
-  // links busy together, so the slower of the two sets the time.
-  if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
-    const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
-    // Rows out to their experts, then their results back.
-    const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
-    const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
-    const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
-    c.comm_bytes += inside + outside;
-    c.scale_out_bytes += outside;
-    double seconds = inside / (hw.interconnect_bandwidth * ep);
-    double latency = hw.interconnect_latency;
-    if (outside > 0) {
-      const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
-      seconds = std::max(seconds, outside / (out_bw * ep));
-      latency = std::max(latency, hw.scale_out_latency);
-    }
-    // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
-    // whatever its bytes: what dominates at decode sizes.
-    const double calls = kDispatchCallsPerMoeLayer * static_cast<double>(m.moe_layers);
-    c.comm_latency_seconds += calls * latency;
-    c.comm_seconds += seconds + calls * latency;
-  }
-  // Pipeline parallelism: activations cross each stage boundary once.
-  if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {
-    const double pp_bytes = (static_cast<double>(layout.pp) - 1) * tokens * m.hidden * m.act_bytes;
-    c.comm_bytes += pp_bytes;
-    const double hand_offs = static_cast<double>(layout.pp) - 1;
-    c.comm_latency_seconds += hand_offs * hw.interconnect_latency;
-    c.comm_seconds += pp_bytes / hw.interconnect_bandwidth + hand_offs * hw.interconnect_latency;
-  }
+  AddCommunication(m, hw, layout, tokens, &c);
   c.transfer_bytes = shape.transfer_bytes;
   if (c.transfer_bytes > 0 && hw.host_link_bandwidth > 0) c.transfer_seconds = c.transfer_bytes / hw.host_link_bandwidth;
 
