@@ -92,10 +92,12 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   Stopwatch sw;
   Tickets tickets;
   for (int i = 0; i < 8; ++i) {
-    if (!t->FetchRemote({0}) || !t->CopyBlock(0, t->staging_.data(), /*to_host=*/true, &tickets) ||
-        !t->CommitRemote()) {
+    absl::Status s = t->FetchRemote({0});
+    if (s.ok() && !t->CopyBlock(0, t->staging_.data(), /*to_host=*/true, &tickets)) s = absl::InternalError("a copy failed");
+    if (s.ok()) s = t->CommitRemote();
+    if (!s.ok()) {
       (void)t->Wait(tickets);  // earlier copies into the staging block must land before it is freed
-      return absl::InternalError("KV tiers: a test copy failed");
+      return absl::InternalError(absl::StrCat("KV tiers: a test copy failed: ", s.message()));
     }
   }
   if (!t->Wait(tickets)) return absl::InternalError("KV tiers: a test copy failed");
@@ -133,8 +135,8 @@ void KvTiers::BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind
   *kind_ns += ns;
 }
 
-bool KvTiers::FetchRemote(const std::vector<int32_t>& blocks) {
-  if (devices_.remote == nullptr || blocks.empty()) return true;
+absl::Status KvTiers::FetchRemote(const std::vector<int32_t>& blocks) {
+  if (devices_.remote == nullptr || blocks.empty()) return absl::OkStatus();
   std::vector<KvBlockPart> pieces;
   for (int32_t b : blocks) {
     devices_.parts(b, &parts_);
@@ -142,10 +144,12 @@ bool KvTiers::FetchRemote(const std::vector<int32_t>& blocks) {
       if (p.remote()) pieces.push_back(p);
     }
   }
-  return pieces.empty() || devices_.remote->Fetch(pieces).ok();
+  return pieces.empty() ? absl::OkStatus() : devices_.remote->Fetch(pieces);
 }
 
-bool KvTiers::CommitRemote() { return devices_.remote == nullptr || devices_.remote->Commit().ok(); }
+absl::Status KvTiers::CommitRemote() {
+  return devices_.remote == nullptr ? absl::OkStatus() : devices_.remote->Commit();
+}
 
 bool KvTiers::Wait(const Tickets& tickets) {
   bool ok = true;
@@ -190,7 +194,7 @@ std::vector<KvTransferOutcome> KvTiers::Execute(const std::vector<KvTransfer>& t
         break;
     }
   }
-  if (!CommitRemote()) {  // the promoted and swapped-in pieces did not all arrive
+  if (!CommitRemote().ok()) {  // the promoted and swapped-in pieces did not all arrive
     for (size_t i = 0; i < transfers.size(); ++i) {
       const KvTransfer::Kind k = transfers[i].kind;
       if (k == KvTransfer::Kind::kPromote || k == KvTransfer::Kind::kSwapIn) outcomes[i].ok = false;

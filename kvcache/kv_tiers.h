@@ -134,9 +134,9 @@ class KvTiers final : public KvTierView {
   // notes their tickets; false if a copy could not be enqueued.
   bool CopyBlock(int32_t block, uint8_t* host, bool to_host, Tickets* tickets);
   // Remote pieces: fetches those of `blocks` before a list reads them; after the list, writes
-  // back those it wrote (false: they did not arrive, and the job is lost).
-  bool FetchRemote(const std::vector<int32_t>& blocks);
-  bool CommitRemote();
+  // back those it wrote (an error: they did not arrive, and the job is lost).
+  absl::Status FetchRemote(const std::vector<int32_t>& blocks);
+  absl::Status CommitRemote();
   // Books a finished tier copy: its bytes and time for the step, its time for its kind.
   void BookTransfer(int64_t bytes, int64_t ns, std::atomic<int64_t>* kind_ns);
   bool Wait(const Tickets& tickets);

@@ -194,6 +194,7 @@ class ParallelExecutor final : public Executor {
   std::unique_ptr<KvRemotePieces> remote_kv_;  // rank 0 under mpirun: the workers' KV pieces
   std::vector<std::thread> worker_threads_;  // in-process: one per rank after the first, for the executor's life
   bool lost_ = false;
+  std::string lost_why_;  // what lost it
   bool bf16_dispatch_ = false;
 };
 

@@ -193,6 +193,7 @@ absl::Status ParallelExecutor::WorkerLoop(int rank, size_t local) {
 
 absl::Status ParallelExecutor::LoseStep(const absl::Status& s) {
   channel_->EndStep();  // the step is over: the step timeout no longer applies
+  if (!lost_) lost_why_ = std::string(s.message());  // the first cause, for every later step
   lost_ = true;
   return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));
 }
@@ -319,7 +320,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
                                        std::vector<float>* logits, ForwardStats* stats,
                                        ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
   const ModelConfig& c = weights_->config();
-  if (lost_) return absl::UnavailableError("parallel step: a rank of this job was lost earlier");
+  if (lost_) return absl::UnavailableError(absl::StrCat("parallel step: a rank of this job was lost earlier (", lost_why_, ")"));
   if (processes_ != nullptr && processes_->rank() != 0) {
     return absl::FailedPreconditionError(
         "parallel forward: only rank 0 drives the steps of an MPI job");

@@ -1,6 +1,7 @@
 // KV pieces held by worker processes (see remote_kv.h).
 #include "runner/remote_kv.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,30 +10,43 @@
 namespace moeserve {
 
 absl::Status RemoteKvPieces::Fetch(const std::vector<KvBlockPart>& pieces) {
-  std::map<int, KvPieceOp> ops;
-  std::map<Key, size_t> bytes;  // each wanted piece's size, to check the answers
+  std::map<int, std::vector<std::pair<int32_t, size_t>>> wanted;  // per rank: (block, bytes)
   for (const KvBlockPart& p : pieces) {
     const Key key{p.remote_rank, p.remote_block};
-    if (cache_.count(key) > 0 || !bytes.emplace(key, p.bytes).second) continue;
-    ops[p.remote_rank].blocks.push_back(p.remote_block);
+    if (cache_.count(key) > 0) continue;
+    cache_[key];  // reserved, filled below: a piece named twice is fetched once
+    wanted[p.remote_rank].emplace_back(p.remote_block, p.bytes);
   }
-  if (ops.empty()) return absl::OkStatus();
-  std::map<int, std::string> replies;
-  RETURN_IF_ERROR(Exchange(ops, &replies));
-  for (const auto& [rank, op] : ops) {
-    const std::string& data = replies[rank];
-    size_t offset = 0;
-    for (int32_t block : op.blocks) {
-      const size_t n = bytes[{rank, block}];
-      if (data.size() < offset + n) {
-        return Lose(absl::InternalError(
-            absl::StrCat("KV pieces from ", channel_->DescribeRank(rank), ": ", data.size(), " bytes, expected more")));
+  std::map<int, size_t> next;  // per rank: its first piece not fetched yet
+  while (true) {
+    std::map<int, KvPieceOp> ops;
+    std::map<int, std::vector<size_t>> sizes;  // per rank: the bytes of each piece asked
+    for (const auto& [rank, list] : wanted) {
+      size_t bytes = 0;
+      for (size_t& i = next[rank]; i < list.size() && (bytes == 0 || bytes + list[i].second <= max_message_bytes_); ++i) {
+        ops[rank].blocks.push_back(list[i].first);
+        sizes[rank].push_back(list[i].second);
+        bytes += list[i].second;
       }
-      cache_[{rank, block}].bytes.assign(data, offset, n);
-      offset += n;
+    }
+    if (ops.empty()) return absl::OkStatus();
+    std::map<int, std::string> replies;
+    RETURN_IF_ERROR(Exchange(ops, &replies));
+    for (const auto& [rank, op] : ops) {
+      const std::string& data = replies[rank];
+      size_t expected = 0;
+      for (size_t n : sizes[rank]) expected += n;
+      if (data.size() != expected) {
+        return Lose(absl::InternalError(absl::StrCat("KV pieces from ", channel_->DescribeRank(rank), ": ", data.size(),
+                                                     " bytes, expected ", expected)));
+      }
+      size_t offset = 0;
+      for (size_t k = 0; k < op.blocks.size(); ++k) {
+        cache_[{rank, op.blocks[k]}].bytes.assign(data, offset, sizes[rank][k]);
+        offset += sizes[rank][k];
+      }
     }
   }
-  return absl::OkStatus();
 }
 
 bool RemoteKvPieces::Read(const KvBlockPart& piece, uint8_t* out) const {
@@ -49,18 +63,32 @@ void RemoteKvPieces::Write(const KvBlockPart& piece, const uint8_t* data) {
 }
 
 absl::Status RemoteKvPieces::Commit() {
-  std::map<int, KvPieceOp> ops;
-  for (const auto& [key, piece] : cache_) {  // block order within each rank
-    if (!piece.written) continue;
-    KvPieceOp& op = ops[key.first];
-    op.write = true;
-    op.blocks.push_back(key.second);
-    op.data += piece.bytes;
+  std::map<int, std::vector<const std::pair<const Key, Piece>*>> written;  // per rank, block order
+  for (const auto& entry : cache_) {
+    if (entry.second.written) written[entry.first.first].push_back(&entry);
+  }
+  std::map<int, size_t> next;
+  absl::Status s = absl::OkStatus();
+  while (s.ok()) {
+    std::map<int, KvPieceOp> ops;
+    for (const auto& [rank, list] : written) {
+      size_t& i = next[rank];
+      for (; i < list.size() && (ops[rank].data.empty() ||
+                                  ops[rank].data.size() + list[i]->second.bytes.size() <= max_message_bytes_);
+           ++i) {
+        KvPieceOp& op = ops[rank];
+        op.write = true;
+        op.blocks.push_back(list[i]->first.second);
+        op.data += list[i]->second.bytes;
+      }
+      if (ops[rank].blocks.empty()) ops.erase(rank);
+    }
+    if (ops.empty()) break;
+    std::map<int, std::string> replies;
+    s = Exchange(ops, &replies);
   }
   cache_.clear();
-  if (ops.empty()) return absl::OkStatus();
-  std::map<int, std::string> replies;
-  return Exchange(ops, &replies);
+  return s;
 }
 
 absl::Status RemoteKvPieces::Exchange(const std::map<int, KvPieceOp>& ops, std::map<int, std::string>* replies) {
@@ -82,7 +110,8 @@ absl::Status RemoteKvPieces::Exchange(const std::map<int, KvPieceOp>& ops, std::
 absl::Status RemoteKvPieces::Lose(const absl::Status& s) {
   cache_.clear();
   lost_ = absl::UnavailableError(absl::StrCat("KV pieces: ", s.message()));
-  on_lost_(s);
+  std::fprintf(stderr, "moeserve: %s\n", std::string(lost_.message()).c_str());
+  on_lost_(lost_);
   return lost_;
 }
 

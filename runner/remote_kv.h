@@ -21,9 +21,12 @@ namespace moeserve {
 // Rank 0's side.
 class RemoteKvPieces final : public KvRemotePieces {
  public:
-  // `on_lost` gets the failure of an exchange (the job cannot go on).
-  RemoteKvPieces(ProcessChannel* channel, std::function<void(const absl::Status&)> on_lost)
-      : channel_(channel), on_lost_(std::move(on_lost)) {}
+  // `on_lost` gets the failure of an exchange (the job cannot go on). A list that moves more
+  // than `max_message_bytes` of pieces to or from one worker goes in several rounds (an MPI
+  // message holds at most INT_MAX bytes, and each piece is held a few times over on the way).
+  RemoteKvPieces(ProcessChannel* channel, std::function<void(const absl::Status&)> on_lost,
+                 size_t max_message_bytes = size_t{256} << 20)
+      : channel_(channel), on_lost_(std::move(on_lost)), max_message_bytes_(max_message_bytes) {}
 
   absl::Status Fetch(const std::vector<KvBlockPart>& pieces) override;
   bool Read(const KvBlockPart& piece, uint8_t* out) const override;
@@ -43,6 +46,7 @@ class RemoteKvPieces final : public KvRemotePieces {
 
   ProcessChannel* channel_;
   std::function<void(const absl::Status&)> on_lost_;
+  size_t max_message_bytes_;
   std::map<Key, Piece> cache_;  // this transfer list's pieces
   absl::Status lost_;           // set by a failed exchange: the job is lost
 };
