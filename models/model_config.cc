@@ -172,6 +172,52 @@ absl::Status CheckUnsupported(const Json& j, ModelFamily family) {
   return absl::OkStatus();
 }
 
+// transformers 5 writes the RoPE base under rope_parameters; both places must agree.
+absl::Status ReadRopeParameters(const Json& j, double* rope_theta) {
+  auto it = j.find("rope_parameters");
+  if (it == j.end() || !it->is_object() || !it->contains("rope_theta")) return absl::OkStatus();
+  double theta = 0;
+  RETURN_IF_ERROR(ReadDouble(*it, "rope_theta", &theta));
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null() && theta != *rope_theta) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_theta ", *rope_theta,
+                                                   " and rope_parameters.rope_theta ", theta, " disagree"));
+  }
+  *rope_theta = theta;
+  return absl::OkStatus();
+}
+
+// The checkpoint's dtype: "torch_dtype", or "dtype" as transformers 5 writes it (both must agree).
+absl::Status ReadTorchDtype(const Json& j, DType* out) {
+  std::optional<DType> dtype;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return TypeError(key, "a string", *it);
+    auto dt = DTypeFromTorchName(it->get<std::string>());
+    if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ": ", dt.status().message()));
+    if (dtype.has_value() && *dtype != *dt) {
+      return absl::InvalidArgumentError("config.json: torch_dtype and dtype disagree");
+    }
+    dtype = *dt;
+  }
+  if (dtype.has_value()) *out = *dtype;
+  return absl::OkStatus();
+}
+
+// A sliding window shorter than the context changes attention; this build attends to all of it.
+// (Qwen configs carry a window that use_sliding_window, checked apart, leaves unused.)
+absl::Status CheckSlidingWindow(const Json& j, int64_t context) {
+  auto it = j.find("sliding_window");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  int64_t window = 0;
+  RETURN_IF_ERROR(ReadInt(j, "sliding_window", false, &window));
+  if (window < context) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window ", window, " (shorter than the ",
+                                                   context, "-token context) is not supported: attention here is full"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
@@ -250,16 +296,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   RETURN_IF_ERROR(ReadInt(j, "num_experts_per_tok", true, &c.num_experts_per_tok));
   RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
   RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
-  // transformers 5 writes the base under rope_parameters; both places must agree.
-  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object() && it->contains("rope_theta")) {
-    double theta = 0;
-    RETURN_IF_ERROR(ReadDouble(*it, "rope_theta", &theta));
-    if (j.contains("rope_theta") && !j["rope_theta"].is_null() && theta != c.rope_theta) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: rope_theta ", c.rope_theta,
-                                                     " and rope_parameters.rope_theta ", theta, " disagree"));
-    }
-    c.rope_theta = theta;
-  }
+  RETURN_IF_ERROR(ReadRopeParameters(j, &c.rope_theta));
   RETURN_IF_ERROR(ReadInt(j, "vocab_size", true, &c.vocab_size));
   RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
   RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
@@ -269,35 +306,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                             &c.shared_expert_intermediate_size));
   }
   RETURN_IF_ERROR(ReadBool(j, "qkv_bias", &c.qkv_bias));
-  // The checkpoint's dtype: "torch_dtype", or "dtype" as transformers 5 writes it.
-  std::optional<DType> dtype;
-  for (const char* key : {"torch_dtype", "dtype"}) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) continue;
-    if (!it->is_string()) return TypeError(key, "a string", *it);
-    auto dt = DTypeFromTorchName(it->get<std::string>());
-    if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ": ", dt.status().message()));
-    if (dtype.has_value() && *dtype != *dt) {
-      return absl::InvalidArgumentError("config.json: torch_dtype and dtype disagree");
-    }
-    dtype = *dt;
-  }
-  if (dtype.has_value()) c.torch_dtype = *dtype;
+  RETURN_IF_ERROR(ReadTorchDtype(j, &c.torch_dtype));
   if (deepseek) RETURN_IF_ERROR(ReadDeepseekConfig(j, &c));
   if (qwen) RETURN_IF_ERROR(ReadQwenConfig(j, &c));
   if (family == ModelFamily::kGlm4Moe) RETURN_IF_ERROR(ReadGlmConfig(j, &c));
   RETURN_IF_ERROR(ReadQuantizationConfig(j, &c.fp8_checkpoint));
-  // A sliding window shorter than the context changes attention; this build attends to all of it.
-  // (Qwen configs carry a window that use_sliding_window, checked above, leaves unused.)
-  if (auto it = j.find("sliding_window"); !qwen && it != j.end() && !it->is_null()) {
-    int64_t window = 0;
-    RETURN_IF_ERROR(ReadInt(j, "sliding_window", false, &window));
-    if (window < c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window ", window, " (shorter than the ",
-                                                     c.max_position_embeddings,
-                                                     "-token context) is not supported: attention here is full"));
-    }
-  }
+  if (!qwen) RETURN_IF_ERROR(CheckSlidingWindow(j, c.max_position_embeddings));
   RETURN_IF_ERROR(c.Validate());
   return c;
 }
