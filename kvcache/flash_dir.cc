@@ -15,37 +15,18 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/status.h"
 
 namespace moeserve {
 namespace {
 
 std::string Mode(mode_t m) { return absl::StrFormat("%04o", m & 07777); }
 
-}  // namespace
 
-absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& requested) {
+// No one else may swap a component of `dir`'s path (each ancestor belongs to root or to us, and
+// is writable by others only with the sticky bit, as /tmp), and the directory is ours alone.
+absl::Status CheckPrivate(const std::string& dir) {
   namespace fs = std::filesystem;
-  fs::path normal = fs::path(requested).lexically_normal();
-  if (!normal.has_filename()) normal = normal.parent_path();  // "dir/" is "dir"
-  std::error_code ec;
-  const fs::path parent = normal.parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);
-  if (ec)
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
-  if (::mkdir(normal.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot create ", normal.string(), ": ", std::strerror(errno)));
-  }
-  // Every later path names the directory itself (symbolic links resolved once, here), and no
-  // one else may swap a component of that path: each ancestor belongs to root or to us, and is
-  // writable by others only with the sticky bit (as /tmp).
-  char resolved[PATH_MAX];
-  if (::realpath(normal.c_str(), resolved) == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve ", normal.string(), ": ", std::strerror(errno)));
-  }
-  const std::string dir = resolved;
   struct stat st;
   for (fs::path a = fs::path(dir).parent_path();; a = a.parent_path()) {
     if (::stat(a.c_str(), &st) != 0) {
@@ -80,6 +61,33 @@ absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& requested)
                                 : "list it (record names are prefix hashes)",
         ", and stored KV values reveal prompts; make it private with chmod 700 ", dir));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FlashDirLock> FlashDirLock::Acquire(const std::string& requested) {
+  namespace fs = std::filesystem;
+  fs::path normal = fs::path(requested).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "dir/" is "dir"
+  std::error_code ec;
+  const fs::path parent = normal.parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (ec)
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
+  if (::mkdir(normal.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create ", normal.string(), ": ", std::strerror(errno)));
+  }
+  // Every later path names the directory itself (symbolic links resolved once, here).
+  char resolved[PATH_MAX];
+  if (::realpath(normal.c_str(), resolved) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve ", normal.string(), ": ", std::strerror(errno)));
+  }
+  const std::string dir = resolved;
+  RETURN_IF_ERROR(CheckPrivate(dir));
   const std::string lock_path = absl::StrCat(dir, "/", kLockFile);
   FlashDirLock lock;
   lock.path_ = dir;
