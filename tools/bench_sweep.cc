@@ -186,6 +186,64 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
 // A calibration whose samples spread wider than this cannot judge a fraction of bound.
 constexpr double kWideSpread = 0.2;
 
+namespace {
+
+// One context's knee, measured beside the predicted and calibrated ones.
+nlohmann::json KneeJson(const SweepReport::Knee& k) {
+  const bool has_critical = k.predicted_critical > 0;
+  // Without a compute-bound batch the ratios to it do not exist: null, with the reason.
+  auto over_critical = [&](double v) { return has_critical ? nlohmann::json(v / k.predicted_critical) : nlohmann::json(); };
+  nlohmann::json knee = {{"context", k.context},
+                         {"measured", k.measured},
+                         {"predicted_knee", k.predicted_knee},
+                         {"calibrated_knee", k.calibrated_knee},
+                         {"predicted_critical_batch", has_critical ? nlohmann::json(k.predicted_critical) : nlohmann::json()},
+                         {"measured_over_predicted_knee", k.ratio},
+                         {"measured_over_critical_batch", over_critical(k.measured)},
+                         {"predicted_knee_over_critical_batch", over_critical(k.predicted_knee)},
+                         {"experts_hit_batch1", k.experts_hit_batch1}};
+  if (has_critical) {
+    knee["experts_hit_at_critical_batch"] = k.experts_hit_at_critical;
+  } else {
+    knee["no_critical_batch_reason"] = k.no_critical_reason;
+  }
+  return knee;
+}
+
+// One point: its times, the roofline's terms, and the fractions of the peaks it reached.
+nlohmann::json PointJson(const SweepPoint& p, const roofline::HardwareProfile& hw, double peak) {
+  const double t = p.observed_seconds;
+  return {{"batch", p.batch},
+          {"context", p.context},
+          {"steps", p.steps},
+          {"observed_s", t},
+          {"min_s", p.min_seconds},
+          {"bound_s", p.peak.bound_seconds},
+          {"calibrated_s", p.calibrated_seconds},
+          {"observed_over_bound", t / p.peak.bound_seconds},
+          {"calibrated_error", p.calibrated_seconds / t - 1},
+          {"compute_s", p.peak.compute_seconds},
+          {"memory_s", p.peak.memory_seconds},
+          {"weight_s", p.peak.weight_seconds},
+          {"kv_s", p.peak.kv_seconds},
+          {"flops", p.peak.flops},
+          {"bytes", p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes},
+          {"experts_hit", p.experts_hit},
+          {"achieved_flops_fraction", p.peak.flops / t / peak},
+          {"achieved_bandwidth_fraction",
+           (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t /
+               (p.peak.llc_resident ? hw.llc_bandwidth : hw.mem_bandwidth)},
+          {"llc_resident", p.peak.llc_resident},
+          {"attention_s", p.attention_seconds},
+          {"moe_s", p.moe_seconds},
+          {"head_s", p.head_seconds},
+          {"tokens_per_s", static_cast<double>(p.batch) / t},
+          {"usd_per_million_tokens",
+           hw.price_per_hour / 3600.0 * t / static_cast<double>(p.batch) * 1e6}};
+}
+
+}  // namespace
+
 nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile& hw) {
   nlohmann::json j;
   j["weight_dtype"] = r.weight_dtype;
@@ -216,56 +274,8 @@ nlohmann::json SweepToJson(const SweepReport& r, const roofline::HardwareProfile
   j["holdout_median_abs_error"] = r.holdout.median_abs_rel_error;
   j["points_beating_bound"] = r.beats_bound;
   j["skipped"] = r.skipped;
-  for (const auto& k : r.knees) {
-    const bool has_critical = k.predicted_critical > 0;
-    // Without a compute-bound batch the ratios to it do not exist: null, with the reason.
-    auto over_critical = [&](double v) { return has_critical ? nlohmann::json(v / k.predicted_critical) : nlohmann::json(); };
-    nlohmann::json knee = {{"context", k.context},
-                           {"measured", k.measured},
-                           {"predicted_knee", k.predicted_knee},
-                           {"calibrated_knee", k.calibrated_knee},
-                           {"predicted_critical_batch", has_critical ? nlohmann::json(k.predicted_critical) : nlohmann::json()},
-                           {"measured_over_predicted_knee", k.ratio},
-                           {"measured_over_critical_batch", over_critical(k.measured)},
-                           {"predicted_knee_over_critical_batch", over_critical(k.predicted_knee)},
-                           {"experts_hit_batch1", k.experts_hit_batch1}};
-    if (has_critical) {
-      knee["experts_hit_at_critical_batch"] = k.experts_hit_at_critical;
-    } else {
-      knee["no_critical_batch_reason"] = k.no_critical_reason;
-    }
-    j["knees"].push_back(knee);
-  }
-  for (const SweepPoint& p : r.points) {
-    const double t = p.observed_seconds;
-    j["points"].push_back({{"batch", p.batch},
-                           {"context", p.context},
-                           {"steps", p.steps},
-                           {"observed_s", t},
-                           {"min_s", p.min_seconds},
-                           {"bound_s", p.peak.bound_seconds},
-                           {"calibrated_s", p.calibrated_seconds},
-                           {"observed_over_bound", t / p.peak.bound_seconds},
-                           {"calibrated_error", p.calibrated_seconds / t - 1},
-                           {"compute_s", p.peak.compute_seconds},
-                           {"memory_s", p.peak.memory_seconds},
-                           {"weight_s", p.peak.weight_seconds},
-                           {"kv_s", p.peak.kv_seconds},
-                           {"flops", p.peak.flops},
-                           {"bytes", p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes},
-                           {"experts_hit", p.experts_hit},
-                           {"achieved_flops_fraction", p.peak.flops / t / peak},
-                           {"achieved_bandwidth_fraction",
-                            (p.peak.weight_bytes + p.peak.kv_read_bytes + p.peak.kv_write_bytes) / t /
-                                (p.peak.llc_resident ? hw.llc_bandwidth : hw.mem_bandwidth)},
-                           {"llc_resident", p.peak.llc_resident},
-                           {"attention_s", p.attention_seconds},
-                           {"moe_s", p.moe_seconds},
-                           {"head_s", p.head_seconds},
-                           {"tokens_per_s", static_cast<double>(p.batch) / t},
-                           {"usd_per_million_tokens",
-                            hw.price_per_hour / 3600.0 * t / static_cast<double>(p.batch) * 1e6}});
-  }
+  for (const auto& k : r.knees) j["knees"].push_back(KneeJson(k));
+  for (const SweepPoint& p : r.points) j["points"].push_back(PointJson(p, hw, peak));
   return j;
 }
 
