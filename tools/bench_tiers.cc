@@ -79,6 +79,24 @@ absl::Status PlayScenario(Engine* engine, const Prompts& p, Progress* progress, 
   return absl::OkStatus();
 }
 
+nlohmann::json RunJson(const Run& r) {
+  return {{"ttft_s", r.ttft},
+          {"cached_tokens", r.usage.cached_prompt_tokens},
+          {"cached_tokens_ddr", r.usage.cached_prompt_tokens_ddr},
+          {"cached_tokens_flash", r.usage.cached_prompt_tokens_flash}};
+}
+
+// The tiers' copy bandwidths as the engines measured them.
+nlohmann::json MeasuredJson(const KvTierStats& ddr, const KvTierStats& flash, uint64_t block_bytes) {
+  auto bandwidth = [&](int64_t blocks, double seconds) {
+    return seconds > 0 ? static_cast<double>(blocks) * static_cast<double>(block_bytes) / seconds : 0.0;
+  };
+  return {{"demote_to_ddr_bytes_per_s", bandwidth(ddr.demoted, ddr.demote_seconds)},
+          {"promote_from_ddr_bytes_per_s", bandwidth(ddr.promoted_ddr, ddr.promote_ddr_seconds)},
+          {"demote_to_flash_bytes_per_s", bandwidth(flash.host.demoted_to_flash, flash.host.flash_write_seconds)},
+          {"promote_from_flash_bytes_per_s", bandwidth(flash.promoted_flash, flash.promote_flash_seconds)}};
+}
+
 void PrintScenario(const nlohmann::json& j, const std::vector<std::pair<const char*, const Run*>>& rows,
                    const std::optional<roofline::HardwareProfile>& hw) {
   std::printf("tier scenario: one %lld-token prompt, TTFT by where its prefix comes from\n",
@@ -152,29 +170,15 @@ absl::StatusOr<nlohmann::json> RunTierScenario(const EngineConfig& base, const M
   progress.Finish(++step, "done");
 
   const Run &cold = ddr_runs[0], &device = ddr_runs[1], &ddr = ddr_runs[2], &flash = flash_runs[1];
-  auto bandwidth = [&](int64_t blocks, double seconds) {
-    return seconds > 0 ? static_cast<double>(blocks) * static_cast<double>(block_bytes) / seconds : 0.0;
-  };
-  auto row = [&](const Run& r) {
-    return nlohmann::json{{"ttft_s", r.ttft},
-                          {"cached_tokens", r.usage.cached_prompt_tokens},
-                          {"cached_tokens_ddr", r.usage.cached_prompt_tokens_ddr},
-                          {"cached_tokens_flash", r.usage.cached_prompt_tokens_flash}};
-  };
   nlohmann::json j;
   j["prompt_tokens"] = o.prompt_tokens;
   j["block_bytes"] = block_bytes;
   j["kv_bytes_of_prompt"] = static_cast<double>(o.prompt_tokens / base.block_size) * static_cast<double>(block_bytes);
-  j["cold"] = row(cold);
-  j["device_hit"] = row(device);
-  j["ddr_hit"] = row(ddr);
-  j["flash_hit"] = row(flash);
-  j["measured"] = {{"demote_to_ddr_bytes_per_s", bandwidth(ddr_stats.demoted, ddr_stats.demote_seconds)},
-                   {"promote_from_ddr_bytes_per_s", bandwidth(ddr_stats.promoted_ddr, ddr_stats.promote_ddr_seconds)},
-                   {"demote_to_flash_bytes_per_s",
-                    bandwidth(flash_stats.host.demoted_to_flash, flash_stats.host.flash_write_seconds)},
-                   {"promote_from_flash_bytes_per_s",
-                    bandwidth(flash_stats.promoted_flash, flash_stats.promote_flash_seconds)}};
+  j["cold"] = RunJson(cold);
+  j["device_hit"] = RunJson(device);
+  j["ddr_hit"] = RunJson(ddr);
+  j["flash_hit"] = RunJson(flash);
+  j["measured"] = MeasuredJson(ddr_stats, flash_stats, block_bytes);
   if (hw) {
     j["profile"] = {{"name", hw->name},
                     {"host_link_bytes_per_s", hw->host_link_bandwidth},
