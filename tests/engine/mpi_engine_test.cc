@@ -203,7 +203,7 @@ BackendFactory DeferredCopyRanks() {
 
 EngineConfig TierConfig(int64_t ep, int64_t pp, const ModelConfig& config, const std::string& dir) {
   EngineConfig ec = MakeConfig(ep, pp);
-  ec.num_kv_blocks = std::max<int64_t>(24, 8 * ep);  // tight: preemptions swap
+  ec.num_kv_blocks = 8 * ep;  // tight: one long prompt per EP rank, so growing sequences are preempted (swap)
   ec.scheduler.max_num_seqs = 8;
   if (!dir.empty()) {
     ec.kv_tiers.host_bytes = 10 * KvLayoutFor(config, 1, ec.block_size, DType::kF32).BlockBytes();
@@ -305,7 +305,7 @@ TEST(MpiEngineTest, KvTiersOverProcessRanksEqualOneRankAndNeverServeDamagedRecor
   for (auto& r : reqs) {
     const int len = 20 + static_cast<int>(gen() % 21);
     for (int j = 0; j < len; ++j) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
-    r.max_tokens = 8;
+    r.max_tokens = 16;
   }
   for (int i = 0; i < 4; ++i) reqs.push_back(reqs[i]);  // asked again at the end
   const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
