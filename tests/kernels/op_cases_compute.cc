@@ -52,22 +52,33 @@ void AddGemmCases(std::vector<OpCase>* cases) {
   }
 }
 
+// A random routing of n tokens to top-4 of 16 experts (the last 3 never chosen), planned by the
+// backend: its expert offsets, gather rows and combine rows, on the device.
+constexpr int64_t kPlanExperts = 16, kPlanTopK = 4;
+struct PlannedRouting {
+  int64_t* offsets;
+  int32_t* gather;
+  int32_t* combine;
+};
+PlannedRouting PlanRandomRouting(Backend& b, DeviceIo& io, std::mt19937& g, int64_t n) {
+  std::vector<int32_t> ids(n * kPlanTopK);
+  for (auto& e : ids) e = static_cast<int32_t>(g() % (kPlanExperts - 3));
+  PlannedRouting r{io.Up(std::vector<int64_t>(kPlanExperts + 1)), io.Up(std::vector<int32_t>(n * kPlanTopK)),
+                   io.Up(std::vector<int32_t>(n * kPlanTopK))};
+  b.PlanRouting(io.Up(ids), n, kPlanTopK, kPlanExperts, r.offsets, r.gather, r.combine);
+  return r;
+}
+
 // Routing planned on the backend: its offsets, gather and combine rows, exactly. 16 experts, the
 // last 3 empty; 700 x 4 rows is past the GPU's device-planned grouped GEMM (kHostPlanRows).
 void AddRoutingPlanCases(std::vector<OpCase>* cases) {
   for (int64_t n : {5, 70, 700}) {
     cases->push_back({absl::StrCat("PlanRouting, ", n, " tokens x top-4 of 16"), 0, 0, [n](Backend& b, std::mt19937& g) {
-                        const int64_t experts = 16, k = 4;
                         DeviceIo io(b);
-                        std::vector<int32_t> ids(n * k);
-                        for (auto& e : ids) e = static_cast<int32_t>(g() % (experts - 3));
-                        int64_t* offsets = io.Up(std::vector<int64_t>(experts + 1));
-                        int32_t* gather = io.Up(std::vector<int32_t>(n * k));
-                        int32_t* combine = io.Up(std::vector<int32_t>(n * k));
-                        b.PlanRouting(io.Up(ids), n, k, experts, offsets, gather, combine);
-                        std::vector<double> out = io.Down(offsets, experts + 1);
-                        Append(&out, io.Down(gather, n * k));
-                        Append(&out, io.Down(combine, n * k));
+                        const PlannedRouting r = PlanRandomRouting(b, io, g, n);
+                        std::vector<double> out = io.Down(r.offsets, kPlanExperts + 1);
+                        Append(&out, io.Down(r.gather, n * kPlanTopK));
+                        Append(&out, io.Down(r.combine, n * kPlanTopK));
                         return out;
                       }});
   }
@@ -80,19 +91,14 @@ void AddGroupedGemmCases(std::vector<OpCase>* cases) {
     for (int64_t n : {5, 700}) {
       cases->push_back({absl::StrCat("GroupedGemm over a planned routing, ", n, " tokens x top-4 of 16, ", DTypeShortName(dt)),
                         GemmAtol(dt), GemmRtol(dt), [dt, n](Backend& b, std::mt19937& g) {
-                          const int64_t experts = 16, k = 4, rows = 48, cols = 80;
+                          const int64_t rows = 48, cols = 80, k = kPlanTopK;
                           DeviceIo io(b);
-                          std::vector<int32_t> ids(n * k);
-                          for (auto& e : ids) e = static_cast<int32_t>(g() % (experts - 3));
-                          int64_t* offsets = io.Up(std::vector<int64_t>(experts + 1));
-                          int32_t* gather = io.Up(std::vector<int32_t>(n * k));
-                          int32_t* combine = io.Up(std::vector<int32_t>(n * k));
-                          b.PlanRouting(io.Up(ids), n, k, experts, offsets, gather, combine);
+                          const PlannedRouting r = PlanRandomRouting(b, io, g, n);
                           std::vector<WeightRef> w;
-                          for (int64_t e = 0; e < experts; ++e) w.push_back(UpWeight(io, Normal(g, rows * cols, 0.1f), dt, rows, cols));
+                          for (int64_t e = 0; e < kPlanExperts; ++e) w.push_back(UpWeight(io, Normal(g, rows * cols, 0.1f), dt, rows, cols));
                           const float* x = io.Up(Normal(g, n * k * cols));
                           float* y = io.Up(std::vector<float>(n * k * rows));
-                          b.GroupedGemm(x, w, offsets, n * k, y);
+                          b.GroupedGemm(x, w, r.offsets, n * k, y);
                           return io.Down(y, n * k * rows);
                         }});
     }
