@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 
+#include "core/status.h"
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
@@ -44,12 +45,37 @@ ModelConfig TestModel() {  // 3 layers (uneven stages), 8 experts, a shared expe
   return TheJob().deepseek ? WithFamily(c, ModelFamily::kDeepseekV3) : c;
 }
 
-BackendFactory OneThreadRanks() {
-  return [](int, int) -> std::unique_ptr<Backend> {
-    CpuBackendOptions o;
-    o.num_threads = 1;
-    return std::make_unique<CpuBackend>(o);
+// What an engine of a random model (`seed`, stored as `dtype`) runs on: its weights on a CPU
+// backend and, for a layout of several ranks, the executor: thread ranks, or with `processes`
+// this process's rank of the job, which reads only its shard. With `deferred`, every backend
+// emulates an asynchronous copy engine (CpuBackendOptions::defer_copies).
+struct RankParts {
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<ParallelExecutor> ranks;
+};
+absl::StatusOr<RankParts> MakeRankParts(const EngineConfig& ec, const ModelConfig& config, uint32_t seed, DType dtype,
+                                        bool deferred, ProcessRanks* processes) {
+  RankParts p;
+  CpuBackendOptions o;
+  o.defer_copies = deferred;
+  p.backend = std::make_unique<CpuBackend>(o);
+  const WeightShard only =
+      processes != nullptr ? RankWeightShard(ec.parallel, config, processes->rank()) : WeightShard();
+  ASSIGN_OR_RETURN(p.weights, ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
+                                                 p.backend.get(), dtype, only));
+  if (processes != nullptr) RETURN_IF_ERROR(ShareWeightDigests(processes, p.weights.get()));
+  if (!ec.parallel.enabled()) return p;
+  ASSIGN_OR_RETURN(const KvLayout kv, Engine::CacheLayout(ec, config));
+  const BackendFactory one_thread = [deferred](int, int) -> std::unique_ptr<Backend> {
+    CpuBackendOptions r;
+    r.num_threads = 1;
+    r.defer_copies = deferred;
+    return std::make_unique<CpuBackend>(r);
   };
+  ASSIGN_OR_RETURN(p.ranks, ParallelExecutor::Create(ec.parallel, p.weights.get(), p.backend.get(), kv, one_thread,
+                                                     processes));
+  return p;
 }
 
 EngineConfig MakeConfig(int64_t ep, int64_t pp) {
@@ -90,29 +116,14 @@ std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
   return reqs;
 }
 
-// `processes`: the ranks are the job's processes (null: threads); `only`: the part of the
-// weights this process reads (process ranks read their shard only).
+// `processes`: the ranks are the job's processes (null: threads).
 Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
-                 const std::vector<GenerateRequest>& reqs, ProcessRanks* processes = nullptr,
-                 const WeightShard& only = WeightShard()) {
+                 const std::vector<GenerateRequest>& reqs, ProcessRanks* processes = nullptr) {
   Output out;
-  CpuBackend backend;
-  auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
-                                    &backend, DType::kBF16, only);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  if (processes != nullptr) {
-    EXPECT_TRUE(ShareWeightDigests(processes, weights->get()).ok());
-  }
-  std::unique_ptr<ParallelExecutor> ranks;
-  if (ec.parallel.enabled()) {
-    auto kv = Engine::CacheLayout(ec, config);
-    EXPECT_TRUE(kv.ok()) << kv.status();
-    auto x = ParallelExecutor::Create(ec.parallel, weights->get(), &backend, *kv, OneThreadRanks(), processes);
-    EXPECT_TRUE(x.ok()) << x.status();
-    if (!x.ok()) return out;
-    ranks = *std::move(x);
-  }
-  auto e = Engine::Create(ec, weights->get(), &backend, std::move(ranks));
+  auto parts = MakeRankParts(ec, config, seed, DType::kBF16, /*deferred=*/false, processes);
+  EXPECT_TRUE(parts.ok()) << parts.status();
+  if (!parts.ok()) return out;
+  auto e = Engine::Create(ec, parts->weights.get(), parts->backend.get(), std::move(parts->ranks));
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return out;
   std::mutex mu;
@@ -149,24 +160,15 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
   const ModelConfig config = TestModel();
   const EngineConfig processes = MakeConfig(job.ep, job.pp);
   if (world->rank() != 0) {
-    CpuBackend backend;
-    auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32),
-                                      &backend, DType::kBF16,
-                                      RankWeightShard(processes.parallel, config, world->rank()));
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    ASSERT_TRUE(ShareWeightDigests(world, weights->get()).ok());
-    auto kv = Engine::CacheLayout(processes, config);
-    ASSERT_TRUE(kv.ok()) << kv.status();
-    auto x = ParallelExecutor::Create(processes.parallel, weights->get(), &backend, *kv, OneThreadRanks(), world);
-    ASSERT_TRUE(x.ok()) << x.status();
-    EXPECT_TRUE((*x)->ServeSteps().ok());
+    auto parts = MakeRankParts(processes, config, seed, DType::kBF16, /*deferred=*/false, world);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_TRUE(parts->ranks->ServeSteps().ok());
     return;
   }
   const auto reqs = MakeRequests(seed + 1);
   const Output want = RunEngine(MakeConfig(1, 1), config, seed, reqs);
   const Output threads = RunEngine(MakeConfig(job.ep, job.pp), config, seed, reqs);
-  const Output got =
-      RunEngine(processes, config, seed, reqs, world, RankWeightShard(processes.parallel, config, 0));
+  const Output got = RunEngine(processes, config, seed, reqs, world);
   const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;
@@ -192,15 +194,6 @@ struct TierRun {
   int64_t lower_tier_tokens = 0;
 };
 
-BackendFactory DeferredCopyRanks() {
-  return [](int, int) -> std::unique_ptr<Backend> {
-    CpuBackendOptions o;
-    o.num_threads = 1;
-    o.defer_copies = true;
-    return std::make_unique<CpuBackend>(o);
-  };
-}
-
 EngineConfig TierConfig(int64_t ep, int64_t pp, const ModelConfig& config, const std::string& dir) {
   EngineConfig ec = MakeConfig(ep, pp);
   ec.num_kv_blocks = 8 * ep;  // tight: one long prompt per EP rank, so growing sequences are preempted (swap)
@@ -218,23 +211,10 @@ EngineConfig TierConfig(int64_t ep, int64_t pp, const ModelConfig& config, const
 TierRun RunTiers(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
                  const std::vector<GenerateRequest>& reqs, size_t first, ProcessRanks* processes = nullptr) {
   TierRun out;
-  CpuBackendOptions o;
-  o.defer_copies = true;
-  CpuBackend backend(o);
-  const WeightShard only = processes != nullptr ? RankWeightShard(ec.parallel, config, 0) : WeightShard();
-  auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32), &backend,
-                                    DType::kF32, only);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  std::unique_ptr<ParallelExecutor> ranks;
-  if (processes != nullptr) {
-    EXPECT_TRUE(ShareWeightDigests(processes, weights->get()).ok());
-    auto x = ParallelExecutor::Create(ec.parallel, weights->get(), &backend, *Engine::CacheLayout(ec, config),
-                                      DeferredCopyRanks(), processes);
-    EXPECT_TRUE(x.ok()) << x.status();
-    if (!x.ok()) return out;
-    ranks = *std::move(x);
-  }
-  auto e = Engine::Create(ec, weights->get(), &backend, std::move(ranks));
+  auto parts = MakeRankParts(ec, config, seed, DType::kF32, /*deferred=*/true, processes);
+  EXPECT_TRUE(parts.ok()) << parts.status();
+  if (!parts.ok()) return out;
+  auto e = Engine::Create(ec, parts->weights.get(), parts->backend.get(), std::move(parts->ranks));
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return out;
   std::map<uint64_t, std::vector<int32_t>> tokens;
@@ -287,15 +267,9 @@ TEST(MpiEngineTest, KvTiersOverProcessRanksEqualOneRankAndNeverServeDamagedRecor
   const EngineConfig tiers = TierConfig(job.ep, job.pp, config, dir);
   if (world->rank() != 0) {  // a worker serves the two engines' steps (and their KV piece copies)
     for (int run = 0; run < 2; ++run) {
-      CpuBackend backend;
-      auto weights = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32), &backend,
-                                        DType::kF32, RankWeightShard(tiers.parallel, config, world->rank()));
-      ASSERT_TRUE(weights.ok()) << weights.status();
-      ASSERT_TRUE(ShareWeightDigests(world, weights->get()).ok());
-      auto x = ParallelExecutor::Create(tiers.parallel, weights->get(), &backend, *Engine::CacheLayout(tiers, config),
-                                        DeferredCopyRanks(), world);
-      ASSERT_TRUE(x.ok()) << x.status();
-      EXPECT_TRUE((*x)->ServeSteps().ok());
+      auto parts = MakeRankParts(tiers, config, seed, DType::kF32, /*deferred=*/true, world);
+      ASSERT_TRUE(parts.ok()) << parts.status();
+      EXPECT_TRUE(parts->ranks->ServeSteps().ok());
     }
     return;
   }
