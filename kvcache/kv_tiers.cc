@@ -23,6 +23,19 @@ void Note(Backend* b, uint64_t ticket, std::vector<std::pair<Backend*, uint64_t>
   tickets->emplace_back(b, ticket);
 }
 
+// The blocks a transfer list copies out of the device: demotions, swap-outs, and the evictions
+// of promotions.
+std::vector<int32_t> BlocksRead(const std::vector<KvTransfer>& transfers) {
+  std::vector<int32_t> read;
+  for (const KvTransfer& t : transfers) {
+    if (t.kind == KvTransfer::Kind::kDemote || t.kind == KvTransfer::Kind::kSwapOut) {
+      read.insert(read.end(), t.blocks.begin(), t.blocks.end());
+    }
+    for (const BlockEviction& e : t.evicted) read.push_back(e.block);
+  }
+  return read;
+}
+
 }  // namespace
 
 const char* PreemptionModeName(PreemptionMode m) {
@@ -166,14 +179,7 @@ std::vector<KvTransferOutcome> KvTiers::Execute(const std::vector<KvTransfer>& t
   Spoiled spoiled;
   // Remote pieces that the list reads are fetched before any of its writes; a failed fetch
   // fails the copies out of them (the job is lost: its steps fail too).
-  std::vector<int32_t> read;
-  for (const KvTransfer& t : transfers) {
-    if (t.kind == KvTransfer::Kind::kDemote || t.kind == KvTransfer::Kind::kSwapOut) {
-      read.insert(read.end(), t.blocks.begin(), t.blocks.end());
-    }
-    for (const BlockEviction& e : t.evicted) read.push_back(e.block);
-  }
-  (void)FetchRemote(read);
+  if (devices_.remote != nullptr) (void)FetchRemote(BlocksRead(transfers));
   for (size_t i = 0; i < transfers.size(); ++i) {
     const KvTransfer& t = transfers[i];
     switch (t.kind) {

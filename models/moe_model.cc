@@ -170,8 +170,11 @@ absl::Status MoeModel::ForwardShard(const ForwardInput& in, const KvLayout& layo
     if (logits != nullptr) logits->clear();
   } else {
     if (sampled != nullptr) sampled->clear();
-    if (r == 0) logits->clear();
-    if (r > 0) RETURN_IF_ERROR(Head(in, logits, sampled));
+    if (r == 0) {
+      logits->clear();
+    } else {
+      RETURN_IF_ERROR(Head(in, logits, sampled));
+    }
   }
   // The step's compute is done once the stream is: then the routing statistics are read back.
   RETURN_IF_ERROR(backend_->Synchronize());

@@ -72,16 +72,15 @@ absl::Status RemoteKvPieces::Commit() {
   while (s.ok()) {
     std::map<int, KvPieceOp> ops;
     for (const auto& [rank, list] : written) {
-      size_t& i = next[rank];
-      for (; i < list.size() && (ops[rank].data.empty() ||
-                                  ops[rank].data.size() + list[i]->second.bytes.size() <= max_message_bytes_);
+      KvPieceOp op;
+      op.write = true;
+      for (size_t& i = next[rank];
+           i < list.size() && (op.data.empty() || op.data.size() + list[i]->second.bytes.size() <= max_message_bytes_);
            ++i) {
-        KvPieceOp& op = ops[rank];
-        op.write = true;
         op.blocks.push_back(list[i]->first.second);
         op.data += list[i]->second.bytes;
       }
-      if (ops[rank].blocks.empty()) ops.erase(rank);
+      if (!op.blocks.empty()) ops.emplace(rank, std::move(op));
     }
     if (ops.empty()) break;
     std::map<int, std::string> replies;
