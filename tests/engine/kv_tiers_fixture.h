@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -113,7 +114,9 @@ inline std::string FreshDir() {
 class KvTiersTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    seed_ = std::random_device{}();
+    // KV_TIERS_SEED replays a failing run's seed (printed in every failure message).
+    const char* fixed = std::getenv("KV_TIERS_SEED");
+    seed_ = fixed != nullptr ? std::strtoull(fixed, nullptr, 10) : std::random_device{}();
     scenario_ = MakeScenario(seed_);
     // The oracle: the second request alone on an engine without tiers, its prefix computed.
     auto plain = MakeEngine(model_, {}, 64);

@@ -223,8 +223,18 @@ TEST_P(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
   };
   std::vector<Req> reqs(40);
   auto plain = MakeEngine(model_, {}, 128);
+  // The first kLong requests are never cancelled and each grows to 4 blocks (40 prompt tokens,
+  // 20 outputs): together 32 blocks against a 16-block pool, so preemption happens by
+  // construction, whatever the cancellations and the CPU's speed.
+  constexpr size_t kLong = 8;
   for (size_t i = 0; i < reqs.size(); ++i) {
     GenerateRequest& g = reqs[i].g;
+    if (i < kLong) {
+      g.prompt = RandomTokens(gen, 40);
+      g.max_tokens = 20;
+      reqs[i].oracle = RunAlone(plain.get(), g.prompt, g.max_tokens).tokens;
+      continue;
+    }
     if (i % 4 != 3) g.prompt = prefixes[i % 3];
     for (int32_t tok : RandomTokens(gen, 1 + static_cast<int>(gen() % 30))) g.prompt.push_back(tok);
     g.max_tokens = 1 + static_cast<int32_t>(gen() % 20);
@@ -268,9 +278,9 @@ TEST_P(KvTiersTest, RandomWorkloadWithCancellationsKeepsEveryTierConsistent) {
     });
     ASSERT_TRUE(id.ok()) << id.status();
     ids.push_back(*id);
-    if (gen() % 4 == 0) {  // cancel an earlier request, which may be waiting, running or swapped out
+    if (ids.size() > kLong && gen() % 4 == 0) {  // cancel an earlier request, which may be waiting, running or swapped out
       std::this_thread::sleep_for(std::chrono::microseconds(gen() % 3000));
-      e->Cancel(ids[gen() % ids.size()]);
+      e->Cancel(ids[kLong + gen() % (ids.size() - kLong)]);
     }
   }
   for (int waited = 0; waited < 6000; ++waited) {
