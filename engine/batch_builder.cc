@@ -18,7 +18,6 @@ StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveL
   for (size_t j = 0; j < out.chunks.size(); ++j) {
     const ScheduledChunk& ch = out.chunks[j];
     const Sequence& s = *ch.seq;
-    b.seq_ranks.push_back(static_cast<uint64_t>(s.segment));
     std::copy(s.blocks.begin(), s.blocks.end(),
               in.block_tables.begin() + j * in.max_blocks_per_seq);
     const int64_t first_token = static_cast<int64_t>(in.token_ids.size());

@@ -15,7 +15,6 @@ namespace moeserve {
 
 struct StepBatch {
   ForwardInput input;
-  std::vector<uint64_t> seq_ranks;  // EP rank (pool segment) of each sequence
   int64_t context_tokens = 0;       // sum over tokens of the context each attends to
 };
 

@@ -262,7 +262,7 @@ absl::StatusOr<bool> Engine::Step() {
   RunnerOutput run;
   run.logits = &logits_;
   run.sampled = &sampled_;
-  if (absl::Status s = executor_->Execute(batch.input, batch.seq_ranks, &run); !s.ok()) {
+  if (absl::Status s = executor_->Execute(batch.input, &run); !s.ok()) {
     if (executor_->lost()) {  // a rank process is gone: nothing can run
       Fail(s);
       FailEverything();

@@ -41,9 +41,9 @@ struct RunnerOutput {
 class Executor {
  public:
   virtual ~Executor() = default;
-  // One step. `seq_ranks`: the expert-parallel rank (pool segment) of each sequence.
-  virtual absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks,
-                               RunnerOutput* out) = 0;
+  // One step. A sequence's blocks say where it runs: under --ep, the EP rank whose pool
+  // segment holds them (runner/parallel_executor.h).
+  virtual absl::Status Execute(const ForwardInput& in, RunnerOutput* out) = 0;
   // Where the KV tiers find each pool block's bytes (its pieces on the devices that hold it, and
   // under mpirun the workers' pieces, reached by messages). FAILED_PRECONDITION on a worker.
   virtual absl::StatusOr<KvTierDevices> TierDevices() = 0;
@@ -57,7 +57,7 @@ class Executor {
 class SingleDeviceExecutor final : public Executor {
  public:
   SingleDeviceExecutor(MoeModel* model, KvStorage* kv, Backend* backend) : model_(model), kv_(kv), backend_(backend) {}
-  absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>&, RunnerOutput* out) override {
+  absl::Status Execute(const ForwardInput& in, RunnerOutput* out) override {
     return model_->Forward(in, kv_->layout(), kv_->data(), out->logits, &out->stats, out->sampled);
   }
   absl::StatusOr<KvTierDevices> TierDevices() override { return KvTierDevices::Single(kv_, backend_); }

@@ -281,10 +281,13 @@ size_t ParallelExecutor::kv_bytes() const {
   return b;
 }
 
+int64_t ParallelExecutor::SegmentOf(int32_t block) const {
+  const auto after = std::upper_bound(segment_begin_.begin() + 1, segment_begin_.end() - 1, block);
+  return after - segment_begin_.begin() - 1;
+}
+
 void ParallelExecutor::BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const {
-  const int64_t ep = config_.ep;
-  int64_t e = 0;
-  while (e + 1 < ep && block >= segment_begin_[e + 1]) ++e;
+  const int64_t ep = config_.ep, e = SegmentOf(block);
   const int32_t local = block - static_cast<int32_t>(segment_begin_[e]);  // the arena numbers its segment from 0
   parts->clear();
   for (int64_t s = 0; s < config_.pp; ++s) {

@@ -97,17 +97,17 @@ class ParallelExecutor final : public Executor {
 
   // The engine's Executor: a step (Forward), the tiers' view of the KV (on rank 0 under mpirun:
   // the workers' pieces travel as messages, runner/remote_kv.h), health.
-  absl::Status Execute(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, RunnerOutput* out) override {
-    return Forward(in, seq_ranks, out->logits, &out->stats, &out->parallel, out->sampled);
+  absl::Status Execute(const ForwardInput& in, RunnerOutput* out) override {
+    return Forward(in, out->logits, &out->stats, &out->parallel, out->sampled);
   }
   absl::StatusOr<KvTierDevices> TierDevices() override;
   const ParallelExecutor* parallel() const override { return this; }
 
-  // One step. `seq_ranks` ([in.num_seqs], taken modulo ep): the EP rank of each sequence, the
-  // segment of the block pool its blocks come from.
+  // One step. Each sequence runs on the EP rank whose pool segment (as BlockPool(num_blocks, ep)
+  // cuts it) holds its blocks; a sequence whose blocks span segments is refused.
   // With in.sample, `sampled` receives each logit row's token (sampled on the last stage's
   // devices); with !in.logits_to_host, `logits` stays empty.
-  absl::Status Forward(const ForwardInput& in, const std::vector<uint64_t>& seq_ranks, std::vector<float>* logits,
+  absl::Status Forward(const ForwardInput& in, std::vector<float>* logits,
                        ForwardStats* stats, ParallelStepStats* pstats, std::vector<int32_t>* sampled = nullptr);
 
   const ParallelConfig& config() const { return config_; }
@@ -159,8 +159,9 @@ class ParallelExecutor final : public Executor {
   // Builds rank `l` (its device, shard, model and KV arena), which this process holds.
   absl::Status AddRank(const RankLayout& l, Backend* weights_backend, const BackendFactory& backends);
   // Cuts a step into sub-steps: [ep rank][micro-batch], each checked before any rank starts.
-  absl::StatusOr<std::vector<std::vector<SubStep>>> PlanStep(const ForwardInput& in,
-                                                             const std::vector<uint64_t>& seq_ranks);
+  absl::StatusOr<std::vector<std::vector<SubStep>>> PlanStep(const ForwardInput& in);
+  // The EP rank whose pool segment holds `block`.
+  int64_t SegmentOf(int32_t block) const;
   // Runs the sub-steps of local rank `i` (index into ranks_).
   absl::Status RunRank(size_t i, const std::vector<SubStep>& subs, RankStepResult* out);
   // Local rank `i` runs its part of a step; where failures are not fatal, a failed rank aborts

@@ -51,11 +51,12 @@ void MoveRowEdits(const std::vector<LogitEdit>& edits, int64_t from, int64_t to,
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
-    const ForwardInput& in, const std::vector<uint64_t>& seq_ranks) {
+absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(const ForwardInput& in) {
   const int64_t ep = config_.ep, micro = MicroBatches(config_);
-  if (static_cast<int64_t>(seq_ranks.size()) != in.num_seqs) {
-    return absl::InvalidArgumentError("parallel forward: one EP rank per sequence is needed");
+  if (in.num_seqs < 0 || static_cast<int64_t>(in.block_tables.size()) != in.num_seqs * in.max_blocks_per_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel forward: block_tables has ", in.block_tables.size(),
+                                                   " entries, not num_seqs x max_blocks_per_seq = ", in.num_seqs,
+                                                   " x ", in.max_blocks_per_seq));
   }
   // Tokens of each sequence (the engine lays them out sequence by sequence).
   std::vector<std::vector<int64_t>> seq_tokens(in.num_seqs);
@@ -65,7 +66,10 @@ absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
     logit_of_token[in.logit_rows[r]] = static_cast<int64_t>(r);
   // Sequences of each EP rank, cut into micro-batches of consecutive sequences.
   std::vector<std::vector<int64_t>> rank_seqs(ep);
-  for (int64_t j = 0; j < in.num_seqs; ++j) rank_seqs[seq_ranks[j] % ep].push_back(j);
+  for (int64_t j = 0; j < in.num_seqs; ++j) {
+    const int32_t first = in.max_blocks_per_seq > 0 ? in.block_tables[j * in.max_blocks_per_seq] : 0;
+    rank_seqs[SegmentOf(first)].push_back(j);
+  }
   std::vector<std::vector<SubStep>> subs(ep, std::vector<SubStep>(micro));
   for (int64_t e = 0; e < ep; ++e) {
     const auto& seqs = rank_seqs[e];
@@ -84,6 +88,11 @@ absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(
             seq_tokens[j].empty() ? 0 : in.positions[seq_tokens[j].back()] / bs + 1;
         for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
           const int32_t id = in.block_tables[j * in.max_blocks_per_seq + b];
+          if (b < used && (id < base || id >= segment_begin_[e + 1])) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "parallel forward: sequence ", j, " runs on EP rank ", e, " (its first block) but its block ", b,
+                " is ", id, ", outside that rank's pool segment [", base, ", ", segment_begin_[e + 1], ")"));
+          }
           sub.in.block_tables.push_back(b < used ? static_cast<int32_t>(id - base) : 0);
         }
         for (int64_t i : seq_tokens[j]) {
@@ -315,9 +324,7 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
 
 }  // namespace
 
-absl::Status ParallelExecutor::Forward(const ForwardInput& in,
-                                       const std::vector<uint64_t>& seq_ranks,
-                                       std::vector<float>* logits, ForwardStats* stats,
+absl::Status ParallelExecutor::Forward(const ForwardInput& in, std::vector<float>* logits, ForwardStats* stats,
                                        ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
   const ModelConfig& c = weights_->config();
   if (lost_) return absl::UnavailableError(absl::StrCat("parallel step: a rank of this job was lost earlier (", lost_why_, ")"));
@@ -325,7 +332,7 @@ absl::Status ParallelExecutor::Forward(const ForwardInput& in,
     return absl::FailedPreconditionError(
         "parallel forward: only rank 0 drives the steps of an MPI job");
   }
-  ASSIGN_OR_RETURN(const SubSteps subs, PlanStep(in, seq_ranks));
+  ASSIGN_OR_RETURN(const SubSteps subs, PlanStep(in));
   if (!in.sample.empty() && sampled == nullptr) {
     return absl::InvalidArgumentError(
         "parallel forward: sampling specs but nowhere to put the tokens");

@@ -95,12 +95,6 @@ inline ForwardInput MakeStep(const ModelConfig& c, int64_t num_blocks, int64_t b
   return in;
 }
 
-inline std::vector<uint64_t> Ids(size_t n) {
-  std::vector<uint64_t> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = i;
-  return ids;
-}
-
 // A model with 3 layers (uneven over 2 stages), 8 experts and a shared expert.
 inline ModelConfig WideConfig() {
   ModelConfig c = *PresetConfig("tiny");

@@ -32,7 +32,7 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
     std::vector<float> got;
     ForwardStats fs;
     ParallelStepStats ps;
-    const absl::Status st = (*x)->Forward(in, Ids(lens.size()), &got, &fs, &ps);
+    const absl::Status st = (*x)->Forward(in, &got, &fs, &ps);
     ASSERT_TRUE(st.ok()) << Name(l) << ": " << st;
     ASSERT_EQ(got.size(), want.size());
     double max_abs = 0, max_ref = 0;
@@ -87,7 +87,7 @@ TEST_P(ParallelTest, RowsTravelAsBf16WhereTheExpertsRoundThemAnyway) {
     EXPECT_EQ((*x)->bf16_dispatch(), wire == 1);
     ForwardStats fs;
     ParallelStepStats ps;
-    ASSERT_TRUE((*x)->Forward(in, Ids(3), &logits[wire], &fs, &ps).ok());
+    ASSERT_TRUE((*x)->Forward(in, &logits[wire], &fs, &ps).ok());
     bytes[wire] = ps.a2a_bytes;
   }
   ASSERT_EQ(logits[1].size(), want.size());
@@ -316,17 +316,39 @@ TEST_P(ParallelTest, ARankFailingMidStepAbortsTheStepWithoutHanging) {
   ASSERT_TRUE(x.ok()) << x.status();
   std::vector<float> logits;
   const ForwardInput big = MakeStep(config_, 64, 8, 2, {120, 120, 120, 120}, seed_);
-  const absl::Status failed = (*x)->Forward(big, Ids(4), &logits, nullptr, nullptr);
+  const absl::Status failed = (*x)->Forward(big, &logits, nullptr, nullptr);
   EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
   EXPECT_NE(std::string(failed.message()).find("rank "), std::string::npos) << failed;
   // The next step is unaffected: no stale hand-off, no barrier out of step.
   const ForwardInput small = MakeStep(config_, 64, 8, 2, {5, 5}, seed_ + 1);
-  const absl::Status next = (*x)->Forward(small, Ids(2), &logits, nullptr, nullptr);
+  const absl::Status next = (*x)->Forward(small, &logits, nullptr, nullptr);
   ASSERT_TRUE(next.ok()) << next;
   auto kv = KvStorage::Create(&backend_, layout);
   MoeModel one(weights_.get(), &backend_);
   std::vector<float> want;
   ASSERT_TRUE(one.Forward(small, layout, kv->data(), &want).ok());
+  EXPECT_EQ(logits, want);
+}
+
+// A sequence runs on the EP rank whose pool segment holds its blocks; one whose blocks span two
+// segments is refused by name before any rank starts, and the next step runs as one rank does.
+TEST_P(ParallelTest, ASequenceWhoseBlocksSpanTwoSegmentsIsRefused) {
+  const KvLayout layout = KvLayoutFor(config_, 64, 8, DType::kF32);
+  auto x = ParallelExecutor::Create(ToConfig({2, 1}), weights_.get(), &backend_, layout, CpuRanks());
+  ASSERT_TRUE(x.ok()) << x.status();
+  const ForwardInput good = MakeStep(config_, 64, 8, 2, {20, 5}, seed_);
+  ForwardInput bad = good;
+  bad.block_tables[1] = 32;  // sequence 0's second block, taken from EP rank 1's segment [32, 64)
+  std::vector<float> logits;
+  const absl::Status refused = (*x)->Forward(bad, &logits, nullptr, nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(std::string(refused.message()).find("sequence 0 runs on EP rank 0"), std::string::npos) << refused;
+  EXPECT_NE(std::string(refused.message()).find("is 32, outside"), std::string::npos) << refused;
+  ASSERT_TRUE((*x)->Forward(good, &logits, nullptr, nullptr).ok());
+  auto kv = KvStorage::Create(&backend_, layout);
+  MoeModel one(weights_.get(), &backend_);
+  std::vector<float> want;
+  ASSERT_TRUE(one.Forward(good, layout, kv->data(), &want).ok());
   EXPECT_EQ(logits, want);
 }
 
@@ -361,7 +383,7 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
     ASSERT_TRUE(x.ok()) << Name(l) << ": " << x.status();
     std::vector<float> got;
     ParallelStepStats ps;
-    const absl::Status st = (*x)->Forward(in, Ids(lens.size()), &got, nullptr, &ps);
+    const absl::Status st = (*x)->Forward(in, &got, nullptr, &ps);
     ASSERT_TRUE(st.ok()) << Name(l) << ": " << st;
     ASSERT_EQ(got.size(), want.size());
     double max_abs = 0, max_ref = 0;
