@@ -130,6 +130,7 @@ int RunBenchRank0(BenchOptions o, MpiJob* job);
 
 int RunBench(BenchOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = ResolveKvDtype(o.model, &o.engine.kv_dtype); !s.ok()) return Fail(s);
   // Under mpirun: rank 0 runs the benchmark, the other ranks run their shards (tools/mpi_job.h).
   auto job = MpiJob::Join(o.engine, o.model);
   if (!job.ok()) return Fail(job.status());

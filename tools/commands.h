@@ -28,6 +28,11 @@ absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const
 void AddModelFlags(CLI::App* cmd, ModelSpec* spec, std::string* dtype_flag, std::string* load_format);
 // Applies the parsed --dtype and --load-format spellings to `spec`.
 absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& load_format, ModelSpec* spec);
+// --kv-dtype once the model is known (`model` finished by FinishModelSpec): "auto" becomes the
+// dtype the weights compute in, as vLLM's --kv-cache-dtype auto does (bf16 for bf16 and FP8
+// weights, f32 for f32 and f16 ones); f32 and bf16 stay; anything else is refused by name.
+// Every rank of a job resolves it the same way, from the same spec.
+absl::Status ResolveKvDtype(const ModelSpec& model, std::string* kv_dtype);
 
 // The CPU kernel variant flags: --cpu-isa auto|avx2|avx512|avx512-bf16|amx and --cpu-kernel
 // fastest|exact, checked at parse time (a variant this CPU lacks or whose self-check failed is
@@ -53,7 +58,7 @@ struct EngineFlags {
   bool no_prefix_caching = !SchedulerConfig().prefix_caching;
   bool no_wait_for_shared_prefix = !SchedulerConfig().wait_for_shared_prefix;
   double kv_cache_mb = static_cast<double>(EngineConfig().kv_cache_bytes) / 1048576.0;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "auto";  // resolved by ResolveKvDtype before MakeEngineConfig
   int threads = 0;
   std::string backend = "cpu";
   int device = 0;

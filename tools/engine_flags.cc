@@ -46,9 +46,10 @@ void AddSchedulerFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-blocks", f->config.num_kv_blocks, "KV blocks on the device (0: from --kv-cache-mb)")->capture_default_str();
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV cache size in MiB when --kv-blocks is 0")->capture_default_str();
   cmd->add_option("--kv-dtype", f->kv_dtype,
-                  "KV cache dtype: f32 or bf16 (bf16 halves the cache, as vLLM's default for a bf16 model; with the "
+                  "KV cache dtype: auto, f32 or bf16. auto (vLLM's default) is the dtype the weights compute in: "
+                  "bf16 for bf16 and FP8 weights, f32 for f32 ones. bf16 halves the cache against f32; with the "
                   "avx512-bf16 and amx CPU kernels, attention then runs on vdpbf16ps, queries and probabilities "
-                  "rounded to bf16)")
+                  "rounded to bf16. f32 keeps attention on the exact fp32 kernel")
       ->capture_default_str();
 }
 
@@ -165,7 +166,8 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mb * 1048576.0);
   auto dt = DTypeFromShortName(f.kv_dtype);
   if (!dt.ok() || *dt == DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be f32 or bf16, got \"", f.kv_dtype, "\""));
+    return absl::InvalidArgumentError(absl::StrCat("--kv-dtype must be auto, f32 or bf16, got \"", f.kv_dtype,
+                                                   "\" (auto is resolved from the model first)"));
   }
   c.kv_dtype = *dt;
   if (!f.hardware.empty()) {

@@ -65,6 +65,7 @@ absl::StatusOr<GenerateRequest> MakeRequest(const GenerateOptions& o, const Mode
 
 int RunGenerate(GenerateOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
+  if (absl::Status s = ResolveKvDtype(o.model, &o.engine.kv_dtype); !s.ok()) return Fail(s);
   auto ecfg = MakeEngineConfig(o.engine);
   if (!ecfg.ok()) return Fail(ecfg.status());
   const server::TextOptions text_options{o.stop, o.include_stop_str};

@@ -1,7 +1,9 @@
 // Flags shared by several commands: the model to load, and integer lists.
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tools/commands.h"
@@ -66,6 +68,32 @@ absl::Status FinishModelSpec(const std::string& dtype_flag, const std::string& l
   auto dt = DTypeFromShortName(dtype_flag);
   if (!dt.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dt.status().message()));
   spec->dtype = *dt;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveKvDtype(const ModelSpec& model, std::string* kv_dtype) {
+  if (*kv_dtype == "f32" || *kv_dtype == "bf16") return absl::OkStatus();
+  if (*kv_dtype != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: \"", *kv_dtype, "\" is not one of auto, f32, bf16"));
+  }
+  DType computed = DType::kBF16;
+  if (model.dtype) {
+    computed = *model.dtype;
+  } else {
+    namespace fs = std::filesystem;
+    auto config = model.model_dir.empty()
+                      ? PresetConfig(model.preset)
+                      : ModelConfig::FromFile(fs::path(model.model_dir).extension() == ".json"
+                                                  ? model.model_dir
+                                                  : model.model_dir + "/config.json");
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model.model_dir.empty() ? "--preset: " : "--model: ", config.status().message()));
+    }
+    computed = config->torch_dtype;
+  }
+  // f16 weights are kept in f32; FP8 ones compute in bf16.
+  *kv_dtype = computed == DType::kF32 || computed == DType::kF16 ? "f32" : "bf16";
   return absl::OkStatus();
 }
 

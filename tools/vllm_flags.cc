@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "models/model_config.h"
+#include "tools/commands.h"
 
 namespace moeserve::tools {
 
@@ -34,7 +36,7 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
   cmd->add_option("--kv-cache-dtype", f->kv_cache_dtype,
                   "auto: the KV cache in the weights' dtype (bf16 for bf16 and FP8 weights, f32 for f32 and f16), as "
                   "vLLM's default; bfloat16: bf16 (the same as --kv-dtype bf16); vLLM's fp8 caches are refused "
-                  "(moeserve's holds f32 or bf16). Without it moeserve's --kv-dtype applies (default f32)");
+                  "(moeserve's holds f32 or bf16). Without it moeserve's --kv-dtype applies (default auto, the same)");
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
                   "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)");
 }
@@ -130,29 +132,15 @@ absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpe
 
 absl::Status ApplyVllmKvCacheDtype(const VllmFlags& f, bool kv_dtype_given, const ModelSpec& model,
                                    EngineFlags* engine) {
-  if (f.kv_cache_dtype.empty()) return absl::OkStatus();
-  std::string want;
-  if (f.kv_cache_dtype == "bfloat16" || f.kv_cache_dtype == "bf16") {
-    want = "bf16";
-  } else if (f.kv_cache_dtype == "auto") {
-    DType stored = DType::kBF16;
-    if (model.dtype) {
-      stored = *model.dtype;
-    } else {
-      auto config = model.model_dir.empty()
-                        ? PresetConfig(model.preset)
-                        : ModelConfig::FromFile(std::filesystem::path(model.model_dir).extension() == ".json"
-                                                    ? model.model_dir
-                                                    : model.model_dir + "/config.json");
-      if (!config.ok()) return config.status();
-      stored = config->torch_dtype;
-    }
-    want = stored == DType::kF32 || stored == DType::kF16 ? "f32" : "bf16";
-  } else {
+  if (f.kv_cache_dtype.empty()) return ResolveKvDtype(model, &engine->kv_dtype);
+  std::string want = f.kv_cache_dtype == "bfloat16" || f.kv_cache_dtype == "bf16" ? "bf16" : f.kv_cache_dtype;
+  if (want != "auto" && want != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: '", f.kv_cache_dtype,
                                                    "' is not one of auto, bfloat16 (moeserve's KV cache holds f32 "
                                                    "or bf16; vLLM's fp8 caches are not implemented)"));
   }
+  RETURN_IF_ERROR(ResolveKvDtype(model, &want));
+  RETURN_IF_ERROR(ResolveKvDtype(model, &engine->kv_dtype));
   if (kv_dtype_given && engine->kv_dtype != want) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype ", f.kv_cache_dtype, " (", want,
                                                    " here) and --kv-dtype ", engine->kv_dtype, " disagree"));

@@ -39,10 +39,9 @@ absl::Status ApplyVllmFlags(const VllmFlags& flags, bool http_listen_given, Mode
                             std::string* http_listen, EngineFlags* engine);
 
 // vLLM's --kv-cache-dtype, once the model is known (`model` finished by FinishModelSpec): "auto"
-// is the dtype the weights are stored and computed in (bf16 for bf16 and FP8 weights, f32 for
-// f32 and f16 ones, which moeserve keeps in f32), "bfloat16" is bf16; fp8 caches are refused. It
-// sets `engine`'s KV dtype, and refuses an explicit --kv-dtype (`kv_dtype_given`) that differs.
-// Every rank of a job resolves it the same way, from the same config.json.
+// and "bfloat16" as ResolveKvDtype reads auto and bf16; fp8 caches are refused. It sets
+// `engine`'s KV dtype, and refuses an explicit --kv-dtype (`kv_dtype_given`) that differs.
+// Without it, `engine`'s own --kv-dtype is resolved.
 absl::Status ApplyVllmKvCacheDtype(const VllmFlags& flags, bool kv_dtype_given, const ModelSpec& model,
                                    EngineFlags* engine);
 

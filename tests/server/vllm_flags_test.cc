@@ -140,7 +140,8 @@ TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
 }
 
 // vLLM's --kv-cache-dtype: auto is the weights' dtype (GetModelInfo's KV dtype says which),
-// bfloat16 is bf16; fp8 and a disagreeing --kv-dtype are refused by name.
+// bfloat16 is bf16; fp8 and a disagreeing --kv-dtype are refused by name. moeserve's own
+// --kv-dtype defaults to auto, and f32 keeps the exact cache.
 TEST(E2eVllmFlagsTest, KvCacheDtypeAutoFollowsTheWeights) {
   const std::string dir = MakeTempDir("vllm_flags");
   std::string out, err;
@@ -151,7 +152,8 @@ TEST(E2eVllmFlagsTest, KvCacheDtypeAutoFollowsTheWeights) {
            {{ck, "--kv-cache-dtype", "auto"}, "bf16"},
            {{ck, "--kv-cache-dtype", "auto", "--dtype", "float32"}, "f32"},
            {{ck, "--kv-cache-dtype", "bfloat16", "--dtype", "float32"}, "bf16"},
-           {{ck}, "f32"}}) {
+           {{ck}, "bf16"},  // moeserve's own --kv-dtype defaults to auto too
+           {{ck, "--kv-dtype", "f32"}, "f32"}}) {
     ServerProcess server;
     ASSERT_TRUE(server.Start(args)) << absl::StrJoin(args, " ") << "\n" << server.log();
     auto stub = v1::Moeserve::NewStub(server.channel());
