@@ -3,48 +3,41 @@
 
 #include <algorithm>
 
+#include "core/status.h"
+
 namespace moeserve {
 
-StepBatch BuildBatch(const SchedulerOutput& out, int64_t block_size, const LiveLookup& live,
-                     Clock::time_point now) {
+absl::StatusOr<StepBatch> BuildBatch(const SchedulerOutput& out, const StepCut& cut, const LiveLookup& live,
+                                     Clock::time_point now) {
   StepBatch b;
-  ForwardInput& in = b.input;
-  in.logits_to_host = false;  // set below by a request that wants logprobs
-  in.num_seqs = static_cast<int64_t>(out.chunks.size());
-  for (const auto& ch : out.chunks) {
-    in.max_blocks_per_seq = std::max<int64_t>(in.max_blocks_per_seq, ch.seq->blocks.size());
-  }
-  in.block_tables.assign(in.num_seqs * in.max_blocks_per_seq, 0);
-  for (size_t j = 0; j < out.chunks.size(); ++j) {
-    const ScheduledChunk& ch = out.chunks[j];
+  std::vector<int64_t> ranks;
+  for (const ScheduledChunk& ch : out.chunks) ranks.push_back(ch.seq->segment);
+  StepWriter w(cut, ranks);
+  const SampleSpec scored;  // prompt logprob rows are scored, never sampled from
+  int64_t row = 0;          // the step's logit rows, in the order ProcessOutputs reads them
+  for (const ScheduledChunk& ch : out.chunks) {
     const Sequence& s = *ch.seq;
-    std::copy(s.blocks.begin(), s.blocks.end(),
-              in.block_tables.begin() + j * in.max_blocks_per_seq);
-    const int64_t first_token = static_cast<int64_t>(in.token_ids.size());
-    for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
-      in.token_ids.push_back(s.tokens[p]);
-      in.positions.push_back(static_cast<int32_t>(p));
-      in.token_seq.push_back(static_cast<int32_t>(j));
-      in.slots.push_back(static_cast<int64_t>(s.blocks[p / block_size]) * block_size +
-                         p % block_size);
-      b.context_tokens += p + 1;
-    }
     LiveRequest& r = live(s.id);
-    for (int64_t i = 0; i < ch.prompt_logit_rows(); ++i) {  // scored, never sampled from
-      in.logit_rows.push_back(static_cast<int32_t>(first_token + i));
-      in.sample.push_back(SampleSpec());
-      in.logits_to_host = true;
+    w.BeginSequence(s.blocks);
+    const int64_t prompt_rows = ch.prompt_logit_rows();
+    for (int64_t p = ch.start; p < ch.start + ch.num_tokens; ++p) {
+      w.AddToken(s.tokens[p], static_cast<int32_t>(p));
+      b.context_tokens += p + 1;
+      if (p - ch.start < prompt_rows) {
+        w.AddLogitRow(row++, &scored);
+        w.RequestLogitsToHost();
+      }
     }
     if (ch.wants_logits) {
       // Sampled on the device; the logits come to the host only for requests that want logprobs.
-      in.logit_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
-      in.sample.push_back(r.sampler->Next());
-      r.editor->Append(static_cast<int32_t>(in.logit_rows.size() - 1), s.num_tokens() - s.prompt_len,
-                       &in.logit_edits);
-      if (r.request.wants_logprobs()) in.logits_to_host = true;
+      const SampleSpec spec = r.sampler->Next();
+      const int32_t local = w.AddLogitRow(row++, &spec);
+      r.editor->Append(local, s.num_tokens() - s.prompt_len, w.edits());
+      if (r.request.wants_logprobs()) w.RequestLogitsToHost();
     }
     if (!r.first_scheduled) r.first_scheduled = now;
   }
+  ASSIGN_OR_RETURN(b.step, w.Finish());
   return b;
 }
 

@@ -51,6 +51,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   } else {
     engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);
   }
+  // The batch builder writes each sequence into the part of its pool segment's rank.
+  const StepCut& cut = engine->executor_->cut();
+  for (int64_t s = 0; s <= engine->pool_.num_segments(); ++s) {
+    const int64_t begin = s < engine->pool_.num_segments() ? engine->pool_.segment_begin(s) : engine->pool_.num_blocks();
+    if (cut.ranks() != engine->pool_.num_segments() || cut.segment_begin[s] != begin) {
+      return absl::InternalError("engine: the executor's step cut is not the block pool's segments");
+    }
+  }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {
     if (!config.scheduler.prefix_caching) {
@@ -255,14 +263,14 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // Transfers that ran (or sent a sequence back to waiting) are progress even without a batch.
   if (out.empty()) return !out.transfers.empty();
-  StepBatch batch = BuildBatch(out, config_.block_size, lookup_, start);
+  absl::StatusOr<StepBatch> batch = BuildBatch(out, executor_->cut(), lookup_, start);
   StepTiming timing;
   timing.start_seconds = std::chrono::duration<double>(start - started_).count();
   timing.schedule_seconds = since();
   RunnerOutput run;
   run.logits = &logits_;
   run.sampled = &sampled_;
-  if (absl::Status s = executor_->Execute(batch.input, &run); !s.ok()) {
+  if (absl::Status s = batch.ok() ? executor_->Execute(batch->step, &run) : batch.status(); !s.ok()) {
     if (executor_->lost()) {  // a rank process is gone: nothing can run
       Fail(s);
       FailEverything();
@@ -286,13 +294,13 @@ absl::StatusOr<bool> Engine::Step() {
   }
   timing.duration_seconds = since();
   // The whole step, streaming included, goes on the receipts: they add up to the busy time.
-  BookReceipts(out, batch.input.num_seqs, timing.duration_seconds, timing.transfer_seconds,
+  BookReceipts(out, batch->step.num_seqs, timing.duration_seconds, timing.transfer_seconds,
                static_cast<double>(kv_.layout().BlockBytes()), lookup_);
   const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
                             roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.ep_domain_size,
                                                      false, config_.parallel.micro_batches},
                             config_.efficiency};
-  StepRecord rec = AccountStep(out, batch, run, timing, pricing);
+  StepRecord rec = AccountStep(out, *batch, run, timing, pricing);
   {
     std::lock_guard<std::mutex> lock(mu_);
     rec.step = counters_.steps++;

@@ -53,7 +53,7 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
       rec.predicted_seconds = p.seconds;
     }
   }
-  rec.num_seqs = batch.input.num_seqs;
+  rec.num_seqs = batch.step.num_seqs;
   rec.num_tokens = out.num_tokens;
   rec.prefill_tokens = out.num_prefill_tokens;
   rec.decode_tokens = out.num_decode_tokens;

@@ -10,6 +10,7 @@
 #include "kvcache/kv_storage.h"
 #include "kvcache/kv_tiers.h"
 #include "models/moe_model.h"
+#include "runner/step_parts.h"
 
 namespace moeserve {
 
@@ -41,9 +42,12 @@ struct RunnerOutput {
 class Executor {
  public:
   virtual ~Executor() = default;
-  // One step. A sequence's blocks say where it runs: under --ep, the EP rank whose pool
-  // segment holds them (runner/parallel_executor.h).
-  virtual absl::Status Execute(const ForwardInput& in, RunnerOutput* out) = 0;
+  // How a step is written for it (the engine's batch builder writes each sequence into its
+  // rank's sub-step): its EP ranks' pool segments and micro-batches; one part on one device.
+  virtual const StepCut& cut() const = 0;
+  // One step, written in cut()'s parts. The logits and tokens come back in the step's order
+  // (the parts' logit_dest).
+  virtual absl::Status Execute(const StepParts& step, RunnerOutput* out) = 0;
   // Where the KV tiers find each pool block's bytes (its pieces on the devices that hold it, and
   // under mpirun the workers' pieces, reached by messages). FAILED_PRECONDITION on a worker.
   virtual absl::StatusOr<KvTierDevices> TierDevices() = 0;
@@ -56,9 +60,19 @@ class Executor {
 // The whole model on one device, over the engine's own KV cache.
 class SingleDeviceExecutor final : public Executor {
  public:
-  SingleDeviceExecutor(MoeModel* model, KvStorage* kv, Backend* backend) : model_(model), kv_(kv), backend_(backend) {}
-  absl::Status Execute(const ForwardInput& in, RunnerOutput* out) override {
-    return model_->Forward(in, kv_->layout(), kv_->data(), out->logits, &out->stats, out->sampled);
+  SingleDeviceExecutor(MoeModel* model, KvStorage* kv, Backend* backend)
+      : model_(model), kv_(kv), backend_(backend), cut_(StepCut::One(kv->layout().num_blocks, kv->layout().block_size)) {}
+  const StepCut& cut() const override { return cut_; }
+  // The cut's one sub-step, whose logit rows are the step's, in order.
+  absl::Status Execute(const StepParts& step, RunnerOutput* out) override {
+    if (step.parts.size() != 1 || step.parts[0].size() != 1) {
+      return absl::InternalError("one device runs a step of one part");
+    }
+    const SubStep& sub = step.parts[0][0];
+    for (size_t r = 0; r < sub.logit_dest.size(); ++r) {
+      if (sub.logit_dest[r] != static_cast<int64_t>(r)) return absl::InternalError("one device's logit rows out of order");
+    }
+    return model_->Forward(sub.in, kv_->layout(), kv_->data(), out->logits, &out->stats, out->sampled);
   }
   absl::StatusOr<KvTierDevices> TierDevices() override { return KvTierDevices::Single(kv_, backend_); }
 
@@ -66,6 +80,7 @@ class SingleDeviceExecutor final : public Executor {
   MoeModel* model_;
   KvStorage* kv_;
   Backend* backend_;
+  StepCut cut_;
 };
 
 }  // namespace moeserve

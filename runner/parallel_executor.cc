@@ -99,8 +99,10 @@ void ParallelExecutor::PlanLayout(const ModelConfig& c) {
   const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config_.placement);
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
   const int64_t seg = kv_.num_blocks / ep;
-  for (int64_t e = 0; e < ep; ++e) segment_begin_.push_back(e * seg);
-  segment_begin_.push_back(kv_.num_blocks);
+  cut_.block_size = kv_.block_size;
+  cut_.micro_batches = pp == 1 ? 1 : (config_.micro_batches > 0 ? config_.micro_batches : pp);
+  for (int64_t e = 0; e < ep; ++e) cut_.segment_begin.push_back(e * seg);
+  cut_.segment_begin.push_back(kv_.num_blocks);
   const double kv_token_bytes = static_cast<double>(c.KvElemsPerToken()) * static_cast<double>(DTypeSize(kv_.dtype));
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t e = 0; e < ep; ++e) {
@@ -194,7 +196,6 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
   x->weights_ = weights;
   x->kv_ = kv;
-  x->stage_block_size_ = kv.block_size;
   x->PlanLayout(c);
   RETURN_IF_ERROR(processes != nullptr ? x->JoinProcesses(weights_backend, backends)
                                        : x->StartThreads(weights_backend, backends));
@@ -233,7 +234,7 @@ ParallelExecutor::~ParallelExecutor() {
 KvLayout ParallelExecutor::SegmentLayout(int64_t ep_rank, int64_t layers) const {
   KvLayout l = kv_;
   l.num_layers = layers;
-  l.num_blocks = segment_begin_[ep_rank + 1] - segment_begin_[ep_rank];
+  l.num_blocks = cut_.segment_begin[ep_rank + 1] - cut_.segment_begin[ep_rank];
   return l;
 }
 
@@ -281,14 +282,9 @@ size_t ParallelExecutor::kv_bytes() const {
   return b;
 }
 
-int64_t ParallelExecutor::SegmentOf(int32_t block) const {
-  const auto after = std::upper_bound(segment_begin_.begin() + 1, segment_begin_.end() - 1, block);
-  return after - segment_begin_.begin() - 1;
-}
-
 void ParallelExecutor::BlockParts(int32_t block, std::vector<KvBlockPart>* parts) const {
-  const int64_t ep = config_.ep, e = SegmentOf(block);
-  const int32_t local = block - static_cast<int32_t>(segment_begin_[e]);  // the arena numbers its segment from 0
+  const int64_t ep = config_.ep, e = cut_.RankOf(block);
+  const int32_t local = block - static_cast<int32_t>(cut_.segment_begin[e]);  // the arena numbers its segment from 0
   parts->clear();
   for (int64_t s = 0; s < config_.pp; ++s) {
     const int64_t r = s * ep + e;

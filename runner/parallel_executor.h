@@ -95,18 +95,24 @@ class ParallelExecutor final : public Executor {
                                                                   const BackendFactory& backends,
                                                                   ProcessRanks* processes = nullptr);
 
-  // The engine's Executor: a step (Forward), the tiers' view of the KV (on rank 0 under mpirun:
-  // the workers' pieces travel as messages, runner/remote_kv.h), health.
-  absl::Status Execute(const ForwardInput& in, RunnerOutput* out) override {
-    return Forward(in, out->logits, &out->stats, &out->parallel, out->sampled);
+  // The engine's Executor: how a step is cut (each EP rank's pool segment, as
+  // BlockPool(num_blocks, ep) cuts it, and the pipeline's micro-batches), a step, the tiers'
+  // view of the KV (on rank 0 under mpirun: the workers' pieces travel as messages,
+  // runner/remote_kv.h), health.
+  const StepCut& cut() const override { return cut_; }
+  absl::Status Execute(const StepParts& step, RunnerOutput* out) override {
+    return Run(step, out->logits, &out->stats, &out->parallel, out->sampled);
   }
   absl::StatusOr<KvTierDevices> TierDevices() override;
   const ParallelExecutor* parallel() const override { return this; }
 
-  // One step. Each sequence runs on the EP rank whose pool segment (as BlockPool(num_blocks, ep)
-  // cuts it) holds its blocks; a sequence whose blocks span segments is refused.
-  // With in.sample, `sampled` receives each logit row's token (sampled on the last stage's
-  // devices); with !in.logits_to_host, `logits` stays empty.
+  // One step written in cut()'s parts. With step.sampling, `sampled` receives each logit row's
+  // token (sampled on the last stage's devices); without step.logits_to_host, `logits` stays
+  // empty.
+  absl::Status Run(const StepParts& step, std::vector<float>* logits, ForwardStats* stats, ParallelStepStats* pstats,
+                   std::vector<int32_t>* sampled = nullptr);
+  // The same for a flat step (CutStep): each sequence runs on the EP rank whose pool segment
+  // holds its blocks, and one whose blocks span segments is refused.
   absl::Status Forward(const ForwardInput& in, std::vector<float>* logits,
                        ForwardStats* stats, ParallelStepStats* pstats, std::vector<int32_t>* sampled = nullptr);
 
@@ -150,7 +156,7 @@ class ParallelExecutor final : public Executor {
     DeviceBuffer hidden_in;      // the previous stage's hidden states (stages after the first)
   };
   ParallelExecutor(const ParallelConfig& config, ProcessRanks* processes) : config_(config), processes_(processes) {}
-  // Every rank's layers, experts and KV segment (layout_, segment_begin_).
+  // Every rank's layers, experts and KV segment (layout_, cut_).
   void PlanLayout(const ModelConfig& c);
   // This process's rank of an MPI job: its groups, its shard, the step channel to the others.
   absl::Status JoinProcesses(Backend* weights_backend, const BackendFactory& backends);
@@ -158,10 +164,8 @@ class ParallelExecutor final : public Executor {
   absl::Status StartThreads(Backend* weights_backend, const BackendFactory& backends);
   // Builds rank `l` (its device, shard, model and KV arena), which this process holds.
   absl::Status AddRank(const RankLayout& l, Backend* weights_backend, const BackendFactory& backends);
-  // Cuts a step into sub-steps: [ep rank][micro-batch], each checked before any rank starts.
-  absl::StatusOr<std::vector<std::vector<SubStep>>> PlanStep(const ForwardInput& in);
-  // The EP rank whose pool segment holds `block`.
-  int64_t SegmentOf(int32_t block) const;
+  // A step's sub-steps ([ep rank][micro-batch]), each checked before any rank starts.
+  absl::Status CheckStep(const StepParts& step) const;
   // Runs the sub-steps of local rank `i` (index into ranks_).
   absl::Status RunRank(size_t i, const std::vector<SubStep>& subs, RankStepResult* out);
   // Local rank `i` runs its part of a step; where failures are not fatal, a failed rank aborts
@@ -187,8 +191,7 @@ class ParallelExecutor final : public Executor {
   std::vector<Rank> ranks_;                    // the ranks this process holds, rank order
   std::vector<KvStorage> rank_kv_;             // one arena per held rank: its layers, its segment
   KvLayout kv_;                                // the whole cache, as the engine sees it
-  std::vector<int64_t> segment_begin_;         // first block id of each EP rank's segment (+ end)
-  int64_t stage_block_size_ = 16;
+  StepCut cut_;                                // each EP rank's pool segment, the micro-batches
   // Per stage, per EP index (process ranks: this process's group of each kind only).
   std::vector<std::unique_ptr<CommGroup>> ep_comms_, pp_comms_;
   std::unique_ptr<StepChannel> channel_;  // how rank 0 reaches the workers

@@ -11,10 +11,6 @@
 namespace moeserve {
 namespace {
 
-int64_t MicroBatches(const ParallelConfig& c) {
-  return c.pp == 1 ? 1 : (c.micro_batches > 0 ? c.micro_batches : c.pp);
-}
-
 double Imbalance(const std::vector<double>& v) {
   double sum = 0, mx = 0;
   for (double x : v) {
@@ -39,89 +35,31 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
   }
 }
 
-// The edits of logit row `from` (edits are row-ordered), renumbered as row `to` of `out`.
-void MoveRowEdits(const std::vector<LogitEdit>& edits, int64_t from, int64_t to, std::vector<LogitEdit>* out) {
-  auto lo = std::lower_bound(edits.begin(), edits.end(), from,
-                             [](const LogitEdit& e, int64_t row) { return e.row < row; });
-  for (; lo != edits.end() && lo->row == from; ++lo) {
-    out->push_back(*lo);
-    out->back().row = static_cast<int32_t>(to);
-  }
-}
-
 }  // namespace
 
-absl::StatusOr<std::vector<std::vector<SubStep>>> ParallelExecutor::PlanStep(const ForwardInput& in) {
-  const int64_t ep = config_.ep, micro = MicroBatches(config_);
-  if (in.num_seqs < 0 || static_cast<int64_t>(in.block_tables.size()) != in.num_seqs * in.max_blocks_per_seq) {
-    return absl::InvalidArgumentError(absl::StrCat("parallel forward: block_tables has ", in.block_tables.size(),
-                                                   " entries, not num_seqs x max_blocks_per_seq = ", in.num_seqs,
-                                                   " x ", in.max_blocks_per_seq));
+absl::Status ParallelExecutor::CheckStep(const StepParts& step) const {
+  const size_t micro = static_cast<size_t>(cut_.micro_batches);
+  if (step.parts.size() != static_cast<size_t>(config_.ep)) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel step: ", step.parts.size(), " parts for ep ", config_.ep));
   }
-  // Tokens of each sequence (the engine lays them out sequence by sequence).
-  std::vector<std::vector<int64_t>> seq_tokens(in.num_seqs);
-  for (int64_t i = 0; i < in.num_tokens(); ++i) seq_tokens[in.token_seq[i]].push_back(i);
-  std::vector<int64_t> logit_of_token(in.num_tokens(), -1);
-  for (size_t r = 0; r < in.logit_rows.size(); ++r)
-    logit_of_token[in.logit_rows[r]] = static_cast<int64_t>(r);
-  // Sequences of each EP rank, cut into micro-batches of consecutive sequences.
-  std::vector<std::vector<int64_t>> rank_seqs(ep);
-  for (int64_t j = 0; j < in.num_seqs; ++j) {
-    const int32_t first = in.max_blocks_per_seq > 0 ? in.block_tables[j * in.max_blocks_per_seq] : 0;
-    rank_seqs[SegmentOf(first)].push_back(j);
-  }
-  std::vector<std::vector<SubStep>> subs(ep, std::vector<SubStep>(micro));
-  for (int64_t e = 0; e < ep; ++e) {
-    const auto& seqs = rank_seqs[e];
-    for (int64_t m = 0; m < micro; ++m) {
-      const size_t from = seqs.size() * m / micro, to = seqs.size() * (m + 1) / micro;
-      SubStep& sub = subs[e][m];
-      sub.in.num_seqs = static_cast<int64_t>(to - from);
-      sub.in.logits_to_host = in.logits_to_host;
-      sub.in.max_blocks_per_seq = in.max_blocks_per_seq;
-      const int64_t base = segment_begin_[e];  // the rank's arena numbers its segment from 0
-      const int64_t bs = stage_block_size_;
-      for (size_t q = from; q < to; ++q) {
-        const int64_t j = seqs[q];
-        // Blocks the sequence's tokens reach, translated; the engine's padding stays 0.
-        const int64_t used =
-            seq_tokens[j].empty() ? 0 : in.positions[seq_tokens[j].back()] / bs + 1;
-        for (int64_t b = 0; b < in.max_blocks_per_seq; ++b) {
-          const int32_t id = in.block_tables[j * in.max_blocks_per_seq + b];
-          if (b < used && (id < base || id >= segment_begin_[e + 1])) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "parallel forward: sequence ", j, " runs on EP rank ", e, " (its first block) but its block ", b,
-                " is ", id, ", outside that rank's pool segment [", base, ", ", segment_begin_[e + 1], ")"));
-          }
-          sub.in.block_tables.push_back(b < used ? static_cast<int32_t>(id - base) : 0);
-        }
-        for (int64_t i : seq_tokens[j]) {
-          if (logit_of_token[i] >= 0) {
-            sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size()));
-            sub.logit_dest.push_back(logit_of_token[i]);
-            if (!in.sample.empty()) sub.in.sample.push_back(in.sample[logit_of_token[i]]);
-            MoveRowEdits(in.logit_edits, logit_of_token[i], static_cast<int64_t>(sub.in.logit_rows.size()) - 1,
-                         &sub.in.logit_edits);
-          }
-          sub.in.token_ids.push_back(in.token_ids[i]);
-          sub.in.positions.push_back(in.positions[i]);
-          sub.in.token_seq.push_back(static_cast<int32_t>(q - from));
-          sub.in.slots.push_back(in.slots[i] - base * bs);
-        }
-      }
-      // Checked before any rank starts, so that no rank fails halfway through a collective.
-      // Process ranks are checked here by rank 0's model against the segment's layout (the
-      // checks that depend on the stage are the same for every stage).
+  for (int64_t e = 0; e < config_.ep; ++e) {
+    if (step.parts[e].size() != micro) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel step: ", step.parts[e].size(), " micro-batches for EP rank ", e, ", expected ", micro));
+    }
+    // Checked before any rank starts, so that no rank fails halfway through a collective.
+    // Process ranks are checked here by rank 0's model against the segment's layout (the
+    // checks that depend on the stage are the same for every stage).
+    for (const SubStep& sub : step.parts[e]) {
       if (sub.in.num_tokens() == 0) continue;
-      for (size_t i = 0; i < ranks_.size(); ++i) {
-        const RankLayout& l = ranks_[i].layout;
+      for (const Rank& r : ranks_) {
+        const RankLayout& l = r.layout;
         if (processes_ == nullptr && l.ep_rank != e) continue;
-        RETURN_IF_ERROR(
-            ranks_[i].model->Validate(sub.in, SegmentLayout(e, l.layer_end - l.layer_begin)));
+        RETURN_IF_ERROR(r.model->Validate(sub.in, SegmentLayout(e, l.layer_end - l.layer_begin)));
       }
     }
   }
-  return subs;
+  return absl::OkStatus();
 }
 
 absl::Status ParallelExecutor::RunRank(size_t i, const std::vector<SubStep>& subs,
@@ -169,7 +107,7 @@ absl::Status ParallelExecutor::RunRank(size_t i, const std::vector<SubStep>& sub
 }
 
 absl::Status ParallelExecutor::RunPart(size_t i, const std::vector<SubStep>& subs, RankStepResult* out) {
-  const size_t micro = static_cast<size_t>(MicroBatches(config_));
+  const size_t micro = static_cast<size_t>(cut_.micro_batches);
   absl::Status s = subs.size() == micro ? RunRank(i, subs, out)
                                         : absl::InvalidArgumentError(absl::StrCat(
                                               "step of ", subs.size(), " micro-batches, expected ", micro));
@@ -250,31 +188,33 @@ namespace {
 using SubSteps = std::vector<std::vector<SubStep>>;  // [ep rank][micro-batch]
 
 // The last stage's logit rows and tokens, into the step's order.
-absl::Status GatherOutputs(const std::vector<RankLayout>& layout, int64_t last_stage, const SubSteps& subs,
-                           const std::vector<RankStepResult>& results, const ForwardInput& in, int64_t vocab,
-                           std::vector<float>* logits, std::vector<int32_t>* sampled) {
-  if (in.logits_to_host) {
-    logits->assign(in.logit_rows.size() * static_cast<size_t>(vocab), 0.0f);
+absl::Status GatherOutputs(const std::vector<RankLayout>& layout, int64_t last_stage, const StepParts& step,
+                           const std::vector<RankStepResult>& results, int64_t vocab, std::vector<float>* logits,
+                           std::vector<int32_t>* sampled) {
+  const SubSteps& subs = step.parts;
+  const size_t rows = static_cast<size_t>(step.num_logit_rows);
+  if (step.logits_to_host) {
+    logits->assign(rows * static_cast<size_t>(vocab), 0.0f);
   } else {
     logits->clear();
   }
-  if (sampled != nullptr) sampled->assign(in.sample.size(), -1);
+  if (sampled != nullptr) sampled->assign(step.sampling ? rows : 0, -1);
   for (size_t r = 0; r < layout.size(); ++r) {
     if (layout[r].stage != last_stage) continue;
     const RankStepResult& res = results[r];
     const std::vector<SubStep>& mine = subs[static_cast<size_t>(layout[r].ep_rank)];
     size_t q = 0;
     for (const SubStep& sub : mine) q += sub.logit_dest.size();
-    if ((in.logits_to_host && res.logits.size() != q * static_cast<size_t>(vocab)) ||
-        (!in.sample.empty() && res.sampled.size() != q)) {
+    if ((step.logits_to_host && res.logits.size() != q * static_cast<size_t>(vocab)) ||
+        (step.sampling && res.sampled.size() != q)) {
       return absl::InternalError(absl::StrCat("rank ", r, " returned ", res.logits.size() / vocab,
                                               " logit rows and ", res.sampled.size(), " tokens for ", q, " rows"));
     }
     q = 0;
     for (const SubStep& sub : mine) {
       for (int64_t dest : sub.logit_dest) {
-        if (in.logits_to_host) std::copy_n(res.logits.data() + q * vocab, vocab, logits->data() + dest * vocab);
-        if (!in.sample.empty()) (*sampled)[dest] = res.sampled[q];
+        if (step.logits_to_host) std::copy_n(res.logits.data() + q * vocab, vocab, logits->data() + dest * vocab);
+        if (step.sampling) (*sampled)[dest] = res.sampled[q];
         ++q;
       }
     }
@@ -326,21 +266,28 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
 
 absl::Status ParallelExecutor::Forward(const ForwardInput& in, std::vector<float>* logits, ForwardStats* stats,
                                        ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
+  ASSIGN_OR_RETURN(const StepParts step, CutStep(in, cut_));
+  return Run(step, logits, stats, pstats, sampled);
+}
+
+absl::Status ParallelExecutor::Run(const StepParts& step, std::vector<float>* logits, ForwardStats* stats,
+                                   ParallelStepStats* pstats, std::vector<int32_t>* sampled) {
   const ModelConfig& c = weights_->config();
   if (lost_) return absl::UnavailableError(absl::StrCat("parallel step: a rank of this job was lost earlier (", lost_why_, ")"));
   if (processes_ != nullptr && processes_->rank() != 0) {
     return absl::FailedPreconditionError(
         "parallel forward: only rank 0 drives the steps of an MPI job");
   }
-  ASSIGN_OR_RETURN(const SubSteps subs, PlanStep(in));
-  if (!in.sample.empty() && sampled == nullptr) {
+  RETURN_IF_ERROR(CheckStep(step));
+  const SubSteps& subs = step.parts;
+  if (step.sampling && sampled == nullptr) {
     return absl::InvalidArgumentError(
         "parallel forward: sampling specs but nowhere to put the tokens");
   }
   // One result per rank of the layout (process ranks: the workers' come back as messages).
   std::vector<RankStepResult> results(layout_.size());
   RETURN_IF_ERROR(RunRanks(subs, &results));
-  RETURN_IF_ERROR(GatherOutputs(layout_, config_.pp - 1, subs, results, in, c.vocab_size, logits, sampled));
+  RETURN_IF_ERROR(GatherOutputs(layout_, config_.pp - 1, step, results, c.vocab_size, logits, sampled));
   AggregateStats(layout_, config_.ep, c.num_local_experts, subs, results, stats, pstats);
   return absl::OkStatus();
 }
