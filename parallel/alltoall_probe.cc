@@ -23,7 +23,7 @@ absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_pe
   for (int i = 0; i < warmup + iters; ++i) {
     RETURN_IF_ERROR(comm->Barrier());
     const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(comm->AllToAll(send.data(), counts, recv.data(), counts));
+    RETURN_IF_ERROR(comm->AllToAll(send.data(), counts, recv.data(), counts, Counts::kAgreed));
     const double t =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     RETURN_IF_ERROR(comm->AllGather(&t, sizeof(double), all.data()));

@@ -1,6 +1,6 @@
 // Times the all-to-all of expert parallelism on a group: every rank sends `bytes_per_peer` to
-// each peer through Communicator::AllToAll, as a MoE layer's dispatch does; a call's time is the
-// slowest rank's. Used by `moeserve calibrate` (under mpirun, per transport) and by
+// each peer through Communicator::AllToAll with agreed counts (no check exchanges), as a MoE
+// layer's dispatch does; a call's time is the slowest rank's. Used by `moeserve calibrate` (under mpirun, per transport) and by
 // benchmarks/mpi_alltoall_bench.
 #pragma once
 

@@ -18,6 +18,13 @@ struct CommStats {
   double seconds = 0;          // wall time inside collectives, waiting for peers included
 };
 
+// What AllToAll may assume of its counts. kChecked: it checks that every recv_counts[p] is what
+// p sends, and every rank returns the same error before any data moves (under MPI, two more
+// exchanges before the data: a decode step's all-to-all is latency-bound, so they triple it).
+// kAgreed: the caller vouches for them: they come from an AllToAllCounts on this group, as the
+// expert dispatch's do; a call that breaks this is not caught across ranks.
+enum class Counts { kChecked, kAgreed };
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -26,9 +33,9 @@ class Communicator {
 
   // Each rank sends send_counts[p] bytes to peer p and receives recv_counts[p] bytes from it;
   // both buffers are packed in peer order. Zero counts are allowed. recv_counts[p] must equal
-  // what p sends to this rank (INVALID_ARGUMENT otherwise, on every rank that sees it).
+  // what p sends to this rank (with kChecked, INVALID_ARGUMENT otherwise, on every rank).
   virtual absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                                const std::vector<int64_t>& recv_counts) = 0;
+                                const std::vector<int64_t>& recv_counts, Counts counts) = 0;
   // Exchanges counts themselves, m per peer (send_counts holds size() * m, peer p's m at p * m;
   // every rank passes the same m): recv_counts[p * m + i] = what peer p passes as
   // send_counts[rank * m + i]. On the host, whatever the device.

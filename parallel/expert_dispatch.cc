@@ -180,10 +180,11 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   if (bf16_rows_) {
     const int64_t wire_bytes = h * static_cast<int64_t>(sizeof(uint16_t));
     RETURN_IF_ERROR(ep_->AllToAll(send_bf16_.data(), Scaled(send_rows_, wire_bytes), recv_bf16_.data(),
-                                  Scaled(recv_rows_, wire_bytes)));
+                                  Scaled(recv_rows_, wire_bytes), Counts::kAgreed));
     if (r_total > 0) backend_->WidenBf16(recv_bf16_.as<uint16_t>(), r_total * h, recv_x_.as<float>());
   } else {
-    RETURN_IF_ERROR(ep_->AllToAll(send, Scaled(send_rows_, row_bytes), recv_x_.data(), Scaled(recv_rows_, row_bytes)));
+    RETURN_IF_ERROR(ep_->AllToAll(send, Scaled(send_rows_, row_bytes), recv_x_.data(), Scaled(recv_rows_, row_bytes),
+                                  Counts::kAgreed));
   }
   // Run this rank's experts on what it received, grouped by expert.
   float* back = in_.as<float>();  // free again once the first expert GEMM has read it
@@ -198,7 +199,8 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   // Results go back the way they came (into send order), then combine as on one rank.
   RETURN_IF_ERROR(backend_->Synchronize());
   float* results = results_.as<float>();
-  RETURN_IF_ERROR(ep_->AllToAll(back, Scaled(recv_rows_, row_bytes), results, Scaled(send_rows_, row_bytes)));
+  RETURN_IF_ERROR(
+      ep_->AllToAll(back, Scaled(recv_rows_, row_bytes), results, Scaled(send_rows_, row_bytes), Counts::kAgreed));
   if (stats != nullptr) {
     const CommStats after = ep_->stats();
     stats->comm_seconds += after.seconds - before.seconds;

@@ -154,10 +154,8 @@ absl::Status MpiCommunicator::AllToAllCounts(const std::vector<int64_t>& send_co
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts,
-                                       void* recv, const std::vector<int64_t>& recv_counts) {
-  if (aborted_) return Aborted();
-  Stopwatch sw;  // the counts exchange included
+absl::Status MpiCommunicator::CheckCounts(const std::vector<int64_t>& send_counts,
+                                          const std::vector<int64_t>& recv_counts) {
   const size_t n = static_cast<size_t>(size_);
   // Every rank learns whether any rank's counts are malformed or disagree with its peers', and
   // all return the same error before any data moves.
@@ -190,6 +188,20 @@ absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64
     return absl::InvalidArgumentError(
         "all-to-all: another rank passed counts that disagree with its peers'");
   }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts,
+                                       void* recv, const std::vector<int64_t>& recv_counts, Counts counts) {
+  if (aborted_) return Aborted();
+  Stopwatch sw;  // the counts check included
+  const size_t n = static_cast<size_t>(size_);
+  if (counts == Counts::kChecked) {
+    RETURN_IF_ERROR(CheckCounts(send_counts, recv_counts));
+  } else if (send_counts.size() != n || recv_counts.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", n, " entries"));
+  }
+  MPI_Request req;
   std::vector<int> sc, sd, rc, rd;
   RETURN_IF_ERROR(ToInts(send_counts, &sc, &sd, "send_counts"));
   RETURN_IF_ERROR(ToInts(recv_counts, &rc, &rd, "recv_counts"));

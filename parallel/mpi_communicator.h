@@ -3,7 +3,8 @@
 // `mpirun` chooses (`--mca btl ...`). Buffers are host memory. Every collective returns a
 // Status (the communicator's error handler is MPI_ERRORS_RETURN): UNAVAILABLE naming the MPI
 // error when the transport fails, INVALID_ARGUMENT on every rank when the all-to-all counts of
-// the ranks disagree (checked by a small exchange first, so no rank is left waiting).
+// the ranks disagree (with Counts::kChecked: a small exchange first, so no rank is left
+// waiting).
 #pragma once
 
 #include <mpi.h>
@@ -32,7 +33,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                        const std::vector<int64_t>& recv_counts) override;
+                        const std::vector<int64_t>& recv_counts, Counts counts) override;
   absl::Status AllToAllCounts(const std::vector<int64_t>& send_counts,
                               std::vector<int64_t>* recv_counts) override;
   absl::Status AllGather(const void* send, int64_t bytes, void* recv) override;
@@ -57,6 +58,8 @@ class MpiCommunicator final : public Communicator {
   // Completes `request`, polling so that the abort signal is seen.
   absl::Status Wait(MPI_Request* request, MPI_Status* status, const char* what);
   absl::Status CheckPeer(int peer) const;
+  // AllToAll's kChecked: the counts exchanged and compared; every rank returns the same error.
+  absl::Status CheckCounts(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts);
   // MPI_Alltoall of one count per peer. With `count_traffic` its bytes go into the statistics
   // (not its call); AllToAll's own check of the counts is left out, so that the statistics
   // report the traffic the model asked for, as the in-process communicator does.

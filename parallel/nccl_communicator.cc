@@ -195,7 +195,8 @@ absl::Status NcclCommunicator::Finish(double seconds_before, int64_t sent, int64
 }
 
 absl::Status NcclCommunicator::AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                                        const std::vector<int64_t>& recv_counts) {
+                                        const std::vector<int64_t>& recv_counts, Counts /*counts*/) {
+  // NCCL has no cheap way to check counts across ranks: they are always the caller's word.
   RETURN_IF_ERROR(Usable());
   if (static_cast<int>(send_counts.size()) != size_ || static_cast<int>(recv_counts.size()) != size_) {
     return absl::InvalidArgumentError(absl::StrCat("all-to-all: counts must have ", size_, " entries"));
@@ -251,7 +252,7 @@ absl::Status NcclCommunicator::AllToAllCounts(const std::vector<int64_t>& send_c
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->counts_send, send_counts.data(), sizeof(int64_t) * total,
                                        cudaMemcpyHostToDevice, impl_->stream));
   const std::vector<int64_t> bytes(n, static_cast<int64_t>(sizeof(int64_t) * (total / n)));
-  RETURN_IF_ERROR(AllToAll(impl_->counts_send, bytes, impl_->counts_recv, bytes));
+  RETURN_IF_ERROR(AllToAll(impl_->counts_send, bytes, impl_->counts_recv, bytes, Counts::kAgreed));
   recv_counts->resize(total);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv_counts->data(), impl_->counts_recv, sizeof(int64_t) * total,
                                        cudaMemcpyDeviceToHost, impl_->stream));

@@ -43,7 +43,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                        const std::vector<int64_t>& recv_counts) override;
+                        const std::vector<int64_t>& recv_counts, Counts counts) override;
   absl::Status AllToAllCounts(const std::vector<int64_t>& send_counts, std::vector<int64_t>* recv_counts) override;
   absl::Status AllGather(const void* send, int64_t bytes, void* recv) override;
   absl::Status AllReduceSum(float* data, int64_t count) override;

@@ -5,12 +5,16 @@
 #   scripts/netns-hosts.sh up N [--rate R] [--delay D] [--prefix P] [--subnet 10.77.X]
 #       N namespaces P0..P(N-1), each with a loopback and an eth0 at 10.77.0.(10+i)/24 on a bridge
 #       Pbr (10.77.0.1 in the root namespace). --rate (tc units, e.g. 10gbit; a tbf qdisc) and
-#       --delay (e.g. 100us; netem, which some kernels lack: then it fails saying so) shape every
-#       namespace's eth0 egress, so a message between two namespaces sees the delay once and the
-#       rate once. Idempotent: an existing set with the same prefix is removed first.
+#       --delay (e.g. 100us) shape every namespace's eth0 egress, so a message between two
+#       namespaces sees the delay once and the rate once. The delay is netem's where the kernel
+#       has sch_netem; else the userspace delay line build/tools/moeserve-delay-line
+#       (tools/delay_line.cc; MOESERVE_DELAY_LINE names another) carries the namespaces' traffic
+#       through TUN devices (eth0 in each, Pbr in the root namespace; MTU 9000) and holds each
+#       packet between two namespaces for the delay; it runs on this machine's cores. Idempotent:
+#       an existing set with the same prefix is removed first.
 #   scripts/netns-hosts.sh down [--prefix P] (the set of another prefix is left alone)
-#       Removes every namespace named P<digits>, their links and the bridge (also after a
-#       failed run); kills what still runs inside them.
+#       Removes every namespace named P<digits>, their links, the bridge and the delay line (also
+#       after a failed run); kills what still runs inside them.
 #   scripts/netns-hosts.sh hostfile N [--prefix P] [--slots S]
 #       An Open MPI hostfile naming the namespaces.
 #   scripts/netns-hosts.sh agent [ssh options] HOST COMMAND...
@@ -50,7 +54,64 @@ parse_common() {
     die "--subnet: 10.77.X with X 0-255 (this project's test network), got '$SUBNET'"
 }
 
+# Where `up` keeps the delay line's pid, readiness and log.
+state_dir() { echo "${TMPDIR:-/tmp}/moeserve-netns-${PREFIX}"; }
+
+stop_delay_line() {
+  local pidfile pid i
+  pidfile="$(state_dir)/delay-line.pid"
+  if [ -f "$pidfile" ]; then
+    pid="$(cat "$pidfile")"
+    if grep -qa moeserve-delay-line "/proc/$pid/cmdline" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      for ((i = 0; i < 30; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -rf "$(state_dir)"
+}
+
+# Whether this kernel has the netem qdisc (tried on a throwaway veth pair).
+has_netem() {
+  ip link add "${PREFIX}probe" type veth peer name "${PREFIX}probe1" 2>/dev/null || return 1
+  local ok=1
+  tc qdisc add dev "${PREFIX}probe" root netem delay 1us 2>/dev/null && ok=0
+  ip link del "${PREFIX}probe" 2>/dev/null || true
+  return $ok
+}
+
+# tc's time units (us/usec, ms/msec, s/sec; a bare number is microseconds) as whole microseconds.
+delay_us() {
+  awk -v d="$1" 'BEGIN {
+    if (!match(d, /^[0-9]+(\.[0-9]+)?/)) exit 1
+    v = substr(d, 1, RLENGTH); u = substr(d, RLENGTH + 1)
+    if (u == "" || u == "us" || u == "usec") f = 1; else if (u == "ms" || u == "msec") f = 1000
+    else if (u == "s" || u == "sec") f = 1000000; else exit 1
+    printf "%d\n", v * f + 0.5 }'
+}
+
+# Starts the delay line over the n namespaces (which exist): it makes their eth0 and the root
+# namespace's ${PREFIX}br, and holds packets between namespaces for --delay.
+start_delay_line() {
+  local n="$1" us bin dir i
+  us="$(delay_us "$DELAY")" || die "--delay: '$DELAY' is not a time (e.g. 100us, 1ms)"
+  bin="${MOESERVE_DELAY_LINE:-$(cd "$(dirname "$0")/.." && pwd)/build/tools/moeserve-delay-line}"
+  [ -x "$bin" ] || die "--delay: this kernel has no netem, and the delay line $bin is not built (scripts/build.sh)"
+  dir="$(state_dir)"
+  mkdir -p "$dir"
+  setsid "$bin" --prefix "$PREFIX" --namespaces "$n" --subnet "$SUBNET" --delay-us "$us" \
+    --ready-file "$dir/ready" </dev/null >"$dir/delay-line.log" 2>&1 &
+  echo $! >"$dir/delay-line.pid"
+  for ((i = 0; i < 100; i++)); do
+    [ -s "$dir/ready" ] && return 0
+    kill -0 "$(cat "$dir/delay-line.pid")" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "the delay line did not start: $(cat "$dir/delay-line.log")"
+}
+
 down() {
+  stop_delay_line
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" || true); do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
@@ -69,20 +130,29 @@ up() {
   down
   IN_UP=1
   trap 'down' ERR
-  ip link add "${PREFIX}br" type bridge
+  local i ns line="" mtu=1500
+  if [ -n "$DELAY" ] && ! has_netem; then line=1 mtu=9000; fi
+  for ((i = 0; i < n; i++)); do
+    ip netns add "${PREFIX}${i}"
+    ip -n "${PREFIX}${i}" link set lo up
+  done
+  if [ -n "$line" ]; then
+    start_delay_line "$n"
+  else
+    ip link add "${PREFIX}br" type bridge
+  fi
   ip addr add "${SUBNET}.1/24" dev "${PREFIX}br"
-  ip link set "${PREFIX}br" up
-  local i ns
+  ip link set "${PREFIX}br" mtu "$mtu" up
   for ((i = 0; i < n; i++)); do
     ns="${PREFIX}${i}"
-    ip netns add "$ns"
-    ip link add "${PREFIX}v${i}" type veth peer name eth0 netns "$ns"
-    ip link set "${PREFIX}v${i}" master "${PREFIX}br" up
-    ip -n "$ns" link set lo up
+    if [ -z "$line" ]; then
+      ip link add "${PREFIX}v${i}" type veth peer name eth0 netns "$ns"
+      ip link set "${PREFIX}v${i}" master "${PREFIX}br" up
+    fi
     ip -n "$ns" addr add "${SUBNET}.$((10 + i))/24" dev eth0
-    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set eth0 mtu "$mtu" up
     ip -n "$ns" route add default via "${SUBNET}.1"
-    if [ -n "$DELAY" ]; then  # netem carries the delay, and the rate with it
+    if [ -n "$DELAY" ] && [ -z "$line" ]; then  # netem carries the delay, and the rate with it
       ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "$DELAY" ${RATE:+rate "$RATE"} limit 100000 ||
         die "--delay needs the netem qdisc (sch_netem), which this kernel does not have"
     elif [ -n "$RATE" ]; then  # a token bucket: the rate alone, with bursts of 64 KiB
@@ -91,7 +161,7 @@ up() {
   done
   trap - ERR
   IN_UP=""
-  echo "netns-hosts: up $n: ${PREFIX}0..${PREFIX}$((n - 1)) at ${SUBNET}.10-$((9 + n)), bridge ${PREFIX}br ${SUBNET}.1${RATE:+, rate $RATE}${DELAY:+, delay $DELAY}"
+  echo "netns-hosts: up $n: ${PREFIX}0..${PREFIX}$((n - 1)) at ${SUBNET}.10-$((9 + n)), ${line:+delay line instead of a }bridge ${PREFIX}br ${SUBNET}.1${RATE:+, rate $RATE}${DELAY:+, delay $DELAY${line:+ (moeserve-delay-line; no netem here)}}"
 }
 
 cmd="${1:-}"

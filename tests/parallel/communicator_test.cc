@@ -61,7 +61,7 @@ TEST(LocalCommunicatorTest, AllToAllWithUnevenAndZeroCounts) {
           total += recv_counts[src];
         }
         std::vector<uint8_t> recv(total, 0xee);
-        if (absl::Status s = c.AllToAll(send.data(), send_counts, recv.data(), recv_counts); !s.ok()) {
+        if (absl::Status s = c.AllToAll(send.data(), send_counts, recv.data(), recv_counts, Counts::kChecked); !s.ok()) {
           errors[r] = std::string(s.message());
           return;
         }
@@ -130,7 +130,7 @@ TEST(LocalCommunicatorTest, MismatchedCountsFailOnEveryAffectedRankWithoutHangin
     std::vector<int64_t> counts = {10, 10, 10};
     std::vector<int64_t> recv_counts = counts;
     if (r == 2) recv_counts = {10, 5, 10};  // rank 1 really sends 10
-    status[r] = comms.ranks[r]->AllToAll(send.data(), counts, recv.data(), recv_counts);
+    status[r] = comms.ranks[r]->AllToAll(send.data(), counts, recv.data(), recv_counts, Counts::kChecked);
   });
   EXPECT_TRUE(status[0].ok()) << status[0];
   EXPECT_TRUE(status[1].ok()) << status[1];
@@ -142,7 +142,7 @@ TEST(LocalCommunicatorTest, MismatchedCountsFailOnEveryAffectedRankWithoutHangin
   OnRanks(3, [&](int r) {
     std::vector<uint8_t> buf(30);
     std::vector<int64_t> counts = r == 0 ? std::vector<int64_t>{10, 10} : std::vector<int64_t>{10, 10, 10};
-    status[r] = comms.ranks[r]->AllToAll(buf.data(), counts, buf.data(), std::vector<int64_t>(3, 10));
+    status[r] = comms.ranks[r]->AllToAll(buf.data(), counts, buf.data(), std::vector<int64_t>(3, 10), Counts::kChecked);
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r;
 }
@@ -217,7 +217,7 @@ TEST(NcclCommunicatorTest, AllToAllAcrossGpus) {
     cudaMalloc(&d_send, host_send.size() + 1);
     cudaMalloc(&d_recv, total + 1);
     cudaMemcpy(d_send, host_send.data(), host_send.size(), cudaMemcpyHostToDevice);
-    if (absl::Status s = (*comm)->AllToAll(d_send, send_counts, d_recv, recv_counts); !s.ok()) {
+    if (absl::Status s = (*comm)->AllToAll(d_send, send_counts, d_recv, recv_counts, Counts::kChecked); !s.ok()) {
       errors[r] = std::string(s.message());
     }
     std::vector<uint8_t> got(total);
