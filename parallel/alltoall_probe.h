@@ -19,8 +19,8 @@ struct AllToAllTiming {
   double bus_bytes_per_second = 0;
 };
 
-// Collective: every rank of the group calls it with the same arguments (after `warmup` calls,
-// `iters` timed ones).
+// Collective: every rank of the group calls it with the same arguments (after `warmup` samples,
+// `iters` timed ones; a sample is a few back-to-back calls after a barrier, timed together).
 absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_per_peer, int iters,
                                             int warmup = 5);
 

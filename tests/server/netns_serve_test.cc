@@ -39,6 +39,7 @@ std::string IpPath() {
 }
 
 int Script(const std::vector<std::string>& args, std::string* out, std::string* err) {
+  setenv("MOESERVE_DELAY_LINE", MOESERVE_DELAY_LINE, 1);  // this build's, for kernels without netem
   std::vector<std::string> argv = {"/bin/bash", kScript};
   argv.insert(argv.end(), args.begin(), args.end());
   for (std::string a : {"--prefix", kPrefix}) argv.push_back(a);
@@ -220,6 +221,28 @@ TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
   // And a run that cannot measure over MPI refuses the flag by name.
   EXPECT_NE(RunCommand({"calibrate", "--quick", "--no-mpi", "--scale-out-mpirun-args", args}, &out, &err), 0);
   EXPECT_NE(err.find("--scale-out-mpirun-args"), std::string::npos) << err;
+}
+
+// A link with a one-way delay (netem where the kernel has it, else moeserve-delay-line): an ep2
+// job across it answers as one process does, and calibrate's scale-out latency across it is at
+// least the delay (each message of its probe crosses the link once).
+TEST_F(NetnsServeTest, ADelayedLinkKeepsTheAnswersAndCalibrateSeesTheDelay) {
+  std::string out, err;
+  ASSERT_EQ(Script({"up", "2", "--rate", "1gbit", "--delay", "2ms", "--subnet", kSubnet}, &out, &err), 0)
+      << out << err;
+  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1));
+  std::vector<std::string> launcher = Mpirun(2, 1);
+  std::string args;
+  for (size_t i = 1; i + 2 < launcher.size(); ++i) absl::StrAppend(&args, " '", launcher[i], "'");
+  const std::string profile = MakeTempDir("netns-delay") + "/profile.json";
+  ASSERT_EQ(RunCommand({"calibrate", "--quick", "--no-disk", "--no-progress", "--array-mb", "16", "--out", profile,
+                        "--scale-out-mpirun-args", args},
+                       &out, &err),
+            0)
+      << err;
+  const double latency = nlohmann::json::parse(ReadAll(profile))["scale_out_latency_s"].get<double>();
+  EXPECT_GE(latency, 0.9 * 2e-3) << "a 2 ms link measured as " << latency * 1e6 << " us";
+  std::printf("scale-out latency over a 2 ms link: %.0f us\n", latency * 1e6);
 }
 
 // Streams a long generation from `job` and runs `fault` after the third message: the call's
