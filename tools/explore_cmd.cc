@@ -241,7 +241,8 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
                 "`moeserve calibrate`; every point prefills its sequences to --context first, so keep it small");
   cmd->add_flag("--measure-processes", o->m.processes,
                 "With --measure: also run each layout of several ranks as an MPI job of that many processes on this "
-                "machine (mpirun --oversubscribe; `moeserve bench` with the same workload), beside the threads");
+                "machine (mpirun --oversubscribe; `moeserve bench` with the same workload), beside the threads; each "
+                "process gets its share of --threads, as the prediction gives it its share of the machine");
   cmd->add_option("--measure-mpirun-args", o->m.mpirun_args,
                   "With --measure-processes: more arguments for mpirun, e.g. a hostfile and launch agent that put the "
                   "ranks on other hosts or in network namespaces (docs/multi-host.md); passed through a shell");

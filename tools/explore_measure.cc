@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -132,10 +133,14 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false).ToJson()));
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
+  // Each process its share of this machine's cores, as the prediction gives it its share: a
+  // process rank otherwise takes all of --threads, and the ranks' thread pools would contend.
+  const int64_t machine_threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int64_t threads = std::max<int64_t>(1, machine_threads / layout.devices());
   const std::string args = absl::StrCat(
       "bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences, " --prompt-len ",
       o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ", plan.kv_blocks,
-      " --kv-dtype ", o.kv_dtype, " --threads ", o.threads, " --hardware '", hw, "' --trace-jsonl '", steps, "'",
+      " --kv-dtype ", o.kv_dtype, " --threads ", threads, " --hardware '", hw, "' --trace-jsonl '", steps, "'",
       o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
       // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size: ranks
       // of other domains talk over the scale-out network. On one host, all over shared memory.
