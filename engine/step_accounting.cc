@@ -14,6 +14,7 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
   rec.head_seconds = run.stats.head_seconds;
   rec.comm_seconds = run.stats.comm_seconds;
   rec.comm_min_seconds = run.parallel.comm_min_seconds;
+  rec.comm_after_last_seconds = run.parallel.comm_after_last_seconds;
   rec.comm_bytes_observed = run.parallel.comm_bytes;
   rec.expert_imbalance = run.parallel.expert_imbalance;
   rec.expert_tokens = run.parallel.expert_tokens;

@@ -23,6 +23,7 @@ const std::vector<StepField>& StepFields() {
       {"observed_s", "sampling", "sampling_ms", 1e3, &R::sampling_seconds},
       {"observed_s", "comm", "comm_ms", 1e3, &R::comm_seconds},
       {"observed_s", "comm_min", "comm_min_ms", 1e3, &R::comm_min_seconds},
+      {"observed_s", "comm_after_last", "comm_after_last_ms", 1e3, &R::comm_after_last_seconds},
       {"observed_s", "transfer", "transfer_ms", 1e3, &R::transfer_seconds},
       {"", "flops", "flops", 1, &R::flops},
       {"bytes", "weights", "weight_bytes", 1, &R::weight_bytes},

@@ -29,6 +29,7 @@ struct StepRecord {
   double sampling_seconds = 0.0;   // after the forward: tokens and logprobs into events, streaming
   double comm_seconds = 0.0;       // collective communication (0 on one rank), the slowest rank's
   double comm_min_seconds = 0.0;   // ... the rank that waited least (ParallelStepStats)
+  double comm_after_last_seconds = 0.0;  // the EP exchanges once every rank had arrived
   double transfer_seconds = 0.0;   // KV moved between the device and the tiers (inside scheduling)
   // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
   // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).

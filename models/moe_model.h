@@ -71,6 +71,8 @@ struct ForwardStats {
   std::vector<int64_t> expert_rows;  // [experts], this rank's experts only (others 0)
   double comm_seconds = 0;
   int64_t comm_bytes = 0;            // sent to other ranks
+  // Entry and exit of each expert-parallel collective, in call order (ExpertDispatchStats::spans).
+  std::vector<double> collective_spans;
 };
 
 // The KV layout of `config` with `num_blocks` blocks of `block_size` tokens.

@@ -4,10 +4,24 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/status.h"
 
 namespace moeserve {
 namespace {
+
+// Runs one collective; with `stats`, notes its entry and exit on the steady clock.
+template <typename Call>
+absl::Status Timed(ExpertDispatchStats* stats, Call&& call) {
+  const auto seconds = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+  const double entry = seconds();
+  absl::Status s = call();
+  if (stats != nullptr) {
+    stats->spans.push_back(entry);
+    stats->spans.push_back(seconds());
+  }
+  return s;
+}
 
 // Grows `b` to at least `bytes` (never shrinks).
 absl::Status Grow(Backend* backend, DeviceBuffer& b, size_t bytes) {
@@ -166,7 +180,7 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   RETURN_IF_ERROR(EnsureSendRows(std::max<int64_t>(a, 1)));
   RETURN_IF_ERROR(PlanSend(ids, t));
   // Dispatch: the per-(peer, expert) counts, from which each receiver plans alone; then the rows.
-  RETURN_IF_ERROR(ep_->AllToAllCounts(send_counts_, &recv_counts_));
+  RETURN_IF_ERROR(Timed(stats, [&] { return ep_->AllToAllCounts(send_counts_, &recv_counts_); }));
   ASSIGN_OR_RETURN(const int64_t r_total, PlanReceive(stats));
   float* send = send_x_.as<float>();
   if (a > 0 && rank_major_) backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, send);
@@ -179,12 +193,16 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   const int64_t row_bytes = h * static_cast<int64_t>(sizeof(float));
   if (bf16_rows_) {
     const int64_t wire_bytes = h * static_cast<int64_t>(sizeof(uint16_t));
-    RETURN_IF_ERROR(ep_->AllToAll(send_bf16_.data(), Scaled(send_rows_, wire_bytes), recv_bf16_.data(),
-                                  Scaled(recv_rows_, wire_bytes), Counts::kAgreed));
+    RETURN_IF_ERROR(Timed(stats, [&] {
+      return ep_->AllToAll(send_bf16_.data(), Scaled(send_rows_, wire_bytes), recv_bf16_.data(),
+                           Scaled(recv_rows_, wire_bytes), Counts::kAgreed);
+    }));
     if (r_total > 0) backend_->WidenBf16(recv_bf16_.as<uint16_t>(), r_total * h, recv_x_.as<float>());
   } else {
-    RETURN_IF_ERROR(ep_->AllToAll(send, Scaled(send_rows_, row_bytes), recv_x_.data(), Scaled(recv_rows_, row_bytes),
-                                  Counts::kAgreed));
+    RETURN_IF_ERROR(Timed(stats, [&] {
+      return ep_->AllToAll(send, Scaled(send_rows_, row_bytes), recv_x_.data(), Scaled(recv_rows_, row_bytes),
+                           Counts::kAgreed);
+    }));
   }
   // Run this rank's experts on what it received, grouped by expert.
   float* back = in_.as<float>();  // free again once the first expert GEMM has read it
@@ -199,8 +217,9 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   // Results go back the way they came (into send order), then combine as on one rank.
   RETURN_IF_ERROR(backend_->Synchronize());
   float* results = results_.as<float>();
-  RETURN_IF_ERROR(
-      ep_->AllToAll(back, Scaled(recv_rows_, row_bytes), results, Scaled(send_rows_, row_bytes), Counts::kAgreed));
+  RETURN_IF_ERROR(Timed(stats, [&] {
+    return ep_->AllToAll(back, Scaled(recv_rows_, row_bytes), results, Scaled(send_rows_, row_bytes), Counts::kAgreed);
+  }));
   if (stats != nullptr) {
     const CommStats after = ep_->stats();
     stats->comm_seconds += after.seconds - before.seconds;

@@ -39,6 +39,10 @@ struct ExpertDispatchStats {
   int64_t assignments = 0;           // this rank's (token, slot) pairs
   double comm_seconds = 0;
   int64_t comm_bytes = 0;  // sent to other ranks
+  // Each collective's entry and exit on the steady clock (seconds; the same clock for every
+  // process of one machine), in call order: with the other ranks' spans, the time from the last
+  // rank's arrival to the exchange's end, which waiting for a slower rank does not enter.
+  std::vector<double> spans;  // [calls x 2]
 };
 
 class ExpertDispatch {

@@ -23,6 +23,9 @@ struct ParallelStepStats {
   // bound on the time the communication itself takes (comm_seconds adds the waits for the
   // slowest rank).
   double comm_min_seconds = 0;
+  // The expert-parallel exchanges timed from the last rank's arrival to the last rank's exit,
+  // summed over calls: what they cost once every rank is there (no waiting for a slower rank).
+  double comm_after_last_seconds = 0;
   int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
   int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
   int64_t pp_bytes = 0;      // ... of which hidden states between stages

@@ -29,6 +29,7 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
   acc->head_seconds += fs.head_seconds;
   acc->comm_seconds += fs.comm_seconds;
   acc->comm_bytes += fs.comm_bytes;
+  acc->collective_spans.insert(acc->collective_spans.end(), fs.collective_spans.begin(), fs.collective_spans.end());
   if (!fs.expert_rows.empty()) {
     acc->expert_rows.resize(fs.expert_rows.size(), 0);
     for (size_t x = 0; x < fs.expert_rows.size(); ++x) acc->expert_rows[x] += fs.expert_rows[x];
@@ -247,6 +248,9 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
     ps.comm_min_seconds = r == 0 ? results[r].comm_seconds : std::min(ps.comm_min_seconds, results[r].comm_seconds);
   }
   ps.comm_bytes = ps.a2a_bytes + ps.pp_bytes;
+  std::vector<int64_t> stage_of_rank;
+  for (const RankLayout& l : layout) stage_of_rank.push_back(l.stage);
+  ps.comm_after_last_seconds = AfterLastArrival(stage_of_rank, results);
   total.comm_seconds = ps.comm_seconds;
   total.comm_bytes = ps.comm_bytes;
   if (ep > 1) {

@@ -185,6 +185,7 @@ std::string EncodeRankResult(const absl::Status& status, const RankStepResult& r
   w.PutVector(f.expert_rows);
   w.Put(f.comm_seconds);
   w.Put(f.comm_bytes);
+  w.PutVector(f.collective_spans);
   w.Put(res.a2a_bytes);
   w.Put(res.pp_bytes);
   w.Put(res.comm_seconds);
@@ -215,6 +216,7 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.GetVector(&f.expert_rows, "expert_rows"));
   RETURN_IF_ERROR(r.Get(&f.comm_seconds, "comm_seconds"));
   RETURN_IF_ERROR(r.Get(&f.comm_bytes, "comm_bytes"));
+  RETURN_IF_ERROR(r.GetVector(&f.collective_spans, "collective_spans"));
   RETURN_IF_ERROR(r.Get(&res->a2a_bytes, "a2a_bytes"));
   RETURN_IF_ERROR(r.Get(&res->pp_bytes, "pp_bytes"));
   RETURN_IF_ERROR(r.Get(&res->comm_seconds, "rank comm_seconds"));
@@ -248,6 +250,27 @@ absl::Status DecodeKvPieceReply(const std::string& bytes, std::string* data) {
   RETURN_IF_ERROR(r.GetString(data, "data"));
   RETURN_IF_ERROR(r.Done());
   return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+double AfterLastArrival(const std::vector<int64_t>& stage, const std::vector<RankStepResult>& results) {
+  std::map<int64_t, std::vector<const std::vector<double>*>> stages;
+  for (size_t r = 0; r < results.size(); ++r) stages[stage[r]].push_back(&results[r].stats.collective_spans);
+  double total = 0;
+  for (const auto& [stage, spans] : stages) {
+    const size_t n = spans.front()->size();
+    if (std::any_of(spans.begin(), spans.end(), [n](const std::vector<double>* s) { return s->size() != n; })) {
+      continue;
+    }
+    for (size_t k = 0; k + 1 < n; k += 2) {
+      double entry = 0, exit = 0;
+      for (const std::vector<double>* s : spans) {
+        entry = std::max(entry, (*s)[k]);
+        exit = std::max(exit, (*s)[k + 1]);
+      }
+      total += exit - entry;
+    }
+  }
+  return total;
 }
 
 }  // namespace moeserve

@@ -40,6 +40,12 @@ struct KvPieceOp {
 
 // A step for a worker: its sub-steps (one per micro-batch).
 std::string EncodeRankStep(const std::vector<SubStep>& subs);
+
+// The step's expert-parallel exchanges from the last rank's arrival to the last rank's exit,
+// summed over the calls of every stage (`stage[r]`, rank r's; the ranks of a stage make the same
+// calls in order, their ForwardStats::collective_spans). A stage whose ranks logged different
+// numbers of calls is left out.
+double AfterLastArrival(const std::vector<int64_t>& stage, const std::vector<RankStepResult>& results);
 std::string EncodeKvPieceOp(const KvPieceOp& op);
 // The message that ends a worker's loop.
 std::string EncodeShutdown();

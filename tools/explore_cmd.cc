@@ -57,7 +57,8 @@ Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
                    {"measured_tokens_per_second", p.measured_tokens_per_second}, {"error", p.error},
                    {"predicted_comm_us_per_token", p.predicted_comm_us_per_token},
                    {"measured_comm_us_per_token", p.measured_comm_us_per_token},
-                   {"measured_comm_min_us_per_token", p.measured_comm_min_us_per_token}});
+                   {"measured_comm_min_us_per_token", p.measured_comm_min_us_per_token},
+                   {"measured_comm_after_last_us_per_token", p.measured_comm_after_last_us_per_token}});
   }
   return out;
 }
@@ -68,14 +69,17 @@ void PrintMeasured(const std::vector<MeasuredPoint>& measured, const roofline::H
               hw.name.c_str());
   std::printf("(error: the measured decode step's time over the predicted one, less 1; comm: time in collectives and\n"
               " stage hand-offs per token: the slowest rank's, waiting for the others included, and the least-waiting\n"
-              " rank's, which comes nearest the communication alone)\n");
-  std::printf("%4s %4s %9s %9s | %14s %14s %8s | %16s %16s %16s\n", "ep", "pp", "ranks as", "sequences",
-              "predicted tok/s", "measured tok/s", "error", "comm us/tok pred", "comm us/tok meas", "least-waiting");
+              " rank's; after last: the expert-parallel exchanges from the last rank's arrival to their end, summed,\n"
+              " which no waiting enters: what the price of the all-to-all stands for)\n");
+  std::printf("%4s %4s %9s %9s | %14s %14s %8s | %16s %16s %16s %12s\n", "ep", "pp", "ranks as", "sequences",
+              "predicted tok/s", "measured tok/s", "error", "comm us/tok pred", "comm us/tok meas", "least-waiting",
+              "after last");
   for (const MeasuredPoint& p : measured) {
-    std::printf("%4lld %4lld %9s %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f %16.1f\n", static_cast<long long>(p.ep),
-                static_cast<long long>(p.pp), p.processes ? "processes" : "threads", static_cast<long long>(p.sequences),
-                p.predicted_tokens_per_second, p.measured_tokens_per_second, 100 * p.error,
-                p.predicted_comm_us_per_token, p.measured_comm_us_per_token, p.measured_comm_min_us_per_token);
+    std::printf("%4lld %4lld %9s %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f %16.1f %12.1f\n",
+                static_cast<long long>(p.ep), static_cast<long long>(p.pp), p.processes ? "processes" : "threads",
+                static_cast<long long>(p.sequences), p.predicted_tokens_per_second, p.measured_tokens_per_second,
+                100 * p.error, p.predicted_comm_us_per_token, p.measured_comm_us_per_token,
+                p.measured_comm_min_us_per_token, p.measured_comm_after_last_us_per_token);
   }
 }
 

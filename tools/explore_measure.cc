@@ -53,7 +53,7 @@ absl::StatusOr<RunPlan> PlanRun(const MeasureOptions& o, const roofline::Paralle
 
 // The medians of the decode steps that ran all `sequences` (no prefill), as a point.
 struct DecodeSteps {
-  std::vector<double> observed, predicted, comm, comm_min, predicted_comm;
+  std::vector<double> observed, predicted, comm, comm_min, comm_after_last, predicted_comm;
 };
 absl::StatusOr<MeasuredPoint> ToPoint(const roofline::ParallelLayout& layout, int64_t sequences, const DecodeSteps& d) {
   if (d.observed.empty()) {
@@ -72,6 +72,7 @@ absl::StatusOr<MeasuredPoint> ToPoint(const roofline::ParallelLayout& layout, in
   p.error = p.predicted_step_seconds > 0 ? p.measured_step_seconds / p.predicted_step_seconds - 1 : 0;
   p.measured_comm_us_per_token = 1e6 * Median(d.comm) / static_cast<double>(sequences);
   p.measured_comm_min_us_per_token = 1e6 * Median(d.comm_min) / static_cast<double>(sequences);
+  p.measured_comm_after_last_us_per_token = 1e6 * Median(d.comm_after_last) / static_cast<double>(sequences);
   p.predicted_comm_us_per_token = 1e6 * Median(d.predicted_comm) / static_cast<double>(sequences);
   return p;
 }
@@ -115,6 +116,7 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
     d.predicted.push_back(s.predicted_seconds);
     d.comm.push_back(s.comm_seconds);
     d.comm_min.push_back(s.comm_min_seconds);
+    d.comm_after_last.push_back(s.comm_after_last_seconds);
     d.predicted_comm.push_back(s.predicted_comm_seconds);
   }
   return ToPoint(layout, sequences, d);
@@ -162,6 +164,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
     d.predicted.push_back(s["predicted_s"]["total"].get<double>());
     d.comm.push_back(s["observed_s"]["comm"].get<double>());
     d.comm_min.push_back(s["observed_s"]["comm_min"].get<double>());
+    d.comm_after_last.push_back(s["observed_s"]["comm_after_last"].get<double>());
     d.predicted_comm.push_back(s["predicted_s"]["comm"].get<double>());
   }
   ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));

@@ -43,6 +43,8 @@ struct MeasuredPoint {
   double error = 0;                   // measured / predicted step time - 1
   double measured_comm_us_per_token = 0;      // the slowest rank's, waits included
   double measured_comm_min_us_per_token = 0;  // the rank that waited least
+  // The expert-parallel exchanges from the last rank's arrival to their end: the price's match.
+  double measured_comm_after_last_us_per_token = 0;
   double predicted_comm_us_per_token = 0;
 };
 

@@ -57,6 +57,10 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
       // Every rank spends some time in the all-to-alls; the least-waiting one no more than the slowest.
       EXPECT_GT(ps.comm_min_seconds, 0) << Name(l);
       EXPECT_LE(ps.comm_min_seconds, ps.comm_seconds) << Name(l);
+      // The exchanges once every rank had arrived: some time, and no more than all the ranks'
+      // time in collectives together.
+      EXPECT_GT(ps.comm_after_last_seconds, 0) << Name(l);
+      EXPECT_LE(ps.comm_after_last_seconds, ps.comm_seconds * static_cast<double>(l.ep * l.pp)) << Name(l);
     }
     if (l.pp > 1) {
       EXPECT_GT(ps.pp_bytes, 0) << Name(l);

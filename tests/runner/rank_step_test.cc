@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 namespace moeserve {
@@ -92,6 +93,7 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   r.stats.tokens = 17;
   r.stats.expert_rows = RandomVector<int64_t>(gen, 8);
   r.stats.moe_seconds = 0.25;
+  r.stats.collective_spans = {100.25, 100.5, 101.0, 101.125};
   r.a2a_bytes = 123456;
   r.pp_bytes = 789;
   r.comm_seconds = 0.5;
@@ -103,6 +105,7 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   EXPECT_EQ(back.stats.tokens, 17);
   EXPECT_EQ(back.stats.expert_rows, r.stats.expert_rows);
   EXPECT_EQ(back.stats.moe_seconds, 0.25);
+  EXPECT_EQ(back.stats.collective_spans, r.stats.collective_spans);
   EXPECT_EQ(back.a2a_bytes, 123456);
   EXPECT_EQ(back.pp_bytes, 789);
   EXPECT_EQ(back.comm_seconds, 0.5);
@@ -140,6 +143,42 @@ TEST(RankStepTest, KvPieceCopiesRoundTripAndRefuseTruncation) {
   const absl::Status failed = absl::InvalidArgumentError("KV piece copy: block 99 outside the arena's 12");
   EXPECT_EQ(DecodeKvPieceReply(EncodeKvPieceReply(failed, ""), &data), failed);
   EXPECT_EQ(DecodeKvPieceReply(bytes, &data).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Against a brute-force reading of random spans: per stage and call, the last arrival to the last
+// exit; a stage whose ranks logged different numbers of calls is left out.
+TEST(RankStepTest, AfterLastArrivalSumsEachCallFromItsLastArrivalToItsLastExit) {
+  std::mt19937 gen(std::random_device{}());
+  std::uniform_real_distribution<double> u(0, 1);
+  const std::vector<int64_t> stage = {0, 0, 0, 1, 1, 1};
+  std::vector<RankStepResult> results(stage.size());
+  const int calls = 5;
+  double want = 0;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int k = 0; k < calls; ++k) {
+      double last_in = 0, last_out = 0;
+      for (size_t r = 0; r < stage.size(); ++r) {
+        if (stage[r] != s) continue;
+        const double in = 10.0 * k + u(gen), out = in + u(gen);
+        results[r].stats.collective_spans.push_back(in);
+        results[r].stats.collective_spans.push_back(out);
+        last_in = std::max(last_in, in);
+        last_out = std::max(last_out, out);
+      }
+      want += last_out - last_in;
+    }
+  }
+  EXPECT_NEAR(AfterLastArrival(stage, results), want, 1e-9);
+  // A rank of stage 1 that logged one call more: stage 1 is left out, stage 0 stays.
+  double stage0 = 0;
+  {
+    std::vector<RankStepResult> only0(results.begin(), results.begin() + 3);
+    stage0 = AfterLastArrival({0, 0, 0}, only0);
+  }
+  results[4].stats.collective_spans.push_back(99);
+  results[4].stats.collective_spans.push_back(100);
+  EXPECT_NEAR(AfterLastArrival(stage, results), stage0, 1e-9);
+  EXPECT_GT(stage0, 0);
 }
 
 TEST(RankStepTest, MalformedMessagesAreRefusedNamingTheField) {

@@ -75,6 +75,7 @@ TEST(StepFieldsTest, TheSummaryCarriesTheRecordInItsUnits) {
   EXPECT_DOUBLE_EQ(s.flops(), r.flops);
   EXPECT_DOUBLE_EQ(s.comm_ms(), r.comm_seconds * 1e3);
   EXPECT_DOUBLE_EQ(s.comm_min_ms(), r.comm_min_seconds * 1e3);
+  EXPECT_DOUBLE_EQ(s.comm_after_last_ms(), r.comm_after_last_seconds * 1e3);
   EXPECT_EQ(s.comm_bytes(), r.comm_bytes_observed);
   EXPECT_DOUBLE_EQ(s.predicted_comm_ms(), r.predicted_comm_seconds * 1e3);
   EXPECT_DOUBLE_EQ(s.expert_imbalance(), r.expert_imbalance);
@@ -108,6 +109,7 @@ TEST(StepFieldsTest, TheTraceLineHoldsEveryFieldAtItsPath) {
   EXPECT_EQ(o["sampling"], r.sampling_seconds);
   EXPECT_EQ(o["comm"], r.comm_seconds);
   EXPECT_EQ(o["comm_min"], r.comm_min_seconds);
+  EXPECT_EQ(o["comm_after_last"], r.comm_after_last_seconds);
   EXPECT_EQ(o["transfer"], r.transfer_seconds);
   EXPECT_EQ(j["flops"], r.flops);
   const auto& b = j["bytes"];
@@ -131,7 +133,7 @@ TEST(StepFieldsTest, TheTraceLineHoldsEveryFieldAtItsPath) {
   EXPECT_DOUBLE_EQ(j["observed_over_predicted"].get<double>(), r.duration_seconds / r.predicted_seconds);
   // Nothing else: 15 top-level values besides the 3 groups and the ratio.
   EXPECT_EQ(j.size(), 15u + 3u + 1u) << j.dump();
-  EXPECT_EQ(o.size(), 8u);
+  EXPECT_EQ(o.size(), 9u);
   EXPECT_EQ(b.size(), 6u);
   EXPECT_EQ(p.size(), 6u);
 }
