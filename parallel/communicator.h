@@ -22,7 +22,8 @@ struct CommStats {
 // p sends, and every rank returns the same error before any data moves (under MPI, two more
 // exchanges before the data: a decode step's all-to-all is latency-bound, so they triple it).
 // kAgreed: the caller vouches for them: they come from an AllToAllCounts on this group, as the
-// expert dispatch's do; a call that breaks this is not caught across ranks.
+// expert dispatch's do; a call that breaks this is not caught across ranks. (NCCL never checks:
+// its counts are always the caller's word.)
 enum class Counts { kChecked, kAgreed };
 
 class Communicator {
@@ -33,7 +34,8 @@ class Communicator {
 
   // Each rank sends send_counts[p] bytes to peer p and receives recv_counts[p] bytes from it;
   // both buffers are packed in peer order. Zero counts are allowed. recv_counts[p] must equal
-  // what p sends to this rank (with kChecked, INVALID_ARGUMENT otherwise, on every rank).
+  // what p sends to this rank (with kChecked, INVALID_ARGUMENT otherwise, on every rank; MPI and
+  // in-process groups).
   virtual absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                 const std::vector<int64_t>& recv_counts, Counts counts) = 0;
   // Exchanges counts themselves, m per peer (send_counts holds size() * m, peer p's m at p * m;

@@ -72,6 +72,9 @@ class SingleDeviceExecutor final : public Executor {
       return absl::InternalError("one device runs a step of one part");
     }
     const SubStep& sub = step.parts[0][0];
+    if (static_cast<int64_t>(sub.logit_dest.size()) != step.num_logit_rows) {
+      return absl::InternalError("one device's part lacks some of the step's logit rows");
+    }
     for (size_t r = 0; r < sub.logit_dest.size(); ++r) {
       if (sub.logit_dest[r] != static_cast<int64_t>(r)) return absl::InternalError("one device's logit rows out of order");
     }

@@ -200,6 +200,7 @@ class ParallelExecutor final : public Executor {
   bool lost_ = false;
   std::string lost_why_;  // what lost it
   bool bf16_dispatch_ = false;
+  uint64_t clock_id_ = MachineClockId();  // whose steady clock this process's spans read
 };
 
 }  // namespace moeserve

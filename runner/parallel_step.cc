@@ -43,6 +43,7 @@ absl::Status ParallelExecutor::CheckStep(const StepParts& step) const {
   if (step.parts.size() != static_cast<size_t>(config_.ep)) {
     return absl::InvalidArgumentError(absl::StrCat("parallel step: ", step.parts.size(), " parts for ep ", config_.ep));
   }
+  RETURN_IF_ERROR(CheckLogitRows(step));
   for (int64_t e = 0; e < config_.ep; ++e) {
     if (step.parts[e].size() != micro) {
       return absl::InvalidArgumentError(
@@ -104,6 +105,7 @@ absl::Status ParallelExecutor::RunRank(size_t i, const std::vector<SubStep>& sub
   out->a2a_bytes = epc.bytes_sent - ep_before.bytes_sent;
   out->pp_bytes = ppc.bytes_sent - pp_before.bytes_sent;
   out->comm_seconds = (epc.seconds - ep_before.seconds) + (ppc.seconds - pp_before.seconds);
+  out->clock_id = clock_id_;
   return absl::OkStatus();
 }
 

@@ -1,7 +1,12 @@
-// Rank step messages: little-endian fields in a fixed order, every vector with its length.
+// Rank step messages: little-endian fields in a fixed order, every vector with its length; and the
+// step's exchanges after the last arrival, read from the ranks' results.
 #include "runner/rank_step.h"
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +194,7 @@ std::string EncodeRankResult(const absl::Status& status, const RankStepResult& r
   w.Put(res.a2a_bytes);
   w.Put(res.pp_bytes);
   w.Put(res.comm_seconds);
+  w.Put(res.clock_id);
   w.PutVector(res.logits);
   w.PutVector(res.sampled);
   return w.Take();
@@ -220,6 +226,7 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.Get(&res->a2a_bytes, "a2a_bytes"));
   RETURN_IF_ERROR(r.Get(&res->pp_bytes, "pp_bytes"));
   RETURN_IF_ERROR(r.Get(&res->comm_seconds, "rank comm_seconds"));
+  RETURN_IF_ERROR(r.Get(&res->clock_id, "clock_id"));
   RETURN_IF_ERROR(r.GetVector(&res->logits, "logits"));
   RETURN_IF_ERROR(r.GetVector(&res->sampled, "sampled"));
   RETURN_IF_ERROR(r.Done());
@@ -252,11 +259,22 @@ absl::Status DecodeKvPieceReply(const std::string& bytes, std::string* data) {
   return absl::Status(static_cast<absl::StatusCode>(code), message);
 }
 
+uint64_t MachineClockId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) return 0;
+  return std::hash<std::string>()(id) | 1;  // never 0, which means unknown
+}
+
 double AfterLastArrival(const std::vector<int64_t>& stage, const std::vector<RankStepResult>& results) {
+  for (const RankStepResult& r : results) {
+    if (r.clock_id == 0 || r.clock_id != results.front().clock_id) return 0;  // not one clock
+  }
   std::map<int64_t, std::vector<const std::vector<double>*>> stages;
   for (size_t r = 0; r < results.size(); ++r) stages[stage[r]].push_back(&results[r].stats.collective_spans);
   double total = 0;
-  for (const auto& [stage, spans] : stages) {
+  for (const auto& entry : stages) {
+    const std::vector<const std::vector<double>*>& spans = entry.second;
     const size_t n = spans.front()->size();
     if (std::any_of(spans.begin(), spans.end(), [n](const std::vector<double>* s) { return s->size() != n; })) {
       continue;

@@ -26,6 +26,8 @@ struct RankStepResult {
   int64_t a2a_bytes = 0;         // sent by this rank inside the MoE layers
   int64_t pp_bytes = 0;          // sent by this rank to the next stage
   double comm_seconds = 0;       // inside collectives and send/recv, waiting included
+  // Whose steady clock stats.collective_spans read: MachineClockId() of the rank's machine.
+  uint64_t clock_id = 0;
   std::vector<float> logits;     // last stage, logits_to_host: its sub-steps' logit rows in order
   std::vector<int32_t> sampled;  // last stage, with sampling: their tokens
 };
@@ -41,10 +43,15 @@ struct KvPieceOp {
 // A step for a worker: its sub-steps (one per micro-batch).
 std::string EncodeRankStep(const std::vector<SubStep>& subs);
 
+// This machine's steady clock, named: a hash of the kernel's boot id (the same for every process
+// and network namespace of one boot; 0 where it cannot be read).
+uint64_t MachineClockId();
+
 // The step's expert-parallel exchanges from the last rank's arrival to the last rank's exit,
 // summed over the calls of every stage (`stage[r]`, rank r's; the ranks of a stage make the same
 // calls in order, their ForwardStats::collective_spans). A stage whose ranks logged different
-// numbers of calls is left out.
+// numbers of calls, or whose clocks are not one machine's (RankStepResult::clock_id differs or
+// is unknown), is left out: 0 across real hosts.
 double AfterLastArrival(const std::vector<int64_t>& stage, const std::vector<RankStepResult>& results);
 std::string EncodeKvPieceOp(const KvPieceOp& op);
 // The message that ends a worker's loop.

@@ -79,7 +79,19 @@ SubStep& StepWriter::Current() {
   return out_.parts[s.rank][s.micro];
 }
 
+StepWriter::Seq* StepWriter::Active(const char* what) {
+  if (next_ == 0 || !misuse_.empty()) {
+    if (misuse_.empty()) misuse_ = absl::StrCat(what, " before any sequence");
+    return nullptr;
+  }
+  return &seqs_[next_ - 1];
+}
+
 void StepWriter::BeginSequence(std::span<const int32_t> blocks) {
+  if (next_ == static_cast<int64_t>(seqs_.size())) {
+    if (misuse_.empty()) misuse_ = absl::StrCat("sequence ", next_ + 1, " of ", seqs_.size(), " announced");
+    return;
+  }
   Seq& s = seqs_[next_++];
   s.blocks.assign(blocks.begin(), blocks.end());
   ++Current().in.num_seqs;
@@ -87,7 +99,9 @@ void StepWriter::BeginSequence(std::span<const int32_t> blocks) {
 }
 
 void StepWriter::AddToken(int32_t token, int32_t position) {
-  Seq& s = seqs_[next_ - 1];
+  Seq* active = Active("a token");
+  if (active == nullptr) return;
+  Seq& s = *active;
   ForwardInput& in = Current().in;
   const int64_t bs = cut_.block_size, b = position / bs;
   s.reach = std::max(s.reach, b + 1);
@@ -96,10 +110,14 @@ void StepWriter::AddToken(int32_t token, int32_t position) {
   in.positions.push_back(position);
   in.token_seq.push_back(static_cast<int32_t>(s.local));
   in.slots.push_back(block * bs + position % bs);
+  ++s.tokens;
   ++out_.num_tokens;
 }
 
 int32_t StepWriter::AddLogitRow(int64_t dest, const SampleSpec* spec) {
+  Seq* s = Active("a logit row");
+  if (s != nullptr && s->tokens == 0 && misuse_.empty()) misuse_ = "a logit row before the sequence's first token";
+  if (!misuse_.empty()) return 0;
   SubStep& sub = Current();
   sub.in.logit_rows.push_back(static_cast<int32_t>(sub.in.token_ids.size() - 1));
   sub.logit_dest.push_back(dest);
@@ -113,9 +131,13 @@ int32_t StepWriter::AddLogitRow(int64_t dest, const SampleSpec* spec) {
   return static_cast<int32_t>(sub.in.logit_rows.size() - 1);
 }
 
-std::vector<LogitEdit>* StepWriter::edits() { return &Current().in.logit_edits; }
+std::vector<LogitEdit>* StepWriter::edits() {
+  // Out of order, the edits go nowhere that is read (Finish refuses the step).
+  return Active("edits") != nullptr ? &Current().in.logit_edits : &discarded_edits_;
+}
 
 absl::StatusOr<StepParts> StepWriter::Finish() {
+  if (!misuse_.empty()) return absl::InvalidArgumentError(absl::StrCat("step: ", misuse_));
   if (next_ != static_cast<int64_t>(seqs_.size())) {
     return absl::InternalError(absl::StrCat("step: ", seqs_.size(), " sequences announced, ", next_, " written"));
   }
@@ -151,6 +173,29 @@ absl::StatusOr<StepParts> StepWriter::Finish() {
     for (SubStep& sub : rank) sub.in.logits_to_host = logits_to_host_;
   }
   return std::move(out_);
+}
+
+absl::Status CheckLogitRows(const StepParts& step) {
+  std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(step.num_logit_rows, 0)), false);
+  for (const auto& rank : step.parts) {
+    for (const SubStep& sub : rank) {
+      if (sub.logit_dest.size() != sub.in.logit_rows.size() ||
+          sub.in.sample.size() != (step.sampling ? sub.in.logit_rows.size() : 0)) {
+        return absl::InvalidArgumentError("step: a part's logit rows, destinations and sampling specs disagree");
+      }
+      for (int64_t d : sub.logit_dest) {
+        if (d < 0 || d >= step.num_logit_rows || seen[d]) {
+          return absl::InvalidArgumentError(absl::StrCat("step: logit row destination ", d, " out of range or repeated (",
+                                                         step.num_logit_rows, " rows)"));
+        }
+        seen[d] = true;
+      }
+    }
+  }
+  if (std::find(seen.begin(), seen.end(), false) != seen.end()) {
+    return absl::InvalidArgumentError("step: a logit row destination is never written");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepParts> CutStep(const ForwardInput& flat, const StepCut& cut) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,7 +59,9 @@ class StepWriter {
   void RequestLogitsToHost() { logits_to_host_ = true; }
 
   // The block tables, in each arena's ids. INVALID_ARGUMENT, naming the sequence, where its
-  // blocks leave its rank's segment, or its tokens reach past its blocks.
+  // blocks leave its rank's segment, or its tokens reach past its blocks; also where the calls
+  // broke the order above (more sequences than announced, a token before any sequence, a logit
+  // row before the sequence's first token).
   absl::StatusOr<StepParts> Finish();
 
  private:
@@ -66,8 +69,11 @@ class StepWriter {
     int64_t rank = 0, micro = 0, local = 0;  // where it goes, and its index there
     std::vector<int32_t> blocks;
     int64_t reach = 0;  // blocks its tokens reach
+    int64_t tokens = 0;
   };
   SubStep& Current();
+  // The current sequence, or null (noting the misuse `what` for Finish) before the first.
+  Seq* Active(const char* what);
 
   const StepCut& cut_;
   std::vector<Seq> seqs_;
@@ -75,7 +81,13 @@ class StepWriter {
   StepParts out_;
   bool logits_to_host_ = false;
   int64_t with_spec_ = 0, without_spec_ = 0;
+  std::string misuse_;  // the first call out of order
+  std::vector<LogitEdit> discarded_edits_;
 };
+
+// Every logit row of `step` has one destination, each of 0 .. num_logit_rows - 1 exactly once,
+// and a sampling spec exactly when step.sampling: what gathering the outputs relies on.
+absl::Status CheckLogitRows(const StepParts& step);
 
 // A flat step (one ForwardInput, as one device runs it) written through a StepWriter: a
 // sequence's rank is the one its first block's segment belongs to; logit rows keep their order.

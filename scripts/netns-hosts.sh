@@ -54,25 +54,34 @@ parse_common() {
     die "--subnet: 10.77.X with X 0-255 (this project's test network), got '$SUBNET'"
 }
 
-# Where `up` keeps the delay line's pid, readiness and log.
-state_dir() { echo "${TMPDIR:-/tmp}/moeserve-netns-${PREFIX}"; }
+# Where `up` keeps the delay line's pid, binary, readiness and log: root's, one per prefix.
+state_dir() { echo "/run/moeserve-netns-${PREFIX}"; }
+
+# Whether `pid` still runs the delay line binary `up` recorded (not a recycled pid).
+is_delay_line() {
+  local pid="$1" bin
+  bin="$(cat "$(state_dir)/delay-line.bin" 2>/dev/null)" || return 1
+  [ -n "$bin" ] && [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$bin" ]
+}
 
 stop_delay_line() {
   local pidfile pid i
   pidfile="$(state_dir)/delay-line.pid"
   if [ -f "$pidfile" ]; then
     pid="$(cat "$pidfile")"
-    if grep -qa moeserve-delay-line "/proc/$pid/cmdline" 2>/dev/null; then
+    if is_delay_line "$pid"; then
       kill "$pid" 2>/dev/null || true
-      for ((i = 0; i < 30; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null || true
+      for ((i = 0; i < 30; i++)); do is_delay_line "$pid" || break; sleep 0.1; done
+      if is_delay_line "$pid"; then kill -9 "$pid" 2>/dev/null || true; fi
     fi
   fi
   rm -rf "$(state_dir)"
 }
 
-# Whether this kernel has the netem qdisc (tried on a throwaway veth pair).
+# Whether this kernel has the netem qdisc (tried on a throwaway veth pair; one an interrupted
+# run left behind is removed first).
 has_netem() {
+  ip link del "${PREFIX}probe" 2>/dev/null || true
   ip link add "${PREFIX}probe" type veth peer name "${PREFIX}probe1" 2>/dev/null || return 1
   local ok=1
   tc qdisc add dev "${PREFIX}probe" root netem delay 1us 2>/dev/null && ok=0
@@ -95,10 +104,15 @@ delay_us() {
 start_delay_line() {
   local n="$1" us bin dir i
   us="$(delay_us "$DELAY")" || die "--delay: '$DELAY' is not a time (e.g. 100us, 1ms)"
+  if [ "$us" -eq 0 ] && ! [[ "$DELAY" =~ ^0+(\.0+)?[a-z]*$ ]]; then
+    die "--delay: '$DELAY' rounds to 0 us; the delay line holds packets for whole microseconds"
+  fi
   bin="${MOESERVE_DELAY_LINE:-$(cd "$(dirname "$0")/.." && pwd)/build/tools/moeserve-delay-line}"
   [ -x "$bin" ] || die "--delay: this kernel has no netem, and the delay line $bin is not built (scripts/build.sh)"
   dir="$(state_dir)"
-  mkdir -p "$dir"
+  rm -rf "$dir"
+  mkdir -m 700 "$dir"
+  readlink -f "$bin" >"$dir/delay-line.bin"
   setsid "$bin" --prefix "$PREFIX" --namespaces "$n" --subnet "$SUBNET" --delay-us "$us" \
     --ready-file "$dir/ready" </dev/null >"$dir/delay-line.log" 2>&1 &
   echo $! >"$dir/delay-line.pid"
@@ -112,6 +126,7 @@ start_delay_line() {
 
 down() {
   stop_delay_line
+  ip link del "${PREFIX}probe" 2>/dev/null || true
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" || true); do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true

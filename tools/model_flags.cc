@@ -92,8 +92,9 @@ absl::Status ResolveKvDtype(const ModelSpec& model, std::string* kv_dtype) {
     }
     computed = config->torch_dtype;
   }
-  // f16 weights are kept in f32; FP8 ones compute in bf16.
-  *kv_dtype = computed == DType::kF32 || computed == DType::kF16 ? "f32" : "bf16";
+  // f16 weights are kept in f32; FP8 ones (a checkpoint's, or --quantization fp8) compute in bf16.
+  const bool fp8 = model.quantization == "fp8";
+  *kv_dtype = !fp8 && (computed == DType::kF32 || computed == DType::kF16) ? "f32" : "bf16";
   return absl::OkStatus();
 }
 

@@ -97,6 +97,7 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   r.a2a_bytes = 123456;
   r.pp_bytes = 789;
   r.comm_seconds = 0.5;
+  r.clock_id = 0x1234567890abcdefu;
   r.logits.resize(3 * 7);
   for (auto& x : r.logits) x = std::normal_distribution<float>()(gen);
   r.sampled = RandomVector<int32_t>(gen, 3);
@@ -109,6 +110,7 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   EXPECT_EQ(back.a2a_bytes, 123456);
   EXPECT_EQ(back.pp_bytes, 789);
   EXPECT_EQ(back.comm_seconds, 0.5);
+  EXPECT_EQ(back.clock_id, r.clock_id);
   EXPECT_EQ(back.logits, r.logits);
   EXPECT_EQ(back.sampled, r.sampled);
   const absl::Status failed = absl::ResourceExhaustedError("rank 3 KV arena: out of memory");
@@ -152,6 +154,8 @@ TEST(RankStepTest, AfterLastArrivalSumsEachCallFromItsLastArrivalToItsLastExit) 
   std::uniform_real_distribution<double> u(0, 1);
   const std::vector<int64_t> stage = {0, 0, 0, 1, 1, 1};
   std::vector<RankStepResult> results(stage.size());
+  for (RankStepResult& r : results) r.clock_id = MachineClockId();
+  ASSERT_NE(MachineClockId(), 0u) << "this machine's boot id cannot be read";
   const int calls = 5;
   double want = 0;
   for (int64_t s = 0; s < 2; ++s) {
@@ -179,6 +183,11 @@ TEST(RankStepTest, AfterLastArrivalSumsEachCallFromItsLastArrivalToItsLastExit) 
   results[4].stats.collective_spans.push_back(100);
   EXPECT_NEAR(AfterLastArrival(stage, results), stage0, 1e-9);
   EXPECT_GT(stage0, 0);
+  // Ranks on another machine's clock (another boot id), or on an unknown one: nothing is read.
+  results[1].clock_id ^= 2;
+  EXPECT_EQ(AfterLastArrival(stage, results), 0);
+  results[1].clock_id = 0;
+  EXPECT_EQ(AfterLastArrival(stage, results), 0);
 }
 
 TEST(RankStepTest, MalformedMessagesAreRefusedNamingTheField) {

@@ -175,5 +175,24 @@ TEST(StepPartsTest, BlocksOutsideTheRanksSegmentOrTokensPastTheTableAreRefused) 
       << short_table.status();
 }
 
+TEST(StepPartsTest, CallsOutOfOrderAreRefusedByFinish) {
+  const StepCut cut = StepCut::One(8, kBlock);
+  const std::vector<int32_t> blocks = {0, 1};
+  const SampleSpec spec;
+  auto message = [](StepWriter& w) { return std::string(w.Finish().status().message()); };
+  StepWriter early(cut, {0});
+  early.AddToken(1, 0);
+  EXPECT_NE(message(early).find("a token before any sequence"), std::string::npos);
+  StepWriter extra(cut, {0});
+  extra.BeginSequence(blocks);
+  extra.AddToken(1, 0);
+  extra.BeginSequence(blocks);
+  EXPECT_NE(message(extra).find("sequence 2 of 1 announced"), std::string::npos);
+  StepWriter row(cut, {0});
+  row.BeginSequence(blocks);
+  row.AddLogitRow(0, &spec);
+  EXPECT_NE(message(row).find("a logit row before the sequence's first token"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moeserve
