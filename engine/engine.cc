@@ -52,12 +52,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
     engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);
   }
   // The batch builder writes each sequence into the part of its pool segment's rank.
-  const StepCut& cut = engine->executor_->cut();
-  for (int64_t s = 0; s <= engine->pool_.num_segments(); ++s) {
-    const int64_t begin = s < engine->pool_.num_segments() ? engine->pool_.segment_begin(s) : engine->pool_.num_blocks();
-    if (cut.ranks() != engine->pool_.num_segments() || cut.segment_begin[s] != begin) {
-      return absl::InternalError("engine: the executor's step cut is not the block pool's segments");
-    }
+  std::vector<int64_t> segments;
+  for (int64_t g = 0; g < engine->pool_.num_segments(); ++g) segments.push_back(engine->pool_.segment_begin(g));
+  segments.push_back(engine->pool_.num_blocks());
+  if (engine->executor_->cut().segment_begin != segments) {
+    return absl::InternalError("engine: the executor's step cut is not the block pool's segments");
   }
   RETURN_IF_ERROR(engine->trace_.Open(config.trace_jsonl, config.trace_chrome));
   if (config.kv_tiers.enabled()) {

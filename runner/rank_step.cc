@@ -37,6 +37,11 @@ class Writer {
     Put<uint64_t>(s.size());
     out_.append(s);
   }
+  // A reply's status: its code and message.
+  void PutStatus(const absl::Status& status) {
+    Put<int32_t>(static_cast<int32_t>(status.code()));
+    PutString(std::string(status.message()));
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -69,6 +74,19 @@ class Reader {
     if (n > in_.size() - pos_) return Truncated(field);
     s->assign(in_.data() + pos_, n);
     pos_ += n;
+    return absl::OkStatus();
+  }
+  // A reply's status (PutStatus), refused when its code is not one absl knows; `what` names the
+  // message in that error.
+  absl::Status GetStatus(absl::Status* status, const char* what) {
+    int32_t code = 0;
+    std::string message;
+    RETURN_IF_ERROR(Get(&code, "status code"));
+    RETURN_IF_ERROR(GetString(&message, "status message"));
+    if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": status code ", code));
+    }
+    *status = absl::Status(static_cast<absl::StatusCode>(code), message);
     return absl::OkStatus();
   }
   absl::Status Done() const {
@@ -178,8 +196,7 @@ absl::StatusOr<WorkerMessage> DecodeWorkerMessage(const std::string& bytes, std:
 std::string EncodeRankResult(const absl::Status& status, const RankStepResult& res) {
   Writer w;
   w.Put(kResultMagic);
-  w.Put<int32_t>(static_cast<int32_t>(status.code()));
-  w.PutString(std::string(status.message()));
+  w.PutStatus(status);
   const ForwardStats& f = res.stats;
   w.Put(f.tokens);
   w.Put(f.experts_hit);
@@ -205,13 +222,8 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   uint32_t magic = 0;
   RETURN_IF_ERROR(r.Get(&magic, "magic"));
   if (magic != kResultMagic) return absl::InvalidArgumentError("rank result message: bad magic");
-  int32_t code = 0;
-  std::string message;
-  RETURN_IF_ERROR(r.Get(&code, "status code"));
-  RETURN_IF_ERROR(r.GetString(&message, "status message"));
-  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::InvalidArgumentError(absl::StrCat("rank result message: status code ", code));
-  }
+  absl::Status status;
+  RETURN_IF_ERROR(r.GetStatus(&status, "rank result message"));
   ForwardStats& f = res->stats;
   RETURN_IF_ERROR(r.Get(&f.tokens, "tokens"));
   RETURN_IF_ERROR(r.Get(&f.experts_hit, "experts_hit"));
@@ -230,14 +242,13 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.GetVector(&res->logits, "logits"));
   RETURN_IF_ERROR(r.GetVector(&res->sampled, "sampled"));
   RETURN_IF_ERROR(r.Done());
-  return absl::Status(static_cast<absl::StatusCode>(code), message);
+  return status;
 }
 
 std::string EncodeKvPieceReply(const absl::Status& status, const std::string& data) {
   Writer w;
   w.Put(kKvReplyMagic);
-  w.Put<int32_t>(static_cast<int32_t>(status.code()));
-  w.PutString(std::string(status.message()));
+  w.PutStatus(status);
   w.PutString(data);
   return w.Take();
 }
@@ -247,16 +258,11 @@ absl::Status DecodeKvPieceReply(const std::string& bytes, std::string* data) {
   uint32_t magic = 0;
   RETURN_IF_ERROR(r.Get(&magic, "magic"));
   if (magic != kKvReplyMagic) return absl::InvalidArgumentError("KV piece reply: bad magic");
-  int32_t code = 0;
-  std::string message;
-  RETURN_IF_ERROR(r.Get(&code, "status code"));
-  RETURN_IF_ERROR(r.GetString(&message, "status message"));
-  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::InvalidArgumentError(absl::StrCat("KV piece reply: status code ", code));
-  }
+  absl::Status status;
+  RETURN_IF_ERROR(r.GetStatus(&status, "KV piece reply"));
   RETURN_IF_ERROR(r.GetString(data, "data"));
   RETURN_IF_ERROR(r.Done());
-  return absl::Status(static_cast<absl::StatusCode>(code), message);
+  return status;
 }
 
 uint64_t MachineClockId() {

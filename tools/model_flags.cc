@@ -1,6 +1,5 @@
 // Flags shared by several commands: the model to load, and integer lists.
 #include <algorithm>
-#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -80,12 +79,7 @@ absl::Status ResolveKvDtype(const ModelSpec& model, std::string* kv_dtype) {
   if (model.dtype) {
     computed = *model.dtype;
   } else {
-    namespace fs = std::filesystem;
-    auto config = model.model_dir.empty()
-                      ? PresetConfig(model.preset)
-                      : ModelConfig::FromFile(fs::path(model.model_dir).extension() == ".json"
-                                                  ? model.model_dir
-                                                  : model.model_dir + "/config.json");
+    auto config = LoadModelConfig(model);
     if (!config.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(model.model_dir.empty() ? "--preset: " : "--model: ", config.status().message()));
