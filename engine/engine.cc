@@ -296,7 +296,7 @@ absl::StatusOr<bool> Engine::Step() {
   BookReceipts(out, batch->step.num_seqs, timing.duration_seconds, timing.transfer_seconds,
                static_cast<double>(kv_.layout().BlockBytes()), lookup_);
   const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
-                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.ep_domain_size,
+                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.domain_size,
                                                      false, config_.parallel.micro_batches},
                             config_.efficiency};
   StepRecord rec = AccountStep(out, *batch, run, timing, pricing);

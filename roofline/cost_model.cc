@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace moeserve::roofline {
 
 ModelCosts ModelCosts::From(const ModelConfig& c, const std::string& weight_dtype, const std::string& kv_dtype) {
@@ -94,6 +96,23 @@ double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const Paral
 
 namespace {
 
+// Pipeline parallelism: `tokens` rows cross each of the pp - 1 stage boundaries once, over the
+// scale-out network where the two stages sit in different domains.
+void AddHandOffs(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
+                 StepCost* c) {
+  if (layout.pp <= 1 || hw.interconnect_bandwidth <= 0) return;
+  const double bytes = tokens * m.hidden * m.act_bytes;
+  const double out = static_cast<double>(layout.CrossDomainHandOffs());
+  const double in = static_cast<double>(layout.pp - 1) - out;
+  const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
+  const double out_latency = std::max(hw.interconnect_latency, hw.scale_out_latency);
+  c->comm_bytes += (in + out) * bytes;
+  c->scale_out_bytes += out * bytes;
+  c->comm_latency_seconds += in * hw.interconnect_latency + out * out_latency;
+  c->comm_seconds +=
+      in * (bytes / hw.interconnect_bandwidth + hw.interconnect_latency) + out * (bytes / out_bw + out_latency);
+}
+
 // The layout's traffic between devices, priced as α + bytes/β per link kind.
 void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
                       StepCost* c) {
@@ -103,7 +122,7 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
   // domain) or the scale-out network (to other domains), all devices sending at once and both
   // links busy together, so the slower of the two sets the time.
   if (layout.ep > 1 && hw.interconnect_bandwidth > 0) {
-    const double d = layout.ep_domain_size > 0 ? static_cast<double>(std::min(layout.ep_domain_size, layout.ep)) : ep;
+    const double d = static_cast<double>(layout.EpDomain());
     // Rows out to their experts, then their results back.
     const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
     const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
@@ -123,17 +142,32 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
     c->comm_latency_seconds += calls * latency;
     c->comm_seconds += seconds + calls * latency;
   }
-  // Pipeline parallelism: activations cross each stage boundary once.
-  if (layout.pp > 1 && hw.interconnect_bandwidth > 0) {
-    const double pp_bytes = (static_cast<double>(layout.pp) - 1) * tokens * m.hidden * m.act_bytes;
-    c->comm_bytes += pp_bytes;
-    const double hand_offs = static_cast<double>(layout.pp) - 1;
-    c->comm_latency_seconds += hand_offs * hw.interconnect_latency;
-    c->comm_seconds += pp_bytes / hw.interconnect_bandwidth + hand_offs * hw.interconnect_latency;
-  }
+  AddHandOffs(m, hw, layout, tokens, c);
 }
 
 }  // namespace
+
+int64_t ParallelLayout::CrossDomainHandOffs() const {
+  if (domain_size <= 0) return 0;
+  int64_t out = 0;
+  for (int64_t s = 1; s < pp; ++s) {
+    bool crosses = false;  // rank e of stage s - 1 hands its rows to rank e of stage s
+    for (int64_t e = 0; e < ep && !crosses; ++e) crosses = ((s - 1) * ep + e) / domain_size != (s * ep + e) / domain_size;
+    out += crosses ? 1 : 0;
+  }
+  return out;
+}
+
+absl::Status CheckDomainSize(const ParallelLayout& l, const char* flag) {
+  const int64_t d = l.domain_size;
+  if (d == 0) return absl::OkStatus();
+  if (d < 0 || d > l.devices() || (l.ep % d != 0 && d % l.ep != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " must be 0 (one domain) or a size in [1, ", l.devices(),
+                                                   "] (ep x pp) that divides ep ", l.ep,
+                                                   " or that ep divides, got ", d));
+  }
+  return absl::OkStatus();
+}
 
 StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const HardwareProfile& hw,
                      const ParallelLayout& layout, const Efficiency& eff) {
@@ -225,11 +259,13 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
   const size_t n = shape.seqs.size();
   const size_t micro = static_cast<size_t>(layout.micro_batches > 0 ? layout.micro_batches : layout.pp);
   PipelinedSeconds total, longest;
+  double largest = 0;  // tokens of the largest micro-batch
   for (size_t i = 0; i < micro; ++i) {
     StepShape mb = shape;
     mb.seqs.assign(shape.seqs.begin() + static_cast<long>(n * i / micro),
                    shape.seqs.begin() + static_cast<long>(n * (i + 1) / micro));
     if (mb.seqs.empty()) continue;
+    largest = std::max(largest, static_cast<double>(mb.Tokens()));
     mb.experts_hit = -1;  // the expectation for this micro-batch's tokens
     mb.transfer_bytes = 0;
     const StepCost c = PredictStep(stage, mb, hw, one_stage, eff);
@@ -238,8 +274,13 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
     longest.bound_seconds = std::max(longest.bound_seconds, c.bound_seconds);
     longest.seconds = std::max(longest.seconds, c.seconds);
   }
+  // The fill: pp - 1 more stage times, and the first micro-batch's pp - 1 hand-offs on the way
+  // (later hand-offs overlap the stages' work). The largest micro-batch's rows price each.
   const double fill = static_cast<double>(layout.pp - 1);
-  return {total.bound_seconds + fill * longest.bound_seconds, total.seconds + fill * longest.seconds};
+  StepCost hand;
+  AddHandOffs(m, hw, layout, largest, &hand);
+  return {total.bound_seconds + fill * longest.bound_seconds + hand.comm_seconds,
+          total.seconds + fill * longest.seconds + hand.comm_seconds};
 }
 
 }  // namespace moeserve::roofline

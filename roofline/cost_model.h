@@ -4,10 +4,12 @@
 // overlapped. docs/roofline.md derives it and states the assumptions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "models/model_config.h"
 #include "roofline/hardware.h"
 
@@ -49,13 +51,24 @@ const char* WeightDtypeName(const ModelConfig& c, DType stored);
 struct ParallelLayout {
   int64_t ep = 1;
   int64_t pp = 1;
-  // EP ranks per scale-up domain (0: all of them in one). All-to-all traffic between domains
-  // crosses the scale-out network (HardwareProfile::scale_out_bandwidth).
-  int64_t ep_domain_size = 0;
+  // Devices per scale-up domain (0: all in one). Ranks are numbered stage * ep + EP rank and
+  // fill the domains in order, as Open MPI maps them over a hostfile's slots: all-to-all traffic
+  // between domains, and hand-offs between stages in different domains, cross the scale-out
+  // network (HardwareProfile::scale_out_*). CheckDomainSize states which sizes have one price.
+  int64_t domain_size = 0;
   int64_t devices() const { return ep * pp; }
+  // EP ranks of one stage in one domain: the domain's size, at most ep.
+  int64_t EpDomain() const { return domain_size > 0 ? std::min(domain_size, ep) : ep; }
+  // Stage boundaries whose hand-off leaves a domain (of the pp - 1).
+  int64_t CrossDomainHandOffs() const;
   bool overlap_comm = false;  // whether communication hides under compute/memory time
   int64_t micro_batches = 0;  // with pp > 1: micro-batches per step (0: pp), for PipelinedStepSeconds
 };
+
+// A domain size with one price: 0, or one that divides ep or that ep divides (so each stage's EP
+// group spans whole domains, or whole groups share one), at most the devices. The error names
+// `flag` and the limits.
+absl::Status CheckDomainSize(const ParallelLayout& layout, const char* flag);
 
 struct SeqShape {
   int64_t new_tokens = 1;  // tokens computed this step (1 for a decode)
@@ -144,7 +157,9 @@ ModelCosts StageCosts(const ModelCosts& model, int64_t pp);
 // stages working on different micro-batches at once. The step lasts every micro-batch's time on
 // a stage plus the pipeline's fill, (p - 1) times the longest: (m + p - 1) stage-times for equal
 // micro-batches, so a bubble of (p-1)/(m+p-1); and each micro-batch reads its stage's weights
-// again. `seconds` with `eff` (calibrated), `bound_seconds` at the peaks. pp 1: PredictStep's.
+// again. The fill also carries the first micro-batch over the p - 1 stage boundaries (each at
+// its link: scale-out where the stages sit in different domains). `seconds` with `eff`
+// (calibrated), `bound_seconds` at the peaks. pp 1: PredictStep's.
 struct PipelinedSeconds {
   double bound_seconds = 0, seconds = 0;
 };

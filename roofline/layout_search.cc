@@ -32,11 +32,12 @@ std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
       LayoutCandidate c;
       c.layout.ep = ep;
       c.layout.pp = pp;
-      // EP ranks beyond one scale-up domain form whole domains; a count that does not split
-      // into them is skipped (its all-to-all has no single price).
+      // Beyond one scale-up domain the ranks fill whole domains in order; a layout whose EP
+      // groups neither fill whole domains nor share one is skipped (its all-to-all has no
+      // single price).
       const int64_t domain = s.hw.scale_up_domain;
-      if (domain > 0 && ep > domain && ep % domain != 0) continue;
-      c.layout.ep_domain_size = domain > 0 && ep > domain ? domain : 0;
+      c.layout.domain_size = domain > 0 && ep * pp > domain ? domain : 0;
+      if (!CheckDomainSize(c.layout, "scale_up_domain").ok()) continue;
       c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
       c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
       // Sequences a rank can hold (each ctx x KV-per-token / pp bytes here), and so the largest

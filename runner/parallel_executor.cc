@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "roofline/cost_model.h"
 #include "runner/remote_kv.h"
 
 namespace moeserve {
@@ -23,10 +24,7 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
     return absl::InvalidArgumentError(absl::StrCat("--pp must be in [1, ", c.num_hidden_layers,
                                                    "] (the model's layers), got ", pp));
   }
-  if (ep_domain_size < 0 || ep_domain_size > ep || (ep_domain_size > 0 && ep % ep_domain_size != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--ep-domain-size must divide --ep ", ep,
-                                                   " (0: all EP ranks in one domain), got ", ep_domain_size));
-  }
+  RETURN_IF_ERROR(roofline::CheckDomainSize(roofline::ParallelLayout{ep, pp, domain_size}, "--domain-size"));
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }

@@ -43,9 +43,9 @@ struct ParallelConfig {
   int64_t pp = 1;
   ExpertPlacement placement = ExpertPlacement::kContiguous;
   int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
-  // EP ranks per scale-up domain for the roofline's prediction of the all-to-all (0: one domain
-  // holds them all); traffic between domains is priced at the scale-out bandwidth.
-  int64_t ep_domain_size = 0;
+  // Ranks per scale-up domain for the roofline's predictions (0: one domain holds them all);
+  // roofline::ParallelLayout::domain_size says how ranks fill domains.
+  int64_t domain_size = 0;
   // How the ranks talk. Empty: in-process ranks exchanging host memory (the CPU backend). Else
   // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
   // on those GPUs.

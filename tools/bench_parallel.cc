@@ -59,7 +59,7 @@ void AddCriticalBatch(const Engine& engine, DType weight_dtype, double mean_seq_
   roofline::RooflineInputs in;
   in.model = roofline::ModelCosts::From(c, roofline::WeightDtypeName(c, weight_dtype), ec.kv_dtype == DType::kF32 ? "f32" : "bf16");
   in.hw = hw;
-  in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.ep_domain_size};
+  in.layout = {ec.parallel.ep, ec.parallel.pp, ec.parallel.domain_size};
   in.context = static_cast<int64_t>(mean_seq_tokens);
   const roofline::RooflineReport r = roofline::AnalyzeRoofline(in);
   (*j)["critical_batch"] = r.critical_batch;
@@ -114,7 +114,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   // Per token, measured (the slowest rank's time in collectives, waiting included) and, with a
   // hardware profile, the roofline's prediction for the layout and its domains.
   j["comm_us_per_token"] = tokens ? 1e6 * comm_s / static_cast<double>(tokens) : 0.0;
-  j["ep_domain_size"] = ec.parallel.ep_domain_size;
+  j["domain_size"] = ec.parallel.domain_size;
   j["process_ranks"] = engine.parallel() != nullptr && engine.parallel()->processes() != nullptr;
   if (hw) {
     j["predicted_comm_bytes_per_token"] = tokens ? predicted_comm / static_cast<double>(tokens) : 0.0;
@@ -145,7 +145,7 @@ void PrintParallelReport(const nlohmann::json& j) {
               j.contains("predicted_comm_us_per_token")
                   ? absl::StrCat(", predicted ", absl::StrFormat("%.1f", j["predicted_comm_us_per_token"].get<double>()),
                                  " us for ", absl::StrFormat("%.0f", j["predicted_comm_bytes_per_token"].get<double>()),
-                                 " bytes (EP domain ", j["ep_domain_size"].get<int64_t>(), ")")
+                                 " bytes (EP domain ", j["domain_size"].get<int64_t>(), ")")
                         .c_str()
                   : "");
   if (j.contains("critical_batch")) {

@@ -123,10 +123,11 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "Pipeline stages: contiguous layer ranges, each keeping KV for its own layers; micro-batches "
                   "flow through them. With --ep, ep x pp ranks")
       ->capture_default_str();
-  cmd->add_option("--ep-domain-size", f->config.parallel.ep_domain_size,
-                  "With --ep and --hardware: EP ranks per scale-up domain (NVLink, or Open MPI's shared memory "
-                  "under mpirun); the predicted all-to-all prices traffic to other domains at the profile's "
-                  "scale-out bandwidth (0: all ranks in one domain)")
+  cmd->add_option("--domain-size", f->config.parallel.domain_size,
+                  "With --hardware: ranks per scale-up domain (NVLink, or one host's shared memory under mpirun, "
+                  "which fills hosts in rank order; rank = stage x ep + EP rank). The predictions price "
+                  "all-to-all traffic to other domains, and pipeline hand-offs between stages in different "
+                  "domains, at the profile's scale-out bandwidth and latency (0: all ranks in one domain)")
       ->capture_default_str();
   cmd->add_option("--ep-balance", f->config.scheduler.ep_balance_ratio,
                   "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "

@@ -89,7 +89,7 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
             {"weight_dtype", s.model.weight_dtype}, {"total_params", s.model.total_params},
             {"active_params", s.model.active_params}, {"layouts", Json::array()}, {"best", Json::array()}};
   for (const auto& c : all) {
-    Json l = {{"ep", c.layout.ep}, {"pp", c.layout.pp}, {"ep_domain_size", c.layout.ep_domain_size},
+    Json l = {{"ep", c.layout.ep}, {"pp", c.layout.pp}, {"domain_size", c.layout.domain_size},
               {"devices", c.layout.devices()}, {"weight_bytes_per_device", c.weight_bytes_per_device},
               {"weights_fit", c.weights_fit}, {"max_sequences", c.max_micro_batch * c.layout.pp}, {"points", Json::array()}};
     for (const auto& p : c.points) {
@@ -113,11 +113,11 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
 
 void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandidate>& all) {
   std::ofstream f(path);
-  f << "ep,pp,ep_domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
+  f << "ep,pp,domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
        "token_seconds,usd_per_million_tokens,engine_tokens_per_second,expert_rank_imbalance\n";
   for (const auto& c : all) {
     for (const auto& p : c.points) {
-      f << c.layout.ep << "," << c.layout.pp << "," << c.layout.ep_domain_size << "," << c.layout.devices() << ","
+      f << c.layout.ep << "," << c.layout.pp << "," << c.layout.domain_size << "," << c.layout.devices() << ","
         << c.weight_bytes_per_device << "," << p.sequences << "," << (p.fits ? 1 : 0) << "," << p.kv_bytes_per_device
         << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << ","
         << p.engine_tokens_per_second << "," << p.cost.expert_rank_imbalance << "\n";
@@ -183,7 +183,7 @@ int RunExplore(ExploreOptions o) {
       for (const auto& [n, b] : best) is_best |= n == p.sequences && b == &c;
       std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %14.1f %5.2f %10.3f %9.3f%s\n",
                   static_cast<long long>(c.layout.ep), static_cast<long long>(c.layout.pp),
-                  static_cast<long long>(c.layout.ep_domain_size), static_cast<long long>(c.layout.devices()),
+                  static_cast<long long>(c.layout.domain_size), static_cast<long long>(c.layout.devices()),
                   c.weight_bytes_per_device / 1e9, static_cast<long long>(c.max_micro_batch * c.layout.pp),
                   static_cast<long long>(p.sequences), p.fits ? "yes" : "no", p.kv_bytes_per_device / 1e9,
                   p.tokens_per_second, p.engine_tokens_per_second, p.cost.expert_rank_imbalance, p.token_seconds * 1e3,

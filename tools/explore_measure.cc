@@ -146,7 +146,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
       o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
       // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size: ranks
       // of other domains talk over the scale-out network. On one host, all over shared memory.
-      !o.mpirun_args.empty() && layout.ep_domain_size > 0 ? absl::StrCat(" --ep-domain-size ", layout.ep_domain_size)
+      !o.mpirun_args.empty() && layout.domain_size > 0 ? absl::StrCat(" --domain-size ", layout.domain_size)
                                                           : "");
   const absl::StatusOr<MpirunOutput> run = RunSelfUnderMpirun(static_cast<int>(layout.devices()), o.mpirun_args, args);
   const absl::StatusOr<std::string> text = ReadFileToString(steps);

@@ -29,7 +29,7 @@ struct RooflineOptions {
   std::string batches = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384";
   int64_t ep = 0;
   int64_t pp = 1;
-  int64_t ep_domain_size = 0;
+  int64_t domain_size = 0;
   double price_per_hour = -1;
   std::string json;
   std::string csv;
@@ -58,12 +58,8 @@ absl::StatusOr<roofline::RooflineInputs> MakeInputs(const RooflineOptions& o, co
   in.hw = hw;
   in.layout.ep = o.ep > 0 ? o.ep : hw.devices;
   in.layout.pp = o.pp;
-  if (o.ep_domain_size < 0 || o.ep_domain_size > in.layout.ep ||
-      (o.ep_domain_size > 0 && in.layout.ep % o.ep_domain_size != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--ep-domain-size must divide the ", in.layout.ep,
-                                                   " EP ranks (0: all in one domain), got ", o.ep_domain_size));
-  }
-  in.layout.ep_domain_size = o.ep_domain_size;
+  in.layout.domain_size = o.domain_size;
+  RETURN_IF_ERROR(roofline::CheckDomainSize(in.layout, "--domain-size"));
   in.context = o.context;
   in.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw.price_per_hour;
   for (absl::string_view part : absl::StrSplit(o.batches, ',', absl::SkipEmpty())) {
@@ -104,7 +100,7 @@ void PrintReport(const roofline::RooflineInputs& in, const roofline::RooflineRep
   std::printf("  context where KV reads = weight reads: %.0f tokens at batch 1, %.0f at the critical batch\n",
               r.kv_equals_weights_context_batch1, r.kv_equals_weights_context_at_critical);
   if (in.layout.ep > 1) {
-    const int64_t d = in.layout.ep_domain_size > 0 ? in.layout.ep_domain_size : in.layout.ep;
+    const int64_t d = in.layout.EpDomain();
     std::printf("  expert all-to-all: %lld EP ranks in domains of %lld; scale-up %s/s, scale-out %s/s per device\n",
                 static_cast<long long>(in.layout.ep), static_cast<long long>(d),
                 Human(hw.interconnect_bandwidth, "B").c_str(), Human(hw.scale_out_bandwidth, "B").c_str());
@@ -127,7 +123,7 @@ absl::Status WriteReport(const RooflineOptions& o, const roofline::RooflineInput
   j["hardware"] = nlohmann::json::parse(in.hw.ToJson());
   j["model"] = {{"total_params", in.model.total_params}, {"active_params", in.model.active_params},
                 {"weight_dtype", dtype}, {"kv_bytes_per_token", r.kv_bytes_per_token}};
-  j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}, {"ep_domain_size", in.layout.ep_domain_size}};
+  j["layout"] = {{"ep", in.layout.ep}, {"pp", in.layout.pp}, {"domain_size", in.layout.domain_size}};
   j["context"] = o.context;
   j["flops_per_byte"] = r.flops_per_byte;
   j["critical_batch"] = r.critical_batch;
@@ -218,9 +214,10 @@ void AddRooflineCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--batches", o->batches, "Comma-separated batch sizes of the table")->capture_default_str();
   cmd->add_option("--ep", o->ep, "Devices the experts are spread over (default: the profile's devices)");
   cmd->add_option("--pp", o->pp, "Pipeline stages")->capture_default_str();
-  cmd->add_option("--ep-domain-size", o->ep_domain_size,
-                  "EP ranks per scale-up domain (NVLink island); all-to-all traffic between domains is priced at "
-                  "the profile's scale_out_bandwidth. 0: all EP ranks in one domain")
+  cmd->add_option("--domain-size", o->domain_size,
+                  "Devices per scale-up domain (NVLink island; ranks numbered stage x ep + EP rank fill the domains "
+                  "in order): all-to-all traffic between domains and pipeline hand-offs between stages in different "
+                  "domains are priced at the profile's scale_out_bandwidth and scale_out_latency. 0: one domain")
       ->capture_default_str();
   cmd->add_option("--price-per-hour", o->price_per_hour, "$ per device-hour (default: the profile's)");
   cmd->add_option("--json", o->json, "Write the numbers and the table as JSON");

@@ -74,6 +74,29 @@ TEST(LayoutSearchTest, PipeliningDividesTheWeightsButNotTheKvOfABusyPipeline) {
   EXPECT_DOUBLE_EQ(ep2->points[0].kv_bytes_per_device, one->points[0].kv_bytes_per_device / 2);
 }
 
+// Layouts beyond one scale-up domain fill whole domains in rank order: EP groups that neither
+// fill whole domains nor share one are skipped, and the others carry the domain's size, so
+// their hand-offs between domains are priced at the scale-out network.
+TEST(LayoutSearchTest, LayoutsBeyondADomainFillWholeDomains) {
+  LayoutSearch s = MixtralOnH100s(6);
+  s.hw.scale_up_domain = 3;
+  s.sequences = {12, 48};
+  const auto all = ExploreLayouts(s);
+  EXPECT_EQ(Find(all, 2, 3), nullptr) << "two EP ranks per stage do not split domains of 3";
+  ASSERT_NE(Find(all, 2, 1), nullptr);
+  EXPECT_EQ(Find(all, 2, 1)->layout.domain_size, 0) << "two devices fit one domain";
+  const LayoutCandidate* pp6 = Find(all, 1, 6);
+  ASSERT_NE(pp6, nullptr);
+  EXPECT_EQ(pp6->layout.domain_size, 3);
+  EXPECT_EQ(pp6->layout.CrossDomainHandOffs(), 1);
+  // The same pipeline inside one domain hands off faster.
+  LayoutSearch one_domain = s;
+  one_domain.hw.scale_up_domain = 8;
+  const LayoutCandidate* inside = Find(ExploreLayouts(one_domain), 1, 6);
+  ASSERT_NE(inside, nullptr);
+  EXPECT_LT(pp6->points[0].engine_tokens_per_second, inside->points[0].engine_tokens_per_second);
+}
+
 TEST(LayoutSearchTest, PredictionsAreTheRooflinesOwnForTheSameLayout) {
   const LayoutSearch s = MixtralOnH100s(8);
   for (const auto& c : ExploreLayouts(s)) {

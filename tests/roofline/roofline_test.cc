@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <unordered_set>
 
 #include "absl/strings/str_format.h"
@@ -221,7 +223,10 @@ TEST(CostModelTest, APipelinedStepIsMPlusPMinusOneStageTimes) {
     pp2.micro_batches = micro;
     const double step = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, pp2).seconds;
     const double stage = PredictStep(half, StepShape::Decode(64 / micro, 1000), *hw).seconds;
-    EXPECT_NEAR(step, static_cast<double>(micro + 1) * stage, 1e-12 + 1e-9 * step) << micro << " micro-batches";
+    // The first micro-batch's hand-off: its bf16 rows over NVLink (450 GB/s) after 10 us.
+    const double hand_off = 10e-6 + (64.0 / micro) * 4096 * 2 / 450e9;
+    EXPECT_NEAR(step, static_cast<double>(micro + 1) * stage + hand_off, 1e-12 + 1e-9 * step)
+        << micro << " micro-batches";
   }
   ParallelLayout one;
   EXPECT_EQ(PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, one).seconds,
@@ -239,7 +244,7 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   const double h = 4096, layers = 32, B = 64, ep = 16, routed = layers * B * 2 * h * 2 * 2;
   ParallelLayout one, two;
   one.ep = two.ep = 16;
-  two.ep_domain_size = 8;
+  two.domain_size = 8;
   const StepCost a = PredictStep(m, StepShape::Decode(64, 1000), *hw, one);
   const StepCost b = PredictStep(m, StepShape::Decode(64, 1000), *hw, two);
   // Three collective calls per layer (counts, rows, results back, as
@@ -264,6 +269,64 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   no_latency.interconnect_latency = no_latency.scale_out_latency = 0;
   EXPECT_NEAR(PredictStep(m, StepShape::Decode(64, 1000), no_latency, one).comm_seconds,
               routed * 15 / ep / (450e9 * ep), 1e-15);
+}
+
+// Ranks fill the domains in order (rank = stage x ep + EP rank): with domains of 2, ep 2 x pp 4
+// puts every stage in a domain of its own, ep 1 x pp 4 two stages in each.
+TEST(CostModelTest, HandOffsBetweenDomainsArePricedAtTheScaleOutNetwork) {
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  const double rows = 64 * 4096 * 2;  // 64 tokens' bf16 hidden states per boundary
+  const double nvlink = 10e-6 + rows / 450e9, fabric = 25e-6 + rows / 50e9;
+  struct Case {
+    int64_t ep, pp, domain, crossing;
+  };
+  for (const Case& k : {Case{1, 4, 0, 0}, Case{1, 4, 2, 1}, Case{1, 4, 1, 3}, Case{2, 4, 2, 3}, Case{2, 4, 4, 1},
+                        Case{4, 2, 2, 1}, Case{2, 2, 4, 0}}) {
+    ParallelLayout l;
+    l.ep = k.ep;
+    l.pp = k.pp;
+    l.domain_size = k.domain;
+    EXPECT_EQ(l.CrossDomainHandOffs(), k.crossing) << "ep " << k.ep << " pp " << k.pp << " domain " << k.domain;
+    if (k.ep > 1) continue;  // the hand-offs' price alone below
+    const StepCost s = PredictStep(m, StepShape::Decode(64, 1000), *hw, l);
+    const double in = static_cast<double>(k.pp - 1 - k.crossing), out = static_cast<double>(k.crossing);
+    EXPECT_NEAR(s.comm_seconds, in * nvlink + out * fabric, 1e-15) << "pp " << k.pp << " domain " << k.domain;
+    EXPECT_NEAR(s.scale_out_bytes, out * rows, 1e-6);
+    EXPECT_NEAR(s.comm_bytes, (in + out) * rows, 1e-6);
+  }
+  // The pipelined step carries its first micro-batch over the boundaries: 16 tokens each here.
+  ParallelLayout inside, across;
+  inside.pp = across.pp = 4;
+  across.domain_size = 1;
+  const double a = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, inside).seconds;
+  const double b = PipelinedStepSeconds(m, StepShape::Decode(64, 1000), *hw, across).seconds;
+  EXPECT_NEAR(b - a, 3 * ((25e-6 + rows / 4 / 50e9) - (10e-6 + rows / 4 / 450e9)), 1e-12);
+}
+
+TEST(CostModelTest, ADomainSizeMustSplitTheRanksEvenly) {
+  const auto check = [](int64_t ep, int64_t pp, int64_t d) {
+    ParallelLayout l;
+    l.ep = ep;
+    l.pp = pp;
+    l.domain_size = d;
+    return CheckDomainSize(l, "--domain-size");
+  };
+  EXPECT_TRUE(check(4, 1, 0).ok());
+  EXPECT_TRUE(check(4, 1, 2).ok());
+  EXPECT_TRUE(check(2, 4, 4).ok()) << "two stages' EP groups share a domain";
+  EXPECT_TRUE(check(1, 4, 2).ok());
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> refused = {
+      {4, 1, 3}, {4, 2, 6}, {2, 2, 5}, {2, 1, -1}, {3, 2, 2}};
+  for (const auto& [ep, pp, d] : refused) {
+    const absl::Status s = check(ep, pp, d);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << ep << " " << pp << " " << d;
+    EXPECT_NE(s.message().find("--domain-size"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(std::to_string(d)), std::string::npos) << s.message();
+  }
 }
 
 TEST(RooflineTest, DeepSeekV3LikeOnNvl72MatchesHandComputedNumbers) {

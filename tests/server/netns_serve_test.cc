@@ -189,7 +189,7 @@ TEST_F(NetnsServeTest, AnEp2JobWithARankPerNamespaceStreamsWhatOneProcessDoes) {
 
 // Two ranks per namespace: each pair shares memory (vader), the pairs talk over the link.
 TEST_F(NetnsServeTest, AnEp2Pp2JobOverTwoNamespacesStreamsWhatOneProcessDoes) {
-  ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--ep-domain-size", "2"}, Mpirun(4, 2));
+  ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--domain-size", "2"}, Mpirun(4, 2));
 }
 
 // `calibrate --scale-out-mpirun-args`: the scale-out probe's two ranks sit in the two namespaces
