@@ -9,33 +9,89 @@
 #include "core/status.h"
 
 namespace moeserve {
+namespace {
 
-absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_per_peer, int iters,
-                                            int warmup) {
-  if (iters < 1 || warmup < 0 || bytes_per_peer < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("all-to-all probe: iters ", iters, ", warmup ",
-                                                   warmup, ", bytes_per_peer ", bytes_per_peer));
+// Calls per sample: a sample after a barrier holds several calls, as a MoE layer's exchanges
+// follow one another (the ranks leave a barrier up to one link latency apart, a skew that
+// back-to-back exchanges absorb: each takes one latency however the ranks are staggered).
+constexpr int kCallsPerSample = 4;
+
+struct Buffers {
+  std::vector<char> send, recv;
+  std::vector<int64_t> counts;
+};
+
+double NowMicros() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Idle: the sample's calls back to back, the slowest rank's time per call.
+absl::StatusOr<double> BackToBackSample(Communicator* comm, Buffers& b) {
+  RETURN_IF_ERROR(comm->Barrier());
+  const double t0 = NowMicros();
+  for (int k = 0; k < kCallsPerSample; ++k) {
+    RETURN_IF_ERROR(comm->AllToAll(b.send.data(), b.counts, b.recv.data(), b.counts, Counts::kAgreed));
+  }
+  const double t = (NowMicros() - t0) / kCallsPerSample;
+  std::vector<double> all(static_cast<size_t>(comm->size()));
+  RETURN_IF_ERROR(comm->AllGather(&t, sizeof(double), all.data()));
+  return *std::max_element(all.begin(), all.end());
+}
+
+// Reads every cache line of `sweep` (the compiler may not drop the loads: their sum is kept).
+float Sweep(const std::vector<float>& sweep) {
+  float sum = 0;
+  for (size_t i = 0; i < sweep.size(); i += 64 / sizeof(float)) sum += sweep[i];
+  return sum;
+}
+
+// In an engine's setting: each call after a sweep, timed from the last entry to the last exit.
+absl::StatusOr<double> AfterSweepSample(Communicator* comm, Buffers& b, const std::vector<float>& sweep,
+                                        float* sink) {
+  std::vector<double> spans(2 * kCallsPerSample);  // entry, exit per call
+  RETURN_IF_ERROR(comm->Barrier());
+  for (int k = 0; k < kCallsPerSample; ++k) {
+    *sink += Sweep(sweep);
+    spans[2 * k] = NowMicros();
+    RETURN_IF_ERROR(comm->AllToAll(b.send.data(), b.counts, b.recv.data(), b.counts, Counts::kAgreed));
+    spans[2 * k + 1] = NowMicros();
+  }
+  const size_t n = static_cast<size_t>(comm->size());
+  std::vector<double> all(spans.size() * n);
+  RETURN_IF_ERROR(comm->AllGather(spans.data(), spans.size() * sizeof(double), all.data()));
+  double total = 0;
+  for (size_t k = 0; k < kCallsPerSample; ++k) {
+    double entry = 0, exit = 0;
+    for (size_t r = 0; r < n; ++r) {
+      entry = std::max(entry, all[r * spans.size() + 2 * k]);
+      exit = std::max(exit, all[r * spans.size() + 2 * k + 1]);
+    }
+    total += exit - entry;
+  }
+  return total / kCallsPerSample;
+}
+
+}  // namespace
+
+absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_per_peer, int iters, int warmup,
+                                            int64_t sweep_bytes) {
+  if (iters < 1 || warmup < 0 || bytes_per_peer < 0 || sweep_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all probe: iters ", iters, ", warmup ", warmup,
+                                                   ", bytes_per_peer ", bytes_per_peer, ", sweep_bytes ",
+                                                   sweep_bytes));
   }
   const int n = comm->size();
-  std::vector<char> send(static_cast<size_t>(bytes_per_peer * n), 1), recv(send.size());
-  const std::vector<int64_t> counts(static_cast<size_t>(n), bytes_per_peer);
-  std::vector<double> us, all(static_cast<size_t>(n));
-  // A sample is kBackToBack calls after a barrier, as a MoE layer's exchanges follow one another:
-  // the ranks leave a barrier up to one link latency apart, a skew that back-to-back exchanges
-  // absorb (each takes one latency however the ranks are staggered), so one call timed alone
-  // after a barrier would count the skew as well. Per call: the block's time over kBackToBack.
-  constexpr int kBackToBack = 4;
+  Buffers b{std::vector<char>(static_cast<size_t>(bytes_per_peer * n), 1),
+            std::vector<char>(static_cast<size_t>(bytes_per_peer * n)),
+            std::vector<int64_t>(static_cast<size_t>(n), bytes_per_peer)};
+  const std::vector<float> sweep(static_cast<size_t>(sweep_bytes) / sizeof(float), 1.0f);
+  float sink = 0;
+  std::vector<double> us;
   for (int i = 0; i < warmup + iters; ++i) {
-    RETURN_IF_ERROR(comm->Barrier());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int k = 0; k < kBackToBack; ++k) {
-      RETURN_IF_ERROR(comm->AllToAll(send.data(), counts, recv.data(), counts, Counts::kAgreed));
-    }
-    const double t =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kBackToBack;
-    RETURN_IF_ERROR(comm->AllGather(&t, sizeof(double), all.data()));
-    if (i >= warmup) us.push_back(*std::max_element(all.begin(), all.end()));  // the slowest rank's
+    ASSIGN_OR_RETURN(const double t, sweep_bytes > 0 ? AfterSweepSample(comm, b, sweep, &sink) : BackToBackSample(comm, b));
+    if (i >= warmup) us.push_back(t);
   }
+  if (sink < 0) return absl::InternalError("all-to-all probe: the sweep read a negative sum");  // keeps the loads
   std::sort(us.begin(), us.end());
   AllToAllTiming r;
   r.bytes_per_peer = bytes_per_peer;

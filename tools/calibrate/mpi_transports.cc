@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "tools/mpirun_self.h"
 #include "parallel/alltoall_probe.h"
 #include "parallel/comm_group.h"
+#include "runner/rank_step.h"
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
 #endif
@@ -27,6 +29,50 @@ namespace {
 // than fitted: a shaped link passes small messages in a burst, faster than its rate) through one
 // decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
 constexpr int64_t kProbeBytes[] = {64, 4096, 65536, int64_t{1} << 20, int64_t{8} << 20};
+// The decode-sized ones again after a sweep of memory, as an engine's exchanges follow its
+// compute: sweeps of a quarter, one and four times the last-level cache.
+constexpr int64_t kSweptBytes[] = {64, 4096, 65536};
+constexpr double kSweepsOfLlc[] = {0.25, 1, 4};
+
+// One last-level cache instance's bytes, from sysfs (glibc's sysconf reports 10x on some AMD
+// VMs); 32 MiB where sysfs does not say.
+int64_t LastLevelCacheBytes() {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  int64_t kib = 0;  // "32768K"
+  if ((in >> kib) && kib > 0) return kib * 1024;
+  return int64_t{32} << 20;
+}
+
+nlohmann::json ToJson(const AllToAllTiming& t) {
+  return {{"bytes_per_peer", t.bytes_per_peer},
+          {"median_us", t.median_us},
+          {"p90_us", t.p90_us},
+          {"bus_bytes_per_second", t.bus_bytes_per_second}};
+}
+
+// The probe's JSON: every size idle ("sizes"), and with `one_clock` (the ranks' steady clocks are
+// one machine's, which the timing after a sweep compares) the decode-sized ones after each
+// sweep ("after_sweep": [{"sweep_bytes", "sizes"}]). `time(bytes, sweep_bytes)` times one size
+// on every rank of the group.
+template <typename Time>
+absl::StatusOr<nlohmann::json> ProbeSizes(bool one_clock, Time&& time) {
+  nlohmann::json idle = nlohmann::json::array(), swept = nlohmann::json::array();
+  for (int64_t bytes : kProbeBytes) {
+    ASSIGN_OR_RETURN(const AllToAllTiming t, time(bytes, 0));
+    idle.push_back(ToJson(t));
+  }
+  if (!one_clock) return nlohmann::json{{"sizes", idle}};
+  for (double f : kSweepsOfLlc) {
+    const int64_t sweep = static_cast<int64_t>(f * static_cast<double>(LastLevelCacheBytes()));
+    nlohmann::json sizes = nlohmann::json::array();
+    for (int64_t bytes : kSweptBytes) {
+      ASSIGN_OR_RETURN(const AllToAllTiming t, time(bytes, sweep));
+      sizes.push_back(ToJson(t));
+    }
+    swept.push_back({{"sweep_bytes", sweep}, {"sizes", sizes}});
+  }
+  return nlohmann::json{{"sizes", idle}, {"after_sweep", swept}};
+}
 
 }  // namespace
 
@@ -40,7 +86,9 @@ double BestBandwidth(const nlohmann::json& probe) {
 double CallLatency(const nlohmann::json& probe) {
   const double bw = BestBandwidth(probe);
   if (bw <= 0 || !probe.contains("ranks")) return 0;
-  const auto& smallest = *std::min_element(probe["sizes"].begin(), probe["sizes"].end(), [](const auto& a, const auto& b) {
+  const nlohmann::json& sizes = probe["sizes"];
+  if (sizes.empty()) return 0;
+  const auto& smallest = *std::min_element(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
     return a["bytes_per_peer"].template get<double>() < b["bytes_per_peer"].template get<double>();
   });
   const double bytes = smallest["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
@@ -49,19 +97,16 @@ double CallLatency(const nlohmann::json& probe) {
 
 absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick) {
   const std::unique_ptr<CommGroup> group = MakeLocalGroup(2);
-  nlohmann::json sizes = nlohmann::json::array();
-  for (int64_t bytes : kProbeBytes) {
+  ASSIGN_OR_RETURN(nlohmann::json probe, ProbeSizes(true, [&](int64_t bytes, int64_t sweep) -> absl::StatusOr<AllToAllTiming> {
     absl::StatusOr<AllToAllTiming> timing[2];
-    std::thread peer([&] { timing[1] = TimeAllToAll(group->rank(1), bytes, quick ? 5 : 40, quick ? 2 : 5); });
-    timing[0] = TimeAllToAll(group->rank(0), bytes, quick ? 5 : 40, quick ? 2 : 5);
+    std::thread peer([&] { timing[1] = TimeAllToAll(group->rank(1), bytes, quick ? 5 : 40, quick ? 2 : 5, sweep); });
+    timing[0] = TimeAllToAll(group->rank(0), bytes, quick ? 5 : 40, quick ? 2 : 5, sweep);
     peer.join();
-    for (const auto& t : timing) RETURN_IF_ERROR(t.status());
-    sizes.push_back({{"bytes_per_peer", timing[0]->bytes_per_peer},
-                     {"median_us", timing[0]->median_us},
-                     {"p90_us", timing[0]->p90_us},
-                     {"bus_bytes_per_second", timing[0]->bus_bytes_per_second}});
-  }
-  return nlohmann::json{{"ranks", 2}, {"sizes", sizes}};
+    RETURN_IF_ERROR(timing[1].status());
+    return timing[0];
+  }));
+  probe["ranks"] = 2;
+  return probe;
 }
 
 #if MOESERVE_HAVE_MPI
@@ -70,14 +115,13 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
   ASSIGN_OR_RETURN(std::unique_ptr<MpiWorld> world, MpiWorld::Init());
   ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> group, world->Split(0, world->rank()));
   Communicator* comm = group->rank(world->rank());
-  nlohmann::json sizes = nlohmann::json::array();
-  for (int64_t bytes : kProbeBytes) {
-    ASSIGN_OR_RETURN(AllToAllTiming t, TimeAllToAll(comm, bytes, quick ? 5 : 40, quick ? 2 : 5));
-    sizes.push_back({{"bytes_per_peer", t.bytes_per_peer},
-                     {"median_us", t.median_us},
-                     {"p90_us", t.p90_us},
-                     {"bus_bytes_per_second", t.bus_bytes_per_second}});
-  }
+  const uint64_t clock = MachineClockId();
+  std::vector<uint64_t> clocks(static_cast<size_t>(world->size()));
+  RETURN_IF_ERROR(comm->AllGather(&clock, sizeof(clock), clocks.data()));
+  const bool one_clock = clock != 0 && std::all_of(clocks.begin(), clocks.end(), [&](uint64_t c) { return c == clock; });
+  ASSIGN_OR_RETURN(nlohmann::json probe, ProbeSizes(one_clock, [&](int64_t bytes, int64_t sweep) {
+    return TimeAllToAll(comm, bytes, quick ? 5 : 40, quick ? 2 : 5, sweep);
+  }));
   // Each rank's host name (the launch agent of docs/multi-host.md sets a namespace's), so the
   // profile says which hosts the scale-out figures were measured between.
   char name[64] = {};
@@ -87,7 +131,9 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
   if (world->rank() != 0) return nlohmann::json::object();
   nlohmann::json hosts = nlohmann::json::array();
   for (int r = 0; r < world->size(); ++r) hosts.push_back(std::string(names.data() + r * sizeof(name)));
-  return nlohmann::json{{"ranks", world->size()}, {"hosts", hosts}, {"sizes", sizes}};
+  probe["ranks"] = world->size();
+  probe["hosts"] = hosts;
+  return probe;
 }
 
 absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::string& scale_out_mpirun_args) {

@@ -5,6 +5,8 @@
 // and rank 0 prints it as JSON. The best bandwidth over the message sizes becomes the profile's
 // interconnect_bandwidth (shared memory) and scale_out_bandwidth (TCP); the smallest message's
 // time beyond its bytes, the per-call latency (interconnect_latency_s, scale_out_latency_s).
+// The probe's JSON also holds the decode-sized calls after sweeps of memory (TimeAllToAll's
+// `sweep_bytes`): what cold caches cost an exchange (docs/parallelism.md), not priced.
 #pragma once
 
 #include <nlohmann/json.hpp>
