@@ -4,6 +4,9 @@
 // into the VNNI order a B tile wants (row p: the column pair (2p, 2p + 1) of all 16 weight
 // rows), 32 columns of K per tile, zero-padded past K. Each output element is one tdpbf16ps
 // accumulation over K in 32-column steps, whatever the number of x rows: batch-invariant.
+// A block of x rows configures its A and C tiles with as many rows as it has (up to 16 each),
+// so a decode step's few rows load and multiply only themselves, not a padded 32-row block:
+// the rows of a tile are computed independently, so this changes no result.
 //
 // Not run on this project's machines so far (no AMX there): the variant is used only after its
 // self-check passed in a child process (kernel_select.cc), so a fault cannot take the server down
@@ -14,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cpu/gemm_kernels.h"
 
@@ -35,18 +39,20 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-1 accumulate C (16 x 16 fp32) for two x blocks, 2-3 hold A (16 x 32 bf16), 4 holds B
-// (16 pair-rows x 16 columns). Loaded once per thread: tile configuration is thread state.
-void ConfigureTiles() {
-  thread_local bool configured = false;
-  if (configured) return;
-  TileConfig cfg;
+// Tiles 0-1 accumulate C (rows0 / rows1 x 16 fp32) for two x blocks, 2-3 hold their A (rows0 /
+// rows1 x 32 bf16), 4 holds B (16 pair-rows x 16 columns); rows1 0 leaves tiles 1 and 3 out.
+// Tile configuration is thread state that other code may change (or release): it is read back
+// with sttilecfg (64 zero bytes when released) and loaded only when it differs.
+void ConfigureTiles(int rows0, int rows1) {
+  TileConfig want;
+  const int rows[5] = {rows0, rows1, rows0, rows1, 16};
   for (int t = 0; t < 5; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
+    want.rows[t] = static_cast<uint8_t>(rows[t]);
+    want.colsb[t] = rows[t] > 0 ? 64 : 0;
   }
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-  configured = true;
+  TileConfig have;
+  __asm__ volatile("sttilecfg %0" : "=m"(have));
+  if (std::memcmp(&have, &want, sizeof(want)) != 0) __asm__ volatile("ldtilecfg %0" ::"m"(want));
 }
 
 // The B tile for weight rows [r0, r0 + 16) and K columns [k0, k0 + 32): row p holds, for each of
@@ -102,12 +108,25 @@ void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, in
 // instruction semantics (Intel SDM's pseudo-code for tdpbf16ps: per output element, the pair
 // products of each K step added in order) with which the tests check the kernel's layouts and
 // blocking on any AVX-512 CPU.
+// Each takes the block's rows in its two A tiles: rows0 in 1..16, rows1 in 0..16 (0: one tile).
 struct HardwareTiles {
-  static void Begin() { ConfigureTiles(); }
-  static void Zero() { __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::); }
+  static void Begin(int rows0, int rows1) { ConfigureTiles(rows0, rows1); }
+  static void Zero(int, int rows1) {
+    __asm__ volatile("tilezero %%tmm0" ::);
+    if (rows1 > 0) __asm__ volatile("tilezero %%tmm1" ::);
+  }
   // C0 += A(a0) B, C1 += A(a1) B for one 32-column K step.
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride) {
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride, int, int rows1) {
     const long b_stride = kTileN * sizeof(uint32_t);
+    if (rows1 == 0) {
+      __asm__ volatile(
+          "tileloadd (%0,%2,1), %%tmm2\n\t"
+          "tileloadd (%1,%3,1), %%tmm4\n\t"
+          "tdpbf16ps %%tmm4, %%tmm2, %%tmm0" ::"r"(a0),
+          "r"(b), "r"(a_stride), "r"(b_stride)
+          : "memory");
+      return;
+    }
     __asm__ volatile(
         "tileloadd (%0,%3,1), %%tmm2\n\t"
         "tileloadd (%1,%3,1), %%tmm3\n\t"
@@ -117,28 +136,31 @@ struct HardwareTiles {
         "r"(a1), "r"(b), "r"(a_stride), "r"(b_stride)
         : "memory");
   }
-  static void Store(float* c0, float* c1) {
+  // Stores the configured rows of C0 and C1 (16 floats apart).
+  static void Store(float* c0, float* c1, int, int rows1) {
     const long stride = kTileN * sizeof(float);
-    __asm__ volatile("tilestored %%tmm0, (%0,%2,1)\n\ttilestored %%tmm1, (%1,%2,1)" ::"r"(c0), "r"(c1),
-                     "r"(stride)
-                     : "memory");
+    __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(c0), "r"(stride) : "memory");
+    if (rows1 > 0) __asm__ volatile("tilestored %%tmm1, (%0,%1,1)" ::"r"(c1), "r"(stride) : "memory");
   }
 };
 
 struct EmulatedTiles {
   static inline thread_local float acc[2][kTileM * kTileN];
-  static void Begin() {}
-  static void Zero() { std::memset(acc, 0, sizeof(acc)); }
+  static void Begin(int, int) {}
+  static void Zero(int, int) { std::memset(acc, 0, sizeof(acc)); }
   static float Bf16(uint16_t v) {
     const uint32_t bits = static_cast<uint32_t>(v) << 16;
     float f;
     std::memcpy(&f, &bits, sizeof(f));
     return f;
   }
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride) {
+  // Only the configured rows, as the hardware: a row past them is never read.
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride, int rows0,
+                   int rows1) {
     const uint16_t* a[2] = {a0, a1};
+    const int rows[2] = {rows0, rows1};
     for (int t = 0; t < 2; ++t) {
-      for (int64_t m = 0; m < kTileM; ++m) {
+      for (int64_t m = 0; m < rows[t]; ++m) {
         const uint16_t* row = a[t] + m * (a_stride / static_cast<long>(sizeof(uint16_t)));
         for (int64_t k = 0; k < kTileK / 2; ++k) {
           for (int64_t n = 0; n < kTileN; ++n) {
@@ -151,15 +173,21 @@ struct EmulatedTiles {
       }
     }
   }
-  static void Store(float* c0, float* c1) {
-    std::memcpy(c0, acc[0], sizeof(acc[0]));
-    std::memcpy(c1, acc[1], sizeof(acc[1]));
+  // The configured rows; the rest of each 16-row buffer becomes NaN, as memory the hardware
+  // leaves alone holds anything, so a kernel that read an unconfigured row would fail its tests.
+  static void Store(float* c0, float* c1, int rows0, int rows1) {
+    float* c[2] = {c0, c1};
+    const int rows[2] = {rows0, rows1};
+    for (int t = 0; t < 2; ++t) {
+      for (int64_t i = 0; i < kTileM * kTileN; ++i) {
+        c[t][i] = i < rows[t] * kTileN ? acc[t][i] : std::numeric_limits<float>::quiet_NaN();
+      }
+    }
   }
 };
 
 template <typename Tiles>
 void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
-  Tiles::Begin();
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
   const int64_t rows = t.w.rows, cols = t.w.cols;
   const int64_t kp = RoundUp(cols, kTileK);  // x rows are padded to this many columns
@@ -179,13 +207,16 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   const long a_stride = static_cast<long>(kp * sizeof(uint16_t));
   const int64_t ncols = std::min<int64_t>(kTileN, rows - r0);
   for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
-    Tiles::Zero();
+    const int64_t block = std::min<int64_t>(it.m1 - i, 2 * kTileM);
+    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
+    Tiles::Begin(rows0, rows1);
+    Tiles::Zero(rows0, rows1);
     const uint16_t* a0 = x_bf16 + i * kp;
     const uint16_t* a1 = a0 + kTileM * kp;  // the padded x buffer has whole 32-row blocks
     for (int64_t kt = 0; kt < ktiles; ++kt) {
-      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * kTileK / 2 * kTileN, a_stride);
+      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * kTileK / 2 * kTileN, a_stride, rows0, rows1);
     }
-    Tiles::Store(c[0], c[1]);
+    Tiles::Store(c[0], c[1], rows0, rows1);
     for (int64_t r = i; r < std::min(it.m1, i + 2 * kTileM); ++r) {
       const float* cr = c[(r - i) / kTileM] + ((r - i) % kTileM) * kTileN;
       float* yr = t.y + r * rows + r0;

@@ -199,7 +199,8 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
   uint32_t seed = 500;
   for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 16, 32}, {1, 13, 37}, {5, 40, 200},
-                                                              {33, 24, 64}, {70, 9, 100}, {3, 130, 31}}) {
+                                                              {33, 24, 64}, {70, 9, 100}, {3, 130, 31},
+                                                              {17, 20, 40}, {20, 16, 96}}) {
       SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k));
       const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
       const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
@@ -254,7 +255,9 @@ TEST(KernelSelectTest, ChoosesTheFastestPassingVariantAndRefusesWhatTheCpuLacks)
     const absl::StatusOr<CpuIsa> forced = ChooseCpuIsa(v.isa, CpuKernelNumerics::kFastest);
     ASSERT_FALSE(forced.ok()) << CpuIsaName(v.isa);
     EXPECT_NE(forced.status().message().find(CpuIsaName(v.isa)), std::string::npos) << forced.status();
-    if (!v.supported) EXPECT_NE(forced.status().message().find(v.missing), std::string::npos) << forced.status();
+    if (!v.supported) {
+      EXPECT_NE(forced.status().message().find(v.missing), std::string::npos) << forced.status();
+    }
   }
   const absl::StatusOr<CpuIsa> conflict = ChooseCpuIsa(CpuIsa::kAvx512Bf16, CpuKernelNumerics::kExact);
   ASSERT_FALSE(conflict.ok());
