@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -38,10 +39,12 @@ absl::StatusOr<double> BackToBackSample(Communicator* comm, Buffers& b) {
   return *std::max_element(all.begin(), all.end());
 }
 
-// Reads every cache line of `sweep` (the compiler may not drop the loads: their sum is kept).
+// Reads every cache line of `sweep`; the empty asm takes the sum as an input, so the loads
+// cannot be dropped or moved past the caller's next clock reading.
 float Sweep(const std::vector<float>& sweep) {
   float sum = 0;
   for (size_t i = 0; i < sweep.size(); i += 64 / sizeof(float)) sum += sweep[i];
+  __asm__ volatile("" ::"g"(sum) : "memory");
   return sum;
 }
 
@@ -75,10 +78,12 @@ absl::StatusOr<double> AfterSweepSample(Communicator* comm, Buffers& b, const st
 
 absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_per_peer, int iters, int warmup,
                                             int64_t sweep_bytes) {
-  if (iters < 1 || warmup < 0 || bytes_per_peer < 0 || sweep_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("all-to-all probe: iters ", iters, ", warmup ", warmup,
-                                                   ", bytes_per_peer ", bytes_per_peer, ", sweep_bytes ",
-                                                   sweep_bytes));
+  const std::tuple<const char*, int64_t, int64_t> checks[] = {
+      {"iters", iters, 1}, {"warmup", warmup, 0}, {"bytes_per_peer", bytes_per_peer, 0}, {"sweep_bytes", sweep_bytes, 0}};
+  for (const auto& [name, value, least] : checks) {
+    if (value < least) {
+      return absl::InvalidArgumentError(absl::StrCat("all-to-all probe: ", name, " must be >= ", least, ", got ", value));
+    }
   }
   const int n = comm->size();
   Buffers b{std::vector<char>(static_cast<size_t>(bytes_per_peer * n), 1),

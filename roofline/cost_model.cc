@@ -97,11 +97,13 @@ double WeightSeconds(const ModelCosts& m, const HardwareProfile& hw, const Paral
 namespace {
 
 // Pipeline parallelism: `tokens` rows cross each of the pp - 1 stage boundaries once, over the
-// scale-out network where the two stages sit in different domains.
+// scale-out network where the two stages sit in different domains. Each EP rank hands its own
+// rows to the same rank of the next stage, all at once: the busiest rank's share sets the time.
 void AddHandOffs(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
                  StepCost* c) {
-  if (layout.pp <= 1 || hw.interconnect_bandwidth <= 0) return;
+  if (layout.pp <= 1 || hw.interconnect_bandwidth <= 0 || tokens <= 0) return;
   const double bytes = tokens * m.hidden * m.act_bytes;
+  const double rank_bytes = std::ceil(tokens / static_cast<double>(layout.ep)) * m.hidden * m.act_bytes;
   const double out = static_cast<double>(layout.CrossDomainHandOffs());
   const double in = static_cast<double>(layout.pp - 1) - out;
   const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
@@ -109,8 +111,8 @@ void AddHandOffs(const ModelCosts& m, const HardwareProfile& hw, const ParallelL
   c->comm_bytes += (in + out) * bytes;
   c->scale_out_bytes += out * bytes;
   c->comm_latency_seconds += in * hw.interconnect_latency + out * out_latency;
-  c->comm_seconds +=
-      in * (bytes / hw.interconnect_bandwidth + hw.interconnect_latency) + out * (bytes / out_bw + out_latency);
+  c->comm_seconds += in * (rank_bytes / hw.interconnect_bandwidth + hw.interconnect_latency) +
+                     out * (rank_bytes / out_bw + out_latency);
 }
 
 // The layout's traffic between devices, priced as α + bytes/β per link kind.
@@ -274,11 +276,12 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
     longest.bound_seconds = std::max(longest.bound_seconds, c.bound_seconds);
     longest.seconds = std::max(longest.seconds, c.seconds);
   }
-  // The fill: pp - 1 more stage times, and the first micro-batch's pp - 1 hand-offs on the way
-  // (later hand-offs overlap the stages' work). The largest micro-batch's rows price each.
+  // The fill: pp - 1 more stage times, and one micro-batch's pp - 1 hand-offs on the way (later
+  // hand-offs overlap the stages' work; the largest micro-batch's rows price them, an upper
+  // bound where they differ). Hidden, as all communication, under `overlap_comm`.
   const double fill = static_cast<double>(layout.pp - 1);
   StepCost hand;
-  AddHandOffs(m, hw, layout, largest, &hand);
+  if (!layout.overlap_comm) AddHandOffs(m, hw, layout, largest, &hand);
   return {total.bound_seconds + fill * longest.bound_seconds + hand.comm_seconds,
           total.seconds + fill * longest.seconds + hand.comm_seconds};
 }

@@ -145,7 +145,7 @@ void PrintParallelReport(const nlohmann::json& j) {
               j.contains("predicted_comm_us_per_token")
                   ? absl::StrCat(", predicted ", absl::StrFormat("%.1f", j["predicted_comm_us_per_token"].get<double>()),
                                  " us for ", absl::StrFormat("%.0f", j["predicted_comm_bytes_per_token"].get<double>()),
-                                 " bytes (EP domain ", j["domain_size"].get<int64_t>(), ")")
+                                 " bytes (domains of ", j["domain_size"].get<int64_t>(), " ranks; 0: one)")
                         .c_str()
                   : "");
   if (j.contains("critical_batch")) {

@@ -146,7 +146,13 @@ struct HardwareTiles {
 
 struct EmulatedTiles {
   static inline thread_local float acc[2][kTileM * kTileN];
-  static void Begin(int, int) {}
+  static inline thread_local bool legal = true;
+  // The configuration rules the hardware enforces (a fault there): A and C rows 1-16 for the
+  // first tile, 0-16 for the second, a second tile only behind a full first. A breach poisons
+  // every result, so the tests fail where the hardware would fault.
+  static void Begin(int rows0, int rows1) {
+    legal = rows0 >= 1 && rows0 <= kTileM && rows1 >= 0 && rows1 <= kTileM && (rows1 == 0 || rows0 == kTileM);
+  }
   static void Zero(int, int) { std::memset(acc, 0, sizeof(acc)); }
   static float Bf16(uint16_t v) {
     const uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -180,7 +186,7 @@ struct EmulatedTiles {
     const int rows[2] = {rows0, rows1};
     for (int t = 0; t < 2; ++t) {
       for (int64_t i = 0; i < kTileM * kTileN; ++i) {
-        c[t][i] = i < rows[t] * kTileN ? acc[t][i] : std::numeric_limits<float>::quiet_NaN();
+        c[t][i] = legal && i < rows[t] * kTileN ? acc[t][i] : std::numeric_limits<float>::quiet_NaN();
       }
     }
   }

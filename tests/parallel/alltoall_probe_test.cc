@@ -1,10 +1,11 @@
 // parallel/alltoall_probe: the all-to-all timing calibrate uses, between two thread ranks.
-// After a sweep, a call is timed from the last rank's entry: the sweep itself, which takes far
-// longer than an exchange between threads, must not enter the figure.
+// After a sweep, a call is timed from the last rank's entry: neither the sweep, which takes far
+// longer than an exchange between threads, nor the wait for a rank still sweeping may enter it.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -14,17 +15,27 @@
 namespace moeserve {
 namespace {
 
-std::vector<absl::StatusOr<AllToAllTiming>> OnTwoThreads(int64_t bytes, int64_t sweep) {
+// Both ranks time `bytes` per peer; rank r sweeps sweep[r] bytes before each call. `seconds`
+// gets each rank's time in the whole probe.
+std::vector<absl::StatusOr<AllToAllTiming>> OnTwoThreads(int64_t bytes, const int64_t (&sweep)[2],
+                                                         double (&seconds)[2]) {
   const std::unique_ptr<CommGroup> group = MakeLocalGroup(2);
   std::vector<absl::StatusOr<AllToAllTiming>> t(2);
-  std::thread peer([&] { t[1] = TimeAllToAll(group->rank(1), bytes, 5, 1, sweep); });
-  t[0] = TimeAllToAll(group->rank(0), bytes, 5, 1, sweep);
+  auto run = [&](int r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    t[r] = TimeAllToAll(group->rank(r), bytes, /*iters=*/5, /*warmup=*/1, sweep[r]);
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::thread peer(run, 1);
+  run(0);
   peer.join();
   return t;
 }
 
-TEST(AllToAllProbeTest, ACallAfterASweepIsTimedWithoutTheSweep) {
-  constexpr int64_t kSweep = int64_t{256} << 20;
+// Rank 1 sweeps 128 MiB before each call, rank 0 almost nothing: rank 1 always enters last, so
+// a figure timed from the first entry would hold rank 1's whole sweep.
+TEST(AllToAllProbeTest, ACallAfterASweepIsTimedFromTheLastEntry) {
+  constexpr int64_t kSweep = int64_t{128} << 20;
   // What one sweep of that many bytes takes here, read the same way (a float per cache line).
   std::vector<float> sweep(kSweep / sizeof(float), 1.0f);
   const auto t0 = std::chrono::steady_clock::now();
@@ -32,14 +43,19 @@ TEST(AllToAllProbeTest, ACallAfterASweepIsTimedWithoutTheSweep) {
   for (size_t i = 0; i < sweep.size(); i += 16) sum = sum + sweep[i];
   const double sweep_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   sweep = {};
-  for (const auto& t : OnTwoThreads(4096, kSweep)) {
+  double seconds[2] = {};
+  const auto timings = OnTwoThreads(4096, {64, kSweep}, seconds);
+  for (const auto& t : timings) {
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ(t->bytes_per_peer, 4096);
     EXPECT_GT(t->median_us, 0);
     EXPECT_LT(t->median_us, sweep_us / 2) << "one sweep took " << sweep_us << " us";
     EXPECT_GT(t->bus_bytes_per_second, 0);
   }
-  for (const auto& t : OnTwoThreads(4096, 0)) {
+  // The sweeps did run: 6 samples of 4 calls, each after one.
+  EXPECT_GT(seconds[1] * 1e6, 0.5 * 24 * sweep_us) << "one sweep took " << sweep_us << " us";
+  double idle[2] = {};
+  for (const auto& t : OnTwoThreads(4096, {0, 0}, idle)) {
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_GT(t->median_us, 0);
   }
@@ -47,10 +63,13 @@ TEST(AllToAllProbeTest, ACallAfterASweepIsTimedWithoutTheSweep) {
 
 TEST(AllToAllProbeTest, BadArgumentsAreRefusedByName) {
   const std::unique_ptr<CommGroup> group = MakeLocalGroup(1);
-  for (auto [iters, sweep, name] : {std::tuple{0, int64_t{0}, "iters"}, std::tuple{1, int64_t{-1}, "sweep_bytes"}}) {
+  const std::tuple<int, int64_t, const char*, const char*> cases[] = {{0, 0, "iters", "sweep_bytes"},
+                                                                      {1, -1, "sweep_bytes", "iters"}};
+  for (const auto& [iters, sweep, name, other] : cases) {
     const absl::StatusOr<AllToAllTiming> t = TimeAllToAll(group->rank(0), 64, iters, 0, sweep);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(t.status().message().find(name), std::string::npos) << t.status();
+    EXPECT_EQ(t.status().message().find(other), std::string::npos) << t.status();
   }
 }
 

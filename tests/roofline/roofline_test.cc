@@ -280,23 +280,30 @@ TEST(CostModelTest, HandOffsBetweenDomainsArePricedAtTheScaleOutNetwork) {
   auto hw = HardwarePreset("h100-sxm");
   ASSERT_TRUE(hw.ok());
   const double rows = 64 * 4096 * 2;  // 64 tokens' bf16 hidden states per boundary
-  const double nvlink = 10e-6 + rows / 450e9, fabric = 25e-6 + rows / 50e9;
   struct Case {
     int64_t ep, pp, domain, crossing;
   };
   for (const Case& k : {Case{1, 4, 0, 0}, Case{1, 4, 2, 1}, Case{1, 4, 1, 3}, Case{2, 4, 2, 3}, Case{2, 4, 4, 1},
-                        Case{4, 2, 2, 1}, Case{2, 2, 4, 0}}) {
+                        Case{4, 2, 2, 1}, Case{2, 2, 4, 0}, Case{2, 3, 4, 1}}) {
+    SCOPED_TRACE(testing::Message() << "ep " << k.ep << " pp " << k.pp << " domain " << k.domain);
     ParallelLayout l;
     l.ep = k.ep;
     l.pp = k.pp;
     l.domain_size = k.domain;
-    EXPECT_EQ(l.CrossDomainHandOffs(), k.crossing) << "ep " << k.ep << " pp " << k.pp << " domain " << k.domain;
-    if (k.ep > 1) continue;  // the hand-offs' price alone below
+    ASSERT_TRUE(CheckDomainSize(l, "--domain-size").ok());
+    EXPECT_EQ(l.CrossDomainHandOffs(), k.crossing);
+    // The hand-offs alone: the same layout without stages prices the same all-to-all. Each EP
+    // rank hands its 64 / ep tokens to the next stage's, all ranks at once.
+    ParallelLayout one_stage = l;
+    one_stage.pp = 1;
     const StepCost s = PredictStep(m, StepShape::Decode(64, 1000), *hw, l);
+    const StepCost base = PredictStep(m, StepShape::Decode(64, 1000), *hw, one_stage);
+    const double rank_rows = rows / static_cast<double>(k.ep);
     const double in = static_cast<double>(k.pp - 1 - k.crossing), out = static_cast<double>(k.crossing);
-    EXPECT_NEAR(s.comm_seconds, in * nvlink + out * fabric, 1e-15) << "pp " << k.pp << " domain " << k.domain;
-    EXPECT_NEAR(s.scale_out_bytes, out * rows, 1e-6);
-    EXPECT_NEAR(s.comm_bytes, (in + out) * rows, 1e-6);
+    EXPECT_NEAR(s.comm_seconds - base.comm_seconds,
+                in * (10e-6 + rank_rows / 450e9) + out * (25e-6 + rank_rows / 50e9), 1e-12);
+    EXPECT_NEAR(s.scale_out_bytes - base.scale_out_bytes, out * rows, 1e-3);
+    EXPECT_NEAR(s.comm_bytes - base.comm_bytes, (in + out) * rows, 1e-3);
   }
   // The pipelined step carries its first micro-batch over the boundaries: 16 tokens each here.
   ParallelLayout inside, across;
