@@ -56,7 +56,7 @@ if [[ $(id -u) -eq 0 ]] && command -v mpirun > /dev/null && ip netns list > /dev
   for m in 1 2 4 8; do
     mpirun --allow-run-as-root --hostfile "$out/hosts" --mca plm_rsh_agent "$repo/scripts/netns-hosts.sh agent" \
       --mca oob_tcp_if_include 10.77.2.0/24 --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.2.0/24 \
-      --mca mpi_yield_when_idle 1 -np 2 \
+      --mca mpi_yield_when_idle 1 --bind-to none -np 2 \
       "$moeserve" bench "${workload[@]}" --pp 2 --micro-batches "$m" --trace-jsonl "$out/netns-m$m.jsonl" \
       > "$out/netns-m$m.log" 2>&1
     summarize "$out/netns-m$m.jsonl" "$m" "processes, 2 namespaces"

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
+#include "runner/rank_cores.h"
 #endif
 
 namespace moeserve::tools {
@@ -153,6 +154,8 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "rank ", r, " refused the job (its log says why)"));
   }
+  ASSIGN_OR_RETURN(const std::string sharing, CheckRankCores(world.get()));
+  if (!sharing.empty() && world->rank() == 0) std::fprintf(stderr, "%swarning: %s\n", prefix.c_str(), sharing.c_str());
   return std::unique_ptr<MpiJob>(std::make_unique<OpenMpiJob>(std::move(world)));
 #else
   (void)f;

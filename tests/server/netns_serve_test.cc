@@ -116,8 +116,9 @@ class NetnsServeTest : public ::testing::Test {
     return {MOESERVE_MPIEXEC, "--allow-run-as-root", "--mca", "odls_base_sigkill_timeout", sigkill_timeout, "--hostfile", hostfile_, "--mca", "plm_rsh_agent",
             std::string(kScript) + " agent", "--mca", "oob_tcp_if_include", net, "--mca", "btl", "self,vader,tcp",
             "--mca", "btl_tcp_if_include", net,
-            // The "hosts" share this machine's cores: ranks must not spin while they wait.
-            "--mca", "mpi_yield_when_idle", "1", "-x", "MOESERVE_RANK_TIMEOUT_S=" + rank_timeout, "-x",
+            // The "hosts" share this machine's cores: ranks must not spin while they wait, and
+            // each namespace's daemon would bind its first rank to core 0 (runner/rank_cores.h).
+            "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "-x", "MOESERVE_RANK_TIMEOUT_S=" + rank_timeout, "-x",
             "MOESERVE_STEP_TIMEOUT_S=300", "-np", std::to_string(np)};
   }
 

@@ -17,6 +17,7 @@
 #include "tools/mpirun_self.h"
 #include "parallel/alltoall_probe.h"
 #include "parallel/comm_group.h"
+#include "runner/rank_cores.h"
 #include "runner/rank_step.h"
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
@@ -119,6 +120,8 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
   std::vector<uint64_t> clocks(static_cast<size_t>(world->size()));
   RETURN_IF_ERROR(comm->AllGather(&clock, sizeof(clock), clocks.data()));
   const bool one_clock = clock != 0 && std::all_of(clocks.begin(), clocks.end(), [&](uint64_t c) { return c == clock; });
+  // Ranks time-sharing a core would make every figure a scheduler's: said in the profile.
+  ASSIGN_OR_RETURN(const std::string sharing, CheckRankCores(world.get()));
   ASSIGN_OR_RETURN(nlohmann::json probe, ProbeSizes(one_clock, [&](int64_t bytes, int64_t sweep) {
     return TimeAllToAll(comm, bytes, quick ? 5 : 40, quick ? 2 : 5, sweep);
   }));
@@ -133,6 +136,7 @@ absl::StatusOr<nlohmann::json> ProbeAllToAllUnderMpi(bool quick) {
   for (int r = 0; r < world->size(); ++r) hosts.push_back(std::string(names.data() + r * sizeof(name)));
   probe["ranks"] = world->size();
   probe["hosts"] = hosts;
+  if (!sharing.empty()) probe["core_sharing"] = sharing;
   return probe;
 }
 
@@ -155,6 +159,9 @@ absl::StatusOr<nlohmann::json> MeasureMpiTransports(bool quick, const std::strin
     if (rc != 0 || !probe.is_object()) {
       return absl::UnavailableError(
           absl::StrCat("calibrate: the transport probe with mpirun ", args, " failed (status ", rc, "): ", text));
+    }
+    if (probe.contains("core_sharing")) {
+      std::fprintf(stderr, "calibrate: %s: warning: %s\n", name, probe["core_sharing"].get<std::string>().c_str());
     }
     out[name] = probe;
   }
