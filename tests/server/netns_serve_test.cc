@@ -90,7 +90,7 @@ class NetnsServeTest : public ::testing::Test {
     if (!up_) return;
     // Every process of the job is gone from both namespaces (bounded wait), then the set goes.
     // A namespace whose link was cut is left to `down`: its rank cannot hear that the job ended.
-    for (const std::string ns : {std::string(kPrefix) + "0", std::string(kPrefix) + "1"}) {
+    for (const std::string& ns : {std::string(kPrefix) + "0", std::string(kPrefix) + "1"}) {
       if (ns == cut_off_) continue;
       std::vector<pid_t> left;
       for (int i = 0; i < 100 && !(left = NamespacePids(ns)).empty(); ++i) {
@@ -216,6 +216,11 @@ TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
   const auto& shm = j["mpi_alltoall"]["shared_memory"]["hosts"];
   ASSERT_EQ(shm.size(), 2u);
   EXPECT_EQ(shm[0], shm[1]) << "the shared-memory probe's ranks share a host";
+  // Each namespace's daemon would bind its rank to core 0 without --bind-to none (Mpirun's).
+  EXPECT_FALSE(tcp.contains("core_sharing")) << tcp["core_sharing"];
+  // One machine's clock across the namespaces: the exchanges after sweeps were timed.
+  ASSERT_TRUE(tcp.contains("after_sweep")) << tcp.dump();
+  EXPECT_EQ(tcp["after_sweep"].size(), 3u);
   EXPECT_GT(j["scale_out_latency_s"].get<double>(), 0);
   EXPECT_GT(j["scale_out_bandwidth"].get<double>(), 0);
   EXPECT_EQ(j["scale_out_mpirun_args"], args);
