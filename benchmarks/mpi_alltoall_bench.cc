@@ -24,8 +24,10 @@ int main(int argc, char** argv) {
   }
   const int n = (*comm)->size(), me = (*comm)->rank();
   if (me == 0) std::printf("ranks,bytes_per_peer,median_us,p90_us,bus_gbps\n");
-  // From one decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
-  for (int64_t bytes : {4096LL, 65536LL, 1LL << 20, 8LL << 20}) {
+  // Nothing (an exchange in which no rank sends a row: what a dispatch costs when every token's
+  // experts are on its own rank), a message that is all latency, one decode token's hidden
+  // state (4 KiB of fp32 at hidden 1024), up to a prefill chunk's.
+  for (int64_t bytes : {0LL, 64LL, 4096LL, 65536LL, 1LL << 20, 8LL << 20}) {
     auto t = moeserve::TimeAllToAll(comm->get(), bytes, iters);
     if (!t.ok()) {
       std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());

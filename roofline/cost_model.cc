@@ -139,8 +139,11 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
       latency = std::max(latency, hw.scale_out_latency);
     }
     // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
-    // whatever its bytes: what dominates at decode sizes.
-    const double calls = kDispatchCallsPerMoeLayer * static_cast<double>(m.moe_layers);
+    // whatever its bytes: what dominates at decode sizes. Where empty exchanges are free, the
+    // rows out and back pay it only when some row changes rank (the counts always do).
+    const double row_calls =
+        hw.empty_exchanges_free ? 1.0 - NoRowLeavesItsRank(m.experts, m.top_k, layout.ep, tokens) : 1.0;
+    const double calls = (1 + (kDispatchCallsPerMoeLayer - 1) * row_calls) * static_cast<double>(m.moe_layers);
     c->comm_latency_seconds += calls * latency;
     c->comm_seconds += seconds + calls * latency;
   }
@@ -148,6 +151,15 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
 }
 
 }  // namespace
+
+double NoRowLeavesItsRank(int64_t experts, int64_t top_k, int64_t ep, double tokens) {
+  if (ep <= 1 || experts <= 0 || top_k <= 0) return 1;
+  // C(experts / ep, k) / C(experts, k): the k draws without replacement all land on the rank's own.
+  const double own = static_cast<double>(experts) / static_cast<double>(ep);
+  double p = 1;
+  for (int64_t i = 0; i < top_k; ++i) p *= std::max(0.0, own - static_cast<double>(i)) / static_cast<double>(experts - i);
+  return std::pow(p, tokens);
+}
 
 int64_t ParallelLayout::CrossDomainHandOffs() const {
   if (domain_size <= 0) return 0;

@@ -110,6 +110,10 @@ struct Efficiency {
 // results back). The counts are a few bytes per expert, not priced.
 inline constexpr double kDispatchCallsPerMoeLayer = 3;
 
+// The chance that none of `tokens` tokens sends a row to another EP rank: each token's top_k
+// experts (uniform, distinct) all on its own rank's experts / ep. 1 for ep 1.
+double NoRowLeavesItsRank(int64_t experts, int64_t top_k, int64_t ep, double tokens);
+
 struct StepCost {
   double flops = 0;
   double attention_flops = 0;  // the part of flops spent on QK^T and PV

@@ -77,7 +77,8 @@ std::string HardwareProfile::ToJson() const {
                       {"disk_write_bandwidth", disk_write_bandwidth},
                       {"devices", devices},
                       {"scale_up_domain", scale_up_domain},
-                      {"price_per_hour", price_per_hour}};
+                      {"price_per_hour", price_per_hour},
+                      {"empty_exchanges_free", empty_exchanges_free}};
   return j.dump(2);
 }
 
@@ -120,6 +121,12 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
   }
   p.devices = static_cast<int64_t>(devices);
   p.scale_up_domain = static_cast<int64_t>(domain);
+  if (j.contains("empty_exchanges_free")) {
+    if (!j["empty_exchanges_free"].is_boolean()) {
+      return absl::InvalidArgumentError("hardware profile: 'empty_exchanges_free' must be true or false");
+    }
+    p.empty_exchanges_free = j["empty_exchanges_free"].get<bool>();
+  }
   if (j.contains("name") && j["name"].is_string()) p.name = j["name"];
   if (j.contains("source") && j["source"].is_string()) p.source = j["source"];
   if (absl::Status s = p.Validate(); !s.ok()) return s;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
@@ -55,6 +56,17 @@ TEST(HardwareTest, JsonRoundTripAndErrorsNameTheKey) {
   EXPECT_EQ(q->mem_bandwidth, p->mem_bandwidth);
   EXPECT_EQ(q->peak_flops_bf16, p->peak_flops_bf16);
   EXPECT_EQ(q->devices, p->devices);
+  EXPECT_FALSE(q->empty_exchanges_free);
+  HardwareProfile free_empty = *p;
+  free_empty.empty_exchanges_free = true;
+  auto r = HardwareProfile::FromJson(free_empty.ToJson());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->empty_exchanges_free);
+  auto not_bool = HardwareProfile::FromJson(
+      R"({"peak_flops_bf16": 1e12, "mem_bandwidth": 1e11, "mem_capacity": 1e9, "empty_exchanges_free": 1})");
+  ASSERT_FALSE(not_bool.ok());
+  EXPECT_NE(std::string(not_bool.status().message()).find("empty_exchanges_free"), std::string::npos)
+      << not_bool.status();
   auto bad = HardwareProfile::FromJson(R"({"peak_flops_bf16": 1e12, "mem_capacity": 1e9})");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("mem_bandwidth"), std::string::npos) << bad.status();
@@ -269,6 +281,35 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
   no_latency.interconnect_latency = no_latency.scale_out_latency = 0;
   EXPECT_NEAR(PredictStep(m, StepShape::Decode(64, 1000), no_latency, one).comm_seconds,
               routed * 15 / ep / (450e9 * ep), 1e-15);
+}
+
+// Where the transport skips an all-to-all that moves nothing (Open MPI), the rows out and back pay
+// the latency only when some token's experts are not all on its own rank: with 8 experts top-2 on
+// 2 ranks, C(4,2)/C(8,2) = 6/28 per token.
+TEST(CostModelTest, ExchangesThatMoveNoRowsPayNoLatencyWhereTheTransportSkipsThem) {
+  EXPECT_DOUBLE_EQ(NoRowLeavesItsRank(8, 2, 2, 1), 6.0 / 28);
+  EXPECT_NEAR(NoRowLeavesItsRank(8, 2, 2, 3), std::pow(6.0 / 28, 3), 1e-15);
+  EXPECT_DOUBLE_EQ(NoRowLeavesItsRank(8, 2, 1, 5), 1.0);
+  EXPECT_DOUBLE_EQ(NoRowLeavesItsRank(8, 2, 8, 1), 0.0) << "one expert per rank: a token's two cannot both be home";
+  EXPECT_NEAR(NoRowLeavesItsRank(16, 2, 4, 1), (4.0 * 3) / (16 * 15), 1e-15);
+  auto c = AnalysisPreset("mixtral-8x7b");
+  ASSERT_TRUE(c.ok());
+  const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
+  auto hw = HardwarePreset("h100-sxm");
+  ASSERT_TRUE(hw.ok());
+  ParallelLayout ep2;
+  ep2.ep = 2;
+  HardwareProfile skips = *hw;
+  skips.empty_exchanges_free = true;
+  const double layers = 32, alpha = 10e-6;
+  for (int64_t t : {1, 2, 16}) {
+    const StepCost always = PredictStep(m, StepShape::Decode(t, 100), *hw, ep2);
+    const StepCost sometimes = PredictStep(m, StepShape::Decode(t, 100), skips, ep2);
+    EXPECT_NEAR(always.comm_latency_seconds, 3 * layers * alpha, 1e-15) << t;
+    const double crossing = 1 - std::pow(6.0 / 28, static_cast<double>(t));
+    EXPECT_NEAR(sometimes.comm_latency_seconds, (1 + 2 * crossing) * layers * alpha, 1e-15) << t;
+    EXPECT_NEAR(always.comm_seconds - sometimes.comm_seconds, 2 * (1 - crossing) * layers * alpha, 1e-15) << t;
+  }
 }
 
 // Ranks fill the domains in order (rank = stage x ep + EP rank): with domains of 2, ep 2 x pp 4

@@ -29,7 +29,7 @@ namespace {
 // From a message small enough that its bytes cost nothing (the call latency, measured rather
 // than fitted: a shaped link passes small messages in a burst, faster than its rate) through one
 // decode token's hidden state (4 KiB of fp32 at hidden 1024) to a prefill chunk's.
-constexpr int64_t kProbeBytes[] = {64, 4096, 65536, int64_t{1} << 20, int64_t{8} << 20};
+constexpr int64_t kProbeBytes[] = {0, 64, 4096, 65536, int64_t{1} << 20, int64_t{8} << 20};
 // The decode-sized ones again after a sweep of memory, as an engine's exchanges follow its
 // compute: sweeps of a quarter, one and four times the last-level cache.
 constexpr int64_t kSweptBytes[] = {64, 4096, 65536};
@@ -87,13 +87,25 @@ double BestBandwidth(const nlohmann::json& probe) {
 double CallLatency(const nlohmann::json& probe) {
   const double bw = BestBandwidth(probe);
   if (bw <= 0 || !probe.contains("ranks")) return 0;
-  const nlohmann::json& sizes = probe["sizes"];
-  if (sizes.empty()) return 0;
-  const auto& smallest = *std::min_element(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) {
-    return a["bytes_per_peer"].template get<double>() < b["bytes_per_peer"].template get<double>();
-  });
-  const double bytes = smallest["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
-  return std::max(0.0, smallest["median_us"].get<double>() * 1e-6 - bytes / bw);
+  // The smallest message that moves bytes (an empty exchange may cost nothing: EmptyExchangeFree).
+  const nlohmann::json* smallest = nullptr;
+  for (const auto& s : probe["sizes"]) {
+    const double b = s["bytes_per_peer"].get<double>();
+    if (b > 0 && (smallest == nullptr || b < (*smallest)["bytes_per_peer"].get<double>())) smallest = &s;
+  }
+  if (smallest == nullptr) return 0;
+  const double bytes = (*smallest)["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
+  return std::max(0.0, (*smallest)["median_us"].get<double>() * 1e-6 - bytes / bw);
+}
+
+bool EmptyExchangeFree(const nlohmann::json& probe) {
+  double empty = -1, smallest = -1;
+  for (const auto& s : probe.value("sizes", nlohmann::json::array())) {
+    const double b = s["bytes_per_peer"].get<double>(), us = s["median_us"].get<double>();
+    if (b == 0) empty = us;
+    if (b > 0 && (smallest < 0 || b < smallest)) smallest = us;
+  }
+  return empty >= 0 && smallest > 0 && empty < 0.5 * smallest;
 }
 
 absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick) {

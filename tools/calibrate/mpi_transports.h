@@ -35,8 +35,13 @@ absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick);
 // datasheet figure is: small messages are bound by latency, very large ones fall out of cache.
 double BestBandwidth(const nlohmann::json& probe);
 
-// The per-call latency of a probe's all-to-all (seconds): the smallest message's median time
-// less what its bytes take at the best bandwidth (never below 0; 0 without sizes).
+// The per-call latency of a probe's all-to-all (seconds): the smallest message that moves bytes,
+// its median time less what its bytes take at the best bandwidth (never below 0; 0 without sizes).
 double CallLatency(const nlohmann::json& probe);
+
+// Whether a probe's empty all-to-all (0 bytes to every peer) took under half of its smallest
+// message's time: the transport skips a call that moves nothing (HardwareProfile::
+// empty_exchanges_free). False without a 0-byte size.
+bool EmptyExchangeFree(const nlohmann::json& probe);
 
 }  // namespace moeserve::calibrate
