@@ -102,7 +102,7 @@ absl::StatusOr<AllToAllTiming> TimeAllToAll(Communicator* comm, int64_t bytes_pe
   r.bytes_per_peer = bytes_per_peer;
   r.median_us = us[us.size() / 2];
   r.p90_us = us[us.size() * 9 / 10];
-  r.bus_bytes_per_second = static_cast<double>(bytes_per_peer) * (n - 1) / (r.median_us * 1e-6);
+  r.bus_bytes_per_second = r.median_us > 0 ? static_cast<double>(bytes_per_peer) * (n - 1) / (r.median_us * 1e-6) : 0;
   return r;
 }
 

@@ -154,6 +154,7 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
 
 double NoRowLeavesItsRank(int64_t experts, int64_t top_k, int64_t ep, double tokens) {
   if (ep <= 1 || experts <= 0 || top_k <= 0) return 1;
+  if (top_k > experts) return 0;  // no such routing; never a division by zero below
   // C(experts / ep, k) / C(experts, k): the k draws without replacement all land on the rank's own.
   const double own = static_cast<double>(experts) / static_cast<double>(ep);
   double p = 1;

@@ -2,9 +2,10 @@
 #include "runner/rank_cores.h"
 
 #include <sched.h>
-#include <sys/sysinfo.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -18,34 +19,56 @@
 namespace moeserve {
 namespace {
 
-// "machine online cpu,cpu,..." and back.
-std::string Encode(const RankCores& c) { return absl::StrCat(c.machine, " ", c.online, " ", absl::StrJoin(c.cpus, ",")); }
+// "machine online core,core,..." and back.
+std::string Encode(const RankCores& c) { return absl::StrCat(c.machine, " ", c.online, " ", absl::StrJoin(c.cores, ",")); }
 
 RankCores Decode(const std::string& text) {
   RankCores c;
   const std::vector<std::string> parts = absl::StrSplit(text, ' ');
   if (parts.size() != 3) return c;
   if (!absl::SimpleAtoi(parts[0], &c.machine) || !absl::SimpleAtoi(parts[1], &c.online)) return RankCores{};
-  for (absl::string_view cpu : absl::StrSplit(parts[2], ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (absl::SimpleAtoi(cpu, &v)) c.cpus.push_back(v);
+  for (absl::string_view core : absl::StrSplit(parts[2], ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (absl::SimpleAtoi(core, &v)) c.cores.push_back(v);
   }
   return c;
+}
+
+// CPU `cpu`'s physical core: package x 2^20 + core id; the CPU itself where sysfs has no topology.
+int64_t CoreOf(int cpu) {
+  const std::string dir = absl::StrCat("/sys/devices/system/cpu/cpu", cpu, "/topology/");
+  int64_t package = -1, core = -1;
+  std::ifstream(dir + "physical_package_id") >> package;
+  std::ifstream(dir + "core_id") >> core;
+  if (package < 0 || core < 0) return cpu;
+  return (package << 20) + core;
+}
+
+// Whether CPU `cpu` is online (cpu0 often has no "online" file: it always is).
+bool Online(int cpu) {
+  std::ifstream in(absl::StrCat("/sys/devices/system/cpu/cpu", cpu, "/online"));
+  int on = 1;
+  if (in) in >> on;
+  return on != 0;
 }
 
 }  // namespace
 
 RankCores MyCores() {
   RankCores c;
-  c.machine = MachineClockId();
-  c.online = get_nprocs();
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    for (int i = 0; i < CPU_SETSIZE; ++i) {
-      if (CPU_ISSET(i, &set)) c.cpus.push_back(i);
-    }
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return c;  // unknown: no claim about this rank
+  c.machine = MachineClockId();
+  std::set<int64_t> mine, online;
+  const long configured = sysconf(_SC_NPROCESSORS_CONF);
+  for (int i = 0; i < configured && i < CPU_SETSIZE; ++i) {
+    if (!Online(i)) continue;
+    online.insert(CoreOf(i));
+    if (CPU_ISSET(i, &set)) mine.insert(CoreOf(i));
   }
+  c.online = static_cast<int64_t>(online.size());
+  c.cores.assign(mine.begin(), mine.end());
   return c;
 }
 
@@ -56,22 +79,22 @@ std::string CoreSharingWarning(const std::vector<RankCores>& ranks) {
   }
   std::vector<std::string> found;
   for (const auto& [machine, members] : by_machine) {
-    std::set<int> cpus;
+    std::set<int64_t> cores;
     int64_t online = 0;
     for (size_t r : members) {
-      cpus.insert(ranks[r].cpus.begin(), ranks[r].cpus.end());
+      cores.insert(ranks[r].cores.begin(), ranks[r].cores.end());
       online = std::max(online, ranks[r].online);
     }
     const int64_t room = std::min<int64_t>(static_cast<int64_t>(members.size()), online);
-    if (static_cast<int64_t>(cpus.size()) >= room) continue;
+    if (static_cast<int64_t>(cores.size()) >= room) continue;
     found.push_back(absl::StrCat("ranks ", absl::StrJoin(members, ", "), " share one machine of ", online,
-                                 " CPUs but may run only on CPUs {", absl::StrJoin(cpus, ", "), "}"));
+                                 " cores but may run only on ", cores.size(), " of them"));
   }
   if (found.empty()) return "";
   return absl::StrCat(absl::StrJoin(found, "; "),
                       ": they time-share those cores, which slows every step and exchange. Each host's "
                       "mpirun daemon binds its ranks from core 0 up; where the hosts are namespaces or "
-                      "containers of one machine, pass --bind-to none (or a rankfile)");
+                      "containers of one machine with cores to spare, pass --bind-to none (or a rankfile)");
 }
 
 absl::StatusOr<std::string> CheckRankCores(ProcessRanks* world) {

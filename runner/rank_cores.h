@@ -14,17 +14,20 @@
 
 namespace moeserve {
 
+// Cores are physical (package and core id from sysfs), so that two hardware threads of one core
+// count once; where sysfs has no topology, each CPU is its own core.
 struct RankCores {
-  uint64_t machine = 0;    // MachineClockId(): ranks with the same id share a machine (0: unknown)
-  int64_t online = 0;      // the machine's online CPUs
-  std::vector<int> cpus;   // the CPUs the rank may run on (its affinity)
+  uint64_t machine = 0;        // MachineClockId(): ranks with the same id share a machine (0: unknown)
+  int64_t online = 0;          // the machine's online cores
+  std::vector<int64_t> cores;  // the cores the rank may run on (its affinity)
 };
 
 // This process's.
 RankCores MyCores();
 
-// A warning naming the ranks of one machine whose CPUs together are fewer than
-// min(ranks there, online CPUs), or "" where every machine's ranks have room.
+// A warning naming the ranks of one machine whose cores together are fewer than
+// min(ranks there, online cores), or "" where they have room (a necessary condition: ranks
+// whose affinities overlap unevenly may still share cores unseen).
 std::string CoreSharingWarning(const std::vector<RankCores>& ranks);
 
 // Collective over every rank of `world`: gathers each rank's RankCores and returns the warning.

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "kernels/cpu/kernel_select.h"
 #include "roofline/hardware.h"
+#include "tools/mpi_job.h"
 #if MOESERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -173,6 +174,8 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_dtype = *dt;
   if (!f.hardware.empty()) {
     ASSIGN_OR_RETURN(c.hardware, roofline::LoadHardware(f.hardware));
+    // Thread ranks meet at every exchange, empty or not; processes under mpirun may skip them.
+    if (!LaunchedByMpirun()) c.hardware->empty_exchanges_free = false;
   }
   if (!f.calibration.empty()) {
     if (f.hardware.empty()) return absl::InvalidArgumentError("--calibration needs --hardware");

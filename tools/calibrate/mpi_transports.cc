@@ -99,13 +99,16 @@ double CallLatency(const nlohmann::json& probe) {
 }
 
 bool EmptyExchangeFree(const nlohmann::json& probe) {
-  double empty = -1, smallest = -1;
+  double empty_us = -1, smallest_bytes = -1, smallest_us = -1;
   for (const auto& s : probe.value("sizes", nlohmann::json::array())) {
     const double b = s["bytes_per_peer"].get<double>(), us = s["median_us"].get<double>();
-    if (b == 0) empty = us;
-    if (b > 0 && (smallest < 0 || b < smallest)) smallest = us;
+    if (b == 0) empty_us = us;
+    if (b > 0 && (smallest_bytes < 0 || b < smallest_bytes)) {
+      smallest_bytes = b;
+      smallest_us = us;
+    }
   }
-  return empty >= 0 && smallest > 0 && empty < 0.5 * smallest;
+  return empty_us >= 0 && smallest_us > 0 && empty_us < 0.5 * smallest_us;
 }
 
 absl::StatusOr<nlohmann::json> MeasureThreadTransport(bool quick) {
