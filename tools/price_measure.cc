@@ -193,7 +193,7 @@ absl::StatusOr<PriceMeasurement> MeasurePriceTimes(const ModelWeights& weights, 
                                                    const roofline::PriceInputs& in,
                                                    const roofline::PredictedStepTimes* bounds,
                                                    const PriceMeasureOptions& o) {
-  PriceMeasurement m{MeasuredStepTimes(bounds)};
+  PriceMeasurement m{MeasuredStepTimes(bounds), 0, 0, nlohmann::json()};
   const int64_t max_context = weights.config().max_position_embeddings;
   // Decode: one sweep per context over the batches that fit there. A sweep point at context
   // ctx decodes at position ctx, attending ctx + 1 tokens: the sheet's context c is ctx = c - 1.

@@ -163,7 +163,11 @@ TEST(LogitEditsTest, GreedyTokensAreTheArgMaxOfVllmsProcessedLogits) {
     reqs.push_back(RandomRequest(gen, config.vocab_size));
     reqs.back().sampling.temperature = 0.0f;
   }
-  reqs[0] = GenerateRequest{reqs[0].prompt};  // a batch mate asking for nothing
+  {  // a batch mate asking for nothing: its prompt alone
+    GenerateRequest plain;
+    plain.prompt = reqs[0].prompt;
+    reqs[0] = plain;
+  }
   reqs[0].max_tokens = 16;
   std::vector<uint64_t> ids;
   const EngineRun got = RunAll(engine.get(), reqs, &ids);

@@ -84,7 +84,9 @@ TEST(LogprobsTest, ChosenAndTopLogprobsEqualAFloat64LogSoftmax) {
       for (const TokenLogprob& t : g.top[i]) {
         const int32_t best = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
         // (Which of two tokens within fp32 rounding of each other is first is not the test's.)
-        if (sorted[0] - sorted[1] > 1e-4) EXPECT_EQ(t.token, best) << "request " << id << " token " << i;
+        if (sorted[0] - sorted[1] > 1e-4) {
+          EXPECT_EQ(t.token, best) << "request " << id << " token " << i;
+        }
         worst = std::max(worst, std::fabs(t.logprob - want[t.token]));
         if (t.token != g.tokens[i]) ++outside_top;
       }

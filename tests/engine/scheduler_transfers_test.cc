@@ -59,7 +59,9 @@ TEST_F(SchedulerTransfersTest, EvictionsAreDemotedAndAPrefixBelowIsPromoted) {
     EXPECT_EQ(pool_->Lookup(a_->hashes[i]), b->blocks[i])
         << "registered at once, for later lookups";
     ASSERT_EQ(t.evicted.size(), i == 0 ? 0u : 1u) << i;
-    if (i > 0) EXPECT_EQ(t.evicted[0].hash, f_->hashes[i - 1]) << i;
+    if (i > 0) {
+      EXPECT_EQ(t.evicted[0].hash, f_->hashes[i - 1]) << i;
+    }
   }
   EXPECT_EQ(out.transfers[3].kind, KvTransfer::Kind::kDemote);
   EXPECT_EQ(out.transfers[3].hash, f_->hashes[2]);
@@ -196,7 +198,9 @@ TEST_F(SchedulerSwapTest, AVictimIsSwappedOutAndBackIntoItsNewBlocks) {
                                      young_->blocks.begin() + static_cast<int64_t>(slots.size())));
       ASSERT_FALSE(out.chunks.empty());
       for (const ScheduledChunk& c : out.chunks) {
-        if (c.seq == young_) EXPECT_EQ(c.start, computed) << "resumes where it was swapped out";
+        if (c.seq == young_) {
+          EXPECT_EQ(c.start, computed) << "resumes where it was swapped out";
+        }
       }
       EXPECT_FALSE(young_->swapped());
     }

@@ -76,7 +76,9 @@ TEST(RetentionLruTest, AgreesWithANaiveModelOnRandomOperations) {
         const auto taken = lru.Take(key);
         auto* n = naive.Find(key);
         ASSERT_EQ(taken.has_value(), n != nullptr);
-        if (n != nullptr) EXPECT_EQ(taken->value, n->value);
+        if (n != nullptr) {
+          EXPECT_EQ(taken->value, n->value);
+        }
         naive.Erase(key);
       } else if (kind == 4) {
         now += std::uniform_real_distribution<>(0, 1)(gen);
@@ -94,7 +96,9 @@ TEST(RetentionLruTest, AgreesWithANaiveModelOnRandomOperations) {
           ASSERT_EQ(copy.Victim(now, retained_too), key);
           copy.Erase(key);
         }
-        if (static_cast<int>(list.size()) < many) ASSERT_FALSE(copy.Victim(now, retained_too).has_value());
+        if (static_cast<int>(list.size()) < many) {
+          ASSERT_FALSE(copy.Victim(now, retained_too).has_value());
+        }
         if (got) {
           lru.Erase(*got);
           naive.Erase(*got);
