@@ -59,6 +59,7 @@ Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
                    {"measured_comm_us_per_token", p.measured_comm_us_per_token},
                    {"measured_comm_min_us_per_token", p.measured_comm_min_us_per_token},
                    {"measured_comm_after_last_us_per_token", p.measured_comm_after_last_us_per_token}});
+    if (!p.core_sharing.empty()) out.back()["core_sharing"] = p.core_sharing;
   }
   return out;
 }

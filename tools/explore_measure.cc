@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/file_util.h"
@@ -169,6 +170,15 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   }
   ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
   p.processes = true;
+  // Rank 0's warning that ranks time-share cores (e.g. a namespace per host without --bind-to
+  // none), said here too: the bench output is not shown.
+  for (absl::string_view line : absl::StrSplit(run->output, '\n')) {
+    if (!absl::StrContains(line, "time-share those cores")) continue;
+    p.core_sharing = std::string(line);
+    std::fprintf(stderr, "explore: ep %lld pp %lld: %s\n", static_cast<long long>(layout.ep),
+                 static_cast<long long>(layout.pp), p.core_sharing.c_str());
+    break;
+  }
   return p;
 }
 #endif

@@ -46,6 +46,9 @@ struct MeasuredPoint {
   // The expert-parallel exchanges from the last rank's arrival to their end: the price's match.
   double measured_comm_after_last_us_per_token = 0;
   double predicted_comm_us_per_token = 0;
+  // The job's warning that ranks of one machine time-share cores (runner/rank_cores.h), if any:
+  // such a point measures the scheduler as much as the layout.
+  std::string core_sharing;
 };
 
 // Every point of `candidates` that fits and is within the limits, each run on a fresh engine: the
