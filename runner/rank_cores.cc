@@ -64,8 +64,9 @@ RankCores MyCores() {
   const long configured = sysconf(_SC_NPROCESSORS_CONF);
   for (int i = 0; i < configured && i < CPU_SETSIZE; ++i) {
     if (!Online(i)) continue;
-    online.insert(CoreOf(i));
-    if (CPU_ISSET(i, &set)) mine.insert(CoreOf(i));
+    const int64_t core = CoreOf(i);
+    online.insert(core);
+    if (CPU_ISSET(i, &set)) mine.insert(core);
   }
   c.online = static_cast<int64_t>(online.size());
   c.cores.assign(mine.begin(), mine.end());

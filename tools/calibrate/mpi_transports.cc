@@ -63,8 +63,9 @@ absl::StatusOr<nlohmann::json> ProbeSizes(bool one_clock, Time&& time) {
     idle.push_back(ToJson(t));
   }
   if (!one_clock) return nlohmann::json{{"sizes", idle}};
+  const double llc = static_cast<double>(LastLevelCacheBytes());
   for (double f : kSweepsOfLlc) {
-    const int64_t sweep = static_cast<int64_t>(f * static_cast<double>(LastLevelCacheBytes()));
+    const int64_t sweep = static_cast<int64_t>(f * llc);
     nlohmann::json sizes = nlohmann::json::array();
     for (int64_t bytes : kSweptBytes) {
       ASSIGN_OR_RETURN(const AllToAllTiming t, time(bytes, sweep));
