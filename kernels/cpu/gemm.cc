@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
@@ -29,23 +30,25 @@ Variant VariantOf(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk};
     case CpuIsa::kAvx512Bf16: return {TileAvx512Bf16, kTileRows, kRowChunk};
-    case CpuIsa::kAmx: return {TileAmx, 2 * kTileRows, kAmxRowChunk};
+    case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk};
     default: return {TileAvx2, kTileRows, kRowChunk};
   }
 }
 
-// The task's activations as the variant reads them: packed row blocks for avx512-bf16, padded
-// rows for AMX tiles; nothing for the exact variants.
-std::vector<uint16_t> ActivationsFor(const GemmTask& t, CpuIsa isa) {
-  std::vector<uint16_t> out;
+// The rows a variant's activation layout is cut in (0: it reads x itself, the exact variants).
+int64_t ActivationBlock(CpuIsa isa) {
+  if (isa == CpuIsa::kAvx512Bf16) return kBf16RowBlock;
+  return isa == CpuIsa::kAmx ? kAmxRowBlock : 0;
+}
+
+// Rows [i0, i1) of a task's activations as the variant reads them: packed row blocks for
+// avx512-bf16, padded rows for AMX tiles. i0 and i1 are multiples of ActivationBlock.
+void ConvertActivations(const GemmTask& t, CpuIsa isa, int64_t i0, int64_t i1, uint16_t* out) {
   if (isa == CpuIsa::kAvx512Bf16) {
-    out.resize(static_cast<size_t>(PackedBf16Elems(t.m, t.w.cols)));
-    PackRowsBf16(t.x, t.m, t.w.cols, out.data());
-  } else if (isa == CpuIsa::kAmx) {
-    out.resize(static_cast<size_t>(PaddedAmxElems(t.m, t.w.cols)));
-    PadRowsAmx(t.x, t.m, t.w.cols, out.data());
+    PackRowsBf16(t.x, t.m, t.w.cols, i0, i1, out);
+  } else {
+    PadRowsAmx(t.x, t.m, t.w.cols, i0, i1, out);
   }
-  return out;
 }
 
 // The variant that computes `t`: the bf16 ones take bf16 weights only (f32 weights keep their
@@ -73,11 +76,11 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
   }
 }
 
-void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
+void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
   const int64_t k8 = RoundUp(k, kTileCols), chunks = k8 / kTileCols;
   const int64_t block_elems = chunks * kBf16RowBlock * kTileCols;
   std::vector<uint16_t> row(static_cast<size_t>(k8), 0);
-  for (int64_t i = 0; i < RoundUp(m, kBf16RowBlock); ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     if (i < m) {
       for (int64_t c = 0; c < k; ++c) row[c] = RoundToBf16(x[i * k + c]);  // k8 - k tail stays 0
     } else {
@@ -90,11 +93,13 @@ void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
   }
 }
 
-void PadRowsAmx(const float* x, int64_t m, int64_t k, uint16_t* out) {
+void PadRowsAmx(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
   const int64_t kp = RoundUp(k, kAmxTileK);
-  std::fill(out, out + PaddedAmxElems(m, k), uint16_t{0});
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t c = 0; c < k; ++c) out[i * kp + c] = RoundToBf16(x[i * k + c]);
+  for (int64_t i = i0; i < i1; ++i) {
+    uint16_t* row = out + i * kp;
+    const int64_t cols = i < m ? k : 0;
+    for (int64_t c = 0; c < cols; ++c) row[c] = RoundToBf16(x[i * k + c]);
+    std::fill(row + cols, row + kp, uint16_t{0});
   }
 }
 
@@ -107,18 +112,59 @@ const char* GemmInstructionKind(CpuIsa isa) {
   }
 }
 
+namespace {
+
+// Every task's activations in its variant's layout (null for the exact variants). The rounding
+// is spread over the pool in pieces of a few row blocks: on one thread it would be a serial part
+// of every large GEMM, as long as the tiles' arithmetic itself. A decode step's rows are
+// converted inline.
+std::vector<std::unique_ptr<uint16_t[]>> PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks,
+                                                            CpuIsa isa) {
+  struct Piece {
+    size_t task;
+    int64_t i0, i1;
+  };
+  std::vector<std::unique_ptr<uint16_t[]>> out(tasks.size());
+  std::vector<Piece> pieces;
+  int64_t elems = 0;
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    const GemmTask& t = tasks[k];
+    const CpuIsa task_isa = IsaForTask(t, isa);
+    const int64_t block = ActivationBlock(task_isa);
+    if (t.m == 0 || t.w.rows == 0 || block == 0) continue;
+    const int64_t rows = RoundUp(t.m, block), piece = 4 * block;
+    // Every element is written (padding too), so the buffer needs no clearing.
+    out[k].reset(new uint16_t[static_cast<size_t>(task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols)
+                                                                           : PackedBf16Elems(t.m, t.w.cols))]);
+    for (int64_t i = 0; i < rows; i += piece) pieces.push_back({k, i, std::min(rows, i + piece)});
+    elems += rows * t.w.cols;
+  }
+  auto convert = [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const Piece& p = pieces[static_cast<size_t>(n)];
+      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, out[p.task].get());
+    }
+  };
+  constexpr int64_t kInlineElems = 1 << 16;  // below this a pool dispatch costs more than it saves
+  if (elems < kInlineElems) {
+    convert(0, static_cast<int64_t>(pieces.size()));
+  } else {
+    pool.ParallelFor(static_cast<int64_t>(pieces.size()), 1, convert);
+  }
+  return out;
+}
+
+}  // namespace
+
 void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
+  const std::vector<std::unique_ptr<uint16_t[]>> x_bf16 = PrepareActivations(pool, tasks, isa);
   std::vector<GemmItem> items;
-  std::vector<std::vector<uint16_t>> x_bf16(tasks.size());
   double work = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
     const GemmTask& t = tasks[k];
     if (t.m == 0 || t.w.rows == 0) continue;
     MS_CHECK(t.w.dtype == DType::kF32 || t.w.dtype == DType::kBF16);
-    const CpuIsa task_isa = IsaForTask(t, isa);
-    const Variant v = VariantOf(task_isa);
-    // Once per task, not per tile: every tile of w reads the same rounded rows.
-    x_bf16[k] = ActivationsFor(t, task_isa);
+    const Variant v = VariantOf(IsaForTask(t, isa));
     const int64_t tiles = (t.w.rows + v.item_rows - 1) / v.item_rows;
     const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
     for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -137,8 +183,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     for (int64_t n = b; n < e; ++n) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
-      const std::vector<uint16_t>& xb = x_bf16[static_cast<size_t>(it.task)];
-      VariantOf(IsaForTask(t, isa)).kernel(t, xb.empty() ? nullptr : xb.data(), it, &scratch);
+      VariantOf(IsaForTask(t, isa)).kernel(t, x_bf16[static_cast<size_t>(it.task)].get(), it, &scratch);
     }
   });
 }

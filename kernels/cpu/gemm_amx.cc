@@ -1,9 +1,12 @@
 // The amx GEMM kernel: tdpbf16ps on AMX tiles, bf16 activations (rounded once per task by
-// gemm.cc, rows [m, RoundUp(k, 32)] zero-padded) against bf16 weights. A work item covers two
-// 8-row weight tiles (16 output columns, one B tile wide); their chunks are repacked on the fly
+// gemm.cc, rows [m, RoundUp(k, 32)] zero-padded) against bf16 weights. A work item covers 32
+// weight rows (two B tiles of 16 output columns each); their chunks are repacked on the fly
 // into the VNNI order a B tile wants (row p: the column pair (2p, 2p + 1) of all 16 weight
-// rows), 32 columns of K per tile, zero-padded past K. Each output element is one tdpbf16ps
-// accumulation over K in 32-column steps, whatever the number of x rows: batch-invariant.
+// rows), 32 columns of K per tile, zero-padded past K and past the matrix's rows. A block of 32
+// x rows (two A tiles) against the two B tiles keeps four accumulators, so each K step loads
+// four tiles for four tdpbf16ps (the 2x2 blocking the TMUL needs to stay busy; one B tile per
+// two products before). Each output element is one tdpbf16ps accumulation over K in 32-column
+// steps, whatever the number of x rows: batch-invariant.
 // A block of x rows configures its A and C tiles with as many rows as it has (up to 16 each),
 // so a decode step's few rows load and multiply only themselves, not a padded 32-row block:
 // the rows of a tile are computed independently, so this changes no result.
@@ -31,6 +34,8 @@ namespace {
 constexpr int64_t kTileK = 32;    // bf16 columns of K per A/B tile (64 bytes a row)
 constexpr int64_t kTileN = 16;    // output columns (weight rows) per B tile: two kTiled8 tiles
 constexpr int64_t kTileM = 16;    // x rows per A tile
+constexpr int64_t kBTile = kTileK / 2 * kTileN;  // dwords of one packed B tile
+static_assert(kAmxItemRows == 2 * kTileN, "an item is two B tiles wide");
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -39,14 +44,15 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-1 accumulate C (rows0 / rows1 x 16 fp32) for two x blocks, 2-3 hold their A (rows0 /
-// rows1 x 32 bf16), 4 holds B (16 pair-rows x 16 columns); rows1 0 leaves tiles 1 and 3 out.
+// C[a][b] (x block a, B tile b) accumulates in tile 2a + b: rows0 / rows1 x 16 fp32. Tiles 4-5
+// hold the two x blocks' A (rows0 / rows1 x 32 bf16), 6-7 the two B tiles (16 pair-rows x 16
+// columns); rows1 0 leaves tiles 2, 3 and 5 out.
 // Tile configuration is thread state that other code may change (or release): it is read back
 // with sttilecfg (64 zero bytes when released) and loaded only when it differs.
 void ConfigureTiles(int rows0, int rows1) {
   TileConfig want;
-  const int rows[5] = {rows0, rows1, rows0, rows1, 16};
-  for (int t = 0; t < 5; ++t) {
+  const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+  for (int t = 0; t < 8; ++t) {
     want.rows[t] = static_cast<uint8_t>(rows[t]);
     want.colsb[t] = rows[t] > 0 ? 64 : 0;
   }
@@ -112,40 +118,56 @@ void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, in
 struct HardwareTiles {
   static void Begin(int rows0, int rows1) { ConfigureTiles(rows0, rows1); }
   static void Zero(int, int rows1) {
-    __asm__ volatile("tilezero %%tmm0" ::);
-    if (rows1 > 0) __asm__ volatile("tilezero %%tmm1" ::);
+    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::);
+    if (rows1 > 0) __asm__ volatile("tilezero %%tmm2\n\ttilezero %%tmm3" ::);
   }
-  // C0 += A(a0) B, C1 += A(a1) B for one 32-column K step.
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride, int, int rows1) {
+  // C[a][b] += A(a) B(b) for one 32-column K step (AT&T order: B, A, C).
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, long a_stride, int, int rows1) {
     const long b_stride = kTileN * sizeof(uint32_t);
+    const uint32_t* b1 = b0 + kBTile;
     if (rows1 == 0) {
       __asm__ volatile(
-          "tileloadd (%0,%2,1), %%tmm2\n\t"
-          "tileloadd (%1,%3,1), %%tmm4\n\t"
-          "tdpbf16ps %%tmm4, %%tmm2, %%tmm0" ::"r"(a0),
-          "r"(b), "r"(a_stride), "r"(b_stride)
+          "tileloadd (%0,%3,1), %%tmm4\n\t"
+          "tileloadd (%1,%4,1), %%tmm6\n\t"
+          "tileloadd (%2,%4,1), %%tmm7\n\t"
+          "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+          "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),
+          "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
           : "memory");
       return;
     }
     __asm__ volatile(
-        "tileloadd (%0,%3,1), %%tmm2\n\t"
-        "tileloadd (%1,%3,1), %%tmm3\n\t"
-        "tileloadd (%2,%4,1), %%tmm4\n\t"
-        "tdpbf16ps %%tmm4, %%tmm2, %%tmm0\n\t"
-        "tdpbf16ps %%tmm4, %%tmm3, %%tmm1" ::"r"(a0),
-        "r"(a1), "r"(b), "r"(a_stride), "r"(b_stride)
+        "tileloadd (%0,%4,1), %%tmm4\n\t"
+        "tileloadd (%2,%5,1), %%tmm6\n\t"
+        "tileloadd (%3,%5,1), %%tmm7\n\t"
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tileloadd (%1,%4,1), %%tmm5\n\t"
+        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+        "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),
+        "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
         : "memory");
   }
-  // Stores the configured rows of C0 and C1 (16 floats apart).
-  static void Store(float* c0, float* c1, int, int rows1) {
+  // Stores the configured rows of C[a][b] to c + (2a + b) * 256 floats (rows 16 floats apart).
+  static void Store(float* c, int, int rows1) {
     const long stride = kTileN * sizeof(float);
-    __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(c0), "r"(stride) : "memory");
-    if (rows1 > 0) __asm__ volatile("tilestored %%tmm1, (%0,%1,1)" ::"r"(c1), "r"(stride) : "memory");
+    constexpr int64_t kC = kTileM * kTileN;
+    __asm__ volatile(
+        "tilestored %%tmm0, (%0,%2,1)\n\t"
+        "tilestored %%tmm1, (%1,%2,1)" ::"r"(c),
+        "r"(c + kC), "r"(stride)
+        : "memory");
+    if (rows1 == 0) return;
+    __asm__ volatile(
+        "tilestored %%tmm2, (%0,%2,1)\n\t"
+        "tilestored %%tmm3, (%1,%2,1)" ::"r"(c + 2 * kC),
+        "r"(c + 3 * kC), "r"(stride)
+        : "memory");
   }
 };
 
 struct EmulatedTiles {
-  static inline thread_local float acc[2][kTileM * kTileN];
+  static inline thread_local float acc[4][kTileM * kTileN];
   static inline thread_local bool legal = true;
   // The configuration rules the hardware enforces (a fault there): A and C rows 1-16 for the
   // first tile, 0-16 for the second, a second tile only behind a full first. A breach poisons
@@ -161,19 +183,22 @@ struct EmulatedTiles {
     return f;
   }
   // Only the configured rows, as the hardware: a row past them is never read.
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b, long a_stride, int rows0,
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, long a_stride, int rows0,
                    int rows1) {
     const uint16_t* a[2] = {a0, a1};
     const int rows[2] = {rows0, rows1};
-    for (int t = 0; t < 2; ++t) {
-      for (int64_t m = 0; m < rows[t]; ++m) {
-        const uint16_t* row = a[t] + m * (a_stride / static_cast<long>(sizeof(uint16_t)));
-        for (int64_t k = 0; k < kTileK / 2; ++k) {
-          for (int64_t n = 0; n < kTileN; ++n) {
-            const uint32_t bw = b[k * kTileN + n];
-            float& c = acc[t][m * kTileN + n];
-            c += Bf16(row[2 * k]) * Bf16(static_cast<uint16_t>(bw & 0xffff));
-            c += Bf16(row[2 * k + 1]) * Bf16(static_cast<uint16_t>(bw >> 16));
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const uint32_t* b = b0 + tb * kBTile;
+        for (int64_t m = 0; m < rows[ta]; ++m) {
+          const uint16_t* row = a[ta] + m * (a_stride / static_cast<long>(sizeof(uint16_t)));
+          for (int64_t k = 0; k < kTileK / 2; ++k) {
+            for (int64_t n = 0; n < kTileN; ++n) {
+              const uint32_t bw = b[k * kTileN + n];
+              float& c = acc[2 * ta + tb][m * kTileN + n];
+              c += Bf16(row[2 * k]) * Bf16(static_cast<uint16_t>(bw & 0xffff));
+              c += Bf16(row[2 * k + 1]) * Bf16(static_cast<uint16_t>(bw >> 16));
+            }
           }
         }
       }
@@ -181,37 +206,47 @@ struct EmulatedTiles {
   }
   // The configured rows; the rest of each 16-row buffer becomes NaN, as memory the hardware
   // leaves alone holds anything, so a kernel that read an unconfigured row would fail its tests.
-  static void Store(float* c0, float* c1, int rows0, int rows1) {
-    float* c[2] = {c0, c1};
-    const int rows[2] = {rows0, rows1};
-    for (int t = 0; t < 2; ++t) {
+  static void Store(float* c, int rows0, int rows1) {
+    for (int t = 0; t < 4; ++t) {
+      const int rows = t < 2 ? rows0 : rows1;
       for (int64_t i = 0; i < kTileM * kTileN; ++i) {
-        c[t][i] = legal && i < rows[t] * kTileN ? acc[t][i] : std::numeric_limits<float>::quiet_NaN();
+        c[t * kTileM * kTileN + i] =
+            legal && i < rows * kTileN ? acc[t][i] : std::numeric_limits<float>::quiet_NaN();
       }
     }
   }
 };
+
+// Packs the B tiles of weight rows [r0, r0 + 16), all of K, into b (tile kt at b + kt * 2 *
+// kBTile: the item's two halves interleave by K step). Rows past the matrix are zero.
+void PackHalf(const Rows<uint16_t>& w, int64_t rows, int64_t cols, int64_t r0, uint32_t* b) {
+  const int64_t ktiles = RoundUp(cols, kTileK) / kTileK, chunks = RoundUp(cols, kTileCols) / kTileCols;
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    uint32_t* bt = b + kt * 2 * kBTile;
+    if (r0 >= rows) {
+      std::memset(bt, 0, kBTile * sizeof(uint32_t));
+    } else if (w.tiled) {
+      PackBTiled(w.Row(r0), r0 + kTileRows < rows ? w.Row(r0 + kTileRows) : nullptr, chunks, kt, bt);
+    } else {
+      PackB(w, rows, cols, r0, kt * kTileK, bt);
+    }
+  }
+}
 
 template <typename Tiles>
 void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
   const int64_t rows = t.w.rows, cols = t.w.cols;
   const int64_t kp = RoundUp(cols, kTileK);  // x rows are padded to this many columns
-  const int64_t r0 = it.tile * kTileN;
-  const int64_t ktiles = kp / kTileK, chunks = RoundUp(cols, kTileCols) / kTileCols;
-  // The repacked B tiles of this item's 16 weight rows, all of K (reused by every x block).
-  uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * kTileK / 2 * kTileN)));
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    uint32_t* bt = b + kt * kTileK / 2 * kTileN;
-    if (w.tiled) {
-      PackBTiled(w.Row(r0), r0 + kTileRows < rows ? w.Row(r0 + kTileRows) : nullptr, chunks, kt, bt);
-    } else {
-      PackB(w, rows, cols, r0, kt * kTileK, bt);
-    }
-  }
-  alignas(64) float c[2][kTileM * kTileN];
+  const int64_t r0 = it.tile * kAmxItemRows;
+  const int64_t ktiles = kp / kTileK;
+  // The repacked B tiles of this item's 32 weight rows, all of K (reused by every x block).
+  uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * 2 * kBTile)));
+  PackHalf(w, rows, cols, r0, b);
+  PackHalf(w, rows, cols, r0 + kTileN, b + kBTile);
+  alignas(64) float c[4][kTileM * kTileN];
   const long a_stride = static_cast<long>(kp * sizeof(uint16_t));
-  const int64_t ncols = std::min<int64_t>(kTileN, rows - r0);
+  const int64_t ncols = std::min<int64_t>(kAmxItemRows, rows - r0);
   for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
     const int64_t block = std::min<int64_t>(it.m1 - i, 2 * kTileM);
     const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
@@ -220,13 +255,16 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
     const uint16_t* a0 = x_bf16 + i * kp;
     const uint16_t* a1 = a0 + kTileM * kp;  // the padded x buffer has whole 32-row blocks
     for (int64_t kt = 0; kt < ktiles; ++kt) {
-      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * kTileK / 2 * kTileN, a_stride, rows0, rows1);
+      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * 2 * kBTile, a_stride, rows0, rows1);
     }
-    Tiles::Store(c[0], c[1], rows0, rows1);
-    for (int64_t r = i; r < std::min(it.m1, i + 2 * kTileM); ++r) {
-      const float* cr = c[(r - i) / kTileM] + ((r - i) % kTileM) * kTileN;
+    Tiles::Store(c[0], rows0, rows1);
+    for (int64_t r = i; r < i + block; ++r) {
+      const int64_t a = (r - i) / kTileM, row = (r - i) % kTileM;
       float* yr = t.y + r * rows + r0;
-      for (int64_t j = 0; j < ncols; ++j) yr[j] = t.accumulate ? yr[j] + cr[j] : cr[j];
+      for (int64_t j = 0; j < ncols; ++j) {
+        const float v = c[2 * a + j / kTileN][row * kTileN + j % kTileN];
+        yr[j] = t.accumulate ? yr[j] + v : v;
+      }
     }
   }
 }

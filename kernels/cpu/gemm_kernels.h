@@ -67,8 +67,8 @@ Rows<T> RowsOf(const WeightRef& w) {
 void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
-// An AMX item covers 16 weight rows (two kTiled8 tiles: it.tile counts in 16s) and x rows in
-// blocks of 32 (two A tiles).
+// An AMX item covers kAmxItemRows weight rows (two B tiles, four kTiled8 tiles: it.tile counts
+// in 32s) and x rows in blocks of 32 (two A tiles).
 void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 // The same kernel with the tile instructions computed in software (their documented
 // semantics), for tests on CPUs without AMX (needs AVX-512 for the repacking).
@@ -80,18 +80,20 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
 // The same rounding, packed for the bf16 kernels: blocks of kBf16RowBlock rows, each
 // [RoundUp(k, 8) / 8 chunks][kBf16RowBlock rows][8], zero-padded past m and k, so that one chunk
 // of a block's rows is one contiguous run (work items start at multiples of the block).
+// Writes rows [i0, i1) of the RoundUp(m, kBf16RowBlock) padded ones (the planner spreads them
+// over threads).
 inline constexpr int64_t kBf16RowBlock = 12;
 static_assert(kRowChunk % kBf16RowBlock == 0, "work items must start at a block");
 inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
   return RoundUp(m, kBf16RowBlock) * RoundUp(k, kTileCols);
 }
-void PackRowsBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
+void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out);
 
 // The same rounding for AMX A tiles: rows [RoundUp(m, 32)][RoundUp(k, 32)], zero-padded, so a
-// tile load of 16 rows x 32 columns never reads past the buffer.
-inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxRowChunk = 64;
+// tile load of 16 rows x 32 columns never reads past the buffer. Writes rows [i0, i1) of them.
+inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxRowChunk = 64, kAmxItemRows = 32;
 static_assert(kAmxRowChunk % kAmxRowBlock == 0, "AMX items start at a block");
 inline int64_t PaddedAmxElems(int64_t m, int64_t k) { return RoundUp(m, kAmxRowBlock) * RoundUp(k, kAmxTileK); }
-void PadRowsAmx(const float* x, int64_t m, int64_t k, uint16_t* out);
+void PadRowsAmx(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out);
 
 }  // namespace moeserve::cpu_fast

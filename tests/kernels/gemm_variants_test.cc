@@ -200,18 +200,18 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
   for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 16, 32}, {1, 13, 37}, {5, 40, 200},
                                                               {33, 24, 64}, {70, 9, 100}, {3, 130, 31},
-                                                              {17, 20, 40}, {20, 16, 96}}) {
+                                                              {17, 20, 40}, {20, 16, 96}, {64, 72, 96}}) {
       SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k));
       const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
       const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
-      // What gemm.cc's planner does for amx: padded rows, items of 16 weight rows and 64 x rows.
+      // What gemm.cc's planner does for amx: padded rows, items of 32 weight rows and 64 x rows.
       auto run = [&](const float* xs, int64_t rows_x, float* y) {
-        std::vector<uint16_t> xp(static_cast<size_t>(cpu_fast::PaddedAmxElems(rows_x, k)));
-        cpu_fast::PadRowsAmx(xs, rows_x, k, xp.data());
+        std::vector<uint16_t> xp(static_cast<size_t>(cpu_fast::PaddedAmxElems(rows_x, k)), 0xffff);
+        cpu_fast::PadRowsAmx(xs, rows_x, k, 0, RoundUp(rows_x, cpu_fast::kAmxRowBlock), xp.data());
         const cpu_fast::GemmTask t{xs, rows_x, w.ref, y, false};
         cpu_fast::GemmScratch scratch;
         const int64_t chunk = rows_x <= cpu_fast::kDirectMaxRows ? rows_x : cpu_fast::kAmxRowChunk;
-        for (int64_t tile = 0; tile * 16 < n; ++tile) {
+        for (int64_t tile = 0; tile * cpu_fast::kAmxItemRows < n; ++tile) {
           for (int64_t m0 = 0; m0 < rows_x; m0 += chunk) {
             cpu_fast::TileAmxEmulated(t, xp.data(), {0, tile, m0, std::min(rows_x, m0 + chunk)}, &scratch);
           }
