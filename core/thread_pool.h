@@ -14,9 +14,13 @@
 
 namespace moeserve {
 
+// The hardware threads this process may run on (its affinity mask: `taskset`, a cgroup's
+// cpuset, mpirun's binding), not all the machine has: more workers than that would time-share.
+int UsableCpus();
+
 class ThreadPool {
  public:
-  // `num_threads` <= 0 means one per hardware thread. The caller's thread also works.
+  // `num_threads` <= 0 means one per usable CPU (UsableCpus). The caller's thread also works.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

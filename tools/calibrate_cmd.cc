@@ -104,7 +104,7 @@ void AddCalibrateCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "calibrate", "Measure this machine (memory bandwidth, GEMM FLOP/s, copy and disk bandwidth) into a profile");
   cmd->add_option("--out", o->out, "Write the JSON profile here (default: stdout)");
-  cmd->add_option("--threads", o->threads, "Threads (0: one per hardware thread, as the engine uses)")
+  cmd->add_option("--threads", o->threads, "Threads (0: one per CPU this process may run on, as the engine uses)")
       ->capture_default_str();
   AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--array-mb", o->array_mb, "Size of each STREAM array in MiB (far above the caches)")

@@ -2,7 +2,6 @@
 #include "absl/strings/str_cat.h"
 #include "tools/commands.h"
 
-#include <thread>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -12,6 +11,7 @@
 
 #include "core/file_util.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/kernel_select.h"
 #include "roofline/hardware.h"
 #include "tools/mpi_job.h"
@@ -56,7 +56,7 @@ void AddSchedulerFlags(CLI::App* cmd, EngineFlags* f) {
 
 // The device the model runs on, its kernels, and the roofline profile that predicts its steps.
 void AddDeviceFlags(CLI::App* cmd, EngineFlags* f) {
-  cmd->add_option("--threads", f->threads, "CPU threads (0: one per hardware thread)")->capture_default_str();
+  cmd->add_option("--threads", f->threads, "CPU threads (0: one per CPU this process may run on: its affinity mask, e.g. under taskset)")->capture_default_str();
   cmd->add_option("--backend", f->backend,
                   "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with nvcc; checked on an H100; "
                   "the DeepSeek and GLM families and FP8 weights are CPU-only)")
@@ -281,7 +281,7 @@ BackendFactory RankBackends(const EngineFlags& f, bool processes, int process_gp
     CpuBackendOptions o = *base;
     o.capacity_bytes = device_bytes;
     if (!processes) {  // thread ranks share the process's threads
-      const int threads = o.num_threads > 0 ? o.num_threads : static_cast<int>(std::thread::hardware_concurrency());
+      const int threads = o.num_threads > 0 ? o.num_threads : UsableCpus();
       o.num_threads = std::max(1, threads / ranks);
     }
     return std::make_unique<CpuBackend>(o);

@@ -259,7 +259,7 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--measure-max-ranks", o->m.max_ranks, "Layouts of more ranks are not measured")->capture_default_str();
   cmd->add_option("--measure-max-sequences", o->m.max_sequences, "Points of more sequences are not measured")
       ->capture_default_str();
-  cmd->add_option("--threads", o->m.threads, "CPU threads of the measuring process, split over a layout's ranks (0: one per hardware thread)")
+  cmd->add_option("--threads", o->m.threads, "CPU threads of the measuring process, split over a layout's ranks (0: one per CPU this process may run on)")
       ->capture_default_str();
   cmd->callback([o, exit_code] { *exit_code = RunExplore(*o); });
 }

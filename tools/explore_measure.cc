@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -16,6 +15,7 @@
 #include "core/file_util.h"
 #include "core/progress.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "tools/launch.h"
 #include "tools/mpirun_self.h"
 
@@ -138,7 +138,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
   // Each process its share of this machine's cores, as the prediction gives it its share: a
   // process rank otherwise takes all of --threads, and the ranks' thread pools would contend.
-  const int64_t machine_threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int64_t machine_threads = o.threads > 0 ? o.threads : UsableCpus();
   const int64_t threads = std::max<int64_t>(1, machine_threads / layout.devices());
   const std::string args = absl::StrCat(
       "bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences, " --prompt-len ",

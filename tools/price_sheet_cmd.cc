@@ -324,7 +324,7 @@ void AddPriceSheetCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--fast-lane-output", o->fast_lane_output,
                   "Output tokens of the fast-lane run with --measure: the operating batch of bulk requests, alone "
                   "and beside one fast-lane request (default: --output-tokens up to 64; below 2: skip it)");
-  cmd->add_option("--threads", o->threads, "CPU threads with --measure (0: one per core)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads with --measure (0: one per CPU this process may run on)")->capture_default_str();
   AddCpuKernelFlags(cmd, &o->cpu_kernel);
   cmd->add_option("--json", o->json, "Write both sheets, the comparison and the reading as JSON");
   cmd->add_option("--csv", o->csv, "Write the context and fast-mode curves as CSV");

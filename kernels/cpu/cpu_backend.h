@@ -19,7 +19,7 @@ enum class CpuPath { kReference, kFast };
 
 struct CpuBackendOptions {
   CpuPath path = CpuPath::kFast;
-  int num_threads = 0;          // 0: one per hardware thread
+  int num_threads = 0;          // 0: one per usable CPU (UsableCpus)
   size_t capacity_bytes = 0;    // device arena size; 0: 3/4 of physical memory
   // Fast path: compute every GEMM row in an order independent of the batch, so a request's
   // output does not depend on what shares its step. Off: OpenBLAS for large batches.

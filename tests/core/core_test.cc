@@ -1,4 +1,6 @@
 // core/: dtype conversions against independent computations, the thread pool, atomic files.
+#include <sched.h>
+
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -58,6 +60,25 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " index " << i;
   }
+}
+
+// A pool sized by default takes the CPUs this thread may run on (as under taskset), not every
+// CPU of the machine. The pool's workers inherit the restricted mask; it is restored after.
+TEST(ThreadPoolTest, DefaultSizeIsTheAffinityMasksCpus) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(UsableCpus(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int usable = UsableCpus();
+  const int threads = ThreadPool(0).num_threads();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(usable, 1);
+  EXPECT_EQ(threads, 1) << "a pool on one allowed CPU of " << CPU_COUNT(&all);
 }
 
 TEST(FileUtilTest, AtomicWriteReplacesWholeFileAndMapsIt) {

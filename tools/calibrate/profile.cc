@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <ctime>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/progress.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
 #include "tools/calibrate/measure.h"
@@ -87,7 +87,7 @@ absl::StatusOr<Measured> Measure(Backend* backend, const CalibrateSettings& o) {
   const double disk_mb = o.quick ? 32 : o.disk_mb;
   const int warmups = 2, samples = o.quick ? 7 : 11, repeats = o.quick ? 3 : 7;
   Measured m;
-  m.threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  m.threads = o.threads > 0 ? o.threads : UsableCpus();
   Progress progress("calibrate", 5 + 2 * static_cast<int64_t>(GemmShapes(o.quick).size()) + (o.disk ? 1 : 0),
                     o.progress);
   int64_t done = 0;
