@@ -13,9 +13,10 @@ OUT=${1:-gpu-bundle.tar.xz}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gpu-bundle/bin" "$stage/gpu-bundle/lib"
+# models_test and kernels_bench: GPU hosts are often Xeons with AMX tiles, rare on our machines.
 bins=("$BUILD_DIR/tests/cuda_test" "$BUILD_DIR/tests/parallel_test" "$BUILD_DIR/tests/engine_test"
-      "$BUILD_DIR/tests/kernels_test"
-      "$BUILD_DIR/tools/moeserve")
+      "$BUILD_DIR/tests/kernels_test" "$BUILD_DIR/tests/models_test"
+      "$BUILD_DIR/benchmarks/kernels_bench" "$BUILD_DIR/tools/moeserve")
 for b in "${bins[@]}"; do strip --strip-debug -o "$stage/gpu-bundle/bin/$(basename "$b")" "$b"; done
 # The C library, the loader and CUDA's libraries come from the GPU host.
 ldd "${bins[@]}" | awk '/=>/ {print $3}' | sort -u |
