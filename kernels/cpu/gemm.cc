@@ -93,16 +93,6 @@ void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, 
   }
 }
 
-void PadRowsAmx(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
-  const int64_t kp = RoundUp(k, kAmxTileK);
-  for (int64_t i = i0; i < i1; ++i) {
-    uint16_t* row = out + i * kp;
-    const int64_t cols = i < m ? k : 0;
-    for (int64_t c = 0; c < cols; ++c) row[c] = RoundToBf16(x[i * k + c]);
-    std::fill(row + cols, row + kp, uint16_t{0});
-  }
-}
-
 const char* GemmInstructionKind(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "f32-fma-512";

@@ -1,5 +1,5 @@
 // The amx GEMM kernel: tdpbf16ps on AMX tiles, bf16 activations (rounded once per task by
-// gemm.cc, rows [m, RoundUp(k, 32)] zero-padded) against bf16 weights. A work item covers 32
+// PadRowsAmx below, each A tile's 16 x 32 values contiguous) against bf16 weights. A work item covers 32
 // weight rows (two B tiles of 16 output columns each); their chunks are repacked on the fly
 // into the VNNI order a B tile wants (row p: the column pair (2p, 2p + 1) of all 16 weight
 // rows), 32 columns of K per tile, zero-padded past K and past the matrix's rows. A block of 32
@@ -237,39 +237,72 @@ template <typename Tiles>
 void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
   const int64_t rows = t.w.rows, cols = t.w.cols;
-  const int64_t kp = RoundUp(cols, kTileK);  // x rows are padded to this many columns
   const int64_t r0 = it.tile * kAmxItemRows;
-  const int64_t ktiles = kp / kTileK;
+  const int64_t ktiles = RoundUp(cols, kTileK) / kTileK;
   // The repacked B tiles of this item's 32 weight rows, all of K (reused by every x block).
   uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * 2 * kBTile)));
   PackHalf(w, rows, cols, r0, b);
   PackHalf(w, rows, cols, r0 + kTileN, b + kBTile);
   alignas(64) float c[4][kTileM * kTileN];
-  const long a_stride = static_cast<long>(kp * sizeof(uint16_t));
-  const int64_t ncols = std::min<int64_t>(kAmxItemRows, rows - r0);
+  constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
+  const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
   for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
     const int64_t block = std::min<int64_t>(it.m1 - i, 2 * kTileM);
     const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
     Tiles::Begin(rows0, rows1);
     Tiles::Zero(rows0, rows1);
-    const uint16_t* a0 = x_bf16 + i * kp;
-    const uint16_t* a1 = a0 + kTileM * kp;  // the padded x buffer has whole 32-row blocks
+    const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
+    const uint16_t* a1 = a0 + a_block;  // the padded x buffer has whole 32-row blocks
     for (int64_t kt = 0; kt < ktiles; ++kt) {
-      Tiles::Step(a0 + kt * kTileK, a1 + kt * kTileK, b + kt * 2 * kBTile, a_stride, rows0, rows1);
+      const int64_t at = kt * kTileM * kTileK;
+      Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, kATileRow, rows0, rows1);
     }
     Tiles::Store(c[0], rows0, rows1);
     for (int64_t r = i; r < i + block; ++r) {
       const int64_t a = (r - i) / kTileM, row = (r - i) % kTileM;
-      float* yr = t.y + r * rows + r0;
-      for (int64_t j = 0; j < ncols; ++j) {
-        const float v = c[2 * a + j / kTileN][row * kTileN + j % kTileN];
-        yr[j] = t.accumulate ? yr[j] + v : v;
+      for (int64_t h = 0; h < 2; ++h) {  // one B tile's 16 columns at a time: contiguous runs
+        const int64_t n = std::min<int64_t>(kTileN, rows - r0 - h * kTileN);
+        const float* cr = c[2 * a + h] + row * kTileN;
+        float* yr = t.y + r * rows + r0 + h * kTileN;
+        if (t.accumulate) {
+          for (int64_t j = 0; j < n; ++j) yr[j] += cr[j];
+        } else {
+          for (int64_t j = 0; j < n; ++j) yr[j] = cr[j];
+        }
       }
     }
   }
 }
 
+// Rounds 16 floats (the first `n`; the rest read as 0) to bf16 as gemm.cc's RoundToBf16: to
+// nearest even, a NaN stays a quiet NaN. Zero rounds to zero, so the masked lanes pad.
+__m256i RoundSixteen(const float* x, int64_t n) {
+  const __mmask16 valid = n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+  const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(valid, x));
+  const __m512i high = _mm512_srli_epi32(bits, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
 }  // namespace
+
+void PadRowsAmx(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
+  const int64_t ktiles = RoundUp(k, kTileK) / kTileK;
+  for (int64_t i = i0; i < i1; ++i) {
+    uint16_t* tile_row = out + (i / kTileM) * ktiles * kTileM * kTileK + (i % kTileM) * kTileK;
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      uint16_t* o = tile_row + kt * kTileM * kTileK;
+      for (int64_t half = 0; half < kTileK; half += 16) {
+        const int64_t c = kt * kTileK + half, left = i < m ? k - c : 0;  // a padding row is all zero
+        const float* src = left > 0 ? x + i * k + c : x;                  // masked lanes are not read
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + half), RoundSixteen(src, left));
+      }
+    }
+  }
+}
 
 void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s) {
   Run<HardwareTiles>(t, x_bf16, it, s);

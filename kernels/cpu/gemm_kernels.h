@@ -89,8 +89,11 @@ inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
 }
 void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out);
 
-// The same rounding for AMX A tiles: rows [RoundUp(m, 32)][RoundUp(k, 32)], zero-padded, so a
-// tile load of 16 rows x 32 columns never reads past the buffer. Writes rows [i0, i1) of them.
+// The same rounding for AMX A tiles, RoundUp(m, 32) rows and RoundUp(k, 32) columns,
+// zero-padded, each tile's 16 rows x 32 columns contiguous (1 KiB): tile (b, kt) of row block b
+// (rows 16b..16b+15) and K step kt starts at element (b * k_tiles + kt) * 512. Rows of the
+// matrix k * 2 bytes apart would put a tile's 16 rows in one L1 set whenever k is a multiple of
+// 2048. Writes rows [i0, i1) (multiples of 16). In gemm_amx.cc; needs AVX-512.
 inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxRowChunk = 64, kAmxItemRows = 32;
 static_assert(kAmxRowChunk % kAmxRowBlock == 0, "AMX items start at a block");
 inline int64_t PaddedAmxElems(int64_t m, int64_t k) { return RoundUp(m, kAmxRowBlock) * RoundUp(k, kAmxTileK); }
