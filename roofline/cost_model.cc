@@ -115,9 +115,11 @@ void AddHandOffs(const ModelCosts& m, const HardwareProfile& hw, const ParallelL
                      out * (rank_bytes / out_bw + out_latency);
 }
 
-// The layout's traffic between devices, priced as α + bytes/β per link kind.
+// The layout's traffic between devices, priced as α + bytes/β per link kind. `layer_bytes`: what
+// a rank streams between two of its MoE layers' exchanges (a layer's weights and KV), after
+// which the scale-out exchange pays its after-sweep latency where calibrate measured one.
 void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
-                      StepCost* c) {
+                      double layer_bytes, StepCost* c) {
   const double ep = static_cast<double>(layout.ep);
   // Expert parallelism: each token's activation goes to its k experts and back, to every EP
   // rank alike; the share that leaves its device crosses the scale-up links (to ranks of its
@@ -136,7 +138,7 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
     if (outside > 0) {
       const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
       seconds = std::max(seconds, outside / (out_bw * ep));
-      latency = std::max(latency, hw.scale_out_latency);
+      latency = std::max(latency, hw.ScaleOutLatencyAfter(layer_bytes));
     }
     // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
     // whatever its bytes: what dominates at decode sizes. Where empty exchanges are free, the
@@ -233,7 +235,11 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
   c.kv_seconds = (c.kv_read_bytes + c.kv_write_bytes) * seq_share / bandwidth;
   c.memory_seconds = c.weight_seconds + c.kv_seconds;
 
-  AddCommunication(m, hw, layout, tokens, &c);
+  // A rank's bytes per layer: the dense weights, its share of the experts hit, its sequences' KV.
+  const double expert_bytes = c.experts_hit * m.expert_params * m.weight_bytes_per_param;
+  const double rank_bytes = c.weight_bytes - expert_bytes * (1 - std::min(1.0, expert_imbalance / ep)) +
+                            (c.kv_read_bytes + c.kv_write_bytes) * seq_share;
+  AddCommunication(m, hw, layout, tokens, rank_bytes / static_cast<double>(std::max<int64_t>(1, m.layers)), &c);
   c.transfer_bytes = shape.transfer_bytes;
   if (c.transfer_bytes > 0 && hw.host_link_bandwidth > 0) c.transfer_seconds = c.transfer_bytes / hw.host_link_bandwidth;
 

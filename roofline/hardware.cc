@@ -16,6 +16,21 @@ double HardwareProfile::PeakFlops(const std::string& weight_dtype) const {
   return peak_flops_bf16;
 }
 
+double HardwareProfile::ScaleOutLatencyAfter(double bytes) const {
+  const auto& s = scale_out_latency_after_sweep;
+  if (s.empty() || !(bytes > 0)) return scale_out_latency;
+  if (bytes <= s.front().sweep_bytes) {
+    return scale_out_latency + (s.front().latency - scale_out_latency) * bytes / s.front().sweep_bytes;
+  }
+  for (size_t i = 1; i < s.size(); ++i) {
+    if (bytes <= s[i].sweep_bytes) {
+      const double t = std::log(bytes / s[i - 1].sweep_bytes) / std::log(s[i].sweep_bytes / s[i - 1].sweep_bytes);
+      return s[i - 1].latency + t * (s[i].latency - s[i - 1].latency);
+    }
+  }
+  return s.back().latency;
+}
+
 absl::Status HardwareProfile::Validate() const {
   auto positive = [](const char* key, double v) -> absl::Status {
     if (!(v > 0) || !std::isfinite(v)) {
@@ -45,6 +60,15 @@ absl::Status HardwareProfile::Validate() const {
                       {"price_per_hour", price_per_hour}}) {
     if (v < 0 || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", k, "' must be >= 0, got ", v));
+    }
+  }
+  for (size_t i = 0; i < scale_out_latency_after_sweep.size(); ++i) {
+    const LatencyAfterSweep& s = scale_out_latency_after_sweep[i];
+    const double previous = i > 0 ? scale_out_latency_after_sweep[i - 1].sweep_bytes : 0;
+    if (!(s.sweep_bytes > previous) || !std::isfinite(s.sweep_bytes) || !(s.latency >= 0) || !std::isfinite(s.latency)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hardware profile: 'scale_out_latency_after_sweep' entry ", i, " needs sweep_bytes > ", previous,
+          " (ascending) and latency_s >= 0, got ", s.sweep_bytes, " and ", s.latency));
     }
   }
   if (devices < 1) return absl::InvalidArgumentError(absl::StrCat("hardware profile: 'devices' must be >= 1, got ", devices));
@@ -79,6 +103,13 @@ std::string HardwareProfile::ToJson() const {
                       {"scale_up_domain", scale_up_domain},
                       {"price_per_hour", price_per_hour},
                       {"empty_exchanges_free", empty_exchanges_free}};
+  if (!scale_out_latency_after_sweep.empty()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const LatencyAfterSweep& s : scale_out_latency_after_sweep) {
+      a.push_back({{"sweep_bytes", s.sweep_bytes}, {"latency_s", s.latency}});
+    }
+    j["scale_out_latency_after_sweep"] = a;
+  }
   return j.dump(2);
 }
 
@@ -126,6 +157,19 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
       return absl::InvalidArgumentError("hardware profile: 'empty_exchanges_free' must be true or false");
     }
     p.empty_exchanges_free = j["empty_exchanges_free"].get<bool>();
+  }
+  if (j.contains("scale_out_latency_after_sweep")) {
+    const nlohmann::json& a = j["scale_out_latency_after_sweep"];
+    const char* shape = "hardware profile: 'scale_out_latency_after_sweep' must be an array of {\"sweep_bytes\": "
+                        "number, \"latency_s\": number}";
+    if (!a.is_array()) return absl::InvalidArgumentError(shape);
+    for (const nlohmann::json& e : a) {
+      if (!e.is_object() || !e.contains("sweep_bytes") || !e.contains("latency_s") || !e["sweep_bytes"].is_number() ||
+          !e["latency_s"].is_number()) {
+        return absl::InvalidArgumentError(shape);
+      }
+      p.scale_out_latency_after_sweep.push_back({e["sweep_bytes"].get<double>(), e["latency_s"].get<double>()});
+    }
   }
   if (j.contains("name") && j["name"].is_string()) p.name = j["name"];
   if (j.contains("source") && j["source"].is_string()) p.source = j["source"];

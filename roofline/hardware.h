@@ -43,6 +43,14 @@ struct HardwareProfile {
   // Then the dispatch's row exchanges pay the latency only when some row changes rank. False
   // where not measured (presets) and for thread ranks, which always meet.
   bool empty_exchanges_free = false;
+  // The scale-out call latency measured right after each of several reads of `sweep_bytes`
+  // (calibrate's after-sweep probe; ascending sweep_bytes): an exchange that follows a layer's
+  // streaming finds MPI's state and the socket buffers out of the caches. Empty: not measured,
+  // scale_out_latency alone.
+  struct LatencyAfterSweep {
+    double sweep_bytes = 0, latency = 0;
+  };
+  std::vector<LatencyAfterSweep> scale_out_latency_after_sweep;
   double host_link_bandwidth = 0;     // device <-> host DDR, bytes/s per direction (PCIe)
   double disk_read_bandwidth = 0;     // flash, bytes/s
   double disk_write_bandwidth = 0;
@@ -60,6 +68,9 @@ struct HardwareProfile {
   double BandwidthFor(double working_set_bytes) const {
     return llc_bytes > 0 && llc_bandwidth > 0 && working_set_bytes <= llc_bytes ? llc_bandwidth : mem_bandwidth;
   }
+  // The scale-out call latency after streaming `bytes`: scale_out_latency at 0, linear in the
+  // bytes up to the first sweep measured, log-linear between sweeps, the last beyond it.
+  double ScaleOutLatencyAfter(double bytes) const;
   // Dense bf16 FLOP/s over memory bandwidth: the machine's arithmetic intensity.
   double FlopsPerByte() const { return peak_flops_bf16 / mem_bandwidth; }
   absl::Status Validate() const;

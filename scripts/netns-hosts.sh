@@ -2,9 +2,11 @@
 # Several "hosts" on this machine: network namespaces joined by shaped links, for running a job's
 # ranks on different network stacks (docs/multi-host.md).
 #
-#   scripts/netns-hosts.sh up N [--rate R] [--delay D] [--prefix P] [--subnet 10.77.X]
+#   scripts/netns-hosts.sh up N [--rate R] [--burst B] [--delay D] [--prefix P] [--subnet 10.77.X]
 #       N namespaces P0..P(N-1), each with a loopback and an eth0 at 10.77.0.(10+i)/24 on a bridge
-#       Pbr (10.77.0.1 in the root namespace). --rate (tc units, e.g. 10gbit; a tbf qdisc) and
+#       Pbr (10.77.0.1 in the root namespace). --rate (tc units, e.g. 10gbit; a tbf qdisc whose
+#       bucket holds --burst bytes, by default two packets: a real NIC sends each packet at its
+#       line rate, where a 64 KiB bucket let a decode step's messages through at memory speed) and
 #       --delay (e.g. 100us) shape every namespace's eth0 egress, so a message between two
 #       namespaces sees the delay once and the rate once. The delay is netem's where the kernel
 #       has sch_netem; else the userspace delay line build/tools/moeserve-delay-line
@@ -37,11 +39,12 @@ die() {
 }
 
 parse_common() {
-  RATE="" DELAY="" SLOTS=2
+  RATE="" DELAY="" BURST="" SLOTS=2
   while [ $# -gt 0 ]; do
     case "$1" in
       --rate) RATE="${2:?--rate needs a value, e.g. 10gbit}"; shift 2 ;;
       --delay) DELAY="${2:?--delay needs a value, e.g. 100us}"; shift 2 ;;
+      --burst) BURST="${2:?--burst needs a value in bytes, e.g. 64kb}"; shift 2 ;;
       --prefix) PREFIX="${2:?--prefix needs a value}"; shift 2 ;;
       --subnet) SUBNET="${2:?--subnet needs a value}"; shift 2 ;;
       --slots) SLOTS="${2:?--slots needs a value}"; shift 2 ;;
@@ -170,8 +173,8 @@ up() {
     if [ -n "$DELAY" ] && [ -z "$line" ]; then  # netem carries the delay, and the rate with it
       ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "$DELAY" ${RATE:+rate "$RATE"} limit 100000 ||
         die "--delay needs the netem qdisc (sch_netem), which this kernel does not have"
-    elif [ -n "$RATE" ]; then  # a token bucket: the rate alone, with bursts of 64 KiB
-      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 64kb latency 100ms
+    elif [ -n "$RATE" ]; then  # a token bucket: the rate alone, two packets a burst by default
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "${BURST:-$((2 * mtu + 28))}" latency 100ms
     fi
   done
   trap - ERR

@@ -76,6 +76,10 @@ int RunCalibrate(const CalibrateOptions& o) {
       result->json["scale_out_bandwidth"] = moeserve::calibrate::BestBandwidth((*mpi)["tcp"]);
       result->json["interconnect_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["shared_memory"]);
       result->json["scale_out_latency_s"] = moeserve::calibrate::CallLatency((*mpi)["tcp"]);
+      // The exchanges of a step follow a layer's streaming: what that costs the next call.
+      if (auto after = moeserve::calibrate::AfterSweepLatencies((*mpi)["tcp"]); !after.empty()) {
+        result->json["scale_out_latency_after_sweep"] = after;
+      }
       // A property of the MPI library's all-to-all, read where the latency makes it plain (over
       // shared memory an empty call and a 64-byte one differ by a fraction of a microsecond).
       result->json["empty_exchanges_free"] = moeserve::calibrate::EmptyExchangeFree((*mpi)["tcp"]);

@@ -89,6 +89,39 @@ TEST(CostModelTest, ExchangesThatMoveNoRowsPayNoLatencyWhereTheTransportSkipsThe
   }
 }
 
+// An exchange across domains follows a layer's streaming, and pays the latency calibrate measured
+// right after a read of that size: linear from the warm latency up to the first sweep,
+// log-linear between sweeps, the largest beyond them.
+TEST(CostModelTest, ScaleOutExchangesPayTheLatencyMeasuredAfterALayersStreaming) {
+  const MixtralOnH100s f;
+  HardwareProfile hw = f.hw;  // 25 us a call across the fabric when warm
+  hw.scale_out_latency_after_sweep = {{8e6, 40e-6}, {32e6, 60e-6}, {128e6, 100e-6}};
+  EXPECT_DOUBLE_EQ(hw.ScaleOutLatencyAfter(0), 25e-6);
+  EXPECT_DOUBLE_EQ(hw.ScaleOutLatencyAfter(4e6), 32.5e-6);
+  EXPECT_DOUBLE_EQ(hw.ScaleOutLatencyAfter(8e6), 40e-6);
+  EXPECT_NEAR(hw.ScaleOutLatencyAfter(16e6), 50e-6, 1e-18) << "one octave of the two to 32 MB";
+  EXPECT_NEAR(hw.ScaleOutLatencyAfter(64e6), 80e-6, 1e-18);
+  EXPECT_DOUBLE_EQ(hw.ScaleOutLatencyAfter(1e9), 100e-6);
+  // A Mixtral layer's attention weights alone are 84 MB (4096 x 10240 in bf16), and a rank's
+  // share of the experts hit adds more: past the largest sweep, so each of the 3 calls of the 32
+  // layers pays 100 us instead of 25. Inside one domain nothing changes.
+  ParallelLayout one, two;
+  one.ep = two.ep = 16;
+  two.domain_size = 8;
+  EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, two).comm_latency_seconds, 3 * 32 * 100e-6, 1e-15);
+  EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, one).comm_latency_seconds, 3 * 32 * 10e-6, 1e-15);
+  // The profile keeps the measurements, and refuses sweeps out of order by name.
+  const absl::StatusOr<HardwareProfile> back = HardwareProfile::FromJson(hw.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->scale_out_latency_after_sweep.size(), 3u);
+  EXPECT_EQ(back->scale_out_latency_after_sweep[2].sweep_bytes, 128e6);
+  EXPECT_EQ(back->scale_out_latency_after_sweep[2].latency, 100e-6);
+  hw.scale_out_latency_after_sweep[1].sweep_bytes = 4e6;
+  const absl::StatusOr<HardwareProfile> bad = HardwareProfile::FromJson(hw.ToJson());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'scale_out_latency_after_sweep' entry 1"), std::string::npos) << bad.status();
+}
+
 // Ranks fill the domains in order (rank = stage x ep + EP rank): with domains of 2, ep 2 x pp 4
 // puts every stage in a domain of its own, ep 1 x pp 4 two stages in each.
 TEST(CostModelTest, HandOffsBetweenDomainsArePricedAtTheScaleOutNetwork) {

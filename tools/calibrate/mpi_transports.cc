@@ -85,18 +85,38 @@ double BestBandwidth(const nlohmann::json& probe) {
   return bw;
 }
 
-double CallLatency(const nlohmann::json& probe) {
-  const double bw = BestBandwidth(probe);
-  if (bw <= 0 || !probe.contains("ranks")) return 0;
-  // The smallest message that moves bytes (an empty exchange may cost nothing: EmptyExchangeFree).
+namespace {
+
+// The latency of the smallest message that moves bytes in `sizes` (an empty exchange may cost
+// nothing: EmptyExchangeFree), less its bytes at `bw`.
+double SmallestCallLatency(const nlohmann::json& sizes, double ranks, double bw) {
   const nlohmann::json* smallest = nullptr;
-  for (const auto& s : probe["sizes"]) {
+  for (const auto& s : sizes) {
     const double b = s["bytes_per_peer"].get<double>();
     if (b > 0 && (smallest == nullptr || b < (*smallest)["bytes_per_peer"].get<double>())) smallest = &s;
   }
   if (smallest == nullptr) return 0;
-  const double bytes = (*smallest)["bytes_per_peer"].get<double>() * (probe["ranks"].get<double>() - 1);
+  const double bytes = (*smallest)["bytes_per_peer"].get<double>() * (ranks - 1);
   return std::max(0.0, (*smallest)["median_us"].get<double>() * 1e-6 - bytes / bw);
+}
+
+}  // namespace
+
+double CallLatency(const nlohmann::json& probe) {
+  const double bw = BestBandwidth(probe);
+  if (bw <= 0 || !probe.contains("ranks")) return 0;
+  return SmallestCallLatency(probe["sizes"], probe["ranks"].get<double>(), bw);
+}
+
+nlohmann::json AfterSweepLatencies(const nlohmann::json& probe) {
+  nlohmann::json out = nlohmann::json::array();
+  const double bw = BestBandwidth(probe);
+  if (bw <= 0 || !probe.contains("ranks") || !probe.contains("after_sweep")) return out;
+  for (const auto& a : probe["after_sweep"]) {  // ascending sweep sizes, as the probe ran them
+    out.push_back({{"sweep_bytes", a["sweep_bytes"].get<double>()},
+                   {"latency_s", SmallestCallLatency(a["sizes"], probe["ranks"].get<double>(), bw)}});
+  }
+  return out;
 }
 
 bool EmptyExchangeFree(const nlohmann::json& probe) {

@@ -39,6 +39,11 @@ double BestBandwidth(const nlohmann::json& probe);
 // its median time less what its bytes take at the best bandwidth (never below 0; 0 without sizes).
 double CallLatency(const nlohmann::json& probe);
 
+// The same latency for each of the probe's after-sweep measurements (the call timed right after
+// reading sweep_bytes): [{"sweep_bytes", "latency_s"}], as HardwareProfile's
+// scale_out_latency_after_sweep; empty where the probe has none (two clocks, or none ran).
+nlohmann::json AfterSweepLatencies(const nlohmann::json& probe);
+
 // Whether a probe's empty all-to-all (0 bytes to every peer) took under half of its smallest
 // message's time: the transport skips a call that moves nothing (HardwareProfile::
 // empty_exchanges_free). False without a 0-byte size.
