@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "roofline/hardware.h"
 #include "tests/server/grpc_client.h"
 
 namespace moeserve::testing {
@@ -221,6 +222,17 @@ TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
   // One machine's clock across the namespaces: the exchanges after sweeps were timed.
   ASSERT_TRUE(tcp.contains("after_sweep")) << tcp.dump();
   EXPECT_EQ(tcp["after_sweep"].size(), 3u);
+  // ... and the profile prices them: one latency per sweep, sweeps ascending, the profile loads.
+  ASSERT_TRUE(j.contains("scale_out_latency_after_sweep")) << j.dump();
+  const auto& after = j["scale_out_latency_after_sweep"];
+  ASSERT_EQ(after.size(), 3u) << after.dump();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i]["sweep_bytes"], tcp["after_sweep"][i]["sweep_bytes"]) << after.dump();
+    EXPECT_GT(after[i]["latency_s"].get<double>(), 0) << after.dump();
+  }
+  const absl::StatusOr<roofline::HardwareProfile> loaded = roofline::LoadHardware(profile);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->scale_out_latency_after_sweep.size(), 3u);
   EXPECT_GT(j["scale_out_latency_s"].get<double>(), 0);
   EXPECT_GT(j["scale_out_bandwidth"].get<double>(), 0);
   EXPECT_EQ(j["scale_out_mpirun_args"], args);
