@@ -237,7 +237,7 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
 
   // A rank's bytes per layer: the dense weights, its share of the experts hit, its sequences' KV.
   const double expert_bytes = c.experts_hit * m.expert_params * m.weight_bytes_per_param;
-  const double rank_bytes = c.weight_bytes - expert_bytes * (1 - std::min(1.0, expert_imbalance / ep)) +
+  const double rank_bytes = c.weight_bytes - expert_bytes * (1 - std::min(1.0, std::max(expert_imbalance, 1.0) / ep)) +
                             (c.kv_read_bytes + c.kv_write_bytes) * seq_share;
   AddCommunication(m, hw, layout, tokens, rank_bytes / static_cast<double>(std::max<int64_t>(1, m.layers)), &c);
   c.transfer_bytes = shape.transfer_bytes;

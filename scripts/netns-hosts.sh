@@ -6,7 +6,9 @@
 #       N namespaces P0..P(N-1), each with a loopback and an eth0 at 10.77.0.(10+i)/24 on a bridge
 #       Pbr (10.77.0.1 in the root namespace). --rate (tc units, e.g. 10gbit; a tbf qdisc whose
 #       bucket holds --burst bytes, by default two packets: a real NIC sends each packet at its
-#       line rate, where a 64 KiB bucket let a decode step's messages through at memory speed) and
+#       line rate, where a 64 KiB bucket let a decode step's messages through at memory speed;
+#       at least one frame, MTU + 14 bytes, or tbf drops larger packets; with netem carrying the
+#       rate, which paces every packet itself, --burst does not apply) and
 #       --delay (e.g. 100us) shape every namespace's eth0 egress, so a message between two
 #       namespaces sees the delay once and the rate once. The delay is netem's where the kernel
 #       has sch_netem; else the userspace delay line build/tools/moeserve-delay-line
@@ -171,6 +173,7 @@ up() {
     ip -n "$ns" link set eth0 mtu "$mtu" up
     ip -n "$ns" route add default via "${SUBNET}.1"
     if [ -n "$DELAY" ] && [ -z "$line" ]; then  # netem carries the delay, and the rate with it
+      [ -z "$BURST" ] || echo "netns-hosts: --burst does not apply: netem paces each packet at the rate" >&2
       ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "$DELAY" ${RATE:+rate "$RATE"} limit 100000 ||
         die "--delay needs the netem qdisc (sch_netem), which this kernel does not have"
     elif [ -n "$RATE" ]; then  # a token bucket: the rate alone, two packets a burst by default

@@ -28,7 +28,7 @@ struct MeasureOptions {
   int64_t steps = 8;             // decode steps timed per point
   int64_t max_ranks = 4;         // layouts of more ranks are not run
   int64_t max_sequences = 64;    // points of more sequences are not run
-  int threads = 0;               // of this process (0: one per hardware thread), split over the ranks
+  int threads = 0;               // of this process (0: one per CPU it may run on), split over the ranks
   bool processes = false;        // also run each layout of several ranks as processes under mpirun
   std::string mpirun_args;       // added to mpirun's command line (a hostfile, a launch agent: other hosts)
   bool progress = true;

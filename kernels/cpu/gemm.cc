@@ -22,7 +22,7 @@ using TileFn = void (*)(const GemmTask&, const uint16_t*, const GemmItem&, GemmS
 // How a variant cuts a task into work items and what activations it reads.
 struct Variant {
   TileFn kernel;
-  int64_t item_rows;  // weight rows per item: one kTiled8 tile, or two for an AMX B tile
+  int64_t item_rows;  // weight rows per item: one kTiled8 tile, or kAmxItemRows (two B tiles)
   int64_t row_chunk;  // x rows per item of a large GEMM
 };
 
@@ -136,7 +136,7 @@ std::vector<std::unique_ptr<uint16_t[]>> PrepareActivations(ThreadPool& pool, st
     }
   };
   constexpr int64_t kInlineElems = 1 << 16;  // below this a pool dispatch costs more than it saves
-  if (elems < kInlineElems) {
+  if (elems < kInlineElems || pieces.size() == 1) {
     convert(0, static_cast<int64_t>(pieces.size()));
   } else {
     pool.ParallelFor(static_cast<int64_t>(pieces.size()), 1, convert);

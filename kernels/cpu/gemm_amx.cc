@@ -26,6 +26,7 @@
 
 #pragma GCC push_options
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's own AVX-512 intrinsics' pass-through operand
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 
 namespace moeserve::cpu_fast {
@@ -243,7 +244,7 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * 2 * kBTile)));
   PackHalf(w, rows, cols, r0, b);
   PackHalf(w, rows, cols, r0 + kTileN, b + kBTile);
-  alignas(64) float c[4][kTileM * kTileN];
+  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
   constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
   const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
   for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
@@ -257,12 +258,13 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
       const int64_t at = kt * kTileM * kTileK;
       Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, kATileRow, rows0, rows1);
     }
-    Tiles::Store(c[0], rows0, rows1);
+    Tiles::Store(c, rows0, rows1);
     for (int64_t r = i; r < i + block; ++r) {
       const int64_t a = (r - i) / kTileM, row = (r - i) % kTileM;
       for (int64_t h = 0; h < 2; ++h) {  // one B tile's 16 columns at a time: contiguous runs
         const int64_t n = std::min<int64_t>(kTileN, rows - r0 - h * kTileN);
-        const float* cr = c[2 * a + h] + row * kTileN;
+        if (n <= 0) break;  // the item's second B tile lies past the matrix
+        const float* cr = c + (2 * a + h) * kTileM * kTileN + row * kTileN;
         float* yr = t.y + r * rows + r0 + h * kTileN;
         if (t.accumulate) {
           for (int64_t j = 0; j < n; ++j) yr[j] += cr[j];

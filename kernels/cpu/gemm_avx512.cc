@@ -17,6 +17,7 @@
 #pragma GCC push_options
 // GCC 12 warns of the undefined pass-through operand inside its own AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's own AVX-512 intrinsics' pass-through operand
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 
 namespace moeserve::cpu_fast {

@@ -1,6 +1,6 @@
 // What gemm.cc's planner hands a kernel variant (gemm_avx2.cc, gemm_avx512.cc, gemm_bf16.cc,
-// gemm_amx.cc): one work item, rows [m0, m1) of x against the 8-row tile `tile` of w, and a
-// per-thread scratch. Internal to the CPU fast path.
+// gemm_amx.cc): one work item, rows [m0, m1) of x against the 8-row tile `tile` of w (for AMX,
+// the 32-row group `tile`), and a per-thread scratch. Internal to the CPU fast path.
 #pragma once
 
 #include <cstdint>

@@ -88,8 +88,9 @@ VariantCheck CheckHere(CpuIsa isa) {
   ThreadPool pool(1);
   std::mt19937 gen(std::random_device{}());
   double worst = 0;
-  // Row counts that give an AMX block one short tile, two tiles, and both in one work item.
-  const Shape shapes[] = {{1, 13, 37}, {5, 24, 200}, {23, 17, 72}, {40, 20, 64}};
+  // Row counts that give an AMX block one short tile, two tiles, and both in one work item; the
+  // last has several items of weight rows (a second B tile past the matrix) and x rows past 64.
+  const Shape shapes[] = {{1, 13, 37}, {5, 24, 200}, {23, 17, 72}, {40, 20, 64}, {70, 72, 96}};
   for (const Shape& s : shapes) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {

@@ -228,7 +228,7 @@ TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
   ASSERT_EQ(after.size(), 3u) << after.dump();
   for (size_t i = 0; i < after.size(); ++i) {
     EXPECT_EQ(after[i]["sweep_bytes"], tcp["after_sweep"][i]["sweep_bytes"]) << after.dump();
-    EXPECT_GT(after[i]["latency_s"].get<double>(), 0) << after.dump();
+    EXPECT_GE(after[i]["latency_s"].get<double>(), 0) << after.dump();
   }
   const absl::StatusOr<roofline::HardwareProfile> loaded = roofline::LoadHardware(profile);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

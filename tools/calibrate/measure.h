@@ -49,7 +49,7 @@ absl::StatusOr<std::pair<double, double>> DiskBandwidth(const std::string& dir, 
 double PhysicalMemoryBytes();
 
 struct CalibrateSettings {
-  int threads = 0;             // 0: one per hardware thread
+  int threads = 0;             // 0: one per CPU this process may run on (UsableCpus)
   double array_mb = 256;       // each STREAM array
   std::string disk_dir = "/tmp";
   double disk_mb = 512;
