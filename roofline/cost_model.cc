@@ -278,31 +278,44 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
   ParallelLayout one_stage = layout;
   one_stage.pp = 1;
   const size_t n = shape.seqs.size();
-  const size_t micro = static_cast<size_t>(layout.micro_batches > 0 ? layout.micro_batches : layout.pp);
-  PipelinedSeconds total, longest;
+  const int64_t micro = std::max<int64_t>(1, layout.micro_batches > 0 ? layout.micro_batches : layout.pp);
+  std::vector<StepShape> mbs;
   double largest = 0;  // tokens of the largest micro-batch
-  for (size_t i = 0; i < micro; ++i) {
+  for (int64_t i = 0; i < micro; ++i) {
     StepShape mb = shape;
-    mb.seqs.assign(shape.seqs.begin() + static_cast<long>(n * i / micro),
-                   shape.seqs.begin() + static_cast<long>(n * (i + 1) / micro));
+    mb.seqs.assign(shape.seqs.begin() + static_cast<long>(n * static_cast<size_t>(i) / static_cast<size_t>(micro)),
+                   shape.seqs.begin() + static_cast<long>(n * static_cast<size_t>(i + 1) / static_cast<size_t>(micro)));
     if (mb.seqs.empty()) continue;
     largest = std::max(largest, static_cast<double>(mb.Tokens()));
     mb.experts_hit = -1;  // the expectation for this micro-batch's tokens
     mb.transfer_bytes = 0;
-    const StepCost c = PredictStep(stage, mb, hw, one_stage, eff);
-    total.bound_seconds += c.bound_seconds;
-    total.seconds += c.seconds;
-    longest.bound_seconds = std::max(longest.bound_seconds, c.bound_seconds);
-    longest.seconds = std::max(longest.seconds, c.seconds);
+    mbs.push_back(std::move(mb));
   }
-  // The fill: pp - 1 more stage times, and one micro-batch's pp - 1 hand-offs on the way (later
-  // hand-offs overlap the stages' work; the largest micro-batch's rows price them, an upper
-  // bound where they differ). Hidden, as all communication, under `overlap_comm`.
-  const double fill = static_cast<double>(layout.pp - 1);
+  // The pipeline's slots: in slot s, stage g works on micro-batch s - g, every stage at once, and
+  // the slot lasts as long as its slowest (the stages cost alike). In the fill and drain fewer
+  // stages stream, and where ranks share a machine's memory each streams faster
+  // (MemBandwidthWithActive).
+  const int64_t count = static_cast<int64_t>(mbs.size());
+  PipelinedSeconds total;
+  for (int64_t s = 0; s + 1 < count + layout.pp; ++s) {
+    const int64_t first = std::max<int64_t>(0, s - layout.pp + 1), last = std::min<int64_t>(count - 1, s);
+    HardwareProfile slot_hw = hw;
+    slot_hw.mem_bandwidth = hw.MemBandwidthWithActive((last - first + 1) * layout.ep);
+    PipelinedSeconds slot;
+    for (int64_t i = first; i <= last; ++i) {
+      const StepCost c = PredictStep(stage, mbs[static_cast<size_t>(i)], slot_hw, one_stage, eff);
+      slot.bound_seconds = std::max(slot.bound_seconds, c.bound_seconds);
+      slot.seconds = std::max(slot.seconds, c.seconds);
+    }
+    total.bound_seconds += slot.bound_seconds;
+    total.seconds += slot.seconds;
+  }
+  // One micro-batch's pp - 1 hand-offs on the way (later hand-offs overlap the stages' work; the
+  // largest micro-batch's rows price them, an upper bound where they differ). Hidden, as all
+  // communication, under `overlap_comm`.
   StepCost hand;
   if (!layout.overlap_comm) AddHandOffs(m, hw, layout, largest, &hand);
-  return {total.bound_seconds + fill * longest.bound_seconds + hand.comm_seconds,
-          total.seconds + fill * longest.seconds + hand.comm_seconds};
+  return {total.bound_seconds + hand.comm_seconds, total.seconds + hand.comm_seconds};
 }
 
 }  // namespace moeserve::roofline

@@ -16,6 +16,20 @@ double HardwareProfile::PeakFlops(const std::string& weight_dtype) const {
   return peak_flops_bf16;
 }
 
+double HardwareProfile::MemBandwidthWithActive(int64_t active) const {
+  if (ranks_sharing_memory <= 1 || solo_mem_bandwidth <= 0 || active >= ranks_sharing_memory) return mem_bandwidth;
+  const double split = mem_bandwidth * static_cast<double>(ranks_sharing_memory) / static_cast<double>(std::max<int64_t>(active, 1));
+  return std::max(mem_bandwidth, std::min(solo_mem_bandwidth, split));
+}
+
+double HardwareProfile::MemBandwidthAtThreads(int64_t threads) const {
+  double bw = 0;
+  for (const BandwidthAtThreads& b : mem_bandwidth_by_threads) {
+    if (b.threads <= threads) bw = b.bytes_per_second;
+  }
+  return bw;
+}
+
 double HardwareProfile::ScaleOutLatencyAfter(double bytes) const {
   const auto& s = scale_out_latency_after_sweep;
   if (s.empty() || !(bytes > 0)) return scale_out_latency;
@@ -57,9 +71,24 @@ absl::Status HardwareProfile::Validate() const {
                       {"host_link_bandwidth", host_link_bandwidth},
                       {"disk_read_bandwidth", disk_read_bandwidth},
                       {"disk_write_bandwidth", disk_write_bandwidth},
-                      {"price_per_hour", price_per_hour}}) {
+                      {"price_per_hour", price_per_hour},
+                      {"solo_mem_bandwidth", solo_mem_bandwidth}}) {
     if (v < 0 || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", k, "' must be >= 0, got ", v));
+    }
+  }
+  if (ranks_sharing_memory < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware profile: 'ranks_sharing_memory' must be >= 1, got ", ranks_sharing_memory));
+  }
+  for (size_t i = 0; i < mem_bandwidth_by_threads.size(); ++i) {
+    const BandwidthAtThreads& b = mem_bandwidth_by_threads[i];
+    const int64_t previous = i > 0 ? mem_bandwidth_by_threads[i - 1].threads : 0;
+    if (b.threads <= previous || !(b.bytes_per_second > 0) || !std::isfinite(b.bytes_per_second)) {
+      return absl::InvalidArgumentError(absl::StrCat("hardware profile: 'mem_bandwidth_by_threads' entry ", i,
+                                                     " needs threads > ", previous,
+                                                     " (ascending) and bytes_per_second > 0, got ", b.threads,
+                                                     " and ", b.bytes_per_second));
     }
   }
   for (size_t i = 0; i < scale_out_latency_after_sweep.size(); ++i) {
@@ -102,7 +131,16 @@ std::string HardwareProfile::ToJson() const {
                       {"devices", devices},
                       {"scale_up_domain", scale_up_domain},
                       {"price_per_hour", price_per_hour},
-                      {"empty_exchanges_free", empty_exchanges_free}};
+                      {"empty_exchanges_free", empty_exchanges_free},
+                      {"ranks_sharing_memory", ranks_sharing_memory},
+                      {"solo_mem_bandwidth", solo_mem_bandwidth}};
+  if (!mem_bandwidth_by_threads.empty()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const BandwidthAtThreads& b : mem_bandwidth_by_threads) {
+      a.push_back({{"threads", b.threads}, {"bytes_per_second", b.bytes_per_second}});
+    }
+    j["mem_bandwidth_by_threads"] = a;
+  }
   if (!scale_out_latency_after_sweep.empty()) {
     nlohmann::json a = nlohmann::json::array();
     for (const LatencyAfterSweep& s : scale_out_latency_after_sweep) {
@@ -126,7 +164,7 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
     *out = j[key].get<double>();
     return absl::OkStatus();
   };
-  double devices = 1, domain = 1;
+  double devices = 1, domain = 1, sharing = 1;
   for (auto [key, out, required] :
        {std::tuple<const char*, double*, bool>{"peak_flops_bf16", &p.peak_flops_bf16, true},
         {"peak_flops_f32", &p.peak_flops_f32, false},
@@ -147,11 +185,27 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
         {"disk_write_bandwidth", &p.disk_write_bandwidth, false},
         {"devices", &devices, false},
         {"scale_up_domain", &domain, false},
-        {"price_per_hour", &p.price_per_hour, false}}) {
+        {"price_per_hour", &p.price_per_hour, false},
+        {"ranks_sharing_memory", &sharing, false},
+        {"solo_mem_bandwidth", &p.solo_mem_bandwidth, false}}) {
     if (absl::Status s = num(key, out, required); !s.ok()) return s;
   }
   p.devices = static_cast<int64_t>(devices);
   p.scale_up_domain = static_cast<int64_t>(domain);
+  p.ranks_sharing_memory = static_cast<int64_t>(sharing);
+  if (j.contains("mem_bandwidth_by_threads")) {
+    const nlohmann::json& a = j["mem_bandwidth_by_threads"];
+    const char* shape = "hardware profile: 'mem_bandwidth_by_threads' must be an array of {\"threads\": number, "
+                        "\"bytes_per_second\": number}";
+    if (!a.is_array()) return absl::InvalidArgumentError(shape);
+    for (const nlohmann::json& e : a) {
+      if (!e.is_object() || !e.contains("threads") || !e.contains("bytes_per_second") || !e["threads"].is_number() ||
+          !e["bytes_per_second"].is_number()) {
+        return absl::InvalidArgumentError(shape);
+      }
+      p.mem_bandwidth_by_threads.push_back({static_cast<int64_t>(e["threads"].get<double>()), e["bytes_per_second"].get<double>()});
+    }
+  }
   if (j.contains("empty_exchanges_free")) {
     if (!j["empty_exchanges_free"].is_boolean()) {
       return absl::InvalidArgumentError("hardware profile: 'empty_exchanges_free' must be true or false");

@@ -20,6 +20,20 @@ struct HardwareProfile {
   double peak_flops_attention = 0;  // FLOP/s of the instructions attention issues (0: same as the GEMM's)
   double mem_bandwidth = 0;    // bytes/s of the memory weights and KV live in (HBM, or DRAM on a CPU)
   double mem_capacity = 0;     // bytes
+  // Calibrated CPU profiles: the memory bandwidth at each thread count calibrate measured,
+  // ascending, the last its own (mem_bandwidth); one thread pulls well over its share of two.
+  // Empty: not measured.
+  struct BandwidthAtThreads {
+    int64_t threads = 0;
+    double bytes_per_second = 0;
+  };
+  std::vector<BandwidthAtThreads> mem_bandwidth_by_threads;
+  // A rank's profile (explore's RankShare): mem_bandwidth is its share of what
+  // `ranks_sharing_memory` ranks of one machine pull together; with fewer of them streaming (a
+  // pipeline's fill and drain), it streams at up to `solo_mem_bandwidth`, what its own threads
+  // pull alone. 1 and 0: no sharing modelled.
+  int64_t ranks_sharing_memory = 1;
+  double solo_mem_bandwidth = 0;
   // The last-level cache (CPUs): a step whose working set fits in it streams at its bandwidth,
   // not at the memory's. 0: not modelled (GPU presets: HBM is the roofline).
   double llc_bytes = 0;
@@ -71,6 +85,12 @@ struct HardwareProfile {
   // The scale-out call latency after streaming `bytes`: scale_out_latency at 0, linear in the
   // bytes up to the first sweep measured, log-linear between sweeps, the last beyond it.
   double ScaleOutLatencyAfter(double bytes) const;
+  // A rank's memory bandwidth while `active` ranks of its machine stream (see
+  // solo_mem_bandwidth): their total split evenly, at most what it pulls alone, at least its share.
+  double MemBandwidthWithActive(int64_t active) const;
+  // The machine's bandwidth at `threads` threads, from mem_bandwidth_by_threads (the largest
+  // entry at or below them); 0 where none is.
+  double MemBandwidthAtThreads(int64_t threads) const;
   // Dense bf16 FLOP/s over memory bandwidth: the machine's arithmetic intensity.
   double FlopsPerByte() const { return peak_flops_bf16 / mem_bandwidth; }
   absl::Status Validate() const;

@@ -97,7 +97,7 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   const int64_t max_tokens = plan.max_tokens;
   f.config.num_kv_blocks = plan.kv_blocks;
   ASSIGN_OR_RETURN(EngineConfig config, MakeEngineConfig(f));
-  config.hardware = RankShare(o.hw, ranks, /*threads=*/true);
+  config.hardware = RankShare(o.hw, ranks, /*threads=*/true, o.threads > 0 ? o.threads : UsableCpus());
   ASSIGN_OR_RETURN(std::unique_ptr<Launched> run, LaunchEngine(f, o.model, config, nullptr, "explore: "));
   Engine& engine = *run->engine;
   const ModelConfig& c = engine.model_config();
@@ -133,12 +133,12 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   char dir_template[] = "/tmp/moeserve-explore-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("explore: cannot make a temporary directory");
   const std::string dir = dir_template, hw = dir + "/hw.json", steps = dir + "/steps.jsonl";
-  RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false).ToJson()));
+  const int64_t machine_threads = o.threads > 0 ? o.threads : UsableCpus();
+  RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false, machine_threads).ToJson()));
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
   // Each process its share of this machine's cores, as the prediction gives it its share: a
   // process rank otherwise takes all of --threads, and the ranks' thread pools would contend.
-  const int64_t machine_threads = o.threads > 0 ? o.threads : UsableCpus();
   const int64_t threads = std::max<int64_t>(1, machine_threads / layout.devices());
   const std::string args = absl::StrCat(
       "bench", model, " --ep ", layout.ep, " --pp ", layout.pp, " --num-requests ", sequences, " --prompt-len ",
@@ -185,9 +185,12 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
 
 }  // namespace
 
-roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads) {
+roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads,
+                                    int64_t machine_threads) {
   roofline::HardwareProfile r = hw;
   const double share = 1.0 / static_cast<double>(std::max<int64_t>(ranks, 1));
+  r.ranks_sharing_memory = std::max<int64_t>(ranks, 1);
+  r.solo_mem_bandwidth = hw.MemBandwidthAtThreads(std::max<int64_t>(1, machine_threads / r.ranks_sharing_memory));
   r.peak_flops_bf16 *= share;
   r.peak_flops_f32 *= share;
   r.peak_flops_attention *= share;

@@ -61,6 +61,9 @@ absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& 
 // The profile of one rank of a layout of `ranks` on the machine `hw` describes: its share of the
 // compute and of the memory bandwidth; its link, the all-to-all calibrate measured between
 // `threads` (else between processes: the profile's interconnect, over MPI's shared memory).
-roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads);
+// With the profile's bandwidth by thread count, what the rank's machine_threads / ranks threads
+// pull alone (solo_mem_bandwidth), for the steps where fewer ranks stream.
+roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t ranks, bool threads,
+                                    int64_t machine_threads);
 
 }  // namespace moeserve::tools

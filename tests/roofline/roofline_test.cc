@@ -242,6 +242,44 @@ TEST(CostModelTest, APipelinedStepIsMPlusPMinusOneStageTimes) {
             PredictStep(m, StepShape::Decode(64, 1000), *hw, one).seconds);
 }
 
+// Two ranks of one machine: each holds a half share of its 20 GB/s, and one streaming alone pulls
+// 16. A pipeline's fill and drain have one stage streaming, so they run at 16 where the middle
+// slot runs at 10: a memory-bound step takes (2 x 10/16 + 1) / 3 = 0.75 of the evenly shared one.
+TEST(RooflineTest, APipelinesFillAndDrainStreamAtWhatALoneRankPulls) {
+  HardwareProfile hw;
+  hw.peak_flops_bf16 = 1e18;  // memory-bound throughout
+  hw.mem_bandwidth = 10e9;
+  hw.mem_capacity = 1e12;
+  HardwareProfile shared = hw;
+  shared.ranks_sharing_memory = 2;
+  shared.solo_mem_bandwidth = 16e9;
+  EXPECT_EQ(shared.MemBandwidthWithActive(1), 16e9);
+  EXPECT_EQ(shared.MemBandwidthWithActive(2), 10e9);
+  EXPECT_EQ(hw.MemBandwidthWithActive(1), 10e9) << "no sharing modelled";
+  HardwareProfile fast = shared;
+  fast.solo_mem_bandwidth = 30e9;
+  EXPECT_EQ(fast.MemBandwidthWithActive(1), 20e9) << "at most the machine's total";
+  const ModelCosts m = ModelCosts::From(*AnalysisPreset("mixtral-8x7b"), "bf16", "bf16");
+  ParallelLayout pp2;
+  pp2.pp = 2;
+  const double even = PipelinedStepSeconds(m, StepShape::Decode(8, 100), hw, pp2).bound_seconds;
+  const double alone = PipelinedStepSeconds(m, StepShape::Decode(8, 100), shared, pp2).bound_seconds;
+  EXPECT_NEAR(alone / even, 0.75, 1e-12);
+  // The profile keeps the figures; a thread count out of order is refused by name.
+  shared.mem_bandwidth_by_threads = {{1, 16e9}, {2, 20e9}};
+  const absl::StatusOr<HardwareProfile> back = HardwareProfile::FromJson(shared.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ranks_sharing_memory, 2);
+  EXPECT_EQ(back->solo_mem_bandwidth, 16e9);
+  EXPECT_EQ(back->MemBandwidthAtThreads(1), 16e9);
+  EXPECT_EQ(back->MemBandwidthAtThreads(3), 20e9);
+  EXPECT_EQ(back->MemBandwidthAtThreads(0), 0);
+  shared.mem_bandwidth_by_threads[1].threads = 1;
+  const absl::StatusOr<HardwareProfile> bad = HardwareProfile::FromJson(shared.ToJson());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'mem_bandwidth_by_threads' entry 1"), std::string::npos) << bad.status();
+}
+
 TEST(RooflineTest, DeepSeekV3LikeOnNvl72MatchesHandComputedNumbers) {
   auto c = AnalysisPreset("deepseek-v3-like");
   ASSERT_TRUE(c.ok());

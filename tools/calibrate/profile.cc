@@ -46,6 +46,7 @@ struct Measured {
   int threads = 0;
   size_t array_bytes = 0;
   Samples triad, read, llc;
+  std::vector<std::pair<int, double>> bandwidth_by_threads;  // fewer threads: max(triad, read)
   double llc_bytes = 0;
   PeakReport peaks;
   nlohmann::json gemm = nlohmann::json::array();
@@ -95,6 +96,12 @@ absl::StatusOr<Measured> Measure(Backend* backend, const CalibrateSettings& o) {
   m.array_bytes = static_cast<size_t>(array_mb * (1 << 20));
   m.triad = TriadBandwidth(m.array_bytes, m.threads, warmups, samples);
   m.read = ReadBandwidth(3 * m.array_bytes, m.threads, warmups, samples);
+  // Fewer threads (1, 2, 4, ...): a rank of a layout that splits the cores streams with its own
+  // share of them, at more than its share of the bandwidth when it streams alone.
+  for (int t = 1; t < m.threads; t *= 2) {
+    const double triad = TriadBandwidth(m.array_bytes, t, 1, 5).Median();
+    m.bandwidth_by_threads.push_back({t, std::max(triad, ReadBandwidth(3 * m.array_bytes, t, 1, 5).Median())});
+  }
   progress.Update(++done, "last-level cache");
   m.llc_bytes = LastLevelCacheBytes();
   // A quarter of the LLC, read 16 times a sample: resident after the first pass.
@@ -136,6 +143,8 @@ roofline::HardwareProfile ProfileOf(const Measured& m, const Backend* backend, c
   // has less memory-level parallelism than the GEMM's several weight rows, so either can be
   // beaten by the engine's own weight streaming: the bandwidth is the largest of the three.
   p.mem_bandwidth = std::max({m.triad.Median(), m.read.Median(), m.gemv_stream});
+  for (auto [threads, bw] : m.bandwidth_by_threads) p.mem_bandwidth_by_threads.push_back({threads, bw});
+  if (!m.bandwidth_by_threads.empty()) p.mem_bandwidth_by_threads.push_back({m.threads, p.mem_bandwidth});
   p.mem_capacity = PhysicalMemoryBytes();
   p.llc_bytes = m.llc_bytes;
   p.llc_bandwidth = m.llc.Median();
