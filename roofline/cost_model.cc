@@ -117,7 +117,7 @@ void AddHandOffs(const ModelCosts& m, const HardwareProfile& hw, const ParallelL
 
 // The layout's traffic between devices, priced as α + bytes/β per link kind. `layer_bytes`: what
 // a rank streams between two of its MoE layers' exchanges (a layer's weights and KV), after
-// which the scale-out exchange pays its after-sweep latency where calibrate measured one.
+// which each link's exchange pays its after-sweep latency where calibrate measured one.
 void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const ParallelLayout& layout, double tokens,
                       double layer_bytes, StepCost* c) {
   const double ep = static_cast<double>(layout.ep);
@@ -134,7 +134,7 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
     c->comm_bytes += inside + outside;
     c->scale_out_bytes += outside;
     double seconds = inside / (hw.interconnect_bandwidth * ep);
-    double latency = hw.interconnect_latency;
+    double latency = hw.InterconnectLatencyAfter(layer_bytes);
     if (outside > 0) {
       const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
       seconds = std::max(seconds, outside / (out_bw * ep));

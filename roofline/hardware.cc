@@ -30,12 +30,15 @@ double HardwareProfile::MemBandwidthAtThreads(int64_t threads) const {
   return bw;
 }
 
-double HardwareProfile::ScaleOutLatencyAfter(double bytes) const {
-  const auto& s = scale_out_latency_after_sweep;
-  if (s.empty() || !(bytes > 0)) return scale_out_latency;
-  if (bytes <= s.front().sweep_bytes) {
-    return scale_out_latency + (s.front().latency - scale_out_latency) * bytes / s.front().sweep_bytes;
-  }
+namespace {
+
+using Sweeps = std::vector<HardwareProfile::LatencyAfterSweep>;
+
+// The latency after streaming `bytes`: `idle` at 0, linear up to the first sweep, log-linear
+// between sweeps, the largest sweep's beyond it.
+double LatencyAfter(const Sweeps& s, double idle, double bytes) {
+  if (s.empty() || !(bytes > 0)) return idle;
+  if (bytes <= s.front().sweep_bytes) return idle + (s.front().latency - idle) * bytes / s.front().sweep_bytes;
   for (size_t i = 1; i < s.size(); ++i) {
     if (bytes <= s[i].sweep_bytes) {
       const double t = std::log(bytes / s[i - 1].sweep_bytes) / std::log(s[i].sweep_bytes / s[i - 1].sweep_bytes);
@@ -43,6 +46,52 @@ double HardwareProfile::ScaleOutLatencyAfter(double bytes) const {
     }
   }
   return s.back().latency;
+}
+
+absl::Status ValidateSweeps(const char* key, const Sweeps& s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const double previous = i > 0 ? s[i - 1].sweep_bytes : 0;
+    if (!(s[i].sweep_bytes > previous) || !std::isfinite(s[i].sweep_bytes) || !(s[i].latency >= 0) ||
+        !std::isfinite(s[i].latency)) {
+      return absl::InvalidArgumentError(absl::StrCat("hardware profile: '", key, "' entry ", i, " needs sweep_bytes > ",
+                                                     previous, " (ascending) and latency_s >= 0, got ", s[i].sweep_bytes,
+                                                     " and ", s[i].latency));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SweepsToJson(const char* key, const Sweeps& s, nlohmann::json* j) {
+  if (s.empty()) return;
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& e : s) a.push_back({{"sweep_bytes", e.sweep_bytes}, {"latency_s", e.latency}});
+  (*j)[key] = a;
+}
+
+absl::Status ParseSweeps(const nlohmann::json& j, const char* key, Sweeps* out) {
+  if (!j.contains(key)) return absl::OkStatus();
+  const nlohmann::json& a = j[key];
+  const std::string shape =
+      absl::StrCat("hardware profile: '", key, "' must be an array of {\"sweep_bytes\": number, \"latency_s\": number}");
+  if (!a.is_array()) return absl::InvalidArgumentError(shape);
+  for (const nlohmann::json& e : a) {
+    if (!e.is_object() || !e.contains("sweep_bytes") || !e.contains("latency_s") || !e["sweep_bytes"].is_number() ||
+        !e["latency_s"].is_number()) {
+      return absl::InvalidArgumentError(shape);
+    }
+    out->push_back({e["sweep_bytes"].get<double>(), e["latency_s"].get<double>()});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double HardwareProfile::ScaleOutLatencyAfter(double bytes) const {
+  return LatencyAfter(scale_out_latency_after_sweep, scale_out_latency, bytes);
+}
+
+double HardwareProfile::InterconnectLatencyAfter(double bytes) const {
+  return LatencyAfter(interconnect_latency_after_sweep, interconnect_latency, bytes);
 }
 
 absl::Status HardwareProfile::Validate() const {
@@ -91,14 +140,9 @@ absl::Status HardwareProfile::Validate() const {
                                                      " and ", b.bytes_per_second));
     }
   }
-  for (size_t i = 0; i < scale_out_latency_after_sweep.size(); ++i) {
-    const LatencyAfterSweep& s = scale_out_latency_after_sweep[i];
-    const double previous = i > 0 ? scale_out_latency_after_sweep[i - 1].sweep_bytes : 0;
-    if (!(s.sweep_bytes > previous) || !std::isfinite(s.sweep_bytes) || !(s.latency >= 0) || !std::isfinite(s.latency)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hardware profile: 'scale_out_latency_after_sweep' entry ", i, " needs sweep_bytes > ", previous,
-          " (ascending) and latency_s >= 0, got ", s.sweep_bytes, " and ", s.latency));
-    }
+  for (auto [key, sweeps] : {std::pair<const char*, const Sweeps*>{"scale_out_latency_after_sweep", &scale_out_latency_after_sweep},
+                              {"interconnect_latency_after_sweep", &interconnect_latency_after_sweep}}) {
+    if (absl::Status s = ValidateSweeps(key, *sweeps); !s.ok()) return s;
   }
   if (devices < 1) return absl::InvalidArgumentError(absl::StrCat("hardware profile: 'devices' must be >= 1, got ", devices));
   if (scale_up_domain < 1) {
@@ -141,13 +185,8 @@ std::string HardwareProfile::ToJson() const {
     }
     j["mem_bandwidth_by_threads"] = a;
   }
-  if (!scale_out_latency_after_sweep.empty()) {
-    nlohmann::json a = nlohmann::json::array();
-    for (const LatencyAfterSweep& s : scale_out_latency_after_sweep) {
-      a.push_back({{"sweep_bytes", s.sweep_bytes}, {"latency_s", s.latency}});
-    }
-    j["scale_out_latency_after_sweep"] = a;
-  }
+  SweepsToJson("scale_out_latency_after_sweep", scale_out_latency_after_sweep, &j);
+  SweepsToJson("interconnect_latency_after_sweep", interconnect_latency_after_sweep, &j);
   return j.dump(2);
 }
 
@@ -212,18 +251,9 @@ absl::StatusOr<HardwareProfile> HardwareProfile::FromJson(const std::string& tex
     }
     p.empty_exchanges_free = j["empty_exchanges_free"].get<bool>();
   }
-  if (j.contains("scale_out_latency_after_sweep")) {
-    const nlohmann::json& a = j["scale_out_latency_after_sweep"];
-    const char* shape = "hardware profile: 'scale_out_latency_after_sweep' must be an array of {\"sweep_bytes\": "
-                        "number, \"latency_s\": number}";
-    if (!a.is_array()) return absl::InvalidArgumentError(shape);
-    for (const nlohmann::json& e : a) {
-      if (!e.is_object() || !e.contains("sweep_bytes") || !e.contains("latency_s") || !e["sweep_bytes"].is_number() ||
-          !e["latency_s"].is_number()) {
-        return absl::InvalidArgumentError(shape);
-      }
-      p.scale_out_latency_after_sweep.push_back({e["sweep_bytes"].get<double>(), e["latency_s"].get<double>()});
-    }
+  if (absl::Status s = ParseSweeps(j, "scale_out_latency_after_sweep", &p.scale_out_latency_after_sweep); !s.ok()) return s;
+  if (absl::Status s = ParseSweeps(j, "interconnect_latency_after_sweep", &p.interconnect_latency_after_sweep); !s.ok()) {
+    return s;
   }
   if (j.contains("name") && j["name"].is_string()) p.name = j["name"];
   if (j.contains("source") && j["source"].is_string()) p.source = j["source"];

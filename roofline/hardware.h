@@ -65,6 +65,9 @@ struct HardwareProfile {
     double sweep_bytes = 0, latency = 0;
   };
   std::vector<LatencyAfterSweep> scale_out_latency_after_sweep;
+  // The same for the scale-up link (between processes of one host, over MPI's shared memory;
+  // thread ranks, which meet in memory, keep the idle latency).
+  std::vector<LatencyAfterSweep> interconnect_latency_after_sweep;
   double host_link_bandwidth = 0;     // device <-> host DDR, bytes/s per direction (PCIe)
   double disk_read_bandwidth = 0;     // flash, bytes/s
   double disk_write_bandwidth = 0;
@@ -85,6 +88,7 @@ struct HardwareProfile {
   // The scale-out call latency after streaming `bytes`: scale_out_latency at 0, linear in the
   // bytes up to the first sweep measured, log-linear between sweeps, the last beyond it.
   double ScaleOutLatencyAfter(double bytes) const;
+  double InterconnectLatencyAfter(double bytes) const;
   // A rank's memory bandwidth while `active` ranks of its machine stream (see
   // solo_mem_bandwidth): their total split evenly, at most what it pulls alone, at least its share.
   double MemBandwidthWithActive(int64_t active) const;

@@ -80,6 +80,9 @@ int RunCalibrate(const CalibrateOptions& o) {
       if (auto after = moeserve::calibrate::AfterSweepLatencies((*mpi)["tcp"]); !after.empty()) {
         result->json["scale_out_latency_after_sweep"] = after;
       }
+      if (auto after = moeserve::calibrate::AfterSweepLatencies((*mpi)["shared_memory"]); !after.empty()) {
+        result->json["interconnect_latency_after_sweep"] = after;
+      }
       // A property of the MPI library's all-to-all, read where the latency makes it plain (over
       // shared memory an empty call and a 64-byte one differ by a fraction of a microsecond).
       result->json["empty_exchanges_free"] = moeserve::calibrate::EmptyExchangeFree((*mpi)["tcp"]);

@@ -203,7 +203,10 @@ roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t
     r.interconnect_bandwidth = hw.thread_interconnect_bandwidth;
     r.interconnect_latency = hw.thread_interconnect_latency;
   }
-  if (threads) r.empty_exchanges_free = false;  // thread ranks meet at every exchange
+  if (threads) {
+    r.empty_exchanges_free = false;               // thread ranks meet at every exchange
+    r.interconnect_latency_after_sweep.clear();  // measured over MPI's shared memory, not threads
+  }
   if (r.interconnect_bandwidth <= 0) r.interconnect_bandwidth = r.mem_bandwidth;
   r.name = ranks > 1 ? absl::StrCat(hw.name, " / ", ranks, " ranks") : hw.name;
   return r;

@@ -110,12 +110,20 @@ TEST(CostModelTest, ScaleOutExchangesPayTheLatencyMeasuredAfterALayersStreaming)
   two.domain_size = 8;
   EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, two).comm_latency_seconds, 3 * 32 * 100e-6, 1e-15);
   EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, one).comm_latency_seconds, 3 * 32 * 10e-6, 1e-15);
+  // The scale-up link's own after-sweep latency, where measured, prices the calls inside a
+  // domain; across domains the slower link's still sets the price.
+  hw.interconnect_latency_after_sweep = {{8e6, 15e-6}};
+  EXPECT_DOUBLE_EQ(hw.InterconnectLatencyAfter(4e6), 12.5e-6);
+  EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, one).comm_latency_seconds, 3 * 32 * 15e-6, 1e-15);
+  EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), hw, two).comm_latency_seconds, 3 * 32 * 100e-6, 1e-15);
   // The profile keeps the measurements, and refuses sweeps out of order by name.
   const absl::StatusOr<HardwareProfile> back = HardwareProfile::FromJson(hw.ToJson());
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->scale_out_latency_after_sweep.size(), 3u);
   EXPECT_EQ(back->scale_out_latency_after_sweep[2].sweep_bytes, 128e6);
   EXPECT_EQ(back->scale_out_latency_after_sweep[2].latency, 100e-6);
+  ASSERT_EQ(back->interconnect_latency_after_sweep.size(), 1u);
+  EXPECT_EQ(back->interconnect_latency_after_sweep[0].latency, 15e-6);
   hw.scale_out_latency_after_sweep[1].sweep_bytes = 4e6;
   const absl::StatusOr<HardwareProfile> bad = HardwareProfile::FromJson(hw.ToJson());
   ASSERT_FALSE(bad.ok());

@@ -233,6 +233,7 @@ TEST_F(NetnsServeTest, CalibrateMeasuresTheLinkBetweenTheNamespaces) {
   const absl::StatusOr<roofline::HardwareProfile> loaded = roofline::LoadHardware(profile);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->scale_out_latency_after_sweep.size(), 3u);
+  EXPECT_EQ(loaded->interconnect_latency_after_sweep.size(), 3u) << "the shared-memory probe's sweeps too";
   EXPECT_GT(j["scale_out_latency_s"].get<double>(), 0);
   EXPECT_GT(j["scale_out_bandwidth"].get<double>(), 0);
   EXPECT_EQ(j["scale_out_mpirun_args"], args);

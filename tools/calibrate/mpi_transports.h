@@ -6,8 +6,8 @@
 // interconnect_bandwidth (shared memory) and scale_out_bandwidth (TCP); the smallest message's
 // time beyond its bytes, the per-call latency (interconnect_latency_s, scale_out_latency_s).
 // The probe's JSON also holds the decode-sized calls after sweeps of memory (TimeAllToAll's
-// `sweep_bytes`): what cold caches cost an exchange (docs/parallelism.md); the scale-out
-// link's become the profile's scale_out_latency_after_sweep (AfterSweepLatencies).
+// `sweep_bytes`): what cold caches cost an exchange (docs/parallelism.md); they become the
+// profile's scale_out_latency_after_sweep and interconnect_latency_after_sweep.
 #pragma once
 
 #include <nlohmann/json.hpp>
