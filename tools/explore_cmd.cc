@@ -2,13 +2,17 @@
 // expert-parallel ranks x pipeline stages, whether each fits (weights, and KV for the sequences
 // in flight at the context, per device), and the roofline's tokens/s, time per output token and
 // $ per million tokens for each, so an engineer can pick a strategy (roofline/layout_search.h).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "roofline/layout_search.h"
 #include "tools/explore_measure.h"
 #include "tools/commands.h"
@@ -60,6 +64,7 @@ Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
                    {"measured_comm_min_us_per_token", p.measured_comm_min_us_per_token},
                    {"measured_comm_after_last_us_per_token", p.measured_comm_after_last_us_per_token}});
     if (!p.core_sharing.empty()) out.back()["core_sharing"] = p.core_sharing;
+    if (p.Oversubscribed()) out.back()["oversubscribed_cpus"] = p.cpus;
   }
   return out;
 }
@@ -82,6 +87,20 @@ void PrintMeasured(const std::vector<MeasuredPoint>& measured, const roofline::H
                 100 * p.error, p.predicted_comm_us_per_token, p.measured_comm_us_per_token,
                 p.measured_comm_min_us_per_token, p.measured_comm_after_last_us_per_token);
   }
+  std::vector<std::string> shared;  // the layouts with more ranks than CPUs, once each
+  int64_t cpus = 0;
+  for (const MeasuredPoint& p : measured) {
+    const std::string name = absl::StrCat("ep ", p.ep, " pp ", p.pp);
+    if (!p.Oversubscribed() || std::find(shared.begin(), shared.end(), name) != shared.end()) continue;
+    shared.push_back(name);
+    cpus = p.cpus;
+  }
+  if (shared.empty()) return;
+  std::printf("note: %s ran more ranks than this machine's %lld CPUs, so the ranks time-share them: a rank waiting\n"
+              " in an exchange yields its CPU to another's compute, and its 'after last' time overlaps that work rather\n"
+              " than pricing the all-to-all; read their steps' error (docs/parallelism.md, \"ep 4, two ranks per\n"
+              " namespace\")\n",
+              absl::StrJoin(shared, ", ").c_str(), static_cast<long long>(cpus));
 }
 
 Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std::vector<roofline::LayoutCandidate>& all,

@@ -120,7 +120,9 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
     d.comm_after_last.push_back(s.comm_after_last_seconds);
     d.predicted_comm.push_back(s.predicted_comm_seconds);
   }
-  return ToPoint(layout, sequences, d);
+  ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
+  p.cpus = UsableCpus();
+  return p;
 }
 
 #if MOESERVE_HAVE_MPI
@@ -170,6 +172,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   }
   ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
   p.processes = true;
+  p.cpus = UsableCpus();
   // Rank 0's warning that ranks time-share cores (e.g. a namespace per host without --bind-to
   // none), said here too: the bench output is not shown.
   for (absl::string_view line : absl::StrSplit(run->output, '\n')) {

@@ -49,6 +49,11 @@ struct MeasuredPoint {
   // The job's warning that ranks of one machine time-share cores (runner/rank_cores.h), if any:
   // such a point measures the scheduler as much as the layout.
   std::string core_sharing;
+  // The CPUs of this machine the layout's ranks shared. More ranks than CPUs time-share them:
+  // a rank waiting in an exchange yields its CPU to another's compute, so the exchange overlaps
+  // that work and its time is not the all-to-all's price (the step is still priced).
+  int64_t cpus = 0;
+  bool Oversubscribed() const { return cpus > 0 && ep * pp > cpus; }
 };
 
 // Every point of `candidates` that fits and is within the limits, each run on a fresh engine: the
