@@ -297,9 +297,9 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
   // (MemBandwidthWithActive).
   const int64_t count = static_cast<int64_t>(mbs.size());
   PipelinedSeconds total;
+  HardwareProfile slot_hw = hw;  // one copy; each slot sets its bandwidth
   for (int64_t s = 0; s + 1 < count + layout.pp; ++s) {
     const int64_t first = std::max<int64_t>(0, s - layout.pp + 1), last = std::min<int64_t>(count - 1, s);
-    HardwareProfile slot_hw = hw;
     slot_hw.mem_bandwidth = hw.MemBandwidthWithActive((last - first + 1) * layout.ep);
     PipelinedSeconds slot;
     for (int64_t i = first; i <= last; ++i) {

@@ -158,10 +158,11 @@ ModelCosts StageCosts(const ModelCosts& model, int64_t pp);
 
 // A step through pipeline stages (layout.pp > 1) as they run it: the step's sequences cut into
 // micro-batches (consecutive, as even as they go), each passing every stage in turn, the
-// stages working on different micro-batches at once. The step lasts every micro-batch's time on
-// a stage plus the pipeline's fill, (p - 1) times the longest: (m + p - 1) stage-times for equal
+// stages working on different micro-batches at once. The step lasts m + p - 1 slots, each as
+// long as the slowest micro-batch in flight on a stage: (m + p - 1) stage-times for equal
 // micro-batches, so a bubble of (p-1)/(m+p-1); and each micro-batch reads its stage's weights
-// again. The fill also carries the first micro-batch over the p - 1 stage boundaries (each at
+// again. Where ranks share a machine's memory, the fill's and drain's slots stream at what their
+// fewer active ranks pull (HardwareProfile::MemBandwidthWithActive). The fill also carries the first micro-batch over the p - 1 stage boundaries (each at
 // its link: scale-out where the stages sit in different domains). `seconds` with `eff`
 // (calibrated), `bound_seconds` at the peaks. pp 1: PredictStep's.
 struct PipelinedSeconds {

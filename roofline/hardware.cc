@@ -16,6 +16,11 @@ double HardwareProfile::PeakFlops(const std::string& weight_dtype) const {
   return peak_flops_bf16;
 }
 
+void UseThreadRankExchanges(HardwareProfile* hw) {
+  hw->empty_exchanges_free = false;
+  hw->interconnect_latency_after_sweep.clear();
+}
+
 double HardwareProfile::MemBandwidthWithActive(int64_t active) const {
   if (ranks_sharing_memory <= 1 || solo_mem_bandwidth <= 0 || active >= ranks_sharing_memory) return mem_bandwidth;
   const double split = mem_bandwidth * static_cast<double>(ranks_sharing_memory) / static_cast<double>(std::max<int64_t>(active, 1));

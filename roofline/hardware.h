@@ -102,6 +102,11 @@ struct HardwareProfile {
   static absl::StatusOr<HardwareProfile> FromJson(const std::string& text);
 };
 
+// The exchanges of ranks that are threads of one process: they meet at every all-to-all, empty
+// or not, and through memory rather than MPI's shared memory, whose after-sweep latencies do
+// not apply to them.
+void UseThreadRankExchanges(HardwareProfile* hw);
+
 std::vector<std::string> HardwarePresetNames();
 absl::StatusOr<HardwareProfile> HardwarePreset(const std::string& name);
 // A preset name, or the path of a JSON profile (from `moeserve calibrate`).

@@ -174,11 +174,8 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   c.kv_dtype = *dt;
   if (!f.hardware.empty()) {
     ASSIGN_OR_RETURN(c.hardware, roofline::LoadHardware(f.hardware));
-    // Thread ranks meet at every exchange, empty or not; processes under mpirun may skip them.
-    if (!LaunchedByMpirun()) {
-      c.hardware->empty_exchanges_free = false;
-      c.hardware->interconnect_latency_after_sweep.clear();  // MPI's shared memory's, not threads'
-    }
+    // Ranks outside mpirun are threads of this process.
+    if (!LaunchedByMpirun()) roofline::UseThreadRankExchanges(&*c.hardware);
   }
   if (!f.calibration.empty()) {
     if (f.hardware.empty()) return absl::InvalidArgumentError("--calibration needs --hardware");

@@ -52,6 +52,9 @@ absl::StatusOr<RunPlan> PlanRun(const MeasureOptions& o, const roofline::Paralle
   return p;
 }
 
+// The threads the measuring process splits over a layout's ranks.
+int64_t MachineThreads(const MeasureOptions& o) { return o.threads > 0 ? o.threads : UsableCpus(); }
+
 // The medians of the decode steps that ran all `sequences` (no prefill), as a point.
 struct DecodeSteps {
   std::vector<double> observed, predicted, comm, comm_min, comm_after_last, predicted_comm;
@@ -75,6 +78,7 @@ absl::StatusOr<MeasuredPoint> ToPoint(const roofline::ParallelLayout& layout, in
   p.measured_comm_min_us_per_token = 1e6 * Median(d.comm_min) / static_cast<double>(sequences);
   p.measured_comm_after_last_us_per_token = 1e6 * Median(d.comm_after_last) / static_cast<double>(sequences);
   p.predicted_comm_us_per_token = 1e6 * Median(d.predicted_comm) / static_cast<double>(sequences);
+  p.cpus = UsableCpus();
   return p;
 }
 
@@ -97,7 +101,7 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
   const int64_t max_tokens = plan.max_tokens;
   f.config.num_kv_blocks = plan.kv_blocks;
   ASSIGN_OR_RETURN(EngineConfig config, MakeEngineConfig(f));
-  config.hardware = RankShare(o.hw, ranks, /*threads=*/true, o.threads > 0 ? o.threads : UsableCpus());
+  config.hardware = RankShare(o.hw, ranks, /*threads=*/true, MachineThreads(o));
   ASSIGN_OR_RETURN(std::unique_ptr<Launched> run, LaunchEngine(f, o.model, config, nullptr, "explore: "));
   Engine& engine = *run->engine;
   const ModelConfig& c = engine.model_config();
@@ -120,9 +124,7 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
     d.comm_after_last.push_back(s.comm_after_last_seconds);
     d.predicted_comm.push_back(s.predicted_comm_seconds);
   }
-  ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
-  p.cpus = UsableCpus();
-  return p;
+  return ToPoint(layout, sequences, d);
 }
 
 #if MOESERVE_HAVE_MPI
@@ -135,7 +137,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   char dir_template[] = "/tmp/moeserve-explore-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("explore: cannot make a temporary directory");
   const std::string dir = dir_template, hw = dir + "/hw.json", steps = dir + "/steps.jsonl";
-  const int64_t machine_threads = o.threads > 0 ? o.threads : UsableCpus();
+  const int64_t machine_threads = MachineThreads(o);
   RETURN_IF_ERROR(WriteFileAtomically(hw, RankShare(o.hw, layout.devices(), /*threads=*/false, machine_threads).ToJson()));
   const std::string model = o.model.model_dir.empty() ? absl::StrCat(" --preset ", o.model.preset)
                                                       : absl::StrCat(" --model '", o.model.model_dir, "'");
@@ -172,7 +174,6 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   }
   ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
   p.processes = true;
-  p.cpus = UsableCpus();
   // Rank 0's warning that ranks time-share cores (e.g. a namespace per host without --bind-to
   // none), said here too: the bench output is not shown.
   for (absl::string_view line : absl::StrSplit(run->output, '\n')) {
@@ -206,10 +207,7 @@ roofline::HardwareProfile RankShare(const roofline::HardwareProfile& hw, int64_t
     r.interconnect_bandwidth = hw.thread_interconnect_bandwidth;
     r.interconnect_latency = hw.thread_interconnect_latency;
   }
-  if (threads) {
-    r.empty_exchanges_free = false;               // thread ranks meet at every exchange
-    r.interconnect_latency_after_sweep.clear();  // measured over MPI's shared memory, not threads
-  }
+  if (threads) roofline::UseThreadRankExchanges(&r);
   if (r.interconnect_bandwidth <= 0) r.interconnect_bandwidth = r.mem_bandwidth;
   r.name = ranks > 1 ? absl::StrCat(hw.name, " / ", ranks, " ranks") : hw.name;
   return r;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 #include <thread>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "parallel/alltoall_probe.h"
 #include "parallel/comm_group.h"
 #include "runner/rank_cores.h"
+#include "tools/calibrate/measure.h"
 #include "runner/rank_step.h"
 #if MOESERVE_HAVE_MPI
 #include "parallel/mpi_world.h"
@@ -34,15 +34,6 @@ constexpr int64_t kProbeBytes[] = {0, 64, 4096, 65536, int64_t{1} << 20, int64_t
 // compute: sweeps of a quarter, one and four times the last-level cache.
 constexpr int64_t kSweptBytes[] = {64, 4096, 65536};
 constexpr double kSweepsOfLlc[] = {0.25, 1, 4};
-
-// One last-level cache instance's bytes, from sysfs (glibc's sysconf reports 10x on some AMD
-// VMs); 32 MiB where sysfs does not say.
-int64_t LastLevelCacheBytes() {
-  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
-  int64_t kib = 0;  // "32768K"
-  if ((in >> kib) && kib > 0) return kib * 1024;
-  return int64_t{32} << 20;
-}
 
 nlohmann::json ToJson(const AllToAllTiming& t) {
   return {{"bytes_per_peer", t.bytes_per_peer},
@@ -63,7 +54,8 @@ absl::StatusOr<nlohmann::json> ProbeSizes(bool one_clock, Time&& time) {
     idle.push_back(ToJson(t));
   }
   if (!one_clock) return nlohmann::json{{"sizes", idle}};
-  const double llc = static_cast<double>(LastLevelCacheBytes());
+  const double measured = LastLevelCacheBytes();  // measure.h's; 32 MiB where the system does not say
+  const double llc = measured > 0 ? measured : static_cast<double>(int64_t{32} << 20);
   for (double f : kSweepsOfLlc) {
     const int64_t sweep = static_cast<int64_t>(f * llc);
     nlohmann::json sizes = nlohmann::json::array();
@@ -87,14 +79,20 @@ double BestBandwidth(const nlohmann::json& probe) {
 
 namespace {
 
-// The latency of the smallest message that moves bytes in `sizes` (an empty exchange may cost
-// nothing: EmptyExchangeFree), less its bytes at `bw`.
-double SmallestCallLatency(const nlohmann::json& sizes, double ranks, double bw) {
+// The smallest message of `sizes` that moves bytes (an empty exchange may cost nothing:
+// EmptyExchangeFree); null where there is none.
+const nlohmann::json* SmallestMoving(const nlohmann::json& sizes) {
   const nlohmann::json* smallest = nullptr;
   for (const auto& s : sizes) {
     const double b = s["bytes_per_peer"].get<double>();
     if (b > 0 && (smallest == nullptr || b < (*smallest)["bytes_per_peer"].get<double>())) smallest = &s;
   }
+  return smallest;
+}
+
+// That message's latency, less its bytes at `bw`.
+double SmallestCallLatency(const nlohmann::json& sizes, double ranks, double bw) {
+  const nlohmann::json* smallest = SmallestMoving(sizes);
   if (smallest == nullptr) return 0;
   const double bytes = (*smallest)["bytes_per_peer"].get<double>() * (ranks - 1);
   return std::max(0.0, (*smallest)["median_us"].get<double>() * 1e-6 - bytes / bw);
@@ -120,15 +118,13 @@ nlohmann::json AfterSweepLatencies(const nlohmann::json& probe) {
 }
 
 bool EmptyExchangeFree(const nlohmann::json& probe) {
-  double empty_us = -1, smallest_bytes = -1, smallest_us = -1;
-  for (const auto& s : probe.value("sizes", nlohmann::json::array())) {
-    const double b = s["bytes_per_peer"].get<double>(), us = s["median_us"].get<double>();
-    if (b == 0) empty_us = us;
-    if (b > 0 && (smallest_bytes < 0 || b < smallest_bytes)) {
-      smallest_bytes = b;
-      smallest_us = us;
-    }
+  const nlohmann::json sizes = probe.value("sizes", nlohmann::json::array());
+  double empty_us = -1;
+  for (const auto& s : sizes) {
+    if (s["bytes_per_peer"].get<double>() == 0) empty_us = s["median_us"].get<double>();
   }
+  const nlohmann::json* smallest = SmallestMoving(sizes);
+  const double smallest_us = smallest != nullptr ? (*smallest)["median_us"].get<double>() : 0;
   return empty_us >= 0 && smallest_us > 0 && empty_us < 0.5 * smallest_us;
 }
 
