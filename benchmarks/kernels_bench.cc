@@ -32,6 +32,12 @@ moeserve::Backend& TheBackend() {
   return *backend;
 }
 
+DeviceBuffer AlignedBytes(size_t bytes) {
+  absl::StatusOr<DeviceBuffer> b = TheBackend().Allocate(bytes);
+  if (!b.ok()) std::abort();
+  return std::move(*b);
+}
+
 const std::optional<roofline::HardwareProfile>& Profile() {
   static const std::optional<roofline::HardwareProfile> profile = []() -> std::optional<roofline::HardwareProfile> {
     const char* path = std::getenv("MOESERVE_HARDWARE");
@@ -57,7 +63,11 @@ void Report(benchmark::State& state, double flops, double bytes, DType dtype) {
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
-  const WeightLayout layout = state.range(4) ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
+  // tiled: 1 is the layout the backend stores weights of this dtype in (kTiled8, or kAmxTiles for
+  // bf16 on the amx variant), 0 row-major, 2 kTiled8 whatever the backend prefers.
+  const WeightLayout layout = state.range(4) == 2 ? WeightLayout::kTiled8
+                              : state.range(4)    ? TheBackend().PreferredWeightLayout(dtype)
+                                                  : WeightLayout::kRowMajor;
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> wf(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
@@ -65,7 +75,9 @@ void BM_Gemm(benchmark::State& state) {
   for (float& v : x) v = u(gen);
   std::vector<uint8_t> row_major(wf.size() * DTypeSize(dtype));
   ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
-  std::vector<uint8_t> w(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype));
+  // From the backend, 64-byte aligned as the engine's weights are (a tile row across two cache
+  // lines costs two loads).
+  DeviceBuffer w = AlignedBytes(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype));
   PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data());
   const WeightRef ref{w.data(), dtype, n, k, layout};
   for (auto _ : state) {
@@ -88,7 +100,9 @@ BENCHMARK(BM_Gemm)
     ->Args({1, 16384, 8192, 1, 1})
     ->Args({16, 8192, 4096, 1, 1})
     ->Args({256, 2048, 512, 1, 1})
+    ->Args({256, 2048, 512, 1, 2})
     ->Args({256, 1024, 2048, 1, 1})
+    ->Args({256, 1024, 2048, 1, 2})
     ->Args({1, 8192, 4096, 0, 1})
     ->Args({256, 2048, 512, 0, 1})
     ->UseRealTime();
@@ -98,7 +112,7 @@ BENCHMARK(BM_Gemm)
 void BM_GemmColdWeights(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = DType::kBF16;
-  const WeightLayout layout = state.range(3) ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
+  const WeightLayout layout = state.range(3) ? TheBackend().PreferredWeightLayout(dtype) : WeightLayout::kRowMajor;
   const size_t bytes = static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype);
   const size_t count = std::max<size_t>(2, (size_t{512} << 20) / bytes);
   std::mt19937 gen(1);
@@ -106,19 +120,19 @@ void BM_GemmColdWeights(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (float& v : x) v = u(gen);
   // Google Benchmark calls this several times per shape: fill the 512 MiB once per shape.
-  static std::map<std::tuple<int64_t, int64_t, WeightLayout>, std::vector<uint8_t>> cache;
-  std::vector<uint8_t>& w = cache[{n, k, layout}];
-  if (w.empty()) {
+  static std::map<std::tuple<int64_t, int64_t, WeightLayout>, DeviceBuffer> cache;
+  DeviceBuffer& w = cache[{n, k, layout}];
+  if (w.data() == nullptr) {
     std::vector<float> wf(static_cast<size_t>(n * k));
     for (float& v : wf) v = u(gen);
     std::vector<uint8_t> row_major(static_cast<size_t>(n * k) * DTypeSize(dtype));
     ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
-    w.resize(bytes * count);
-    for (size_t i = 0; i < count; ++i) PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data() + i * bytes);
+    w = AlignedBytes(bytes * count);
+    for (size_t i = 0; i < count; ++i) PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.as<uint8_t>() + i * bytes);
   }
   size_t next = 0;
   for (auto _ : state) {
-    const WeightRef ref{w.data() + next * bytes, dtype, n, k, layout};
+    const WeightRef ref{w.as<uint8_t>() + next * bytes, dtype, n, k, layout};
     TheBackend().Gemm(x.data(), m, ref, y.data());
     benchmark::DoNotOptimize(y.data());
     next = (next + 1) % count;

@@ -55,6 +55,7 @@ class DeviceBuffer {
 enum class WeightLayout : int32_t {
   kRowMajor = 0,  // [rows][cols], as checkpoints store it
   kTiled8 = 1,    // tiles of 8 rows, each [cols / 8][8 rows][8 cols] (the CPU fast path's GEMM order)
+  kAmxTiles = 2,  // groups of 32 rows, each [cols / 32][2][16 column pairs][16 rows][2]: AMX B tiles
 };
 
 // Columns that share one scale in an FP8 weight.
@@ -146,9 +147,9 @@ class Backend {
   // computed by another backend or an older kernel is never served as this one's.
   virtual std::string KernelNumerics() const = 0;
 
-  // The layout this backend's GEMMs read fastest; weights are uploaded in it
-  // (kernels/weight_layout.h). Every op also accepts kRowMajor.
-  virtual WeightLayout PreferredWeightLayout() const { return WeightLayout::kRowMajor; }
+  // The layout this backend's GEMMs read fastest for weights of `dtype`; weights are uploaded in
+  // it (kernels/weight_layout.h). Every op also accepts kRowMajor.
+  virtual WeightLayout PreferredWeightLayout(DType /*dtype*/) const { return WeightLayout::kRowMajor; }
 
   // ---- memory ----
   // Allocates `bytes` on the device; RESOURCE_EXHAUSTED when its capacity would be exceeded.

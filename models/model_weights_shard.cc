@@ -41,7 +41,7 @@ struct ShardCopier {
       out.scales = static_cast<const float*>(scales);
       return out;
     }
-    const WeightLayout want = to->PreferredWeightLayout();
+    const WeightLayout want = to->PreferredWeightLayout(m.dtype);
     const size_t eb = DTypeSize(m.dtype);
     if (m.layout == want) {
       ASSIGN_OR_RETURN(out.data, Bytes(m.data, static_cast<size_t>(WeightStorageElems(m.layout, m.rows, m.cols)) * eb));

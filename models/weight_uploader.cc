@@ -66,7 +66,7 @@ absl::StatusOr<WeightRef> Uploader::Store(const std::string& key, const HostMatr
   std::vector<uint8_t> host(m.values.size() * DTypeSize(stored));
   ConvertFromF32(m.values.data(), m.values.size(), stored, host.data());
   RecordDigest(key, m.rows, m.cols, stored, {{host.data(), host.size()}});
-  const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout() : WeightLayout::kRowMajor;
+  const WeightLayout layout = gemm_operand ? backend_->PreferredWeightLayout(stored) : WeightLayout::kRowMajor;
   ASSIGN_OR_RETURN(DeviceBuffer buf, UploadWeight(backend_, host.data(), stored, m.rows, m.cols, layout));
   WeightRef w{buf.data(), stored, m.rows, m.cols, layout};
   *total_ += buf.bytes();

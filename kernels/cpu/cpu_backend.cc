@@ -159,6 +159,11 @@ void CpuBackend::OrderComputeAfterCopies() {
   copies_ordered_ = copies_issued_;
 }
 
+WeightLayout CpuBackend::PreferredWeightLayout(DType dtype) const {
+  if (!fast()) return WeightLayout::kRowMajor;
+  return isa_ == CpuIsa::kAmx && dtype == DType::kBF16 ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
+}
+
 void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
   if (fast()) return cpu_fast::Embedding(*pool_, ids, n, table, out);
   cpu_ref::Embedding(ids, n, table, out);

@@ -45,10 +45,9 @@ class CpuBackend final : public Backend {
   // v2: tiled GEMM with lane-strided FMA order, vectorised attention and exp. The exact variants
   // (avx2, avx512) compute the same bits; the bf16 ones are named.
   std::string KernelNumerics() const override;
-  // The fast path's GEMM streams 8-row tiles (kernels/weight_layout.h).
-  WeightLayout PreferredWeightLayout() const override {
-    return options_.path == CpuPath::kFast ? WeightLayout::kTiled8 : WeightLayout::kRowMajor;
-  }
+  // The fast path's GEMM streams 8-row tiles (kernels/weight_layout.h); the amx variant loads
+  // bf16 weights as AMX B tiles.
+  WeightLayout PreferredWeightLayout(DType dtype) const override;
   CpuPath path() const { return options_.path; }
   // The kernel variant the fast path runs (resolved, never kAuto).
   CpuIsa isa() const { return isa_; }

@@ -51,8 +51,8 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
   pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       MS_CHECK(ids[i] >= 0 && ids[i] < table.rows);
-      // A tiled table holds a row as runs of 8 columns, one per chunk of its tile.
-      const int64_t run = table.layout == WeightLayout::kRowMajor ? table.cols : kTileCols;
+      // A tiled table holds a row as runs of a few columns (8 per chunk, or AMX's pairs).
+      const int64_t run = WeightRowRun(table.layout, table.cols);
       for (int64_t c = 0; c < table.cols; c += run) {
         LoadRowF32(table.data, table.dtype, WeightIndex(table.layout, table.rows, table.cols, ids[i], c),
                    std::min(run, table.cols - c), out + i * table.cols + c);

@@ -1,19 +1,20 @@
 // The amx GEMM kernel: tdpbf16ps on AMX tiles, bf16 activations (rounded once per task by
-// PadRowsAmx below, each A tile's 16 x 32 values contiguous) against bf16 weights. A work item covers 32
-// weight rows (two B tiles of 16 output columns each); their chunks are repacked on the fly
-// into the VNNI order a B tile wants (row p: the column pair (2p, 2p + 1) of all 16 weight
-// rows), 32 columns of K per tile, zero-padded past K and past the matrix's rows. A block of 32
-// x rows (two A tiles) against the two B tiles keeps four accumulators, so each K step loads
-// four tiles for four tdpbf16ps (the 2x2 blocking the TMUL needs to stay busy; one B tile per
-// two products before). Each output element is one tdpbf16ps accumulation over K in 32-column
-// steps, whatever the number of x rows: batch-invariant.
+// PadRowsAmx below, each A tile's 16 x 32 values contiguous, 64-byte aligned) against bf16
+// weights. A work item covers 32 weight rows (two B tiles of 16 output columns each). Weights
+// stored as kAmxTiles (what the backend uploads for this variant) are those B tiles already, in
+// K order; weights in the other layouts are repacked on the fly into the same VNNI order (row p:
+// the column pair (2p, 2p + 1) of all 16 weight rows), 32 columns of K per tile, zero-padded past
+// K and past the matrix's rows. A block of 32 x rows (two A tiles) against the two B tiles keeps
+// four accumulators, so each K step loads four tiles for four tdpbf16ps (the 2x2 blocking the
+// TMUL needs to stay busy). Each output element is one tdpbf16ps accumulation over K in
+// 32-column steps, whatever the number of x rows: batch-invariant.
 // A block of x rows configures its A and C tiles with as many rows as it has (up to 16 each),
 // so a decode step's few rows load and multiply only themselves, not a padded 32-row block:
 // the rows of a tile are computed independently, so this changes no result.
 //
-// Not run on this project's machines so far (no AMX there): the variant is used only after its
-// self-check passed in a child process (kernel_select.cc), so a fault cannot take the server down
-// and a wrong result is never served.
+// First run on AMX hardware on 2026-11-26 (docs/performance.md). The variant is used only after
+// its self-check passed in a child process (kernel_select.cc), so a fault cannot take the server
+// down and a wrong result is never served.
 //
 // Compiled for AMX by the target pragma below (after every include).
 #include <immintrin.h>
@@ -37,6 +38,7 @@ constexpr int64_t kTileN = 16;    // output columns (weight rows) per B tile: tw
 constexpr int64_t kTileM = 16;    // x rows per A tile
 constexpr int64_t kBTile = kTileK / 2 * kTileN;  // dwords of one packed B tile
 static_assert(kAmxItemRows == 2 * kTileN, "an item is two B tiles wide");
+static_assert(kAmxItemRows == kAmxGroupRows && kTileK == kAmxGroupCols, "an item is one kAmxTiles group");
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -165,6 +167,23 @@ struct HardwareTiles {
         "r"(c + 3 * kC), "r"(stride)
         : "memory");
   }
+  // Stores the configured rows of C[a][b] straight into the output: rows `ld` floats apart,
+  // C[a][b] at y + 16 a ld + 16 b.
+  static void StoreOut(float* y, int64_t ld, int, int rows1) {
+    const long stride = static_cast<long>(ld * sizeof(float));
+    __asm__ volatile(
+        "tilestored %%tmm0, (%0,%2,1)\n\t"
+        "tilestored %%tmm1, (%1,%2,1)" ::"r"(y),
+        "r"(y + kTileN), "r"(stride)
+        : "memory");
+    if (rows1 == 0) return;
+    float* y1 = y + kTileM * ld;
+    __asm__ volatile(
+        "tilestored %%tmm2, (%0,%2,1)\n\t"
+        "tilestored %%tmm3, (%1,%2,1)" ::"r"(y1),
+        "r"(y1 + kTileN), "r"(stride)
+        : "memory");
+  }
 };
 
 struct EmulatedTiles {
@@ -216,6 +235,17 @@ struct EmulatedTiles {
       }
     }
   }
+  // Only the configured rows, as the hardware (the rows past them belong to other x rows).
+  static void StoreOut(float* y, int64_t ld, int rows0, int rows1) {
+    for (int t = 0; t < 4; ++t) {
+      for (int64_t r = 0; r < (t < 2 ? rows0 : rows1); ++r) {
+        for (int64_t j = 0; j < kTileN; ++j) {
+          y[((t / 2) * kTileM + r) * ld + (t % 2) * kTileN + j] =
+              legal ? acc[t][r * kTileN + j] : std::numeric_limits<float>::quiet_NaN();
+        }
+      }
+    }
+  }
 };
 
 // Packs the B tiles of weight rows [r0, r0 + 16), all of K, into b (tile kt at b + kt * 2 *
@@ -234,21 +264,52 @@ void PackHalf(const Rows<uint16_t>& w, int64_t rows, int64_t cols, int64_t r0, u
   }
 }
 
+// Adds or writes the block of x rows [i, i + block) from its C tiles (as Store wrote them) into y.
+void WriteBlock(const GemmTask& t, const float* c, int64_t i, int64_t block, int64_t r0) {
+  const int64_t rows = t.w.rows;
+  for (int64_t r = i; r < i + block; ++r) {
+    const int64_t a = (r - i) / kTileM, row = (r - i) % kTileM;
+    for (int64_t h = 0; h < 2; ++h) {  // one B tile's 16 columns at a time: contiguous runs
+      const int64_t n = std::min<int64_t>(kTileN, rows - r0 - h * kTileN);
+      if (n <= 0) break;  // the item's second B tile lies past the matrix
+      const float* cr = c + (2 * a + h) * kTileM * kTileN + row * kTileN;
+      float* yr = t.y + r * rows + r0 + h * kTileN;
+      if (t.accumulate) {
+        for (int64_t j = 0; j < n; ++j) yr[j] += cr[j];
+      } else {
+        for (int64_t j = 0; j < n; ++j) yr[j] = cr[j];
+      }
+    }
+  }
+}
+
+// The B tiles of item `it` (its 32 weight rows, all of K; tile pair kt at kt * 2 * kBTile): the
+// weights themselves when they are stored as AMX tiles, else repacked into the scratch.
+const uint32_t* ItemB(const GemmTask& t, const GemmItem& it, int64_t ktiles, GemmScratch* scratch) {
+  if (t.w.layout == WeightLayout::kAmxTiles) {
+    return static_cast<const uint32_t*>(t.w.data) + it.tile * ktiles * 2 * kBTile;
+  }
+  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
+  const int64_t r0 = it.tile * kAmxItemRows;
+  uint32_t* packed = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * 2 * kBTile)));
+  PackHalf(w, t.w.rows, t.w.cols, r0, packed);
+  PackHalf(w, t.w.rows, t.w.cols, r0 + kTileN, packed + kBTile);
+  return packed;
+}
+
 template <typename Tiles>
 void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
-  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
-  const int64_t rows = t.w.rows, cols = t.w.cols;
+  const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK;
+  const uint32_t* b = ItemB(t, it, ktiles, scratch);
   const int64_t r0 = it.tile * kAmxItemRows;
-  const int64_t ktiles = RoundUp(cols, kTileK) / kTileK;
-  // The repacked B tiles of this item's 32 weight rows, all of K (reused by every x block).
-  uint32_t* b = reinterpret_cast<uint32_t*>(scratch->Reset(static_cast<size_t>(ktiles * 2 * kBTile)));
-  PackHalf(w, rows, cols, r0, b);
-  PackHalf(w, rows, cols, r0 + kTileN, b + kBTile);
-  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
+  // C goes straight into y where the item's 32 columns are all in the matrix and y is written,
+  // not added to (adding needs a pass over C).
+  const bool direct = !t.accumulate && r0 + kAmxItemRows <= t.w.rows;
+  alignas(64) float c[4 * kTileM * kTileN];              // C[a][b] at (2a + b) * 256, as Store writes it
   constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
   const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
-  for (int64_t i = it.m0; i < it.m1; i += 2 * kTileM) {
-    const int64_t block = std::min<int64_t>(it.m1 - i, 2 * kTileM);
+  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
+    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
     const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
     Tiles::Begin(rows0, rows1);
     Tiles::Zero(rows0, rows1);
@@ -258,20 +319,11 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
       const int64_t at = kt * kTileM * kTileK;
       Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, kATileRow, rows0, rows1);
     }
-    Tiles::Store(c, rows0, rows1);
-    for (int64_t r = i; r < i + block; ++r) {
-      const int64_t a = (r - i) / kTileM, row = (r - i) % kTileM;
-      for (int64_t h = 0; h < 2; ++h) {  // one B tile's 16 columns at a time: contiguous runs
-        const int64_t n = std::min<int64_t>(kTileN, rows - r0 - h * kTileN);
-        if (n <= 0) break;  // the item's second B tile lies past the matrix
-        const float* cr = c + (2 * a + h) * kTileM * kTileN + row * kTileN;
-        float* yr = t.y + r * rows + r0 + h * kTileN;
-        if (t.accumulate) {
-          for (int64_t j = 0; j < n; ++j) yr[j] += cr[j];
-        } else {
-          for (int64_t j = 0; j < n; ++j) yr[j] = cr[j];
-        }
-      }
+    if (direct) {
+      Tiles::StoreOut(t.y + i * t.w.rows + r0, t.w.rows, rows0, rows1);
+    } else {
+      Tiles::Store(c, rows0, rows1);
+      WriteBlock(t, c, i, block, r0);
     }
   }
 }

@@ -93,7 +93,9 @@ VariantCheck CheckHere(CpuIsa isa) {
   const Shape shapes[] = {{1, 13, 37}, {5, 24, 200}, {23, 17, 72}, {40, 20, 64}, {70, 72, 96}};
   for (const Shape& s : shapes) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
-      for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+      for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor, WeightLayout::kAmxTiles}) {
+        // AMX tiles hold bf16 weights for the amx variant only (CpuBackend::PreferredWeightLayout).
+        if (layout == WeightLayout::kAmxTiles && (isa != CpuIsa::kAmx || dt != DType::kBF16)) continue;
         if (std::string e = CheckShape(isa, s, dt, layout, pool, gen, &worst); !e.empty()) {
           v.detail = e;
           return v;

@@ -263,37 +263,68 @@ struct TiledWeight {
   std::vector<uint8_t> bytes;
   WeightRef ref;
 };
-TiledWeight Tiled(const HostWeight& w) {
+TiledWeight Tiled(const HostWeight& w, WeightLayout layout = WeightLayout::kTiled8) {
   TiledWeight t;
   const size_t eb = DTypeSize(w.ref.dtype);
-  t.bytes.resize(static_cast<size_t>(WeightStorageElems(WeightLayout::kTiled8, w.ref.rows, w.ref.cols)) * eb);
-  PackWeight(WeightLayout::kTiled8, w.bytes.data(), w.ref.rows, w.ref.cols, eb, t.bytes.data());
+  t.bytes.resize(static_cast<size_t>(WeightStorageElems(layout, w.ref.rows, w.ref.cols)) * eb);
+  PackWeight(layout, w.bytes.data(), w.ref.rows, w.ref.cols, eb, t.bytes.data());
   t.ref = w.ref;
   t.ref.data = t.bytes.data();
-  t.ref.layout = WeightLayout::kTiled8;
+  t.ref.layout = layout;
   return t;
 }
 
 TEST_F(CpuOpsTest, WeightLayoutsRoundTripAndIndexAlike) {
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {64, 512}}) {
-    HostWeight w = MakeWeight(rows, cols, DType::kF32, static_cast<uint32_t>(rows * 131 + cols));
-    TiledWeight t = Tiled(w);
-    const float* lin = reinterpret_cast<const float*>(w.bytes.data());
-    const float* til = reinterpret_cast<const float*>(t.bytes.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        ASSERT_EQ(til[WeightIndex(WeightLayout::kTiled8, rows, cols, r, c)], lin[r * cols + c]) << r << "," << c;
+  for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kAmxTiles}) {
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {33, 70}, {64, 512}}) {
+      HostWeight w = MakeWeight(rows, cols, DType::kF32, static_cast<uint32_t>(rows * 131 + cols));
+      std::vector<uint8_t> packed(static_cast<size_t>(WeightStorageElems(layout, rows, cols)) * sizeof(float), 0xff);
+      PackWeight(layout, w.bytes.data(), rows, cols, sizeof(float), packed.data());
+      const float* lin = reinterpret_cast<const float*>(w.bytes.data());
+      const float* til = reinterpret_cast<const float*>(packed.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_EQ(til[WeightIndex(layout, rows, cols, r, c)], lin[r * cols + c]) << WeightLayoutName(layout) << " " << r << "," << c;
+        }
+      }
+      std::vector<uint8_t> back(w.bytes.size());
+      UnpackWeight(layout, packed.data(), rows, cols, sizeof(float), back.data());
+      EXPECT_EQ(back, w.bytes) << WeightLayoutName(layout) << " " << rows << "x" << cols;
+    }
+  }
+}
+
+// kAmxTiles is the B-tile order tdpbf16ps reads (Intel SDM): for group g, K step s and half h,
+// tile row p holds, for each of the 16 weight rows n, the pair (w[32g + 16h + n][32s + 2p],
+// w[...][32s + 2p + 1]); tiles follow each other 1 KiB apart, and the padding is zero.
+TEST_F(CpuOpsTest, AmxTilesHoldVnniBTilesInKOrder) {
+  const int64_t rows = 45, cols = 70, groups = 2, steps = 3;
+  HostWeight w = MakeWeight(rows, cols, DType::kBF16, 77);
+  std::vector<uint16_t> packed(static_cast<size_t>(WeightStorageElems(WeightLayout::kAmxTiles, rows, cols)), 0xffff);
+  ASSERT_EQ(packed.size(), static_cast<size_t>(groups * steps * 2 * 512));
+  PackWeight(WeightLayout::kAmxTiles, w.bytes.data(), rows, cols, 2, packed.data());
+  const uint16_t* lin = reinterpret_cast<const uint16_t*>(w.bytes.data());
+  size_t at = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < steps; ++s) {
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t p = 0; p < 16; ++p) {
+          for (int64_t n = 0; n < 16; ++n) {
+            for (int64_t e = 0; e < 2; ++e, ++at) {
+              const int64_t r = 32 * g + 16 * h + n, c = 32 * s + 2 * p + e;
+              const uint16_t want = r < rows && c < cols ? lin[r * cols + c] : 0;
+              ASSERT_EQ(packed[at], want) << "group " << g << " step " << s << " half " << h << " pair " << p << " row " << n;
+            }
+          }
+        }
       }
     }
-    std::vector<uint8_t> back(w.bytes.size());
-    UnpackWeight(WeightLayout::kTiled8, t.bytes.data(), rows, cols, sizeof(float), back.data());
-    EXPECT_EQ(back, w.bytes) << rows << "x" << cols;
   }
 }
 
 // The tiled layout changes where the weights are, not the arithmetic: every shape, dtype and
 // batch size (both GEMM paths: direct to 16 rows, widened above) gives the row-major result
-// bit for bit, and the reference's within tolerance. Embedding reads tiled tables too.
+// bit for bit, and the reference's within tolerance. Embedding reads tiled tables (and AMX tiles) too.
 TEST_F(CpuOpsTest, TiledWeightsGiveTheRowMajorResultBitForBit) {
   uint32_t seed = 300;
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -320,6 +351,13 @@ TEST_F(CpuOpsTest, TiledWeightsGiveTheRowMajorResultBitForBit) {
       ref_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), t.ref, e_ref.data());
       EXPECT_EQ(e_rm, e_tiled);
       EXPECT_EQ(e_ref, e_tiled);
+      // A table stored as AMX tiles (the amx variant's bf16 layout) reads its rows alike.
+      const TiledWeight amx = Tiled(w, WeightLayout::kAmxTiles);
+      std::vector<float> e_amx(ids.size() * k), e_amx_ref(ids.size() * k);
+      fast_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), amx.ref, e_amx.data());
+      ref_.Embedding(ids.data(), static_cast<int64_t>(ids.size()), amx.ref, e_amx_ref.data());
+      EXPECT_EQ(e_rm, e_amx);
+      EXPECT_EQ(e_rm, e_amx_ref);
     }
   }
 }

@@ -67,6 +67,12 @@ class GemmVariantTest : public ::testing::TestWithParam<CpuIsa> {
     for (int64_t i = 0; i < m; ++i) ConvertToF32(&b[i * k8], DType::kBF16, static_cast<size_t>(k), &out[i * k]);
     return out;
   }
+  // The layouts every variant reads, and the one its backend stores weights of `dt` in.
+  std::vector<WeightLayout> Layouts(DType dt) const {
+    std::vector<WeightLayout> out = {WeightLayout::kTiled8, WeightLayout::kRowMajor};
+    if (backend_->PreferredWeightLayout(dt) == WeightLayout::kAmxTiles) out.push_back(WeightLayout::kAmxTiles);
+    return out;
+  }
   std::unique_ptr<CpuBackend> backend_;
 };
 
@@ -74,13 +80,13 @@ TEST_P(GemmVariantTest, MatchesFloat64WithinTheBoundOfItsArithmetic) {
   uint32_t seed = 10;
   double worst = 0, worst_vs_unrounded = 0;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+    for (WeightLayout layout : Layouts(dt)) {
       for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},     {1, 7, 3},       {3, 65, 17},
                                                                 {8, 129, 64},  {9, 64, 127},    {33, 257, 100},
                                                                 {200, 515, 300}, {64, 96, 2048}, {17, 24, 8}}) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(absl::StrFormat("%s %s m=%d n=%d k=%d accumulate=%d", DTypeShortName(dt),
-                                       layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k, accumulate));
+                                       WeightLayoutName(layout), m, n, k, accumulate));
           const Weight w = MakeWeight(n, k, dt, layout, ++seed);
           const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
           const auto init = RandomFloats(static_cast<size_t>(m * n), ++seed);
@@ -123,7 +129,7 @@ TEST_P(GemmVariantTest, EveryBatchSizeFrom1To257IsBatchInvariant) {
   std::mt19937 gen(std::random_device{}());
   for (DType dt : {DType::kBF16, DType::kF32}) {
     const int64_t n = 40, k = 136;
-    const Weight w = MakeWeight(n, k, dt, WeightLayout::kTiled8, gen());
+    const Weight w = MakeWeight(n, k, dt, backend_->PreferredWeightLayout(dt), gen());
     const auto target = RandomFloats(static_cast<size_t>(k), gen());
     std::vector<float> alone(static_cast<size_t>(n));
     backend_->Gemm(target.data(), 1, w.ref, alone.data(), false);
@@ -145,7 +151,7 @@ TEST_P(GemmVariantTest, GroupedGemmEqualsEachGroupsGemm) {
   std::vector<Weight> ws;
   std::vector<WeightRef> refs;
   for (int g = 0; g < 4; ++g) {
-    ws.push_back(MakeWeight(n, k, DType::kBF16, WeightLayout::kTiled8, 70 + g));
+    ws.push_back(MakeWeight(n, k, DType::kBF16, backend_->PreferredWeightLayout(DType::kBF16), 70 + g));
   }
   for (const Weight& w : ws) refs.push_back(w.ref);
   const std::vector<int64_t> offsets = {0, 3, 3, 40, 41};
@@ -190,18 +196,18 @@ INSTANTIATE_TEST_SUITE_P(Variants, GemmVariantTest,
                            return s;
                          });
 
-// The AMX kernel's layouts (activations padded to tiles, weights repacked into VNNI B tiles from
-// both weight layouts) and blocking, checked on any AVX-512 CPU with the tile instructions
+// The AMX kernel's layouts (activations padded to tiles, weights stored as AMX tiles or repacked
+// into them from the other two layouts) and blocking, checked on any AVX-512 CPU with the tile instructions
 // computed in software to their documented semantics; the hardware path itself is gated by its
 // self-check in a child process where AMX exists.
 TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
   if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the repacking needs AVX-512 (cpuid avx512f/bw/vl/dq)";
   uint32_t seed = 500;
-  for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor}) {
+  for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor, WeightLayout::kAmxTiles}) {
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 16, 32}, {1, 13, 37}, {5, 40, 200},
                                                               {33, 24, 64}, {70, 9, 100}, {3, 130, 31},
                                                               {17, 20, 40}, {20, 16, 96}, {64, 72, 96}}) {
-      SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", layout == WeightLayout::kTiled8 ? "tiled" : "row-major", m, n, k));
+      SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", WeightLayoutName(layout), m, n, k));
       const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
       const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
       // What gemm.cc's planner does for amx: padded rows, items of 32 weight rows and 64 x rows.

@@ -120,7 +120,7 @@ absl::StatusOr<GemmPoint> MeasureGemm(Backend* backend, DType dtype, int64_t m, 
   std::vector<uint8_t> wbytes(wf.size() * DTypeSize(dtype));
   ConvertFromF32(wf.data(), wf.size(), dtype, wbytes.data());
   // In the layout the engine uploads weights in.
-  auto wbuf = UploadWeight(backend, wbytes.data(), dtype, n, k, backend->PreferredWeightLayout());
+  auto wbuf = UploadWeight(backend, wbytes.data(), dtype, n, k, backend->PreferredWeightLayout(dtype));
   if (!wbuf.ok()) return wbuf.status();
   auto xbuf = backend->Allocate(static_cast<size_t>(m * k) * sizeof(float));
   if (!xbuf.ok()) return xbuf.status();
@@ -129,7 +129,7 @@ absl::StatusOr<GemmPoint> MeasureGemm(Backend* backend, DType dtype, int64_t m, 
   std::vector<float> x(static_cast<size_t>(m * k));
   for (float& v : x) v = dist(gen);
   if (absl::Status s = backend->CopyToDevice(xbuf->data(), x.data(), x.size() * sizeof(float)); !s.ok()) return s;
-  WeightRef w{wbuf->data(), dtype, n, k, backend->PreferredWeightLayout()};
+  WeightRef w{wbuf->data(), dtype, n, k, backend->PreferredWeightLayout(dtype)};
   backend->Gemm(xbuf->as<float>(), m, w, ybuf->as<float>());  // warm-up
   if (absl::Status s = backend->Synchronize(); !s.ok()) return s;
   double best = 1e30;
