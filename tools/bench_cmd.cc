@@ -170,9 +170,16 @@ BenchRun RunWorkload(Engine* engine, const std::vector<WorkloadItem>& items) {
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(items.size());
   Stopwatch wall;
-  engine->Start();
+  // The requests that arrive at once are all queued before the engine starts, so its first
+  // steps see all of them (a few-microsecond step would otherwise finish the first request
+  // before the submitting thread reaches the last).
+  bool started = false;
   for (size_t i = 0; i < items.size(); ++i) {
     const double wait = items[i].arrival_seconds - wall.Seconds();
+    if (wait > 0 && !started) {
+      engine->Start();
+      started = true;
+    }
     if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     GenerateRequest r;
     r.prompt = items[i].prompt;
@@ -193,6 +200,7 @@ BenchRun RunWorkload(Engine* engine, const std::vector<WorkloadItem>& items) {
       if (++done == total) run.elapsed = wall.Seconds();
     }
   }
+  if (!started) engine->Start();
   Progress progress("bench", total, true);
   {
     std::unique_lock<std::mutex> lock(mu);
