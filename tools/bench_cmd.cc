@@ -170,13 +170,15 @@ BenchRun RunWorkload(Engine* engine, const std::vector<WorkloadItem>& items) {
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(items.size());
   Stopwatch wall;
-  // The requests that arrive at once are all queued before the engine starts, so its first
-  // steps see all of them (a few-microsecond step would otherwise finish the first request
-  // before the submitting thread reaches the last).
+  // The requests that arrive at once are queued before the engine starts (up to its waiting
+  // queue's bound, which it must drain past), so its first steps see all of them: a
+  // few-microsecond step would otherwise finish the first request before the submitting
+  // thread reaches the last.
   bool started = false;
+  const auto queue_bound = static_cast<size_t>(std::max<int64_t>(1, engine->config().scheduler.max_waiting));
   for (size_t i = 0; i < items.size(); ++i) {
     const double wait = items[i].arrival_seconds - wall.Seconds();
-    if (wait > 0 && !started) {
+    if ((wait > 0 || i >= queue_bound) && !started) {
       engine->Start();
       started = true;
     }

@@ -117,7 +117,9 @@ struct FreeDeleter {
 using AlignedBf16 = std::unique_ptr<uint16_t[], FreeDeleter>;
 AlignedBf16 AllocateAligned(int64_t elems) {
   const size_t bytes = RoundUp(elems * static_cast<int64_t>(sizeof(uint16_t)), 64);
-  return AlignedBf16(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+  AlignedBf16 p(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+  MS_CHECK(p != nullptr);  // out of memory, as new[] would have thrown
+  return p;
 }
 
 std::vector<AlignedBf16> PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks,

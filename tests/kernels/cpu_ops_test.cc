@@ -276,20 +276,23 @@ TiledWeight Tiled(const HostWeight& w, WeightLayout layout = WeightLayout::kTile
 
 TEST_F(CpuOpsTest, WeightLayoutsRoundTripAndIndexAlike) {
   for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kAmxTiles}) {
-    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {33, 70}, {64, 512}}) {
-      HostWeight w = MakeWeight(rows, cols, DType::kF32, static_cast<uint32_t>(rows * 131 + cols));
-      std::vector<uint8_t> packed(static_cast<size_t>(WeightStorageElems(layout, rows, cols)) * sizeof(float), 0xff);
-      PackWeight(layout, w.bytes.data(), rows, cols, sizeof(float), packed.data());
-      const float* lin = reinterpret_cast<const float*>(w.bytes.data());
-      const float* til = reinterpret_cast<const float*>(packed.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          ASSERT_EQ(til[WeightIndex(layout, rows, cols, r, c)], lin[r * cols + c]) << WeightLayoutName(layout) << " " << r << "," << c;
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 9}, {8, 8}, {17, 30}, {33, 70}, {45, 71}, {64, 512}}) {
+      // f32 and bf16: the packers copy 4- and 2-byte elements by separate paths.
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        HostWeight w = MakeWeight(rows, cols, dt, static_cast<uint32_t>(rows * 131 + cols));
+        const size_t eb = DTypeSize(dt);
+        std::vector<uint8_t> packed(static_cast<size_t>(WeightStorageElems(layout, rows, cols)) * eb, 0xff);
+        PackWeight(layout, w.bytes.data(), rows, cols, eb, packed.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            ASSERT_EQ(std::memcmp(&packed[WeightIndex(layout, rows, cols, r, c) * eb], &w.bytes[(r * cols + c) * eb], eb), 0)
+                << WeightLayoutName(layout) << " " << DTypeShortName(dt) << " " << r << "," << c;
+          }
         }
+        std::vector<uint8_t> back(w.bytes.size());
+        UnpackWeight(layout, packed.data(), rows, cols, eb, back.data());
+        EXPECT_EQ(back, w.bytes) << WeightLayoutName(layout) << " " << DTypeShortName(dt) << " " << rows << "x" << cols;
       }
-      std::vector<uint8_t> back(w.bytes.size());
-      UnpackWeight(layout, packed.data(), rows, cols, sizeof(float), back.data());
-      EXPECT_EQ(back, w.bytes) << WeightLayoutName(layout) << " " << rows << "x" << cols;
     }
   }
 }
@@ -298,7 +301,7 @@ TEST_F(CpuOpsTest, WeightLayoutsRoundTripAndIndexAlike) {
 // tile row p holds, for each of the 16 weight rows n, the pair (w[32g + 16h + n][32s + 2p],
 // w[...][32s + 2p + 1]); tiles follow each other 1 KiB apart, and the padding is zero.
 TEST_F(CpuOpsTest, AmxTilesHoldVnniBTilesInKOrder) {
-  const int64_t rows = 45, cols = 70, groups = 2, steps = 3;
+  const int64_t rows = 45, cols = 71, groups = 2, steps = 3;
   HostWeight w = MakeWeight(rows, cols, DType::kBF16, 77);
   std::vector<uint16_t> packed(static_cast<size_t>(WeightStorageElems(WeightLayout::kAmxTiles, rows, cols)), 0xffff);
   ASSERT_EQ(packed.size(), static_cast<size_t>(groups * steps * 2 * 512));

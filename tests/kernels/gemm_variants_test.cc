@@ -211,10 +211,10 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
       const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
       const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
       // What gemm.cc's planner does for amx: padded rows, items of 32 weight rows and 64 x rows.
-      auto run = [&](const float* xs, int64_t rows_x, float* y) {
+      auto run = [&](const float* xs, int64_t rows_x, float* y, bool accumulate = false) {
         std::vector<uint16_t> xp(static_cast<size_t>(cpu_fast::PaddedAmxElems(rows_x, k)), 0xffff);
         cpu_fast::PadRowsAmx(xs, rows_x, k, 0, RoundUp(rows_x, cpu_fast::kAmxRowBlock), xp.data());
-        const cpu_fast::GemmTask t{xs, rows_x, w.ref, y, false};
+        const cpu_fast::GemmTask t{xs, rows_x, w.ref, y, accumulate};
         cpu_fast::GemmScratch scratch;
         const int64_t chunk = rows_x <= cpu_fast::kDirectMaxRows ? rows_x : cpu_fast::kAmxRowChunk;
         for (int64_t tile = 0; tile * cpu_fast::kAmxItemRows < n; ++tile) {
@@ -225,6 +225,11 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
       };
       std::vector<float> y(static_cast<size_t>(m * n)), alone(static_cast<size_t>(n));
       run(x.data(), m, y.data());
+      // Accumulating adds the same products to what y held (the tiles' result, then one add).
+      const auto init = RandomFloats(static_cast<size_t>(m * n), ++seed);
+      std::vector<float> added = init;
+      run(x.data(), m, added.data(), true);
+      for (size_t e = 0; e < added.size(); ++e) ASSERT_EQ(added[e], init[e] + y[e]) << "accumulated element " << e;
       std::vector<uint16_t> xr(static_cast<size_t>(m * RoundUp(k, 8)));
       cpu_fast::RoundRowsToBf16(x.data(), m, k, xr.data());
       for (int64_t i = 0; i < m; ++i) {
