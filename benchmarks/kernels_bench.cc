@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/file_util.h"
+#include "core/host_buffer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/weight_layout.h"
 #include "roofline/hardware.h"
@@ -30,12 +31,6 @@ moeserve::Backend& TheBackend() {
     return new CpuBackend(o);
   }();
   return *backend;
-}
-
-DeviceBuffer AlignedBytes(size_t bytes) {
-  absl::StatusOr<DeviceBuffer> b = TheBackend().Allocate(bytes);
-  if (!b.ok()) std::abort();
-  return std::move(*b);
 }
 
 const std::optional<roofline::HardwareProfile>& Profile() {
@@ -75,9 +70,8 @@ void BM_Gemm(benchmark::State& state) {
   for (float& v : x) v = u(gen);
   std::vector<uint8_t> row_major(wf.size() * DTypeSize(dtype));
   ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
-  // From the backend, 64-byte aligned as the engine's weights are (a tile row across two cache
-  // lines costs two loads).
-  DeviceBuffer w = AlignedBytes(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype));
+  // 64-byte aligned, as the engine's weights are (a tile row across two cache lines costs two loads).
+  const HostBuffer w = HostBuffer::Plain(static_cast<size_t>(WeightStorageElems(layout, n, k)) * DTypeSize(dtype));
   PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data());
   const WeightRef ref{w.data(), dtype, n, k, layout};
   for (auto _ : state) {
@@ -120,19 +114,19 @@ void BM_GemmColdWeights(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (float& v : x) v = u(gen);
   // Google Benchmark calls this several times per shape: fill the 512 MiB once per shape.
-  static std::map<std::tuple<int64_t, int64_t, WeightLayout>, DeviceBuffer> cache;
-  DeviceBuffer& w = cache[{n, k, layout}];
-  if (w.data() == nullptr) {
+  static std::map<std::tuple<int64_t, int64_t, WeightLayout>, HostBuffer> cache;
+  HostBuffer& w = cache[{n, k, layout}];
+  if (w.empty()) {
     std::vector<float> wf(static_cast<size_t>(n * k));
     for (float& v : wf) v = u(gen);
     std::vector<uint8_t> row_major(static_cast<size_t>(n * k) * DTypeSize(dtype));
     ConvertFromF32(wf.data(), wf.size(), dtype, row_major.data());
-    w = AlignedBytes(bytes * count);
-    for (size_t i = 0; i < count; ++i) PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.as<uint8_t>() + i * bytes);
+    w = HostBuffer::Plain(bytes * count);
+    for (size_t i = 0; i < count; ++i) PackWeight(layout, row_major.data(), n, k, DTypeSize(dtype), w.data() + i * bytes);
   }
   size_t next = 0;
   for (auto _ : state) {
-    const WeightRef ref{w.as<uint8_t>() + next * bytes, dtype, n, k, layout};
+    const WeightRef ref{w.data() + next * bytes, dtype, n, k, layout};
     TheBackend().Gemm(x.data(), m, ref, y.data());
     benchmark::DoNotOptimize(y.data());
     next = (next + 1) % count;

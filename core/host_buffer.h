@@ -33,13 +33,19 @@ class HostBuffer {
   HostBuffer& operator=(const HostBuffer&) = delete;
   ~HostBuffer() { Reset(); }
 
-  // Zeroed, 64-byte-aligned ordinary memory; empty (data() null) if the allocation failed.
-  static HostBuffer Plain(size_t bytes) {
+  // 64-byte-aligned ordinary memory, not cleared (for a buffer written whole before it is
+  // read); empty (data() null) if the allocation failed.
+  static HostBuffer Uninitialized(size_t bytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded > 0 ? rounded : 64);
     if (p == nullptr) return HostBuffer();
-    std::memset(p, 0, rounded);
     return HostBuffer(p, bytes, [](void* q) { std::free(q); }, false);
+  }
+  // The same, zeroed.
+  static HostBuffer Plain(size_t bytes) {
+    HostBuffer b = Uninitialized(bytes);
+    if (!b.empty()) std::memset(b.data(), 0, (bytes + 63) / 64 * 64);
+    return b;
   }
 
   uint8_t* data() const { return static_cast<uint8_t*>(data_); }

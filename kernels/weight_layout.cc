@@ -16,13 +16,12 @@ namespace {
 
 // Calls copy(row_major_index, amx_index, elements) for every column pair of a kAmxTiles matrix,
 // row by row. A group's 16 rows of one half write the same tiles (1 KiB apart per K step), which
-// stay in cache while those rows pass, and no index is computed from scratch per element (that
-// doubled a model's load time).
+// stay in cache while those rows pass, and only a row's start is indexed from scratch (every
+// element's index doubled a model's load time).
 template <typename Copy>
 void ForEachAmxPair(int64_t rows, int64_t cols, Copy copy) {
-  const int64_t steps = RoundUp(cols, kAmxGroupCols) / kAmxGroupCols;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t tile0 = ((r / kAmxGroupRows) * steps * 2 + (r % kAmxGroupRows) / 16) * 512 + (r % 16) * 2;
+    const int64_t tile0 = WeightIndex(WeightLayout::kAmxTiles, rows, cols, r, 0);
     for (int64_t c = 0; c < cols; c += 2) {
       // Column c sits in K step c / 32 (two tiles, 1024 elements, per step), pair (c % 32) / 2.
       const int64_t at = tile0 + (c / kAmxGroupCols) * 1024 + ((c % kAmxGroupCols) / 2) * 32;

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "core/host_buffer.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
@@ -105,30 +105,20 @@ const char* GemmInstructionKind(CpuIsa isa) {
 
 namespace {
 
-// Every task's activations in its variant's layout (null for the exact variants). The rounding
-// is spread over the pool in pieces of a few row blocks: on one thread it would be a serial part
+uint16_t* Bf16(const HostBuffer& b) { return reinterpret_cast<uint16_t*>(b.data()); }
+
+// Every task's activations in its variant's layout (empty for the exact variants), in 64-byte
+// aligned memory: an AMX tile row (64 bytes) or a zmm load that straddles two cache lines costs
+// two (measured: the amx kernel at half its speed on misaligned activations). The rounding is
+// spread over the pool in pieces of a few row blocks: on one thread it would be a serial part
 // of every large GEMM, as long as the tiles' arithmetic itself. A decode step's rows are
 // converted inline.
-// A 64-byte aligned buffer: an AMX tile row (64 bytes) or a zmm load that straddles two cache
-// lines costs two (measured: the amx kernel at a third of its speed on misaligned activations).
-struct FreeDeleter {
-  void operator()(uint16_t* p) const { std::free(p); }
-};
-using AlignedBf16 = std::unique_ptr<uint16_t[], FreeDeleter>;
-AlignedBf16 AllocateAligned(int64_t elems) {
-  const size_t bytes = RoundUp(elems * static_cast<int64_t>(sizeof(uint16_t)), 64);
-  AlignedBf16 p(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
-  MS_CHECK(p != nullptr);  // out of memory, as new[] would have thrown
-  return p;
-}
-
-std::vector<AlignedBf16> PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks,
-                                                            CpuIsa isa) {
+std::vector<HostBuffer> PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
   struct Piece {
     size_t task;
     int64_t i0, i1;
   };
-  std::vector<AlignedBf16> out(tasks.size());
+  std::vector<HostBuffer> out(tasks.size());
   std::vector<Piece> pieces;
   int64_t elems = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
@@ -138,14 +128,16 @@ std::vector<AlignedBf16> PrepareActivations(ThreadPool& pool, std::span<const Ge
     if (t.m == 0 || t.w.rows == 0 || block == 0) continue;
     const int64_t rows = RoundUp(t.m, block), piece = 4 * block;
     // Every element is written (padding too), so the buffer needs no clearing.
-    out[k] = AllocateAligned(task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols) : PackedBf16Elems(t.m, t.w.cols));
+    const int64_t size = task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols) : PackedBf16Elems(t.m, t.w.cols);
+    out[k] = HostBuffer::Uninitialized(static_cast<size_t>(size) * sizeof(uint16_t));
+    MS_CHECK(!out[k].empty());  // out of memory, as new[] would have thrown
     for (int64_t i = 0; i < rows; i += piece) pieces.push_back({k, i, std::min(rows, i + piece)});
     elems += rows * t.w.cols;
   }
   auto convert = [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const Piece& p = pieces[static_cast<size_t>(n)];
-      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, out[p.task].get());
+      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, Bf16(out[p.task]));
     }
   };
   constexpr int64_t kInlineElems = 1 << 16;  // below this a pool dispatch costs more than it saves
@@ -160,7 +152,7 @@ std::vector<AlignedBf16> PrepareActivations(ThreadPool& pool, std::span<const Ge
 }  // namespace
 
 void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
-  const std::vector<AlignedBf16> x_bf16 = PrepareActivations(pool, tasks, isa);
+  const std::vector<HostBuffer> x_bf16 = PrepareActivations(pool, tasks, isa);
   std::vector<GemmItem> items;
   double work = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
@@ -188,7 +180,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     for (int64_t n = b; n < e; ++n) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
-      VariantOf(IsaForTask(t, isa)).kernel(t, x_bf16[static_cast<size_t>(it.task)].get(), it, &scratch);
+      VariantOf(IsaForTask(t, isa)).kernel(t, Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
     }
   });
 }

@@ -14,6 +14,16 @@
 namespace moeserve::roofline {
 namespace {
 
+// A CPU-like machine whose bounds the fits below are checked against.
+HardwareProfile Synthetic() {
+  HardwareProfile hw;
+  hw.name = "synthetic";
+  hw.peak_flops_bf16 = 80e9;
+  hw.mem_bandwidth = 25e9;
+  hw.mem_capacity = 16e9;
+  return hw;
+}
+
 // Steps faster than a term's peak allows push its efficiency to the limit: the fit says so
 // (degenerate) instead of reporting an efficiency above 1; a term too small to matter is
 // reported as not pinned down.
@@ -21,11 +31,7 @@ TEST(CalibrationFitTest, AFitPushedToALimitIsDegenerateAndSaysWhy) {
   auto c = AnalysisPreset("small");
   ASSERT_TRUE(c.ok());
   const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
-  HardwareProfile hw;
-  hw.name = "synthetic";
-  hw.peak_flops_bf16 = 80e9;
-  hw.mem_bandwidth = 25e9;
-  hw.mem_capacity = 16e9;
+  const HardwareProfile hw = Synthetic();
   std::vector<Observation> obs;
   for (int64_t b = 1; b <= 64; b *= 2) {
     const StepCost cost = PredictStep(m, StepShape::Decode(b, 128), hw);
@@ -45,11 +51,7 @@ TEST(CalibrationFitTest, RecoversKnownEfficienciesFromSyntheticSteps) {
   auto c = AnalysisPreset("small");
   ASSERT_TRUE(c.ok());
   const ModelCosts m = ModelCosts::From(*c, "bf16", "bf16");
-  HardwareProfile hw;
-  hw.name = "synthetic";
-  hw.peak_flops_bf16 = 80e9;
-  hw.mem_bandwidth = 25e9;
-  hw.mem_capacity = 16e9;
+  const HardwareProfile hw = Synthetic();
   const uint64_t seed = std::getenv("FIT_SEED") ? std::strtoull(std::getenv("FIT_SEED"), nullptr, 10) : std::random_device{}();
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> u(0.2, 0.95);
