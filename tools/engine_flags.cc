@@ -311,9 +311,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
     auto cpu = std::make_unique<CpuBackend>(options);
     if (cpu->path() == CpuPath::kFast) {
       std::fprintf(stderr, "moeserve: CPU kernels: %s; attention: %s\n", DescribeVariants(cpu->isa()).c_str(),
-                   cpu->Bf16Attention() && f.kv_dtype == "bf16"
-                       ? "vdpbf16ps (bf16 cache; queries and probabilities rounded to bf16)"
-                       : "exact fp32");
+                   f.kv_dtype != "bf16"     ? "exact fp32"
+                   : cpu->AmxAttention()    ? "AMX tiles (bf16 cache; queries and probabilities rounded to bf16)"
+                   : cpu->Bf16Attention()   ? "vdpbf16ps (bf16 cache; queries and probabilities rounded to bf16)"
+                                            : "exact fp32");
     }
     return std::unique_ptr<Backend>(std::move(cpu));
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/attention_amx.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -254,13 +255,89 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   }
 }
 
+struct AmxScratch {
+  std::vector<float> q, scores, acc;
+  std::vector<uint16_t> qb, pb, zeros;
+  std::vector<uint32_t> kt, vt;
+  std::vector<int64_t> keys;
+};
+
+// An item on AMX tiles (attention_amx.h), one kv head at a time: queries rounded to bf16 once,
+// Q·Kᵀ on tiles for 32 rows and 32 keys per pass, the softmax as AttendBf16's, then P·V on tiles
+// over the whole 32-key steps below each row's context and AttendBf16's vdpbf16ps weighted sum
+// for the rest of its keys (fewer than 32). A row's steps depend only on its own context, so a
+// decode token and the same token in any prefill tile take the same operations, and no row
+// reads a value past its own keys.
+void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), ctx_max = it.ctx_max;
+  const int64_t padded = (ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys, blocks = padded / kBf16KeyBlock;
+  const int64_t key_block = hd / 2 * kBf16KeyBlock, value_step = hd / 16 * 256;  // dwords
+  s->zeros.assign(static_cast<size_t>(hd), 0);
+  s->q.resize(static_cast<size_t>(nrows * hd));
+  s->qb.resize(static_cast<size_t>(nrows * hd));
+  s->kt.resize(static_cast<size_t>(blocks * key_block));
+  s->vt.resize(static_cast<size_t>(ctx_max / kAmxValueKeys * value_step));
+  s->scores.resize(static_cast<size_t>(nrows * padded));
+  s->pb.resize(static_cast<size_t>(nrows * padded));
+  s->acc.resize(static_cast<size_t>(nrows * hd));
+  s->keys.resize(static_cast<size_t>(nrows));
+  const uint16_t* rows[kBf16MaxValueKeys];
+  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
+    }
+    RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
+      KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += 32) {  // rows ascend in context: the last one's bounds the pass
+      const int64_t nr = std::min<int64_t>(32, nrows - r0);
+      const int64_t own = (it.ctx_of(r0 + nr - 1) + kAmxValueKeys - 1) / kAmxValueKeys * 2;
+      ScoresAmx(s->qb.data() + r0 * hd, nr, hd, s->kt.data(), own, s->scores.data() + r0 * padded, padded);
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      float* sc = s->scores.data() + r * padded;
+      const int64_t ctx = it.ctx_of(r), whole = ctx / kAmxValueKeys * kAmxValueKeys;
+      for (int64_t j = 0; j < ctx; ++j) sc[j] *= scale;
+      Softmax(sc, ctx);
+      if (whole > 0) RoundRowsToBf16(sc, 1, whole, s->pb.data() + r * padded);
+    }
+    for (int64_t t = 0; t < ctx_max / kAmxValueKeys; ++t) {
+      for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
+      ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
+    }
+    for (int64_t r0 = 0, r1; r0 < nrows; r0 = r1) {  // runs of rows with the same whole steps
+      const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
+      for (r1 = r0 + 1; r1 < nrows && r1 - r0 < 32 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
+      float* acc = s->acc.data() + r0 * hd;
+      if (steps > 0) {
+        WeightedSumAmx(s->pb.data() + r0 * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
+      } else {
+        std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
+      }
+      int64_t n = 0;
+      for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
+      n = (n + 1) / 2 * 2;
+      if (n == 0) continue;
+      for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
+      AddWeightedBf16(s->scores.data() + r0 * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(), n,
+                      rows, hd, acc);
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+}
+
 }  // namespace
 
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
-                    float scale, float* out, bool round_to_bf16) {
+                    float scale, float* out, AttentionKernel kernel) {
   const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
-  const bool bf16 = round_to_bf16 && layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd);
+  const bool bf16 = kernel != AttentionKernel::kExact && layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd);
+  const bool amx = bf16 && kernel == AttentionKernel::kAmxTiles;
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
@@ -282,12 +359,15 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch exact_scratch;
     Bf16Scratch bf16_scratch;
+    AmxScratch amx_scratch;
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, g0 = item % chunks * heads_per_item;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
       const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
-      if (bf16) {
+      if (amx) {
+        AttendAmx(it, q, scale, out, &amx_scratch);
+      } else if (bf16) {
         AttendBf16(it, q, scale, out, &bf16_scratch);
       } else {
         AttendExact(it, q, scale, out, &exact_scratch);

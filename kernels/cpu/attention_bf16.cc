@@ -136,16 +136,36 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
 
 }  // namespace
 
+void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out) {
+  for (int64_t d0 = 0; d0 < hd / 2; d0 += 16) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + 2 * d0);
+    Transpose16(r);
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (d0 + j) * 16, r[j]);
+  }
+}
+
+void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uint32_t* out) {
+  alignas(64) int16_t lo_idx[32], hi_idx[32];
+  for (int i = 0; i < 16; ++i) {  // word 2i of a row: dimension i of the first key, 2i + 1 of the second
+    lo_idx[2 * i] = static_cast<int16_t>(i), lo_idx[2 * i + 1] = static_cast<int16_t>(32 + i);
+    hi_idx[2 * i] = static_cast<int16_t>(16 + i), hi_idx[2 * i + 1] = static_cast<int16_t>(48 + i);
+  }
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int64_t p = 0; p < kAmxValueKeys / 2; ++p) {
+    for (int64_t h = 0; h < hd / 32; ++h) {
+      const __m512i v0 = _mm512_loadu_si512(values[2 * p] + 32 * h), v1 = _mm512_loadu_si512(values[2 * p + 1] + 32 * h);
+      _mm512_storeu_si512(out + (2 * h) * 256 + p * 16, _mm512_permutex2var_epi16(v0, lo, v1));
+      _mm512_storeu_si512(out + (2 * h + 1) * 256 + p * 16, _mm512_permutex2var_epi16(v0, hi, v1));
+    }
+  }
+}
+
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
                    float* out, int64_t out_stride) {
   const int64_t pairs = hd / 2;
   alignas(64) __m512i kt[128];  // kt[d]: pair d of the 16 keys
-  for (int64_t d0 = 0; d0 < pairs; d0 += 16) {
-    __m512i r[16];
-    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + 2 * d0);
-    Transpose16(r);
-    for (int j = 0; j < 16; ++j) kt[d0 + j] = r[j];
-  }
+  KeyPairsBf16(keys, hd, reinterpret_cast<uint32_t*>(kt));
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < rows; r += 2) {
     const uint16_t* q0 = q + r * hd;

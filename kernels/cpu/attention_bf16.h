@@ -22,6 +22,15 @@ inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
                    float* out, int64_t out_stride);
 
+// The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][2d], keys[j][2d + 1]) for
+// the hd / 2 pairs d. Every 16 pairs (32 dimensions) are one AMX B tile of Q·Kᵀ.
+void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out);
+
+// The AMX B tiles of P·V for 32 keys: tile c (dimensions [16c, 16c + 16)) at out + 256 c, its
+// row p the pairs (values[2p][16c + n], values[2p + 1][16c + n]) for n < 16.
+inline constexpr int64_t kAmxValueKeys = 32;
+void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uint32_t* out);
+
 // acc[r * hd + c] += sum over keys j < keys[r] of bf16(p[r * p_stride + j]) * values[j][c], for
 // rows r < rows; keys[r] <= n <= kBf16MaxValueKeys, n even (values has n rows); keys taken in
 // pairs, in order (one vdpbf16ps per pair and 16 dimensions; a row's odd last key is paired

@@ -55,9 +55,13 @@ std::string CpuBackend::Name() const {
 std::string CpuBackend::KernelNumerics() const {
   if (!fast()) return "cpu-reference-1";
   const std::string base = options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2";
-  // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention).
-  return RoundsActivations(isa_) ? absl::StrCat(base, "-", CpuIsaName(isa_), Bf16Attention() ? "-2" : "-1") : base;
+  // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention);
+  // -3: its products on AMX tiles.
+  if (!RoundsActivations(isa_)) return base;
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-2" : "-1");
 }
+
+bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }
 
 bool CpuBackend::Bf16Attention() const {
   return fast() && options_.batch_invariant && RoundsActivations(isa_) && DetectCpuFeatures().avx512_bf16;
@@ -307,7 +311,10 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
   MS_CHECK(layout.kv_heads > 0 && q_heads % layout.kv_heads == 0);
   RunOrderedCopies();
   if (fast()) {
-    return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out, Bf16Attention());
+    const cpu_fast::AttentionKernel kernel = AmxAttention()    ? cpu_fast::AttentionKernel::kAmxTiles
+                                             : Bf16Attention() ? cpu_fast::AttentionKernel::kBf16Dot
+                                                               : cpu_fast::AttentionKernel::kExact;
+    return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out, kernel);
   }
   cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
 }

@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
   // probabilities to bf16: the variants that round activations, batch-invariant, on a CPU with
   // AVX512-BF16 (every AMX CPU has it).
   bool Bf16Attention() const;
+  // Whether that attention runs its Q·Kᵀ and P·V on AMX tiles: the amx variant.
+  bool AmxAttention() const;
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;

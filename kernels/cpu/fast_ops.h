@@ -40,11 +40,13 @@ void ScatterCombine(ThreadPool& pool, const float* y, const int32_t* rows, const
                     int64_t n, int64_t k, int64_t dim, float* out, bool accumulate);
 void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
              const KvLayout& layout, int64_t layer, void* cache);
-// `round_to_bf16`: with a bf16 cache of a head size attention_bf16.h takes, on vdpbf16ps (the
-// caller has checked AVX512-BF16); else the exact fp32 kernel.
+// How attention over a bf16 cache (of a head size attention_bf16.h takes) runs: the exact fp32
+// kernel, vdpbf16ps (the caller has checked AVX512-BF16), or AMX tiles for the products (the
+// caller has checked the tiles were granted). An fp32 cache always takes the exact kernel.
+enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles };
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
-                    float scale, float* out, bool round_to_bf16 = false);
+                    float scale, float* out, AttentionKernel kernel = AttentionKernel::kExact);
 // Latent attention (Backend::PagedLatentAttention), in attention.cc.
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 #pragma GCC push_options
@@ -39,30 +40,6 @@ constexpr int64_t kTileM = 16;    // x rows per A tile
 constexpr int64_t kBTile = kTileK / 2 * kTileN;  // dwords of one packed B tile
 static_assert(kAmxItemRows == 2 * kTileN, "an item is two B tiles wide");
 static_assert(kAmxItemRows == kAmxGroupRows && kTileK == kAmxGroupCols, "an item is one kAmxTiles group");
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// C[a][b] (x block a, B tile b) accumulates in tile 2a + b: rows0 / rows1 x 16 fp32. Tiles 4-5
-// hold the two x blocks' A (rows0 / rows1 x 32 bf16), 6-7 the two B tiles (16 pair-rows x 16
-// columns); rows1 0 leaves tiles 2, 3 and 5 out.
-// Tile configuration is thread state that other code may change (or release): it is read back
-// with sttilecfg (64 zero bytes when released) and loaded only when it differs.
-void ConfigureTiles(int rows0, int rows1) {
-  TileConfig want;
-  const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
-  for (int t = 0; t < 8; ++t) {
-    want.rows[t] = static_cast<uint8_t>(rows[t]);
-    want.colsb[t] = rows[t] > 0 ? 64 : 0;
-  }
-  TileConfig have;
-  __asm__ volatile("sttilecfg %0" : "=m"(have));
-  if (std::memcmp(&have, &want, sizeof(want)) != 0) __asm__ volatile("ldtilecfg %0" ::"m"(want));
-}
 
 // The B tile for weight rows [r0, r0 + 16) and K columns [k0, k0 + 32): row p holds, for each of
 // the 16 weight rows n, the dword (w[n][k0 + 2p], w[n][k0 + 2p + 1]). Rows past the matrix and
@@ -119,7 +96,7 @@ void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, in
 // blocking on any AVX-512 CPU.
 // Each takes the block's rows in its two A tiles: rows0 in 1..16, rows1 in 0..16 (0: one tile).
 struct HardwareTiles {
-  static void Begin(int rows0, int rows1) { ConfigureTiles(rows0, rows1); }
+  static void Begin(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
   static void Zero(int, int rows1) {
     __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::);
     if (rows1 > 0) __asm__ volatile("tilezero %%tmm2\n\ttilezero %%tmm3" ::);

@@ -215,10 +215,27 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
 // rounded), a probability by a factor e^(2 d) - 1 and then 2^-9 more (its own rounding), so an
 // output by (e^(2 dmax) - 1 + 2^-7) max_j |v_j| (with room for fp32 sums). And batch-invariant:
 // every token equals itself computed alone, with many tiles and with few.
-TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
-  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
-  CpuBackend bf16{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const CpuFeatures& f = DetectCpuFeatures();
+    if (!f.avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+    if (GetParam() == CpuIsa::kAmx && !f.amx_bf16) {
+      GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
+    }
+  }
+  CpuBackend Backend() const {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, 2, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Variants, PagedAttentionBf16Test, ::testing::Values(CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
+                         [](const auto& info) { return std::string(info.param == CpuIsa::kAmx ? "amx" : "avx512bf16"); });
+
+TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
+  CpuBackend bf16 = Backend();
   ASSERT_TRUE(bf16.Bf16Attention());
+  ASSERT_EQ(bf16.AmxAttention(), GetParam() == CpuIsa::kAmx);
   std::random_device rd;
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -281,35 +298,37 @@ TEST(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsB
   }
 }
 
-// A value that is not finite reaches only the tokens that attend it: earlier tokens of the same
-// prefill tile (which share the kernel's value passes) stay finite and equal to themselves alone.
-TEST(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
-  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
-  CpuBackend bf16{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
-  // The bad value is key 7, the second of a pair: token 6 (7 keys) ends on that pair's first.
-  const int64_t hd = 64, qh = 4, len = 8;
+// A key or value that is not finite reaches only the tokens that attend it: earlier tokens of the
+// same prefill tile (which share the kernel's key and value passes) stay finite and equal to
+// themselves alone. The amx variant's tiles take the 32 keys below a row's context in whole
+// steps: tokens 32-38 take one step and then the pairs of their own keys.
+TEST_P(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
+  CpuBackend bf16 = Backend();
+  // The bad row is key 39, the second of a pair: token 38 (39 keys) ends on that pair's first.
+  const int64_t hd = 64, qh = 4, len = 40;
   KvLayout layout;
-  layout.num_blocks = 1;
+  layout.num_blocks = 3;
   layout.num_layers = 1;
   layout.block_size = 16;
   layout.kv_heads = 1;
   layout.head_dim = hd;
   layout.dtype = DType::kBF16;
-  std::vector<uint8_t> cache(layout.BlockBytes());
+  std::vector<uint8_t> cache(layout.num_blocks * layout.BlockBytes());
   std::vector<int64_t> slots(len);
   std::iota(slots.begin(), slots.end(), 0);
   auto k = RandomFloats(len * hd, 5), v = RandomFloats(len * hd, 6);
   v[(len - 1) * hd + 3] = INFINITY;  // the last token's value row
+  k[(len - 1) * hd + 5] = INFINITY;  // and its key
   bf16.WriteKv(k.data(), v.data(), slots.data(), len, layout, 0, cache.data());
-  std::vector<int32_t> table = {0}, seq(len, 0), pos(len);
+  std::vector<int32_t> table = {0, 1, 2}, seq(len, 0), pos(len);
   std::iota(pos.begin(), pos.end(), 0);
   const auto q = RandomFloats(len * qh * hd, 7);
   std::vector<float> out(q.size());
-  bf16.PagedAttention(q.data(), AttentionBatch{seq.data(), pos.data(), table.data(), len, 1, 1}, layout, 0,
+  bf16.PagedAttention(q.data(), AttentionBatch{seq.data(), pos.data(), table.data(), len, 1, 3}, layout, 0,
                       cache.data(), qh, 0.125f, out.data());
   for (int64_t t = 0; t + 1 < len; ++t) {
     std::vector<float> alone(qh * hd);
-    bf16.PagedAttention(q.data() + t * qh * hd, AttentionBatch{&seq[t], &pos[t], table.data(), 1, 1, 1}, layout, 0,
+    bf16.PagedAttention(q.data() + t * qh * hd, AttentionBatch{&seq[t], &pos[t], table.data(), 1, 1, 3}, layout, 0,
                         cache.data(), qh, 0.125f, alone.data());
     for (float x : alone) ASSERT_TRUE(std::isfinite(x)) << "token " << t;
     ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + t * qh * hd, alone.size() * sizeof(float))) << "token " << t;
