@@ -263,7 +263,7 @@ struct AmxScratch {
 };
 
 // An item on AMX tiles (attention_amx.h), one kv head at a time: queries rounded to bf16 once,
-// Q·Kᵀ on tiles for 32 rows and 32 keys per pass, the softmax as AttendBf16's, then P·V on tiles
+// Q·Kᵀ on tiles for 32 rows and 32 keys per pass, the softmax on 16 lanes, then P·V on tiles
 // over the whole 32-key steps below each row's context and AttendBf16's vdpbf16ps weighted sum
 // for the rest of its keys (fewer than 32). A row's steps depend only on its own context, so a
 // decode token and the same token in any prefill tile take the same operations, and no row
@@ -299,9 +299,7 @@ void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxS
     for (int64_t r = 0; r < nrows; ++r) {
       float* sc = s->scores.data() + r * padded;
       const int64_t ctx = it.ctx_of(r), whole = ctx / kAmxValueKeys * kAmxValueKeys;
-      for (int64_t j = 0; j < ctx; ++j) sc[j] *= scale;
-      Softmax(sc, ctx);
-      if (whole > 0) RoundRowsToBf16(sc, 1, whole, s->pb.data() + r * padded);
+      SoftmaxBf16(sc, ctx, scale, whole, s->pb.data() + r * padded);
     }
     for (int64_t t = 0; t < ctx_max / kAmxValueKeys; ++t) {
       for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());

@@ -13,7 +13,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "kernels/cpu/vec8.h"  // ExpConst
 
 #pragma GCC push_options
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -134,7 +137,59 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
   }
 }
 
+// vec8.h's Exp on 16 lanes: the same operations per lane.
+inline __m512 Exp16(__m512 x) {
+  using C = ExpConst;
+  __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(C::kLo)), _mm512_set1_ps(C::kHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(C::kLog2e), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  v = _mm512_fmadd_ps(n, _mm512_set1_ps(C::kC1), v);
+  v = _mm512_fmadd_ps(n, _mm512_set1_ps(C::kC2), v);
+  __m512 y = _mm512_set1_ps(C::kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(C::kP[i]));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(v, v), v), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+inline __mmask16 FirstLanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
 }  // namespace
+
+void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < ctx; j += 16) {
+    const __mmask16 k = FirstLanes(ctx - j);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vscale);
+    _mm512_mask_storeu_ps(sc + j, k, x);
+    m = _mm512_mask_max_ps(m, k, m, x);
+  }
+  const __m512 neg = _mm512_set1_ps(-_mm512_reduce_max_ps(m));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < ctx; j += 16) {
+    const __mmask16 k = FirstLanes(ctx - j);
+    const __m512 e = _mm512_maskz_mov_ps(k, Exp16(_mm512_add_ps(_mm512_maskz_loadu_ps(k, sc + j), neg)));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(sc + j, k, e);
+  }
+  // One fixed tree over the lanes (reduce_add's order is the compiler's to pick).
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / lanes[0]);
+  for (int64_t j = 0; j < whole; j += 32) {  // whole is a multiple of 32
+    const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(sc + j), inv), p1 = _mm512_mul_ps(_mm512_loadu_ps(sc + j + 16), inv);
+    _mm512_storeu_si512(pb + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+  }
+  for (int64_t j = whole; j < ctx; j += 16) {  // the lanes past ctx become 0 (an odd last key's pair)
+    _mm512_storeu_ps(sc + j, _mm512_maskz_mul_ps(FirstLanes(ctx - j), _mm512_loadu_ps(sc + j), inv));
+  }
+}
 
 void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out) {
   for (int64_t d0 = 0; d0 < hd / 2; d0 += 16) {

@@ -22,6 +22,13 @@ inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
                    float* out, int64_t out_stride);
 
+// The softmax of the amx variant's attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
+// becomes scale x sc, then its softmax (vec8.h's exponential, the sum lane-wise over keys in order
+// then one fixed tree over the 16 lanes); the probabilities of keys [0, whole) go to pb as bf16
+// (round to nearest even), those of [whole, ctx) stay in sc as fp32, followed by zeros to the
+// next multiple of 16 past whole (sc has room). whole is a multiple of 32.
+void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
+
 // The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][2d], keys[j][2d + 1]) for
 // the hd / 2 pairs d. Every 16 pairs (32 dimensions) are one AMX B tile of Q·Kᵀ.
 void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out);
