@@ -95,6 +95,8 @@ BENCHMARK(BM_Gemm)
     ->Args({16, 8192, 4096, 1, 1})
     ->Args({256, 2048, 512, 1, 1})
     ->Args({256, 2048, 512, 1, 2})
+    ->Args({512, 2048, 512, 1, 1})   // a 2000-token prefill's expert (small preset, 8 experts top-2)
+    ->Args({2048, 768, 512, 1, 1})   // and its qkv projection
     ->Args({256, 1024, 2048, 1, 1})
     ->Args({256, 1024, 2048, 1, 2})
     ->Args({1, 8192, 4096, 0, 1})
