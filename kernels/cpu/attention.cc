@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "core/status.h"
@@ -29,7 +30,8 @@
 namespace moeserve::cpu_fast {
 namespace {
 
-constexpr int64_t kTile = 16;  // tokens of one sequence per work item
+constexpr int64_t kTile = 16;     // tokens of one sequence per work item
+constexpr int64_t kAmxTile = 64;  // the same for the amx kernel
 constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
 // Keys per pass of the weighted sum over V: its accumulators stay in registers over this many
 // (a whole head of 64 dimensions is 8 of them), loaded and stored once per pass.
@@ -258,69 +260,86 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
 struct AmxScratch {
   std::vector<float> q, scores, acc;
   std::vector<uint16_t> qb, pb, zeros;
-  std::vector<uint32_t> kt, vt;
+  std::vector<uint32_t> kt, vt;  // kv head g's keys and values as B tiles, all of the item's context
   std::vector<int64_t> keys;
 };
 
-// An item on AMX tiles (attention_amx.h), one kv head at a time: queries rounded to bf16 once,
-// Q·Kᵀ on tiles for 32 rows and 32 keys per pass, the softmax on 16 lanes, then P·V on tiles
-// over the whole 32-key steps below each row's context and AttendBf16's vdpbf16ps weighted sum
-// for the rest of its keys (fewer than 32). A row's steps depend only on its own context, so a
-// decode token and the same token in any prefill tile take the same operations, and no row
-// reads a value past its own keys.
-void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), ctx_max = it.ctx_max;
-  const int64_t padded = (ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys, blocks = padded / kBf16KeyBlock;
+constexpr int64_t kAmxChunk = 32;  // rows per pass of the products: two A tiles
+
+// Kv head g's keys and values as the tiles' B operands: 16-key blocks to the item's context
+// rounded up to 32 (zero keys past it), and its whole 32-key steps of values.
+void PackKeysAndValues(const ItemRows& it, int64_t g, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, ctx_max = it.ctx_max;
+  const int64_t blocks = (ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * 2, steps = ctx_max / kAmxValueKeys;
   const int64_t key_block = hd / 2 * kBf16KeyBlock, value_step = hd / 16 * 256;  // dwords
+  s->kt.resize(static_cast<size_t>(blocks * key_block));
+  s->vt.resize(static_cast<size_t>(steps * value_step));
+  const uint16_t* rows[kAmxValueKeys];
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
+    KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
+    ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
+  }
+}
+
+// acc rows [r0, r1) (all taking `steps` whole 32-key steps): the tiles' steps, then each row's
+// own remaining keys (fewer than 32) on vdpbf16ps.
+void WeightedRun(const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded, AmxScratch* s,
+                 float* acc) {
+  const int64_t hd = it.layout->head_dim, chunk0 = r0 / kAmxChunk * kAmxChunk;
+  if (steps > 0) {
+    WeightedSumAmx(s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
+  } else {
+    std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
+  }
+  int64_t n = 0;
+  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
+  n = (n + 1) / 2 * 2;
+  if (n == 0) return;
+  const uint16_t* rows[kBf16MaxValueKeys];
+  for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
+  AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
+                  n, rows, hd, acc);
+}
+
+// An item on AMX tiles (attention_amx.h), one kv head at a time and 32 rows per pass: queries
+// rounded to bf16 once, Q·Kᵀ on tiles, the softmax on 16 lanes, then P·V on tiles over the whole
+// 32-key steps below each row's context and vdpbf16ps for the rest of its keys. A row's
+// operations depend only on its own context, so a decode token and the same token in any
+// prefill tile take the same ones, and no row reads a value past its own keys.
+void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  const int64_t padded = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys;
   s->zeros.assign(static_cast<size_t>(hd), 0);
   s->q.resize(static_cast<size_t>(nrows * hd));
   s->qb.resize(static_cast<size_t>(nrows * hd));
-  s->kt.resize(static_cast<size_t>(blocks * key_block));
-  s->vt.resize(static_cast<size_t>(ctx_max / kAmxValueKeys * value_step));
-  s->scores.resize(static_cast<size_t>(nrows * padded));
-  s->pb.resize(static_cast<size_t>(nrows * padded));
+  s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
+  s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
   s->acc.resize(static_cast<size_t>(nrows * hd));
-  s->keys.resize(static_cast<size_t>(nrows));
-  const uint16_t* rows[kBf16MaxValueKeys];
+  s->keys.resize(static_cast<size_t>(kAmxChunk));
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     for (int64_t r = 0; r < nrows; ++r) {
       std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
     }
     RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
-      KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
-    }
-    for (int64_t r0 = 0; r0 < nrows; r0 += 32) {  // rows ascend in context: the last one's bounds the pass
-      const int64_t nr = std::min<int64_t>(32, nrows - r0);
-      const int64_t own = (it.ctx_of(r0 + nr - 1) + kAmxValueKeys - 1) / kAmxValueKeys * 2;
-      ScoresAmx(s->qb.data() + r0 * hd, nr, hd, s->kt.data(), own, s->scores.data() + r0 * padded, padded);
-    }
-    for (int64_t r = 0; r < nrows; ++r) {
-      float* sc = s->scores.data() + r * padded;
-      const int64_t ctx = it.ctx_of(r), whole = ctx / kAmxValueKeys * kAmxValueKeys;
-      SoftmaxBf16(sc, ctx, scale, whole, s->pb.data() + r * padded);
-    }
-    for (int64_t t = 0; t < ctx_max / kAmxValueKeys; ++t) {
-      for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
-      ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
-    }
-    for (int64_t r0 = 0, r1; r0 < nrows; r0 = r1) {  // runs of rows with the same whole steps
-      const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
-      for (r1 = r0 + 1; r1 < nrows && r1 - r0 < 32 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
-      float* acc = s->acc.data() + r0 * hd;
-      if (steps > 0) {
-        WeightedSumAmx(s->pb.data() + r0 * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
-      } else {
-        std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
+    PackKeysAndValues(it, g, s);
+    for (int64_t c0 = 0; c0 < nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
+      const int64_t c1 = std::min(nrows, c0 + kAmxChunk);
+      const int64_t blocks = (it.ctx_of(c1 - 1) + kAmxValueKeys - 1) / kAmxValueKeys * 2;
+      ScoresAmx(s->qb.data() + c0 * hd, c1 - c0, hd, s->kt.data(), blocks, s->scores.data(), padded);
+      for (int64_t r = c0; r < c1; ++r) {
+        const int64_t ctx = it.ctx_of(r);
+        SoftmaxBf16(s->scores.data() + (r - c0) * padded, ctx, scale, ctx / kAmxValueKeys * kAmxValueKeys,
+                    s->pb.data() + (r - c0) * padded);
       }
-      int64_t n = 0;
-      for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
-      n = (n + 1) / 2 * 2;
-      if (n == 0) continue;
-      for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
-      AddWeightedBf16(s->scores.data() + r0 * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(), n,
-                      rows, hd, acc);
+      for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
+        const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
+        for (r1 = r0 + 1; r1 < c1 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
+        WeightedRun(it, g, r0, r1, steps, padded, s, s->acc.data() + r0 * hd);
+      }
     }
     for (int64_t r = 0; r < nrows; ++r) {
       std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
@@ -339,9 +358,12 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
+  // The amx kernel packs an item's keys and values for its tiles once for all its rows: longer
+  // tiles share more of that work (rows are independent, so no result changes).
+  const int64_t tile_tokens = amx ? kAmxTile : kTile;
   std::vector<int64_t> tile_start;
   for (int64_t t = 0; t < batch.num_tokens; ++t) {
-    const bool extends = t > 0 && t - tile_start.back() < kTile &&
+    const bool extends = t > 0 && t - tile_start.back() < tile_tokens &&
                          batch.token_seq[t] == batch.token_seq[t - 1] &&
                          batch.token_pos[t] == batch.token_pos[t - 1] + 1;
     if (!extends) tile_start.push_back(t);
@@ -354,12 +376,19 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   // way each (token, head) sees the same operations: the choice changes no bit.
   const int64_t heads_per_item = tiles >= 4 * static_cast<int64_t>(pool.num_threads()) ? kvh : 1;
   const int64_t chunks = kvh / heads_per_item;
+  // Longest contexts first: the threads take parts in order, so the largest come first and the
+  // small ones even out the end (a prefill's last tiles cost the most).
+  std::vector<int64_t> order(static_cast<size_t>(tiles));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return batch.token_pos[tile_start[a + 1] - 1] > batch.token_pos[tile_start[b + 1] - 1];
+  });
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch exact_scratch;
     Bf16Scratch bf16_scratch;
     AmxScratch amx_scratch;
     for (int64_t item = b; item < e; ++item) {
-      const int64_t tile = item / chunks, g0 = item % chunks * heads_per_item;
+      const int64_t tile = order[static_cast<size_t>(item / chunks)], g0 = item % chunks * heads_per_item;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
       const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
