@@ -8,8 +8,9 @@
 # first-touch memory), then REPS distinct prompts of LEN random ids (no prefix-cache hits), one
 # output token each; moeserve runs `bench` once per prompt. A prompt's time is its time to first
 # token. moeserve runs with its default f32 KV cache, with a bf16 one (vLLM's, for the model's
-# dtype; the bf16 kernel variants then attend on vdpbf16ps), and with bf16 and the whole prompt
-# in one step (as vLLM's budget takes it).
+# dtype; the bf16 kernel variants then attend on vdpbf16ps or AMX tiles), with bf16 and the whole
+# prompt in one step (as vLLM's budget takes it), and that in one process after a warm-up prompt
+# (as vLLM's runs; the time is the prompt's engine step).
 # Prints one CSV row per prompt: engine,setting,round,seconds,prefill_tok_s.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,11 +41,28 @@ print(f"moeserve,{sys.argv[2]},{sys.argv[3]},{t:.4f},{int(sys.argv[4]) / t:.1f}"
   done
 }
 
+# One process, a warm-up prompt then REPS more (as vLLM's runs): each prompt's prefill step from
+# the step trace (one prompt per step: the step's token budget is LEN).
+run_moeserve_warm() {  # $1 round
+  local r=$1 name=kv-bf16-one-step-warm
+  LD_PRELOAD= "$MS" bench --model "$MODEL" --num-requests $((REPS + 1)) --prompt-len "$LEN" --output-len 1 \
+    --seed $((7000 + 10 * r)) --kv-dtype bf16 --max-tokens-per-step "$LEN" --trace-jsonl "$out/ms_${name}_r${r}.jsonl" \
+    --out "$out/ms_${name}_r${r}.json" >"$out/ms_${name}_r${r}.log" 2>&1
+  python3 -c 'import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+for s in steps[1:]:
+    assert s["num_tokens"] == int(sys.argv[3]), "a step that is not one whole prompt"
+    t = s["duration_s"]
+    print(f"moeserve,kv-bf16-one-step-warm,{sys.argv[2]},{t:.4f},{int(sys.argv[3]) / t:.1f}")' \
+    "$out/ms_${name}_r${r}.jsonl" "$r" "$LEN"
+}
+
 echo "engine,setting,round,seconds,prefill_tok_s"
 for r in $(seq 1 "$ROUNDS"); do
   if [ $((r % 2)) -eq 1 ]; then run_vllm "$r"; fi
   run_moeserve "$r" default
   run_moeserve "$r" kv-bf16 --kv-dtype bf16
   run_moeserve "$r" kv-bf16-one-step --kv-dtype bf16 --max-tokens-per-step "$LEN"
+  run_moeserve_warm "$r"
   if [ $((r % 2)) -eq 0 ]; then run_vllm "$r"; fi
 done

@@ -24,15 +24,16 @@ namespace {
 using Shape = std::tuple<int64_t, int64_t, int64_t>;
 
 // The instruction kinds the kernels issue: GEMMs with bf16 weights, with f32 weights, and
-// attention (fp32, 8 lanes). A GPU backend issues its own (named by the backend).
+// attention over a bf16 cache (the default): AMX tiles on amx, vdpbf16ps on avx512-bf16, else
+// fp32 on 8 lanes (an fp32 cache always is). A GPU backend issues its own (named by the backend).
 struct KernelKinds {
   std::string bf16, f32, attention;
 };
 KernelKinds KindsOf(const Backend* backend) {
   const auto* cpu = dynamic_cast<const CpuBackend*>(backend);
   if (cpu == nullptr) return {backend->Name(), backend->Name(), backend->Name()};
-  return {cpu_fast::GemmInstructionKind(cpu->isa()), cpu_fast::GemmInstructionKind(ExactIsaFor(cpu->isa())),
-          "f32-fma-256"};
+  const char* attention = cpu->AmxAttention() ? "amx-bf16" : cpu->Bf16Attention() ? "bf16-dot-512" : "f32-fma-256";
+  return {cpu_fast::GemmInstructionKind(cpu->isa()), cpu_fast::GemmInstructionKind(ExactIsaFor(cpu->isa())), attention};
 }
 
 nlohmann::json SamplesJson(const Samples& s) {
