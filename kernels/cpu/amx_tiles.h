@@ -19,9 +19,10 @@ struct alignas(64) AmxTileConfig {
 };
 
 // Tile configuration is thread state, loaded only when it differs from what this thread last
-// loaded here. Every tile configuration in the process goes through this function (the kernels
-// never release the tiles; signals and context switches save and restore the state), so the
-// thread's own record is the hardware's. Reading it back with sttilecfg instead waits for every
+// loaded here. Every tile configuration of the kernels goes through this function and they never
+// release the tiles (signals and context switches save and restore the state), so the thread's
+// own record is the hardware's. calibrate's peak loop (tools/calibrate/peak_flops.cc) configures
+// and releases tiles itself, in a forked child that never runs a kernel: it must stay there. Reading it back with sttilecfg instead waits for every
 // tile operation in flight: a quarter of a prefill GEMM's time went there when each block of
 // 32 rows checked (Sapphire Rapids VM, m 512 x 2048 x 512).
 inline void ConfigureAmxTiles(int rows0, int rows1) {

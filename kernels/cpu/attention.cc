@@ -1,8 +1,8 @@
 // Paged causal attention on the CPU fast path (declared in fast_ops.h), vectorised on 8-lane
 // registers (vec8.h).
 //
-// Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (a
-// prefill chunk; a decode token is a tile of one), and the group of query heads that share a
+// Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (64 on
+// the amx kernel, AttendAmx below; a prefill chunk; a decode token is a tile of one), and the group of query heads that share a
 // kv head reads each K/V row once, converted to fp32 eight keys at a time (32 for V, whose
 // accumulators stay in registers over them). An item takes one kv head where tiles are few and
 // all of them where they are many, so that a token's row (all kv heads side by side in the

@@ -69,7 +69,7 @@ void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, 
   ConfigureAmxTiles(rows0, rows1);
   const long a_stride = static_cast<long>(hd * sizeof(uint16_t));
   const int64_t steps = hd / 32, block_dwords = steps * kTileDwords;
-  const uint16_t* q1 = q + 16 * hd;
+  const uint16_t* q1 = rows1 > 0 ? q + 16 * hd : q;  // the second A tile, when there is one
   for (int64_t b = 0; b < blocks; b += 2) {
     ZeroC(rows1);
     const uint32_t* k0 = kt + b * block_dwords;
@@ -86,7 +86,7 @@ void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uin
   ConfigureAmxTiles(rows0, rows1);
   const long a_stride = static_cast<long>(p_stride * sizeof(uint16_t));
   const int64_t step_dwords = hd / 16 * kTileDwords;
-  const uint16_t* p1 = p + 16 * p_stride;
+  const uint16_t* p1 = rows1 > 0 ? p + 16 * p_stride : p;
   for (int64_t c = 0; c < hd / 16; c += 2) {  // 32 dimensions per pass
     ZeroC(rows1);
     for (int64_t t = 0; t < steps; ++t) {

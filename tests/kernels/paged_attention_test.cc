@@ -251,7 +251,8 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
       layout.dtype = DType::kBF16;
       const int64_t qh = 6, layer = 1, max_blocks = 12;
       const RandomBatch rb =
-          MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, /*chunk=*/21, /*spread=*/2.0f, gen);
+          MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, /*chunk=*/seqs == 3 ? 70 : 21,
+                          /*spread=*/2.0f, gen);  // 70: whole 64-token tiles of the amx kernel
       const int64_t t = rb.tokens();
       const std::vector<float>& q = rb.q;
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
