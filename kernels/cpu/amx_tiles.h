@@ -1,5 +1,6 @@
-// The AMX tile configuration the amx kernels share (gemm_amx.cc, attention_amx.cc): a block of
-// up to 32 rows in two A tiles against two B tiles, four accumulators.
+// The AMX tile configuration and tile steps the amx kernels share (gemm_amx.cc,
+// attention_amx.cc): a block of up to 32 rows in two A tiles against two B tiles, four
+// accumulators, so each K step loads four tiles for four tdpbf16ps.
 //
 // Tiles 0-3 hold C[a][b] (A tile a, B tile b) as rows0 / rows1 x 16 fp32 (tile 2a + b), tiles
 // 4-5 the two A tiles (rows0 / rows1 x 32 bf16), 6-7 the two B tiles (16 pair-rows x 16
@@ -36,6 +37,58 @@ inline void ConfigureAmxTiles(int rows0, int rows1) {
   }
   __asm__ volatile("ldtilecfg %0" ::"m"(want));
   loaded0 = rows0, loaded1 = rows1;
+}
+
+// C[a][b] = 0 for the configured accumulators.
+inline void AmxZeroC(int rows1) {
+  __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::);
+  if (rows1 > 0) __asm__ volatile("tilezero %%tmm2\n\ttilezero %%tmm3" ::);
+}
+
+// C[a][b] += A(a) B(b) for one K step: A tiles at a0 / a1 (rows `a_stride` bytes apart; a1 read
+// only when rows1 > 0), B tiles at b0 / b1 (16 rows of 64 bytes). AT&T order: B, A, C.
+inline void AmxStep(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1,
+                    int rows1) {
+  const long b_stride = 64;
+  if (rows1 == 0) {
+    __asm__ volatile(
+        "tileloadd (%0,%3,1), %%tmm4\n\t"
+        "tileloadd (%1,%4,1), %%tmm6\n\t"
+        "tileloadd (%2,%4,1), %%tmm7\n\t"
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),
+        "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
+        : "memory");
+    return;
+  }
+  __asm__ volatile(
+      "tileloadd (%0,%4,1), %%tmm4\n\t"
+      "tileloadd (%2,%5,1), %%tmm6\n\t"
+      "tileloadd (%3,%5,1), %%tmm7\n\t"
+      "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+      "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+      "tileloadd (%1,%4,1), %%tmm5\n\t"
+      "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+      "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),
+      "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
+      : "memory");
+}
+
+// The configured rows of C[a][b] to c + 16 a stride + 16 b (floats; rows `stride` floats apart).
+inline void AmxStoreC(float* c, int64_t stride, int rows1) {
+  const long bytes = static_cast<long>(stride * sizeof(float));
+  __asm__ volatile(
+      "tilestored %%tmm0, (%0,%2,1)\n\t"
+      "tilestored %%tmm1, (%1,%2,1)" ::"r"(c),
+      "r"(c + 16), "r"(bytes)
+      : "memory");
+  if (rows1 == 0) return;
+  float* c1 = c + 16 * stride;
+  __asm__ volatile(
+      "tilestored %%tmm2, (%0,%2,1)\n\t"
+      "tilestored %%tmm3, (%1,%2,1)" ::"r"(c1),
+      "r"(c1 + 16), "r"(bytes)
+      : "memory");
 }
 
 }  // namespace moeserve::cpu_fast

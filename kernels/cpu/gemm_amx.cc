@@ -98,36 +98,10 @@ void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, in
 // Each takes the block's rows in its two A tiles: rows0 in 1..16, rows1 in 0..16 (0: one tile).
 struct HardwareTiles {
   static void Begin(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
-  static void Zero(int, int rows1) {
-    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1" ::);
-    if (rows1 > 0) __asm__ volatile("tilezero %%tmm2\n\ttilezero %%tmm3" ::);
-  }
-  // C[a][b] += A(a) B(b) for one 32-column K step (AT&T order: B, A, C).
+  static void Zero(int, int rows1) { AmxZeroC(rows1); }
+  // C[a][b] += A(a) B(b) for one 32-column K step; the item's second B tile follows the first.
   static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, long a_stride, int, int rows1) {
-    const long b_stride = kTileN * sizeof(uint32_t);
-    const uint32_t* b1 = b0 + kBTile;
-    if (rows1 == 0) {
-      __asm__ volatile(
-          "tileloadd (%0,%3,1), %%tmm4\n\t"
-          "tileloadd (%1,%4,1), %%tmm6\n\t"
-          "tileloadd (%2,%4,1), %%tmm7\n\t"
-          "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-          "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),
-          "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-          : "memory");
-      return;
-    }
-    __asm__ volatile(
-        "tileloadd (%0,%4,1), %%tmm4\n\t"
-        "tileloadd (%2,%5,1), %%tmm6\n\t"
-        "tileloadd (%3,%5,1), %%tmm7\n\t"
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-        "tileloadd (%1,%4,1), %%tmm5\n\t"
-        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-        "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),
-        "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-        : "memory");
+    AmxStep(a0, a1, a_stride, b0, b0 + kBTile, rows1);
   }
   // Stores the configured rows of C[a][b] to c + (2a + b) * 256 floats (rows 16 floats apart).
   static void Store(float* c, int, int rows1) {
@@ -147,21 +121,7 @@ struct HardwareTiles {
   }
   // Stores the configured rows of C[a][b] straight into the output: rows `ld` floats apart,
   // C[a][b] at y + 16 a ld + 16 b.
-  static void StoreOut(float* y, int64_t ld, int, int rows1) {
-    const long stride = static_cast<long>(ld * sizeof(float));
-    __asm__ volatile(
-        "tilestored %%tmm0, (%0,%2,1)\n\t"
-        "tilestored %%tmm1, (%1,%2,1)" ::"r"(y),
-        "r"(y + kTileN), "r"(stride)
-        : "memory");
-    if (rows1 == 0) return;
-    float* y1 = y + kTileM * ld;
-    __asm__ volatile(
-        "tilestored %%tmm2, (%0,%2,1)\n\t"
-        "tilestored %%tmm3, (%1,%2,1)" ::"r"(y1),
-        "r"(y1 + kTileN), "r"(stride)
-        : "memory");
-  }
+  static void StoreOut(float* y, int64_t ld, int, int rows1) { AmxStoreC(y, ld, rows1); }
 };
 
 struct EmulatedTiles {
