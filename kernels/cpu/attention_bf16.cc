@@ -156,6 +156,21 @@ inline __mmask16 FirstLanes(int64_t n) {
   return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
 }
 
+// The word permutes that interleave two keys' 32 dimensions: word 2i of lo is dimension i of the
+// first key, 2i + 1 dimension i of the second; hi the same for dimensions 16 + i.
+struct PairIndex {
+  alignas(64) int16_t lo[32];
+  alignas(64) int16_t hi[32];
+};
+constexpr PairIndex MakePairIndex() {
+  PairIndex x{};
+  for (int i = 0; i < 16; ++i) {
+    x.lo[2 * i] = static_cast<int16_t>(i), x.lo[2 * i + 1] = static_cast<int16_t>(32 + i);
+    x.hi[2 * i] = static_cast<int16_t>(16 + i), x.hi[2 * i + 1] = static_cast<int16_t>(48 + i);
+  }
+  return x;
+}
+
 }  // namespace
 
 void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb) {
@@ -201,12 +216,8 @@ void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_
 }
 
 void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uint32_t* out) {
-  alignas(64) int16_t lo_idx[32], hi_idx[32];
-  for (int i = 0; i < 16; ++i) {  // word 2i of a row: dimension i of the first key, 2i + 1 of the second
-    lo_idx[2 * i] = static_cast<int16_t>(i), lo_idx[2 * i + 1] = static_cast<int16_t>(32 + i);
-    hi_idx[2 * i] = static_cast<int16_t>(16 + i), hi_idx[2 * i + 1] = static_cast<int16_t>(48 + i);
-  }
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  static constexpr PairIndex kIndex = MakePairIndex();
+  const __m512i lo = _mm512_load_si512(kIndex.lo), hi = _mm512_load_si512(kIndex.hi);
   for (int64_t p = 0; p < kAmxValueKeys / 2; ++p) {
     for (int64_t h = 0; h < hd / 32; ++h) {
       const __m512i v0 = _mm512_loadu_si512(values[2 * p] + 32 * h), v1 = _mm512_loadu_si512(values[2 * p + 1] + 32 * h);
