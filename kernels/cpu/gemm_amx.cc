@@ -8,10 +8,9 @@
 // four accumulators, so each K step loads four tiles for four tdpbf16ps (the 2x2 blocking the
 // TMUL needs to stay busy). Each output element is one tdpbf16ps accumulation over K in
 // 32-column steps, whatever the number of x rows: batch-invariant.
-// An item of one block of x rows configures its A and C tiles with as many rows as it has (up
-// to 16 each), so a decode step's few rows load and multiply only themselves, not a padded
-// 32-row block; an item of several runs its short last block whole (fewer configuration
-// changes). The rows of a tile are computed independently, so neither changes a result.
+// A block of x rows configures its A and C tiles with as many rows as it has (up to 16 each),
+// so a decode step's few rows load and multiply only themselves, not a padded 32-row block:
+// the rows of a tile are computed independently, so this changes no result.
 //
 // First run on AMX hardware on 2026-11-26 (docs/performance.md). The variant is used only after
 // its self-check passed in a child process (kernel_select.cc), so a fault cannot take the server
@@ -256,12 +255,9 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   alignas(64) float c[4 * kTileM * kTileN];              // C[a][b] at (2a + b) * 256, as Store writes it
   constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
   const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
-  // An item of several blocks runs a short last one as a whole block (its padding rows are zero
-  // and dropped): changing the tile configuration waits for the tiles in flight.
-  const bool whole_blocks = it.m1 - it.m0 > kAmxRowBlock;
   for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
-    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock), tiled = whole_blocks ? kAmxRowBlock : block;
-    const int rows0 = static_cast<int>(std::min<int64_t>(tiled, kTileM)), rows1 = static_cast<int>(tiled - rows0);
+    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
+    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
     Tiles::Begin(rows0, rows1);
     Tiles::Zero(rows0, rows1);
     const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
@@ -271,7 +267,7 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
       if (i == it.m0 && kt + kPrefetchSteps < ktiles) PrefetchB(b + (kt + kPrefetchSteps) * 2 * kBTile);
       Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, kATileRow, rows0, rows1);
     }
-    if (direct && block == tiled) {
+    if (direct) {
       Tiles::StoreOut(t.y + i * t.w.rows + r0, t.w.rows, rows0, rows1);
     } else {
       Tiles::Store(c, rows0, rows1);
