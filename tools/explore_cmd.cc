@@ -30,7 +30,7 @@ struct ExploreOptions {
   int64_t context = 4096;
   std::string sequences = "1,8,32,64,128,256,512,1024";
   double price_per_hour = -1;
-  std::string json, csv;
+  std::string json, csv, measure_csv;
   bool measure = false;
   MeasureOptions m;
 };
@@ -145,9 +145,30 @@ void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandida
   }
 }
 
+// One row per measured point, predicted beside measured (the columns of MeasuredJson).
+absl::Status WriteMeasuredCsv(const std::string& path, const std::vector<MeasuredPoint>& measured) {
+  std::ofstream f(path);
+  f << "ep,pp,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,predicted_tokens_per_second,"
+       "measured_tokens_per_second,error,predicted_comm_us_per_token,measured_comm_us_per_token,"
+       "measured_comm_min_us_per_token,measured_comm_after_last_us_per_token,oversubscribed_cpus\n";
+  for (const MeasuredPoint& p : measured) {
+    f << p.ep << "," << p.pp << "," << p.sequences << "," << (p.processes ? "processes" : "threads") << ","
+      << p.predicted_step_seconds << "," << p.measured_step_seconds << "," << p.predicted_tokens_per_second << ","
+      << p.measured_tokens_per_second << "," << p.error << "," << p.predicted_comm_us_per_token << ","
+      << p.measured_comm_us_per_token << "," << p.measured_comm_min_us_per_token << ","
+      << p.measured_comm_after_last_us_per_token << "," << (p.Oversubscribed() ? p.cpus : 0) << "\n";
+  }
+  f.close();
+  if (!f) return absl::InternalError(absl::StrCat("--measure-csv: cannot write \"", path, "\""));
+  return absl::OkStatus();
+}
+
 // --measure runs what this process can load and compares with this machine's profile.
 absl::Status CheckMeasure(ExploreOptions* o) {
-  if (!o->measure) return absl::OkStatus();
+  if (!o->measure) {
+    if (!o->measure_csv.empty()) return absl::InvalidArgumentError("--measure-csv needs --measure");
+    return absl::OkStatus();
+  }
   if (!o->config.empty()) return absl::InvalidArgumentError("--measure runs the model: name it with --model or --preset, not --config");
   if (!std::filesystem::exists(o->hardware)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -224,6 +245,9 @@ int RunExplore(ExploreOptions o) {
     if (!measured.ok()) return Fail(measured.status());
     PrintMeasured(*measured, *hw);
     j["measured"] = MeasuredJson(*measured);
+    if (!o.measure_csv.empty()) {
+      if (absl::Status st = WriteMeasuredCsv(o.measure_csv, *measured); !st.ok()) return Fail(st);
+    }
   }
   if (!o.json.empty()) std::ofstream(o.json) << j.dump(1) << "\n";
   if (!o.csv.empty()) WriteCsv(o.csv, all);
@@ -270,6 +294,9 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--measure-mpirun-args", o->m.mpirun_args,
                   "With --measure-processes: more arguments for mpirun, e.g. a hostfile and launch agent that put the "
                   "ranks on other hosts or in network namespaces (docs/multi-host.md); passed through a shell");
+  cmd->add_option("--measure-csv", o->measure_csv,
+                  "With --measure: write one row per measured point (predicted beside measured, as in the JSON's "
+                  "'measured') as CSV");
   cmd->add_option("--calibration", o->m.calibration,
                   "With --measure: a `moeserve bench --sweep-batch ... --out` JSON of this machine whose fitted "
                   "efficiencies turn the measured layouts' predictions from the bound into calibrated ones");

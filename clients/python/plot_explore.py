@@ -5,7 +5,9 @@
 
 One line per layout (ep x pp): predicted tokens/s against the sequences in flight, filled
 where the layout fits (weights and KV per device), hollow where it does not; the best layout
-at each count is circled.
+at each count is circled. With `explore --measure`, each point measured on this machine is a
+cross in its layout's colour (ranks as threads) or a plus (as processes), at its measured
+tokens/s, beside the predicted circle for the layout as it ran here.
 """
 
 import argparse
@@ -16,6 +18,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_measured(ax, measured, colours):
+    """Measured tokens/s (x: ranks as threads, +: processes) beside the prediction as run here."""
+    for m in measured:
+        colour = colours.get((m["ep"], m["pp"]), "black")
+        marker = "P" if m["ranks_as"] == "processes" else "X"
+        ax.plot(m["sequences"], m["measured_tokens_per_second"], marker, color=colour, markersize=8)
+        ax.plot(m["sequences"], m["predicted_tokens_per_second"], "o", color=colour, markersize=4, alpha=0.5)
 
 
 def main():
@@ -29,6 +40,7 @@ def main():
         sys.exit(f"{args.report}: no 'layouts' (is this a moeserve explore --json file?)")
     fig, ax = plt.subplots(figsize=(9, 5.5))
     best = {(b["sequences"], b["ep"], b["pp"]) for b in r.get("best", []) if b["ep"] is not None}
+    colours = {}
     for layout in r["layouts"]:
         pts = layout["points"]
         if not pts:
@@ -37,17 +49,20 @@ def main():
         xs = [p["sequences"] for p in pts]
         ys = [p["tokens_per_second"] for p in pts]
         (line,) = ax.plot(xs, ys, "-", alpha=0.6, label=label)
+        colours[(layout["ep"], layout["pp"])] = line.get_color()
         for p in pts:
             ax.plot(p["sequences"], p["tokens_per_second"], "o", color=line.get_color(),
                     fillstyle="full" if p["fits"] else "none")
             if (p["sequences"], layout["ep"], layout["pp"]) in best:
                 ax.plot(p["sequences"], p["tokens_per_second"], "o", markersize=14, fillstyle="none", color="black")
+    plot_measured(ax, r.get("measured", []), colours)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("decoding sequences in flight")
-    ax.set_ylabel("predicted output tokens/s")
-    ax.set_title(f"layouts on up to {r['devices']} x {r['hardware']}, context {r['context']} "
-                 "(hollow: does not fit; circled: best)")
+    ax.set_ylabel("output tokens/s" + (" (predicted; measured where marked)" if r.get("measured") else " (predicted)"))
+    measured = "; x/+: measured as threads/processes, small o: predicted as run here" if r.get("measured") else ""
+    ax.set_title(f"layouts on up to {r['devices']} x {r['hardware']}, context {r['context']}\n"
+                 f"(hollow: does not fit; circled: best{measured})", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

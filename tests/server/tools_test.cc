@@ -172,19 +172,23 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
 
 // explore --measure runs every layout this machine can run (ranks as threads) at every point
 // that fits and is within the limits, and reports the measured decode speed beside the
-// prediction for the layout as it runs here; it refuses a profile that is not this machine's
-// and a model it cannot run. Speeds are not asserted (timed tests are not allowed): only that
-// each point was run and both figures exist.
+// prediction for the layout as it runs here (JSON, CSV, and the plot's measured markers); it
+// refuses a profile that is not this machine's and a model it cannot run. Speeds are not
+// asserted (timed tests are not allowed): only that each point was run and both figures exist.
 TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
   const std::string dir = MakeTempDir("explore-measure");
   const std::string hw = MOESERVE_SOURCE_DIR "/docs/data/zen4-calibrate.json";
   std::string out, err;
   ASSERT_EQ(RunCommand({"explore", "--preset", "tiny", "--hardware", hw, "--devices", "2", "--sequences", "1,2",
-                        "--context", "24", "--measure", "--measure-steps", "3", "--json", dir + "/m.json"},
+                        "--context", "24", "--measure", "--measure-steps", "3", "--json", dir + "/m.json",
+                        "--measure-csv", dir + "/m.csv"},
                        &out, &err),
             0)
       << err;
   const auto j = nlohmann::json::parse(ReadAll(dir + "/m.json"));
+  const std::string csv = ReadAll(dir + "/m.csv");
+  EXPECT_EQ(static_cast<size_t>(std::count(csv.begin(), csv.end(), '\n')), 1 + j["measured"].size()) << csv;
+  EXPECT_EQ(csv.rfind("ep,pp,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,", 0), 0u) << csv;
   size_t fitting = 0;
   for (const auto& l : j["layouts"]) {
     for (const auto& p : l["points"]) fitting += p["fits"].get<bool>() ? 1 : 0;
@@ -212,6 +216,17 @@ TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
   EXPECT_NE(err.find("--hardware must be its profile from `moeserve calibrate"), std::string::npos) << err;
   EXPECT_EQ(RunCommand({"explore", "--config", hw, "--hardware", hw, "--measure"}, &out, &err), 2);
   EXPECT_NE(err.find("--measure runs the model"), std::string::npos) << err;
+  EXPECT_EQ(RunCommand({"explore", "--preset", "tiny", "--measure-csv", dir + "/x.csv"}, &out, &err), 2);
+  EXPECT_NE(err.find("--measure-csv needs --measure"), std::string::npos) << err;
+  std::string py_out, py_err;
+  if (RunProgram({"/usr/bin/python3", "-c", "import matplotlib"}, &py_out, &py_err) == 0) {
+    ASSERT_EQ(RunProgram({"/usr/bin/python3", MOESERVE_SOURCE_DIR "/clients/python/plot_explore.py", dir + "/m.json",
+                          "--out", dir + "/m.png"},
+                         &py_out, &py_err),
+              0)
+        << py_out << py_err;
+    EXPECT_EQ(ReadAll(dir + "/m.png").substr(0, 4), "\x89PNG");
+  }
   std::filesystem::remove_all(dir);
 }
 
