@@ -15,7 +15,8 @@
 #       (tools/delay_line.cc; MOESERVE_DELAY_LINE names another) carries the namespaces' traffic
 #       through TUN devices (eth0 in each, Pbr in the root namespace; MTU 9000) and holds each
 #       packet between two namespaces for the delay; it runs on this machine's cores. Idempotent:
-#       an existing set with the same prefix is removed first.
+#       an existing set with the same prefix is removed first. Each namespace's TCP gives up on an
+#       unanswering peer after ~6 s (net.ipv4.tcp_retries2=4, this namespace's own setting).
 #   scripts/netns-hosts.sh down [--prefix P] (the set of another prefix is left alone)
 #       Removes every namespace named P<digits>, their links, the bridge and the delay line (also
 #       after a failed run); kills what still runs inside them.
@@ -155,6 +156,10 @@ up() {
   for ((i = 0; i < n; i++)); do
     ip netns add "${PREFIX}${i}"
     ip -n "${PREFIX}${i}" link set lo up
+    # A host's TCP gives up on a peer that stops answering after ~6 s of retransmissions
+    # (0.2 s doubling 5 times) instead of Linux's ~15 minutes, as a cluster tuned for fast failure
+    # detection: mpirun run in a namespace, and its daemons, then find a cut link's far side lost.
+    ip netns exec "${PREFIX}${i}" sysctl -qw net.ipv4.tcp_retries2=4
   done
   if [ -n "$line" ]; then
     start_delay_line "$n"
