@@ -45,6 +45,8 @@ class MpiWorld final : public ProcessRanks {
   absl::StatusOr<std::string> ReceiveMessage(int peer) override;
   AbortSignal* abort_signal() override { return &signal_; }
   std::string DescribeRank(int rank) const override;
+  // Each rank's host name (gethostname; a network namespace's under netns-hosts.sh's agent).
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
   void StepBegins() override;
   void WaitingFor(int rank) override { waiting_for_.store(rank); }

@@ -23,4 +23,25 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp)
   return out;
 }
 
+int64_t DomainSizeOfHosts(const std::vector<std::string>& hosts) {
+  std::vector<std::string> seen;  // each host once, in the order its run starts
+  std::vector<int64_t> runs;      // the length of each host's run
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    if (r > 0 && hosts[r] == hosts[r - 1]) {
+      ++runs.back();
+      continue;
+    }
+    for (const std::string& h : seen) {
+      if (h == hosts[r]) return -1;  // the host came back after another: not contiguous
+    }
+    seen.push_back(hosts[r]);
+    runs.push_back(1);
+  }
+  if (runs.size() <= 1) return 0;
+  for (int64_t n : runs) {
+    if (n != runs.front()) return -1;
+  }
+  return runs.front();
+}
+
 }  // namespace moeserve

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,5 +16,11 @@ enum class ExpertPlacement { kContiguous, kRoundRobin };
 std::vector<int32_t> ExpertOwners(int64_t experts, int64_t ep, ExpertPlacement placement);
 // Contiguous layer ranges [begin, end) of `pp` stages (the first stages take one more when uneven).
 std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp);
+
+// The scale-up domain the ranks' hosts make (hosts[r]: rank r's host name; ranks fill hosts in
+// rank order, as mpirun fills a hostfile's slots): the ranks per host when every host holds
+// one contiguous run of ranks of the same length, 0 when every rank is on one host, -1 when the
+// runs are uneven or a host's ranks are not contiguous (no domain size describes them).
+int64_t DomainSizeOfHosts(const std::vector<std::string>& hosts);
 
 }  // namespace moeserve

@@ -128,7 +128,8 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "With --hardware: ranks per scale-up domain (NVLink, or one host's shared memory under mpirun, "
                   "which fills hosts in rank order; rank = stage x ep + EP rank). The predictions price "
                   "all-to-all traffic to other domains, and pipeline hand-offs between stages in different "
-                  "domains, at the profile's scale-out bandwidth and latency (0: all ranks in one domain)")
+                  "domains, at the profile's scale-out bandwidth and latency (0: all ranks in one domain; under mpirun "
+                  "over several hosts holding equal runs of ranks, the ranks per host, logged by rank 0)")
       ->capture_default_str();
   cmd->add_option("--ep-balance", f->config.scheduler.ep_balance_ratio,
                   "With --ep: a prompt goes to the rank its first KV block hashes to (shared prefixes meet in "

@@ -13,7 +13,10 @@
 #include "core/clock.h"
 #include "core/status.h"
 #if MOESERVE_HAVE_MPI
+#include "absl/strings/str_join.h"
 #include "parallel/mpi_world.h"
+#include "parallel/placement.h"
+#include "roofline/cost_model.h"
 #include "runner/rank_cores.h"
 #endif
 
@@ -43,6 +46,7 @@ class OpenMpiJob final : public MpiJob {
 
   void Configure(const EngineFlags& f, EngineConfig* c) override {
     if (f.backend == "cuda") c->parallel.nccl_devices.assign(static_cast<size_t>(world_->size()), Gpu(f));
+    DomainFromHosts(c);
   }
 
   ProcessRanks* processes() override { return world_.get(); }
@@ -118,6 +122,34 @@ class OpenMpiJob final : public MpiJob {
   static int Gpu(const EngineFlags& f) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     return f.device + (local != nullptr ? std::atoi(local) : 0);
+  }
+
+  // The scale-up domain is the ranks' hosts: --domain-size, when not given (0), is taken from
+  // them; a given one they contradict is named. It sets the roofline's prices, not the answers.
+  void DomainFromHosts(EngineConfig* c) const {
+    const std::vector<std::string>& hosts = world_->hosts();
+    const int64_t per_host = DomainSizeOfHosts(hosts);
+    int64_t& d = c->parallel.domain_size;
+    const int64_t ranks = static_cast<int64_t>(hosts.size());
+    if (per_host == (d == ranks ? 0 : d)) return;
+    std::vector<std::string> runs;  // "host: ranks a-b", in rank order
+    for (size_t r = 0, begin = 0; r < hosts.size(); ++r) {
+      if (r + 1 < hosts.size() && hosts[r + 1] == hosts[r]) continue;
+      runs.push_back(absl::StrCat(hosts[r], ": ranks ", begin, "-", r));
+      begin = r + 1;
+    }
+    std::string note;
+    const roofline::ParallelLayout from_hosts{c->parallel.ep, c->parallel.pp, per_host};
+    if (d == 0 && per_host > 0 && roofline::CheckDomainSize(from_hosts, "--domain-size").ok()) {
+      d = per_host;
+      note = absl::StrCat("one scale-up domain per host, ", d, " ranks each (", absl::StrJoin(runs, ", "),
+                          "); --domain-size overrides it");
+    } else {
+      note = absl::StrCat("warning: ", d == 0 ? "one scale-up domain (--domain-size 0)" : absl::StrCat("--domain-size ", d),
+                          " does not match the ranks' hosts (", absl::StrJoin(runs, ", "),
+                          "): the roofline prices exchanges by --domain-size, the transport by the hosts");
+    }
+    if (world_->rank() == 0) std::fprintf(stderr, "moeserve rank 0: %s\n", note.c_str());
   }
 
   std::unique_ptr<MpiWorld> world_;

@@ -157,7 +157,9 @@ WithLogprobs StreamWithLogprobs(const ServerProcess& server, const std::vector<i
   return out;
 }
 
-void ExpectSameAsOneProcess(const std::vector<std::string>& layout, const std::vector<std::string>& launcher) {
+// `domain`: what rank 0 says of the scale-up domain it read from the ranks' hosts.
+void ExpectSameAsOneProcess(const std::vector<std::string>& layout, const std::vector<std::string>& launcher,
+                            const std::string& domain) {
   const std::vector<std::string> model = {"--preset", "tiny", "--model-seed", "7", "--kv-cache-mb", "16"};
   const std::vector<int32_t> prompt = {104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100};
   ServerProcess one;
@@ -185,15 +187,21 @@ void ExpectSameAsOneProcess(const std::vector<std::string>& layout, const std::v
   // SIGTERM to mpirun reaches every rank through the agents: the job drains and ends.
   job.Stop(SIGTERM);
   EXPECT_NE(job.log().find("moeserve: stopped cleanly"), std::string::npos) << job.log();
+  EXPECT_NE(job.log().find(domain), std::string::npos) << job.log();
 }
 
 TEST_F(NetnsServeTest, AnEp2JobWithARankPerNamespaceStreamsWhatOneProcessDoes) {
-  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1));
+  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1),
+                         absl::StrCat("one scale-up domain per host, 1 ranks each (", kPrefix, "0: ranks 0-0, ",
+                                      kPrefix, "1: ranks 1-1)"));
 }
 
-// Two ranks per namespace: each pair shares memory (vader), the pairs talk over the link.
+// Two ranks per namespace: each pair shares memory (vader), the pairs talk over the link. The
+// domain size comes from the hosts: each stage's EP group inside one namespace.
 TEST_F(NetnsServeTest, AnEp2Pp2JobOverTwoNamespacesStreamsWhatOneProcessDoes) {
-  ExpectSameAsOneProcess({"--ep", "2", "--pp", "2", "--domain-size", "2"}, Mpirun(4, 2));
+  ExpectSameAsOneProcess({"--ep", "2", "--pp", "2"}, Mpirun(4, 2),
+                         absl::StrCat("one scale-up domain per host, 2 ranks each (", kPrefix, "0: ranks 0-1, ",
+                                      kPrefix, "1: ranks 2-3)"));
 }
 
 // `calibrate --scale-out-mpirun-args`: the scale-out probe's two ranks sit in the two namespaces
@@ -253,7 +261,9 @@ TEST_F(NetnsServeTest, ADelayedLinkKeepsTheAnswersAndCalibrateSeesTheDelay) {
   std::string out, err;
   ASSERT_EQ(Script({"up", "2", "--rate", "1gbit", "--delay", "2ms", "--subnet", kSubnet}, &out, &err), 0)
       << out << err;
-  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1));
+  ExpectSameAsOneProcess({"--ep", "2"}, Mpirun(2, 1),
+                         absl::StrCat("one scale-up domain per host, 1 ranks each (", kPrefix, "0: ranks 0-0, ",
+                                      kPrefix, "1: ranks 1-1)"));
   std::vector<std::string> launcher = Mpirun(2, 1);
   std::string args;
   for (size_t i = 1; i + 2 < launcher.size(); ++i) absl::StrAppend(&args, " '", launcher[i], "'");
