@@ -74,6 +74,32 @@ inline void AmxStep(const void* a0, const void* a1, long a_stride, const uint32_
       : "memory");
 }
 
+// C[a][0] += A(a) B(0) for one K step, both A tiles against the one B tile at b0: the
+// transposed product (keys as A, the queries' pair rows as B), tiles 0 and 2 its accumulators.
+// Needs the configuration ConfigureAmxTiles(16, 16).
+inline void AmxStepSharedB(const void* a0, const void* a1, long a_stride, const uint32_t* b0) {
+  const long b_stride = 64;
+  __asm__ volatile(
+      "tileloadd (%2,%4,1), %%tmm6\n\t"
+      "tileloadd (%0,%3,1), %%tmm4\n\t"
+      "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+      "tileloadd (%1,%3,1), %%tmm5\n\t"
+      "tdpbf16ps %%tmm6, %%tmm5, %%tmm2" ::"r"(a0),
+      "r"(a1), "r"(b0), "r"(a_stride), "r"(b_stride)
+      : "memory");
+}
+
+// C[0][0] and C[1][0] (AmxStepSharedB's accumulators) to c and c + 16 stride (rows `stride`
+// floats apart).
+inline void AmxStoreSharedBC(float* c, int64_t stride) {
+  const long bytes = static_cast<long>(stride * sizeof(float));
+  __asm__ volatile(
+      "tilestored %%tmm0, (%0,%2,1)\n\t"
+      "tilestored %%tmm2, (%1,%2,1)" ::"r"(c),
+      "r"(c + 16 * stride), "r"(bytes)
+      : "memory");
+}
+
 // The configured rows of C[a][b] to c + 16 a stride + 16 b (floats; rows `stride` floats apart).
 inline void AmxStoreC(float* c, int64_t stride, int rows1) {
   const long bytes = static_cast<long>(stride * sizeof(float));

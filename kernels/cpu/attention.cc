@@ -2,7 +2,7 @@
 // registers (vec8.h).
 //
 // Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (64 on
-// the amx kernel, AttendAmx below; a prefill chunk; a decode token is a tile of one), and the group of query heads that share a
+// the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of one), and the group of query heads that share a
 // kv head reads each K/V row once, converted to fp32 eight keys at a time (32 for V, whose
 // accumulators stay in registers over them). An item takes one kv head where tiles are few and
 // all of them where they are many, so that a token's row (all kv heads side by side in the
@@ -20,6 +20,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/attention_amx.h"
+#include "kernels/cpu/attention_item.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -130,25 +131,6 @@ void Softmax(float* sc, int64_t ctx) {
   for (int64_t j = 0; j < padded; j += kKeys) Store(sc + j, Mul(Load(sc + j), inv));
 }
 
-// One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
-// kv head, rows are (token, query head) pairs, token-major.
-struct ItemRows {
-  const AttentionBatch* batch;
-  const KvLayout* layout;
-  const void* cache;
-  int64_t layer, t0, nt, g0, heads, group, q_heads, ctx_max;
-  int64_t nrows() const { return nt * group; }
-  int64_t ctx_of(int64_t r) const { return static_cast<int64_t>(batch->token_pos[t0 + r / group]) + 1; }
-  int64_t head_of(int64_t g, int64_t r) const { return (t0 + r / group) * q_heads + g * group + r % group; }
-  const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
-  // The bf16 row of key j (K: kv 0, V: 1) of kv head g; `zeros` at or past ctx_max.
-  const uint16_t* Row(int kv, int64_t g, int64_t j, const uint16_t* zeros) const {
-    if (j >= ctx_max) return zeros;
-    const int64_t bs = layout->block_size;
-    return static_cast<const uint16_t*>(cache) + layout->Offset(table()[j / bs], layer, kv, j % bs) +
-           g * layout->head_dim;
-  }
-};
 
 struct ExactScratch {
   std::vector<float> scores, acc, scratch, zeros;
@@ -253,96 +235,6 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     for (int64_t r = 0; r < nrows; ++r) {
       std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + ((g - it.g0) * nrows + r) * hd,
                   static_cast<size_t>(hd) * sizeof(float));
-    }
-  }
-}
-
-struct AmxScratch {
-  std::vector<float> q, scores, acc;
-  std::vector<uint16_t> qb, pb, zeros;
-  std::vector<uint32_t> kt, vt;  // kv head g's keys and values as B tiles, all of the item's context
-  std::vector<int64_t> keys;
-};
-
-constexpr int64_t kAmxChunk = 32;  // rows per pass of the products: two A tiles
-
-// Kv head g's keys and values as the tiles' B operands: 16-key blocks to the item's context
-// rounded up to 32 (zero keys past it), and its whole 32-key steps of values.
-void PackKeysAndValues(const ItemRows& it, int64_t g, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, ctx_max = it.ctx_max;
-  const int64_t blocks = (ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * 2, steps = ctx_max / kAmxValueKeys;
-  const int64_t key_block = hd / 2 * kBf16KeyBlock, value_step = hd / 16 * 256;  // dwords
-  s->kt.resize(static_cast<size_t>(blocks * key_block));
-  s->vt.resize(static_cast<size_t>(steps * value_step));
-  const uint16_t* rows[kAmxValueKeys];
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
-    KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
-  }
-  for (int64_t t = 0; t < steps; ++t) {
-    for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
-    ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
-  }
-}
-
-// acc rows [r0, r1) (all taking `steps` whole 32-key steps): the tiles' steps, then each row's
-// own remaining keys (fewer than 32) on vdpbf16ps.
-void WeightedRun(const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded, AmxScratch* s,
-                 float* acc) {
-  const int64_t hd = it.layout->head_dim, chunk0 = r0 / kAmxChunk * kAmxChunk;
-  if (steps > 0) {
-    WeightedSumAmx(s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
-  } else {
-    std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
-  }
-  int64_t n = 0;
-  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
-  n = (n + 1) / 2 * 2;
-  if (n == 0) return;
-  const uint16_t* rows[kBf16MaxValueKeys];
-  for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
-  AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
-                  n, rows, hd, acc);
-}
-
-// An item on AMX tiles (attention_amx.h), one kv head at a time and 32 rows per pass: queries
-// rounded to bf16 once, Q·Kᵀ on tiles, the softmax on 16 lanes, then P·V on tiles over the whole
-// 32-key steps below each row's context and vdpbf16ps for the rest of its keys. A row's
-// operations depend only on its own context, so a decode token and the same token in any
-// prefill tile take the same ones, and no row reads a value past its own keys.
-void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
-  const int64_t padded = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys;
-  s->zeros.assign(static_cast<size_t>(hd), 0);
-  s->q.resize(static_cast<size_t>(nrows * hd));
-  s->qb.resize(static_cast<size_t>(nrows * hd));
-  s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
-  s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
-  s->acc.resize(static_cast<size_t>(nrows * hd));
-  s->keys.resize(static_cast<size_t>(kAmxChunk));
-  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
-    }
-    RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
-    PackKeysAndValues(it, g, s);
-    for (int64_t c0 = 0; c0 < nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
-      const int64_t c1 = std::min(nrows, c0 + kAmxChunk);
-      const int64_t blocks = (it.ctx_of(c1 - 1) + kAmxValueKeys - 1) / kAmxValueKeys * 2;
-      ScoresAmx(s->qb.data() + c0 * hd, c1 - c0, hd, s->kt.data(), blocks, s->scores.data(), padded);
-      for (int64_t r = c0; r < c1; ++r) {
-        const int64_t ctx = it.ctx_of(r);
-        SoftmaxBf16(s->scores.data() + (r - c0) * padded, ctx, scale, ctx / kAmxValueKeys * kAmxValueKeys,
-                    s->pb.data() + (r - c0) * padded);
-      }
-      for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
-        const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
-        for (r1 = r0 + 1; r1 < c1 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
-        WeightedRun(it, g, r0, r1, steps, padded, s, s->acc.data() + r0 * hd);
-      }
-    }
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
     }
   }
 }

@@ -1,11 +1,14 @@
-// Paged attention's products on AMX tiles (see attention_amx.h), in amx_tiles.h's arrangement:
+// Paged attention on AMX tiles (see attention_amx.h): the products, in amx_tiles.h's arrangement:
 // two A tiles of up to 16 rows against two B tiles, four accumulators. Only amx_tiles.h's inline
 // assembly touches the tiles, so no target pragma is needed here.
 #include "kernels/cpu/attention_amx.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/gemm_kernels.h"
 
 namespace moeserve::cpu_fast {
 
@@ -28,6 +31,49 @@ void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, 
   }
 }
 
+void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
+                      int64_t ngroups, int64_t key_stride, float* out, int64_t out_stride) {
+  ConfigureAmxTiles(16, 16);
+  const long a_stride = static_cast<long>(key_stride * sizeof(uint16_t));
+  const int64_t steps = hd / 32;
+  alignas(64) float c[32 * 16];  // two groups' keys x 16 query columns
+  for (int64_t g = 0; g < ngroups; g += 2) {
+    const uint16_t* a0 = groups[g];
+    const uint16_t* a1 = g + 1 < ngroups ? groups[g + 1] : a0;  // a lone last group: computed twice, kept once
+    // The next two groups' keys are fetched while these multiply: a tile load of keys a block's
+    // slots apart otherwise waits for each of its 16 rows (a decode step's time went there).
+    for (int64_t n = g + 2; n < std::min(ngroups, g + 4); ++n) {
+      for (int64_t j = 0; j < 16; ++j) {
+        const char* row = reinterpret_cast<const char*>(groups[n] + j * key_stride);
+        for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(row + b);
+      }
+    }
+    AmxZeroC(16);
+    for (int64_t s = 0; s < steps; ++s) AmxStepSharedB(a0 + 32 * s, a1 + 32 * s, a_stride, q_pairs + s * kTileDwords);
+    AmxStoreSharedBC(c, 16);
+    const int64_t keys = std::min<int64_t>(32, (ngroups - g) * 16);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < keys; ++j) out[r * out_stride + 16 * g + j] = c[j * 16 + r];
+    }
+  }
+}
+
+void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs) {
+  for (int64_t s = 0; s < hd / 32; ++s) {
+    uint32_t* tile = q_pairs + s * kTileDwords;
+    for (int64_t p = 0; p < 16; ++p) {
+      for (int64_t n = 0; n < 16; ++n) {
+        if (n >= rows) {
+          tile[p * 16 + n] = 0;
+          continue;
+        }
+        const uint16_t* pair = q + n * hd + 32 * s + 2 * p;
+        tile[p * 16 + n] = pair[0] | static_cast<uint32_t>(pair[1]) << 16;
+      }
+    }
+  }
+}
+
 void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
                     float* acc) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
@@ -42,6 +88,119 @@ void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uin
       AmxStep(p + 32 * t, p1 + 32 * t, a_stride, v, v + kTileDwords, rows1);
     }
     AmxStoreC(acc + 16 * c, hd, rows1);
+  }
+}
+
+namespace {
+
+constexpr int64_t kAmxChunk = 32;  // rows per pass of the products: two A tiles
+
+// Kv head g's keys as the tiles' B operands: 16-key blocks to the item's context rounded up to
+// 32 (zero keys past it).
+void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim;
+  const int64_t blocks = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * 2;
+  const int64_t key_block = hd / 2 * kBf16KeyBlock;  // dwords
+  s->kt.resize(static_cast<size_t>(blocks * key_block));
+  const uint16_t* rows[kBf16KeyBlock];
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
+    KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
+  }
+}
+
+// Kv head g's whole 32-key steps of values as the tiles' B operands.
+void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, steps = it.ctx_max / kAmxValueKeys;
+  const int64_t value_step = hd / 16 * 256;  // dwords
+  s->vt.resize(static_cast<size_t>(steps * value_step));
+  const uint16_t* rows[kAmxValueKeys];
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
+    ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
+  }
+}
+
+// acc rows [r0, r1) (all taking `steps` whole 32-key steps): the tiles' steps, then each row's
+// own remaining keys (fewer than 32) on vdpbf16ps.
+void WeightedRun(const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded, AmxScratch* s,
+                 float* acc) {
+  const int64_t hd = it.layout->head_dim, chunk0 = r0 / kAmxChunk * kAmxChunk;
+  if (steps > 0) {
+    WeightedSumAmx(s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
+  } else {
+    std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
+  }
+  int64_t n = 0;
+  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
+  n = (n + 1) / 2 * 2;
+  if (n == 0) return;
+  const uint16_t* rows[kBf16MaxValueKeys];
+  for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
+  AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
+                  n, rows, hd, acc);
+}
+
+// Scores of rows [c0, c1) of kv head g (the pass's rows; s->qb holds the item's queries) into
+// s->scores: against packed keys, or, for an item of at most 16 rows, with the keys read from
+// the cache as A tiles (the same bits: ScoresAmxKeysAsA).
+void AmxScores(const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t padded, bool keys_as_a, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, ctx = it.ctx_of(c1 - 1);
+  if (!keys_as_a) {
+    const int64_t blocks = (ctx + kAmxValueKeys - 1) / kAmxValueKeys * 2;
+    ScoresAmx(s->qb.data() + c0 * hd, c1 - c0, hd, s->kt.data(), blocks, s->scores.data(), padded);
+    return;
+  }
+  const int64_t ngroups = (ctx + 15) / 16;
+  s->groups.resize(static_cast<size_t>(ngroups));
+  for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, 16 * i, s->zeros.data());
+  ScoresAmxKeysAsA(s->q_pairs.data(), c1 - c0, hd, s->groups.data(), ngroups, it.layout->TokenElems(),
+                   s->scores.data(), padded);
+}
+
+}  // namespace
+
+// See attention_amx.h.
+void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  const int64_t padded = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys;
+  s->zeros.assign(static_cast<size_t>(hd), 0);
+  s->q.resize(static_cast<size_t>(nrows * hd));
+  s->qb.resize(static_cast<size_t>(nrows * hd));
+  s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
+  s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
+  s->acc.resize(static_cast<size_t>(nrows * hd));
+  s->keys.resize(static_cast<size_t>(kAmxChunk));
+  const bool keys_as_a = nrows <= 16 && it.layout->block_size % 16 == 0;
+  if (keys_as_a) s->q_pairs.resize(static_cast<size_t>(hd / 32 * 256));
+  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
+    }
+    RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
+    if (keys_as_a) {
+      QueryPairsAmx(s->qb.data(), nrows, hd, s->q_pairs.data());
+    } else {
+      PackKeys(it, g, s);
+    }
+    PackValues(it, g, s);
+    for (int64_t c0 = 0; c0 < nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
+      const int64_t c1 = std::min(nrows, c0 + kAmxChunk);
+      AmxScores(it, g, c0, c1, padded, keys_as_a, s);
+      for (int64_t r = c0; r < c1; ++r) {
+        const int64_t ctx = it.ctx_of(r);
+        SoftmaxBf16(s->scores.data() + (r - c0) * padded, ctx, scale, ctx / kAmxValueKeys * kAmxValueKeys,
+                    s->pb.data() + (r - c0) * padded);
+      }
+      for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
+        const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
+        for (r1 = r0 + 1; r1 < c1 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
+        WeightedRun(it, g, r0, r1, steps, padded, s, s->acc.data() + r0 * hd);
+      }
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
+    }
   }
 }
 

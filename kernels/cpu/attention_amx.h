@@ -1,11 +1,14 @@
-// Paged attention's two products on AMX tiles (tdpbf16ps), for the amx variant over a bf16 KV
-// cache: Q·Kᵀ against KeyPairsBf16's tiles and P·V against ValuePairsBf16's (attention_bf16.h).
-// attention.cc drives them (packing, softmax, which keys each row takes). Each output element is
+// Paged attention on AMX tiles (tdpbf16ps), for the amx variant over a bf16 KV cache: an item's
+// driver (AttendAmx: packing, softmax, which keys each row takes) and its two products, Q·Kᵀ
+// against KeyPairsBf16's tiles and P·V against ValuePairsBf16's (attention_bf16.h). Each output element is
 // one tdpbf16ps accumulation over its K steps in order; tile rows are independent, so a row's
 // result never depends on the rows beside it. Only CPUs granted AMX tiles may call them.
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/attention_item.h"
 
 namespace moeserve::cpu_fast {
 
@@ -15,10 +18,46 @@ namespace moeserve::cpu_fast {
 void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
                int64_t out_stride);
 
+// The same scores with the keys as the A operand, read straight from the cache, and the queries
+// as the B operand: for rows r < rows (1..16) and the keys of `ngroups` 16-key groups, group i
+// starting at groups[i] (its 16 keys `key_stride` elements apart: one cache block's slots),
+// out[r * out_stride + 16 i + j] = dot(q_r, key j of group i). q_pairs holds, per 32-dimension
+// step, the queries' pair rows (QueryPairsAmx). A product of two bf16 values is exact and
+// tdpbf16ps adds a pair's products in the same order whichever operand holds them, so every
+// score has ScoresAmx's bits (checked on AMX hardware, kernels_test) with no keys packed: a
+// decode token's item, whose rows are few, no longer repacks its whole context per step. Keys
+// of a group past a row's context are read (its block is the context's last) but never used.
+void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
+                      int64_t ngroups, int64_t key_stride, float* out, int64_t out_stride);
+
+// q_pairs for ScoresAmxKeysAsA from rows r < rows (1..16) of q (rows x hd bf16, row after row):
+// per 32-dimension step s, 16 pair rows p of 16 dwords, (q_n[32 s + 2 p], q_n[32 s + 2 p + 1])
+// in column n, zero past `rows`. hd / 32 x 256 dwords.
+void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs);
+
 // acc[r * hd + c] = sum over keys j < 32 steps of p[r * p_stride + j] * value j, dimension c, for
 // rows r < rows (1..32): p bf16 (rows 64-byte aligned not needed), vt holds each 32-key step's
 // ValuePairsBf16, hd / 16 tiles, step after step.
 void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
                     float* acc);
+
+// A thread's scratch for AttendAmx, reused across its items.
+struct AmxScratch {
+  std::vector<float> q, scores, acc;
+  std::vector<uint16_t> qb, pb, zeros;
+  std::vector<uint32_t> kt, vt;  // kv head g's keys and values as B tiles, all of the item's context
+  std::vector<uint32_t> q_pairs;         // or its queries as B tiles, the keys read from the cache
+  std::vector<const uint16_t*> groups;  // there: each 16-key group's first key
+  std::vector<int64_t> keys;
+};
+
+// An item on AMX tiles (attention_amx.h), one kv head at a time and 32 rows per pass: queries
+// rounded to bf16 once, Q·Kᵀ on tiles, the softmax on 16 lanes, then P·V on tiles over the whole
+// 32-key steps below each row's context and vdpbf16ps for the rest of its keys. A row's
+// operations depend only on its own context, so a decode token and the same token in any
+// prefill tile take the same ones, and no row reads a value past its own keys. An item of at
+// most 16 rows (a decode token's) reads its keys from the cache as they are (16-key groups,
+// one cache block's slots apart, so blocks must hold whole groups) instead of packing them.
+void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s);
 
 }  // namespace moeserve::cpu_fast

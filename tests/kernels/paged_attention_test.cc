@@ -71,7 +71,10 @@ RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t lay
   return rb;
 }
 
-// Every token of `out` (the whole batch on `b`) is bit-equal to itself computed alone.
+// Every token of `out` (the whole batch on `b`) is bit-equal to itself computed alone. On the
+// amx kernel a token alone is an item of `group` rows, whose keys are read from the cache as A
+// tiles, while the batch's prefill tiles (more than 16 rows) score against packed keys as B
+// tiles: this also checks that the two operand orders give the same bits on this hardware.
 void ExpectEachTokenAsAlone(Backend& b, const RandomBatch& rb, float scale, const std::vector<float>& out) {
   const int64_t row = rb.q_heads * rb.layout.head_dim;
   for (int64_t i = 0; i < rb.tokens(); ++i) {

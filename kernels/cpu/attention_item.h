@@ -1,0 +1,31 @@
+// One work item of paged attention on the CPU fast path (attention.cc plans them; the
+// exact, bf16-dot and AMX drivers compute them): which rows it holds and where their keys are.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace moeserve::cpu_fast {
+
+// One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
+// kv head, rows are (token, query head) pairs, token-major.
+struct ItemRows {
+  const AttentionBatch* batch;
+  const KvLayout* layout;
+  const void* cache;
+  int64_t layer, t0, nt, g0, heads, group, q_heads, ctx_max;
+  int64_t nrows() const { return nt * group; }
+  int64_t ctx_of(int64_t r) const { return static_cast<int64_t>(batch->token_pos[t0 + r / group]) + 1; }
+  int64_t head_of(int64_t g, int64_t r) const { return (t0 + r / group) * q_heads + g * group + r % group; }
+  const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
+  // The bf16 row of key j (K: kv 0, V: 1) of kv head g; `zeros` at or past ctx_max.
+  const uint16_t* Row(int kv, int64_t g, int64_t j, const uint16_t* zeros) const {
+    if (j >= ctx_max) return zeros;
+    const int64_t bs = layout->block_size;
+    return static_cast<const uint16_t*>(cache) + layout->Offset(table()[j / bs], layer, kv, j % bs) +
+           g * layout->head_dim;
+  }
+};
+
+}  // namespace moeserve::cpu_fast
