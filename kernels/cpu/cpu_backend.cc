@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "kernels/cpu/fast_ops.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernel_select.h"
 #include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
@@ -233,6 +234,17 @@ void CpuBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, i
                       int64_t kv_heads, int64_t head_dim, float theta) {
   if (fast()) return cpu_fast::Rope(*pool_, q, k, positions, n, q_heads, kv_heads, head_dim, theta);
   cpu_ref::Rope(q, k, positions, n, q_heads, kv_heads, head_dim, theta);
+}
+
+void CpuBackend::GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets,
+                                    int64_t max_rows, int64_t inter, float* gate_up, float* act) {
+  // As GroupedGemm would run them: the batch-invariant kernels of this variant.
+  if (fast() && options_.batch_invariant && !w13.empty() && cpu_fast::SwiGluFusable(isa_, w13[0], inter)) {
+    const std::span<const int64_t> groups(offsets, w13.size() + 1);
+    MS_CHECK(groups.back() <= max_rows);
+    return cpu_fast::GroupedGemmSiluMul(*pool_, x, w13, groups, inter, act, isa_);
+  }
+  Backend::GroupedGemmSiluMul(x, w13, offsets, max_rows, inter, gate_up, act);
 }
 
 void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {

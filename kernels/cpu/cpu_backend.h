@@ -85,6 +85,9 @@ class CpuBackend final : public Backend {
   void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
             int64_t kv_heads, int64_t head_dim, float theta) override;
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
+  // Fused on the amx variant for bf16 experts stored as AMX tiles (cpu_fast::SwiGluFusable).
+  void GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets, int64_t max_rows,
+                          int64_t inter, float* gate_up, float* act) override;
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
                   bool renormalize, int32_t* expert_ids, float* expert_weights) override;
   void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,

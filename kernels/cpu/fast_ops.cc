@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/vec8.h"
 #include "kernels/weight_layout.h"
 
@@ -86,6 +87,20 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
   RunGemms(pool, tasks, isa);  // the experts together: one parallel region, both cores busy
 }
 
+void GroupedGemmSiluMul(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const int64_t> offsets,
+                        int64_t inter, float* act, CpuIsa isa) {
+  MS_CHECK(offsets.size() == w13.size() + 1);
+  std::vector<GemmTask> tasks;
+  for (size_t g = 0; g < w13.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    GemmTask t{x + offsets[g] * w13[g].cols, rows, w13[g], act + offsets[g] * inter, false};
+    t.swiglu = inter;
+    tasks.push_back(t);
+  }
+  RunGemms(pool, tasks, isa);
+}
+
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y) {
   pool.ParallelFor(rows, 32, [&](int64_t b, int64_t e) {
@@ -126,27 +141,25 @@ void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_
   });
 }
 
+void SiluMulRow(const float* g, const float* u, int64_t n, float* o) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {  // vec8.h's exp: the same value in every lane and build
+    const V8 gv = Load(g + i);
+    Store(o + i, Mul(Div(gv, Add(Set1(1.0f), Exp(Mul(gv, Set1(-1.0f))))), Load(u + i)));
+  }
+  if (i < n) {
+    float gt[8] = {}, ut[8] = {}, ot[8];
+    std::memcpy(gt, g + i, static_cast<size_t>(n - i) * sizeof(float));
+    std::memcpy(ut, u + i, static_cast<size_t>(n - i) * sizeof(float));
+    const V8 gv = Load(gt);
+    Store(ot, Mul(Div(gv, Add(Set1(1.0f), Exp(Mul(gv, Set1(-1.0f))))), Load(ut)));
+    std::memcpy(o + i, ot, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
 void SiluMul(ThreadPool& pool, const float* gate_up, int64_t rows, int64_t inter, float* out) {
   pool.ParallelFor(rows, 8, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* g = gate_up + r * 2 * inter;
-      const float* u = g + inter;
-      float* o = out + r * inter;
-      int64_t i = 0;
-      for (; i + 8 <= inter; i += 8) {  // vec8.h's exp: the same value in every lane and build
-        const V8 gv = Load(g + i);
-        const V8 one = Set1(1.0f);
-        Store(o + i, Mul(Div(gv, Add(one, Exp(Mul(gv, Set1(-1.0f))))), Load(u + i)));
-      }
-      if (i < inter) {
-        float gt[8] = {}, ut[8] = {}, ot[8];
-        std::memcpy(gt, g + i, static_cast<size_t>(inter - i) * sizeof(float));
-        std::memcpy(ut, u + i, static_cast<size_t>(inter - i) * sizeof(float));
-        const V8 gv = Load(gt);
-        Store(ot, Mul(Div(gv, Add(Set1(1.0f), Exp(Mul(gv, Set1(-1.0f))))), Load(ut)));
-        std::memcpy(o + i, ot, static_cast<size_t>(inter - i) * sizeof(float));
-      }
-    }
+    for (int64_t r = b; r < e; ++r) SiluMulRow(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, inter, out + r * inter);
   });
 }
 

@@ -29,6 +29,10 @@ void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                  float* y, bool batch_invariant, CpuIsa isa);
+// act[r] = silu(x w13_gate^T) * (x w13_up^T) for each group's rows, in one pass of the fused
+// amx kernel (GemmTask::swiglu; only where SwiGluFusable): SiluMul's bits on GroupedGemm's.
+void GroupedGemmSiluMul(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const int64_t> offsets,
+                        int64_t inter, float* act, CpuIsa isa);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

@@ -94,6 +94,11 @@ void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, 
   }
 }
 
+bool SwiGluFusable(CpuIsa isa, const WeightRef& w, int64_t inter) {
+  return isa == CpuIsa::kAmx && w.dtype == DType::kBF16 && w.layout == WeightLayout::kAmxTiles && inter > 0 &&
+         inter % kSwiGluItemColumns == 0 && w.rows == 2 * inter;
+}
+
 const char* GemmInstructionKind(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "f32-fma-512";
@@ -161,8 +166,9 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     MS_CHECK(t.w.dtype == DType::kF32 || t.w.dtype == DType::kBF16);
     // Only the amx kernel reads weights stored as AMX tiles (the backend stores them so for it).
     MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsaForTask(t, isa) == CpuIsa::kAmx);
+    MS_CHECK(t.swiglu == 0 || (SwiGluFusable(IsaForTask(t, isa), t.w, t.swiglu) && !t.accumulate));
     const Variant v = VariantOf(IsaForTask(t, isa));
-    const int64_t tiles = (t.w.rows + v.item_rows - 1) / v.item_rows;
+    const int64_t tiles = t.swiglu > 0 ? t.swiglu / kSwiGluItemColumns : (t.w.rows + v.item_rows - 1) / v.item_rows;
     const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       for (int64_t m0 = 0; m0 < t.m; m0 += chunk) {
@@ -180,7 +186,8 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     for (int64_t n = b; n < e; ++n) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
-      VariantOf(IsaForTask(t, isa)).kernel(t, Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
+      const TileFn kernel = t.swiglu > 0 ? TileAmxSwiGlu : VariantOf(IsaForTask(t, isa)).kernel;
+      kernel(t, Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
     }
   });
 }

@@ -31,7 +31,13 @@ struct GemmTask {
   WeightRef w;
   float* y = nullptr;       // [m, w.rows]
   bool accumulate = false;  // y += x @ w^T
+  // > 0: w is [gate; up], `swiglu` rows each, and y [m, swiglu] gets silu(x gate^T) * (x up^T)
+  // in one pass (amx on weights stored as AMX tiles, swiglu a multiple of 16: SwiGluFusable).
+  int64_t swiglu = 0;
 };
+
+// Whether a GemmTask with `swiglu` = inter runs on variant `isa` for the [gate; up] weight w.
+bool SwiGluFusable(CpuIsa isa, const WeightRef& w, int64_t inter);
 
 // The instruction kind a variant's inner loop issues for bf16 weights, as `moeserve calibrate`
 // names its peaks: "f32-fma-256", "f32-fma-512", "bf16-dot-512", "amx-bf16". f32 weights run on

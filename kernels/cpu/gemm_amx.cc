@@ -98,9 +98,10 @@ void PackBTiled(const uint16_t* tile0, const uint16_t* tile1, int64_t chunks, in
 struct HardwareTiles {
   static void Begin(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
   static void Zero(int, int rows1) { AmxZeroC(rows1); }
-  // C[a][b] += A(a) B(b) for one 32-column K step; the item's second B tile follows the first.
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, long a_stride, int, int rows1) {
-    AmxStep(a0, a1, a_stride, b0, b0 + kBTile, rows1);
+  // C[a][b] += A(a) B(b) for one 32-column K step, B tiles b0 and b1.
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1, long a_stride, int,
+                   int rows1) {
+    AmxStep(a0, a1, a_stride, b0, b1, rows1);
   }
   // Stores the configured rows of C[a][b] to c + (2a + b) * 256 floats (rows 16 floats apart).
   static void Store(float* c, int, int rows1) {
@@ -140,13 +141,13 @@ struct EmulatedTiles {
     return f;
   }
   // Only the configured rows, as the hardware: a row past them is never read.
-  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, long a_stride, int rows0,
-                   int rows1) {
+  static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1, long a_stride,
+                   int rows0, int rows1) {
     const uint16_t* a[2] = {a0, a1};
     const int rows[2] = {rows0, rows1};
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
-        const uint32_t* b = b0 + tb * kBTile;
+        const uint32_t* b = tb == 0 ? b0 : b1;
         for (int64_t m = 0; m < rows[ta]; ++m) {
           const uint16_t* row = a[ta] + m * (a_stride / static_cast<long>(sizeof(uint16_t)));
           for (int64_t k = 0; k < kTileK / 2; ++k) {
@@ -239,9 +240,9 @@ const uint32_t* ItemB(const GemmTask& t, const GemmItem& it, int64_t ktiles, Gem
 // prefetchers alone left a decode step at 0.6-0.8 of the read bandwidth; 2 steps ahead,
 // 0.8-1.07 (medium preset, batch 1, three interleaved rounds on the Sapphire Rapids VM).
 constexpr int64_t kPrefetchSteps = 2;
-void PrefetchB(const uint32_t* b) {
+void PrefetchB(const uint32_t* b, int64_t dwords = 2 * kBTile) {
   const char* p = reinterpret_cast<const char*>(b);
-  for (int64_t line = 0; line < 2 * kBTile * 4 / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
+  for (int64_t line = 0; line < dwords * 4 / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
 }
 
 template <typename Tiles>
@@ -265,13 +266,51 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
     for (int64_t kt = 0; kt < ktiles; ++kt) {
       const int64_t at = kt * kTileM * kTileK;
       if (i == it.m0 && kt + kPrefetchSteps < ktiles) PrefetchB(b + (kt + kPrefetchSteps) * 2 * kBTile);
-      Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, kATileRow, rows0, rows1);
+      Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, b + kt * 2 * kBTile + kBTile, kATileRow, rows0, rows1);
     }
     if (direct) {
       Tiles::StoreOut(t.y + i * t.w.rows + r0, t.w.rows, rows0, rows1);
     } else {
       Tiles::Store(c, rows0, rows1);
       WriteBlock(t, c, i, block, r0);
+    }
+  }
+}
+
+// A fused SwiGLU item (GemmTask::swiglu): B tile 0 is gate rows [16 j, 16 j + 16) of the
+// [gate; up] weight stored as AMX tiles, B tile 1 the matching up rows [inter + 16 j, ...), so a
+// block's accumulators hold each row's gate and up values side by side, and its output is
+// silu(gate) * up through SiluMulRow (what SiluMul computes, bit for bit). The [m, 2 inter]
+// product is never written: a prefill's expert GEMM spent a third of its time storing it.
+template <typename Tiles>
+void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
+  const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK, inter = t.swiglu;
+  const auto* w = static_cast<const uint32_t*>(t.w.data);
+  auto half = [&](int64_t row) { return w + row / kAmxItemRows * ktiles * 2 * kBTile + row / kTileN % 2 * kBTile; };
+  const uint32_t* gate = half(kTileN * it.tile);
+  const uint32_t* up = half(inter + kTileN * it.tile);
+  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256: b 0 gate, 1 up
+  constexpr long kATileRow = kTileK * sizeof(uint16_t);
+  const int64_t a_block = ktiles * kTileM * kTileK;
+  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
+    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
+    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
+    Tiles::Begin(rows0, rows1);
+    Tiles::Zero(rows0, rows1);
+    const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
+    const uint16_t* a1 = a0 + a_block;
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      if (i == it.m0 && kt + kPrefetchSteps < ktiles) {
+        PrefetchB(gate + (kt + kPrefetchSteps) * 2 * kBTile, kBTile);
+        PrefetchB(up + (kt + kPrefetchSteps) * 2 * kBTile, kBTile);
+      }
+      Tiles::Step(a0 + kt * kTileM * kTileK, a1 + kt * kTileM * kTileK, gate + kt * 2 * kBTile, up + kt * 2 * kBTile,
+                  kATileRow, rows0, rows1);
+    }
+    Tiles::Store(c, rows0, rows1);
+    for (int64_t r = 0; r < block; ++r) {
+      const float* g = c + 2 * (r / kTileM) * kTileM * kTileN + (r % kTileM) * kTileN;
+      SiluMulRow(g, g + kTileM * kTileN, kTileN, t.y + (i + r) * inter + kTileN * it.tile);
     }
   }
 }
@@ -312,6 +351,14 @@ void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, Gemm
 
 void TileAmxEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s) {
   Run<EmulatedTiles>(t, x_bf16, it, s);
+}
+
+void TileAmxSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch*) {
+  RunSwiGlu<HardwareTiles>(t, x_bf16, it);
+}
+
+void TileAmxSwiGluEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch*) {
+  RunSwiGlu<EmulatedTiles>(t, x_bf16, it);
 }
 
 }  // namespace moeserve::cpu_fast

@@ -74,6 +74,16 @@ void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, Gemm
 // semantics), for tests on CPUs without AMX (needs AVX-512 for the repacking).
 void TileAmxEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 
+// The fused SwiGLU items of a task with GemmTask::swiglu (gemm_amx.cc): it.tile j covers gate
+// rows [16 j, 16 j + 16) and the matching up rows; y [m, swiglu] gets silu(gate) * up.
+void TileAmxSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+void TileAmxSwiGluEmulated(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+inline constexpr int64_t kSwiGluItemColumns = 16;  // output columns per fused item: one B tile
+
+// out[c] = silu(gate[c]) * up[c] for c < n: SiluMul's arithmetic (fast_ops.cc), one compiled
+// copy, so that a fused kernel's result has its bits.
+void SiluMulRow(const float* gate, const float* up, int64_t n, float* out);
+
 // Rounds x [m, k] to bf16 (round to nearest even) into out [m, RoundUp(k, 8)], zero-padded.
 void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
 
