@@ -159,7 +159,8 @@ up() {
     # A host's TCP gives up on a peer that stops answering after ~6 s of retransmissions
     # (0.2 s doubling 5 times) instead of Linux's ~15 minutes, as a cluster tuned for fast failure
     # detection: mpirun run in a namespace, and its daemons, then find a cut link's far side lost.
-    ip netns exec "${PREFIX}${i}" sysctl -qw net.ipv4.tcp_retries2=4
+    ip netns exec "${PREFIX}${i}" sysctl -qw net.ipv4.tcp_retries2=4 ||
+      echo "netns-hosts: warning: cannot set net.ipv4.tcp_retries2 in ${PREFIX}${i}: a cut link's far side waits longer" >&2
   done
   if [ -n "$line" ]; then
     start_delay_line "$n"

@@ -149,10 +149,12 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
       o.context, " --output-len ", plan.max_tokens, " --max-num-seqs ", sequences, " --kv-blocks ", plan.kv_blocks,
       " --kv-dtype ", o.kv_dtype, " --threads ", threads, " --hardware '", hw, "' --trace-jsonl '", steps, "'",
       o.calibration.empty() ? "" : absl::StrCat(" --calibration '", o.calibration, "'"),
-      // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size: ranks
-      // of other domains talk over the scale-out network. On one host, all over shared memory.
-      !o.mpirun_args.empty() && layout.domain_size > 0 ? absl::StrCat(" --domain-size ", layout.domain_size)
-                                                          : "");
+      // Across hosts (a hostfile), the layout's EP domains are the profile's scale-up size (one
+      // domain of all the ranks where it has none), given explicitly: the job would otherwise
+      // take its domains from the ranks' hosts. On one host, all over shared memory.
+      !o.mpirun_args.empty()
+          ? absl::StrCat(" --domain-size ", layout.domain_size > 0 ? layout.domain_size : layout.devices())
+          : "");
   const absl::StatusOr<MpirunOutput> run = RunSelfUnderMpirun(static_cast<int>(layout.devices()), o.mpirun_args, args);
   const absl::StatusOr<std::string> text = ReadFileToString(steps);
   std::filesystem::remove_all(dir);

@@ -144,6 +144,10 @@ class OpenMpiJob final : public MpiJob {
       d = per_host;
       note = absl::StrCat("one scale-up domain per host, ", d, " ranks each (", absl::StrJoin(runs, ", "),
                           "); --domain-size overrides it");
+    } else if (d == 0 && per_host > 0) {
+      note = absl::StrCat("warning: the ranks' hosts (", absl::StrJoin(runs, ", "), ") make domains of ", per_host,
+                          " ranks, which ep ", c->parallel.ep, " x pp ", c->parallel.pp,
+                          " cannot be priced with; the roofline prices one domain (--domain-size 0)");
     } else {
       note = absl::StrCat("warning: ", d == 0 ? "one scale-up domain (--domain-size 0)" : absl::StrCat("--domain-size ", d),
                           " does not match the ranks' hosts (", absl::StrJoin(runs, ", "),

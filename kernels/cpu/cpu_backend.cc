@@ -236,10 +236,17 @@ void CpuBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, i
   cpu_ref::Rope(q, k, positions, n, q_heads, kv_heads, head_dim, theta);
 }
 
+bool CpuBackend::FusesGateUpSilu(std::span<const WeightRef> w13, int64_t inter) const {
+  // As GroupedGemm would run them: the batch-invariant kernels of this variant. An EP rank's
+  // list holds placeholders (no data, never given rows) for the experts of other ranks: its
+  // own experts decide.
+  const auto held = std::find_if(w13.begin(), w13.end(), [](const WeightRef& w) { return w.data != nullptr; });
+  return fast() && options_.batch_invariant && held != w13.end() && cpu_fast::SwiGluFusable(isa_, *held, inter);
+}
+
 void CpuBackend::GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets,
                                     int64_t max_rows, int64_t inter, float* gate_up, float* act) {
-  // As GroupedGemm would run them: the batch-invariant kernels of this variant.
-  if (fast() && options_.batch_invariant && !w13.empty() && cpu_fast::SwiGluFusable(isa_, w13[0], inter)) {
+  if (FusesGateUpSilu(w13, inter)) {
     const std::span<const int64_t> groups(offsets, w13.size() + 1);
     MS_CHECK(groups.back() <= max_rows);
     return cpu_fast::GroupedGemmSiluMul(*pool_, x, w13, groups, inter, act, isa_);

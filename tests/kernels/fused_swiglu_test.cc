@@ -115,6 +115,20 @@ TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
     b.GroupedGemmSiluMul(x.data(), w13, offsets.data(), rows, inter, unused.data(), got.data());
     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "rows " << rows;
   }
+  EXPECT_TRUE(b.FusesGateUpSilu(w13, inter));
+  // An EP rank: the experts of other ranks are placeholders (row-major, no data, no rows); its
+  // own decide, so every rank fuses, not only the one that holds expert 0.
+  std::vector<WeightRef> rank1 = {{nullptr, DType::kBF16, 2 * inter, k}, w13[1], w13[2]};
+  EXPECT_TRUE(b.FusesGateUpSilu(rank1, inter));
+  const std::vector<int64_t> offsets = {0, 0, 37, 70};
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(70 * k), ++seed, 3.0f);
+  std::vector<float> gate_up(static_cast<size_t>(70 * 2 * inter)), want(static_cast<size_t>(70 * inter));
+  std::vector<float> got(want.size(), -1.0f), unused(gate_up.size());
+  b.GroupedGemm(x.data(), rank1, offsets.data(), 70, gate_up.data());
+  b.SiluMul(gate_up.data(), 70, inter, want.data());
+  b.GroupedGemmSiluMul(x.data(), rank1, offsets.data(), 70, inter, unused.data(), got.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "an EP rank's experts";
+  EXPECT_FALSE(b.FusesGateUpSilu(w13, inter + 1)) << "inter not whole tiles";
 }
 
 }  // namespace
