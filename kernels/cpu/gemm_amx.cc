@@ -281,7 +281,8 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
 // [gate; up] weight stored as AMX tiles, B tile 1 the matching up rows [inter + 16 j, ...), so a
 // block's accumulators hold each row's gate and up values side by side, and its output is
 // silu(gate) * up through SiluMulRow (what SiluMul computes, bit for bit). The [m, 2 inter]
-// product is never written: a prefill's expert GEMM spent a third of its time storing it.
+// product is never written (storing C into a 4 MB output took a third of a standalone loop of
+// this kernel's time, 512 x 2048 x 512 on one core of the Sapphire Rapids VM).
 template <typename Tiles>
 void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
   const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK, inter = t.swiglu;

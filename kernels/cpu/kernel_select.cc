@@ -80,6 +80,39 @@ std::string CheckShape(CpuIsa isa, const Shape& s, DType dtype, WeightLayout lay
   return "";
 }
 
+// The amx variant's fused gate/up GEMM and SiLU (GemmTask::swiglu) against its GEMM then
+// SiluMul on fresh random inputs, bit for bit; an empty string when they agree.
+std::string CheckFusedSwiGlu(ThreadPool& pool, std::mt19937& gen) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  constexpr int64_t kInter = 48, kK = 72;  // 48: the up tiles start half way into a 32-row group
+  std::vector<float> wf(static_cast<size_t>(2 * kInter * kK));
+  for (float& v : wf) v = u(gen);
+  std::vector<uint8_t> wrow(wf.size() * 2), packed(static_cast<size_t>(WeightStorageElems(WeightLayout::kAmxTiles, 2 * kInter, kK)) * 2);
+  ConvertFromF32(wf.data(), wf.size(), DType::kBF16, wrow.data());
+  PackWeight(WeightLayout::kAmxTiles, wrow.data(), 2 * kInter, kK, 2, packed.data());
+  const WeightRef w{packed.data(), DType::kBF16, 2 * kInter, kK, WeightLayout::kAmxTiles};
+  for (int64_t m : {5, 70}) {
+    std::vector<float> x(static_cast<size_t>(m * kK)), gate_up(static_cast<size_t>(m * 2 * kInter));
+    for (float& v : x) v = 4 * u(gen);
+    std::vector<float> want(static_cast<size_t>(m * kInter)), got(want.size());
+    const cpu_fast::GemmTask plain{x.data(), m, w, gate_up.data(), false};
+    cpu_fast::RunGemms(pool, std::span(&plain, 1), CpuIsa::kAmx);
+    for (int64_t r = 0; r < m; ++r) {
+      cpu_fast::SiluMulRow(&gate_up[r * 2 * kInter], &gate_up[r * 2 * kInter + kInter], kInter, &want[r * kInter]);
+    }
+    cpu_fast::GemmTask fused{x.data(), m, w, got.data(), false};
+    fused.swiglu = kInter;
+    cpu_fast::RunGemms(pool, std::span(&fused, 1), CpuIsa::kAmx);
+    for (size_t e = 0; e < got.size(); ++e) {
+      if (std::memcmp(&got[e], &want[e], sizeof(float)) != 0) {
+        return absl::StrFormat("fused gate/up and SiLU, %d rows: row %d col %d %.9g, unfused %.9g", m,
+                               e / kInter, e % kInter, got[e], want[e]);
+      }
+    }
+  }
+  return "";
+}
+
 // The checks themselves, in this process.
 VariantCheck CheckHere(CpuIsa isa) {
   VariantCheck v;
@@ -101,6 +134,12 @@ VariantCheck CheckHere(CpuIsa isa) {
           return v;
         }
       }
+    }
+  }
+  if (isa == CpuIsa::kAmx) {
+    if (std::string e = CheckFusedSwiGlu(pool, gen); !e.empty()) {
+      v.detail = e;
+      return v;
     }
   }
   v.passed = true;
