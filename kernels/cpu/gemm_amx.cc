@@ -240,9 +240,31 @@ const uint32_t* ItemB(const GemmTask& t, const GemmItem& it, int64_t ktiles, Gem
 // prefetchers alone left a decode step at 0.6-0.8 of the read bandwidth; 2 steps ahead,
 // 0.8-1.07 (medium preset, batch 1, three interleaved rounds on the Sapphire Rapids VM).
 constexpr int64_t kPrefetchSteps = 2;
-void PrefetchB(const uint32_t* b, int64_t dwords = 2 * kBTile) {
+void PrefetchB(const uint32_t* b) {
   const char* p = reinterpret_cast<const char*>(b);
-  for (int64_t line = 0; line < dwords * 4 / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
+  for (int64_t line = 0; line < kBTile * 4 / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
+}
+
+// The accumulators C[a][b] of x rows [i, i + rows0 + rows1) (A tiles from the padded x) against
+// B tiles b0 and b1, each K step's tiles 2 * kBTile dwords after the last. An item's first block
+// streams the B tiles from memory, fetched kPrefetchSteps steps ahead.
+template <typename Tiles>
+void MultiplyBlock(const uint16_t* x_bf16, int64_t ktiles, int64_t i, int rows0, int rows1, const uint32_t* b0,
+                   const uint32_t* b1, bool first) {
+  constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
+  const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
+  const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
+  const uint16_t* a1 = a0 + a_block;  // the padded x buffer has whole 32-row blocks
+  Tiles::Begin(rows0, rows1);
+  Tiles::Zero(rows0, rows1);
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    if (first && kt + kPrefetchSteps < ktiles) {
+      PrefetchB(b0 + (kt + kPrefetchSteps) * 2 * kBTile);
+      PrefetchB(b1 + (kt + kPrefetchSteps) * 2 * kBTile);
+    }
+    const int64_t at = kt * kTileM * kTileK;
+    Tiles::Step(a0 + at, a1 + at, b0 + kt * 2 * kBTile, b1 + kt * 2 * kBTile, kATileRow, rows0, rows1);
+  }
 }
 
 template <typename Tiles>
@@ -253,21 +275,11 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   // C goes straight into y where the item's 32 columns are all in the matrix and y is written,
   // not added to (adding needs a pass over C).
   const bool direct = !t.accumulate && r0 + kAmxItemRows <= t.w.rows;
-  alignas(64) float c[4 * kTileM * kTileN];              // C[a][b] at (2a + b) * 256, as Store writes it
-  constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
-  const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
+  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
   for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
     const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
     const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
-    Tiles::Begin(rows0, rows1);
-    Tiles::Zero(rows0, rows1);
-    const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
-    const uint16_t* a1 = a0 + a_block;  // the padded x buffer has whole 32-row blocks
-    for (int64_t kt = 0; kt < ktiles; ++kt) {
-      const int64_t at = kt * kTileM * kTileK;
-      if (i == it.m0 && kt + kPrefetchSteps < ktiles) PrefetchB(b + (kt + kPrefetchSteps) * 2 * kBTile);
-      Tiles::Step(a0 + at, a1 + at, b + kt * 2 * kBTile, b + kt * 2 * kBTile + kBTile, kATileRow, rows0, rows1);
-    }
+    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, b, b + kBTile, i == it.m0);
     if (direct) {
       Tiles::StoreOut(t.y + i * t.w.rows + r0, t.w.rows, rows0, rows1);
     } else {
@@ -291,23 +303,10 @@ void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
   const uint32_t* gate = half(kTileN * it.tile);
   const uint32_t* up = half(inter + kTileN * it.tile);
   alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256: b 0 gate, 1 up
-  constexpr long kATileRow = kTileK * sizeof(uint16_t);
-  const int64_t a_block = ktiles * kTileM * kTileK;
   for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
     const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
     const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
-    Tiles::Begin(rows0, rows1);
-    Tiles::Zero(rows0, rows1);
-    const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
-    const uint16_t* a1 = a0 + a_block;
-    for (int64_t kt = 0; kt < ktiles; ++kt) {
-      if (i == it.m0 && kt + kPrefetchSteps < ktiles) {
-        PrefetchB(gate + (kt + kPrefetchSteps) * 2 * kBTile, kBTile);
-        PrefetchB(up + (kt + kPrefetchSteps) * 2 * kBTile, kBTile);
-      }
-      Tiles::Step(a0 + kt * kTileM * kTileK, a1 + kt * kTileM * kTileK, gate + kt * 2 * kBTile, up + kt * 2 * kBTile,
-                  kATileRow, rows0, rows1);
-    }
+    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, gate, up, i == it.m0);
     Tiles::Store(c, rows0, rows1);
     for (int64_t r = 0; r < block; ++r) {
       const float* g = c + 2 * (r / kTileM) * kTileM * kTileN + (r % kTileM) * kTileN;
