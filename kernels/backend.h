@@ -210,14 +210,17 @@ class Backend {
   // out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:].  gate_up: [rows, 2*inter]
   virtual void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
 
-  // The experts' first half: act = silu(x w13_gate^T) * (x w13_up^T) for the rows of each expert
-  // (w13 [gate; up], 2*inter rows), as GroupedGemm into gate_up [max_rows, 2*inter] then SiluMul
-  // over max_rows rows (offsets.back() == max_rows). A backend that fuses the two overrides this
-  // with the same bits and may leave gate_up unwritten.
-  virtual void GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets,
-                                  int64_t max_rows, int64_t inter, float* gate_up, float* act) {
+  // The experts' MLP: out = act w2^T with act = silu(x w13_gate^T) * (x w13_up^T) for the rows
+  // of each expert (w13 [gate; up], 2*inter rows; w2 [hidden, inter]), as GroupedGemm into
+  // gate_up [max_rows, 2*inter], SiluMul into act [max_rows, inter], GroupedGemm into out
+  // (offsets.back() == max_rows). A backend that fuses them overrides this with the same bits
+  // and may leave gate_up and act unwritten.
+  virtual void GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                                const int64_t* offsets, int64_t max_rows, int64_t inter, float* gate_up, float* act,
+                                float* out) {
     GroupedGemm(x, w13, offsets, max_rows, gate_up);
     SiluMul(gate_up, max_rows, inter, act);
+    GroupedGemm(act, w2, offsets, max_rows, out);
   }
 
   // Router: softmax over logits [n, num_experts], then the top-k experts per row (ties to the

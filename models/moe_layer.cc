@@ -48,8 +48,7 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   float* act = ws_.act.as<float>();
   float* expert_out = ws_.expert_out.as<float>();
   backend_->GatherRows(xn, ws_.gather_rows.as<int32_t>(), t * k, h, sorted_x);
-  backend_->GroupedGemmSiluMul(sorted_x, lw.w13, offsets, t * k, inter, gate_up, act);  // [t*k, inter]
-  backend_->GroupedGemm(act, lw.w2, offsets, t * k, expert_out);     // [t*k, hidden]
+  backend_->GroupedSwiGluMlp(sorted_x, lw.w13, lw.w2, offsets, t * k, inter, gate_up, act, expert_out);  // [t*k, hidden]
   backend_->ScatterCombine(expert_out, ws_.combine_rows.as<int32_t>(), ws_.topk_w.as<float>(), t, k,
                            h, ws_.x.as<float>(), /*accumulate=*/true);
   return SharedExpert(lw, t);

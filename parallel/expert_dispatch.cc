@@ -209,9 +209,8 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   if (r_total > 0) {
     const int64_t* offsets = offsets_.as<int64_t>();
     backend_->GatherRows(recv_x_.as<float>(), perm_.as<int32_t>(), r_total, h, in_.as<float>());
-    backend_->GroupedGemmSiluMul(in_.as<float>(), w13, offsets, r_total, shape_.intermediate, gate_up_.as<float>(),
-                                 act_.as<float>());
-    backend_->GroupedGemm(act_.as<float>(), w2, offsets, r_total, out_.as<float>());
+    backend_->GroupedSwiGluMlp(in_.as<float>(), w13, w2, offsets, r_total, shape_.intermediate, gate_up_.as<float>(),
+                               act_.as<float>(), out_.as<float>());
     backend_->GatherRows(out_.as<float>(), unperm_.as<int32_t>(), r_total, h, back);
   }
   // Results go back the way they came (into send order), then combine as on one rank.

@@ -244,14 +244,15 @@ bool CpuBackend::FusesGateUpSilu(std::span<const WeightRef> w13, int64_t inter) 
   return fast() && options_.batch_invariant && held != w13.end() && cpu_fast::SwiGluFusable(isa_, *held, inter);
 }
 
-void CpuBackend::GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets,
-                                    int64_t max_rows, int64_t inter, float* gate_up, float* act) {
+void CpuBackend::GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                                  const int64_t* offsets, int64_t max_rows, int64_t inter, float* gate_up, float* act,
+                                  float* out) {
   if (FusesGateUpSilu(w13, inter)) {
     const std::span<const int64_t> groups(offsets, w13.size() + 1);
     MS_CHECK(groups.back() <= max_rows);
-    return cpu_fast::GroupedGemmSiluMul(*pool_, x, w13, groups, inter, act, isa_);
+    return cpu_fast::GroupedSwiGluMlp(*pool_, x, w13, w2, groups, inter, act, out, isa_);
   }
-  Backend::GroupedGemmSiluMul(x, w13, offsets, max_rows, inter, gate_up, act);
+  Backend::GroupedSwiGluMlp(x, w13, w2, offsets, max_rows, inter, gate_up, act, out);
 }
 
 void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {

@@ -57,7 +57,7 @@ class CpuBackend final : public Backend {
   bool Bf16Attention() const;
   // Whether that attention runs its Q·Kᵀ and P·V on AMX tiles: the amx variant.
   bool AmxAttention() const;
-  // Whether GroupedGemmSiluMul fuses for these experts (cpu_fast::SwiGluFusable on this rank's
+  // Whether GroupedSwiGluMlp fuses gate/up and SiLU for these experts (cpu_fast::SwiGluFusable on this rank's
   // own experts, on the batch-invariant fast path).
   bool FusesGateUpSilu(std::span<const WeightRef> w13, int64_t inter) const;
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
@@ -88,9 +88,11 @@ class CpuBackend final : public Backend {
   void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
             int64_t kv_heads, int64_t head_dim, float theta) override;
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
-  // Fused on the amx variant for bf16 experts stored as AMX tiles (FusesGateUpSilu).
-  void GroupedGemmSiluMul(const float* x, std::span<const WeightRef> w13, const int64_t* offsets, int64_t max_rows,
-                          int64_t inter, float* gate_up, float* act) override;
+  // Fused on the amx variant for bf16 experts stored as AMX tiles (FusesGateUpSilu;
+  // cpu_fast::GroupedSwiGluMlp).
+  void GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                        const int64_t* offsets, int64_t max_rows, int64_t inter, float* gate_up, float* act,
+                        float* out) override;
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k,
                   bool renormalize, int32_t* expert_ids, float* expert_weights) override;
   void PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, int64_t num_experts, int64_t* offsets,

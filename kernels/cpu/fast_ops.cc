@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/host_buffer.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -87,18 +88,39 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
   RunGemms(pool, tasks, isa);  // the experts together: one parallel region, both cores busy
 }
 
-void GroupedGemmSiluMul(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const int64_t> offsets,
-                        int64_t inter, float* act, CpuIsa isa) {
-  MS_CHECK(offsets.size() == w13.size() + 1);
-  std::vector<GemmTask> tasks;
+void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                      std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa) {
+  MS_CHECK(offsets.size() == w13.size() + 1 && w2.size() == w13.size());
+  // The activations stay bf16 tiles between the two GEMMs where every w2 GEMM runs on amx too.
+  bool tiles = isa == CpuIsa::kAmx && inter % kAmxTileK == 0;
+  int64_t tile_elems = 0;
   for (size_t g = 0; g < w13.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
-    GemmTask t{x + offsets[g] * w13[g].cols, rows, w13[g], act + offsets[g] * inter, false};
-    t.swiglu = inter;
-    tasks.push_back(t);
+    tiles = tiles && w2[g].dtype == DType::kBF16;
+    tile_elems += PaddedAmxElems(rows, inter);
   }
-  RunGemms(pool, tasks, isa);
+  const HostBuffer act_tiles =
+      tiles ? HostBuffer::Uninitialized(static_cast<size_t>(tile_elems) * sizeof(uint16_t)) : HostBuffer();
+  MS_CHECK(!tiles || tile_elems == 0 || !act_tiles.empty());  // out of memory, as new[] would have thrown
+  std::vector<GemmTask> first, second;
+  uint16_t* next_tiles = reinterpret_cast<uint16_t*>(act_tiles.data());
+  for (size_t g = 0; g < w13.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    GemmTask up{x + offsets[g] * w13[g].cols, rows, w13[g], act + offsets[g] * inter, false};
+    GemmTask down{act + offsets[g] * inter, rows, w2[g], out + offsets[g] * w2[g].rows, false};
+    up.swiglu = inter;
+    if (tiles) {
+      up.y_amx = next_tiles;
+      down.x_amx = next_tiles;
+      next_tiles += PaddedAmxElems(rows, inter);
+    }
+    first.push_back(up);
+    second.push_back(down);
+  }
+  RunGemms(pool, first, isa);
+  RunGemms(pool, second, isa);
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

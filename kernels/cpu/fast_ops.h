@@ -29,10 +29,13 @@ void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                  float* y, bool batch_invariant, CpuIsa isa);
-// act[r] = silu(x w13_gate^T) * (x w13_up^T) for each group's rows, in one pass of the fused
-// amx kernel (GemmTask::swiglu; only where SwiGluFusable): SiluMul's bits on GroupedGemm's.
-void GroupedGemmSiluMul(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const int64_t> offsets,
-                        int64_t inter, float* act, CpuIsa isa);
+// The experts' MLP: out = act w2^T for each group's rows, act = silu(x w13_gate^T) * (x w13_up^T)
+// in one pass of the fused amx kernel (GemmTask::swiglu; only where SwiGluFusable), the bits of
+// GroupedGemm, SiluMul, GroupedGemm. Where every w2 GEMM runs on amx and inter is whole 32-column
+// tiles, act passes between the GEMMs as bf16 tiles (GemmTask::y_amx, x_amx) and `act` [rows,
+// inter] is left unwritten; else it holds act in fp32.
+void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                      std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

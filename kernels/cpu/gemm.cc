@@ -130,7 +130,7 @@ std::vector<HostBuffer> PrepareActivations(ThreadPool& pool, std::span<const Gem
     const GemmTask& t = tasks[k];
     const CpuIsa task_isa = IsaForTask(t, isa);
     const int64_t block = ActivationBlock(task_isa);
-    if (t.m == 0 || t.w.rows == 0 || block == 0) continue;
+    if (t.m == 0 || t.w.rows == 0 || block == 0 || t.x_amx != nullptr) continue;
     const int64_t rows = RoundUp(t.m, block), piece = 4 * block;
     // Every element is written (padding too), so the buffer needs no clearing.
     const int64_t size = task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols) : PackedBf16Elems(t.m, t.w.cols);
@@ -167,6 +167,8 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     // Only the amx kernel reads weights stored as AMX tiles (the backend stores them so for it).
     MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsaForTask(t, isa) == CpuIsa::kAmx);
     MS_CHECK(t.swiglu == 0 || (SwiGluFusable(IsaForTask(t, isa), t.w, t.swiglu) && !t.accumulate));
+    MS_CHECK(t.x_amx == nullptr || IsaForTask(t, isa) == CpuIsa::kAmx);
+    MS_CHECK(t.y_amx == nullptr || (t.swiglu > 0 && t.swiglu % kAmxTileK == 0));
     const Variant v = VariantOf(IsaForTask(t, isa));
     const int64_t tiles = t.swiglu > 0 ? t.swiglu / kSwiGluItemColumns : (t.w.rows + v.item_rows - 1) / v.item_rows;
     const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
@@ -187,7 +189,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
       const TileFn kernel = t.swiglu > 0 ? TileAmxSwiGlu : VariantOf(IsaForTask(t, isa)).kernel;
-      kernel(t, Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
+      kernel(t, t.x_amx != nullptr ? t.x_amx : Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
     }
   });
 }

@@ -289,32 +289,6 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   }
 }
 
-// A fused SwiGLU item (GemmTask::swiglu): B tile 0 is gate rows [16 j, 16 j + 16) of the
-// [gate; up] weight stored as AMX tiles, B tile 1 the matching up rows [inter + 16 j, ...), so a
-// block's accumulators hold each row's gate and up values side by side, and its output is
-// silu(gate) * up through SiluMulRow (what SiluMul computes, bit for bit). The [m, 2 inter]
-// product is never written (storing C into a 4 MB output took a third of a standalone loop of
-// this kernel's time, 512 x 2048 x 512 on one core of the Sapphire Rapids VM).
-template <typename Tiles>
-void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
-  const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK, inter = t.swiglu;
-  const auto* w = static_cast<const uint32_t*>(t.w.data);
-  auto half = [&](int64_t row) { return w + row / kAmxItemRows * ktiles * 2 * kBTile + row / kTileN % 2 * kBTile; };
-  const uint32_t* gate = half(kTileN * it.tile);
-  const uint32_t* up = half(inter + kTileN * it.tile);
-  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256: b 0 gate, 1 up
-  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
-    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
-    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
-    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, gate, up, i == it.m0);
-    Tiles::Store(c, rows0, rows1);
-    for (int64_t r = 0; r < block; ++r) {
-      const float* g = c + 2 * (r / kTileM) * kTileM * kTileN + (r % kTileM) * kTileN;
-      SiluMulRow(g, g + kTileM * kTileN, kTileN, t.y + (i + r) * inter + kTileN * it.tile);
-    }
-  }
-}
-
 // Rounds 16 floats (the first `n`; the rest read as 0) to bf16 as gemm.cc's RoundToBf16: to
 // nearest even, a NaN stays a quiet NaN. Zero rounds to zero, so the masked lanes pad.
 __m256i RoundSixteen(const float* x, int64_t n) {
@@ -326,6 +300,61 @@ __m256i RoundSixteen(const float* x, int64_t n) {
   const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+// Element (row, col) of a [rows, k] matrix in PadRowsAmx's layout (k_tiles 32-column tiles).
+int64_t AmxTileIndex(int64_t row, int64_t col, int64_t k_tiles) {
+  return (row / kTileM * k_tiles + col / kTileK) * kTileM * kTileK + row % kTileM * kTileK + col % kTileK;
+}
+
+// Writes `rows` rows of 16 activations (act, 16 floats apart) to rows [i, i + rows) and columns
+// [c0, c0 + 16) of the fused task's output: fp32 into y, or rounded into y_amx's tiles.
+void WriteActivations(const GemmTask& t, const float* act, int64_t i, int64_t rows, int64_t c0) {
+  if (t.y_amx == nullptr) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(t.y + (i + r) * t.swiglu + c0, act + r * kTileN, kTileN * sizeof(float));
+    return;
+  }
+  const int64_t k_tiles = t.swiglu / kTileK;
+  for (int64_t r = 0; r < rows; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_amx + AmxTileIndex(i + r, c0, k_tiles)), RoundSixteen(act + r * kTileN, kTileN));
+  }
+}
+
+// A fused SwiGLU item (GemmTask::swiglu): B tile 0 is gate rows [16 j, 16 j + 16) of the
+// [gate; up] weight stored as AMX tiles, B tile 1 the matching up rows [inter + 16 j, ...), so a
+// block's accumulators hold each row's gate and up values side by side, and its output is
+// silu(gate) * up through SiluMulRow (what SiluMul computes, bit for bit), one call per A tile
+// (its gate rows are one contiguous run, as are its up rows). The [m, 2 inter] product is never
+// written (storing C into a 4 MB output took a third of a standalone loop of this kernel's time,
+// 512 x 2048 x 512 on one core of the Sapphire Rapids VM). With y_amx the item that ends the
+// rows also writes its columns of the padding rows (zero), so every element is written once.
+template <typename Tiles>
+void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
+  const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK, inter = t.swiglu, c0 = kTileN * it.tile;
+  const auto* w = static_cast<const uint32_t*>(t.w.data);
+  auto half = [&](int64_t row) { return w + row / kAmxItemRows * ktiles * 2 * kBTile + row / kTileN % 2 * kBTile; };
+  const uint32_t* gate = half(c0);
+  const uint32_t* up = half(inter + c0);
+  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256: b 0 gate, 1 up
+  alignas(64) float act[kTileM * kTileN];
+  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
+    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
+    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
+    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, gate, up, i == it.m0);
+    Tiles::Store(c, rows0, rows1);
+    for (int64_t a = 0; a < 2 && a * kTileM < block; ++a) {
+      const int64_t rows = a == 0 ? rows0 : rows1;
+      const float* g = c + 2 * a * kTileM * kTileN;
+      SiluMulRow(g, g + kTileM * kTileN, rows * kTileN, act);
+      WriteActivations(t, act, i + a * kTileM, rows, c0);
+    }
+  }
+  if (t.y_amx != nullptr && it.m1 == t.m) {
+    const int64_t k_tiles = inter / kTileK;
+    for (int64_t r = t.m; r < RoundUp(t.m, kAmxRowBlock); ++r) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_amx + AmxTileIndex(r, c0, k_tiles)), _mm256_setzero_si256());
+    }
+  }
 }
 
 }  // namespace

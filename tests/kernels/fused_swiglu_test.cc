@@ -27,6 +27,33 @@ std::vector<uint8_t> MakeW13(int64_t inter, int64_t k, WeightLayout layout, uint
   return stored;
 }
 
+// A w2 [hidden, inter] weight, bf16, in `layout`.
+std::vector<uint8_t> MakeW2(int64_t hidden, int64_t inter, WeightLayout layout, uint32_t seed) {
+  const std::vector<float> values = RandomFloats(static_cast<size_t>(hidden * inter), seed, 0.1f);
+  std::vector<uint8_t> row(values.size() * 2), stored(static_cast<size_t>(WeightStorageElems(layout, hidden, inter)) * 2);
+  ConvertFromF32(values.data(), values.size(), DType::kBF16, row.data());
+  PackWeight(layout, row.data(), hidden, inter, 2, stored.data());
+  return stored;
+}
+
+// The backend's fused MLP against its GroupedGemm, SiluMul, GroupedGemm, bit for bit.
+void ExpectUnfusedBits(CpuBackend& b, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                       const std::vector<int64_t>& offsets, int64_t inter, uint32_t seed) {
+  const int64_t rows = offsets.back(), k = w13.back().cols, hidden = w2.back().rows;
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(std::max<int64_t>(rows, 1) * k), seed, 3.0f);
+  std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter)), act(static_cast<size_t>(rows * inter));
+  std::vector<float> want(static_cast<size_t>(rows * hidden)), got(want.size(), -1.0f);
+  b.GroupedGemm(x.data(), w13, offsets.data(), rows, gate_up.data());
+  b.SiluMul(gate_up.data(), rows, inter, act.data());
+  b.GroupedGemm(act.data(), w2, offsets.data(), rows, want.data());
+  std::vector<float> unused_gate_up(gate_up.size()), unused_act(act.size());
+  b.GroupedSwiGluMlp(x.data(), w13, w2, offsets.data(), rows, inter, unused_gate_up.data(), unused_act.data(), got.data());
+  for (size_t e = 0; e < got.size(); ++e) {
+    ASSERT_EQ(0, std::memcmp(&got[e], &want[e], sizeof(float)))
+        << "rows " << rows << ", element " << e << ": fused " << got[e] << ", unfused " << want[e];
+  }
+}
+
 // Runs every item of `t` (rows padded to AMX tiles first) with `kernel`, as gemm.cc's planner
 // cuts it: 64-row chunks, one item per 32 weight rows or per fused 16-column tile.
 void RunItems(const cpu_fast::GemmTask& t, void (*kernel)(const cpu_fast::GemmTask&, const uint16_t*,
@@ -75,6 +102,39 @@ TEST(FusedSwiGluTest, EmulatedTilesGiveTheGemmThenSiluMulBits) {
   }
 }
 
+// With y_amx the fused items write the activations as the down projection's A tiles: exactly
+// PadRowsAmx of the unfused fp32 result, padding rows zero (the buffer starts as NaN bits).
+TEST(FusedSwiGluTest, EmulatedTilesWriteTheDownProjectionsTiles) {
+  if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the tile layouts need AVX-512 (cpuid avx512f/bw/vl/dq)";
+  std::random_device rd;
+  uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (int64_t inter : {32, 96}) {
+    const int64_t k = 100;
+    const std::vector<uint8_t> w = MakeW13(inter, k, WeightLayout::kAmxTiles, ++seed);
+    const WeightRef ref{w.data(), DType::kBF16, 2 * inter, k, WeightLayout::kAmxTiles};
+    for (int64_t m : {1, 16, 17, 33, 70, 130}) {
+      SCOPED_TRACE(absl::StrFormat("inter %d m %d", inter, m));
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), ++seed, 3.0f);
+      std::vector<float> act(static_cast<size_t>(m * inter));
+      cpu_fast::GemmTask plain{x.data(), m, ref, act.data(), false};
+      plain.swiglu = inter;
+      RunItems(plain, cpu_fast::TileAmxSwiGluEmulated);
+      const size_t elems = static_cast<size_t>(cpu_fast::PaddedAmxElems(m, inter));
+      std::vector<uint16_t> want(elems), got(elems, 0x7fc1);
+      cpu_fast::PadRowsAmx(act.data(), m, inter, 0, RoundUp(m, cpu_fast::kAmxRowBlock), want.data());
+      cpu_fast::GemmTask tiles = plain;
+      tiles.y = nullptr;
+      tiles.y_amx = got.data();
+      RunItems(tiles, cpu_fast::TileAmxSwiGluEmulated);
+      for (size_t e = 0; e < elems; ++e) {
+        ASSERT_EQ(want[e], got[e]) << "element " << e << " of the padded tiles (" << RoundUp(m, cpu_fast::kAmxRowBlock)
+                                   << " rows): " << got[e] << ", PadRowsAmx " << want[e];
+      }
+    }
+  }
+}
+
 // Not fusable: another variant, another layout, an intermediate size that is not whole tiles.
 TEST(FusedSwiGluTest, OnlyTheAmxVariantOnItsTilesFuses) {
   const WeightRef w{nullptr, DType::kBF16, 96, 64, WeightLayout::kAmxTiles};
@@ -85,8 +145,9 @@ TEST(FusedSwiGluTest, OnlyTheAmxVariantOnItsTilesFuses) {
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, {nullptr, DType::kBF16, 40, 64, WeightLayout::kAmxTiles}, 20));
 }
 
-// Through the backend on AMX hardware: three experts with random row counts, the fused call
-// against GroupedGemm then SiluMul on the same backend, bit for bit.
+// Through the backend on AMX hardware: three experts with random row counts, the fused MLP
+// against GroupedGemm, SiluMul, GroupedGemm on the same backend, bit for bit; inter 64 passes
+// the activations as bf16 tiles, inter 48 as fp32.
 TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
   const CpuFeatures f = DetectCpuFeatures();
   if (!f.amx_bf16) GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
@@ -96,39 +157,31 @@ TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
   uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const int64_t inter = 64, k = 96, experts = 3;
-  std::vector<std::vector<uint8_t>> stored;
-  std::vector<WeightRef> w13;
-  for (int64_t e = 0; e < experts; ++e) {
-    stored.push_back(MakeW13(inter, k, b.PreferredWeightLayout(DType::kBF16), ++seed));
-    w13.push_back({stored.back().data(), DType::kBF16, 2 * inter, k, b.PreferredWeightLayout(DType::kBF16)});
+  for (const int64_t inter : {64, 48}) {
+    SCOPED_TRACE(absl::StrFormat("inter %d", inter));
+    const int64_t k = 96, hidden = 40, experts = 3;
+    std::vector<std::vector<uint8_t>> stored;
+    std::vector<WeightRef> w13, w2;
+    for (int64_t e = 0; e < experts; ++e) {
+      stored.push_back(MakeW13(inter, k, b.PreferredWeightLayout(DType::kBF16), ++seed));
+      w13.push_back({stored.back().data(), DType::kBF16, 2 * inter, k, b.PreferredWeightLayout(DType::kBF16)});
+      stored.push_back(MakeW2(hidden, inter, b.PreferredWeightLayout(DType::kBF16), ++seed));
+      w2.push_back({stored.back().data(), DType::kBF16, hidden, inter, b.PreferredWeightLayout(DType::kBF16)});
+    }
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<int64_t> offsets = {0};
+      for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + std::uniform_int_distribution<int64_t>(0, 90)(gen));
+      ExpectUnfusedBits(b, w13, w2, offsets, inter, ++seed);
+    }
+    EXPECT_TRUE(b.FusesGateUpSilu(w13, inter));
+    // An EP rank: the experts of other ranks are placeholders (row-major, no data, no rows); its
+    // own decide, so every rank fuses, not only the one that holds expert 0.
+    std::vector<WeightRef> rank1 = {{nullptr, DType::kBF16, 2 * inter, k}, w13[1], w13[2]};
+    std::vector<WeightRef> rank1_w2 = {{nullptr, DType::kBF16, hidden, inter}, w2[1], w2[2]};
+    EXPECT_TRUE(b.FusesGateUpSilu(rank1, inter));
+    ExpectUnfusedBits(b, rank1, rank1_w2, {0, 0, 37, 70}, inter, ++seed);
+    EXPECT_FALSE(b.FusesGateUpSilu(w13, inter + 1)) << "inter not whole tiles";
   }
-  for (int trial = 0; trial < 4; ++trial) {
-    std::vector<int64_t> offsets = {0};
-    for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + std::uniform_int_distribution<int64_t>(0, 90)(gen));
-    const int64_t rows = offsets.back();
-    const std::vector<float> x = RandomFloats(static_cast<size_t>(std::max<int64_t>(rows, 1) * k), ++seed, 3.0f);
-    std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter)), want(static_cast<size_t>(rows * inter));
-    std::vector<float> got(want.size(), -1.0f), unused(gate_up.size());
-    b.GroupedGemm(x.data(), w13, offsets.data(), rows, gate_up.data());
-    b.SiluMul(gate_up.data(), rows, inter, want.data());
-    b.GroupedGemmSiluMul(x.data(), w13, offsets.data(), rows, inter, unused.data(), got.data());
-    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "rows " << rows;
-  }
-  EXPECT_TRUE(b.FusesGateUpSilu(w13, inter));
-  // An EP rank: the experts of other ranks are placeholders (row-major, no data, no rows); its
-  // own decide, so every rank fuses, not only the one that holds expert 0.
-  std::vector<WeightRef> rank1 = {{nullptr, DType::kBF16, 2 * inter, k}, w13[1], w13[2]};
-  EXPECT_TRUE(b.FusesGateUpSilu(rank1, inter));
-  const std::vector<int64_t> offsets = {0, 0, 37, 70};
-  const std::vector<float> x = RandomFloats(static_cast<size_t>(70 * k), ++seed, 3.0f);
-  std::vector<float> gate_up(static_cast<size_t>(70 * 2 * inter)), want(static_cast<size_t>(70 * inter));
-  std::vector<float> got(want.size(), -1.0f), unused(gate_up.size());
-  b.GroupedGemm(x.data(), rank1, offsets.data(), 70, gate_up.data());
-  b.SiluMul(gate_up.data(), 70, inter, want.data());
-  b.GroupedGemmSiluMul(x.data(), rank1, offsets.data(), 70, inter, unused.data(), got.data());
-  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "an EP rank's experts";
-  EXPECT_FALSE(b.FusesGateUpSilu(w13, inter + 1)) << "inter not whole tiles";
 }
 
 }  // namespace
