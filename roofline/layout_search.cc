@@ -1,6 +1,7 @@
 // The layout explorer's search (see layout_search.h).
 #include "roofline/layout_search.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moeserve::roofline {
@@ -22,50 +23,61 @@ double KvBytesPerDevice(const ModelCosts& m, const ParallelLayout& l, int64_t se
   return static_cast<double>(per_rank) * static_cast<double>(context) * m.kv_bytes_per_token / static_cast<double>(l.pp);
 }
 
+// The candidate (ep, pp, domain_size) with its weights, KV room and a point per sequences count.
+LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
+  LayoutCandidate c;
+  c.layout = layout;
+  const int64_t ep = layout.ep, pp = layout.pp;
+  c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
+  c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
+  // Sequences a rank can hold (each ctx x KV-per-token / pp bytes here), and so the largest
+  // micro-batch whose pp copies in flight spread over the ep ranks fit.
+  const double per_seq = static_cast<double>(s.context) * s.model.kv_bytes_per_token / static_cast<double>(pp);
+  const int64_t per_rank =
+      c.weights_fit && per_seq > 0
+          ? static_cast<int64_t>(std::floor((s.hw.mem_capacity - c.weight_bytes_per_device) / per_seq))
+          : 0;
+  c.max_micro_batch = per_rank * ep / pp;
+  for (int64_t n : s.sequences) {
+    if (n % pp != 0) continue;
+    LayoutPoint p;
+    p.sequences = n;
+    p.micro_batch = n / pp;
+    p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
+    p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
+    p.cost = PredictStep(s.model, StepShape::Decode(p.micro_batch, s.context), s.hw, c.layout);
+    p.token_seconds = p.cost.bound_seconds;
+    p.tokens_per_second = static_cast<double>(n) / p.cost.bound_seconds;
+    p.usd_per_million_tokens =
+        s.price_per_hour * static_cast<double>(c.layout.devices()) / 3600.0 / p.tokens_per_second * 1e6;
+    p.engine_step_seconds =
+        PipelinedStepSeconds(s.model, StepShape::Decode(n, s.context), s.hw, c.layout).bound_seconds;
+    p.engine_tokens_per_second = static_cast<double>(n) / p.engine_step_seconds;
+    c.points.push_back(p);
+  }
+  return c;
+}
+
 }  // namespace
 
 std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
+  const std::vector<int64_t> domains =
+      s.domain_sizes.empty() ? std::vector<int64_t>{s.hw.scale_up_domain} : s.domain_sizes;
   std::vector<LayoutCandidate> out;
   for (int64_t ep = 1; ep <= s.devices; ++ep) {
     if (s.experts % ep != 0) continue;
     for (int64_t pp = 1; ep * pp <= s.devices && pp <= s.layers; ++pp) {
-      LayoutCandidate c;
-      c.layout.ep = ep;
-      c.layout.pp = pp;
-      // Beyond one scale-up domain the ranks fill whole domains in order; a layout whose EP
-      // groups neither fill whole domains nor share one is skipped (its all-to-all has no
-      // single price).
-      const int64_t domain = s.hw.scale_up_domain;
-      c.layout.domain_size = domain > 0 && ep * pp > domain ? domain : 0;
-      if (!CheckDomainSize(c.layout, "scale_up_domain").ok()) continue;
-      c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
-      c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
-      // Sequences a rank can hold (each ctx x KV-per-token / pp bytes here), and so the largest
-      // micro-batch whose pp copies in flight spread over the ep ranks fit.
-      const double per_seq = static_cast<double>(s.context) * s.model.kv_bytes_per_token / static_cast<double>(pp);
-      const int64_t per_rank =
-          c.weights_fit && per_seq > 0
-              ? static_cast<int64_t>(std::floor((s.hw.mem_capacity - c.weight_bytes_per_device) / per_seq))
-              : 0;
-      c.max_micro_batch = per_rank * ep / pp;
-      for (int64_t n : s.sequences) {
-        if (n % pp != 0) continue;
-        LayoutPoint p;
-        p.sequences = n;
-        p.micro_batch = n / pp;
-        p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
-        p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
-        p.cost = PredictStep(s.model, StepShape::Decode(p.micro_batch, s.context), s.hw, c.layout);
-        p.token_seconds = p.cost.bound_seconds;
-        p.tokens_per_second = static_cast<double>(n) / p.cost.bound_seconds;
-        p.usd_per_million_tokens =
-            s.price_per_hour * static_cast<double>(c.layout.devices()) / 3600.0 / p.tokens_per_second * 1e6;
-        p.engine_step_seconds =
-            PipelinedStepSeconds(s.model, StepShape::Decode(n, s.context), s.hw, c.layout).bound_seconds;
-        p.engine_tokens_per_second = static_cast<double>(n) / p.engine_step_seconds;
-        c.points.push_back(p);
+      std::vector<int64_t> done;  // the domain sizes this (ep, pp) was priced at
+      for (int64_t domain : domains) {
+        // Beyond one scale-up domain the ranks fill whole domains in order; a layout whose EP
+        // groups neither fill whole domains nor share one is skipped (its all-to-all has no
+        // single price).
+        const ParallelLayout layout{ep, pp, domain > 0 && ep * pp > domain ? domain : 0};
+        if (!CheckDomainSize(layout, "scale_up_domain").ok()) continue;
+        if (std::find(done.begin(), done.end(), layout.domain_size) != done.end()) continue;
+        done.push_back(layout.domain_size);
+        out.push_back(Evaluate(s, layout));
       }
-      out.push_back(std::move(c));
     }
   }
   return out;

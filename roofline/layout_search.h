@@ -1,5 +1,5 @@
 // The layout explorer's search (`moeserve explore`): every way to place a model on N devices
-// as expert-parallel ranks x pipeline stages (the scale-up domain being the hardware's), whether
+// as expert-parallel ranks x pipeline stages x scale-up domain size, whether
 // it fits (weights, and KV at the context for the sequences in flight, per device), and what
 // the roofline predicts for it: tokens/s, time per output token and $ per million tokens.
 #pragma once
@@ -45,11 +45,16 @@ struct LayoutSearch {
   int64_t context = 1024;
   std::vector<int64_t> sequences;  // decoding sequences in flight to predict at
   double price_per_hour = 0;       // $ per device-hour
+  // Scale-up domain sizes to price each layout at (empty: the hardware's scale_up_domain): what
+  // an engineer weighs a fast domain of 8 against one of 72 with.
+  std::vector<int64_t> domain_sizes;
 };
 
-// Every (ep, pp) with ep dividing the experts, pp <= layers, ep x pp <= devices; ep ranks form
-// domains of the hardware's scale-up size when they outnumber it. Sequences not divisible by pp
-// are skipped for that layout. Sorted by devices, then ep.
+// Every (ep, pp, domain) with ep dividing the experts, pp <= layers, ep x pp <= devices, and each
+// domain size of the search: the ranks fill domains of that size in order when they outnumber
+// it (domain_size 0 when they fit one; a layout appears once per distinct domain_size, and not
+// where its EP groups would neither fill whole domains nor share one). Sequences not divisible by
+// pp are skipped for that layout. In ep, then pp, then domain order.
 std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s);
 
 }  // namespace moeserve::roofline

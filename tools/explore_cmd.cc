@@ -29,6 +29,7 @@ struct ExploreOptions {
   int64_t devices = 0;
   int64_t context = 4096;
   std::string sequences = "1,8,32,64,128,256,512,1024";
+  std::string domain_sizes;  // empty: the profile's scale_up_domain
   double price_per_hour = -1;
   std::string json, csv, measure_csv;
   bool measure = false;
@@ -55,7 +56,8 @@ std::vector<std::pair<int64_t, const roofline::LayoutCandidate*>> Best(const std
 Json MeasuredJson(const std::vector<MeasuredPoint>& measured) {
   Json out = Json::array();
   for (const MeasuredPoint& p : measured) {
-    out.push_back({{"ep", p.ep}, {"pp", p.pp}, {"sequences", p.sequences}, {"ranks_as", p.processes ? "processes" : "threads"},
+    out.push_back({{"ep", p.ep}, {"pp", p.pp}, {"domain_size", p.domain_size}, {"sequences", p.sequences},
+                   {"ranks_as", p.processes ? "processes" : "threads"},
                    {"predicted_step_seconds", p.predicted_step_seconds}, {"measured_step_seconds", p.measured_step_seconds},
                    {"predicted_tokens_per_second", p.predicted_tokens_per_second},
                    {"measured_tokens_per_second", p.measured_tokens_per_second}, {"error", p.error},
@@ -77,12 +79,13 @@ void PrintMeasured(const std::vector<MeasuredPoint>& measured, const roofline::H
               " stage hand-offs per token: the slowest rank's, waiting for the others included, and the least-waiting\n"
               " rank's; after last: the expert-parallel exchanges from the last rank's arrival to their end, summed,\n"
               " which no waiting enters: what the price of the all-to-all stands for)\n");
-  std::printf("%4s %4s %9s %9s | %14s %14s %8s | %16s %16s %16s %12s\n", "ep", "pp", "ranks as", "sequences",
+  std::printf("%4s %4s %6s %9s %9s | %14s %14s %8s | %16s %16s %16s %12s\n", "ep", "pp", "domain", "ranks as", "sequences",
               "predicted tok/s", "measured tok/s", "error", "comm us/tok pred", "comm us/tok meas", "least-waiting",
               "after last");
   for (const MeasuredPoint& p : measured) {
-    std::printf("%4lld %4lld %9s %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f %16.1f %12.1f\n",
-                static_cast<long long>(p.ep), static_cast<long long>(p.pp), p.processes ? "processes" : "threads",
+    std::printf("%4lld %4lld %6lld %9s %9lld | %14.1f %14.1f %+7.0f%% | %16.1f %16.1f %16.1f %12.1f\n",
+                static_cast<long long>(p.ep), static_cast<long long>(p.pp), static_cast<long long>(p.domain_size),
+                p.processes ? "processes" : "threads",
                 static_cast<long long>(p.sequences), p.predicted_tokens_per_second, p.measured_tokens_per_second,
                 100 * p.error, p.predicted_comm_us_per_token, p.measured_comm_us_per_token,
                 p.measured_comm_min_us_per_token, p.measured_comm_after_last_us_per_token);
@@ -126,7 +129,8 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
   }
   for (const auto& [n, c] : best) {
     j["best"].push_back(c == nullptr ? Json{{"sequences", n}, {"ep", nullptr}, {"pp", nullptr}}
-                                     : Json{{"sequences", n}, {"ep", c->layout.ep}, {"pp", c->layout.pp}});
+                                     : Json{{"sequences", n}, {"ep", c->layout.ep}, {"pp", c->layout.pp},
+                                            {"domain_size", c->layout.domain_size}});
   }
   return j;
 }
@@ -148,11 +152,11 @@ void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandida
 // One row per measured point, predicted beside measured (the columns of MeasuredJson).
 absl::Status WriteMeasuredCsv(const std::string& path, const std::vector<MeasuredPoint>& measured) {
   std::ofstream f(path);
-  f << "ep,pp,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,predicted_tokens_per_second,"
+  f << "ep,pp,domain_size,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,predicted_tokens_per_second,"
        "measured_tokens_per_second,error,predicted_comm_us_per_token,measured_comm_us_per_token,"
        "measured_comm_min_us_per_token,measured_comm_after_last_us_per_token,oversubscribed_cpus\n";
   for (const MeasuredPoint& p : measured) {
-    f << p.ep << "," << p.pp << "," << p.sequences << "," << (p.processes ? "processes" : "threads") << ","
+    f << p.ep << "," << p.pp << "," << p.domain_size << "," << p.sequences << "," << (p.processes ? "processes" : "threads") << ","
       << p.predicted_step_seconds << "," << p.measured_step_seconds << "," << p.predicted_tokens_per_second << ","
       << p.measured_tokens_per_second << "," << p.error << "," << p.predicted_comm_us_per_token << ","
       << p.measured_comm_us_per_token << "," << p.measured_comm_min_us_per_token << ","
@@ -208,6 +212,17 @@ int RunExplore(ExploreOptions o) {
   s.context = o.context;
   s.sequences = *sequences;
   s.price_per_hour = o.price_per_hour >= 0 ? o.price_per_hour : hw->price_per_hour;
+  if (!o.domain_sizes.empty()) {
+    auto domains = ParseIntList("--domain-sizes", o.domain_sizes);
+    if (!domains.ok()) return Fail(domains.status());
+    for (int64_t d : *domains) {
+      if (d < 0 || d > 4096) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("--domain-sizes: each size must be in [0, 4096] (0: every device in one domain), got ", d)));
+      }
+    }
+    s.domain_sizes = *domains;
+  }
   const std::vector<roofline::LayoutCandidate> all = roofline::ExploreLayouts(s);
   const auto best = Best(all, s.sequences);
   std::printf("explore: %.3g B parameters (%.3g B active, %s) on up to %lld x %s, context %lld\n",
@@ -272,6 +287,10 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
                   "scale-up domain size groups EP ranks into domains")
       ->capture_default_str();
   cmd->add_option("--devices", o->devices, "Most devices a layout may use (default: the profile's)");
+  cmd->add_option("--domain-sizes", o->domain_sizes,
+                  "Comma-separated scale-up domain sizes to price every layout at (default: the profile's): the "
+                  "ranks fill domains of each size in order, and the all-to-all and hand-offs that leave a domain "
+                  "cross the scale-out network; 0 puts every device in one domain");
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16, f32 or fp8 (default: the checkpoint's)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
   cmd->add_option("--context", o->context, "Tokens per sequence, for the KV that must fit and be read")

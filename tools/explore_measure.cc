@@ -67,6 +67,7 @@ absl::StatusOr<MeasuredPoint> ToPoint(const roofline::ParallelLayout& layout, in
   MeasuredPoint p;
   p.ep = layout.ep;
   p.pp = layout.pp;
+  p.domain_size = layout.domain_size;
   p.sequences = sequences;
   p.measured_step_seconds = Median(d.observed);
   p.predicted_step_seconds = Median(d.predicted);
@@ -124,7 +125,9 @@ absl::StatusOr<MeasuredPoint> MeasurePoint(const MeasureOptions& o, const roofli
     d.comm_after_last.push_back(s.comm_after_last_seconds);
     d.predicted_comm.push_back(s.predicted_comm_seconds);
   }
-  return ToPoint(layout, sequences, d);
+  ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
+  p.domain_size = 0;  // threads of one process: one domain, whatever the layout's
+  return p;
 }
 
 #if MOESERVE_HAVE_MPI
@@ -176,6 +179,7 @@ absl::StatusOr<MeasuredPoint> MeasurePointInProcesses(const MeasureOptions& o, c
   }
   ASSIGN_OR_RETURN(MeasuredPoint p, ToPoint(layout, sequences, d));
   p.processes = true;
+  if (o.mpirun_args.empty()) p.domain_size = 0;  // one host: its ranks' domain
   // Rank 0's warning that ranks time-share cores (e.g. a namespace per host without --bind-to
   // none), said here too: the bench output is not shown.
   for (absl::string_view line : absl::StrSplit(run->output, '\n')) {
@@ -233,9 +237,17 @@ absl::StatusOr<std::vector<MeasuredPoint>> MeasureLayouts(const MeasureOptions& 
   for (size_t i = 0; i < todo.size(); ++i) {
     const auto& [layout, n] = todo[i];
     progress.Update(static_cast<int64_t>(i), absl::StrCat("ep", layout.ep, " pp", layout.pp, " x ", n, " sequences"));
-    std::vector<absl::StatusOr<MeasuredPoint>> runs = {MeasurePoint(o, layout, n)};
+    // Threads (and processes on this one host) run the same whatever the domain size: once per
+    // (ep, pp, sequences). Across hosts each domain size is its own job (--domain-size).
+    const bool first = std::none_of(todo.begin(), todo.begin() + static_cast<std::ptrdiff_t>(i), [&](const auto& t) {
+      return t.first.ep == layout.ep && t.first.pp == layout.pp && t.second == n;
+    });
+    std::vector<absl::StatusOr<MeasuredPoint>> runs;
+    if (first) runs.push_back(MeasurePoint(o, layout, n));
 #if MOESERVE_HAVE_MPI
-    if (o.processes && layout.devices() > 1) runs.push_back(MeasurePointInProcesses(o, layout, n));
+    if (o.processes && layout.devices() > 1 && (first || !o.mpirun_args.empty())) {
+      runs.push_back(MeasurePointInProcesses(o, layout, n));
+    }
 #endif
     for (absl::StatusOr<MeasuredPoint>& p : runs) {
       if (!p.ok() && p.status().code() == absl::StatusCode::kInvalidArgument) return p.status();

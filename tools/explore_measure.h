@@ -36,6 +36,7 @@ struct MeasureOptions {
 
 struct MeasuredPoint {
   int64_t ep = 1, pp = 1, sequences = 0;
+  int64_t domain_size = 0;            // as the ranks ran: 0 (one domain) for threads and one host's processes
   bool processes = false;             // the ranks were processes of an MPI job (else threads)
   double predicted_step_seconds = 0;  // the roofline, per decode step of all the sequences, as run here
   double measured_step_seconds = 0;   // median over the timed decode steps

@@ -3,7 +3,8 @@
 
     clients/python/plot_explore.py explore.json --out explore.png
 
-One line per layout (ep x pp): predicted tokens/s against the sequences in flight, filled
+One line per layout (ep x pp, and the scale-up domain size where it is not one domain of all
+the devices: `explore --domain-sizes`): predicted tokens/s against the sequences in flight, filled
 where the layout fits (weights and KV per device), hollow where it does not; the best layout
 at each count is circled. With `explore --measure`, each point measured on this machine is a
 cross in its layout's colour (ranks as threads) or a plus (as processes), at its measured
@@ -20,10 +21,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def key(d):
+    """A layout's identity: ep, pp and its domain size (0: one domain)."""
+    return (d["ep"], d["pp"], d.get("domain_size", 0))
+
+
 def plot_measured(ax, measured, colours):
     """Measured tokens/s (x: ranks as threads, +: processes) beside the prediction as run here."""
     for m in measured:
-        colour = colours.get((m["ep"], m["pp"]), "black")
+        colour = colours.get(key(m), colours.get((m["ep"], m["pp"], 0), "black"))
         marker = "P" if m["ranks_as"] == "processes" else "X"
         ax.plot(m["sequences"], m["measured_tokens_per_second"], marker, color=colour, markersize=8)
         ax.plot(m["sequences"], m["predicted_tokens_per_second"], "o", color=colour, markersize=4, alpha=0.5)
@@ -39,21 +45,23 @@ def main():
     if not r.get("layouts"):
         sys.exit(f"{args.report}: no 'layouts' (is this a moeserve explore --json file?)")
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    best = {(b["sequences"], b["ep"], b["pp"]) for b in r.get("best", []) if b["ep"] is not None}
+    best = {(b["sequences"],) + key(b) for b in r.get("best", []) if b["ep"] is not None}
     colours = {}
     for layout in r["layouts"]:
         pts = layout["points"]
         if not pts:
             continue
         label = f"ep {layout['ep']} x pp {layout['pp']}"
+        if layout.get("domain_size", 0):
+            label += f", domains of {layout['domain_size']}"
         xs = [p["sequences"] for p in pts]
         ys = [p["tokens_per_second"] for p in pts]
         (line,) = ax.plot(xs, ys, "-", alpha=0.6, label=label)
-        colours[(layout["ep"], layout["pp"])] = line.get_color()
+        colours[key(layout)] = line.get_color()
         for p in pts:
             ax.plot(p["sequences"], p["tokens_per_second"], "o", color=line.get_color(),
                     fillstyle="full" if p["fits"] else "none")
-            if (p["sequences"], layout["ep"], layout["pp"]) in best:
+            if (p["sequences"],) + key(layout) in best:
                 ax.plot(p["sequences"], p["tokens_per_second"], "o", markersize=14, fillstyle="none", color="black")
     plot_measured(ax, r.get("measured", []), colours)
     ax.set_xscale("log", base=2)

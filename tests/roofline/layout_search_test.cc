@@ -4,6 +4,9 @@
 // never disagree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "roofline/analysis.h"
 #include "roofline/layout_search.h"
 #include "roofline/model_presets.h"
@@ -95,6 +98,36 @@ TEST(LayoutSearchTest, LayoutsBeyondADomainFillWholeDomains) {
   const LayoutCandidate* inside = Find(ExploreLayouts(one_domain), 1, 6);
   ASSERT_NE(inside, nullptr);
   EXPECT_LT(pp6->points[0].engine_tokens_per_second, inside->points[0].engine_tokens_per_second);
+}
+
+// --domain-sizes: each layout once per distinct domain it makes (a layout inside every size
+// once, at 0), skipped where its EP groups would split a domain; a smaller domain sends more of
+// the same all-to-all over the slower scale-out network, so it never predicts more tokens/s.
+TEST(LayoutSearchTest, EveryDomainSizeAsked) {
+  LayoutSearch s = MixtralOnH100s(8);
+  s.domain_sizes = {1, 2, 3, 4, 8};
+  const auto all = ExploreLayouts(s);
+  auto count = [&](int64_t ep, int64_t pp) {
+    return std::count_if(all.begin(), all.end(), [&](const LayoutCandidate& c) { return c.layout.ep == ep && c.layout.pp == pp; });
+  };
+  EXPECT_EQ(count(1, 1), 1) << "one device: one domain whatever its size";
+  EXPECT_EQ(count(4, 2), 4) << "domains of 1, 2 and 4 devices, and all 8 in one (0); 3 splits an EP group";
+  EXPECT_EQ(count(2, 2), 3) << "domains of 1 and 2, and all 4 in one (sizes 4 and 8 both)";
+  EXPECT_EQ(count(8, 1), 4);
+  std::map<int64_t, double> ep8;  // domain size -> tokens/s at 64 sequences
+  for (const auto& c : all) {
+    if (c.layout.ep != 8) continue;
+    for (const auto& p : c.points) {
+      if (p.sequences == 64) ep8[c.layout.domain_size] = p.tokens_per_second;
+    }
+  }
+  ASSERT_EQ(ep8.size(), 4u);
+  EXPECT_LT(ep8[1], ep8[4]);
+  EXPECT_LE(ep8[4], ep8[0]);
+  EXPECT_GT(ep8[0] / ep8[1], 1.01) << "every all-to-all byte on the scale-out network against none";
+  // The default: only the hardware's own size, as before.
+  LayoutSearch def = MixtralOnH100s(8);
+  EXPECT_EQ(ExploreLayouts(def).size(), 15u);
 }
 
 TEST(LayoutSearchTest, PredictionsAreTheRooflinesOwnForTheSameLayout) {

@@ -158,6 +158,19 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
   EXPECT_EQ(static_cast<size_t>(std::count(csv.begin(), csv.end(), '\n')), 1 + points) << csv;
   EXPECT_NE(out.find("<- best"), std::string::npos) << out;
   EXPECT_NE(RunCommand({"explore", "--preset", "nope"}, &out, &err), 0);
+  // --domain-sizes prices each layout once per domain it makes: 8 devices in domains of 2, or one.
+  ASSERT_EQ(RunCommand({"explore", "--preset", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "8",
+                        "--sequences", "8,256", "--domain-sizes", "2,8", "--json", dir + "/d.json"},
+                       &out, &err),
+            0)
+      << err;
+  const auto d = nlohmann::json::parse(ReadAll(dir + "/d.json"));
+  size_t split = 0;
+  for (const auto& l : d["layouts"]) split += l["domain_size"] == 2 ? 1 : 0;
+  EXPECT_EQ(d["layouts"].size(), 15u + split);
+  EXPECT_EQ(split, 12u) << "every layout of more than 2 devices; ep 1 x pp 3 and ep 2 x pp 3 among them";
+  EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--domain-sizes", "2,-1"}, &out, &err), 0);
+  EXPECT_NE(err.find("--domain-sizes"), std::string::npos) << err;
   std::string py_out, py_err;
   if (RunProgram({"/usr/bin/python3", "-c", "import matplotlib"}, &py_out, &py_err) != 0) {
     GTEST_SKIP() << "python3 matplotlib not installed: " << py_err;
@@ -188,7 +201,7 @@ TEST(E2eToolsTest, ExploreMeasuresTheLayoutsThisMachineCanRun) {
   const auto j = nlohmann::json::parse(ReadAll(dir + "/m.json"));
   const std::string csv = ReadAll(dir + "/m.csv");
   EXPECT_EQ(static_cast<size_t>(std::count(csv.begin(), csv.end(), '\n')), 1 + j["measured"].size()) << csv;
-  EXPECT_EQ(csv.rfind("ep,pp,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,", 0), 0u) << csv;
+  EXPECT_EQ(csv.rfind("ep,pp,domain_size,sequences,ranks_as,predicted_step_seconds,measured_step_seconds,", 0), 0u) << csv;
   size_t fitting = 0;
   for (const auto& l : j["layouts"]) {
     for (const auto& p : l["points"]) fitting += p["fits"].get<bool>() ? 1 : 0;
