@@ -137,7 +137,10 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
   }
 }
 
-// vec8.h's Exp on 16 lanes: the same operations per lane.
+// vec8.h's Exp on 16 lanes: the same operations per lane, except that 2^n is applied by
+// vscalefps instead of a product with the power of two built in the exponent field. After the
+// clamp n is in [-126, 127], so that power is a normal number, and both round y * 2^n once, to
+// nearest: the same bits, three instructions fewer.
 inline __m512 Exp16(__m512 x) {
   using C = ExpConst;
   __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(C::kLo)), _mm512_set1_ps(C::kHi));
@@ -148,8 +151,7 @@ inline __m512 Exp16(__m512 x) {
   __m512 y = _mm512_set1_ps(C::kP[0]);
   for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(C::kP[i]));
   y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(v, v), v), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  return _mm512_scalef_ps(y, n);
 }
 
 inline __mmask16 FirstLanes(int64_t n) {
@@ -175,19 +177,34 @@ constexpr PairIndex MakePairIndex() {
 
 void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb) {
   // The scaled scores are recomputed in the second pass (the same product) rather than stored
-  // by the first: one pass less over the row.
+  // by the first: one pass less over the row. The maximum runs in four chains (a maximum is
+  // exact in any order), the sum in one, in key order.
   const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < ctx; j += 16) {
-    const __mmask16 k = FirstLanes(ctx - j);
-    m = _mm512_mask_max_ps(m, k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vscale));
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+  int64_t j = 0;
+  for (; j + 64 <= ctx; j += 64) {
+    m0 = _mm512_max_ps(m0, _mm512_mul_ps(_mm512_loadu_ps(sc + j), vscale));
+    m1 = _mm512_max_ps(m1, _mm512_mul_ps(_mm512_loadu_ps(sc + j + 16), vscale));
+    m2 = _mm512_max_ps(m2, _mm512_mul_ps(_mm512_loadu_ps(sc + j + 32), vscale));
+    m3 = _mm512_max_ps(m3, _mm512_mul_ps(_mm512_loadu_ps(sc + j + 48), vscale));
   }
-  const __m512 neg = _mm512_set1_ps(-_mm512_reduce_max_ps(m));
+  for (; j < ctx; j += 16) {
+    const __mmask16 k = FirstLanes(ctx - j);
+    m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vscale));
+  }
+  const __m512 neg = _mm512_set1_ps(-_mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3))));
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < ctx; j += 16) {
+  for (j = 0; j + 16 <= ctx; j += 16) {
+    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sc + j), vscale);
+    __asm__("" : "+v"(x));  // the product rounded, as stored before: never contracted into an FMA
+    const __m512 e = Exp16(_mm512_add_ps(x, neg));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_storeu_ps(sc + j, e);
+  }
+  if (j < ctx) {
     const __mmask16 k = FirstLanes(ctx - j);
     __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vscale);
-    __asm__("" : "+v"(x));  // the product rounded, as stored before: never contracted into an FMA
+    __asm__("" : "+v"(x));
     const __m512 e = _mm512_maskz_mov_ps(k, Exp16(_mm512_add_ps(x, neg)));
     sum = _mm512_add_ps(sum, e);
     _mm512_mask_storeu_ps(sc + j, k, e);
@@ -199,11 +216,11 @@ void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* p
     for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
   }
   const __m512 inv = _mm512_set1_ps(1.0f / lanes[0]);
-  for (int64_t j = 0; j < whole; j += 32) {  // whole is a multiple of 32
+  for (j = 0; j < whole; j += 32) {  // whole is a multiple of 32
     const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(sc + j), inv), p1 = _mm512_mul_ps(_mm512_loadu_ps(sc + j + 16), inv);
     _mm512_storeu_si512(pb + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
   }
-  for (int64_t j = whole; j < ctx; j += 16) {  // the lanes past ctx become 0 (an odd last key's pair)
+  for (j = whole; j < ctx; j += 16) {  // the lanes past ctx become 0 (an odd last key's pair)
     _mm512_storeu_ps(sc + j, _mm512_maskz_mul_ps(FirstLanes(ctx - j), _mm512_loadu_ps(sc + j), inv));
   }
 }
