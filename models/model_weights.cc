@@ -21,22 +21,28 @@ namespace tn = tensor_names;
 
 // Checks a shard against the config (its layers a range within the model, its experts real
 // ones) and says which routed experts it holds.
-absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const WeightShard& shard) {
+absl::StatusOr<std::vector<std::vector<bool>>> HeldExperts(const ModelConfig& c, const WeightShard& shard) {
   const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
   if (shard.layer_begin < 0 || shard.layer_begin >= end || end > c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("weight shard: layers [", shard.layer_begin, ", ", end,
                                                    ") are not within ", c.num_hidden_layers, " layers"));
   }
-  std::vector<bool> held(c.num_local_experts, shard.experts.empty());
-  for (int32_t e : shard.experts) {
-    if (e < 0 || e >= c.num_local_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", c.num_local_experts));
+  const int64_t layers = end - shard.layer_begin;
+  if (!shard.experts.empty() && static_cast<int64_t>(shard.experts.size()) != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weight shard: experts for ", shard.experts.size(), " layers, not its ",
+                                                   layers));
+  }
+  std::vector<std::vector<bool>> held(static_cast<size_t>(layers), std::vector<bool>(c.num_local_experts, shard.experts.empty()));
+  for (size_t l = 0; l < shard.experts.size(); ++l) {
+    for (int32_t e : shard.experts[l]) {
+      if (e < 0 || e >= c.num_local_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("weight shard: expert ", e, " of ", c.num_local_experts));
+      }
+      held[l][e] = true;
     }
-    held[e] = true;
   }
   return held;
 }
-
 
 absl::Status LoadRoutedExperts(const ModelConfig& c, int64_t l, DType dtype, const std::vector<bool>& held, Uploader& up,
                                LayerWeights* lw) {
@@ -125,7 +131,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   RETURN_IF_ERROR(config.Validate());
   // What to read: the shard's layers and experts, the embedding on its first stage (and on the
   // last, when lm_head is tied to it), the final norm and lm_head on the last.
-  ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(config, only));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(config, only));
   const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
   const bool first = only.layer_begin == 0, last = end == config.num_hidden_layers;
   RETURN_IF_ERROR(CheckLoadable(config, backend, dtype));
@@ -174,9 +180,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
       RETURN_IF_ERROR(LoadAttention(config, l, dtype, up, &lw));
     }
     if (config.deepseek_moe()) {
-      RETURN_IF_ERROR(LoadDeepseekMlp(config, l, dtype, held, up, &lw));
+      RETURN_IF_ERROR(LoadDeepseekMlp(config, l, dtype, held[l - only.layer_begin], up, &lw));
     } else {
-      RETURN_IF_ERROR(LoadMoe(config, l, dtype, held, up, &lw));
+      RETURN_IF_ERROR(LoadMoe(config, l, dtype, held[l - only.layer_begin], up, &lw));
     }
     w->layers_.push_back(std::move(lw));
   }

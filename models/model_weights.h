@@ -51,7 +51,8 @@ struct LayerWeights {
 struct WeightShard {
   int64_t layer_begin = 0;
   int64_t layer_end = -1;        // -1: through the last layer
-  std::vector<int32_t> experts;  // routed experts held; empty: all
+  // [layer - layer_begin]: the routed experts held in each of the shard's layers; no rows: all.
+  std::vector<std::vector<int32_t>> experts;
 };
 
 

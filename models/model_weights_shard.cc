@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
                                                                    const WeightShard& shard, Backend* to) {
   if (full.released_) return absl::FailedPreconditionError("weight shard: the full weights were released");
   const ModelConfig& c = full.config_;
-  ASSIGN_OR_RETURN(const std::vector<bool> held, HeldExperts(c, shard));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(c, shard));
   const int64_t end = shard.layer_end < 0 ? c.num_hidden_layers : shard.layer_end;
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   w->config_ = c;
@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
       lw.w2.push_back(shape_only(f.w2[e]));
     }
     if (mine) {
-      RETURN_IF_ERROR(ShardLayer(c, f, held, matrix, vec, &lw));
+      RETURN_IF_ERROR(ShardLayer(c, f, held[static_cast<size_t>(l - shard.layer_begin)], matrix, vec, &lw));
     }
     w->layers_.push_back(std::move(lw));
   }

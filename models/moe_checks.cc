@@ -123,9 +123,12 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
                                                    shard_.layer_end, ") are not a stage of ",
                                                    c.num_hidden_layers, " layers"));
   }
-  if (expert_parallel() &&
-      static_cast<int64_t>(shard_.expert_owner.size()) != c.num_local_experts) {
-    return absl::InvalidArgumentError("forward: expert_owner must name the rank of every expert");
+  if (expert_parallel()) {
+    bool whole = static_cast<int64_t>(shard_.expert_owner.size()) == shard_.layer_end - shard_.layer_begin;
+    for (size_t l = 0; whole && l < shard_.expert_owner.size(); ++l) {
+      whole = static_cast<int64_t>(shard_.expert_owner[l].size()) == c.num_local_experts;
+    }
+    if (!whole) return absl::InvalidArgumentError("forward: expert_owner must name the rank of every expert of every layer");
   }
   const KvLayout want = KvLayoutFor(c, layout.num_blocks, layout.block_size, layout.dtype);
   if (layout.num_layers != shard_.layer_end - shard_.layer_begin || layout.kv_heads != want.kv_heads ||

@@ -23,7 +23,7 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
   if (expert_parallel()) {
     // Planned on the device; only counts visit the host (parallel/expert_dispatch.h).
     ExpertDispatchStats ds;
-    RETURN_IF_ERROR(dispatch_->Run(xn, ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>(), t, lw.w13, lw.w2, ws_.x.as<float>(),
+    RETURN_IF_ERROR(dispatch_->Run(layer - shard_.layer_begin, xn, ws_.topk_ids.as<int32_t>(), ws_.topk_w.as<float>(), t, lw.w13, lw.w2, ws_.x.as<float>(),
                                    stats != nullptr ? &ds : nullptr));
     if (stats != nullptr) {
       if (stats->expert_rows.empty()) stats->expert_rows.assign(e_count, 0);

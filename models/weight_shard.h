@@ -11,7 +11,7 @@
 namespace moeserve {
 
 // Checks a shard against the config (its layers a range within the model, its experts real
-// ones) and says which routed experts it holds.
-absl::StatusOr<std::vector<bool>> HeldExperts(const ModelConfig& c, const WeightShard& shard);
+// ones) and says which routed experts it holds in each of its layers ([layer - layer_begin]).
+absl::StatusOr<std::vector<std::vector<bool>>> HeldExperts(const ModelConfig& c, const WeightShard& shard);
 
 }  // namespace moeserve

@@ -39,15 +39,20 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes) {
 
 }  // namespace
 
-ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
-                               std::vector<int32_t> expert_owner, ExpertDispatchShape shape)
-    : backend_(backend), ep_(ep), expert_owner_(std::move(expert_owner)), shape_(shape) {
-  experts_of_.assign(static_cast<size_t>(ep_->size()), {});
-  for (size_t e = 0; e < expert_owner_.size(); ++e) {
-    experts_of_[static_cast<size_t>(expert_owner_[e])].push_back(static_cast<int32_t>(e));
+ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<int32_t>>& owner,
+                               ExpertDispatchShape shape)
+    : backend_(backend), ep_(ep), shape_(shape) {
+  for (const std::vector<int32_t>& o : owner) {
+    LayerPlacement p;
+    p.experts_of.assign(static_cast<size_t>(ep_->size()), {});
+    for (size_t e = 0; e < o.size(); ++e) {
+      MS_CHECK(o[e] >= 0 && o[e] < ep_->size());
+      p.experts_of[static_cast<size_t>(o[e])].push_back(static_cast<int32_t>(e));
+    }
+    for (const auto& mine : p.experts_of) max_local_ = std::max<int64_t>(max_local_, static_cast<int64_t>(mine.size()));
+    p.rank_major = std::is_sorted(o.begin(), o.end());
+    layers_.push_back(std::move(p));
   }
-  for (const auto& mine : experts_of_) max_local_ = std::max<int64_t>(max_local_, static_cast<int64_t>(mine.size()));
-  rank_major_ = std::is_sorted(expert_owner_.begin(), expert_owner_.end());
 }
 
 absl::Status ExpertDispatch::EnsureSendRows(int64_t rows) {
@@ -88,7 +93,7 @@ absl::Status ExpertDispatch::EnsureReceiveRows(int64_t rows) {
 
 absl::Status ExpertDispatch::PlanSend(const int32_t* ids, int64_t t) {
   const int64_t e_count = shape_.num_experts, a = t * shape_.top_k;
-  const size_t n = experts_of_.size(), m = static_cast<size_t>(max_local_);
+  const size_t n = placement_->experts_of.size(), m = static_cast<size_t>(max_local_);
   host_offsets_.assign(static_cast<size_t>(e_count + 1), 0);
   if (a > 0) {
     // Sorted by expert, token order within: the same plan as on one rank, on the device.
@@ -100,19 +105,19 @@ absl::Status ExpertDispatch::PlanSend(const int32_t* ids, int64_t t) {
   send_counts_.assign(n * m, 0);
   send_rows_.assign(n, 0);
   for (size_t p = 0; p < n; ++p) {
-    for (size_t i = 0; i < experts_of_[p].size(); ++i) {
-      const int32_t e = experts_of_[p][i];
+    for (size_t i = 0; i < placement_->experts_of[p].size(); ++i) {
+      const int32_t e = placement_->experts_of[p][i];
       send_counts_[p * m + i] = host_offsets_[e + 1] - host_offsets_[e];
       send_rows_[p] += send_counts_[p * m + i];
     }
   }
-  if (rank_major_ || a == 0) return absl::OkStatus();
+  if (placement_->rank_major || a == 0) return absl::OkStatus();
   // The placement interleaves the ranks' experts: send row j is sorted row host_perm_[j], so
   // that each peer's rows are contiguous (its experts in order), and comes back to it.
   host_perm_.resize(static_cast<size_t>(a));
   host_unperm_.resize(static_cast<size_t>(a));
   int32_t j = 0;
-  for (const auto& mine : experts_of_) {
+  for (const auto& mine : placement_->experts_of) {
     for (int32_t e : mine) {
       for (int64_t s = host_offsets_[e]; s < host_offsets_[e + 1]; ++s, ++j) {
         host_perm_[j] = static_cast<int32_t>(s);
@@ -125,8 +130,8 @@ absl::Status ExpertDispatch::PlanSend(const int32_t* ids, int64_t t) {
 }
 
 absl::StatusOr<int64_t> ExpertDispatch::PlanReceive(ExpertDispatchStats* stats) {
-  const size_t n = experts_of_.size(), m = static_cast<size_t>(max_local_);
-  const std::vector<int32_t>& mine = experts_of_[static_cast<size_t>(ep_->rank())];
+  const size_t n = placement_->experts_of.size(), m = static_cast<size_t>(max_local_);
+  const std::vector<int32_t>& mine = placement_->experts_of[static_cast<size_t>(ep_->rank())];
   const int64_t e_count = shape_.num_experts;
   // Rows arrive peer by peer, each peer's sorted by expert (its counts say how many of each).
   recv_rows_.assign(n, 0);
@@ -171,9 +176,13 @@ absl::StatusOr<int64_t> ExpertDispatch::PlanReceive(ExpertDispatchStats* stats) 
   return r_total;
 }
 
-absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const float* weights, int64_t t,
+absl::Status ExpertDispatch::Run(int64_t layer, const float* xn, const int32_t* ids, const float* weights, int64_t t,
                                  std::span<const WeightRef> w13, std::span<const WeightRef> w2, float* x,
                                  ExpertDispatchStats* stats) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("expert dispatch: layer ", layer, " of ", layers_.size()));
+  }
+  placement_ = &layers_[static_cast<size_t>(layer)];
   const int64_t h = shape_.hidden, k = shape_.top_k;
   const CommStats before = ep_->stats();
   const int64_t a = t * k;  // (token, slot) assignments of this rank's tokens
@@ -183,8 +192,8 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
   RETURN_IF_ERROR(Timed(stats, [&] { return ep_->AllToAllCounts(send_counts_, &recv_counts_); }));
   ASSIGN_OR_RETURN(const int64_t r_total, PlanReceive(stats));
   float* send = send_x_.as<float>();
-  if (a > 0 && rank_major_) backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, send);
-  if (a > 0 && !rank_major_) {  // sorted rows (results_ is free until they come back), then send order
+  if (a > 0 && placement_->rank_major) backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, send);
+  if (a > 0 && !placement_->rank_major) {  // sorted rows (results_ is free until they come back), then send order
     backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, results_.as<float>());
     backend_->GatherRows(results_.as<float>(), send_perm_.as<int32_t>(), a, h, send);
   }
@@ -226,7 +235,7 @@ absl::Status ExpertDispatch::Run(const float* xn, const int32_t* ids, const floa
     stats->assignments += a;
   }
   if (t == 0) return absl::OkStatus();
-  if (!rank_major_) {  // back into sorted order (send_x_ is free once the rows were sent)
+  if (!placement_->rank_major) {  // back into sorted order (send_x_ is free once the rows were sent)
     backend_->GatherRows(results, send_unperm_.as<int32_t>(), a, h, send_x_.as<float>());
     results = send_x_.as<float>();
   }

@@ -1,7 +1,7 @@
 // Expert parallelism inside one MoE layer: dispatch and combine over an EP group.
 //
 // Each rank brings its own tokens (attention is data-parallel) and holds some experts
-// (expert_owner[e] is the rank computing expert e). Run sends every token's hidden state to the
+// (owner[layer][e] is the rank computing expert e in that layer: parallel/placement.h). Run sends every token's hidden state to the
 // ranks owning its top-k experts (all-to-all with per-peer counts, exchanged first), runs this
 // rank's experts on the rows it received, grouped by expert, sends the results back the way
 // they came and combines them into the residual as on one rank. A rank with no tokens still
@@ -48,14 +48,17 @@ struct ExpertDispatchStats {
 class ExpertDispatch {
  public:
   // `ep` (more than one rank) and `backend` must outlive this object.
-  ExpertDispatch(Backend* backend, Communicator* ep, std::vector<int32_t> expert_owner,
+  // owner[l][e]: the rank holding expert e in the l-th layer this object serves (the layers
+  // of the rank's stage, in order).
+  ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<int32_t>>& owner,
                  ExpertDispatchShape shape);
 
   // xn [tokens, hidden]: the tokens' normalised hidden states; ids [tokens, top_k]: their experts;
   // weights [tokens, top_k]: the router's weights (all device memory); w13, w2: the layer's
   // expert weights ([experts]; only this rank's entries are read). Adds the weighted expert
   // outputs to x [tokens, hidden] (device). One copy to the host when tokens > 0, none otherwise.
-  absl::Status Run(const float* xn, const int32_t* ids, const float* weights, int64_t tokens,
+  // `layer` indexes the owner table given at construction.
+  absl::Status Run(int64_t layer, const float* xn, const int32_t* ids, const float* weights, int64_t tokens,
                    std::span<const WeightRef> w13, std::span<const WeightRef> w2, float* x,
                    ExpertDispatchStats* stats);
 
@@ -78,12 +81,16 @@ class ExpertDispatch {
 
   Backend* backend_;
   Communicator* ep_;
-  std::vector<int32_t> expert_owner_;
   ExpertDispatchShape shape_;
   bool bf16_rows_ = false;
-  std::vector<std::vector<int32_t>> experts_of_;  // each rank's experts, ascending
-  int64_t max_local_ = 0;    // the most experts one rank holds: counts exchanged per peer
-  bool rank_major_ = false;  // expert order is rank order (contiguous placement)
+  // One layer's placement as the dispatch uses it.
+  struct LayerPlacement {
+    std::vector<std::vector<int32_t>> experts_of;  // each rank's experts, ascending
+    bool rank_major = false;                       // expert order is rank order (contiguous ranges)
+  };
+  std::vector<LayerPlacement> layers_;
+  const LayerPlacement* placement_ = nullptr;  // the layer being run
+  int64_t max_local_ = 0;  // the most experts one rank holds in any layer: counts exchanged per peer
   // Send side (this rank's assignments): the device plan (expert offsets, the token of each
   // sorted row, the sorted row of each assignment), the send order (interleaved placements),
   // hidden rows, the results that come back.

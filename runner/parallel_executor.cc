@@ -25,6 +25,16 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
                                                    "] (the model's layers), got ", pp));
   }
   RETURN_IF_ERROR(roofline::CheckDomainSize(roofline::ParallelLayout{ep, pp, domain_size}, "--domain-size"));
+  if (placement == ExpertPlacement::kBalanced) {
+    if (expert_load == nullptr) {
+      return absl::InvalidArgumentError("--expert-placement balanced needs --expert-load FILE (bench --expert-load-out)");
+    }
+    if (expert_load->layers != c.num_hidden_layers || expert_load->experts != c.num_local_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("--expert-load: recorded for ", expert_load->layers, " layers x ",
+                                                     expert_load->experts, " experts, the model has ",
+                                                     c.num_hidden_layers, " x ", c.num_local_experts));
+    }
+  }
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }
@@ -40,18 +50,20 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
 }
 
 std::string ParallelConfig::Name() const {
-  return absl::StrCat("ep", ep, " pp", pp, placement == ExpertPlacement::kRoundRobin ? " round-robin" : "");
+  const char* how = placement == ExpertPlacement::kRoundRobin ? " round-robin"
+                    : placement == ExpertPlacement::kBalanced ? " balanced"
+                                                              : "";
+  return absl::StrCat("ep", ep, " pp", pp, how);
+}
+
+ExpertOwnerTable ParallelConfig::Owners(const ModelConfig& model) const {
+  return ExpertOwners(model.num_hidden_layers, model.num_local_experts, ep, placement, expert_load.get());
 }
 
 WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank) {
   const int64_t stage = rank / config.ep, ep_rank = rank % config.ep;
   const auto layers = StageLayers(model.num_hidden_layers, config.pp)[static_cast<size_t>(stage)];
-  WeightShard shard{layers.first, layers.second, {}};
-  const std::vector<int32_t> owner = ExpertOwners(model.num_local_experts, config.ep, config.placement);
-  for (int64_t e = 0; e < model.num_local_experts; ++e) {
-    if (owner[e] == ep_rank) shard.experts.push_back(static_cast<int32_t>(e));
-  }
-  return shard;
+  return WeightShard{layers.first, layers.second, ExpertsOfRank(config.Owners(model), ep_rank, layers.first, layers.second)};
 }
 
 absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
@@ -94,7 +106,7 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
 void ParallelExecutor::PlanLayout(const ModelConfig& c) {
   const int64_t ep = config_.ep, pp = config_.pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
-  const std::vector<int32_t> owner = ExpertOwners(c.num_local_experts, ep, config_.placement);
+  const ExpertOwnerTable owner = config_.Owners(c);
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
   const int64_t seg = kv_.num_blocks / ep;
   cut_.block_size = kv_.block_size;
@@ -110,9 +122,7 @@ void ParallelExecutor::PlanLayout(const ModelConfig& c) {
       l.ep_rank = e;
       l.layer_begin = stages[s].first;
       l.layer_end = stages[s].second;
-      for (int64_t ex = 0; ex < c.num_local_experts; ++ex) {
-        if (owner[ex] == e) l.experts.push_back(static_cast<int32_t>(ex));
-      }
+      l.experts = ExpertsOfRank(owner, e, l.layer_begin, l.layer_end);
       l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(l.layer_end - l.layer_begin);
       layout_.push_back(l);
     }
@@ -262,7 +272,8 @@ absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weight
   shard.layer_begin = layout.layer_begin;
   shard.layer_end = layout.layer_end;
   shard.ep = r.ep;
-  shard.expert_owner = ExpertOwners(c.num_local_experts, config_.ep, config_.placement);
+  const ExpertOwnerTable owner = config_.Owners(c);
+  shard.expert_owner.assign(owner.begin() + layout.layer_begin, owner.begin() + layout.layer_end);
   r.model = std::make_unique<MoeModel>(r.weights.get(), r.backend.get(), std::move(shard));
   // Its KV arena: its stage's layers, its segment's blocks, on its own device.
   auto arena = KvStorage::Create(r.backend.get(), SegmentLayout(e, layout.layer_end - layout.layer_begin));
@@ -332,8 +343,16 @@ std::vector<std::pair<size_t, size_t>> ParallelExecutor::device_bytes() const {
 std::string ParallelExecutor::Describe() const {
   std::vector<std::string> lines;
   for (const RankLayout& l : layout_) {
+    // Each layer's experts; a run of layers with the same ones once (every layer, unless balanced).
     std::string experts;
-    for (size_t i = 0; i < l.experts.size(); ++i) absl::StrAppend(&experts, i ? "," : "", l.experts[i]);
+    for (size_t i = 0; i < l.experts.size(); ++i) {
+      if (i > 0 && l.experts[i] == l.experts[i - 1]) continue;
+      size_t j = i;
+      while (j + 1 < l.experts.size() && l.experts[j + 1] == l.experts[i]) ++j;
+      const int64_t first = l.layer_begin + static_cast<int64_t>(i), last = l.layer_begin + static_cast<int64_t>(j);
+      absl::StrAppend(&experts, i ? "; " : "", first == last ? absl::StrCat("layer ", first) : absl::StrCat("layers ", first, "-", last),
+                      ": ", absl::StrJoin(l.experts[i], ","));
+    }
     lines.push_back(absl::StrCat("rank ", l.rank, ": stage ", l.stage, " layers [", l.layer_begin, ", ", l.layer_end,
                                  ") ep ", l.ep_rank, " experts ", experts, " (", l.weight_bytes / 1e6, " MB weights)"));
   }

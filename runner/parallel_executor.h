@@ -42,6 +42,8 @@ struct ParallelConfig {
   int64_t ep = 1;
   int64_t pp = 1;
   ExpertPlacement placement = ExpertPlacement::kContiguous;
+  // The routing recorded for a balanced placement (--expert-load; parallel/expert_load.h).
+  std::shared_ptr<const ExpertLoad> expert_load;
   int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
   // Ranks per scale-up domain for the roofline's predictions (0: one domain holds them all);
   // roofline::ParallelLayout::domain_size says how ranks fill domains.
@@ -58,13 +60,15 @@ struct ParallelConfig {
   // job's `processes` are ep x pp (0: not a job).
   absl::Status Validate(const ModelConfig& config, int processes = 0) const;
   std::string Name() const;  // "ep2 pp1"
+  // The EP rank of every expert of every layer of `model` (parallel/placement.h).
+  ExpertOwnerTable Owners(const ModelConfig& model) const;
 };
 
 // Which layers and experts one rank holds.
 struct RankLayout {
   int64_t rank = 0, stage = 0, ep_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;
-  std::vector<int32_t> experts;
+  std::vector<std::vector<int32_t>> experts;  // [layer - layer_begin]: the routed experts it holds
   double weight_bytes = 0;        // the weights on its device (its layers, its experts, replicated dense)
   double kv_bytes_per_token = 0;  // KV of one token of a sequence it owns (its layers)
 };

@@ -64,6 +64,7 @@ struct EngineFlags {
   int device = 0;
   double device_mb = 0;
   std::string expert_placement = "contiguous";
+  std::string expert_load;  // --expert-load FILE
   bool fp32_dispatch = false;
   bool reference = false;
   bool no_batch_invariant = false;

@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kernel_select.h"
+#include "parallel/expert_load.h"
 #include "roofline/hardware.h"
 #include "tools/mpi_job.h"
 #if MOESERVE_HAVE_CUDA
@@ -137,8 +138,15 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "the least loaded rank plus the prompt's own; then to the least loaded (0: always the hashed "
                   "rank). Prompts shorter than a block always go to the least loaded rank")
       ->capture_default_str();
-  cmd->add_option("--expert-placement", f->expert_placement, "How experts map to EP ranks: contiguous or round-robin")
+  cmd->add_option("--expert-placement", f->expert_placement,
+                  "How experts map to EP ranks: contiguous (rank r holds a contiguous range), round-robin (expert e on "
+                  "rank e mod ep), or balanced (per layer, from the routing in --expert-load: the heaviest experts "
+                  "spread so that each rank's share of the tokens is as even as the longest-processing-time rule makes "
+                  "it; every rank holds as many experts as contiguous gives it)")
       ->capture_default_str();
+  cmd->add_option("--expert-load", f->expert_load,
+                  "With --expert-placement balanced: the tokens routed to each (layer, expert), as `moeserve bench "
+                  "--expert-load-out FILE` writes them (a run of the same model on one rank)");
   cmd->add_flag("--fp32-dispatch", f->fp32_dispatch,
                 "With --ep: send the hidden rows to the experts as fp32 even where every rank's expert GEMM rounds "
                 "them to bf16 anyway (the avx512-bf16 and AMX kernels with bf16 or FP8 experts), which otherwise "
@@ -220,9 +228,18 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   if (!(f.device_mb >= 0)) return absl::InvalidArgumentError(absl::StrCat("--device-mb must be >= 0, got ", f.device_mb));
   if (f.expert_placement == "round-robin") {
     c.parallel.placement = ExpertPlacement::kRoundRobin;
+  } else if (f.expert_placement == "balanced") {
+    c.parallel.placement = ExpertPlacement::kBalanced;
   } else if (f.expert_placement != "contiguous") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--expert-placement must be contiguous or round-robin, got '", f.expert_placement, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-placement must be contiguous, round-robin or balanced, got '", f.expert_placement, "'"));
+  }
+  if (!f.expert_load.empty()) {
+    if (c.parallel.placement != ExpertPlacement::kBalanced) {
+      return absl::InvalidArgumentError("--expert-load is read only with --expert-placement balanced");
+    }
+    ASSIGN_OR_RETURN(ExpertLoad load, ReadExpertLoad(f.expert_load));
+    c.parallel.expert_load = std::make_shared<const ExpertLoad>(std::move(load));
   }
   if (c.parallel.enabled()) {
     RETURN_IF_ERROR(MakeBackendOptions(f).status());  // the ranks' CPU options, checked now

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -86,8 +87,9 @@ class OpenMpiJob final : public MpiJob {
     auto executor = MakeRanks(f, *config, weights, loaded->backend.get(), this);
     if (!executor.ok()) fail(executor.status());
     ReleaseStagingCopy(*config, weights, who.c_str());
+    const RankLayout& mine = (*executor)->layout()[static_cast<size_t>(world_->rank())];
     std::fprintf(stderr, "%sready in %.2f s: %s\n", who.c_str(), sw.Seconds(),
-                 (*executor)->layout()[static_cast<size_t>(world_->rank())].experts.empty()
+                 std::all_of(mine.experts.begin(), mine.experts.end(), [](const auto& e) { return e.empty(); })
                      ? "no experts"
                      : "serving steps");
     world_->StartMonitor(kHeartbeatSeconds, kRankTimeoutSeconds);

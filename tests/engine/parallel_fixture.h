@@ -32,7 +32,9 @@ struct Layout {
 
 inline std::string Name(const Layout& l) {
   return absl::StrCat("ep", l.ep, " pp", l.pp,
-                      l.placement == ExpertPlacement::kRoundRobin ? " rr" : "",
+                      l.placement == ExpertPlacement::kRoundRobin ? " rr"
+                      : l.placement == ExpertPlacement::kBalanced ? " balanced"
+                                                                  : "",
                       l.micro ? absl::StrCat(" micro", l.micro) : "");
 }
 
@@ -56,12 +58,20 @@ inline absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineConfig& ec
   return Engine::Create(ec, weights, backend, std::move(x));
 }
 
-inline ParallelConfig ToConfig(const Layout& l) {
+// With a balanced placement, a recorded load of random counts for `c`, so that every layer
+// places its experts differently (and not in rank order).
+inline ParallelConfig ToConfig(const Layout& l, const ModelConfig* c = nullptr) {
   ParallelConfig p;
   p.ep = l.ep;
   p.pp = l.pp;
   p.placement = l.placement;
   p.micro_batches = l.micro;
+  if (l.placement == ExpertPlacement::kBalanced && c != nullptr) {
+    auto load = std::make_shared<ExpertLoad>(ExpertLoad{c->num_hidden_layers, c->num_local_experts, {}});
+    std::mt19937 gen(static_cast<uint32_t>(17 * l.ep + l.pp));
+    for (int64_t i = 0; i < load->layers * load->experts; ++i) load->tokens.push_back(gen() % 1000);
+    p.expert_load = std::move(load);
+  }
   return p;
 }
 

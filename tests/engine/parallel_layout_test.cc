@@ -159,8 +159,8 @@ TEST_P(ParallelTest, ReleasedWeightsRefuseToForward) {
 // shard cut from the whole model, and nothing of the layers and experts of other ranks.
 TEST_P(ParallelTest, PartialLoadsReadWhatTheShardHolds) {
   for (const Layout& l :
-       std::vector<Layout>{{2, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin}}) {
-    const ParallelConfig p = ToConfig(l);
+       std::vector<Layout>{{2, 1}, {1, 2}, {2, 2}, {4, 1, ExpertPlacement::kRoundRobin}, {2, 2, ExpertPlacement::kBalanced}}) {
+    const ParallelConfig p = ToConfig(l, &config_);
     CpuBackend merged_backend;
     auto merged_or =
         ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
@@ -184,7 +184,8 @@ TEST_P(ParallelTest, PartialLoadsReadWhatTheShardHolds) {
         ASSERT_EQ((*partial)->layer(layer).w13.size(), config_.dense_layer(layer) ? 0 : config_.num_local_experts);
         for (int64_t e = 0; e < static_cast<int64_t>((*partial)->layer(layer).w13.size()); ++e) {
           const bool held =
-              in_stage && std::count(shard.experts.begin(), shard.experts.end(), e) > 0;
+              in_stage && std::count(shard.experts[static_cast<size_t>(layer - shard.layer_begin)].begin(),
+                                     shard.experts[static_cast<size_t>(layer - shard.layer_begin)].end(), e) > 0;
           EXPECT_EQ((*partial)->layer(layer).w13[e].data != nullptr, held)
               << Name(l) << " rank " << r << " expert " << e;
           EXPECT_EQ((*partial)->layer(layer).w13[e].rows, 2 * config_.intermediate_size);
@@ -218,10 +219,17 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   SchedulerConfig sc;
   sc.ep_balance_ratio = 0.5;
   EXPECT_NE(std::string(sc.Validate().message()).find("--ep-balance"), std::string::npos);
-  EXPECT_EQ(ExpertOwners(8, 2, ExpertPlacement::kContiguous),
-            (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1}));
-  EXPECT_EQ(ExpertOwners(8, 3, ExpertPlacement::kRoundRobin),
-            (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(ExpertOwners(2, 8, 2, ExpertPlacement::kContiguous),
+            (ExpertOwnerTable{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}}));
+  EXPECT_EQ(ExpertOwners(1, 8, 3, ExpertPlacement::kRoundRobin),
+            (ExpertOwnerTable{{0, 1, 2, 0, 1, 2, 0, 1}}));
+  p.pp = 1;
+  p.nccl_devices.clear();
+  p.placement = ExpertPlacement::kBalanced;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--expert-placement balanced needs --expert-load"), std::string::npos);
+  p.expert_load = std::make_shared<ExpertLoad>(ExpertLoad{c.num_hidden_layers + 1, c.num_local_experts, {}});
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--expert-load: recorded for"), std::string::npos)
+      << p.Validate(c);
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
 }
 

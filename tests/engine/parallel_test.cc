@@ -21,13 +21,15 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
                                              {1, 2},
                                              {2, 2},
                                              {4, 1, ExpertPlacement::kRoundRobin},
+                                             {4, 1, ExpertPlacement::kBalanced},
+                                             {2, 2, ExpertPlacement::kBalanced},
                                              {2, 2, ExpertPlacement::kContiguous, 3}}) {
     // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
     // one rank on the same step.
     const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
     const std::vector<float> want = OneRankLogits(in, layout);
     ASSERT_FALSE(want.empty());
-    auto x = ParallelExecutor::Create(ToConfig(l), weights_.get(), &backend_, layout, CpuRanks());
+    auto x = ParallelExecutor::Create(ToConfig(l, &config_), weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
     std::vector<float> got;
     ForwardStats fs;
@@ -134,7 +136,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
     ec.num_kv_blocks = 200;
     ec.block_size = 8;
     ec.scheduler.max_tokens_per_step = 48;  // chunked prefill mixes with decodes
-    ec.parallel = ToConfig(l);
+    ec.parallel = ToConfig(l, &config_);
     // With several ranks, shard a copy of its own and free it once the ranks hold their
     // shards, as serve and bench do: the engine must not need it afterwards.
     std::unique_ptr<ModelWeights> staged;
@@ -198,6 +200,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
                                              {1, 2},
                                              {2, 2},
                                              {2, 1, ExpertPlacement::kRoundRobin},
+                                             {2, 2, ExpertPlacement::kBalanced},
                                              {1, 2, ExpertPlacement::kContiguous, 4}}) {
     const auto got = run(l);
     for (size_t i = 0; i < reqs.size(); ++i) {

@@ -108,11 +108,11 @@ void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, 
       CpuBackendOptions o;
       o.num_threads = 1;
       CpuBackend b(o);
-      ExpertDispatch d(&b, group->rank(r), ExpertOwners(kExperts, n, placement), {kHidden, kInter, kExperts, kTopK});
+      ExpertDispatch d(&b, group->rank(r), ExpertOwners(1, kExperts, n, placement), {kHidden, kInter, kExperts, kTopK});
       d.set_bf16_rows(dt == DType::kBF16);
       ExpertDispatchStats stats;
       const int64_t before = b.copies_to_host();
-      const absl::Status s = d.Run(ranks[r].xn.data(), ranks[r].ids.data(), ranks[r].w.data(), ranks[r].t, ex.w13,
+      const absl::Status s = d.Run(0, ranks[r].xn.data(), ranks[r].ids.data(), ranks[r].w.data(), ranks[r].t, ex.w13,
                                    ex.w2, ranks[r].x.data(), &stats);
       copies[r] = b.copies_to_host() - before;
       if (!s.ok()) errors[r] = std::string(s.message());
