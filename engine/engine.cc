@@ -99,6 +99,9 @@ Engine::Engine(const EngineConfig& config, const ModelWeights* weights, Backend*
       recorder_(config.step_history) {
   lookup_ = [this](uint64_t id) -> LiveRequest& { return *live_.at(id); };
   counters_.kv_blocks_total = counters_.kv_blocks_free = pool_.num_blocks();
+  const ModelConfig& c = weights->config();
+  expert_load_ = ExpertLoad{c.num_hidden_layers, c.num_local_experts,
+                            std::vector<int64_t>(static_cast<size_t>(c.num_hidden_layers * c.num_local_experts), 0)};
   // The hidden states this engine sends between ranks are fp32 on every backend: price those.
   costs_.act_bytes = sizeof(float);
 }
@@ -308,6 +311,10 @@ absl::StatusOr<bool> Engine::Step() {
     counters_.batched_seqs += rec.num_seqs;
     counters_.step_prefill_tokens += rec.prefill_tokens;
     counters_.step_decode_tokens += rec.decode_tokens;
+    const std::vector<int64_t>& routed = run.stats.layer_expert_rows;
+    if (routed.size() == expert_load_.tokens.size()) {
+      for (size_t i = 0; i < routed.size(); ++i) expert_load_.tokens[i] += routed[i];
+    }
     recorder_.Add(rec);
     UpdateGaugesLocked();
   }
@@ -328,6 +335,11 @@ void Engine::UpdateGaugesLocked() {
   counters_.kv_blocks_used = pool_.num_used();
   counters_.kv_blocks_free = pool_.num_free();
   counters_.kv_blocks_cached = pool_.num_cached();
+}
+
+ExpertLoad Engine::RecordedExpertLoad() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return expert_load_;
 }
 
 EngineStats Engine::GetStats() const {

@@ -123,6 +123,9 @@ class Engine {
   absl::StatusOr<bool> Step();
 
   EngineStats GetStats() const;
+  // The tokens routed to each (layer, expert) over every step so far (on one device; empty
+  // counts under --ep / --pp, whose ranks count only their own): `bench --expert-load-out`.
+  ExpertLoad RecordedExpertLoad() const;
   // True when no request is queued or running (every block is free or cached).
   bool Idle() const;
   // Waits until the KV tiers' transfer thread has finished its queued flash writes and reads.
@@ -197,6 +200,7 @@ class Engine {
   StepRecorder recorder_;
   // Counters and gauges, written by the loop and read by GetStats under mu_.
   EngineStats counters_;
+  ExpertLoad expert_load_;  // under mu_
   int64_t new_waiting_ = 0;  // the scheduler's never-admitted waiting sequences (Submit's bound), under mu_
 };
 

@@ -85,10 +85,14 @@ absl::Status MoeModel::RoutingStats(int64_t t, ForwardStats* stats) {
   const int64_t layers = shard_.layer_end - shard_.layer_begin;
   std::vector<int64_t> offsets(layers * (e_count + 1));
   RETURN_IF_ERROR(backend_->CopyToHost(offsets.data(), ws_.route_offsets.data(), offsets.size() * sizeof(int64_t)));
+  stats->layer_expert_rows.assign(static_cast<size_t>(config().num_hidden_layers * e_count), 0);
   for (int64_t l = 0; l < layers; ++l) {
     if (config().dense_layer(shard_.layer_begin + l)) continue;  // no routing there
     const int64_t* o = offsets.data() + l * (e_count + 1);
-    for (int64_t e = 0; e < e_count; ++e) stats->experts_hit += o[e + 1] > o[e] ? 1 : 0;
+    for (int64_t e = 0; e < e_count; ++e) {
+      stats->experts_hit += o[e + 1] > o[e] ? 1 : 0;
+      stats->layer_expert_rows[static_cast<size_t>((shard_.layer_begin + l) * e_count + e)] = o[e + 1] - o[e];
+    }
   }
   return absl::OkStatus();
 }

@@ -71,6 +71,9 @@ struct ForwardStats {
   // Expert parallelism: rows this rank's experts computed, per expert summed over layers, and
   // the communication inside the MoE layers.
   std::vector<int64_t> expert_rows;  // [experts], this rank's experts only (others 0)
+  // On one device: the tokens routed to each (layer, expert), [model layers x experts] (dense
+  // layers 0); what `bench --expert-load-out` records for a balanced placement. Empty under EP.
+  std::vector<int64_t> layer_expert_rows;
   double comm_seconds = 0;
   int64_t comm_bytes = 0;            // sent to other ranks
   // Entry and exit of each expert-parallel collective, in call order (ExpertDispatchStats::spans).

@@ -1,0 +1,75 @@
+// `bench --expert-load-out` and `--expert-placement balanced --expert-load`, run as the real
+// binary: the routing recorded on one rank (every (token, slot) of every MoE layer counted
+// once), fed to a balanced placement over two EP ranks, and every misuse of the flags named.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/file_util.h"
+#include "tests/server/server_process.h"
+
+namespace moeserve::testing {
+namespace {
+
+TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
+  const std::string dir = MakeTempDir("expert-load");
+  const std::string load = dir + "/load.json";
+  std::string out, err;
+  // tiny: 2 layers of 4 experts, top-2. 6 requests of 20 prompt tokens and 5 output tokens are
+  // 6 x (20 + 4) tokens through the model (the last token is sampled, never fed back).
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "20", "--output-len", "5",
+                        "--seed", "3", "--expert-load-out", load},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("ep 2: busiest rank over the mean"), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(*ReadFileToString(load));
+  ASSERT_EQ(j["layers"], 2);
+  ASSERT_EQ(j["experts"], 4);
+  int64_t total = 0;
+  for (const auto& row : j["tokens"]) {
+    ASSERT_EQ(row.size(), 4u);
+    int64_t layer = 0;
+    for (const auto& v : row) layer += v.get<int64_t>();
+    EXPECT_EQ(layer, 6 * (20 + 4) * 2) << "every token's two slots in every layer";
+    total += layer;
+  }
+  EXPECT_EQ(total, 2 * 6 * (20 + 4) * 2);
+  // The recorded load places the experts of a two-rank run.
+  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "20", "--output-len", "5",
+                        "--ep", "2", "--expert-placement", "balanced", "--expert-load", load, "--out", dir + "/ep2.json"},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("layout ep2 pp1 balanced"), std::string::npos) << out;
+  // Misuse, each named.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--ep", "2", "--expert-placement", "balanced"}, "--expert-placement balanced needs --expert-load"},
+      {{"--ep", "2", "--expert-load", load}, "--expert-load is read only with --expert-placement balanced"},
+      {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", dir + "/none.json"}, "--expert-load"},
+      {{"--ep", "2", "--expert-load-out", dir + "/x.json"}, "--expert-load-out records on one rank"},
+      {{"--ep", "2", "--expert-placement", "evenly"}, "must be contiguous, round-robin or balanced"},
+  };
+  for (const auto& [flags, message] : bad) {
+    std::vector<std::string> args = {"bench", "--preset", "tiny", "--num-requests", "1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    EXPECT_NE(RunCommand(args, &out, &err), 0) << flags[2];
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+  // A load recorded for another model is refused.
+  ASSERT_EQ(RunCommand({"bench", "--preset", "small", "--num-requests", "1", "--prompt-len", "4", "--output-len", "1",
+                        "--expert-load-out", dir + "/small.json"},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_NE(RunCommand({"bench", "--preset", "tiny", "--num-requests", "1", "--ep", "2", "--expert-placement", "balanced",
+                        "--expert-load", dir + "/small.json"},
+                       &out, &err),
+            0);
+  EXPECT_NE(err.find("recorded for 8 layers x 8 experts, the model has 2 x 4"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace moeserve::testing
