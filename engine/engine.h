@@ -123,8 +123,8 @@ class Engine {
   absl::StatusOr<bool> Step();
 
   EngineStats GetStats() const;
-  // The tokens routed to each (layer, expert) over every step so far (on one device; empty
-  // counts under --ep / --pp, whose ranks count only their own): `bench --expert-load-out`.
+  // The tokens routed to each (layer, expert) over every step so far, every layout (the EP
+  // ranks' own experts' rows added up): `bench --expert-load-out`.
   ExpertLoad RecordedExpertLoad() const;
   // True when no request is queued or running (every block is free or cached).
   bool Idle() const;

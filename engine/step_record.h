@@ -36,7 +36,7 @@ struct StepRecord {
   int64_t comm_bytes_observed = 0;
   std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers (EP only)
   double expert_imbalance = 0.0;
-  double rank_imbalance = 0.0;       // expert rows per EP rank
+  double rank_imbalance = 0.0;       // expert rows per EP rank, busiest per layer over the mean
   double attention_imbalance = 0.0;  // tokens per EP rank (where the sequences live)
   // Work of the step, from the cost model.
   double flops = 0.0;

@@ -27,7 +27,11 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
                                    stats != nullptr ? &ds : nullptr));
     if (stats != nullptr) {
       if (stats->expert_rows.empty()) stats->expert_rows.assign(e_count, 0);
-      for (int64_t e = 0; e < e_count; ++e) stats->expert_rows[e] += ds.expert_rows[e];
+      if (stats->layer_expert_rows.empty()) stats->layer_expert_rows.assign(static_cast<size_t>(c.num_hidden_layers * e_count), 0);
+      for (int64_t e = 0; e < e_count; ++e) {
+        stats->expert_rows[e] += ds.expert_rows[e];
+        stats->layer_expert_rows[static_cast<size_t>(layer * e_count + e)] = ds.expert_rows[e];
+      }
       stats->experts_hit += ds.experts_hit;
       stats->expert_assignments += ds.assignments;
       stats->comm_seconds += ds.comm_seconds;

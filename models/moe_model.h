@@ -71,8 +71,9 @@ struct ForwardStats {
   // Expert parallelism: rows this rank's experts computed, per expert summed over layers, and
   // the communication inside the MoE layers.
   std::vector<int64_t> expert_rows;  // [experts], this rank's experts only (others 0)
-  // On one device: the tokens routed to each (layer, expert), [model layers x experts] (dense
-  // layers 0); what `bench --expert-load-out` records for a balanced placement. Empty under EP.
+  // The tokens routed to each (layer, expert), [model layers x experts] (dense layers and other
+  // stages' layers 0; under EP this rank's experts only, so the ranks' sum is the layer's
+  // routing): what `bench --expert-load-out` records, and the per-layer EP imbalance.
   std::vector<int64_t> layer_expert_rows;
   double comm_seconds = 0;
   int64_t comm_bytes = 0;            // sent to other ranks

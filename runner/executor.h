@@ -31,7 +31,9 @@ struct ParallelStepStats {
   int64_t pp_bytes = 0;      // ... of which hidden states between stages
   std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
   double expert_imbalance = 0;  // max over mean of expert_tokens
-  double rank_imbalance = 0;    // max over mean of rows computed per EP rank
+  // Each MoE layer's busiest EP rank's rows, summed over layers, over the mean rank's
+  // (LayerRankImbalance): what the layers waited for.
+  double rank_imbalance = 0;
   double attention_imbalance = 0;  // max over mean of tokens per EP rank (its own sequences)
 };
 

@@ -2,6 +2,7 @@
 // loop, fed by its step channel: threads of this process, or the processes of an MPI job),
 // gather the outputs and the statistics.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -34,6 +35,35 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
     acc->expert_rows.resize(fs.expert_rows.size(), 0);
     for (size_t x = 0; x < fs.expert_rows.size(); ++x) acc->expert_rows[x] += fs.expert_rows[x];
   }
+  if (!fs.layer_expert_rows.empty()) {
+    acc->layer_expert_rows.resize(fs.layer_expert_rows.size(), 0);
+    for (size_t x = 0; x < fs.layer_expert_rows.size(); ++x) acc->layer_expert_rows[x] += fs.layer_expert_rows[x];
+  }
+}
+
+// Each MoE layer waits for its busiest EP rank: the busiest rank's rows summed over the layers,
+// over the mean rank's (1: even in every layer; 0 without rows). The ranks' rows summed over
+// layers first would hide a layer's imbalance behind another's.
+double LayerRankImbalance(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts,
+                          const std::vector<RankStepResult>& results) {
+  std::map<int64_t, std::vector<double>> rows;  // layer -> rows per EP rank
+  for (size_t r = 0; r < results.size(); ++r) {
+    const std::vector<int64_t>& f = results[r].stats.layer_expert_rows;
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (f[i] == 0) continue;
+      std::vector<double>& per_rank = rows[static_cast<int64_t>(i) / experts];
+      per_rank.resize(static_cast<size_t>(ep), 0.0);
+      per_rank[static_cast<size_t>(layout[r].ep_rank)] += static_cast<double>(f[i]);
+    }
+  }
+  double busiest = 0, mean = 0;
+  for (const auto& [layer, per_rank] : rows) {
+    double sum = 0;
+    for (double x : per_rank) sum += x;
+    busiest += *std::max_element(per_rank.begin(), per_rank.end());
+    mean += sum / static_cast<double>(ep);
+  }
+  return mean > 0 ? busiest / mean : 0.0;
 }
 
 }  // namespace
@@ -231,7 +261,6 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
   ForwardStats total;
   ParallelStepStats ps;
   ps.expert_tokens.assign(experts, 0);
-  std::vector<double> ep_rows(ep, 0.0);
   for (size_t r = 0; r < results.size(); ++r) {
     const ForwardStats& f = results[r].stats;
     total.tokens = std::max(total.tokens, f.tokens);
@@ -240,9 +269,10 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
     total.attention_seconds = std::max(total.attention_seconds, f.attention_seconds);
     total.moe_seconds = std::max(total.moe_seconds, f.moe_seconds);
     total.head_seconds = std::max(total.head_seconds, f.head_seconds);
-    for (size_t x = 0; x < f.expert_rows.size() && x < ps.expert_tokens.size(); ++x) {
-      ps.expert_tokens[x] += f.expert_rows[x];
-      ep_rows[layout[r].ep_rank] += static_cast<double>(f.expert_rows[x]);
+    for (size_t x = 0; x < f.expert_rows.size() && x < ps.expert_tokens.size(); ++x) ps.expert_tokens[x] += f.expert_rows[x];
+    if (!f.layer_expert_rows.empty()) {
+      total.layer_expert_rows.resize(f.layer_expert_rows.size(), 0);
+      for (size_t x = 0; x < f.layer_expert_rows.size(); ++x) total.layer_expert_rows[x] += f.layer_expert_rows[x];
     }
     ps.a2a_bytes += results[r].a2a_bytes;
     ps.pp_bytes += results[r].pp_bytes;
@@ -257,7 +287,7 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
   total.comm_bytes = ps.comm_bytes;
   if (ep > 1) {
     ps.expert_imbalance = Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
-    ps.rank_imbalance = Imbalance(ep_rows);
+    ps.rank_imbalance = LayerRankImbalance(layout, ep, experts, results);
     std::vector<double> ep_tokens(ep, 0.0);  // attention is data-parallel: each rank its own sequences
     for (int64_t e = 0; e < ep; ++e) {
       for (const SubStep& sub : subs[e]) ep_tokens[e] += static_cast<double>(sub.in.num_tokens());

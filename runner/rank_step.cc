@@ -205,6 +205,7 @@ std::string EncodeRankResult(const absl::Status& status, const RankStepResult& r
   w.Put(f.moe_seconds);
   w.Put(f.head_seconds);
   w.PutVector(f.expert_rows);
+  w.PutVector(f.layer_expert_rows);
   w.Put(f.comm_seconds);
   w.Put(f.comm_bytes);
   w.PutVector(f.collective_spans);
@@ -232,6 +233,7 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.Get(&f.moe_seconds, "moe_seconds"));
   RETURN_IF_ERROR(r.Get(&f.head_seconds, "head_seconds"));
   RETURN_IF_ERROR(r.GetVector(&f.expert_rows, "expert_rows"));
+  RETURN_IF_ERROR(r.GetVector(&f.layer_expert_rows, "layer_expert_rows"));
   RETURN_IF_ERROR(r.Get(&f.comm_seconds, "comm_seconds"));
   RETURN_IF_ERROR(r.Get(&f.comm_bytes, "comm_bytes"));
   RETURN_IF_ERROR(r.GetVector(&f.collective_spans, "collective_spans"));

@@ -212,11 +212,12 @@ class ParallelTest : public ::testing::TestWithParam<int> {
                                    &backend_, storage_);
   }
   // The oracle: the single-rank forward of the same step on a cache of `layout`.
-  std::vector<float> OneRankLogits(const ForwardInput& in, const KvLayout& layout) {
+  // One rank's logits for `in`, and (with `stats`) its routing per (layer, expert).
+  std::vector<float> OneRankLogits(const ForwardInput& in, const KvLayout& layout, ForwardStats* stats = nullptr) {
     auto kv = KvStorage::Create(&backend_, layout);
     std::vector<float> logits;
     MoeModel one(weights_.get(), &backend_);
-    if (!kv.ok() || !one.Forward(in, layout, kv->data(), &logits).ok()) logits.clear();
+    if (!kv.ok() || !one.Forward(in, layout, kv->data(), &logits, stats).ok()) logits.clear();
     return logits;
   }
   CpuBackend backend_;

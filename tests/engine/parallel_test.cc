@@ -27,7 +27,8 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
     // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
     // one rank on the same step.
     const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
-    const std::vector<float> want = OneRankLogits(in, layout);
+    ForwardStats one;
+    const std::vector<float> want = OneRankLogits(in, layout, &one);
     ASSERT_FALSE(want.empty());
     auto x = ParallelExecutor::Create(ToConfig(l, &config_), weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
@@ -55,6 +56,21 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
                           (config_.num_hidden_layers - config_.num_dense_layers()))
           << Name(l);
       EXPECT_GE(ps.expert_imbalance, 1.0);
+      // The ranks' routing adds up to one rank's, and the EP imbalance is each layer's busiest
+      // rank under this layout's placement, from that one-rank routing.
+      EXPECT_EQ(fs.layer_expert_rows, one.layer_expert_rows) << Name(l);
+      const ExpertOwnerTable owner = ToConfig(l, &config_).Owners(config_);
+      const int64_t experts = config_.num_local_experts;
+      double busiest = 0, mean = 0;
+      for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+        std::vector<double> per_rank(static_cast<size_t>(l.ep), 0.0);
+        for (int64_t e = 0; e < experts; ++e) {
+          per_rank[static_cast<size_t>(owner[layer][e])] += static_cast<double>(one.layer_expert_rows[layer * experts + e]);
+        }
+        busiest += *std::max_element(per_rank.begin(), per_rank.end());
+        for (double x : per_rank) mean += x / static_cast<double>(l.ep);
+      }
+      EXPECT_NEAR(ps.rank_imbalance, busiest / mean, 1e-12) << Name(l);
       EXPECT_GT(ps.a2a_bytes, 0);
       // Every rank spends some time in the all-to-alls; the least-waiting one no more than the slowest.
       EXPECT_GT(ps.comm_min_seconds, 0) << Name(l);
@@ -377,7 +393,8 @@ TEST_P(ParallelTest, NcclRanksOnGpusMatchOneCpuRank) {
   if (gpus >= 4) layouts.push_back({2, 2, ExpertPlacement::kContiguous, 3});
   for (const Layout& l : layouts) {
     const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
-    const std::vector<float> want = OneRankLogits(in, layout);
+    ForwardStats one;
+    const std::vector<float> want = OneRankLogits(in, layout, &one);
     ASSERT_FALSE(want.empty());
     ParallelConfig config = ToConfig(l);
     for (int r = 0; r < l.ep * l.pp; ++r) config.nccl_devices.push_back(r);

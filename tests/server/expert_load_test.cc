@@ -1,6 +1,7 @@
 // `bench --expert-load-out` and `--expert-placement balanced --expert-load`, run as the real
 // binary: the routing recorded on one rank (every (token, slot) of every MoE layer counted
-// once), fed to a balanced placement over two EP ranks, and every misuse of the flags named.
+// once), fed to a balanced placement over two EP ranks (whose ranks' counts add up to the same
+// routing, as do two stages'), and every misuse of the flags named.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -37,19 +38,23 @@ TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
     total += layer;
   }
   EXPECT_EQ(total, 2 * 6 * (20 + 4) * 2);
-  // The recorded load places the experts of a two-rank run.
-  ASSERT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "20", "--output-len", "5",
-                        "--ep", "2", "--expert-placement", "balanced", "--expert-load", load, "--out", dir + "/ep2.json"},
-                       &out, &err),
-            0)
-      << err;
-  EXPECT_NE(out.find("layout ep2 pp1 balanced"), std::string::npos) << out;
+  // The recorded load places the experts of a two-rank run, which routes as one rank does: its
+  // ranks' counts add up to the same file, and so do those of two stages.
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--ep", "2", "--expert-placement", "balanced", "--expert-load", load},
+        std::vector<std::string>{"--pp", "2"}}) {
+    std::vector<std::string> args = {"bench", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "20",
+                                     "--output-len", "5", "--seed", "3", "--expert-load-out", dir + "/again.json"};
+    args.insert(args.end(), layout.begin(), layout.end());
+    ASSERT_EQ(RunCommand(args, &out, &err), 0) << err;
+    if (layout[0] == "--ep") EXPECT_NE(out.find("layout ep2 pp1 balanced"), std::string::npos) << out;
+    EXPECT_EQ(nlohmann::json::parse(*ReadFileToString(dir + "/again.json"))["tokens"], j["tokens"]) << layout[0];
+  }
   // Misuse, each named.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"--ep", "2", "--expert-placement", "balanced"}, "--expert-placement balanced needs --expert-load"},
       {{"--ep", "2", "--expert-load", load}, "--expert-load is read only with --expert-placement balanced"},
       {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", dir + "/none.json"}, "--expert-load"},
-      {{"--ep", "2", "--expert-load-out", dir + "/x.json"}, "--expert-load-out records on one rank"},
       {{"--ep", "2", "--expert-placement", "evenly"}, "must be contiguous, round-robin or balanced"},
   };
   for (const auto& [flags, message] : bad) {
