@@ -239,6 +239,8 @@ class Backend {
   // Gathers rows for expert dispatch: out[i, :] = x[src_rows[i], :].  out: [n, dim]
   virtual void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                           float* out) = 0;
+  // Composes two row maps: out[i] = first[second[i]] for i < n (out may be `second`).
+  virtual void ComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) = 0;
 
   // Whether the grouped GEMM over expert weights of `weight_dtype` rounds its activations to
   // bf16 before multiplying (the CPU's avx512-bf16 and AMX kernels): rows bound for it may then

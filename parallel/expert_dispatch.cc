@@ -126,7 +126,13 @@ absl::Status ExpertDispatch::PlanSend(const int32_t* ids, int64_t t) {
     }
   }
   RETURN_IF_ERROR(backend_->CopyToDevice(send_perm_.data(), host_perm_.data(), a * sizeof(int32_t)));
-  return backend_->CopyToDevice(send_unperm_.data(), host_unperm_.data(), a * sizeof(int32_t));
+  RETURN_IF_ERROR(backend_->CopyToDevice(send_unperm_.data(), host_unperm_.data(), a * sizeof(int32_t)));
+  // Composed on the device, so the rows move once each way as under a contiguous placement:
+  // send row j is token gather_rows[perm[j]], and assignment i's result comes back at send row
+  // unperm[combine_rows[i]].
+  backend_->ComposeIndices(gather_rows_.as<int32_t>(), send_perm_.as<int32_t>(), a, send_perm_.as<int32_t>());
+  backend_->ComposeIndices(send_unperm_.as<int32_t>(), combine_rows_.as<int32_t>(), a, combine_rows_.as<int32_t>());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ExpertDispatch::PlanReceive(ExpertDispatchStats* stats) {
@@ -192,11 +198,7 @@ absl::Status ExpertDispatch::Run(int64_t layer, const float* xn, const int32_t* 
   RETURN_IF_ERROR(Timed(stats, [&] { return ep_->AllToAllCounts(send_counts_, &recv_counts_); }));
   ASSIGN_OR_RETURN(const int64_t r_total, PlanReceive(stats));
   float* send = send_x_.as<float>();
-  if (a > 0 && placement_->rank_major) backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, send);
-  if (a > 0 && !placement_->rank_major) {  // sorted rows (results_ is free until they come back), then send order
-    backend_->GatherRows(xn, gather_rows_.as<int32_t>(), a, h, results_.as<float>());
-    backend_->GatherRows(results_.as<float>(), send_perm_.as<int32_t>(), a, h, send);
-  }
+  if (a > 0) backend_->GatherRows(xn, (placement_->rank_major ? gather_rows_ : send_perm_).as<int32_t>(), a, h, send);
   if (bf16_rows_ && a > 0) backend_->RoundToBf16(send, a * h, send_bf16_.as<uint16_t>());
   RETURN_IF_ERROR(backend_->Synchronize());  // the communicator reads what the compute stream wrote
   const int64_t row_bytes = h * static_cast<int64_t>(sizeof(float));
@@ -235,10 +237,6 @@ absl::Status ExpertDispatch::Run(int64_t layer, const float* xn, const int32_t* 
     stats->assignments += a;
   }
   if (t == 0) return absl::OkStatus();
-  if (!placement_->rank_major) {  // back into sorted order (send_x_ is free once the rows were sent)
-    backend_->GatherRows(results, send_unperm_.as<int32_t>(), a, h, send_x_.as<float>());
-    results = send_x_.as<float>();
-  }
   backend_->ScatterCombine(results, combine_rows_.as<int32_t>(), weights, t, k, h, x, /*accumulate=*/true);
   return absl::OkStatus();
 }

@@ -92,8 +92,10 @@ class ExpertDispatch {
   const LayerPlacement* placement_ = nullptr;  // the layer being run
   int64_t max_local_ = 0;  // the most experts one rank holds in any layer: counts exchanged per peer
   // Send side (this rank's assignments): the device plan (expert offsets, the token of each
-  // sorted row, the sorted row of each assignment), the send order (interleaved placements),
-  // hidden rows, the results that come back.
+  // sorted row, the sorted row of each assignment), the send order where a layer's placement
+  // interleaves the ranks (send_perm_ composed into the token of each send row, combine_rows_
+  // into the send row of each assignment, so the rows move once each way), hidden rows, the
+  // results that come back.
   DeviceBuffer plan_offsets_, gather_rows_, combine_rows_, send_perm_, send_unperm_, send_x_, send_bf16_, results_;
   int64_t send_capacity_ = 0;
   // Receive side (rows from every rank): hidden states as received, the gather indices into

@@ -278,6 +278,10 @@ void CpuBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, 
   }
 }
 
+void CpuBackend::ComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = first[second[i]];
+}
+
 void CpuBackend::ScatterCombine(const float* y, const int32_t* rows, const float* weights,
                                 int64_t n, int64_t k, int64_t dim, float* out, bool accumulate) {
   if (fast()) return cpu_fast::ScatterCombine(*pool_, y, rows, weights, n, k, dim, out, accumulate);

@@ -102,6 +102,7 @@ class CpuBackend final : public Backend {
   void WidenBf16(const uint16_t* x, int64_t n, float* out) override;
   void GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                   float* out) override;
+  void ComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) override;
   void ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n,
                       int64_t k, int64_t dim, float* out, bool accumulate) override;
   void SigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim) override;

@@ -281,6 +281,11 @@ void CudaBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n,
   NOTE_CUDA(cuda::LaunchGatherRows(x, src_rows, n, dim, out, impl_->stream));
 }
 
+void CudaBackend::ComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) {
+  Use();
+  NOTE_CUDA(cuda::LaunchComposeIndices(first, second, n, out, impl_->stream));
+}
+
 void CudaBackend::ScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,
                                  int64_t dim, float* out, bool accumulate) {
   Use();

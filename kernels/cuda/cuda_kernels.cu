@@ -158,6 +158,11 @@ __global__ void GatherRowsKernel(const float* x, const int32_t* src_rows, int64_
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[i * dim + c] = x[src * dim + c];
 }
 
+__global__ void ComposeIndicesKernel(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = first[second[i]];
+}
+
 __global__ void ScatterCombineKernel(const float* y, const int32_t* rows, const float* weights, int64_t k,
                                      int64_t dim, float* out, bool accumulate) {
   const int64_t t = blockIdx.x;
@@ -329,6 +334,14 @@ cudaError_t LaunchWidenBf16(const uint16_t* x, int64_t n, float* out, cudaStream
 cudaError_t LaunchGatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out,
                              cudaStream_t stream) {
   if (n > 0) GatherRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, src_rows, dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out,
+                                 cudaStream_t stream) {
+  if (n > 0) {
+    ComposeIndicesKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(first, second, n, out);
+  }
   return cudaGetLastError();
 }
 

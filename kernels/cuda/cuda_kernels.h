@@ -44,6 +44,9 @@ cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStre
 cudaError_t LaunchWidenBf16(const uint16_t* x, int64_t n, float* out, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim, float* out,
                              cudaStream_t stream);
+// out[i] = first[second[i]], n values (out may be second).
+cudaError_t LaunchComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out,
+                                 cudaStream_t stream);
 cudaError_t LaunchScatterCombine(const float* y, const int32_t* rows, const float* weights, int64_t n, int64_t k,
                                  int64_t dim, float* out, bool accumulate, cudaStream_t stream);
 cudaError_t LaunchSigmoidScaleRows(float* x, const float* gate, int64_t rows, int64_t dim, cudaStream_t stream);
