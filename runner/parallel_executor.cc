@@ -343,13 +343,18 @@ std::vector<std::pair<size_t, size_t>> ParallelExecutor::device_bytes() const {
 std::string ParallelExecutor::Describe() const {
   std::vector<std::string> lines;
   for (const RankLayout& l : layout_) {
-    // Each layer's experts; a run of layers with the same ones once (every layer, unless balanced).
+    // The experts, as a list where every layer holds the same ones; else each run of layers
+    // that holds the same ones (a balanced placement).
     std::string experts;
     for (size_t i = 0; i < l.experts.size(); ++i) {
       if (i > 0 && l.experts[i] == l.experts[i - 1]) continue;
       size_t j = i;
       while (j + 1 < l.experts.size() && l.experts[j + 1] == l.experts[i]) ++j;
       const int64_t first = l.layer_begin + static_cast<int64_t>(i), last = l.layer_begin + static_cast<int64_t>(j);
+      if (i == 0 && j + 1 == l.experts.size()) {
+        experts = absl::StrJoin(l.experts[i], ",");
+        break;
+      }
       absl::StrAppend(&experts, i ? "; " : "", first == last ? absl::StrCat("layer ", first) : absl::StrCat("layers ", first, "-", last),
                       ": ", absl::StrJoin(l.experts[i], ","));
     }
