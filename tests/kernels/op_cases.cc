@@ -128,6 +128,19 @@ void AddRoutingCases(std::vector<OpCase>* cases) {
                         return all;
                       }});
   }
+  // The expert dispatch composes its send order with the routing plan in place (out = second).
+  cases->push_back({"ComposeIndices of two random permutations of 37, in place", 0, 0, [](Backend& b, std::mt19937& g) {
+                      const int64_t n = 37;
+                      std::vector<int32_t> first(n), second(n);
+                      std::iota(first.begin(), first.end(), 0);
+                      std::iota(second.begin(), second.end(), 0);
+                      std::shuffle(first.begin(), first.end(), g);
+                      std::shuffle(second.begin(), second.end(), g);
+                      DeviceIo io(b);
+                      int32_t* out = io.Up(second);
+                      b.ComposeIndices(io.Up(first), out, n, out);
+                      return io.Down(out, n);
+                    }});
 }
 
 // Embedding rows of an f32 or bf16 table (row-major, as the loader stores embeddings), and K/V
