@@ -8,6 +8,10 @@
 
 namespace moeserve {
 
+// A count's bound: far beyond any run, and small enough that a rank's sum of 65536 never
+// overflows.
+constexpr int64_t kMaxCount = 1000000000000000;
+
 absl::StatusOr<ExpertLoad> ReadExpertLoad(const std::string& path) {
   auto text = ReadFileToString(path);
   if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--expert-load: ", text.status().message()));
@@ -33,8 +37,8 @@ absl::StatusOr<ExpertLoad> ReadExpertLoad(const std::string& path) {
       return bad(absl::StrCat("\"tokens\"[", l, "] must hold ", experts, " counts"));
     }
     for (const nlohmann::json& v : row) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-        return bad(absl::StrCat("\"tokens\"[", l, "]: every count must be an integer >= 0"));
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxCount) {
+        return bad(absl::StrCat("\"tokens\"[", l, "]: every count must be an integer in [0, 1e15]"));
       }
       load.tokens.push_back(v.get<int64_t>());
     }

@@ -49,7 +49,7 @@ std::vector<int32_t> LongestFirst(const ExpertLoad& load, int64_t layer, int64_t
 // busiest rank's load (the best such swap each time; counts per rank unchanged).
 void ImproveBySwaps(const ExpertLoad& load, int64_t layer, int64_t ep, std::vector<int32_t>* owner) {
   const int64_t experts = load.experts;
-  for (int64_t round = 0; round < experts * experts; ++round) {
+  for (int64_t round = 0; round < experts; ++round) {  // each round lowers the busiest load; rarely more than a few
     const std::vector<int64_t> sum = RankSums(*owner, load, layer, ep);
     const int64_t busy = std::max_element(sum.begin(), sum.end()) - sum.begin();
     int64_t best_x = -1, best_y = -1, best_peak = sum[static_cast<size_t>(busy)];

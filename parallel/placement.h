@@ -20,17 +20,18 @@ struct ExpertLoad {
 };
 
 // owner[layer][e]: the EP rank that holds routed expert e in `layer`, for every layer of the
-// model. Every rank holds as many experts in every layer as contiguous ranges give it
-// (ceil or floor of E / ep).
+// model (ceil or floor of E / ep experts per rank).
 //   contiguous: expert e on rank floor(e N / E) in every layer (rank r holds a contiguous range);
 //   round-robin: expert e on rank e mod N in every layer;
-//   balanced (`load` given, of these layers and experts): per layer, the experts, heaviest
-//     first (ties to the lower index), each to the rank with the least load so far that has
-//     room (ties to the lower rank): the longest-processing-time rule, which keeps the busiest
-//     rank within 4/3 of the best possible; then swaps of an expert of the busiest rank with a
-//     lighter one elsewhere while that lowers the busiest rank's load; contiguous where that
-//     is at least as even (so never worse than it). What DeepSeek's EPLB does per layer,
-//     without replicating experts.
+//   balanced (`load` given, of these layers and experts): every rank holds as many experts as
+//     under contiguous; per layer, the experts, heaviest first (ties to the lower index), each
+//     to the rank with the least load so far that has room (ties to the lower rank): the
+//     longest-processing-time rule (within 4/3 of the best possible busiest rank in the tests'
+//     brute-force comparisons; with the room per rank fixed that bound is not a theorem);
+//     then swaps of an expert of the busiest rank with a lighter one elsewhere while that
+//     lowers the busiest rank's load (at most E rounds); contiguous where that is at least as
+//     even (so never worse than it). What DeepSeek's EPLB does per layer, without replicating
+//     experts.
 using ExpertOwnerTable = std::vector<std::vector<int32_t>>;
 ExpertOwnerTable ExpertOwners(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
                               const ExpertLoad* load = nullptr);

@@ -82,8 +82,9 @@ struct StepShape {
   // routing, layers * E * (1 - (1 - k/E)^tokens).
   double experts_hit = -1;
   double transfer_bytes = 0;  // KV moved between tiers during the step (host link)
-  // Expert parallelism, where the step was measured: max over mean of the expert rows per EP
-  // rank, and of the tokens per EP rank (its sequences'). The step waits for the busiest rank.
+  // Expert parallelism, where the step was measured: the expert rows per EP rank, busiest over
+  // mean (each MoE layer's busiest rank, summed over layers: runner/parallel_step.cc), and the
+  // tokens per EP rank (its sequences'), max over mean. The step waits for the busiest rank.
   // 0: not measured; the experts' share is the expectation under uniform routing
   // (ExpectedExpertRankImbalance), and the busiest rank holds ceil(n / ep) of the n sequences.
   double expert_rank_imbalance = 0;

@@ -106,7 +106,7 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
 void ParallelExecutor::PlanLayout(const ModelConfig& c) {
   const int64_t ep = config_.ep, pp = config_.pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
-  const ExpertOwnerTable owner = config_.Owners(c);
+  owners_ = config_.Owners(c);  // once: a balanced placement's search is not free
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
   const int64_t seg = kv_.num_blocks / ep;
   cut_.block_size = kv_.block_size;
@@ -122,7 +122,7 @@ void ParallelExecutor::PlanLayout(const ModelConfig& c) {
       l.ep_rank = e;
       l.layer_begin = stages[s].first;
       l.layer_end = stages[s].second;
-      l.experts = ExpertsOfRank(owner, e, l.layer_begin, l.layer_end);
+      l.experts = ExpertsOfRank(owners_, e, l.layer_begin, l.layer_end);
       l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(l.layer_end - l.layer_begin);
       layout_.push_back(l);
     }
@@ -248,7 +248,6 @@ KvLayout ParallelExecutor::SegmentLayout(int64_t ep_rank, int64_t layers) const 
 
 absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weights_backend,
                                        const BackendFactory& backends) {
-  const ModelConfig& c = weights_->config();
   const int64_t n = config_.ep * config_.pp, s = layout.stage, e = layout.ep_rank;
   Rank r;
   r.layout = layout;
@@ -272,8 +271,7 @@ absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weight
   shard.layer_begin = layout.layer_begin;
   shard.layer_end = layout.layer_end;
   shard.ep = r.ep;
-  const ExpertOwnerTable owner = config_.Owners(c);
-  shard.expert_owner.assign(owner.begin() + layout.layer_begin, owner.begin() + layout.layer_end);
+  shard.expert_owner.assign(owners_.begin() + layout.layer_begin, owners_.begin() + layout.layer_end);
   r.model = std::make_unique<MoeModel>(r.weights.get(), r.backend.get(), std::move(shard));
   // Its KV arena: its stage's layers, its segment's blocks, on its own device.
   auto arena = KvStorage::Create(r.backend.get(), SegmentLayout(e, layout.layer_end - layout.layer_begin));

@@ -192,6 +192,7 @@ class ParallelExecutor final : public Executor {
   ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
+  ExpertOwnerTable owners_;                    // every layer's expert placement (PlanLayout)
   std::vector<Rank> ranks_;                    // the ranks this process holds, rank order
   std::vector<KvStorage> rank_kv_;             // one arena per held rank: its layers, its segment
   KvLayout kv_;                                // the whole cache, as the engine sees it

@@ -164,6 +164,9 @@ int RunBench(BenchOptions o) {
   // Under mpirun: rank 0 runs the benchmark, the other ranks run their shards (tools/mpi_job.h).
   auto job = MpiJob::Join(o.engine, o.model);
   if (!job.ok()) return Fail(job.status());
+  if (!o.expert_load_out.empty() && (o.tier_scenario || !o.sweep_batch.empty())) {
+    return Fail(absl::InvalidArgumentError("--expert-load-out records a workload's routing: not with --tier-scenario or --sweep-batch"));
+  }
   if (*job != nullptr && (o.tier_scenario || !o.sweep_batch.empty())) {
     return Fail(absl::InvalidArgumentError("--tier-scenario and --sweep-batch do not run under mpirun"));
   }

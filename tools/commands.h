@@ -82,6 +82,8 @@ struct EngineFlags {
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
+// --expert-placement and --expert-load into `parallel` (the load file read and checked).
+absl::Status ApplyPlacementFlags(const EngineFlags& flags, ParallelConfig* parallel);
 absl::StatusOr<CpuBackendOptions> MakeBackendOptions(const EngineFlags& flags);
 // A parallel rank's GPU backend on `gpu` (null, with the reason on stderr, when it cannot be made).
 std::unique_ptr<Backend> MakeCudaRankBackend(int rank, int gpu, size_t capacity_bytes);

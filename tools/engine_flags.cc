@@ -167,6 +167,29 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
 }
 
+absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
+  if (f.expert_placement == "round-robin") {
+    p->placement = ExpertPlacement::kRoundRobin;
+  } else if (f.expert_placement == "balanced") {
+    p->placement = ExpertPlacement::kBalanced;
+  } else if (f.expert_placement != "contiguous") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-placement must be contiguous, round-robin or balanced, got '", f.expert_placement, "'"));
+  }
+  if (f.expert_load.empty()) {
+    if (p->placement == ExpertPlacement::kBalanced) {
+      return absl::InvalidArgumentError("--expert-placement balanced needs --expert-load FILE (bench --expert-load-out)");
+    }
+    return absl::OkStatus();
+  }
+  if (p->placement != ExpertPlacement::kBalanced) {
+    return absl::InvalidArgumentError("--expert-load is read only with --expert-placement balanced");
+  }
+  ASSIGN_OR_RETURN(ExpertLoad load, ReadExpertLoad(f.expert_load));
+  p->expert_load = std::make_shared<const ExpertLoad>(std::move(load));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
   EngineConfig c = f.config;  // the flags bound to it directly
   c.scheduler.chunked_prefill = !f.no_chunked_prefill;
@@ -226,21 +249,7 @@ absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& f) {
         absl::StrCat("--max-retain-seconds must be >= 0, got ", c.limits.max_retain_seconds));
   }
   if (!(f.device_mb >= 0)) return absl::InvalidArgumentError(absl::StrCat("--device-mb must be >= 0, got ", f.device_mb));
-  if (f.expert_placement == "round-robin") {
-    c.parallel.placement = ExpertPlacement::kRoundRobin;
-  } else if (f.expert_placement == "balanced") {
-    c.parallel.placement = ExpertPlacement::kBalanced;
-  } else if (f.expert_placement != "contiguous") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--expert-placement must be contiguous, round-robin or balanced, got '", f.expert_placement, "'"));
-  }
-  if (!f.expert_load.empty()) {
-    if (c.parallel.placement != ExpertPlacement::kBalanced) {
-      return absl::InvalidArgumentError("--expert-load is read only with --expert-placement balanced");
-    }
-    ASSIGN_OR_RETURN(ExpertLoad load, ReadExpertLoad(f.expert_load));
-    c.parallel.expert_load = std::make_shared<const ExpertLoad>(std::move(load));
-  }
+  RETURN_IF_ERROR(ApplyPlacementFlags(f, &c.parallel));
   if (c.parallel.enabled()) {
     RETURN_IF_ERROR(MakeBackendOptions(f).status());  // the ranks' CPU options, checked now
     if (f.backend == "cuda") {

@@ -24,6 +24,17 @@
 namespace moeserve::tools {
 namespace {
 
+// The expert load a balanced placement comes from, as a number every rank can compare (52 bits
+// of an FNV-1a hash of its counts, exact in a double); 0 without one.
+[[maybe_unused]] double PlacementDigest(const ParallelConfig& p) {
+  if (p.expert_load == nullptr) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t v : p.expert_load->tokens) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * b)) & 0xff)) * 1099511628211ull;
+  }
+  return static_cast<double>(h & ((1ull << 52) - 1));
+}
+
 // The heartbeat period and how long rank 0 waits for a silent worker (MOESERVE_RANK_TIMEOUT_S
 // overrides the timeout: tests shorten it).
 constexpr double kHeartbeatSeconds = 0.5;
@@ -176,12 +187,13 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
   const std::string prefix = absl::StrCat("rank ", world->rank(), " of ", world->size(), ": ");
   absl::Status verdict = absl::OkStatus();
   auto config = LoadModelConfig(spec);
+  ParallelConfig parallel = f.config.parallel;
   if (!config.ok()) {
     verdict = absl::InvalidArgumentError(absl::StrCat(prefix, config.status().message()));
-  } else {
-    if (absl::Status s = f.config.parallel.Validate(*config, world->size()); !s.ok()) {
-      verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
-    }
+  } else if (absl::Status s = ApplyPlacementFlags(f, &parallel); !s.ok()) {
+    verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
+  } else if (absl::Status s = parallel.Validate(*config, world->size()); !s.ok()) {
+    verdict = absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
   }
   // Every rank learns whether all of them agreed (a config missing on one host only), so that
   // none goes on into a collective the others never join.
@@ -191,6 +203,15 @@ absl::StatusOr<std::unique_ptr<MpiJob>> MpiJob::Join(const EngineFlags& f, const
     if (ok[r] == 0)
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "rank ", r, " refused the job (its log says why)"));
+  }
+  // Each rank read its own --expert-load: the hosts' files must place the experts alike, or
+  // the ranks would disagree on who computes what.
+  ASSIGN_OR_RETURN(const std::vector<double> placements, world->AllGather(PlacementDigest(parallel)));
+  for (size_t r = 0; r < placements.size(); ++r) {
+    if (placements[r] != placements.front()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "rank ", r, " read an --expert-load that places the experts "
+                                                     "differently from rank 0's: the hosts hold different files"));
+    }
   }
   ASSIGN_OR_RETURN(const std::string sharing, CheckRankCores(world.get()));
   if (!sharing.empty() && world->rank() == 0) std::fprintf(stderr, "%swarning: %s\n", prefix.c_str(), sharing.c_str());

@@ -29,7 +29,8 @@ def key(d):
 def plot_measured(ax, measured, colours):
     """Measured tokens/s (x: ranks as threads, +: processes) beside the prediction as run here."""
     for m in measured:
-        colour = colours.get(key(m), colours.get((m["ep"], m["pp"], 0), "black"))
+        same = [c for k, c in colours.items() if k[:2] == (m["ep"], m["pp"])]
+        colour = colours.get(key(m), same[0] if same else "black")
         marker = "P" if m["ranks_as"] == "processes" else "X"
         ax.plot(m["sequences"], m["measured_tokens_per_second"], marker, color=colour, markersize=8)
         ax.plot(m["sequences"], m["predicted_tokens_per_second"], "o", color=colour, markersize=4, alpha=0.5)

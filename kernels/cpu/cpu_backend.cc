@@ -247,7 +247,11 @@ bool CpuBackend::FusesGateUpSilu(std::span<const WeightRef> w13, int64_t inter) 
 void CpuBackend::GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                                   const int64_t* offsets, int64_t max_rows, int64_t inter, float* gate_up, float* act,
                                   float* out) {
-  if (FusesGateUpSilu(w13, inter)) {
+  // The fused path runs the w2 GEMMs itself: bf16 experts only (FP8 ones keep GroupedGemm's).
+  const bool bf16_w2 = std::all_of(w2.begin(), w2.end(), [&](const WeightRef& w) {
+    return w.data == nullptr || (w.dtype == DType::kBF16 && w.cols == inter);
+  });
+  if (bf16_w2 && FusesGateUpSilu(w13, inter)) {
     const std::span<const int64_t> groups(offsets, w13.size() + 1);
     MS_CHECK(groups.back() <= max_rows);
     return cpu_fast::GroupedSwiGluMlp(*pool_, x, w13, w2, groups, inter, act, out, isa_);

@@ -97,6 +97,7 @@ void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRe
   for (size_t g = 0; g < w13.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
+    MS_CHECK(w2[g].cols == inter && (w2[g].dtype == DType::kBF16 || w2[g].dtype == DType::kF32));
     tiles = tiles && w2[g].dtype == DType::kBF16;
     tile_elems += PaddedAmxElems(rows, inter);
   }

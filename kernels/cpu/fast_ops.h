@@ -33,7 +33,7 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
 // in one pass of the fused amx kernel (GemmTask::swiglu; only where SwiGluFusable), the bits of
 // GroupedGemm, SiluMul, GroupedGemm. Where every w2 GEMM runs on amx and inter is whole 32-column
 // tiles, act passes between the GEMMs as bf16 tiles (GemmTask::y_amx, x_amx) and `act` [rows,
-// inter] is left unwritten; else it holds act in fp32.
+// inter] is left unwritten; else it holds act in fp32. w2: [hidden, inter], bf16 or f32.
 void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                       std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

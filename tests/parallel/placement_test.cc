@@ -116,7 +116,8 @@ TEST(ExpertLoadTest, RoundTripsAndNamesWhatIsWrong) {
       {R"({"layers": 1, "experts": "3", "tokens": [[1, 2, 3]]})", "\"experts\" must be an integer"},
       {R"({"layers": 2, "experts": 3, "tokens": [[1, 2, 3]]})", "\"tokens\" must be 2 rows"},
       {R"({"layers": 1, "experts": 3, "tokens": [[1, 2]]})", "\"tokens\"[0] must hold 3 counts"},
-      {R"({"layers": 1, "experts": 3, "tokens": [[1, -2, 3]]})", "every count must be an integer >= 0"},
+      {R"({"layers": 1, "experts": 3, "tokens": [[1, -2, 3]]})", "every count must be an integer in [0, 1e15]"},
+      {R"({"layers": 1, "experts": 3, "tokens": [[1, 2e16, 3]]})", "every count must be an integer in [0, 1e15]"},
   };
   for (const auto& [text, message] : bad) {
     {

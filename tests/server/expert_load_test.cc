@@ -56,6 +56,7 @@ TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
       {{"--ep", "2", "--expert-load", load}, "--expert-load is read only with --expert-placement balanced"},
       {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", dir + "/none.json"}, "--expert-load"},
       {{"--ep", "2", "--expert-placement", "evenly"}, "must be contiguous, round-robin or balanced"},
+      {{"--sweep-batch", "1", "--expert-load-out", dir + "/x.json"}, "not with --tier-scenario or --sweep-batch"},
   };
   for (const auto& [flags, message] : bad) {
     std::vector<std::string> args = {"bench", "--preset", "tiny", "--num-requests", "1"};

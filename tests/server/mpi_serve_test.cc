@@ -223,6 +223,25 @@ TEST(MpiServeTest, ALayoutThatIsNotTheJobIsRefusedByEveryRankBeforeLoading) {
         << err;
   }
   EXPECT_EQ(err.find("loading"), std::string::npos) << "no rank may load weights\n" << err;
+  // A balanced placement without its load, or with one of another model, likewise.
+  const std::string dir = MakeTempDir("mpi-placement");
+  {
+    std::ofstream(dir + "/load.json") << R"({"layers": 3, "experts": 4, "tokens": [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]]})";
+  }
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--expert-placement", "balanced"},
+        std::vector<std::string>{"--expert-placement", "balanced", "--expert-load", dir + "/load.json"}}) {
+    argv = Mpirun(2);
+    argv.push_back(MOESERVE_BIN);
+    for (std::string a : {"serve", "--preset", "tiny", "--ep", "2"}) argv.push_back(a);
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    EXPECT_NE(RunProgram(argv, &out, &err), 0);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(err.find("rank " + std::to_string(r) + " of 2: --expert-"), std::string::npos) << err;
+    }
+    EXPECT_EQ(err.find("loading"), std::string::npos) << "no rank may load weights\n" << err;
+  }
+  std::filesystem::remove_all(dir);
 }
 // A step that outlasts the step timeout ends the job even though the ranks still beat: the
 // stand-in for a rank stuck in a computation. Rank 1 is stopped mid-stream (SIGSTOP), so rank 0
