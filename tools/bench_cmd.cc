@@ -22,7 +22,6 @@
 #include "tools/calibrate/measure.h"
 #include "engine/workload.h"
 #include "tools/commands.h"
-#include "parallel/expert_load.h"
 #include "tools/launch.h"
 #include "tools/mpi_job.h"
 
@@ -41,7 +40,6 @@ struct BenchOptions {
   double rate = 0.0;
   uint64_t seed = 0;
   std::string out;
-  std::string expert_load_out;  // the routing per (layer, expert), for --expert-placement balanced
   // Decode sweep against the roofline.
   std::string sweep_batch;
   std::string context = "128,1024,4096";
@@ -130,33 +128,6 @@ int RunTiers(BenchOptions o) {
 
 int RunBenchRank0(BenchOptions o, MpiJob* job);
 
-// --expert-load-out: the recorded routing to `path`, and how evenly the placements would spread
-// it: per layer the busiest EP rank's tokens over the mean, averaged over the routed layers.
-absl::Status WriteExpertLoad(const std::string& path, const ExpertLoad& load, const std::string& model) {
-  RETURN_IF_ERROR(WriteFileAtomically(path, ExpertLoadJson(load, model)));
-  std::printf("  wrote %s: tokens routed to each of %lld layers x %lld experts\n", path.c_str(),
-              static_cast<long long>(load.layers), static_cast<long long>(load.experts));
-  for (int64_t ep : {2, 4, 8}) {
-    if (ep > load.experts) break;
-    double sum[2] = {0, 0};
-    int64_t routed = 0;
-    const ExpertPlacement kinds[2] = {ExpertPlacement::kContiguous, ExpertPlacement::kBalanced};
-    for (int k = 0; k < 2; ++k) {
-      const std::vector<double> imb =
-          RankImbalance(ExpertOwners(load.layers, load.experts, ep, kinds[k], &load), load, ep);
-      routed = 0;
-      for (int64_t l = 0; l < load.layers; ++l) {
-        bool any = false;
-        for (int64_t e = 0; e < load.experts; ++e) any |= load.at(l, e) > 0;
-        if (any) sum[k] += imb[static_cast<size_t>(l)], ++routed;
-      }
-    }
-    if (routed == 0) break;
-    std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f\n",
-                static_cast<long long>(ep), sum[0] / static_cast<double>(routed), sum[1] / static_cast<double>(routed));
-  }
-  return absl::OkStatus();
-}
 
 int RunBench(BenchOptions o) {
   if (absl::Status s = FinishModelSpec(o.dtype, o.load_format, &o.model); !s.ok()) return Fail(s);
@@ -164,7 +135,7 @@ int RunBench(BenchOptions o) {
   // Under mpirun: rank 0 runs the benchmark, the other ranks run their shards (tools/mpi_job.h).
   auto job = MpiJob::Join(o.engine, o.model);
   if (!job.ok()) return Fail(job.status());
-  if (!o.expert_load_out.empty() && (o.tier_scenario || !o.sweep_batch.empty())) {
+  if (!o.engine.expert_load_out.empty() && (o.tier_scenario || !o.sweep_batch.empty())) {
     return Fail(absl::InvalidArgumentError("--expert-load-out records a workload's routing: not with --tier-scenario or --sweep-batch"));
   }
   if (*job != nullptr && (o.tier_scenario || !o.sweep_batch.empty())) {
@@ -263,12 +234,7 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   Engine* engine = (*launched)->engine.get();
   const BenchRun run = RunWorkload(engine, MakeWorkload(*w));
   if (absl::Status failed = engine->failure(); !failed.ok()) return Fail(failed);
-  if (!o.expert_load_out.empty()) {
-    if (absl::Status s = WriteExpertLoad(o.expert_load_out, engine->RecordedExpertLoad(), DescribeModelSpec(o.model));
-        !s.ok()) {
-      return Fail(s);
-    }
-  }
+  if (absl::Status s = WriteExpertLoadOut(o.engine, *engine, o.model); !s.ok()) return Fail(s);
   const nlohmann::json workload = {{"num_requests", o.num_requests}, {"prompt_len", w->prompt_len.ToString()},
                                    {"output_len", w->output_len.ToString()}, {"shared_prefix", o.shared_prefix},
                                    {"rate", o.rate}, {"seed", o.seed}};
@@ -304,10 +270,6 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Workload seed")->capture_default_str();
   cmd->add_option("--out", o->out, "Write the report as JSON to this file");
-  cmd->add_option("--expert-load-out", o->expert_load_out,
-                  "Write the tokens the run routed to each (layer, expert) as JSON, for `--expert-placement balanced "
-                  "--expert-load FILE`, and print how evenly contiguous and balanced placements would spread them "
-                  "over 2, 4 and 8 EP ranks (any layout: under --ep the ranks' counts add up to the routing)");
   cmd->add_option("--sweep-batch", o->sweep_batch,
                   "Decode sweep instead of a workload: comma-separated batch sizes, each held fixed while the "
                   "step time is measured against the roofline (e.g. 1,2,4,8,16,32,64,128,256)");

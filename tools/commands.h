@@ -64,7 +64,8 @@ struct EngineFlags {
   int device = 0;
   double device_mb = 0;
   std::string expert_placement = "contiguous";
-  std::string expert_load;  // --expert-load FILE
+  std::string expert_load;      // --expert-load FILE
+  std::string expert_load_out;  // --expert-load-out FILE: the routing recorded, written at the end
   bool fp32_dispatch = false;
   bool reference = false;
   bool no_batch_invariant = false;

@@ -146,7 +146,11 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--expert-load", f->expert_load,
                   "With --expert-placement balanced: the tokens routed to each (layer, expert), as `moeserve bench "
-                  "--expert-load-out FILE` writes them (a run of the same model on one rank)");
+                  "--expert-load-out FILE` writes them (a run of the same model, any layout)");
+  cmd->add_option("--expert-load-out", f->expert_load_out,
+                  "Write the tokens routed to each (layer, expert) as JSON when the run ends (bench: after its "
+                  "workload; serve: at a clean shutdown), for --expert-placement balanced --expert-load, and print "
+                  "how evenly contiguous and balanced placements would spread them over 2, 4 and 8 EP ranks");
   cmd->add_flag("--fp32-dispatch", f->fp32_dispatch,
                 "With --ep: send the hidden rows to the experts as fp32 even where every rank's expert GEMM rounds "
                 "them to bf16 anyway (the avx512-bf16 and AMX kernels with bf16 or FP8 experts), which otherwise "

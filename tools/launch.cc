@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
+#include "core/file_util.h"
 #include "core/status.h"
+#include "parallel/expert_load.h"
 
 namespace moeserve::tools {
 
@@ -61,6 +63,35 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
   }
   ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str());
   return out;
+}
+
+absl::Status WriteExpertLoadOut(const EngineFlags& flags, const Engine& engine, const ModelSpec& spec) {
+  if (flags.expert_load_out.empty()) return absl::OkStatus();
+  const std::string& path = flags.expert_load_out;
+  const ExpertLoad load = engine.RecordedExpertLoad();
+  RETURN_IF_ERROR(WriteFileAtomically(path, ExpertLoadJson(load, DescribeModelSpec(spec))));
+  std::printf("  wrote %s: tokens routed to each of %lld layers x %lld experts\n", path.c_str(),
+              static_cast<long long>(load.layers), static_cast<long long>(load.experts));
+  for (int64_t ep : {2, 4, 8}) {
+    if (ep > load.experts) break;
+    double sum[2] = {0, 0};
+    int64_t routed = 0;
+    const ExpertPlacement kinds[2] = {ExpertPlacement::kContiguous, ExpertPlacement::kBalanced};
+    for (int k = 0; k < 2; ++k) {
+      const std::vector<double> imb =
+          RankImbalance(ExpertOwners(load.layers, load.experts, ep, kinds[k], &load), load, ep);
+      routed = 0;
+      for (int64_t l = 0; l < load.layers; ++l) {
+        bool any = false;
+        for (int64_t e = 0; e < load.experts; ++e) any |= load.at(l, e) > 0;
+        if (any) sum[k] += imb[static_cast<size_t>(l)], ++routed;
+      }
+    }
+    if (routed == 0) break;
+    std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f\n",
+                static_cast<long long>(ep), sum[0] / static_cast<double>(routed), sum[1] / static_cast<double>(routed));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moeserve::tools

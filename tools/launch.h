@@ -49,4 +49,10 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
                                                        EngineConfig config, MpiJob* job,
                                                        const std::string& log_prefix, const FitToModel& fit = nullptr);
 
+// --expert-load-out (flags.expert_load_out; nothing without it): the routing `engine` recorded,
+// to that file (parallel/expert_load.h), and how evenly contiguous and balanced placements would
+// spread it over 2, 4 and 8 EP ranks (per layer the busiest rank's tokens over the mean,
+// averaged over the routed layers), on stdout.
+absl::Status WriteExpertLoadOut(const EngineFlags& flags, const Engine& engine, const ModelSpec& spec);
+
 }  // namespace moeserve::tools

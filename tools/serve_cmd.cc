@@ -193,6 +193,7 @@ int StartAndServe(ServeOptions o, const server::ServiceOptions& so, Engine* engi
     engine->Stop();
     return Fail(s);
   }
+  if (absl::Status w = WriteExpertLoadOut(o.engine, *engine, o.model); !w.ok()) return Fail(w);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/file_util.h"
+#include "tests/server/grpc_client.h"
 #include "tests/server/server_process.h"
 
 namespace moeserve::testing {
@@ -75,6 +76,27 @@ TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
                        &out, &err),
             0);
   EXPECT_NE(err.find("recorded for 8 layers x 8 experts, the model has 2 x 4"), std::string::npos) << err;
+}
+
+// serve records too, and writes the file at a clean shutdown: two requests of 10 prompt ids and
+// 4 output tokens are (10 + 3) tokens each through both MoE layers of tiny, top-2.
+TEST(E2eExpertLoadTest, ServeWritesTheRoutingAtShutdown) {
+  const std::string dir = MakeTempDir("serve-expert-load");
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--preset", "tiny", "--expert-load-out", dir + "/load.json"})) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  for (int i = 0; i < 2; ++i) {
+    const Streamed got = Stream(stub.get(), IdsRequest({5, 6, 7, 8, 9, 10, 11, 12, 13, 14 + i}, 4));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    ASSERT_EQ(got.ids.size(), 4u);
+  }
+  EXPECT_EQ(server.Stop(), 0) << server.log();
+  const auto j = nlohmann::json::parse(*ReadFileToString(dir + "/load.json"));
+  int64_t total = 0;
+  for (const auto& row : j["tokens"]) {
+    for (const auto& v : row) total += v.get<int64_t>();
+  }
+  EXPECT_EQ(total, 2 * (10 + 3) * 2 * 2) << j.dump();
 }
 
 }  // namespace
