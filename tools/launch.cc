@@ -1,7 +1,9 @@
 // The one bring-up (see launch.h).
 #include "tools/launch.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -72,24 +74,23 @@ absl::Status WriteExpertLoadOut(const EngineFlags& flags, const Engine& engine, 
   RETURN_IF_ERROR(WriteFileAtomically(path, ExpertLoadJson(load, DescribeModelSpec(spec))));
   std::printf("  wrote %s: tokens routed to each of %lld layers x %lld experts\n", path.c_str(),
               static_cast<long long>(load.layers), static_cast<long long>(load.experts));
+  std::vector<bool> routed(static_cast<size_t>(load.layers), false);  // the layers that saw tokens
+  for (int64_t l = 0; l < load.layers; ++l) {
+    for (int64_t e = 0; e < load.experts; ++e) routed[static_cast<size_t>(l)] = routed[static_cast<size_t>(l)] || load.at(l, e) > 0;
+  }
+  const int64_t layers = std::count(routed.begin(), routed.end(), true);
+  if (layers == 0) return absl::OkStatus();
+  // The mean over routed layers of RankImbalance under `placement` at `ep` ranks.
+  auto mean = [&](ExpertPlacement placement, int64_t ep) {
+    const std::vector<double> imb = RankImbalance(ExpertOwners(load.layers, load.experts, ep, placement, &load), load, ep);
+    double sum = 0;
+    for (int64_t l = 0; l < load.layers; ++l) sum += routed[static_cast<size_t>(l)] ? imb[static_cast<size_t>(l)] : 0.0;
+    return sum / static_cast<double>(layers);
+  };
   for (int64_t ep : {2, 4, 8}) {
     if (ep > load.experts) break;
-    double sum[2] = {0, 0};
-    int64_t routed = 0;
-    const ExpertPlacement kinds[2] = {ExpertPlacement::kContiguous, ExpertPlacement::kBalanced};
-    for (int k = 0; k < 2; ++k) {
-      const std::vector<double> imb =
-          RankImbalance(ExpertOwners(load.layers, load.experts, ep, kinds[k], &load), load, ep);
-      routed = 0;
-      for (int64_t l = 0; l < load.layers; ++l) {
-        bool any = false;
-        for (int64_t e = 0; e < load.experts; ++e) any |= load.at(l, e) > 0;
-        if (any) sum[k] += imb[static_cast<size_t>(l)], ++routed;
-      }
-    }
-    if (routed == 0) break;
     std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f\n",
-                static_cast<long long>(ep), sum[0] / static_cast<double>(routed), sum[1] / static_cast<double>(routed));
+                static_cast<long long>(ep), mean(ExpertPlacement::kContiguous, ep), mean(ExpertPlacement::kBalanced, ep));
   }
   return absl::OkStatus();
 }
