@@ -30,8 +30,10 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
       shape.seqs.push_back({ch.num_tokens, ch.start + ch.num_tokens, ch.wants_logits});
     shape.experts_hit = static_cast<double>(run.stats.experts_hit);
     shape.transfer_bytes = timing.transfer_bytes;
-    // With --ep, the step waited for its busiest rank: price that rank's share, as measured.
-    shape.expert_rank_imbalance = run.parallel.rank_imbalance;
+    // With --ep, the step waited for its busiest rank: price that rank's share of the expert
+    // weights and of their rows, as measured.
+    shape.expert_rank_imbalance = run.parallel.rank_hit_imbalance;
+    shape.expert_rows_imbalance = run.parallel.rank_imbalance;
     shape.attention_rank_imbalance = run.parallel.attention_imbalance;
     const roofline::StepCost cost = roofline::PredictStep(*pricing.costs, shape, *pricing.hardware,
                                                           pricing.layout, pricing.efficiency);

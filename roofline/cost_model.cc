@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "roofline/routing_skew.h"
 
 namespace moeserve::roofline {
 
@@ -220,7 +221,17 @@ StepCost PredictStep(const ModelCosts& m, const StepShape& shape, const Hardware
                            : n_seqs > 0                        ? std::ceil(n_seqs / ep) / n_seqs
                                                                : 1.0 / ep;
   c.attention_seconds = c.attention_flops * seq_share / hw.AttentionPeakFlops(m.weight_dtype);
-  c.compute_seconds = (c.flops - c.attention_flops) / (hw.PeakFlops(m.weight_dtype) * ep) + c.attention_seconds;
+  // The busiest EP rank's share of the expert FLOPs, the rest split evenly.
+  c.expert_rows_imbalance =
+      shape.expert_rows_imbalance > 0
+          ? shape.expert_rows_imbalance
+          : (layout.ep > 1 ? ExpectRouting(RecordedRouting::Uniform(m.experts, m.top_k, layout.ep), tokens).rows_imbalance
+                           : 1.0);
+  const double expert_flops = tokens * 2.0 * m.moe_layers * m.top_k * m.expert_params;
+  const double rows_share = std::min(ep, std::max(1.0, c.expert_rows_imbalance));
+  c.compute_seconds =
+      (c.flops - c.attention_flops - expert_flops + expert_flops * rows_share) / (hw.PeakFlops(m.weight_dtype) * ep) +
+      c.attention_seconds;
   // What a device cycles through from step to step: its weights (every expert it holds may be
   // hit by a later step) and its sequences' KV. Where that fits in the LLC, it streams from there.
   const double dense = m.replicated_params * m.weight_bytes_per_param;

@@ -89,6 +89,10 @@ struct StepShape {
   // (ExpectedExpertRankImbalance), and the busiest rank holds ceil(n / ep) of the n sequences.
   double expert_rank_imbalance = 0;
   double attention_rank_imbalance = 0;
+  // The expert rows per EP rank, each MoE layer's busiest summed over layers, over the mean:
+  // the expert FLOPs the step waits for. 0: the expectation under uniform routing
+  // (routing_skew.h), whose random part alone makes the busiest rank wait at small batch.
+  double expert_rows_imbalance = 0;
 
   int64_t Tokens() const;
   static StepShape Decode(int64_t batch, int64_t context);
@@ -122,6 +126,7 @@ struct StepCost {
   double scale_out_bytes = 0;  // of comm_bytes, what crosses between scale-up domains
   double experts_hit = 0;
   double expert_rank_imbalance = 1;  // the busiest EP rank's expert weights over the mean (measured or expected)
+  double expert_rows_imbalance = 1;  // its expert rows (FLOPs) over the mean (measured or expected)
   double compute_seconds = 0, weight_seconds = 0, kv_seconds = 0, memory_seconds = 0;
   double attention_seconds = 0;  // the part of compute_seconds spent on attention FLOPs (at its own peak)
   double comm_seconds = 0, transfer_seconds = 0;

@@ -45,13 +45,23 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
     p.micro_batch = n / pp;
     p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
     p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
-    p.cost = PredictStep(s.model, StepShape::Decode(p.micro_batch, s.context), s.hw, c.layout);
+    StepShape shape = StepShape::Decode(p.micro_batch, s.context), engine = StepShape::Decode(n, s.context);
+    if (auto r = s.routing.find(ep); r != s.routing.end()) {
+      // Every micro-batch of the engine's step holds micro_batch tokens too (its pp > 1 steps
+      // take the uniform expectation of experts hit per micro-batch).
+      const RoutingExpectation x = ExpectRouting(r->second, static_cast<double>(p.micro_batch));
+      for (StepShape* sh : {&shape, &engine}) {
+        sh->experts_hit = x.experts_hit_per_layer * static_cast<double>(s.model.moe_layers);
+        sh->expert_rank_imbalance = x.weight_imbalance;
+        sh->expert_rows_imbalance = x.rows_imbalance;
+      }
+    }
+    p.cost = PredictStep(s.model, shape, s.hw, c.layout);
     p.token_seconds = p.cost.bound_seconds;
     p.tokens_per_second = static_cast<double>(n) / p.cost.bound_seconds;
     p.usd_per_million_tokens =
         s.price_per_hour * static_cast<double>(c.layout.devices()) / 3600.0 / p.tokens_per_second * 1e6;
-    p.engine_step_seconds =
-        PipelinedStepSeconds(s.model, StepShape::Decode(n, s.context), s.hw, c.layout).bound_seconds;
+    p.engine_step_seconds = PipelinedStepSeconds(s.model, engine, s.hw, c.layout).bound_seconds;
     p.engine_tokens_per_second = static_cast<double>(n) / p.engine_step_seconds;
     c.points.push_back(p);
   }

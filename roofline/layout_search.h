@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "roofline/cost_model.h"
+#include "roofline/routing_skew.h"
 
 namespace moeserve::roofline {
 
@@ -48,6 +50,10 @@ struct LayoutSearch {
   // Scale-up domain sizes to price each layout at (empty: the hardware's scale_up_domain): what
   // an engineer weighs a fast domain of 8 against one of 72 with.
   std::vector<int64_t> domain_sizes;
+  // By ep: a recorded routing under the placement the layout would use (`explore --expert-load`).
+  // Where given, it sets each point's experts hit and EP rank imbalances (ExpectRouting);
+  // otherwise routing is taken as uniform.
+  std::map<int64_t, RecordedRouting> routing;
 };
 
 // Every (ep, pp, domain) with ep dividing the experts, pp <= layers, ep x pp <= devices, and each

@@ -34,6 +34,7 @@ struct ParallelStepStats {
   // Each MoE layer's busiest EP rank's rows, summed over layers, over the mean rank's
   // (LayerRankImbalance): what the layers waited for.
   double rank_imbalance = 0;
+  double rank_hit_imbalance = 0;  // the same for the experts each rank computed (their weights read)
   double attention_imbalance = 0;  // max over mean of tokens per EP rank (its own sequences)
 };
 

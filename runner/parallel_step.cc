@@ -41,29 +41,37 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
   }
 }
 
-// Each MoE layer waits for its busiest EP rank: the busiest rank's rows summed over the layers,
-// over the mean rank's (1: even in every layer; 0 without rows). The ranks' rows summed over
-// layers first would hide a layer's imbalance behind another's.
-double LayerRankImbalance(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts,
-                          const std::vector<RankStepResult>& results) {
-  std::map<int64_t, std::vector<double>> rows;  // layer -> rows per EP rank
+// Each MoE layer waits for its busiest EP rank: the busiest rank's rows (or experts hit) summed
+// over the layers, over the mean rank's (1: even in every layer; 0 without rows). The ranks'
+// rows summed over layers first would hide a layer's imbalance behind another's.
+struct RankImbalances {
+  double rows = 0, hits = 0;
+};
+RankImbalances LayerRankImbalance(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts,
+                                  const std::vector<RankStepResult>& results) {
+  std::map<int64_t, std::vector<std::pair<double, double>>> per_layer;  // layer -> (rows, hits) per EP rank
   for (size_t r = 0; r < results.size(); ++r) {
     const std::vector<int64_t>& f = results[r].stats.layer_expert_rows;
     for (size_t i = 0; i < f.size(); ++i) {
       if (f[i] == 0) continue;
-      std::vector<double>& per_rank = rows[static_cast<int64_t>(i) / experts];
-      per_rank.resize(static_cast<size_t>(ep), 0.0);
-      per_rank[static_cast<size_t>(layout[r].ep_rank)] += static_cast<double>(f[i]);
+      auto& ranks = per_layer[static_cast<int64_t>(i) / experts];
+      ranks.resize(static_cast<size_t>(ep), {0.0, 0.0});
+      auto& [rows, hits] = ranks[static_cast<size_t>(layout[r].ep_rank)];
+      rows += static_cast<double>(f[i]);
+      hits += 1;
     }
   }
-  double busiest = 0, mean = 0;
-  for (const auto& [layer, per_rank] : rows) {
-    double sum = 0;
-    for (double x : per_rank) sum += x;
-    busiest += *std::max_element(per_rank.begin(), per_rank.end());
-    mean += sum / static_cast<double>(ep);
+  double busiest_rows = 0, busiest_hits = 0, rows = 0, hits = 0;
+  for (const auto& [layer, ranks] : per_layer) {
+    double most_rows = 0, most_hits = 0;
+    for (const auto& [r, h] : ranks) {
+      rows += r, hits += h;
+      most_rows = std::max(most_rows, r), most_hits = std::max(most_hits, h);
+    }
+    busiest_rows += most_rows, busiest_hits += most_hits;
   }
-  return mean > 0 ? busiest / mean : 0.0;
+  const double n = static_cast<double>(ep);
+  return {rows > 0 ? busiest_rows / (rows / n) : 0.0, hits > 0 ? busiest_hits / (hits / n) : 0.0};
 }
 
 }  // namespace
@@ -287,7 +295,9 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
   total.comm_bytes = ps.comm_bytes;
   if (ep > 1) {
     ps.expert_imbalance = Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
-    ps.rank_imbalance = LayerRankImbalance(layout, ep, experts, results);
+    const RankImbalances imb = LayerRankImbalance(layout, ep, experts, results);
+    ps.rank_imbalance = imb.rows;
+    ps.rank_hit_imbalance = imb.hits;
     std::vector<double> ep_tokens(ep, 0.0);  // attention is data-parallel: each rank its own sequences
     for (int64_t e = 0; e < ep; ++e) {
       for (const SubStep& sub : subs[e]) ep_tokens[e] += static_cast<double>(sub.in.num_tokens());

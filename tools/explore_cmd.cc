@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "parallel/expert_load.h"
 #include "roofline/layout_search.h"
 #include "tools/explore_measure.h"
 #include "tools/commands.h"
@@ -30,6 +32,7 @@ struct ExploreOptions {
   int64_t context = 4096;
   std::string sequences = "1,8,32,64,128,256,512,1024";
   std::string domain_sizes;  // empty: the profile's scale_up_domain
+  std::string expert_load, expert_placement = "contiguous";
   double price_per_hour = -1;
   std::string json, csv, measure_csv;
   bool measure = false;
@@ -122,6 +125,8 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
                              {"compute_seconds", p.cost.compute_seconds}, {"memory_seconds", p.cost.memory_seconds},
                              {"comm_seconds", p.cost.comm_seconds},
                              {"expert_rank_imbalance", p.cost.expert_rank_imbalance},
+                             {"expert_rows_imbalance", p.cost.expert_rows_imbalance},
+                             {"experts_hit", p.cost.experts_hit},
                              {"engine_step_seconds", p.engine_step_seconds},
                              {"engine_tokens_per_second", p.engine_tokens_per_second}});
     }
@@ -138,13 +143,15 @@ Json ToJson(const ExploreOptions& o, const roofline::LayoutSearch& s, const std:
 void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandidate>& all) {
   std::ofstream f(path);
   f << "ep,pp,domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
-       "token_seconds,usd_per_million_tokens,engine_tokens_per_second,expert_rank_imbalance\n";
+       "token_seconds,usd_per_million_tokens,engine_tokens_per_second,expert_rank_imbalance,expert_rows_imbalance,"
+       "experts_hit\n";
   for (const auto& c : all) {
     for (const auto& p : c.points) {
       f << c.layout.ep << "," << c.layout.pp << "," << c.layout.domain_size << "," << c.layout.devices() << ","
         << c.weight_bytes_per_device << "," << p.sequences << "," << (p.fits ? 1 : 0) << "," << p.kv_bytes_per_device
         << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << ","
-        << p.engine_tokens_per_second << "," << p.cost.expert_rank_imbalance << "\n";
+        << p.engine_tokens_per_second << "," << p.cost.expert_rank_imbalance << "," << p.cost.expert_rows_imbalance
+        << "," << p.cost.experts_hit << "\n";
     }
   }
 }
@@ -190,6 +197,37 @@ absl::Status CheckMeasure(ExploreOptions* o) {
   return FinishModelSpec("", "auto", &o->m.model);
 }
 
+// --expert-load: the recorded routing under --expert-placement, for every ep a layout may take.
+absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roofline::LayoutSearch* s) {
+  ExpertPlacement placement = ExpertPlacement::kContiguous;
+  if (o.expert_placement == "round-robin") {
+    placement = ExpertPlacement::kRoundRobin;
+  } else if (o.expert_placement == "balanced") {
+    placement = ExpertPlacement::kBalanced;
+  } else if (o.expert_placement != "contiguous") {
+    return absl::InvalidArgumentError(absl::StrCat("--expert-placement must be contiguous, round-robin or balanced, got '",
+                                                   o.expert_placement, "'"));
+  }
+  if (o.expert_load.empty()) {
+    if (o.expert_placement != "contiguous") {
+      return absl::InvalidArgumentError("--expert-placement prices a recorded routing: it needs --expert-load FILE");
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(ExpertLoad load, ReadExpertLoad(o.expert_load));
+  if (load.layers != config.num_hidden_layers || load.experts != config.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("--expert-load: recorded for ", load.layers, " layers x ", load.experts,
+                                                   " experts, the model has ", config.num_hidden_layers, " x ",
+                                                   config.num_local_experts));
+  }
+  for (int64_t ep = 1; ep <= std::min(s->devices, s->experts); ++ep) {
+    if (s->experts % ep != 0) continue;
+    const ExpertOwnerTable owner = ExpertOwners(load.layers, load.experts, ep, placement, &load);
+    s->routing[ep] = roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, owner);
+  }
+  return absl::OkStatus();
+}
+
 int RunExplore(ExploreOptions o) {
   if (absl::Status c = CheckMeasure(&o); !c.ok()) return Fail(c);
   auto config = AnalysisConfig(o.model_dir, o.preset, o.config);
@@ -223,26 +261,31 @@ int RunExplore(ExploreOptions o) {
     }
     s.domain_sizes = *domains;
   }
+  if (absl::Status r = SetRouting(o, *config, &s); !r.ok()) return Fail(r);
   const std::vector<roofline::LayoutCandidate> all = roofline::ExploreLayouts(s);
   const auto best = Best(all, s.sequences);
   std::printf("explore: %.3g B parameters (%.3g B active, %s) on up to %lld x %s, context %lld\n",
               s.model.total_params / 1e9, s.model.active_params / 1e9, dtype->c_str(),
               static_cast<long long>(s.devices), hw->name.c_str(), static_cast<long long>(s.context));
   std::printf("(tokens/s: a pipeline that never drains; moeserve tok/s: as moeserve's engine runs it, draining its\n"
-              " pp micro-batches each step; imb: the busiest EP rank's expert weights over the mean, uniform routing)\n");
-  std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %14s %5s %10s %9s\n", "ep", "pp", "domain", "devices",
+              " pp micro-batches each step; imb: the busiest EP rank's expert weights over the mean, rows: its expert\n"
+              " rows; %s)\n",
+              o.expert_load.empty() ? "uniform routing"
+                                    : absl::StrCat("the routing of ", o.expert_load, ", ", o.expert_placement, " placement").c_str());
+  std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %14s %5s %5s %10s %9s\n", "ep", "pp", "domain", "devices",
               "weights GB/dev", "max seqs", "sequences", "fits", "KV GB/dev", "tokens/s", "moeserve tok/s", "imb",
-              "ms/token", "$/Mtok");
+              "rows", "ms/token", "$/Mtok");
   for (const auto& c : all) {
     for (const auto& p : c.points) {
       bool is_best = false;
       for (const auto& [n, b] : best) is_best |= n == p.sequences && b == &c;
-      std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %14.1f %5.2f %10.3f %9.3f%s\n",
+      std::printf("%4lld %4lld %6lld %7lld %12.2f %9lld | %9lld %5s %12.2f %12.1f %14.1f %5.2f %5.2f %10.3f %9.3f%s\n",
                   static_cast<long long>(c.layout.ep), static_cast<long long>(c.layout.pp),
                   static_cast<long long>(c.layout.domain_size), static_cast<long long>(c.layout.devices()),
                   c.weight_bytes_per_device / 1e9, static_cast<long long>(c.max_micro_batch * c.layout.pp),
                   static_cast<long long>(p.sequences), p.fits ? "yes" : "no", p.kv_bytes_per_device / 1e9,
-                  p.tokens_per_second, p.engine_tokens_per_second, p.cost.expert_rank_imbalance, p.token_seconds * 1e3,
+                  p.tokens_per_second, p.engine_tokens_per_second, p.cost.expert_rank_imbalance,
+                  p.cost.expert_rows_imbalance, p.token_seconds * 1e3,
                   p.usd_per_million_tokens, is_best ? "  <- best" : "");
     }
   }
@@ -291,6 +334,14 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
                   "Comma-separated scale-up domain sizes to price every layout at (default: the profile's): the "
                   "ranks fill domains of each size in order, and the all-to-all and hand-offs that leave a domain "
                   "cross the scale-out network; 0 puts every device in one domain");
+  cmd->add_option("--expert-load", o->expert_load,
+                  "Price each layout with this recorded routing (`moeserve bench|serve --expert-load-out FILE`) instead "
+                  "of uniform routing: the experts a batch hits, and the busiest EP rank's expert weights and rows "
+                  "over the mean, under --expert-placement");
+  cmd->add_option("--expert-placement", o->expert_placement,
+                  "With --expert-load: which EP rank holds each expert, as serve would place them: contiguous, "
+                  "round-robin or balanced (from the same load)")
+      ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16, f32 or fp8 (default: the checkpoint's)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
   cmd->add_option("--context", o->context, "Tokens per sequence, for the KV that must fit and be read")

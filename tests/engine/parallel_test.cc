@@ -61,16 +61,22 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
       EXPECT_EQ(fs.layer_expert_rows, one.layer_expert_rows) << Name(l);
       const ExpertOwnerTable owner = ToConfig(l, &config_).Owners(config_);
       const int64_t experts = config_.num_local_experts;
-      double busiest = 0, mean = 0;
+      double busiest = 0, mean = 0, busiest_hits = 0, mean_hits = 0;
       for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-        std::vector<double> per_rank(static_cast<size_t>(l.ep), 0.0);
+        std::vector<double> per_rank(static_cast<size_t>(l.ep), 0.0), hits(static_cast<size_t>(l.ep), 0.0);
         for (int64_t e = 0; e < experts; ++e) {
-          per_rank[static_cast<size_t>(owner[layer][e])] += static_cast<double>(one.layer_expert_rows[layer * experts + e]);
+          const int64_t rows = one.layer_expert_rows[layer * experts + e];
+          per_rank[static_cast<size_t>(owner[layer][e])] += static_cast<double>(rows);
+          hits[static_cast<size_t>(owner[layer][e])] += rows > 0 ? 1.0 : 0.0;
         }
         busiest += *std::max_element(per_rank.begin(), per_rank.end());
+        busiest_hits += *std::max_element(hits.begin(), hits.end());
         for (double x : per_rank) mean += x / static_cast<double>(l.ep);
+        for (double x : hits) mean_hits += x / static_cast<double>(l.ep);
       }
       EXPECT_NEAR(ps.rank_imbalance, busiest / mean, 1e-12) << Name(l);
+      // The experts each rank computed (the weights it read), the same way.
+      EXPECT_NEAR(ps.rank_hit_imbalance, busiest_hits / mean_hits, 1e-12) << Name(l);
       EXPECT_GT(ps.a2a_bytes, 0);
       // Every rank spends some time in the all-to-alls; the least-waiting one no more than the slowest.
       EXPECT_GT(ps.comm_min_seconds, 0) << Name(l);

@@ -188,5 +188,34 @@ TEST(LayoutSearchTest, APointFitsOnlyWhenItsKvFitsBesideTheWeights) {
   EXPECT_LE(ep2->points[0].kv_bytes_per_device + ep2->weight_bytes_per_device, s.hw.mem_capacity);
 }
 
+// A recorded routing (explore --expert-load) sets each point's experts hit and imbalances: here
+// every token goes to experts 0 and 1. Both on EP rank 0 of 2, that rank reads and computes
+// everything (ep 2 then halves no more than the dense part of the step); one on each rank, the
+// ranks are even and the step faster.
+TEST(LayoutSearchTest, ARecordedRoutingSetsTheExpertsHitAndTheImbalance) {
+  LayoutSearch s = MixtralOnH100s(2);
+  const std::vector<int64_t> counts = {50, 50, 0, 0, 0, 0, 0, 0};
+  const std::vector<std::vector<int32_t>> one_rank(1, std::vector<int32_t>(8, 0));
+  const std::vector<std::vector<int32_t>> same_rank(1, {0, 0, 0, 0, 1, 1, 1, 1});
+  const std::vector<std::vector<int32_t>> split(1, {0, 1, 0, 0, 1, 1, 1, 0});
+  s.routing[1] = RecordedRouting::FromCounts(counts, 8, 2, 1, one_rank);
+  s.routing[2] = RecordedRouting::FromCounts(counts, 8, 2, 2, same_rank);
+  const auto all = ExploreLayouts(s);
+  s.routing[2] = RecordedRouting::FromCounts(counts, 8, 2, 2, split);
+  const auto even = ExploreLayouts(s);
+  const LayoutCandidate *ep1 = Find(all, 1, 1), *ep2 = Find(all, 2, 1), *ep2_even = Find(even, 2, 1);
+  ASSERT_TRUE(ep1 && ep2 && ep2_even);
+  for (size_t i = 0; i < ep2->points.size(); ++i) {
+    const StepCost& c = ep2->points[i].cost;
+    EXPECT_NEAR(c.experts_hit, 2.0 * s.model.moe_layers, 1e-9);
+    EXPECT_NEAR(c.expert_rank_imbalance, 2.0, 1e-9);
+    EXPECT_NEAR(c.expert_rows_imbalance, 2.0, 1e-9);
+    EXPECT_NEAR(ep2_even->points[i].cost.expert_rank_imbalance, 1.0, 1e-9);
+    EXPECT_NEAR(ep2_even->points[i].cost.expert_rows_imbalance, 1.0, 1e-9);
+    EXPECT_GT(ep2_even->points[i].tokens_per_second, ep2->points[i].tokens_per_second) << ep2->points[i].sequences;
+    EXPECT_GE(ep2->points[i].token_seconds * 2, ep1->points[i].token_seconds) << ep2->points[i].sequences;
+  }
+}
+
 }  // namespace
 }  // namespace moeserve::roofline

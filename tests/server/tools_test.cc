@@ -171,6 +171,42 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
   EXPECT_EQ(split, 12u) << "every layout of more than 2 devices; ep 1 x pp 3 and ep 2 x pp 3 among them";
   EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--domain-sizes", "2,-1"}, &out, &err), 0);
   EXPECT_NE(err.find("--domain-sizes"), std::string::npos) << err;
+  // --expert-load prices a recorded routing: two heavy experts of each layer on rank 0 under the
+  // contiguous placement, spread by the balanced one.
+  nlohmann::json load = {{"layers", 32}, {"experts", 8}, {"tokens", nlohmann::json::array()}};
+  for (int l = 0; l < 32; ++l) load["tokens"].push_back({800, 700, 100, 100, 100, 100, 50, 50});
+  ASSERT_TRUE(WriteFileAtomically(dir + "/load.json", load.dump()).ok());
+  auto rows_imbalance = [&](const std::string& placement) {
+    std::map<int64_t, double> by_ep;  // at 256 sequences, pp 1
+    EXPECT_EQ(RunCommand({"explore", "--preset", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "4",
+                          "--sequences", "256", "--expert-load", dir + "/load.json", "--expert-placement", placement,
+                          "--json", dir + "/r.json"},
+                         &out, &err),
+              0)
+        << err;
+    const auto j = nlohmann::json::parse(ReadAll(dir + "/r.json"));
+    for (const auto& l : j["layouts"]) {
+      if (l["pp"] == 1) by_ep[l["ep"].get<int64_t>()] = l["points"][0]["expert_rows_imbalance"].get<double>();
+    }
+    return by_ep;
+  };
+  const auto contiguous = rows_imbalance("contiguous"), balanced = rows_imbalance("balanced");
+  EXPECT_NEAR(contiguous.at(2), 1700.0 / 1000.0, 0.05);  // 1700 of 2000 rows on rank 0, nearly surely
+  EXPECT_LT(balanced.at(2), 1.1);
+  EXPECT_LT(balanced.at(4), contiguous.at(4));
+  EXPECT_NE(out.find("balanced placement"), std::string::npos) << out;
+  load["layers"] = 31;
+  load["tokens"].erase(0);
+  ASSERT_TRUE(WriteFileAtomically(dir + "/short.json", load.dump()).ok());
+  EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--expert-load", dir + "/short.json"}, &out, &err), 0);
+  EXPECT_NE(err.find("--expert-load: recorded for 31 layers"), std::string::npos) << err;
+  EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--expert-placement", "balanced"}, &out, &err), 0);
+  EXPECT_NE(err.find("needs --expert-load"), std::string::npos) << err;
+  EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--expert-load", dir + "/load.json",
+                        "--expert-placement", "nope"},
+                       &out, &err),
+            0);
+  EXPECT_NE(err.find("--expert-placement must be"), std::string::npos) << err;
   std::string py_out, py_err;
   if (RunProgram({"/usr/bin/python3", "-c", "import matplotlib"}, &py_out, &py_err) != 0) {
     GTEST_SKIP() << "python3 matplotlib not installed: " << py_err;
