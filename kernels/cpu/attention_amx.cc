@@ -109,6 +109,20 @@ void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
   }
 }
 
+// Fetches kv head g's values for the item's context while its scores are computed: a decode
+// token's item reads them once, scattered over the cache's blocks, and the packing that follows
+// otherwise waits for each row in turn.
+void PrefetchValues(const ItemRows& it, int64_t g) {
+  const int64_t hd = it.layout->head_dim, bs = it.layout->block_size;
+  for (int64_t b0 = 0; b0 < it.ctx_max; b0 += bs) {
+    const char* block = reinterpret_cast<const char*>(it.Row(1, g, b0, nullptr));
+    const int64_t rows = std::min(bs, it.ctx_max - b0), stride = it.layout->TokenElems() * 2;
+    for (int64_t j = 0; j < rows; ++j) {
+      for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(block + j * stride + b);
+    }
+  }
+}
+
 // Kv head g's whole 32-key steps of values as the tiles' B operands.
 void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
   const int64_t hd = it.layout->head_dim, steps = it.ctx_max / kAmxValueKeys;
@@ -179,6 +193,7 @@ void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxS
     }
     RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
     if (keys_as_a) {
+      PrefetchValues(it, g);
       QueryPairsAmx(s->qb.data(), nrows, hd, s->q_pairs.data());
     } else {
       PackKeys(it, g, s);
