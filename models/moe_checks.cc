@@ -124,11 +124,14 @@ absl::Status MoeModel::Validate(const ForwardInput& in, const KvLayout& layout) 
                                                    c.num_hidden_layers, " layers"));
   }
   if (expert_parallel()) {
-    bool whole = static_cast<int64_t>(shard_.expert_owner.size()) == shard_.layer_end - shard_.layer_begin;
-    for (size_t l = 0; whole && l < shard_.expert_owner.size(); ++l) {
-      whole = static_cast<int64_t>(shard_.expert_owner[l].size()) == c.num_local_experts;
+    bool whole = static_cast<int64_t>(shard_.expert_holders.size()) == shard_.layer_end - shard_.layer_begin;
+    for (size_t l = 0; whole && l < shard_.expert_holders.size(); ++l) {
+      whole = static_cast<int64_t>(shard_.expert_holders[l].size()) == c.num_local_experts;
+      for (size_t e = 0; whole && e < shard_.expert_holders[l].size(); ++e) whole = !shard_.expert_holders[l][e].empty();
     }
-    if (!whole) return absl::InvalidArgumentError("forward: expert_owner must name the rank of every expert of every layer");
+    if (!whole) {
+      return absl::InvalidArgumentError("forward: expert_holders must name a rank for every expert of every layer");
+    }
   }
   const KvLayout want = KvLayoutFor(c, layout.num_blocks, layout.block_size, layout.dtype);
   if (layout.num_layers != shard_.layer_end - shard_.layer_begin || layout.kv_heads != want.kv_heads ||

@@ -17,7 +17,7 @@ MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard sha
   if (expert_parallel()) {
     const ModelConfig& c = config();
     dispatch_ = std::make_unique<ExpertDispatch>(
-        backend, shard_.ep, shard_.expert_owner,
+        backend, shard_.ep, shard_.expert_holders,
         ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok});
   }
 }

@@ -45,17 +45,17 @@ struct ForwardInput {
 //     only these layers. The first stage embeds token ids, the others take the previous
 //     stage's hidden states; the last stage computes logits, the others hand hidden states on.
 //   - Expert parallelism: with an `ep` group of more than one rank, this rank computes only the
-//     experts it owns (expert_owner[layer][e] == ep->rank()); each MoE layer sends every token's hidden
-//     state to the ranks owning its top-k experts (all-to-all with per-peer counts), runs its
+//     experts it holds (ep->rank() among expert_holders[layer][e]); each MoE layer sends every token's hidden
+//     state to the ranks holding its top-k experts (all-to-all with per-peer counts), runs its
 //     experts on what it received, and sends the results back to be combined. Attention stays
 //     data-parallel: each rank brings its own sequences, and may bring none.
 struct ModelShard {
   int64_t layer_begin = 0;
   int64_t layer_end = -1;  // -1: through the last layer
   Communicator* ep = nullptr;
-  // [layer - layer_begin][expert]: the EP rank holding each routed expert of each of its layers
-  // (parallel/placement.h).
-  std::vector<std::vector<int32_t>> expert_owner;
+  // [layer - layer_begin][expert]: the EP ranks holding each routed expert of each of its layers
+  // (parallel/placement.h's ExpertHolderTable rows).
+  std::vector<std::vector<std::vector<int32_t>>> expert_holders;
 };
 
 // What one forward did, for instrumentation and the roofline.

@@ -39,20 +39,37 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes) {
 
 }  // namespace
 
-ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<int32_t>>& owner,
-                               ExpertDispatchShape shape)
+ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
+                               const std::vector<std::vector<std::vector<int32_t>>>& holders, ExpertDispatchShape shape)
     : backend_(backend), ep_(ep), shape_(shape) {
-  for (const std::vector<int32_t>& o : owner) {
+  for (const auto& layer : holders) {
     LayerPlacement p;
     p.experts_of.assign(static_cast<size_t>(ep_->size()), {});
-    for (size_t e = 0; e < o.size(); ++e) {
-      MS_CHECK(o[e] >= 0 && o[e] < ep_->size());
-      p.experts_of[static_cast<size_t>(o[e])].push_back(static_cast<int32_t>(e));
+    p.holders = layer;
+    p.rank_major = true;
+    int32_t last = 0;
+    for (size_t e = 0; e < layer.size(); ++e) {
+      MS_CHECK(!layer[e].empty() && std::is_sorted(layer[e].begin(), layer[e].end()));
+      for (int32_t r : layer[e]) {
+        MS_CHECK(r >= 0 && r < ep_->size());
+        p.experts_of[static_cast<size_t>(r)].push_back(static_cast<int32_t>(e));
+      }
+      p.rank_major = p.rank_major && layer[e].size() == 1 && layer[e][0] >= last;
+      last = layer[e][0];
     }
     for (const auto& mine : p.experts_of) max_local_ = std::max<int64_t>(max_local_, static_cast<int64_t>(mine.size()));
-    p.rank_major = std::is_sorted(o.begin(), o.end());
     layers_.push_back(std::move(p));
   }
+}
+
+std::pair<int64_t, int64_t> ExpertDispatch::RowsFor(int32_t e, size_t peer) const {
+  const int64_t begin = host_offsets_[e], n = host_offsets_[e + 1] - begin;
+  const std::vector<int32_t>& h = placement_->holders[static_cast<size_t>(e)];
+  const int64_t r = static_cast<int64_t>(h.size());
+  if (r == 1) return {begin, begin + n};
+  const int64_t j = std::find(h.begin(), h.end(), static_cast<int32_t>(peer)) - h.begin();
+  const int64_t run = ((j - ep_->rank()) % r + r) % r;  // run i goes to holder (i + rank) mod r
+  return {begin + n * run / r, begin + n * (run + 1) / r};
 }
 
 absl::Status ExpertDispatch::EnsureSendRows(int64_t rows) {
@@ -106,20 +123,22 @@ absl::Status ExpertDispatch::PlanSend(const int32_t* ids, int64_t t) {
   send_rows_.assign(n, 0);
   for (size_t p = 0; p < n; ++p) {
     for (size_t i = 0; i < placement_->experts_of[p].size(); ++i) {
-      const int32_t e = placement_->experts_of[p][i];
-      send_counts_[p * m + i] = host_offsets_[e + 1] - host_offsets_[e];
+      const auto [begin, end] = RowsFor(placement_->experts_of[p][i], p);
+      send_counts_[p * m + i] = end - begin;
       send_rows_[p] += send_counts_[p * m + i];
     }
   }
   if (placement_->rank_major || a == 0) return absl::OkStatus();
-  // The placement interleaves the ranks' experts: send row j is sorted row host_perm_[j], so
-  // that each peer's rows are contiguous (its experts in order), and comes back to it.
+  // The placement interleaves the ranks' experts (or splits an expert's rows among its copies):
+  // send row j is sorted row host_perm_[j], so that each peer's rows are contiguous (its
+  // experts in order), and comes back to it.
   host_perm_.resize(static_cast<size_t>(a));
   host_unperm_.resize(static_cast<size_t>(a));
   int32_t j = 0;
-  for (const auto& mine : placement_->experts_of) {
-    for (int32_t e : mine) {
-      for (int64_t s = host_offsets_[e]; s < host_offsets_[e + 1]; ++s, ++j) {
+  for (size_t p = 0; p < n; ++p) {
+    for (int32_t e : placement_->experts_of[p]) {
+      const auto [begin, end] = RowsFor(e, p);
+      for (int64_t s = begin; s < end; ++s, ++j) {
         host_perm_[j] = static_cast<int32_t>(s);
         host_unperm_[s] = j;
       }

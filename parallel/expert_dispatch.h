@@ -1,8 +1,8 @@
 // Expert parallelism inside one MoE layer: dispatch and combine over an EP group.
 //
 // Each rank brings its own tokens (attention is data-parallel) and holds some experts
-// (owner[layer][e] is the rank computing expert e in that layer: parallel/placement.h). Run sends every token's hidden state to the
-// ranks owning its top-k experts (all-to-all with per-peer counts, exchanged first), runs this
+// (holders[layer][e]: the ranks holding expert e in that layer, parallel/placement.h). Run sends
+// every token's hidden state to the ranks holding its top-k experts (all-to-all with per-peer counts, exchanged first), runs this
 // rank's experts on the rows it received, grouped by expert, sends the results back the way
 // they came and combines them into the residual as on one rank. A rank with no tokens still
 // takes part in every all-to-all.
@@ -48,9 +48,12 @@ struct ExpertDispatchStats {
 class ExpertDispatch {
  public:
   // `ep` (more than one rank) and `backend` must outlive this object.
-  // owner[l][e]: the rank holding expert e in the l-th layer this object serves (the layers
-  // of the rank's stage, in order).
-  ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<int32_t>>& owner,
+  // holders[l][e]: the ranks holding expert e in the l-th layer this object serves (the layers
+  // of the rank's stage, in order), ascending. An expert held by r ranks has the rows each
+  // sender routes to it cut into r runs in token order (run i of n rows: [n i / r, n (i + 1) / r)),
+  // run i going to its (i + sender's rank) mod r-th holder: every row computed once, and the
+  // senders' single rows of a decode step spread over the copies.
+  ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<std::vector<int32_t>>>& holders,
                  ExpertDispatchShape shape);
 
   // xn [tokens, hidden]: the tokens' normalised hidden states; ids [tokens, top_k]: their experts;
@@ -86,8 +89,11 @@ class ExpertDispatch {
   // One layer's placement as the dispatch uses it.
   struct LayerPlacement {
     std::vector<std::vector<int32_t>> experts_of;  // each rank's experts, ascending
-    bool rank_major = false;                       // expert order is rank order (contiguous ranges)
+    std::vector<std::vector<int32_t>> holders;     // each expert's ranks, ascending
+    bool rank_major = false;  // one rank per expert, expert order rank order (contiguous ranges)
   };
+  // The sorted rows [begin, end) of expert e this rank sends to `peer` (one of e's holders).
+  std::pair<int64_t, int64_t> RowsFor(int32_t e, size_t peer) const;
   std::vector<LayerPlacement> layers_;
   const LayerPlacement* placement_ = nullptr;  // the layer being run
   int64_t max_local_ = 0;  // the most experts one rank holds in any layer: counts exchanged per peer

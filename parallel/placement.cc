@@ -23,7 +23,7 @@ std::vector<int64_t> RankSums(const std::vector<int32_t>& owner, const ExpertLoa
   return sum;
 }
 
-// One layer's experts by the longest-processing-time rule (see ExpertOwners).
+// One layer's experts by the longest-processing-time rule (see ExpertHolders).
 std::vector<int32_t> LongestFirst(const ExpertLoad& load, int64_t layer, int64_t ep) {
   const int64_t experts = load.experts;
   std::vector<int32_t> order(static_cast<size_t>(experts));
@@ -76,46 +76,170 @@ std::vector<int32_t> Balance(const ExpertLoad& load, int64_t layer, int64_t ep, 
   return *std::max_element(a.begin(), a.end()) < *std::max_element(b.begin(), b.end()) ? owner : contiguous;
 }
 
+// Copies per expert: each of `replicas` extra copies to the expert with the most load per copy.
+std::vector<int64_t> CopyCounts(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas) {
+  std::vector<int64_t> copies(static_cast<size_t>(load.experts), 1);
+  for (int64_t c = 0; c < replicas; ++c) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < load.experts; ++e) {
+      if (copies[static_cast<size_t>(e)] == ep) continue;
+      // load_e / copies_e > load_b / copies_b, compared without division.
+      if (best < 0 || load.at(layer, e) * copies[static_cast<size_t>(best)] >
+                          load.at(layer, best) * copies[static_cast<size_t>(e)]) {
+        best = e;
+      }
+    }
+    ++copies[static_cast<size_t>(best)];
+  }
+  return copies;
+}
+
+// One layer's copies on the ranks (see ExpertHolders: balanced with replicas).
+std::vector<std::vector<int32_t>> PlaceCopies(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas) {
+  const std::vector<int64_t> copies = CopyCounts(load, layer, ep, replicas);
+  struct Copy {
+    int32_t expert;
+    double load;
+  };
+  std::vector<Copy> order;
+  for (int64_t e = 0; e < load.experts; ++e) {
+    for (int64_t j = 0; j < copies[static_cast<size_t>(e)]; ++j) {
+      order.push_back({static_cast<int32_t>(e), static_cast<double>(load.at(layer, e)) / copies[static_cast<size_t>(e)]});
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Copy& a, const Copy& b) { return a.load > b.load; });
+  const int64_t room = (load.experts + replicas) / ep;
+  std::vector<std::vector<int32_t>> holders(static_cast<size_t>(load.experts));
+  std::vector<int64_t> held(static_cast<size_t>(ep), 0);
+  std::vector<double> sum(static_cast<size_t>(ep), 0);
+  for (const Copy& c : order) {
+    std::vector<int32_t>& h = holders[static_cast<size_t>(c.expert)];
+    int64_t best = -1;
+    for (int64_t r = 0; r < ep; ++r) {
+      if (held[static_cast<size_t>(r)] == room || std::find(h.begin(), h.end(), r) != h.end()) continue;
+      if (best < 0 || sum[static_cast<size_t>(r)] < sum[static_cast<size_t>(best)]) best = r;
+    }
+    if (best < 0) {  // the rule is stuck: round-robin over the same order never is
+      holders.assign(static_cast<size_t>(load.experts), {});
+      for (size_t i = 0; i < order.size(); ++i) {
+        holders[static_cast<size_t>(order[i].expert)].push_back(static_cast<int32_t>(i % static_cast<size_t>(ep)));
+      }
+      break;
+    }
+    h.push_back(static_cast<int32_t>(best));
+    ++held[static_cast<size_t>(best)];
+    sum[static_cast<size_t>(best)] += c.load;
+  }
+  for (auto& h : holders) std::sort(h.begin(), h.end());
+  return holders;
+}
+
+// Each rank's load, an expert's split evenly among its holders.
+std::vector<double> CopySums(const std::vector<std::vector<int32_t>>& holders, const ExpertLoad& load, int64_t layer,
+                             int64_t ep) {
+  std::vector<double> sum(static_cast<size_t>(ep), 0.0);
+  for (size_t e = 0; e < holders.size(); ++e) {
+    for (int32_t r : holders[e]) {
+      sum[static_cast<size_t>(r)] += static_cast<double>(load.at(layer, static_cast<int64_t>(e))) / holders[e].size();
+    }
+  }
+  return sum;
+}
+
+double Busiest(const std::vector<std::vector<int32_t>>& holders, const ExpertLoad& load, int64_t layer, int64_t ep) {
+  const std::vector<double> sum = CopySums(holders, load, layer, ep);
+  return *std::max_element(sum.begin(), sum.end());
+}
+
+// From the balanced placement without copies, each copy in turn: of the expert, onto the least
+// loaded rank with room that does not hold it, that leaves the busiest rank least loaded (ties:
+// the expert with the most load per copy, then the lower index).
+std::vector<std::vector<int32_t>> AddCopies(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas,
+                                            const std::vector<int32_t>& owner) {
+  const int64_t room = (load.experts + replicas) / ep;
+  std::vector<std::vector<int32_t>> holders;
+  std::vector<int64_t> held(static_cast<size_t>(ep), 0);
+  for (int32_t r : owner) holders.push_back({r}), ++held[static_cast<size_t>(r)];
+  for (int64_t c = 0; c < replicas; ++c) {
+    const std::vector<double> sum = CopySums(holders, load, layer, ep);
+    int64_t best_e = -1, best_r = -1;
+    double best_peak = 0, best_per_copy = 0;
+    for (int64_t e = 0; e < load.experts; ++e) {
+      const std::vector<int32_t>& h = holders[static_cast<size_t>(e)];
+      int64_t r = -1;
+      for (int64_t q = 0; q < ep; ++q) {
+        if (held[static_cast<size_t>(q)] == room || std::find(h.begin(), h.end(), q) != h.end()) continue;
+        if (r < 0 || sum[static_cast<size_t>(q)] < sum[static_cast<size_t>(r)]) r = q;
+      }
+      if (r < 0) continue;
+      const double l = static_cast<double>(load.at(layer, e)), n = static_cast<double>(h.size());
+      std::vector<double> next = sum;
+      for (int32_t q : h) next[static_cast<size_t>(q)] -= l / n - l / (n + 1);
+      next[static_cast<size_t>(r)] += l / (n + 1);
+      const double peak = *std::max_element(next.begin(), next.end()), per_copy = l / n;
+      if (best_e < 0 || peak < best_peak || (peak == best_peak && per_copy > best_per_copy)) {
+        best_e = e, best_r = r, best_peak = peak, best_per_copy = per_copy;
+      }
+    }
+    MS_CHECK(best_e >= 0);  // a rank with room holds fewer than all experts: some expert fits there
+    auto& h = holders[static_cast<size_t>(best_e)];
+    h.insert(std::upper_bound(h.begin(), h.end(), static_cast<int32_t>(best_r)), static_cast<int32_t>(best_r));
+    ++held[static_cast<size_t>(best_r)];
+  }
+  return holders;
+}
+
 }  // namespace
 
-ExpertOwnerTable ExpertOwners(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
-                              const ExpertLoad* load) {
+ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
+                                const ExpertLoad* load, int64_t replicas) {
   MS_CHECK(ep >= 1 && experts >= ep);
   MS_CHECK(placement != ExpertPlacement::kBalanced ||
            (load != nullptr && load->layers == layers && load->experts == experts));
-  ExpertOwnerTable table;
+  MS_CHECK(replicas == 0 || (placement == ExpertPlacement::kBalanced && replicas > 0 &&
+                             (experts + replicas) % ep == 0 && replicas <= experts * (ep - 1)));
+  ExpertHolderTable table;
   for (int64_t l = 0; l < layers; ++l) {
     std::vector<int32_t> owner(static_cast<size_t>(experts));
     for (int64_t e = 0; e < experts; ++e) {
       owner[static_cast<size_t>(e)] =
           static_cast<int32_t>(placement == ExpertPlacement::kRoundRobin ? e % ep : e * ep / experts);
     }
-    table.push_back(placement == ExpertPlacement::kBalanced ? Balance(*load, l, ep, std::move(owner)) : std::move(owner));
+    if (placement == ExpertPlacement::kBalanced) owner = Balance(*load, l, ep, std::move(owner));
+    if (replicas > 0) {  // the copies by either rule, whichever leaves the busiest rank less loaded
+      std::vector<std::vector<int32_t>> a = PlaceCopies(*load, l, ep, replicas), b = AddCopies(*load, l, ep, replicas, owner);
+      table.push_back(Busiest(a, *load, l, ep) < Busiest(b, *load, l, ep) ? std::move(a) : std::move(b));
+      continue;
+    }
+    std::vector<std::vector<int32_t>> holders;
+    for (int32_t r : owner) holders.push_back({r});
+    table.push_back(std::move(holders));
   }
   return table;
 }
 
-std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertOwnerTable& owner, int64_t rank, int64_t layer_begin,
+std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertHolderTable& holders, int64_t rank, int64_t layer_begin,
                                                 int64_t layer_end) {
   std::vector<std::vector<int32_t>> out;
   for (int64_t l = layer_begin; l < layer_end; ++l) {
     std::vector<int32_t> mine;
-    const std::vector<int32_t>& o = owner[static_cast<size_t>(l)];
-    for (size_t e = 0; e < o.size(); ++e) {
-      if (o[e] == rank) mine.push_back(static_cast<int32_t>(e));
+    const auto& layer = holders[static_cast<size_t>(l)];
+    for (size_t e = 0; e < layer.size(); ++e) {
+      if (std::find(layer[e].begin(), layer[e].end(), rank) != layer[e].end()) mine.push_back(static_cast<int32_t>(e));
     }
     out.push_back(std::move(mine));
   }
   return out;
 }
 
-std::vector<double> RankImbalance(const ExpertOwnerTable& owner, const ExpertLoad& load, int64_t ep) {
+std::vector<double> RankImbalance(const ExpertHolderTable& holders, const ExpertLoad& load, int64_t ep) {
   std::vector<double> out;
   for (int64_t l = 0; l < load.layers; ++l) {
     std::vector<double> sum(static_cast<size_t>(ep), 0);
     double total = 0;
     for (int64_t e = 0; e < load.experts; ++e) {
-      sum[static_cast<size_t>(owner[static_cast<size_t>(l)][static_cast<size_t>(e)])] += static_cast<double>(load.at(l, e));
+      const std::vector<int32_t>& h = holders[static_cast<size_t>(l)][static_cast<size_t>(e)];
+      for (int32_t r : h) sum[static_cast<size_t>(r)] += static_cast<double>(load.at(l, e)) / static_cast<double>(h.size());
       total += static_cast<double>(load.at(l, e));
     }
     out.push_back(total > 0 ? *std::max_element(sum.begin(), sum.end()) / (total / static_cast<double>(ep)) : 1.0);

@@ -19,28 +19,37 @@ struct ExpertLoad {
   int64_t at(int64_t layer, int64_t expert) const { return tokens[static_cast<size_t>(layer * experts + expert)]; }
 };
 
-// owner[layer][e]: the EP rank that holds routed expert e in `layer`, for every layer of the
-// model (ceil or floor of E / ep experts per rank).
+// holders[layer][e]: the EP ranks that hold routed expert e in `layer`, ascending: one rank, or
+// several where the placement replicates the expert (its rows are then split among the copies:
+// parallel/expert_dispatch.h). For every layer of the model.
 //   contiguous: expert e on rank floor(e N / E) in every layer (rank r holds a contiguous range);
 //   round-robin: expert e on rank e mod N in every layer;
-//   balanced (`load` given, of these layers and experts): every rank holds as many experts as
-//     under contiguous; per layer, the experts, heaviest first (ties to the lower index), each
-//     to the rank with the least load so far that has room (ties to the lower rank): the
-//     longest-processing-time rule (within 4/3 of the best possible busiest rank in the tests'
-//     brute-force comparisons; with the room per rank fixed that bound is not a theorem);
-//     then swaps of an expert of the busiest rank with a lighter one elsewhere while that
-//     lowers the busiest rank's load (at most E rounds); contiguous where that is at least as
-//     even (so never worse than it). What DeepSeek's EPLB does per layer, without replicating
-//     experts.
-using ExpertOwnerTable = std::vector<std::vector<int32_t>>;
-ExpertOwnerTable ExpertOwners(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
-                              const ExpertLoad* load = nullptr);
+//   balanced (`load` given, of these layers and experts), without replicas: every rank holds as
+//     many experts as under contiguous; per layer, the experts, heaviest first (ties to the lower
+//     index), each to the rank with the least load so far that has room (ties to the lower
+//     rank): the longest-processing-time rule (within 4/3 of the best possible busiest rank in
+//     the tests' brute-force comparisons; with the room per rank fixed that bound is not a
+//     theorem); then swaps of an expert of the busiest rank with a lighter one elsewhere while
+//     that lowers the busiest rank's load (at most E rounds); contiguous where that is at least
+//     as even (so never worse than it). What DeepSeek's EPLB does per layer.
+//   balanced with `replicas` > 0 extra copies per layer (EPLB's redundant experts; E + replicas
+//     a multiple of N, each expert on at most N ranks, an expert's load split evenly among its
+//     copies; every rank holds (E + replicas) / N). Two rules, the one leaving the busiest rank
+//     lighter kept (ties: the second):
+//     1. EPLB's: each copy to the expert with the most load per copy (ties to the lower index);
+//        then the copies, heaviest first, each to the least-loaded rank with room that does not
+//        hold that expert yet (round-robin in that order where the rule finds no such rank);
+//     2. from the balanced placement without copies, each copy in turn of the expert, onto the
+//        least-loaded rank with room that lacks it, that leaves the busiest rank lightest.
+using ExpertHolderTable = std::vector<std::vector<std::vector<int32_t>>>;
+ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
+                                const ExpertLoad* load = nullptr, int64_t replicas = 0);
 // The experts rank `rank` holds in each layer of [layer_begin, layer_end), ascending.
-std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertOwnerTable& owner, int64_t rank, int64_t layer_begin,
+std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertHolderTable& holders, int64_t rank, int64_t layer_begin,
                                                 int64_t layer_end);
-// The busiest rank's load over the mean, per layer, for `owner` under `load`: 1 is even. The
-// layers without tokens give 1.
-std::vector<double> RankImbalance(const ExpertOwnerTable& owner, const ExpertLoad& load, int64_t ep);
+// The busiest rank's load over the mean, per layer, for `holders` under `load` (an expert's load
+// split evenly among its copies): 1 is even. The layers without tokens give 1.
+std::vector<double> RankImbalance(const ExpertHolderTable& holders, const ExpertLoad& load, int64_t ep);
 
 // Contiguous layer ranges [begin, end) of `pp` stages (the first stages take one more when uneven).
 std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t layers, int64_t pp);

@@ -73,21 +73,27 @@ double ExpectedBusiestRows(const std::vector<double>& mean, const std::vector<do
 }  // namespace
 
 RecordedRouting RecordedRouting::FromCounts(const std::vector<int64_t>& counts, int64_t experts, int64_t top_k,
-                                            int64_t ep, const std::vector<std::vector<int32_t>>& owner) {
+                                            int64_t ep, const std::vector<std::vector<std::vector<int32_t>>>& holders) {
   RecordedRouting r;
   r.top_k = top_k;
   r.ep = ep;
   const size_t layers = experts > 0 ? counts.size() / static_cast<size_t>(experts) : 0;
-  for (size_t l = 0; l < layers && l < owner.size(); ++l) {
+  for (size_t l = 0; l < layers && l < holders.size(); ++l) {
+    const int64_t* row = counts.data() + l * static_cast<size_t>(experts);
     double total = 0;
-    for (int64_t e = 0; e < experts; ++e) total += static_cast<double>(counts[l * static_cast<size_t>(experts) + e]);
+    for (int64_t e = 0; e < experts; ++e) total += static_cast<double>(row[e]);
     if (total <= 0) continue;
-    std::vector<double> share(static_cast<size_t>(experts));
+    std::vector<double> share;
+    std::vector<int32_t> owner;
     for (int64_t e = 0; e < experts; ++e) {
-      share[static_cast<size_t>(e)] = static_cast<double>(counts[l * static_cast<size_t>(experts) + e]) / total;
+      const std::vector<int32_t>& h = holders[l][static_cast<size_t>(e)];
+      for (int32_t rank : h) {
+        share.push_back(static_cast<double>(row[e]) / total / static_cast<double>(h.size()));
+        owner.push_back(rank);
+      }
     }
     r.share.push_back(std::move(share));
-    r.owner.push_back(owner[l]);
+    r.owner.push_back(std::move(owner));
   }
   return r;
 }

@@ -9,19 +9,20 @@
 
 namespace moeserve::roofline {
 
-// The routing of each MoE layer as recorded, and the EP rank that holds each expert.
+// The routing of each MoE layer as recorded, and the EP rank that holds each expert's copy.
 struct RecordedRouting {
   int64_t top_k = 1;
   int64_t ep = 1;
-  // Per MoE layer (the recording's layers with tokens): each expert's share of the layer's
-  // rows, summing to 1, and owner[layer][e] the EP rank holding expert e.
+  // Per MoE layer (the recording's layers with tokens), per copy of an expert (one per expert
+  // unless the placement replicates it): its share of the layer's rows (an expert's share split
+  // evenly among its copies; summing to 1), and owner[layer][c] the EP rank holding copy c.
   std::vector<std::vector<double>> share;
   std::vector<std::vector<int32_t>> owner;
 
-  // From counts [layers x experts] (a dense layer's row all zero: skipped) and an owner table of
-  // every layer; the layers with tokens keep their owner rows.
+  // From counts [layers x experts] (a dense layer's row all zero: skipped) and the ranks
+  // holding each expert of every layer (parallel/placement.h's ExpertHolderTable).
   static RecordedRouting FromCounts(const std::vector<int64_t>& counts, int64_t experts, int64_t top_k, int64_t ep,
-                                    const std::vector<std::vector<int32_t>>& owner);
+                                    const std::vector<std::vector<std::vector<int32_t>>>& holders);
   // Uniform routing over `experts`, contiguous placement, one layer (every layer alike).
   static RecordedRouting Uniform(int64_t experts, int64_t top_k, int64_t ep);
 };
@@ -38,8 +39,8 @@ struct RoutingExpectation {
   double rows_imbalance = 1;
 };
 
-// Each token picks expert e with probability q_e = min(1, top_k x share_e) (the recorded
-// frequency), the experts taken as independent. Hits: expert e is hit by some token with
+// Each token picks expert (copy) e with probability q_e = min(1, top_k x share_e) (the recorded
+// frequency), the experts taken as independent; a copy's weights are read where it is hit. Hits: expert e is hit by some token with
 // probability 1 - (1 - q_e)^tokens, a rank's count is Poisson-binomial, and the busiest rank's
 // expectation E[max] = sum over x of 1 - prod over ranks of P(count <= x): exact under
 // independence, and for uniform routing the binomial of ExpectedExpertRankImbalance. Rows: a

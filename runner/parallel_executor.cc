@@ -35,6 +35,19 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
                                                      c.num_hidden_layers, " x ", c.num_local_experts));
     }
   }
+  if (expert_replicas != 0) {
+    const int64_t e = c.num_local_experts;
+    if (placement != ExpertPlacement::kBalanced || ep < 2) {
+      return absl::InvalidArgumentError(
+          "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
+          "--expert-placement balanced --expert-load FILE");
+    }
+    if (expert_replicas < 0 || expert_replicas > e * (ep - 1) || (e + expert_replicas) % ep != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert-replicas must be in [1, ", e * (ep - 1), "] (each expert on at most --ep ", ep,
+          " ranks) with the model's ", e, " experts plus the replicas a multiple of --ep, got ", expert_replicas));
+    }
+  }
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }
@@ -53,17 +66,19 @@ std::string ParallelConfig::Name() const {
   const char* how = placement == ExpertPlacement::kRoundRobin ? " round-robin"
                     : placement == ExpertPlacement::kBalanced ? " balanced"
                                                               : "";
-  return absl::StrCat("ep", ep, " pp", pp, how);
+  return absl::StrCat("ep", ep, " pp", pp, how,
+                      expert_replicas > 0 ? absl::StrCat(" +", expert_replicas, " replicas") : "");
 }
 
-ExpertOwnerTable ParallelConfig::Owners(const ModelConfig& model) const {
-  return ExpertOwners(model.num_hidden_layers, model.num_local_experts, ep, placement, expert_load.get());
+ExpertHolderTable ParallelConfig::Holders(const ModelConfig& model) const {
+  return ExpertHolders(model.num_hidden_layers, model.num_local_experts, ep, placement, expert_load.get(),
+                       expert_replicas);
 }
 
 WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank) {
   const int64_t stage = rank / config.ep, ep_rank = rank % config.ep;
   const auto layers = StageLayers(model.num_hidden_layers, config.pp)[static_cast<size_t>(stage)];
-  return WeightShard{layers.first, layers.second, ExpertsOfRank(config.Owners(model), ep_rank, layers.first, layers.second)};
+  return WeightShard{layers.first, layers.second, ExpertsOfRank(config.Holders(model), ep_rank, layers.first, layers.second)};
 }
 
 absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
@@ -106,7 +121,7 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights) {
 void ParallelExecutor::PlanLayout(const ModelConfig& c) {
   const int64_t ep = config_.ep, pp = config_.pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
-  owners_ = config_.Owners(c);  // once: a balanced placement's search is not free
+  holders_ = config_.Holders(c);  // once: a balanced placement's search is not free
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
   const int64_t seg = kv_.num_blocks / ep;
   cut_.block_size = kv_.block_size;
@@ -122,7 +137,7 @@ void ParallelExecutor::PlanLayout(const ModelConfig& c) {
       l.ep_rank = e;
       l.layer_begin = stages[s].first;
       l.layer_end = stages[s].second;
-      l.experts = ExpertsOfRank(owners_, e, l.layer_begin, l.layer_end);
+      l.experts = ExpertsOfRank(holders_, e, l.layer_begin, l.layer_end);
       l.kv_bytes_per_token = kv_token_bytes * static_cast<double>(l.layer_end - l.layer_begin);
       layout_.push_back(l);
     }
@@ -271,7 +286,7 @@ absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weight
   shard.layer_begin = layout.layer_begin;
   shard.layer_end = layout.layer_end;
   shard.ep = r.ep;
-  shard.expert_owner.assign(owners_.begin() + layout.layer_begin, owners_.begin() + layout.layer_end);
+  shard.expert_holders.assign(holders_.begin() + layout.layer_begin, holders_.begin() + layout.layer_end);
   r.model = std::make_unique<MoeModel>(r.weights.get(), r.backend.get(), std::move(shard));
   // Its KV arena: its stage's layers, its segment's blocks, on its own device.
   auto arena = KvStorage::Create(r.backend.get(), SegmentLayout(e, layout.layer_end - layout.layer_begin));

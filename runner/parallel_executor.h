@@ -44,6 +44,8 @@ struct ParallelConfig {
   ExpertPlacement placement = ExpertPlacement::kContiguous;
   // The routing recorded for a balanced placement (--expert-load; parallel/expert_load.h).
   std::shared_ptr<const ExpertLoad> expert_load;
+  // Extra copies of the hottest experts per MoE layer, with a balanced placement (--expert-replicas).
+  int64_t expert_replicas = 0;
   int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
   // Ranks per scale-up domain for the roofline's predictions (0: one domain holds them all);
   // roofline::ParallelLayout::domain_size says how ranks fill domains.
@@ -60,8 +62,8 @@ struct ParallelConfig {
   // job's `processes` are ep x pp (0: not a job).
   absl::Status Validate(const ModelConfig& config, int processes = 0) const;
   std::string Name() const;  // "ep2 pp1"
-  // The EP rank of every expert of every layer of `model` (parallel/placement.h).
-  ExpertOwnerTable Owners(const ModelConfig& model) const;
+  // The EP ranks holding every expert of every layer of `model` (parallel/placement.h).
+  ExpertHolderTable Holders(const ModelConfig& model) const;
 };
 
 // Which layers and experts one rank holds.
@@ -192,7 +194,7 @@ class ParallelExecutor final : public Executor {
   ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
-  ExpertOwnerTable owners_;                    // every layer's expert placement (PlanLayout)
+  ExpertHolderTable holders_;                  // every layer's expert placement (PlanLayout)
   std::vector<Rank> ranks_;                    // the ranks this process holds, rank order
   std::vector<KvStorage> rank_kv_;             // one arena per held rank: its layers, its segment
   KvLayout kv_;                                // the whole cache, as the engine sees it

@@ -147,6 +147,13 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--expert-load", f->expert_load,
                   "With --expert-placement balanced: the tokens routed to each (layer, expert), as `moeserve bench "
                   "--expert-load-out FILE` writes them (a run of the same model, any layout)");
+  cmd->add_option("--expert-replicas", f->config.parallel.expert_replicas,
+                  "With --expert-placement balanced: this many extra copies of the hottest experts per MoE layer "
+                  "(EPLB's redundant experts), chosen and spread over the ranks from the recorded load so that the "
+                  "busiest rank is as light as the rules find (parallel/placement.h); each sender splits an expert's "
+                  "rows among its copies. The experts plus the copies must be a multiple of --ep; each rank then "
+                  "holds (experts + copies) / ep experts' weights")
+      ->capture_default_str();
   cmd->add_option("--expert-load-out", f->expert_load_out,
                   "Write the tokens routed to each (layer, expert) as JSON when the run ends (bench: after its "
                   "workload; serve: at a clean shutdown), for --expert-placement balanced --expert-load, and print "

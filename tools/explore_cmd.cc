@@ -222,8 +222,8 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
   }
   for (int64_t ep = 1; ep <= std::min(s->devices, s->experts); ++ep) {
     if (s->experts % ep != 0) continue;
-    const ExpertOwnerTable owner = ExpertOwners(load.layers, load.experts, ep, placement, &load);
-    s->routing[ep] = roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, owner);
+    const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load);
+    s->routing[ep] = roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, holders);
   }
   return absl::OkStatus();
 }

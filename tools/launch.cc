@@ -81,16 +81,20 @@ absl::Status WriteExpertLoadOut(const EngineFlags& flags, const Engine& engine, 
   const int64_t layers = std::count(routed.begin(), routed.end(), true);
   if (layers == 0) return absl::OkStatus();
   // The mean over routed layers of RankImbalance under `placement` at `ep` ranks.
-  auto mean = [&](ExpertPlacement placement, int64_t ep) {
-    const std::vector<double> imb = RankImbalance(ExpertOwners(load.layers, load.experts, ep, placement, &load), load, ep);
+  auto mean = [&](ExpertPlacement placement, int64_t ep, int64_t replicas) {
+    const std::vector<double> imb =
+        RankImbalance(ExpertHolders(load.layers, load.experts, ep, placement, &load, replicas), load, ep);
     double sum = 0;
     for (int64_t l = 0; l < load.layers; ++l) sum += routed[static_cast<size_t>(l)] ? imb[static_cast<size_t>(l)] : 0.0;
     return sum / static_cast<double>(layers);
   };
   for (int64_t ep : {2, 4, 8}) {
     if (ep > load.experts) break;
-    std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f\n",
-                static_cast<long long>(ep), mean(ExpertPlacement::kContiguous, ep), mean(ExpertPlacement::kBalanced, ep));
+    std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f, balanced "
+                "with --expert-replicas %lld %.3f\n",
+                static_cast<long long>(ep), mean(ExpertPlacement::kContiguous, ep, 0),
+                mean(ExpertPlacement::kBalanced, ep, 0), static_cast<long long>(ep),
+                mean(ExpertPlacement::kBalanced, ep, ep));
   }
   return absl::OkStatus();
 }

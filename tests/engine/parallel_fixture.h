@@ -28,6 +28,7 @@ struct Layout {
   int64_t ep, pp;
   ExpertPlacement placement = ExpertPlacement::kContiguous;
   int64_t micro = 0;
+  int64_t replicas = 0;  // --expert-replicas, with a balanced placement
 };
 
 inline std::string Name(const Layout& l) {
@@ -35,7 +36,8 @@ inline std::string Name(const Layout& l) {
                       l.placement == ExpertPlacement::kRoundRobin ? " rr"
                       : l.placement == ExpertPlacement::kBalanced ? " balanced"
                                                                   : "",
-                      l.micro ? absl::StrCat(" micro", l.micro) : "");
+                      l.micro ? absl::StrCat(" micro", l.micro) : "",
+                      l.replicas ? absl::StrCat(" +", l.replicas, " replicas") : "");
 }
 
 inline BackendFactory CpuRanks() {
@@ -66,6 +68,7 @@ inline ParallelConfig ToConfig(const Layout& l, const ModelConfig* c = nullptr) 
   p.pp = l.pp;
   p.placement = l.placement;
   p.micro_batches = l.micro;
+  p.expert_replicas = l.replicas;
   if (l.placement == ExpertPlacement::kBalanced && c != nullptr) {
     auto load = std::make_shared<ExpertLoad>(ExpertLoad{c->num_hidden_layers, c->num_local_experts, {}});
     std::mt19937 gen(static_cast<uint32_t>(17 * l.ep + l.pp));

@@ -219,10 +219,11 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   SchedulerConfig sc;
   sc.ep_balance_ratio = 0.5;
   EXPECT_NE(std::string(sc.Validate().message()).find("--ep-balance"), std::string::npos);
-  EXPECT_EQ(ExpertOwners(2, 8, 2, ExpertPlacement::kContiguous),
-            (ExpertOwnerTable{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}}));
-  EXPECT_EQ(ExpertOwners(1, 8, 3, ExpertPlacement::kRoundRobin),
-            (ExpertOwnerTable{{0, 1, 2, 0, 1, 2, 0, 1}}));
+  using L = std::vector<std::vector<int32_t>>;
+  EXPECT_EQ(ExpertHolders(2, 8, 2, ExpertPlacement::kContiguous),
+            (ExpertHolderTable{L{{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}, L{{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}}));
+  EXPECT_EQ(ExpertHolders(1, 8, 3, ExpertPlacement::kRoundRobin),
+            (ExpertHolderTable{L{{0}, {1}, {2}, {0}, {1}, {2}, {0}, {1}}}));
   p.pp = 1;
   p.nccl_devices.clear();
   p.placement = ExpertPlacement::kBalanced;

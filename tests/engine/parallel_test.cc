@@ -1,8 +1,8 @@
 // Expert parallelism and pipeline stages against one rank: the executor's logits for a random
 // mixed batch equal the single-rank forward's (max-abs and relative error reported), and a
 // batch of mixed requests through the engine gives token for token the same greedy output
-// with --ep 2, --ep 4, --pp 2, --ep 2 --pp 2 (and round-robin placement, uneven stages, more
-// micro-batches, a shared expert) as on one rank; the same with KV tiers, with a failing rank,
+// with --ep 2, --ep 4, --pp 2, --ep 2 --pp 2 (and round-robin, balanced and replicated placements,
+// uneven stages, more micro-batches, a shared expert) as on one rank; the same with KV tiers, with a failing rank,
 // and over NCCL where GPUs exist. parallel_layout_test.cc has the placement and sharding tests.
 #include "tests/engine/parallel_fixture.h"
 
@@ -16,6 +16,9 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   std::vector<int64_t> lens(5);
   for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
+  // --expert-replicas for ep ranks: ep copies or more, the experts plus copies a multiple of ep.
+  const int64_t experts = config_.num_local_experts;
+  auto Copies = [&](int64_t ep) { return ep + (ep - experts % ep) % ep; };
   for (const Layout& l : std::vector<Layout>{{2, 1},
                                              {4, 1},
                                              {1, 2},
@@ -23,7 +26,9 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
                                              {4, 1, ExpertPlacement::kRoundRobin},
                                              {4, 1, ExpertPlacement::kBalanced},
                                              {2, 2, ExpertPlacement::kBalanced},
-                                             {2, 2, ExpertPlacement::kContiguous, 3}}) {
+                                             {2, 2, ExpertPlacement::kContiguous, 3},
+                                             {4, 1, ExpertPlacement::kBalanced, 0, Copies(4)},
+                                             {2, 2, ExpertPlacement::kBalanced, 0, Copies(2)}}) {
     // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
     // one rank on the same step.
     const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
@@ -59,24 +64,28 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
       // The ranks' routing adds up to one rank's, and the EP imbalance is each layer's busiest
       // rank under this layout's placement, from that one-rank routing.
       EXPECT_EQ(fs.layer_expert_rows, one.layer_expert_rows) << Name(l);
-      const ExpertOwnerTable owner = ToConfig(l, &config_).Owners(config_);
-      const int64_t experts = config_.num_local_experts;
-      double busiest = 0, mean = 0, busiest_hits = 0, mean_hits = 0;
-      for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-        std::vector<double> per_rank(static_cast<size_t>(l.ep), 0.0), hits(static_cast<size_t>(l.ep), 0.0);
-        for (int64_t e = 0; e < experts; ++e) {
-          const int64_t rows = one.layer_expert_rows[layer * experts + e];
-          per_rank[static_cast<size_t>(owner[layer][e])] += static_cast<double>(rows);
-          hits[static_cast<size_t>(owner[layer][e])] += rows > 0 ? 1.0 : 0.0;
+      // (A replicated layout splits an expert's rows by sender, which the one-rank counts do not
+      // show: its rows add up above.)
+      if (l.replicas == 0) {
+        const ExpertHolderTable holders = ToConfig(l, &config_).Holders(config_);
+        double busiest = 0, mean = 0, busiest_hits = 0, mean_hits = 0;
+        for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+          std::vector<double> per_rank(static_cast<size_t>(l.ep), 0.0), hits(static_cast<size_t>(l.ep), 0.0);
+          for (int64_t e = 0; e < experts; ++e) {
+            const int64_t rows = one.layer_expert_rows[layer * experts + e];
+            const int32_t owner = holders[layer][e][0];
+            per_rank[static_cast<size_t>(owner)] += static_cast<double>(rows);
+            hits[static_cast<size_t>(owner)] += rows > 0 ? 1.0 : 0.0;
+          }
+          busiest += *std::max_element(per_rank.begin(), per_rank.end());
+          busiest_hits += *std::max_element(hits.begin(), hits.end());
+          for (double x : per_rank) mean += x / static_cast<double>(l.ep);
+          for (double x : hits) mean_hits += x / static_cast<double>(l.ep);
         }
-        busiest += *std::max_element(per_rank.begin(), per_rank.end());
-        busiest_hits += *std::max_element(hits.begin(), hits.end());
-        for (double x : per_rank) mean += x / static_cast<double>(l.ep);
-        for (double x : hits) mean_hits += x / static_cast<double>(l.ep);
+        EXPECT_NEAR(ps.rank_imbalance, busiest / mean, 1e-12) << Name(l);
+        // The experts each rank computed (the weights it read), the same way.
+        EXPECT_NEAR(ps.rank_hit_imbalance, busiest_hits / mean_hits, 1e-12) << Name(l);
       }
-      EXPECT_NEAR(ps.rank_imbalance, busiest / mean, 1e-12) << Name(l);
-      // The experts each rank computed (the weights it read), the same way.
-      EXPECT_NEAR(ps.rank_hit_imbalance, busiest_hits / mean_hits, 1e-12) << Name(l);
       EXPECT_GT(ps.a2a_bytes, 0);
       // Every rank spends some time in the all-to-alls; the least-waiting one no more than the slowest.
       EXPECT_GT(ps.comm_min_seconds, 0) << Name(l);
@@ -223,6 +232,7 @@ TEST_P(ParallelTest, EngineGreedyOutputEqualsOneRank) {
                                              {2, 2},
                                              {2, 1, ExpertPlacement::kRoundRobin},
                                              {2, 2, ExpertPlacement::kBalanced},
+                                             {2, 1, ExpertPlacement::kBalanced, 0, 2 + config_.num_local_experts % 2},
                                              {1, 2, ExpertPlacement::kContiguous, 4}}) {
     const auto got = run(l);
     for (size_t i = 0; i < reqs.size(); ++i) {

@@ -92,7 +92,8 @@ std::vector<float> OneDevice(const std::vector<Tokens>& ranks, const Experts& ex
   return all.x;
 }
 
-void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, DType dt, uint32_t seed) {
+void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& holders, const std::string& placement,
+                 DType dt, uint32_t seed) {
   std::mt19937 g(seed);
   const int n = static_cast<int>(tokens.size());
   std::vector<Tokens> ranks;
@@ -108,7 +109,7 @@ void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, 
       CpuBackendOptions o;
       o.num_threads = 1;
       CpuBackend b(o);
-      ExpertDispatch d(&b, group->rank(r), ExpertOwners(1, kExperts, n, placement), {kHidden, kInter, kExperts, kTopK});
+      ExpertDispatch d(&b, group->rank(r), holders, {kHidden, kInter, kExperts, kTopK});
       d.set_bf16_rows(dt == DType::kBF16);
       ExpertDispatchStats stats;
       const int64_t before = b.copies_to_host();
@@ -119,7 +120,7 @@ void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, 
     });
   }
   for (auto& t : threads) t.join();
-  const std::string name = ::testing::PrintToString(tokens) + (placement == ExpertPlacement::kRoundRobin ? " round-robin " : " contiguous ") +
+  const std::string name = ::testing::PrintToString(tokens) + " " + placement + " " +
                            std::string(DTypeShortName(dt)) + " (seed " + std::to_string(seed) + ")";
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
@@ -131,6 +132,11 @@ void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, 
   }
 }
 
+void CheckLayout(const std::vector<int64_t>& tokens, ExpertPlacement placement, DType dt, uint32_t seed) {
+  CheckLayout(tokens, ExpertHolders(1, kExperts, static_cast<int64_t>(tokens.size()), placement),
+              placement == ExpertPlacement::kRoundRobin ? "round-robin" : "contiguous", dt, seed);
+}
+
 TEST(ExpertDispatchTest, EqualsOneDeviceAndCopiesOnlyCountsToTheHost) {
   const uint32_t seed = std::random_device{}();
   for (ExpertPlacement placement : {ExpertPlacement::kContiguous, ExpertPlacement::kRoundRobin}) {
@@ -138,6 +144,26 @@ TEST(ExpertDispatchTest, EqualsOneDeviceAndCopiesOnlyCountsToTheHost) {
       CheckLayout(tokens, placement, DType::kF32, seed);
     }
   }
+}
+
+// Experts held by several ranks (--expert-replicas): each sender cuts an expert's rows into runs
+// for its copies, every row is computed once, and the result is one device's, bit for bit.
+TEST(ExpertDispatchTest, ReplicatedExpertsEqualOneDevice) {
+  const uint32_t seed = std::random_device{}();
+  using L = std::vector<std::vector<int32_t>>;
+  // Copies as the balanced placement makes them from a skewed load (the hot experts on several
+  // ranks), and a hand-made table (experts 0 and 1 on both ranks).
+  const ExpertLoad load{1, kExperts, {900, 500, 10, 20, 30, 40, 50, 60}};
+  for (const std::vector<int64_t>& tokens : std::vector<std::vector<int64_t>>{{5, 3}, {1, 7, 2}, {9, 0}, {0, 0}, {1, 1, 1, 1}}) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    for (int64_t replicas : {n, 3 * n}) {
+      if (replicas > kExperts * (n - 1) || (kExperts + replicas) % n != 0) continue;
+      CheckLayout(tokens, ExpertHolders(1, kExperts, n, ExpertPlacement::kBalanced, &load, replicas),
+                  "balanced +" + std::to_string(replicas) + " replicas", DType::kF32, seed);
+    }
+  }
+  CheckLayout({4, 6}, ExpertHolderTable{L{{0, 1}, {0, 1}, {0}, {0}, {0}, {1}, {1}, {1}}}, "hand-made copies",
+              DType::kF32, seed);
 }
 
 // The bf16 wire, where the experts' GEMMs round their rows to bf16 anyway (the same bits).

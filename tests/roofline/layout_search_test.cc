@@ -195,9 +195,9 @@ TEST(LayoutSearchTest, APointFitsOnlyWhenItsKvFitsBesideTheWeights) {
 TEST(LayoutSearchTest, ARecordedRoutingSetsTheExpertsHitAndTheImbalance) {
   LayoutSearch s = MixtralOnH100s(2);
   const std::vector<int64_t> counts = {50, 50, 0, 0, 0, 0, 0, 0};
-  const std::vector<std::vector<int32_t>> one_rank(1, std::vector<int32_t>(8, 0));
-  const std::vector<std::vector<int32_t>> same_rank(1, {0, 0, 0, 0, 1, 1, 1, 1});
-  const std::vector<std::vector<int32_t>> split(1, {0, 1, 0, 0, 1, 1, 1, 0});
+  const std::vector<std::vector<std::vector<int32_t>>> one_rank(1, std::vector<std::vector<int32_t>>(8, {0}));
+  const std::vector<std::vector<std::vector<int32_t>>> same_rank = {{{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}};
+  const std::vector<std::vector<std::vector<int32_t>>> split = {{{0}, {1}, {0}, {0}, {1}, {1}, {1}, {0}}};
   s.routing[1] = RecordedRouting::FromCounts(counts, 8, 2, 1, one_rank);
   s.routing[2] = RecordedRouting::FromCounts(counts, 8, 2, 2, same_rank);
   const auto all = ExploreLayouts(s);

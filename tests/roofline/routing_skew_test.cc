@@ -34,21 +34,34 @@ TEST(RoutingSkewTest, EveryTokenToOneExpertLoadsOneRank) {
   // Top-1 routing, all to expert 0 (rank 0 of 4): that rank computes every row and reads the
   // one expert hit; the mean rank a quarter of each.
   const std::vector<int64_t> counts = {100, 0, 0, 0, 0, 0, 0, 0};
-  const std::vector<std::vector<int32_t>> owner = {{0, 0, 1, 1, 2, 2, 3, 3}};
+  const std::vector<std::vector<std::vector<int32_t>>> owner = {{{0}, {0}, {1}, {1}, {2}, {2}, {3}, {3}}};
   const RoutingExpectation x = ExpectRouting(RecordedRouting::FromCounts(counts, 8, 1, 4, owner), 50);
   EXPECT_NEAR(x.experts_hit_per_layer, 1.0, 1e-12);
   EXPECT_NEAR(x.weight_imbalance, 4.0, 1e-9);
   EXPECT_NEAR(x.rows_imbalance, 4.0, 1e-9);
 }
 
+// An expert copied onto two ranks: each copy carries half its share, so the two ranks even out.
+TEST(RoutingSkewTest, AReplicatedExpertsShareIsSplitAmongItsCopies) {
+  const std::vector<int64_t> counts = {300, 100};
+  const std::vector<std::vector<std::vector<int32_t>>> copied = {{{0, 1}, {1}}}, single = {{{0}, {1}}};
+  const RecordedRouting r = RecordedRouting::FromCounts(counts, 2, 1, 2, copied);
+  ASSERT_EQ(r.share[0].size(), 3u);
+  EXPECT_EQ(r.share[0], (std::vector<double>{0.375, 0.375, 0.25}));
+  EXPECT_EQ(r.owner[0], (std::vector<int32_t>{0, 1, 1}));
+  // Many tokens: rank 0 gets 3/8 of the rows and rank 1 5/8 (not 3/4 and 1/4).
+  EXPECT_NEAR(ExpectRouting(r, 1e6).rows_imbalance, 1.25, 2e-3);
+  EXPECT_NEAR(ExpectRouting(RecordedRouting::FromCounts(counts, 2, 1, 2, single), 1e6).rows_imbalance, 1.5, 2e-3);
+}
+
 TEST(RoutingSkewTest, DenseLayersAreSkippedAndCountsBecomeShares) {
   const std::vector<int64_t> counts = {0, 0, 0, 0, 30, 10, 40, 20};
-  const std::vector<std::vector<int32_t>> owner = {{0, 0, 1, 1}, {0, 1, 0, 1}};
+  const std::vector<std::vector<std::vector<int32_t>>> owner = {{{0}, {0}, {1}, {1}}, {{0}, {1}, {0}, {1}}};
   const RecordedRouting r = RecordedRouting::FromCounts(counts, 4, 2, 2, owner);
   ASSERT_EQ(r.share.size(), 1u);
   EXPECT_DOUBLE_EQ(r.share[0][0], 0.3);
   EXPECT_DOUBLE_EQ(r.share[0][2], 0.4);
-  EXPECT_EQ(r.owner[0], owner[1]);
+  EXPECT_EQ(r.owner[0], (std::vector<int32_t>{0, 1, 0, 1}));
   // Many tokens: every expert hit, and the rows settle at the shares (0.7 vs 0.3 of 2 ranks).
   const RoutingExpectation x = ExpectRouting(r, 1e6);
   EXPECT_NEAR(x.weight_imbalance, 1.0, 1e-9);
@@ -98,6 +111,7 @@ TEST(RoutingSkewTest, SkewedRoutingAgreesWithASimulation) {
   constexpr int64_t kExperts = 16, kTopK = 2, kEp = 4, kLayers = 3;
   std::vector<int64_t> counts;
   std::vector<std::vector<int32_t>> owner(kLayers);
+  std::vector<std::vector<std::vector<int32_t>>> holders(kLayers);
   std::uniform_int_distribution<int64_t> count(0, 400);
   for (int64_t l = 0; l < kLayers; ++l) {
     for (int64_t e = 0; e < kExperts; ++e) {
@@ -105,8 +119,9 @@ TEST(RoutingSkewTest, SkewedRoutingAgreesWithASimulation) {
       owner[static_cast<size_t>(l)].push_back(static_cast<int32_t>(e % kEp));
     }
     std::shuffle(owner[static_cast<size_t>(l)].begin(), owner[static_cast<size_t>(l)].end(), rng);
+    for (int32_t rank : owner[static_cast<size_t>(l)]) holders[static_cast<size_t>(l)].push_back({rank});
   }
-  const RecordedRouting r = RecordedRouting::FromCounts(counts, kExperts, kTopK, kEp, owner);
+  const RecordedRouting r = RecordedRouting::FromCounts(counts, kExperts, kTopK, kEp, holders);
   for (int64_t tokens : {2, 8, 64, 512}) {
     const RoutingExpectation x = ExpectRouting(r, static_cast<double>(tokens));
     const Simulated sim = Simulate(r, tokens, 3000, &rng);

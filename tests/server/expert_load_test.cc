@@ -1,7 +1,8 @@
 // `bench --expert-load-out` and `--expert-placement balanced --expert-load`, run as the real
 // binary: the routing recorded on one rank (every (token, slot) of every MoE layer counted
 // once), fed to a balanced placement over two EP ranks (whose ranks' counts add up to the same
-// routing, as do two stages'), and every misuse of the flags named.
+// routing, as do two stages' and those of a placement with replicated experts), and every misuse
+// of the flags named.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -43,12 +44,15 @@ TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
   // ranks' counts add up to the same file, and so do those of two stages.
   for (const std::vector<std::string>& layout :
        {std::vector<std::string>{"--ep", "2", "--expert-placement", "balanced", "--expert-load", load},
+        std::vector<std::string>{"--ep", "2", "--expert-placement", "balanced", "--expert-load", load,
+                                 "--expert-replicas", "2"},
         std::vector<std::string>{"--pp", "2"}}) {
     std::vector<std::string> args = {"bench", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "20",
                                      "--output-len", "5", "--seed", "3", "--expert-load-out", dir + "/again.json"};
     args.insert(args.end(), layout.begin(), layout.end());
     ASSERT_EQ(RunCommand(args, &out, &err), 0) << err;
     if (layout[0] == "--ep") EXPECT_NE(out.find("layout ep2 pp1 balanced"), std::string::npos) << out;
+    if (layout.size() > 6) EXPECT_NE(out.find("layout ep2 pp1 balanced +2 replicas"), std::string::npos) << out;
     EXPECT_EQ(nlohmann::json::parse(*ReadFileToString(dir + "/again.json"))["tokens"], j["tokens"]) << layout[0];
   }
   // Misuse, each named.
@@ -58,6 +62,11 @@ TEST(E2eExpertLoadTest, RecordedRoutingFeedsABalancedPlacement) {
       {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", dir + "/none.json"}, "--expert-load"},
       {{"--ep", "2", "--expert-placement", "evenly"}, "must be contiguous, round-robin or balanced"},
       {{"--sweep-batch", "1", "--expert-load-out", dir + "/x.json"}, "not with --tier-scenario or --sweep-batch"},
+      {{"--ep", "2", "--expert-replicas", "2"}, "--expert-replicas copies the hottest experts of a recorded load"},
+      {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", load, "--expert-replicas", "1"},
+       "--expert-replicas must be in [1, 4]"},
+      {{"--ep", "2", "--expert-placement", "balanced", "--expert-load", load, "--expert-replicas", "6"},
+       "--expert-replicas must be in [1, 4]"},
   };
   for (const auto& [flags, message] : bad) {
     std::vector<std::string> args = {"bench", "--preset", "tiny", "--num-requests", "1"};
