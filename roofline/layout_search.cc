@@ -7,12 +7,15 @@
 namespace moeserve::roofline {
 namespace {
 
-// Per device: each EP rank holds the replicated weights of its stage's layers and 1/ep of its
-// stage's experts.
-double WeightBytesPerDevice(const ModelCosts& m, const ParallelLayout& l) {
+// Per device: each EP rank holds the replicated weights of its stage's layers, 1/ep of its
+// stage's experts, and its extra expert copies (at ep > 1).
+double WeightBytesPerDevice(const ModelCosts& m, const ParallelLayout& l, int64_t copies_per_rank) {
   const double replicated = m.replicated_params * m.weight_bytes_per_param;
   const double experts = m.TotalWeightBytes() - replicated;
-  return (replicated + experts / static_cast<double>(l.ep)) / static_cast<double>(l.pp);
+  const double copies = l.ep > 1 ? static_cast<double>(copies_per_rank) * m.moe_layers * m.expert_params *
+                                       m.weight_bytes_per_param
+                                 : 0.0;
+  return (replicated + experts / static_cast<double>(l.ep) + copies) / static_cast<double>(l.pp);
 }
 
 // KV per device for `sequences` in flight: an EP rank keeps its 1/ep of the sequences, a stage
@@ -28,7 +31,7 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
   LayoutCandidate c;
   c.layout = layout;
   const int64_t ep = layout.ep, pp = layout.pp;
-  c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout);
+  c.weight_bytes_per_device = WeightBytesPerDevice(s.model, c.layout, s.expert_copies_per_rank);
   c.weights_fit = c.weight_bytes_per_device <= s.hw.mem_capacity;
   // Sequences a rank can hold (each ctx x KV-per-token / pp bytes here), and so the largest
   // micro-batch whose pp copies in flight spread over the ep ranks fit.

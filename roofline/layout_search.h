@@ -54,6 +54,9 @@ struct LayoutSearch {
   // Where given, it sets each point's experts hit and EP rank imbalances (ExpectRouting);
   // otherwise routing is taken as uniform.
   std::map<int64_t, RecordedRouting> routing;
+  // Extra expert copies each EP rank holds per MoE layer (--expert-replicas = this x ep): their
+  // weights count against each device's memory at ep > 1 (where they go is `routing`'s).
+  int64_t expert_copies_per_rank = 0;
 };
 
 // Every (ep, pp, domain) with ep dividing the experts, pp <= layers, ep x pp <= devices, and each

@@ -33,6 +33,7 @@ struct ExploreOptions {
   std::string sequences = "1,8,32,64,128,256,512,1024";
   std::string domain_sizes;  // empty: the profile's scale_up_domain
   std::string expert_load, expert_placement = "contiguous";
+  int64_t expert_replicas_per_rank = 0;
   double price_per_hour = -1;
   std::string json, csv, measure_csv;
   bool measure = false;
@@ -208,12 +209,19 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
     return absl::InvalidArgumentError(absl::StrCat("--expert-placement must be contiguous, round-robin or balanced, got '",
                                                    o.expert_placement, "'"));
   }
+  const int64_t copies = o.expert_replicas_per_rank;
+  if (copies != 0 && (placement != ExpertPlacement::kBalanced || copies < 0 || 2 * copies > config.num_local_experts)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-replicas-per-rank must be in [0, ", config.num_local_experts / 2,
+        "] (half the model's experts) and needs --expert-placement balanced, got ", copies));
+  }
   if (o.expert_load.empty()) {
     if (o.expert_placement != "contiguous") {
       return absl::InvalidArgumentError("--expert-placement prices a recorded routing: it needs --expert-load FILE");
     }
     return absl::OkStatus();
   }
+  s->expert_copies_per_rank = copies;
   ASSIGN_OR_RETURN(ExpertLoad load, ReadExpertLoad(o.expert_load));
   if (load.layers != config.num_hidden_layers || load.experts != config.num_local_experts) {
     return absl::InvalidArgumentError(absl::StrCat("--expert-load: recorded for ", load.layers, " layers x ", load.experts,
@@ -222,7 +230,7 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
   }
   for (int64_t ep = 1; ep <= std::min(s->devices, s->experts); ++ep) {
     if (s->experts % ep != 0) continue;
-    const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load);
+    const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load, ep > 1 ? copies * ep : 0);
     s->routing[ep] = roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, holders);
   }
   return absl::OkStatus();
@@ -271,7 +279,11 @@ int RunExplore(ExploreOptions o) {
               " pp micro-batches each step; imb: the busiest EP rank's expert weights over the mean, rows: its expert\n"
               " rows; %s)\n",
               o.expert_load.empty() ? "uniform routing"
-                                    : absl::StrCat("the routing of ", o.expert_load, ", ", o.expert_placement, " placement").c_str());
+                                    : absl::StrCat("the routing of ", o.expert_load, ", ", o.expert_placement, " placement",
+                                                   o.expert_replicas_per_rank > 0
+                                                       ? absl::StrCat(", ", o.expert_replicas_per_rank, " extra copies per rank")
+                                                       : "")
+                                          .c_str());
   std::printf("%4s %4s %6s %7s %12s %9s | %9s %5s %12s %12s %14s %5s %5s %10s %9s\n", "ep", "pp", "domain", "devices",
               "weights GB/dev", "max seqs", "sequences", "fits", "KV GB/dev", "tokens/s", "moeserve tok/s", "imb",
               "rows", "ms/token", "$/Mtok");
@@ -341,6 +353,11 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--expert-placement", o->expert_placement,
                   "With --expert-load: which EP rank holds each expert, as serve would place them: contiguous, "
                   "round-robin or balanced (from the same load)")
+      ->capture_default_str();
+  cmd->add_option("--expert-replicas-per-rank", o->expert_replicas_per_rank,
+                  "With --expert-placement balanced: each EP rank holds this many extra copies of hot experts per "
+                  "MoE layer (serve's --expert-replicas = this x ep), placed from the load as serve places them; "
+                  "their weights count against each device's memory")
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16, f32 or fp8 (default: the checkpoint's)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();

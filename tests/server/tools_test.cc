@@ -176,25 +176,40 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
   nlohmann::json load = {{"layers", 32}, {"experts", 8}, {"tokens", nlohmann::json::array()}};
   for (int l = 0; l < 32; ++l) load["tokens"].push_back({800, 700, 100, 100, 100, 100, 50, 50});
   ASSERT_TRUE(WriteFileAtomically(dir + "/load.json", load.dump()).ok());
-  auto rows_imbalance = [&](const std::string& placement) {
+  std::map<int64_t, double> weights;  // bytes per device at pp 1, by ep, of the last run
+  auto rows_imbalance = [&](const std::string& placement, const std::string& copies) {
     std::map<int64_t, double> by_ep;  // at 256 sequences, pp 1
     EXPECT_EQ(RunCommand({"explore", "--preset", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "4",
                           "--sequences", "256", "--expert-load", dir + "/load.json", "--expert-placement", placement,
-                          "--json", dir + "/r.json"},
+                          "--expert-replicas-per-rank", copies, "--json", dir + "/r.json"},
                          &out, &err),
               0)
         << err;
     const auto j = nlohmann::json::parse(ReadAll(dir + "/r.json"));
     for (const auto& l : j["layouts"]) {
-      if (l["pp"] == 1) by_ep[l["ep"].get<int64_t>()] = l["points"][0]["expert_rows_imbalance"].get<double>();
+      if (l["pp"] != 1) continue;
+      by_ep[l["ep"].get<int64_t>()] = l["points"][0]["expert_rows_imbalance"].get<double>();
+      weights[l["ep"].get<int64_t>()] = l["weight_bytes_per_device"].get<double>();
     }
     return by_ep;
   };
-  const auto contiguous = rows_imbalance("contiguous"), balanced = rows_imbalance("balanced");
+  const auto contiguous = rows_imbalance("contiguous", "0"), balanced = rows_imbalance("balanced", "0");
+  const auto plain_weights = weights;
   EXPECT_NEAR(contiguous.at(2), 1700.0 / 1000.0, 0.05);  // 1700 of 2000 rows on rank 0, nearly surely
   EXPECT_LT(balanced.at(2), 1.1);
   EXPECT_LT(balanced.at(4), contiguous.at(4));
-  EXPECT_NE(out.find("balanced placement"), std::string::npos) << out;
+  // One extra copy per rank: at ep 4 expert 0 (40% of the rows, more than a rank's share) is split.
+  const auto copied = rows_imbalance("balanced", "1");
+  EXPECT_LT(copied.at(4), balanced.at(4) - 0.1);
+  EXPECT_NE(out.find("balanced placement, 1 extra copies per rank"), std::string::npos) << out;
+  EXPECT_EQ(weights.at(1), plain_weights.at(1)) << "one rank holds every expert once";
+  // Each rank holds one more expert per MoE layer: 32 layers x 3 x 4096 x 14336 bf16 parameters.
+  EXPECT_NEAR(weights.at(4) - plain_weights.at(4), 32.0 * 3 * 4096 * 14336 * 2, 1e3);
+  EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--expert-load", dir + "/load.json",
+                        "--expert-replicas-per-rank", "1"},
+                       &out, &err),
+            0);
+  EXPECT_NE(err.find("--expert-replicas-per-rank must be in [0, 4]"), std::string::npos) << err;
   load["layers"] = 31;
   load["tokens"].erase(0);
   ASSERT_TRUE(WriteFileAtomically(dir + "/short.json", load.dump()).ok());
