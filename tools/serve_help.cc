@@ -20,7 +20,7 @@ const std::vector<Group>& Groups() {
         "--enable-prefix-caching", "--no-enable-prefix-caching", "--host-kv-mb", "--flash-kv-dir",
         "--flash-kv-purge-foreign", "--flash-kv-mb", "--sync-flash", "--preemption", "--max-retain-seconds"}},
       {"Parallel", {"--ep", "--pp", "--tensor-parallel-size", "--pipeline-parallel-size", "--enable-expert-parallel",
-                    "--domain-size", "--ep-balance", "--expert-placement", "--expert-load", "--expert-replicas", "--expert-load-out", "--micro-batches", "--fp32-dispatch"}},
+                    "--domain-size", "--ep-balance", "--expert-placement", "--expert-load", "--expert-replicas", "--enable-eplb", "--num-redundant-experts", "--expert-load-out", "--micro-batches", "--fp32-dispatch"}},
       {"Scheduler", {"--max-num-seqs", "--max-tokens-per-step", "--max-num-batched-tokens", "--no-chunked-prefill",
                      "--max-waiting", "--fast-lane-max-batch", "--max-tokens-limit", "--no-wait-for-shared-prefix"}},
       {"Device and kernels", {"--backend", "--device", "--device-mb", "--threads", "--reference",

@@ -39,6 +39,11 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
                   "(moeserve's holds f32 or bf16). Without it moeserve's --kv-dtype applies (default auto, the same)");
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
                   "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)");
+  cmd->add_flag("--enable-eplb", f->enable_eplb,
+                "Refused: moeserve places experts once, from a recorded load (--expert-load-out, then "
+                "--expert-placement balanced --expert-load FILE), and does not re-place them while serving");
+  cmd->add_option("--num-redundant-experts", f->num_redundant_experts,
+                  "Refused with --enable-eplb: the same copies are --expert-replicas R with a recorded load");
 }
 
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {
@@ -122,6 +127,12 @@ absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpe
     return absl::InvalidArgumentError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   }
   if (f.no_enable_prefix_caching) engine->no_prefix_caching = true;
+  if (f.enable_eplb || f.num_redundant_experts >= 0) {
+    return absl::InvalidArgumentError(
+        "--enable-eplb / --num-redundant-experts: moeserve does not record and re-place experts while serving; "
+        "record a load (serve or bench --expert-load-out FILE), then start with --expert-placement balanced "
+        "--expert-load FILE and --expert-replicas R for R redundant experts (EPLB's placement, fixed)");
+  }
   if (f.gpu_memory_utilization >= 0) {
     return absl::InvalidArgumentError(
         "--gpu-memory-utilization: moeserve sizes the KV cache in bytes, not as a fraction of the device: use "

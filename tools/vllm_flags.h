@@ -26,6 +26,8 @@ struct VllmFlags {
   int64_t max_num_batched_tokens = 0;
   bool enable_prefix_caching = false, no_enable_prefix_caching = false;
   double gpu_memory_utilization = -1;
+  bool enable_eplb = false;
+  int64_t num_redundant_experts = -1;  // -1: not given
   bool skip_tokenizer_init = false;
   std::string kv_cache_dtype;  // empty: not given
 };

@@ -128,6 +128,7 @@ TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
   for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"serve", ck, "-tp", "2"}, "no tensor parallelism"},
            {{"serve", ck, "--gpu-memory-utilization", "0.9"}, "--kv-cache-mb"},
+           {{"serve", ck, "--enable-eplb", "--num-redundant-experts", "4"}, "--expert-replicas R"},
            {{"serve", ck, "--dtype", "fp8"}, "--dtype: 'fp8'"},
            {{"serve", "mistralai/Mixtral-8x7B-v0.1"}, "huggingface-cli download"},
            {{"serve", ck, "--port", "8001", "--http-listen", "127.0.0.1:8002"}, "not both"},
