@@ -38,7 +38,8 @@ struct ExpertLoad {
 //     lighter kept (ties: the second):
 //     1. EPLB's: each copy to the expert with the most load per copy (ties to the lower index);
 //        then the copies, heaviest first, each to the least-loaded rank with room that does not
-//        hold that expert yet (round-robin in that order where the rule finds no such rank);
+//        hold that expert yet (where the rule finds no such rank for some copy, every copy goes
+//        round-robin in that order instead);
 //     2. from the balanced placement without copies, each copy in turn of the expert, onto the
 //        least-loaded rank with room that lacks it, that leaves the busiest rank lightest.
 using ExpertHolderTable = std::vector<std::vector<std::vector<int32_t>>>;

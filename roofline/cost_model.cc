@@ -298,7 +298,10 @@ PipelinedSeconds PipelinedStepSeconds(const ModelCosts& m, const StepShape& shap
                    shape.seqs.begin() + static_cast<long>(n * static_cast<size_t>(i + 1) / static_cast<size_t>(micro)));
     if (mb.seqs.empty()) continue;
     largest = std::max(largest, static_cast<double>(mb.Tokens()));
-    mb.experts_hit = -1;  // the expectation for this micro-batch's tokens
+    // The expectation for this micro-batch's tokens, or what the caller knows of it.
+    mb.experts_hit = shape.micro_batch_experts_hit_per_layer >= 0
+                         ? shape.micro_batch_experts_hit_per_layer * static_cast<double>(stage.moe_layers)
+                         : -1;
     mb.transfer_bytes = 0;
     mbs.push_back(std::move(mb));
   }

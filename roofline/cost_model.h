@@ -81,6 +81,9 @@ struct StepShape {
   // Distinct (layer, expert) pairs that received tokens; < 0: the expectation under uniform
   // routing, layers * E * (1 - (1 - k/E)^tokens).
   double experts_hit = -1;
+  // PipelinedStepSeconds: the distinct experts one micro-batch hits per MoE layer, where known (a
+  // recorded routing: routing_skew.h); < 0: the expectation under uniform routing for its tokens.
+  double micro_batch_experts_hit_per_layer = -1;
   double transfer_bytes = 0;  // KV moved between tiers during the step (host link)
   // Expert parallelism, where the step was measured: the expert rows per EP rank, busiest over
   // mean (each MoE layer's busiest rank, summed over layers: runner/parallel_step.cc), and the

@@ -50,11 +50,11 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
     p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
     StepShape shape = StepShape::Decode(p.micro_batch, s.context), engine = StepShape::Decode(n, s.context);
     if (auto r = s.routing.find(ep); r != s.routing.end()) {
-      // Every micro-batch of the engine's step holds micro_batch tokens too (its pp > 1 steps
-      // take the uniform expectation of experts hit per micro-batch).
+      // Every micro-batch of the engine's step holds micro_batch tokens too.
       const RoutingExpectation x = ExpectRouting(r->second, static_cast<double>(p.micro_batch));
       for (StepShape* sh : {&shape, &engine}) {
         sh->experts_hit = x.experts_hit_per_layer * static_cast<double>(s.model.moe_layers);
+        sh->micro_batch_experts_hit_per_layer = x.experts_hit_per_layer;
         sh->expert_rank_imbalance = x.weight_imbalance;
         sh->expert_rows_imbalance = x.rows_imbalance;
       }

@@ -38,9 +38,9 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
   if (expert_replicas != 0) {
     const int64_t e = c.num_local_experts;
     if (placement != ExpertPlacement::kBalanced || ep < 2) {
-      return absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(absl::StrCat(
           "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
-          "--expert-placement balanced --expert-load FILE");
+          "--expert-placement balanced --expert-load FILE; got --expert-replicas ", expert_replicas, " with --ep ", ep));
     }
     if (expert_replicas < 0 || expert_replicas > e * (ep - 1) || (e + expert_replicas) % ep != 0) {
       return absl::InvalidArgumentError(absl::StrCat(

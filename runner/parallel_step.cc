@@ -43,7 +43,8 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
 
 // Each MoE layer waits for its busiest EP rank: the busiest rank's rows (or experts hit) summed
 // over the layers, over the mean rank's (1: even in every layer; 0 without rows). The ranks'
-// rows summed over layers first would hide a layer's imbalance behind another's.
+// rows summed over layers first would hide a layer's imbalance behind another's. With several
+// micro-batches a rank's counts are the step's: an expert it computed in two of them is one hit.
 struct RankImbalances {
   double rows = 0, hits = 0;
 };

@@ -179,6 +179,13 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
 }
 
 absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
+  // Checked here, not only with the layout: one rank would otherwise ignore it.
+  if (p->expert_replicas != 0 && (p->ep < 2 || f.expert_placement != "balanced" || p->expert_replicas < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
+        "--expert-placement balanced --expert-load FILE, and a count >= 0; got --expert-replicas ",
+        p->expert_replicas, " with --ep ", p->ep, " and --expert-placement ", f.expert_placement));
+  }
   if (f.expert_placement == "round-robin") {
     p->placement = ExpertPlacement::kRoundRobin;
   } else if (f.expert_placement == "balanced") {

@@ -90,11 +90,13 @@ absl::Status WriteExpertLoadOut(const EngineFlags& flags, const Engine& engine, 
   };
   for (int64_t ep : {2, 4, 8}) {
     if (ep > load.experts) break;
+    // The fewest copies, at least ep, that --expert-replicas takes: experts plus copies a multiple of ep.
+    const int64_t copies = ep + (ep - load.experts % ep) % ep;
     std::printf("    ep %lld: busiest rank over the mean, mean over layers: contiguous %.3f, balanced %.3f, balanced "
                 "with --expert-replicas %lld %.3f\n",
                 static_cast<long long>(ep), mean(ExpertPlacement::kContiguous, ep, 0),
-                mean(ExpertPlacement::kBalanced, ep, 0), static_cast<long long>(ep),
-                mean(ExpertPlacement::kBalanced, ep, ep));
+                mean(ExpertPlacement::kBalanced, ep, 0), static_cast<long long>(copies),
+                mean(ExpertPlacement::kBalanced, ep, copies));
   }
   return absl::OkStatus();
 }

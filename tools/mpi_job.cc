@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -24,12 +25,14 @@
 namespace moeserve::tools {
 namespace {
 
-// The expert load a balanced placement comes from, as a number every rank can compare (52 bits
-// of an FNV-1a hash of its counts, exact in a double); 0 without one.
+// The expert load a balanced placement comes from and its replica count, as a number every rank
+// can compare (52 bits of an FNV-1a hash of the counts, exact in a double); 0 without a load.
 [[maybe_unused]] double PlacementDigest(const ParallelConfig& p) {
   if (p.expert_load == nullptr) return 0;
   uint64_t h = 1469598103934665603ull;
-  for (int64_t v : p.expert_load->tokens) {
+  std::vector<int64_t> values = p.expert_load->tokens;
+  values.push_back(p.expert_replicas);
+  for (int64_t v : values) {
     for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * b)) & 0xff)) * 1099511628211ull;
   }
   return static_cast<double>(h & ((1ull << 52) - 1));

@@ -43,7 +43,8 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
                 "Refused: moeserve places experts once, from a recorded load (--expert-load-out, then "
                 "--expert-placement balanced --expert-load FILE), and does not re-place them while serving");
   cmd->add_option("--num-redundant-experts", f->num_redundant_experts,
-                  "Refused with --enable-eplb: the same copies are --expert-replicas R with a recorded load");
+                  "Refused above 0 (0, vLLM's default, means nothing): the same copies are --expert-replicas R with a "
+                  "recorded load");
 }
 
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {
@@ -127,7 +128,7 @@ absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpe
     return absl::InvalidArgumentError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   }
   if (f.no_enable_prefix_caching) engine->no_prefix_caching = true;
-  if (f.enable_eplb || f.num_redundant_experts >= 0) {
+  if (f.enable_eplb || f.num_redundant_experts > 0) {
     return absl::InvalidArgumentError(
         "--enable-eplb / --num-redundant-experts: moeserve does not record and re-place experts while serving; "
         "record a load (serve or bench --expert-load-out FILE), then start with --expert-placement balanced "

@@ -22,7 +22,6 @@ TEST(RoutingSkewTest, UniformRoutingGivesTheCostModelsClosedForms) {
       EXPECT_NEAR(x.experts_hit_per_layer, ExpectedExpertsHit(experts, top_k, tokens), 1e-9 * experts);
       EXPECT_NEAR(x.weight_imbalance, ExpectedExpertRankImbalance(experts, top_k, ep, tokens), 1e-9)
           << experts << " experts, top " << top_k << ", ep " << ep << ", " << tokens << " tokens";
-      EXPECT_GE(x.rows_imbalance, 1.0);
     }
   }
   const RoutingExpectation one = ExpectRouting(RecordedRouting::Uniform(8, 2, 1), 10);
@@ -107,7 +106,9 @@ Simulated Simulate(const RecordedRouting& r, int64_t tokens, int trials, std::mt
 }
 
 TEST(RoutingSkewTest, SkewedRoutingAgreesWithASimulation) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
   constexpr int64_t kExperts = 16, kTopK = 2, kEp = 4, kLayers = 3;
   std::vector<int64_t> counts;
   std::vector<std::vector<int32_t>> owner(kLayers);
