@@ -111,12 +111,16 @@ void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
 
 // Fetches kv head g's values for the item's context while its scores are computed: a decode
 // token's item reads them once, scattered over the cache's blocks, and the packing that follows
-// otherwise waits for each row in turn.
+// otherwise waits for each row in turn. At most the first kPrefetchValueRows rows (512 KB at
+// head dimension 128, a quarter of a Sapphire Rapids core's L2): a longer context's would push
+// the scores' own keys out of it.
+constexpr int64_t kPrefetchValueRows = 2048;
 void PrefetchValues(const ItemRows& it, int64_t g) {
   const int64_t hd = it.layout->head_dim, bs = it.layout->block_size;
-  for (int64_t b0 = 0; b0 < it.ctx_max; b0 += bs) {
+  const int64_t ctx = std::min(it.ctx_max, kPrefetchValueRows);
+  for (int64_t b0 = 0; b0 < ctx; b0 += bs) {
     const char* block = reinterpret_cast<const char*>(it.Row(1, g, b0, nullptr));
-    const int64_t rows = std::min(bs, it.ctx_max - b0), stride = it.layout->TokenElems() * 2;
+    const int64_t rows = std::min(bs, ctx - b0), stride = it.layout->TokenElems() * 2;
     for (int64_t j = 0; j < rows; ++j) {
       for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(block + j * stride + b);
     }
