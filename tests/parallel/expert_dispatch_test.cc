@@ -92,6 +92,25 @@ std::vector<float> OneDevice(const std::vector<Tokens>& ranks, const Experts& ex
   return all.x;
 }
 
+// The rows each rank's experts compute, from the rule ExpertDispatch states: sender s's n rows
+// of expert e (held by r ranks) in r runs in token order, run i ([n i / r, n (i + 1) / r))
+// going to e's (i + s) mod r-th holder. [rank][expert].
+std::vector<std::vector<int64_t>> RowsByRule(const std::vector<Tokens>& ranks, const ExpertHolderTable& holders) {
+  std::vector<std::vector<int64_t>> rows(ranks.size(), std::vector<int64_t>(kExperts, 0));
+  for (size_t s = 0; s < ranks.size(); ++s) {
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const int64_t n = std::count(ranks[s].ids.begin(), ranks[s].ids.end(), static_cast<int32_t>(e));
+      const std::vector<int32_t>& h = holders[0][static_cast<size_t>(e)];
+      const int64_t r = static_cast<int64_t>(h.size());
+      for (int64_t i = 0; i < r; ++i) {
+        const int32_t to = h[static_cast<size_t>((i + static_cast<int64_t>(s)) % r)];
+        rows[static_cast<size_t>(to)][static_cast<size_t>(e)] += n * (i + 1) / r - n * i / r;
+      }
+    }
+  }
+  return rows;
+}
+
 void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& holders, const std::string& placement,
                  DType dt, uint32_t seed) {
   std::mt19937 g(seed);
@@ -103,6 +122,7 @@ void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& ho
   const auto group = MakeLocalGroup(n);
   std::vector<std::string> errors(n);
   std::vector<int64_t> copies(n);
+  std::vector<std::vector<int64_t>> computed(n);  // rows per expert each rank computed
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -116,15 +136,18 @@ void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& ho
       const absl::Status s = d.Run(0, ranks[r].xn.data(), ranks[r].ids.data(), ranks[r].w.data(), ranks[r].t, ex.w13,
                                    ex.w2, ranks[r].x.data(), &stats);
       copies[r] = b.copies_to_host() - before;
+      computed[r] = stats.expert_rows;
       if (!s.ok()) errors[r] = std::string(s.message());
     });
   }
   for (auto& t : threads) t.join();
   const std::string name = ::testing::PrintToString(tokens) + " " + placement + " " +
                            std::string(DTypeShortName(dt)) + " (seed " + std::to_string(seed) + ")";
+  const std::vector<std::vector<int64_t>> want_rows = RowsByRule(ranks, holders);
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(errors[r], "") << name << " rank " << r;
+    EXPECT_EQ(computed[r], want_rows[r]) << name << " rank " << r << ": rows per expert";
     EXPECT_EQ(copies[r], ranks[r].t > 0 ? 1 : 0) << name << " rank " << r << ": copies to the host in one layer";
     for (size_t i = 0; i < ranks[r].x.size(); ++i, ++at) {
       ASSERT_EQ(ranks[r].x[i], want[at]) << name << " rank " << r << " value " << i;
@@ -147,7 +170,8 @@ TEST(ExpertDispatchTest, EqualsOneDeviceAndCopiesOnlyCountsToTheHost) {
 }
 
 // Experts held by several ranks (--expert-replicas): each sender cuts an expert's rows into runs
-// for its copies, every row is computed once, and the result is one device's, bit for bit.
+// for its copies as the rule says (the rows each rank computes), every row is computed once, and
+// the result is one device's, bit for bit.
 TEST(ExpertDispatchTest, ReplicatedExpertsEqualOneDevice) {
   const uint32_t seed = std::random_device{}();
   using L = std::vector<std::vector<int32_t>>;
