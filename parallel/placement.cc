@@ -235,14 +235,10 @@ std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertHolderTable& holders
 std::vector<double> RankImbalance(const ExpertHolderTable& holders, const ExpertLoad& load, int64_t ep) {
   std::vector<double> out;
   for (int64_t l = 0; l < load.layers; ++l) {
-    std::vector<double> sum(static_cast<size_t>(ep), 0);
     double total = 0;
-    for (int64_t e = 0; e < load.experts; ++e) {
-      const std::vector<int32_t>& h = holders[static_cast<size_t>(l)][static_cast<size_t>(e)];
-      for (int32_t r : h) sum[static_cast<size_t>(r)] += static_cast<double>(load.at(l, e)) / static_cast<double>(h.size());
-      total += static_cast<double>(load.at(l, e));
-    }
-    out.push_back(total > 0 ? *std::max_element(sum.begin(), sum.end()) / (total / static_cast<double>(ep)) : 1.0);
+    for (int64_t e = 0; e < load.experts; ++e) total += static_cast<double>(load.at(l, e));
+    const double busiest = Busiest(holders[static_cast<size_t>(l)], load, l, ep);
+    out.push_back(total > 0 ? busiest / (total / static_cast<double>(ep)) : 1.0);
   }
   return out;
 }

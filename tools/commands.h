@@ -83,6 +83,8 @@ struct EngineFlags {
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags);
 absl::StatusOr<EngineConfig> MakeEngineConfig(const EngineFlags& flags);
+// --expert-placement's value: contiguous, round-robin or balanced (the error names the flag).
+absl::StatusOr<ExpertPlacement> ParseExpertPlacement(const std::string& name);
 // --expert-placement and --expert-load into `parallel` (the load file read and checked).
 absl::Status ApplyPlacementFlags(const EngineFlags& flags, ParallelConfig* parallel);
 absl::StatusOr<CpuBackendOptions> MakeBackendOptions(const EngineFlags& flags);

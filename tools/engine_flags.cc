@@ -178,6 +178,14 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "Write a Chrome/Perfetto trace of the engine steps here (open in ui.perfetto.dev)");
 }
 
+absl::StatusOr<ExpertPlacement> ParseExpertPlacement(const std::string& name) {
+  if (name == "contiguous") return ExpertPlacement::kContiguous;
+  if (name == "round-robin") return ExpertPlacement::kRoundRobin;
+  if (name == "balanced") return ExpertPlacement::kBalanced;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--expert-placement must be contiguous, round-robin or balanced, got '", name, "'"));
+}
+
 absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
   // Checked here, not only with the layout: one rank would otherwise ignore it.
   if (p->expert_replicas != 0 && (p->ep < 2 || f.expert_placement != "balanced" || p->expert_replicas < 0)) {
@@ -186,14 +194,7 @@ absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
         "--expert-placement balanced --expert-load FILE, and a count >= 0; got --expert-replicas ",
         p->expert_replicas, " with --ep ", p->ep, " and --expert-placement ", f.expert_placement));
   }
-  if (f.expert_placement == "round-robin") {
-    p->placement = ExpertPlacement::kRoundRobin;
-  } else if (f.expert_placement == "balanced") {
-    p->placement = ExpertPlacement::kBalanced;
-  } else if (f.expert_placement != "contiguous") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--expert-placement must be contiguous, round-robin or balanced, got '", f.expert_placement, "'"));
-  }
+  ASSIGN_OR_RETURN(p->placement, ParseExpertPlacement(f.expert_placement));
   if (f.expert_load.empty()) {
     if (p->placement == ExpertPlacement::kBalanced) {
       return absl::InvalidArgumentError("--expert-placement balanced needs --expert-load FILE (bench --expert-load-out)");

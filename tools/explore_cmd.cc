@@ -65,15 +65,7 @@ absl::Status CheckMeasure(ExploreOptions* o) {
 
 // --expert-load: the recorded routing under --expert-placement, for every ep a layout may take.
 absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roofline::LayoutSearch* s) {
-  ExpertPlacement placement = ExpertPlacement::kContiguous;
-  if (o.expert_placement == "round-robin") {
-    placement = ExpertPlacement::kRoundRobin;
-  } else if (o.expert_placement == "balanced") {
-    placement = ExpertPlacement::kBalanced;
-  } else if (o.expert_placement != "contiguous") {
-    return absl::InvalidArgumentError(absl::StrCat("--expert-placement must be contiguous, round-robin or balanced, got '",
-                                                   o.expert_placement, "'"));
-  }
+  ASSIGN_OR_RETURN(const ExpertPlacement placement, ParseExpertPlacement(o.expert_placement));
   const int64_t copies = o.expert_replicas_per_rank;
   if (copies != 0 && (placement != ExpertPlacement::kBalanced || copies < 0 || 2 * copies > config.num_local_experts)) {
     return absl::InvalidArgumentError(absl::StrCat(
