@@ -298,10 +298,13 @@ absl::StatusOr<bool> Engine::Step() {
   // The whole step, streaming included, goes on the receipts: they add up to the busy time.
   BookReceipts(out, batch->step.num_seqs, timing.duration_seconds, timing.transfer_seconds,
                static_cast<double>(kv_.layout().BlockBytes()), lookup_);
-  const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr,
-                            roofline::ParallelLayout{config_.parallel.ep, config_.parallel.pp, config_.parallel.domain_size,
-                                                     false, config_.parallel.micro_batches},
-                            config_.efficiency};
+  roofline::ParallelLayout layout{config_.parallel.ep, config_.parallel.pp, config_.parallel.domain_size, false,
+                                  config_.parallel.micro_batches};
+  if (parallel() != nullptr) {  // the placement's own traffic (replicated experts keep rows in a domain)
+    layout.routed_inside = parallel()->traffic().inside;
+    layout.routed_outside = parallel()->traffic().outside;
+  }
+  const StepPricing pricing{&costs_, config_.hardware ? &*config_.hardware : nullptr, layout, config_.efficiency};
   StepRecord rec = AccountStep(out, *batch, run, timing, pricing);
   {
     std::lock_guard<std::mutex> lock(mu_);

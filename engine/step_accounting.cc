@@ -16,6 +16,7 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
   rec.comm_min_seconds = run.parallel.comm_min_seconds;
   rec.comm_after_last_seconds = run.parallel.comm_after_last_seconds;
   rec.comm_bytes_observed = run.parallel.comm_bytes;
+  rec.scale_out_bytes_observed = run.parallel.a2a_outside_bytes + run.parallel.pp_outside_bytes;
   rec.expert_imbalance = run.parallel.expert_imbalance;
   rec.expert_tokens = run.parallel.expert_tokens;
   rec.rank_imbalance = run.parallel.rank_imbalance;
@@ -42,6 +43,7 @@ StepRecord AccountStep(const SchedulerOutput& out, const StepBatch& batch, const
     rec.kv_read_bytes = cost.kv_read_bytes;
     rec.kv_write_bytes = cost.kv_write_bytes;
     rec.comm_bytes = cost.comm_bytes;
+    rec.scale_out_bytes = cost.scale_out_bytes;
     rec.transfer_bytes = cost.transfer_bytes;
     rec.predicted_compute_seconds = cost.compute_seconds;
     rec.predicted_memory_seconds = cost.memory_seconds;

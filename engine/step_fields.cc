@@ -31,6 +31,8 @@ const std::vector<StepField>& StepFields() {
       {"bytes", "kv_write", "", 1, &R::kv_write_bytes},
       {"bytes", "comm", "", 1, &R::comm_bytes},
       {"bytes", "comm_observed", "comm_bytes", 1, &R::comm_bytes_observed},
+      {"bytes", "scale_out", "", 1, &R::scale_out_bytes},
+      {"bytes", "scale_out_observed", "", 1, &R::scale_out_bytes_observed},
       {"bytes", "transfer", "transfer_bytes", 1, &R::transfer_bytes},
       {"", "expert_tokens", "expert_tokens", 1, &R::expert_tokens},
       {"", "expert_imbalance", "expert_imbalance", 1, &R::expert_imbalance},

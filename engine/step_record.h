@@ -34,6 +34,8 @@ struct StepRecord {
   // Parallel layouts: bytes actually sent between ranks (all-to-all and stage hand-offs), and
   // how unevenly the experts and the EP ranks were loaded (max over mean; 0 on one rank).
   int64_t comm_bytes_observed = 0;
+  // ... of which crossed between scale-up domains (--domain-size): all-to-all and hand-offs.
+  int64_t scale_out_bytes_observed = 0;
   std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers (EP only)
   double expert_imbalance = 0.0;
   double rank_imbalance = 0.0;       // expert rows per EP rank, busiest per layer over the mean
@@ -41,6 +43,7 @@ struct StepRecord {
   // Work of the step, from the cost model.
   double flops = 0.0;
   double weight_bytes = 0.0, kv_read_bytes = 0.0, kv_write_bytes = 0.0, comm_bytes = 0.0, transfer_bytes = 0.0;
+  double scale_out_bytes = 0.0;  // of comm_bytes, across domains (the all-to-all's and stage hand-offs')
   // Predicted by the roofline of the configured hardware profile (0 when there is none).
   double predicted_compute_seconds = 0.0;
   double predicted_memory_seconds = 0.0;

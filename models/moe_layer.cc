@@ -36,6 +36,7 @@ absl::Status MoeModel::MoeLayer(const LayerWeights& lw, int64_t layer, int64_t t
       stats->expert_assignments += ds.assignments;
       stats->comm_seconds += ds.comm_seconds;
       stats->comm_bytes += ds.comm_bytes;
+      stats->comm_bytes_outside += ds.comm_bytes_outside;
       stats->collective_spans.insert(stats->collective_spans.end(), ds.spans.begin(), ds.spans.end());
     }
     return SharedExpert(lw, t);

@@ -18,7 +18,8 @@ MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard sha
     const ModelConfig& c = config();
     dispatch_ = std::make_unique<ExpertDispatch>(
         backend, shard_.ep, shard_.expert_holders,
-        ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok});
+        ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok},
+        shard_.ep_domain_size);
   }
 }
 

@@ -56,6 +56,9 @@ struct ModelShard {
   // [layer - layer_begin][expert]: the EP ranks holding each routed expert of each of its layers
   // (parallel/placement.h's ExpertHolderTable rows).
   std::vector<std::vector<std::vector<int32_t>>> expert_holders;
+  // EP ranks per scale-up domain (0: one domain): where a replicated expert's rows go
+  // (ExpertDispatch), and which bytes ForwardStats counts as leaving the domain.
+  int64_t ep_domain_size = 0;
 };
 
 // What one forward did, for instrumentation and the roofline.
@@ -77,6 +80,7 @@ struct ForwardStats {
   std::vector<int64_t> layer_expert_rows;
   double comm_seconds = 0;
   int64_t comm_bytes = 0;            // sent to other ranks
+  int64_t comm_bytes_outside = 0;    // ... of which to ranks of other scale-up domains
   // Entry and exit of each expert-parallel collective, in call order (ExpertDispatchStats::spans).
   std::vector<double> collective_spans;
 };

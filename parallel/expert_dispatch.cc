@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "parallel/placement.h"
 
 namespace moeserve {
 namespace {
@@ -40,8 +41,9 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t bytes) {
 }  // namespace
 
 ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
-                               const std::vector<std::vector<std::vector<int32_t>>>& holders, ExpertDispatchShape shape)
-    : backend_(backend), ep_(ep), shape_(shape) {
+                               const std::vector<std::vector<std::vector<int32_t>>>& holders, ExpertDispatchShape shape,
+                               int64_t domain_size)
+    : backend_(backend), ep_(ep), shape_(shape), domain_size_(domain_size > 0 && domain_size < ep->size() ? domain_size : 0) {
   for (const auto& layer : holders) {
     LayerPlacement p;
     p.experts_of.assign(static_cast<size_t>(ep_->size()), {});
@@ -64,12 +66,25 @@ ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
 
 std::pair<int64_t, int64_t> ExpertDispatch::RowsFor(int32_t e, size_t peer) const {
   const int64_t begin = host_offsets_[e], n = host_offsets_[e + 1] - begin;
-  const std::vector<int32_t>& h = placement_->holders[static_cast<size_t>(e)];
+  const std::vector<int32_t>& all = placement_->holders[static_cast<size_t>(e)];
+  if (all.size() == 1) return {begin, begin + n};
+  const std::vector<int32_t> h = NearHolders(all, ep_->rank(), domain_size_);
   const int64_t r = static_cast<int64_t>(h.size());
-  if (r == 1) return {begin, begin + n};
   const int64_t j = std::find(h.begin(), h.end(), static_cast<int32_t>(peer)) - h.begin();
+  if (j == r) return {begin, begin};  // a copy in another domain: this sender uses its own domain's
   const int64_t run = ((j - ep_->rank()) % r + r) % r;  // run i goes to holder (i + rank) mod r
   return {begin + n * run / r, begin + n * (run + 1) / r};
+}
+
+int64_t ExpertDispatch::OutsideBytes(int64_t wire_bytes, int64_t row_bytes) const {
+  if (domain_size_ == 0) return 0;
+  int64_t bytes = 0;
+  for (size_t p = 0; p < send_rows_.size(); ++p) {
+    if (static_cast<int64_t>(p) / domain_size_ != ep_->rank() / domain_size_) {
+      bytes += send_rows_[p] * wire_bytes + recv_rows_[p] * row_bytes;
+    }
+  }
+  return bytes;
 }
 
 absl::Status ExpertDispatch::EnsureSendRows(int64_t rows) {
@@ -253,6 +268,7 @@ absl::Status ExpertDispatch::Run(int64_t layer, const float* xn, const int32_t* 
     const CommStats after = ep_->stats();
     stats->comm_seconds += after.seconds - before.seconds;
     stats->comm_bytes += after.bytes_sent - before.bytes_sent;
+    stats->comm_bytes_outside += OutsideBytes(bf16_rows_ ? h * static_cast<int64_t>(sizeof(uint16_t)) : row_bytes, row_bytes);
     stats->assignments += a;
   }
   if (t == 0) return absl::OkStatus();

@@ -39,6 +39,9 @@ struct ExpertDispatchStats {
   int64_t assignments = 0;           // this rank's (token, slot) pairs
   double comm_seconds = 0;
   int64_t comm_bytes = 0;  // sent to other ranks
+  // ... of which to ranks of other domains (the constructor's domain_size; 0 with one domain):
+  // the rows out and their results back, as the wire carries them.
+  int64_t comm_bytes_outside = 0;
   // Each collective's entry and exit on the steady clock (seconds; the same clock for every
   // process of one machine), in call order: with the other ranks' spans, the time from the last
   // rank's arrival to the exchange's end, which waiting for a slower rank does not enter.
@@ -52,9 +55,11 @@ class ExpertDispatch {
   // of the rank's stage, in order), ascending. An expert held by r ranks has the rows each
   // sender routes to it cut into r runs in token order (run i of n rows: [n i / r, n (i + 1) / r)),
   // run i going to its (i + sender's rank) mod r-th holder: every row computed once, and the
-  // senders' single rows of a decode step spread over the copies.
+  // senders' single rows of a decode step spread over the copies. With `domain_size` D > 0 (EP
+  // rank q in domain q / D), a sender's rows go only to the copies in its own domain where it has
+  // any (NearHolders, parallel/placement.h), cut the same way among them.
   ExpertDispatch(Backend* backend, Communicator* ep, const std::vector<std::vector<std::vector<int32_t>>>& holders,
-                 ExpertDispatchShape shape);
+                 ExpertDispatchShape shape, int64_t domain_size = 0);
 
   // xn [tokens, hidden]: the tokens' normalised hidden states; ids [tokens, top_k]: their experts;
   // weights [tokens, top_k]: the router's weights (all device memory); w13, w2: the layer's
@@ -85,6 +90,7 @@ class ExpertDispatch {
   Backend* backend_;
   Communicator* ep_;
   ExpertDispatchShape shape_;
+  int64_t domain_size_ = 0;  // EP ranks per domain; 0: one domain
   bool bf16_rows_ = false;
   // One layer's placement as the dispatch uses it.
   struct LayerPlacement {
@@ -92,8 +98,12 @@ class ExpertDispatch {
     std::vector<std::vector<int32_t>> holders;     // each expert's ranks, ascending
     bool rank_major = false;  // one rank per expert, expert order rank order (contiguous ranges)
   };
-  // The sorted rows [begin, end) of expert e this rank sends to `peer` (one of e's holders).
+  // The sorted rows [begin, end) of expert e this rank sends to `peer` (one of e's holders;
+  // empty for a holder outside the near ones).
   std::pair<int64_t, int64_t> RowsFor(int32_t e, size_t peer) const;
+  // Bytes this rank sends to ranks of other domains: the rows out (`wire_bytes` each) and the
+  // results back (`row_bytes` each).
+  int64_t OutsideBytes(int64_t wire_bytes, int64_t row_bytes) const;
   std::vector<LayerPlacement> layers_;
   const LayerPlacement* placement_ = nullptr;  // the layer being run
   int64_t max_local_ = 0;  // the most experts one rank holds in any layer: counts exchanged per peer

@@ -16,6 +16,28 @@ int64_t Room(int64_t experts, int64_t ep, int64_t r) {
   return ceil_div((r + 1) * experts, ep) - ceil_div(r * experts, ep);
 }
 
+// The scale-up domains copies are spread over: rank r is in domain r / size. One domain (size 0,
+// or at least ep) leaves copies free to share one.
+struct Domains {
+  int64_t size = 0, count = 1;
+  Domains(int64_t domain_size, int64_t ep)
+      : size(domain_size > 0 && domain_size < ep ? domain_size : ep), count(ep / size) {}
+  // Whether a copy of the expert held by `h` may go to rank r: r does not hold it, and with
+  // several domains no rank of r's domain does (at most one copy per domain, so a domain's
+  // senders all use their own copy and each copy still takes an even share: NearHolders).
+  bool Allows(const std::vector<int32_t>& h, int64_t r) const {
+    for (int32_t q : h) {
+      if (q == r || (count > 1 && q / size == r / size)) return false;
+    }
+    return true;
+  }
+  // Rank of the i-th entry of a round-robin deal that puts consecutive entries in different domains.
+  int32_t Deal(size_t i) const {
+    const int64_t slot = static_cast<int64_t>(i) % (size * count);
+    return static_cast<int32_t>(slot % count * size + slot / count);
+  }
+};
+
 // Each rank's summed load under `owner`.
 std::vector<int64_t> RankSums(const std::vector<int32_t>& owner, const ExpertLoad& load, int64_t layer, int64_t ep) {
   std::vector<int64_t> sum(static_cast<size_t>(ep), 0);
@@ -76,13 +98,14 @@ std::vector<int32_t> Balance(const ExpertLoad& load, int64_t layer, int64_t ep, 
   return *std::max_element(a.begin(), a.end()) < *std::max_element(b.begin(), b.end()) ? owner : contiguous;
 }
 
-// Copies per expert: each of `replicas` extra copies to the expert with the most load per copy.
-std::vector<int64_t> CopyCounts(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas) {
+// Copies per expert: each of `replicas` extra copies to the expert with the most load per copy
+// (at most `most` copies of one expert).
+std::vector<int64_t> CopyCounts(const ExpertLoad& load, int64_t layer, int64_t most, int64_t replicas) {
   std::vector<int64_t> copies(static_cast<size_t>(load.experts), 1);
   for (int64_t c = 0; c < replicas; ++c) {
     int64_t best = -1;
     for (int64_t e = 0; e < load.experts; ++e) {
-      if (copies[static_cast<size_t>(e)] == ep) continue;
+      if (copies[static_cast<size_t>(e)] == most) continue;
       // load_e / copies_e > load_b / copies_b, compared without division.
       if (best < 0 || load.at(layer, e) * copies[static_cast<size_t>(best)] >
                           load.at(layer, best) * copies[static_cast<size_t>(e)]) {
@@ -95,8 +118,9 @@ std::vector<int64_t> CopyCounts(const ExpertLoad& load, int64_t layer, int64_t e
 }
 
 // One layer's copies on the ranks (see ExpertHolders: balanced with replicas).
-std::vector<std::vector<int32_t>> PlaceCopies(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas) {
-  const std::vector<int64_t> copies = CopyCounts(load, layer, ep, replicas);
+std::vector<std::vector<int32_t>> PlaceCopies(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas,
+                                              const Domains& domains) {
+  const std::vector<int64_t> copies = CopyCounts(load, layer, domains.count > 1 ? domains.count : ep, replicas);
   struct Copy {
     int32_t expert;
     double load;
@@ -116,14 +140,13 @@ std::vector<std::vector<int32_t>> PlaceCopies(const ExpertLoad& load, int64_t la
     std::vector<int32_t>& h = holders[static_cast<size_t>(c.expert)];
     int64_t best = -1;
     for (int64_t r = 0; r < ep; ++r) {
-      if (held[static_cast<size_t>(r)] == room || std::find(h.begin(), h.end(), r) != h.end()) continue;
+      if (held[static_cast<size_t>(r)] == room || !domains.Allows(h, r)) continue;
       if (best < 0 || sum[static_cast<size_t>(r)] < sum[static_cast<size_t>(best)]) best = r;
     }
-    if (best < 0) {  // the rule is stuck: round-robin over the same order never is
+    if (best < 0) {  // the rule is stuck: a round-robin deal over the same order never is (an
+      // expert's copies are adjacent in it and at most one per domain, so they land in distinct ones)
       holders.assign(static_cast<size_t>(load.experts), {});
-      for (size_t i = 0; i < order.size(); ++i) {
-        holders[static_cast<size_t>(order[i].expert)].push_back(static_cast<int32_t>(i % static_cast<size_t>(ep)));
-      }
+      for (size_t i = 0; i < order.size(); ++i) holders[static_cast<size_t>(order[i].expert)].push_back(domains.Deal(i));
       break;
     }
     h.push_back(static_cast<int32_t>(best));
@@ -155,7 +178,7 @@ double Busiest(const std::vector<std::vector<int32_t>>& holders, const ExpertLoa
 // loaded rank with room that does not hold it, that leaves the busiest rank least loaded (ties:
 // the expert with the most load per copy, then the lower index).
 std::vector<std::vector<int32_t>> AddCopies(const ExpertLoad& load, int64_t layer, int64_t ep, int64_t replicas,
-                                            const std::vector<int32_t>& owner) {
+                                            const std::vector<int32_t>& owner, const Domains& domains) {
   const int64_t room = (load.experts + replicas) / ep;
   std::vector<std::vector<int32_t>> holders;
   std::vector<int64_t> held(static_cast<size_t>(ep), 0);
@@ -168,7 +191,7 @@ std::vector<std::vector<int32_t>> AddCopies(const ExpertLoad& load, int64_t laye
       const std::vector<int32_t>& h = holders[static_cast<size_t>(e)];
       int64_t r = -1;
       for (int64_t q = 0; q < ep; ++q) {
-        if (held[static_cast<size_t>(q)] == room || std::find(h.begin(), h.end(), q) != h.end()) continue;
+        if (held[static_cast<size_t>(q)] == room || !domains.Allows(h, q)) continue;
         if (r < 0 || sum[static_cast<size_t>(q)] < sum[static_cast<size_t>(r)]) r = q;
       }
       if (r < 0) continue;
@@ -181,7 +204,9 @@ std::vector<std::vector<int32_t>> AddCopies(const ExpertLoad& load, int64_t laye
         best_e = e, best_r = r, best_peak = peak, best_per_copy = per_copy;
       }
     }
-    MS_CHECK(best_e >= 0);  // a rank with room holds fewer than all experts: some expert fits there
+    // A rank with room: its domain lacks some expert (a domain's (E + replicas) / domains slots
+    // hold every expert only if replicas > E (domains - 1), which the callers refuse).
+    MS_CHECK(best_e >= 0);
     auto& h = holders[static_cast<size_t>(best_e)];
     h.insert(std::upper_bound(h.begin(), h.end(), static_cast<int32_t>(best_r)), static_cast<int32_t>(best_r));
     ++held[static_cast<size_t>(best_r)];
@@ -191,13 +216,19 @@ std::vector<std::vector<int32_t>> AddCopies(const ExpertLoad& load, int64_t laye
 
 }  // namespace
 
+int64_t MaxReplicas(int64_t experts, int64_t ep, int64_t domain_size) {
+  const Domains d(domain_size, ep);
+  return experts * ((d.count > 1 ? d.count : ep) - 1);
+}
+
 ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
-                                const ExpertLoad* load, int64_t replicas) {
+                                const ExpertLoad* load, int64_t replicas, int64_t domain_size) {
   MS_CHECK(ep >= 1 && experts >= ep);
   MS_CHECK(placement != ExpertPlacement::kBalanced ||
            (load != nullptr && load->layers == layers && load->experts == experts));
   MS_CHECK(replicas == 0 || (placement == ExpertPlacement::kBalanced && replicas > 0 &&
-                             (experts + replicas) % ep == 0 && replicas <= experts * (ep - 1)));
+                             (experts + replicas) % ep == 0 && replicas <= MaxReplicas(experts, ep, domain_size)));
+  const Domains domains(domain_size, ep);
   ExpertHolderTable table;
   for (int64_t l = 0; l < layers; ++l) {
     std::vector<int32_t> owner(static_cast<size_t>(experts));
@@ -207,7 +238,8 @@ ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, Exp
     }
     if (placement == ExpertPlacement::kBalanced) owner = Balance(*load, l, ep, std::move(owner));
     if (replicas > 0) {  // the copies by either rule, whichever leaves the busiest rank less loaded
-      std::vector<std::vector<int32_t>> a = PlaceCopies(*load, l, ep, replicas), b = AddCopies(*load, l, ep, replicas, owner);
+      std::vector<std::vector<int32_t>> a = PlaceCopies(*load, l, ep, replicas, domains),
+                                        b = AddCopies(*load, l, ep, replicas, owner, domains);
       table.push_back(Busiest(a, *load, l, ep) < Busiest(b, *load, l, ep) ? std::move(a) : std::move(b));
       continue;
     }
@@ -216,6 +248,15 @@ ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, Exp
     table.push_back(std::move(holders));
   }
   return table;
+}
+
+std::vector<int32_t> NearHolders(const std::vector<int32_t>& holders, int64_t sender, int64_t domain_size) {
+  if (domain_size <= 0 || holders.size() <= 1) return holders;
+  std::vector<int32_t> near;
+  for (int32_t h : holders) {
+    if (h / domain_size == sender / domain_size) near.push_back(h);
+  }
+  return near.empty() ? holders : near;
 }
 
 std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertHolderTable& holders, int64_t rank, int64_t layer_begin,

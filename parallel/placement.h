@@ -42,9 +42,20 @@ struct ExpertLoad {
 //        round-robin in that order instead);
 //     2. from the balanced placement without copies, each copy in turn of the expert, onto the
 //        least-loaded rank with room that lacks it, that leaves the busiest rank lightest.
+//     With `domain_size` D (0 < D < N: ranks [d D, (d + 1) D) form scale-up domain d), a copy
+//     goes only to a domain that holds no copy of the expert yet (at most N / D copies of one
+//     expert; the fallback deals consecutive copies to different domains). ExpertDispatch sends
+//     a token's rows to the copy in its own domain where there is one (NearHolders), so a hot
+//     expert copied into every domain is reached without leaving the domain, and each copy
+//     still takes an even share of the expert's rows when the tokens are spread evenly.
 using ExpertHolderTable = std::vector<std::vector<std::vector<int32_t>>>;
 ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
-                                const ExpertLoad* load = nullptr, int64_t replicas = 0);
+                                const ExpertLoad* load = nullptr, int64_t replicas = 0, int64_t domain_size = 0);
+// The most replicas ExpertHolders takes: E (N - 1), or E (N / D - 1) with several domains.
+int64_t MaxReplicas(int64_t experts, int64_t ep, int64_t domain_size);
+// The holders that rank `sender`'s rows of an expert go to (ExpertDispatch splits them among
+// these): those in the sender's domain (of `domain_size` ranks; 0: one domain) if any, else all.
+std::vector<int32_t> NearHolders(const std::vector<int32_t>& holders, int64_t sender, int64_t domain_size);
 // The experts rank `rank` holds in each layer of [layer_begin, layer_end), ascending.
 std::vector<std::vector<int32_t>> ExpertsOfRank(const ExpertHolderTable& holders, int64_t rank, int64_t layer_begin,
                                                 int64_t layer_end);

@@ -131,7 +131,9 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
     // Rows out to their experts, then their results back.
     const double out_bytes = m.dispatch_act_bytes > 0 ? m.dispatch_act_bytes : m.act_bytes;
     const double routed = m.moe_layers * tokens * m.top_k * m.hidden * (out_bytes + m.act_bytes);
-    const double inside = routed * (d - 1) / ep, outside = routed * (ep - d) / ep;
+    const bool placed = layout.routed_inside >= 0 && layout.routed_outside >= 0;
+    const double inside = routed * (placed ? layout.routed_inside : (d - 1) / ep);
+    const double outside = routed * (placed ? layout.routed_outside : (ep - d) / ep);
     c->comm_bytes += inside + outside;
     c->scale_out_bytes += outside;
     double seconds = inside / (hw.interconnect_bandwidth * ep);

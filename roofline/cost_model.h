@@ -63,6 +63,10 @@ struct ParallelLayout {
   int64_t CrossDomainHandOffs() const;
   bool overlap_comm = false;  // whether communication hides under compute/memory time
   int64_t micro_batches = 0;  // with pp > 1: micro-batches per step (0: pp), for PipelinedStepSeconds
+  // Fractions of the routed rows that leave the sender's rank within its domain and across
+  // domains, where the placement is known (parallel/routed_traffic.h: replicated experts keep
+  // a domain's rows in it); < 0: one copy per expert, (EpDomain - 1) / ep and (ep - EpDomain) / ep.
+  double routed_inside = -1, routed_outside = -1;
 };
 
 // A domain size with one price: 0, or one that divides ep or that ep divides (so each stage's EP

@@ -42,10 +42,14 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
           "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
           "--expert-placement balanced --expert-load FILE; got --expert-replicas ", expert_replicas, " with --ep ", ep));
     }
-    if (expert_replicas < 0 || expert_replicas > e * (ep - 1) || (e + expert_replicas) % ep != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--expert-replicas must be in [1, ", e * (ep - 1), "] (each expert on at most --ep ", ep,
-          " ranks) with the model's ", e, " experts plus the replicas a multiple of --ep, got ", expert_replicas));
+    const int64_t most = MaxReplicas(e, ep, EpDomainSize());
+    if (expert_replicas < 0 || expert_replicas > most || (e + expert_replicas) % ep != 0) {
+      const std::string each = EpDomainSize() > 0 ? absl::StrCat("each expert in at most ", ep / EpDomainSize(),
+                                                                 " domains of --domain-size ", domain_size, ", one copy each")
+                                                  : absl::StrCat("each expert on at most --ep ", ep, " ranks");
+      return absl::InvalidArgumentError(absl::StrCat("--expert-replicas must be in [1, ", most, "] (", each,
+                                                     ") with the model's ", e,
+                                                     " experts plus the replicas a multiple of --ep, got ", expert_replicas));
     }
   }
   if (micro_batches < 0 || micro_batches > 64) {
@@ -72,7 +76,7 @@ std::string ParallelConfig::Name() const {
 
 ExpertHolderTable ParallelConfig::Holders(const ModelConfig& model) const {
   return ExpertHolders(model.num_hidden_layers, model.num_local_experts, ep, placement, expert_load.get(),
-                       expert_replicas);
+                       expert_replicas, EpDomainSize());
 }
 
 WeightShard RankWeightShard(const ParallelConfig& config, const ModelConfig& model, int64_t rank) {
@@ -122,6 +126,7 @@ void ParallelExecutor::PlanLayout(const ModelConfig& c) {
   const int64_t ep = config_.ep, pp = config_.pp;
   const auto stages = StageLayers(c.num_hidden_layers, pp);
   holders_ = config_.Holders(c);  // once: a balanced placement's search is not free
+  traffic_ = ExpectedTraffic(holders_, config_.expert_load.get(), config_.ep, config_.EpDomainSize());
   // The segments of BlockPool(kv.num_blocks, ep): equal, the last one taking the remainder.
   const int64_t seg = kv_.num_blocks / ep;
   cut_.block_size = kv_.block_size;
@@ -287,6 +292,7 @@ absl::Status ParallelExecutor::AddRank(const RankLayout& layout, Backend* weight
   shard.layer_end = layout.layer_end;
   shard.ep = r.ep;
   shard.expert_holders.assign(holders_.begin() + layout.layer_begin, holders_.begin() + layout.layer_end);
+  shard.ep_domain_size = config_.EpDomainSize();
   r.model = std::make_unique<MoeModel>(r.weights.get(), r.backend.get(), std::move(shard));
   // Its KV arena: its stage's layers, its segment's blocks, on its own device.
   auto arena = KvStorage::Create(r.backend.get(), SegmentLayout(e, layout.layer_end - layout.layer_begin));

@@ -35,6 +35,7 @@
 #include "parallel/comm_group.h"
 #include "parallel/placement.h"
 #include "parallel/process_ranks.h"
+#include "parallel/routed_traffic.h"
 
 namespace moeserve {
 
@@ -47,8 +48,10 @@ struct ParallelConfig {
   // Extra copies of the hottest experts per MoE layer, with a balanced placement (--expert-replicas).
   int64_t expert_replicas = 0;
   int64_t micro_batches = 0;  // per step with pp > 1; 0: pp
-  // Ranks per scale-up domain for the roofline's predictions (0: one domain holds them all);
-  // roofline::ParallelLayout::domain_size says how ranks fill domains.
+  // Ranks per scale-up domain (0: one domain holds them all); roofline::ParallelLayout::domain_size
+  // says how ranks fill domains. The roofline prices traffic by it, and with replicas the
+  // placement spreads an expert's copies over domains and the dispatch uses the sender's own
+  // domain's copy (parallel/placement.h).
   int64_t domain_size = 0;
   // How the ranks talk. Empty: in-process ranks exchanging host memory (the CPU backend). Else
   // NCCL, rank r (= stage * ep + ep rank) on GPU rank_devices[r]; the rank backends must be
@@ -58,6 +61,8 @@ struct ParallelConfig {
   // bf16 anyway (false: always fp32, for comparison; --fp32-dispatch).
   bool bf16_dispatch = true;
   bool enabled() const { return ep * pp > 1; }
+  // EP ranks per domain within a stage's EP group when the group spans several domains, else 0.
+  int64_t EpDomainSize() const { return domain_size > 0 && domain_size < ep ? domain_size : 0; }
   // Checks the layout against the model: ep <= experts, pp <= layers; under mpirun, that the
   // job's `processes` are ep x pp (0: not a job).
   absl::Status Validate(const ModelConfig& config, int processes = 0) const;
@@ -126,6 +131,8 @@ class ParallelExecutor final : public Executor {
   // The whole cache the ranks' arenas cut up (Create's `kv`).
   const KvLayout& cache_layout() const { return kv_; }
   const std::vector<RankLayout>& layout() const { return layout_; }
+  // Where the routed rows are expected to travel under this placement (the roofline's prices).
+  const RoutedTraffic& traffic() const { return traffic_; }
   // One line per rank: "rank 0: stage 0 layers [0, 2) ep 0 experts 0-3".
   std::string Describe() const;
   // KV bytes held by the arenas of all ranks.
@@ -195,6 +202,7 @@ class ParallelExecutor final : public Executor {
   const ModelWeights* weights_ = nullptr;
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
   ExpertHolderTable holders_;                  // every layer's expert placement (PlanLayout)
+  RoutedTraffic traffic_;                      // ExpectedTraffic of holders_
   std::vector<Rank> ranks_;                    // the ranks this process holds, rank order
   std::vector<KvStorage> rank_kv_;             // one arena per held rank: its layers, its segment
   KvLayout kv_;                                // the whole cache, as the engine sees it

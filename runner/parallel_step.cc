@@ -30,6 +30,7 @@ void Accumulate(const ForwardStats& fs, ForwardStats* acc) {
   acc->head_seconds += fs.head_seconds;
   acc->comm_seconds += fs.comm_seconds;
   acc->comm_bytes += fs.comm_bytes;
+  acc->comm_bytes_outside += fs.comm_bytes_outside;
   acc->collective_spans.insert(acc->collective_spans.end(), fs.collective_spans.begin(), fs.collective_spans.end());
   if (!fs.expert_rows.empty()) {
     acc->expert_rows.resize(fs.expert_rows.size(), 0);
@@ -264,9 +265,11 @@ absl::Status GatherOutputs(const std::vector<RankLayout>& layout, int64_t last_s
   return absl::OkStatus();
 }
 
-// The step's statistics: work sums over ranks; phase times are the slowest rank's.
-void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts, const SubSteps& subs,
-                    const std::vector<RankStepResult>& results, ForwardStats* stats, ParallelStepStats* pstats) {
+// The step's statistics: work sums over ranks; phase times are the slowest rank's. Ranks fill
+// scale-up domains of `domain_size` (0: one) in rank order.
+void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t experts, int64_t domain_size,
+                    const SubSteps& subs, const std::vector<RankStepResult>& results, ForwardStats* stats,
+                    ParallelStepStats* pstats) {
   ForwardStats total;
   ParallelStepStats ps;
   ps.expert_tokens.assign(experts, 0);
@@ -284,6 +287,10 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
       for (size_t x = 0; x < f.layer_expert_rows.size(); ++x) total.layer_expert_rows[x] += f.layer_expert_rows[x];
     }
     ps.a2a_bytes += results[r].a2a_bytes;
+    ps.a2a_outside_bytes += f.comm_bytes_outside;
+    // Rank r hands its stage's hidden states to rank r + ep, the same EP index one stage on.
+    const int64_t rank = layout[r].rank;
+    if (domain_size > 0 && rank / domain_size != (rank + ep) / domain_size) ps.pp_outside_bytes += results[r].pp_bytes;
     ps.pp_bytes += results[r].pp_bytes;
     ps.comm_seconds = std::max(ps.comm_seconds, results[r].comm_seconds);
     ps.comm_min_seconds = r == 0 ? results[r].comm_seconds : std::min(ps.comm_min_seconds, results[r].comm_seconds);
@@ -335,7 +342,7 @@ absl::Status ParallelExecutor::Run(const StepParts& step, std::vector<float>* lo
   std::vector<RankStepResult> results(layout_.size());
   RETURN_IF_ERROR(RunRanks(subs, &results));
   RETURN_IF_ERROR(GatherOutputs(layout_, config_.pp - 1, step, results, c.vocab_size, logits, sampled));
-  AggregateStats(layout_, config_.ep, c.num_local_experts, subs, results, stats, pstats);
+  AggregateStats(layout_, config_.ep, c.num_local_experts, config_.domain_size, subs, results, stats, pstats);
   return absl::OkStatus();
 }
 

@@ -208,6 +208,7 @@ std::string EncodeRankResult(const absl::Status& status, const RankStepResult& r
   w.PutVector(f.layer_expert_rows);
   w.Put(f.comm_seconds);
   w.Put(f.comm_bytes);
+  w.Put(f.comm_bytes_outside);
   w.PutVector(f.collective_spans);
   w.Put(res.a2a_bytes);
   w.Put(res.pp_bytes);
@@ -236,6 +237,7 @@ absl::Status DecodeRankResult(const std::string& bytes, RankStepResult* res) {
   RETURN_IF_ERROR(r.GetVector(&f.layer_expert_rows, "layer_expert_rows"));
   RETURN_IF_ERROR(r.Get(&f.comm_seconds, "comm_seconds"));
   RETURN_IF_ERROR(r.Get(&f.comm_bytes, "comm_bytes"));
+  RETURN_IF_ERROR(r.Get(&f.comm_bytes_outside, "comm_bytes_outside"));
   RETURN_IF_ERROR(r.GetVector(&f.collective_spans, "collective_spans"));
   RETURN_IF_ERROR(r.Get(&res->a2a_bytes, "a2a_bytes"));
   RETURN_IF_ERROR(r.Get(&res->pp_bytes, "pp_bytes"));

@@ -82,13 +82,16 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   AddRanks(engine, weight_dtype, &j, &kv_token_max);
   // A sequence lives on one EP rank and, with pp stages, on one device per stage.
   j["kv_bytes_per_sequence_per_device"] = kv_token_max * mean_seq_tokens;
-  int64_t tokens = 0, comm = 0, seqs = 0;
-  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0, attn_imb = 0, predicted_comm_s = 0, predicted_comm = 0;
+  int64_t tokens = 0, comm = 0, seqs = 0, scale_out = 0;
+  double comm_s = 0, busy = 0, expert_imb = 0, rank_imb = 0, attn_imb = 0, predicted_comm_s = 0, predicted_comm = 0,
+         predicted_scale_out = 0;
   int64_t imb_steps = 0;
   for (const StepRecord& s : steps) {
     tokens += s.num_tokens;
     seqs += s.num_seqs;
     comm += s.comm_bytes_observed;
+    scale_out += s.scale_out_bytes_observed;
+    predicted_scale_out += s.scale_out_bytes;
     comm_s += s.comm_seconds;
     predicted_comm_s += s.predicted_comm_seconds;
     predicted_comm += s.comm_bytes;
@@ -110,6 +113,8 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   j["sequences_per_micro_batch"] = mean_batch / static_cast<double>(micro);
   j["kv_bytes_per_device_in_flight"] = kv_token_max * mean_seq_tokens * mean_batch / static_cast<double>(ec.parallel.ep);
   j["comm_bytes_per_token"] = tokens ? static_cast<double>(comm) / static_cast<double>(tokens) : 0.0;
+  // ... of which crossed between scale-up domains (--domain-size; 0 with one domain).
+  j["scale_out_bytes_per_token"] = tokens ? static_cast<double>(scale_out) / static_cast<double>(tokens) : 0.0;
   j["comm_share_of_step_time"] = busy > 0 ? comm_s / busy : 0.0;
   // Per token, measured (the slowest rank's time in collectives, waiting included) and, with a
   // hardware profile, the roofline's prediction for the layout and its domains.
@@ -118,6 +123,7 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   j["process_ranks"] = engine.parallel() != nullptr && engine.parallel()->processes() != nullptr;
   if (hw) {
     j["predicted_comm_bytes_per_token"] = tokens ? predicted_comm / static_cast<double>(tokens) : 0.0;
+    j["predicted_scale_out_bytes_per_token"] = tokens ? predicted_scale_out / static_cast<double>(tokens) : 0.0;
     j["predicted_comm_us_per_token"] = tokens ? 1e6 * predicted_comm_s / static_cast<double>(tokens) : 0.0;
     AddCriticalBatch(engine, weight_dtype, mean_seq_tokens, *hw, &j);
   }
@@ -148,6 +154,12 @@ void PrintParallelReport(const nlohmann::json& j) {
                                  " bytes (domains of ", j["domain_size"].get<int64_t>(), " ranks; 0: one)")
                         .c_str()
                   : "");
+  if (j["domain_size"].get<int64_t>() > 0) {
+    std::printf("    across domains: %.0f bytes per token measured%s\n", j["scale_out_bytes_per_token"].get<double>(),
+                j.contains("predicted_scale_out_bytes_per_token")
+                    ? absl::StrFormat(", predicted %.0f", j["predicted_scale_out_bytes_per_token"].get<double>()).c_str()
+                    : "");
+  }
   if (j.contains("critical_batch")) {
     std::printf("    roofline: critical batch %.0f, routed experts alone %.0f (sparsity E/k = %.0f), MoE-aware %.0f\n",
                 j["critical_batch"].get<double>(), j["critical_batch_routed_experts"].get<double>(),

@@ -93,18 +93,29 @@ std::vector<float> OneDevice(const std::vector<Tokens>& ranks, const Experts& ex
 }
 
 // The rows each rank's experts compute, from the rule ExpertDispatch states: sender s's n rows
-// of expert e (held by r ranks) in r runs in token order, run i ([n i / r, n (i + 1) / r))
-// going to e's (i + s) mod r-th holder. [rank][expert].
-std::vector<std::vector<int64_t>> RowsByRule(const std::vector<Tokens>& ranks, const ExpertHolderTable& holders) {
+// of expert e go to e's holders in s's domain of `domain` ranks (0: one domain) where there are
+// any, else to all of them; with r such holders, in r runs in token order, run i ([n i / r,
+// n (i + 1) / r)) going to the (i + s) mod r-th. rows[rank][expert]; *outside: the rows sent to
+// another domain.
+std::vector<std::vector<int64_t>> RowsByRule(const std::vector<Tokens>& ranks, const ExpertHolderTable& holders,
+                                             int64_t domain, int64_t* outside) {
   std::vector<std::vector<int64_t>> rows(ranks.size(), std::vector<int64_t>(kExperts, 0));
+  const int64_t d = domain > 0 ? domain : static_cast<int64_t>(ranks.size());
+  *outside = 0;
   for (size_t s = 0; s < ranks.size(); ++s) {
+    const int64_t home = static_cast<int64_t>(s) / d;
     for (int64_t e = 0; e < kExperts; ++e) {
       const int64_t n = std::count(ranks[s].ids.begin(), ranks[s].ids.end(), static_cast<int32_t>(e));
-      const std::vector<int32_t>& h = holders[0][static_cast<size_t>(e)];
+      std::vector<int32_t> h;
+      for (int32_t q : holders[0][static_cast<size_t>(e)]) {
+        if (q / d == home) h.push_back(q);
+      }
+      if (h.empty()) h = holders[0][static_cast<size_t>(e)];
       const int64_t r = static_cast<int64_t>(h.size());
       for (int64_t i = 0; i < r; ++i) {
         const int32_t to = h[static_cast<size_t>((i + static_cast<int64_t>(s)) % r)];
         rows[static_cast<size_t>(to)][static_cast<size_t>(e)] += n * (i + 1) / r - n * i / r;
+        if (to / d != home) *outside += n * (i + 1) / r - n * i / r;
       }
     }
   }
@@ -112,7 +123,7 @@ std::vector<std::vector<int64_t>> RowsByRule(const std::vector<Tokens>& ranks, c
 }
 
 void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& holders, const std::string& placement,
-                 DType dt, uint32_t seed) {
+                 DType dt, uint32_t seed, int64_t domain = 0) {
   std::mt19937 g(seed);
   const int n = static_cast<int>(tokens.size());
   std::vector<Tokens> ranks;
@@ -123,13 +134,14 @@ void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& ho
   std::vector<std::string> errors(n);
   std::vector<int64_t> copies(n);
   std::vector<std::vector<int64_t>> computed(n);  // rows per expert each rank computed
+  std::vector<int64_t> outside_bytes(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       CpuBackendOptions o;
       o.num_threads = 1;
       CpuBackend b(o);
-      ExpertDispatch d(&b, group->rank(r), holders, {kHidden, kInter, kExperts, kTopK});
+      ExpertDispatch d(&b, group->rank(r), holders, {kHidden, kInter, kExperts, kTopK}, domain);
       d.set_bf16_rows(dt == DType::kBF16);
       ExpertDispatchStats stats;
       const int64_t before = b.copies_to_host();
@@ -137,13 +149,21 @@ void CheckLayout(const std::vector<int64_t>& tokens, const ExpertHolderTable& ho
                                    ex.w2, ranks[r].x.data(), &stats);
       copies[r] = b.copies_to_host() - before;
       computed[r] = stats.expert_rows;
+      outside_bytes[r] = stats.comm_bytes_outside;
       if (!s.ok()) errors[r] = std::string(s.message());
     });
   }
   for (auto& t : threads) t.join();
   const std::string name = ::testing::PrintToString(tokens) + " " + placement + " " +
-                           std::string(DTypeShortName(dt)) + " (seed " + std::to_string(seed) + ")";
-  const std::vector<std::vector<int64_t>> want_rows = RowsByRule(ranks, holders);
+                           std::string(DTypeShortName(dt)) + " domains of " + std::to_string(domain) + " (seed " +
+                           std::to_string(seed) + ")";
+  int64_t outside_rows = 0;
+  const std::vector<std::vector<int64_t>> want_rows = RowsByRule(ranks, holders, domain, &outside_rows);
+  // Each row out of its domain crosses twice: out on the wire's dtype, its result back in fp32.
+  const int64_t wire = dt == DType::kBF16 ? 2 : 4;
+  EXPECT_EQ(std::accumulate(outside_bytes.begin(), outside_bytes.end(), int64_t{0}),
+            domain > 0 ? outside_rows * kHidden * (wire + 4) : 0)
+      << name << ": bytes across domains";
   size_t at = 0;
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(errors[r], "") << name << " rank " << r;
@@ -195,6 +215,27 @@ TEST(ExpertDispatchTest, ReplicatedExpertsEqualOneDevice) {
               DType::kF32, seed);
 }
 
+// With scale-up domains, a sender's rows of a copied expert go to the copy in its own domain
+// where it has one: the placement spreads copies over domains, so the hottest experts' rows
+// stay inside; the rows each rank computes and the bytes that cross follow the rule, and the
+// result is one device's, bit for bit.
+TEST(ExpertDispatchTest, CopiesInTheSendersDomainAreUsed) {
+  const uint32_t seed = std::random_device{}();
+  const ExpertLoad load{1, kExperts, {900, 500, 10, 20, 30, 40, 50, 60}};
+  for (const std::vector<int64_t>& tokens : std::vector<std::vector<int64_t>>{{5, 3, 4, 6}, {1, 0, 2, 7}, {0, 0, 9, 1}}) {
+    for (int64_t domain : {1, 2}) {
+      for (int64_t replicas : {4, 8}) {  // 8 at 2 domains: every expert in both, nothing crosses
+        const ExpertHolderTable holders = ExpertHolders(1, kExperts, 4, ExpertPlacement::kBalanced, &load, replicas, domain);
+        CheckLayout(tokens, holders, "balanced +" + std::to_string(replicas) + " replicas", DType::kF32, seed, domain);
+      }
+    }
+  }
+  using L = std::vector<std::vector<int32_t>>;
+  // Two copies in one domain and none in the other: domain 1's senders split over both.
+  CheckLayout({4, 6, 5, 3}, ExpertHolderTable{L{{0, 1}, {0, 2}, {1, 3}, {0}, {1}, {2}, {3}, {2, 3}}}, "hand-made copies",
+              DType::kF32, seed, 2);
+}
+
 // The bf16 wire, where the experts' GEMMs round their rows to bf16 anyway (the same bits).
 TEST(ExpertDispatchTest, TheBf16WireEqualsOneDevice) {
   if (!CpuBackend().RoundsActivationsToBf16(DType::kBF16)) {
@@ -204,6 +245,9 @@ TEST(ExpertDispatchTest, TheBf16WireEqualsOneDevice) {
   for (ExpertPlacement placement : {ExpertPlacement::kContiguous, ExpertPlacement::kRoundRobin}) {
     CheckLayout({6, 2, 3}, placement, DType::kBF16, seed);
   }
+  const ExpertLoad load{1, kExperts, {900, 500, 10, 20, 30, 40, 50, 60}};
+  CheckLayout({6, 2, 3, 5}, ExpertHolders(1, kExperts, 4, ExpertPlacement::kBalanced, &load, 4, 2), "balanced +4 replicas",
+              DType::kBF16, seed, 2);
 }
 
 }  // namespace
