@@ -49,9 +49,12 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
     p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
     p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
     StepShape shape = StepShape::Decode(p.micro_batch, s.context), engine = StepShape::Decode(n, s.context);
-    if (auto r = s.routing.find(ep); r != s.routing.end()) {
+    const int64_t ep_domain = layout.domain_size > 0 && layout.domain_size < ep ? layout.domain_size : 0;
+    if (auto r = s.routing.find({ep, ep_domain}); r != s.routing.end()) {
+      c.layout.routed_inside = r->second.routed_inside;
+      c.layout.routed_outside = r->second.routed_outside;
       // Every micro-batch of the engine's step holds micro_batch tokens too.
-      const RoutingExpectation x = ExpectRouting(r->second, static_cast<double>(p.micro_batch));
+      const RoutingExpectation x = ExpectRouting(r->second.routing, static_cast<double>(p.micro_batch));
       for (StepShape* sh : {&shape, &engine}) {
         sh->experts_hit = x.experts_hit_per_layer * static_cast<double>(s.model.moe_layers);
         sh->micro_batch_experts_hit_per_layer = x.experts_hit_per_layer;

@@ -50,10 +50,16 @@ struct LayoutSearch {
   // Scale-up domain sizes to price each layout at (empty: the hardware's scale_up_domain): what
   // an engineer weighs a fast domain of 8 against one of 72 with.
   std::vector<int64_t> domain_sizes;
-  // By ep: a recorded routing under the placement the layout would use (`explore --expert-load`).
-  // Where given, it sets each point's experts hit and EP rank imbalances (ExpectRouting);
-  // otherwise routing is taken as uniform.
-  std::map<int64_t, RecordedRouting> routing;
+  // By (ep, EP ranks per domain: the layout's domain size where it is below ep, else 0): a
+  // recorded routing under the placement the layout would use (`explore --expert-load`). Where
+  // given, it sets each point's experts hit and EP rank imbalances (ExpectRouting) and where the
+  // routed rows travel; otherwise routing is taken as uniform.
+  struct Placed {
+    RecordedRouting routing;
+    // ParallelLayout::routed_inside / routed_outside under the placement (< 0: one copy each).
+    double routed_inside = -1, routed_outside = -1;
+  };
+  std::map<std::pair<int64_t, int64_t>, Placed> routing;
   // Extra expert copies each EP rank holds per MoE layer (--expert-replicas = this x ep): their
   // weights count against each device's memory at ep > 1 (where they go is `routing`'s).
   int64_t expert_copies_per_rank = 0;

@@ -126,10 +126,12 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "flow through them. With --ep, ep x pp ranks")
       ->capture_default_str();
   cmd->add_option("--domain-size", f->config.parallel.domain_size,
-                  "With --hardware: ranks per scale-up domain (NVLink, or one host's shared memory under mpirun, "
-                  "which fills hosts in rank order; rank = stage x ep + EP rank). The predictions price "
+                  "Ranks per scale-up domain (NVLink, or one host's shared memory under mpirun, "
+                  "which fills hosts in rank order; rank = stage x ep + EP rank). With --hardware the predictions price "
                   "all-to-all traffic to other domains, and pipeline hand-offs between stages in different "
-                  "domains, at the profile's scale-out bandwidth and latency (0: all ranks in one domain; under mpirun "
+                  "domains, at the profile's scale-out bandwidth and latency; bench reports the bytes that crossed. "
+                  "With --expert-replicas an expert's copies go to distinct domains and each sender uses its own "
+                  "domain's copy (0: all ranks in one domain; under mpirun "
                   "over several hosts holding equal runs of ranks, the ranks per host, logged by rank 0)")
       ->capture_default_str();
   cmd->add_option("--ep-balance", f->config.scheduler.ep_balance_ratio,
@@ -151,7 +153,8 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "With --expert-placement balanced: this many extra copies of the hottest experts per MoE layer "
                   "(EPLB's redundant experts), chosen and spread over the ranks from the recorded load so that the "
                   "busiest rank is as light as the rules find (parallel/placement.h); each sender splits an expert's "
-                  "rows among its copies. The experts plus the copies must be a multiple of --ep; each rank then "
+                  "rows among its copies (with --domain-size, among those in its own domain where it has any: at most "
+                  "one copy per domain). The experts plus the copies must be a multiple of --ep; each rank then "
                   "holds (experts + copies) / ep experts' weights")
       ->capture_default_str();
   cmd->add_option("--expert-load-out", f->expert_load_out,

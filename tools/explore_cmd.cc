@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "parallel/expert_load.h"
+#include "parallel/placement.h"
+#include "parallel/routed_traffic.h"
 #include "roofline/layout_search.h"
 #include "tools/explore_measure.h"
 #include "tools/explore_output.h"
@@ -85,10 +87,22 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
                                                    " experts, the model has ", config.num_hidden_layers, " x ",
                                                    config.num_local_experts));
   }
+  // Each ep at one domain and at each domain size that cuts its EP group (ExploreLayouts' rule):
+  // with copies, the placement spreads an expert's over the domains where they allow it.
+  const std::vector<int64_t> domains = s->domain_sizes.empty() ? std::vector<int64_t>{s->hw.scale_up_domain} : s->domain_sizes;
   for (int64_t ep = 1; ep <= std::min(s->devices, s->experts); ++ep) {
     if (s->experts % ep != 0) continue;
-    const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load, ep > 1 ? copies * ep : 0);
-    s->routing[ep] = roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, holders);
+    for (int64_t d : domains) {
+      const int64_t ep_domain = d > 0 && d < ep && ep % d == 0 ? d : 0;
+      if (s->routing.count({ep, ep_domain}) > 0) continue;
+      const int64_t replicas = ep > 1 ? copies * ep : 0;
+      const int64_t placed = replicas <= MaxReplicas(load.experts, ep, ep_domain) ? ep_domain : 0;
+      const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load, replicas, placed);
+      const RoutedTraffic t = ExpectedTraffic(holders, &load, ep, ep_domain);
+      s->routing[{ep, ep_domain}] = {
+          roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, holders),
+          t.inside, t.outside};
+    }
   }
   return absl::OkStatus();
 }
@@ -199,8 +213,9 @@ void AddExploreCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--expert-replicas-per-rank", o->expert_replicas_per_rank,
                   "With --expert-placement balanced: each EP rank holds this many extra copies of hot experts per "
-                  "MoE layer (serve's --expert-replicas = this x ep), placed from the load as serve places them; "
-                  "their weights count against each device's memory")
+                  "MoE layer (serve's --expert-replicas = this x ep), placed from the load as serve places them "
+                  "(where a domain size cuts the EP group, an expert's copies in distinct domains and each sender "
+                  "using its own domain's: fewer bytes across domains); their weights count against each device's memory")
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Weight dtype: bf16, f32 or fp8 (default: the checkpoint's)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();

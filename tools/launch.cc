@@ -23,6 +23,8 @@ absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& s
   WeightShard shard;  // without a job: everything
   if (job != nullptr) {
     ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(spec));
+    // Again with the domain the hosts gave (Configure): it bounds --expert-replicas.
+    RETURN_IF_ERROR(config.parallel.Validate(model));
     shard = RankWeightShard(config.parallel, model, job->rank());
   }
   ASSIGN_OR_RETURN(out.weights, LoadModel(spec, out.backend.get(), shard));

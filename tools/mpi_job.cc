@@ -141,7 +141,8 @@ class OpenMpiJob final : public MpiJob {
   }
 
   // The scale-up domain is the ranks' hosts: --domain-size, when not given (0), is taken from
-  // them; a given one they contradict is named. It sets the roofline's prices, not the answers.
+  // them; a given one they contradict is named. It sets the roofline's prices and where replicated
+  // experts' copies go (never the answers: every placement computes the same bits).
   void DomainFromHosts(EngineConfig* c) const {
     const std::vector<std::string>& hosts = world_->hosts();
     const int64_t per_host = DomainSizeOfHosts(hosts);

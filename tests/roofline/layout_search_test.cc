@@ -198,10 +198,10 @@ TEST(LayoutSearchTest, ARecordedRoutingSetsTheExpertsHitAndTheImbalance) {
   const std::vector<std::vector<std::vector<int32_t>>> one_rank(1, std::vector<std::vector<int32_t>>(8, {0}));
   const std::vector<std::vector<std::vector<int32_t>>> same_rank = {{{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}}};
   const std::vector<std::vector<std::vector<int32_t>>> split = {{{0}, {1}, {0}, {0}, {1}, {1}, {1}, {0}}};
-  s.routing[1] = RecordedRouting::FromCounts(counts, 8, 2, 1, one_rank);
-  s.routing[2] = RecordedRouting::FromCounts(counts, 8, 2, 2, same_rank);
+  s.routing[{1, 0}].routing = RecordedRouting::FromCounts(counts, 8, 2, 1, one_rank);
+  s.routing[{2, 0}].routing = RecordedRouting::FromCounts(counts, 8, 2, 2, same_rank);
   const auto all = ExploreLayouts(s);
-  s.routing[2] = RecordedRouting::FromCounts(counts, 8, 2, 2, split);
+  s.routing[{2, 0}].routing = RecordedRouting::FromCounts(counts, 8, 2, 2, split);
   const auto even = ExploreLayouts(s);
   const LayoutCandidate *ep1 = Find(all, 1, 1), *ep2 = Find(all, 2, 1), *ep2_even = Find(even, 2, 1);
   ASSERT_TRUE(ep1 && ep2 && ep2_even);
