@@ -118,6 +118,8 @@ TEST(StepFieldsTest, TheTraceLineHoldsEveryFieldAtItsPath) {
   EXPECT_EQ(b["kv_write"], r.kv_write_bytes);
   EXPECT_EQ(b["comm"], r.comm_bytes);
   EXPECT_EQ(b["comm_observed"], r.comm_bytes_observed);
+  EXPECT_EQ(b["scale_out"], r.scale_out_bytes);
+  EXPECT_EQ(b["scale_out_observed"], r.scale_out_bytes_observed);
   EXPECT_EQ(b["transfer"], r.transfer_bytes);
   EXPECT_EQ(j["expert_tokens"], nlohmann::json::array({7, 0, 9}));
   EXPECT_EQ(j["expert_imbalance"], r.expert_imbalance);
@@ -134,7 +136,7 @@ TEST(StepFieldsTest, TheTraceLineHoldsEveryFieldAtItsPath) {
   // Nothing else: 15 top-level values besides the 3 groups and the ratio.
   EXPECT_EQ(j.size(), 15u + 3u + 1u) << j.dump();
   EXPECT_EQ(o.size(), 9u);
-  EXPECT_EQ(b.size(), 6u);
+  EXPECT_EQ(b.size(), 8u);
   EXPECT_EQ(p.size(), 6u);
 }
 
