@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/vec8.h"  // ExpConst
+#include "kernels/cpu/exp16.h"
 
 #pragma GCC push_options
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -135,23 +135,6 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
       }
     }
   }
-}
-
-// vec8.h's Exp on 16 lanes: the same operations per lane, except that 2^n is applied by
-// vscalefps instead of a product with the power of two built in the exponent field. After the
-// clamp n is in [-126, 127], so that power is a normal number, and both round y * 2^n once, to
-// nearest: the same bits, three instructions fewer.
-inline __m512 Exp16(__m512 x) {
-  using C = ExpConst;
-  __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(C::kLo)), _mm512_set1_ps(C::kHi));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(C::kLog2e), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  v = _mm512_fmadd_ps(n, _mm512_set1_ps(C::kC1), v);
-  v = _mm512_fmadd_ps(n, _mm512_set1_ps(C::kC2), v);
-  __m512 y = _mm512_set1_ps(C::kP[0]);
-  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(C::kP[i]));
-  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(v, v), v), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
 }
 
 inline __mmask16 FirstLanes(int64_t n) {

@@ -83,6 +83,8 @@ inline constexpr int64_t kSwiGluItemColumns = 16;  // output columns per fused i
 // out[c] = silu(gate[c]) * up[c] for c < n: SiluMul's arithmetic (fast_ops.cc), one compiled
 // copy, so that a fused kernel's result has its bits.
 void SiluMulRow(const float* gate, const float* up, int64_t n, float* out);
+// The same on 16 AVX-512 lanes, the same bits (gemm_amx.cc; only on CPUs with AVX-512).
+void SiluMulRow16(const float* gate, const float* up, int64_t n, float* out);
 
 // Rounds x [m, k] to bf16 (round to nearest even) into out [m, RoundUp(k, 8)], zero-padded.
 void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
