@@ -232,7 +232,7 @@ void CpuBackend::AddBias(float* y, const float* bias, int64_t rows, int64_t dim)
 
 void CpuBackend::Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
                       int64_t kv_heads, int64_t head_dim, float theta) {
-  if (fast()) return cpu_fast::Rope(*pool_, q, k, positions, n, q_heads, kv_heads, head_dim, theta);
+  if (fast()) return cpu_fast::Rope(*pool_, q, k, positions, n, q_heads, kv_heads, head_dim, theta, &rope_table_);
   cpu_ref::Rope(q, k, positions, n, q_heads, kv_heads, head_dim, theta);
 }
 

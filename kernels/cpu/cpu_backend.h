@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/fast_ops.h"
 
 namespace moeserve {
 
@@ -154,6 +155,7 @@ class CpuBackend final : public Backend {
   std::atomic<size_t> used_{0};
   std::atomic<int64_t> copies_to_host_{0};
   std::unique_ptr<ThreadPool> pool_;  // fast path only
+  cpu_fast::RopeTable rope_table_;    // fast path: each position's RoPE angles, grown as positions come
 };
 
 }  // namespace moeserve

@@ -137,18 +137,55 @@ void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows
   });
 }
 
+namespace {
+
+std::vector<double> InverseFrequencies(float theta, int64_t head_dim) {
+  std::vector<double> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+  return inv_freq;
+}
+
+// One position's cos and sin (RopeTable's and Rope's arithmetic).
+void Angles(int32_t position, const std::vector<double>& inv_freq, float* cs, float* sn) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = position * inv_freq[i];
+    cs[i] = static_cast<float>(std::cos(angle));
+    sn[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+}  // namespace
+
+void RopeTable::Cover(ThreadPool& pool, int64_t upto, float t, int64_t hd) {
+  if (t != theta || hd != head_dim) *this = RopeTable{t, hd, 0, {}, {}};
+  upto = std::min(upto, kMaxPositions);
+  if (upto <= positions) return;
+  const int64_t rows = std::min(kMaxPositions, std::max(upto, 2 * positions)), half = hd / 2;  // amortised growth
+  cs.resize(static_cast<size_t>(rows * half));
+  sn.resize(static_cast<size_t>(rows * half));
+  const std::vector<double> inv_freq = InverseFrequencies(t, hd);
+  pool.ParallelFor(rows - positions, 64, [&](int64_t b, int64_t e) {
+    for (int64_t p = positions + b; p < positions + e; ++p) {
+      Angles(static_cast<int32_t>(p), inv_freq, cs.data() + p * half, sn.data() + p * half);
+    }
+  });
+  positions = rows;
+}
+
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,
-          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta) {
+          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta, RopeTable* table) {
   const int64_t half = head_dim / 2;
-  std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+  const std::vector<double> inv_freq = InverseFrequencies(theta, head_dim);
+  if (table != nullptr && n > 0) table->Cover(pool, *std::max_element(positions, positions + n) + 1, theta, head_dim);
   pool.ParallelFor(n, 8, [&](int64_t b, int64_t e) {
-    std::vector<float> cs(half), sn(half);
+    std::vector<float> own_cs(half), own_sn(half);
     for (int64_t t = b; t < e; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = positions[t] * inv_freq[i];
-        cs[i] = static_cast<float>(std::cos(angle));
-        sn[i] = static_cast<float>(std::sin(angle));
+      const float* cs = own_cs.data();
+      const float* sn = own_sn.data();
+      if (table != nullptr && positions[t] >= 0 && positions[t] < table->positions) {
+        cs = table->cs.data() + positions[t] * half, sn = table->sn.data() + positions[t] * half;
+      } else {
+        Angles(positions[t], inv_freq, own_cs.data(), own_sn.data());
       }
       auto rotate = [&](float* v) {
 #pragma omp simd

@@ -38,8 +38,22 @@ void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRe
                       std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
+// Each position's cos and sin of RoPE's angles, as Rope computes them (float of the double
+// cos / sin of position x theta^(-2i / head_dim)): kept by the backend across layers and steps,
+// so that a step's tokens take them from memory instead of computing them once per layer (1.5%
+// of a 2000-token prefill's samples went to sincos). Positions from kMaxPositions on are
+// computed as before.
+struct RopeTable {
+  static constexpr int64_t kMaxPositions = 1 << 15;
+  float theta = 0;
+  int64_t head_dim = 0, positions = 0;  // rows held: positions [0, positions)
+  std::vector<float> cs, sn;            // [positions, head_dim / 2]
+  // Grows to hold [0, upto) (at most kMaxPositions) for theta and head_dim, rebuilt if those differ.
+  void Cover(ThreadPool& pool, int64_t upto, float theta, int64_t head_dim);
+};
+// `table` (may be null) is grown to the step's positions and read where it holds them.
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,
-          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta);
+          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta, RopeTable* table);
 void SiluMul(ThreadPool& pool, const float* gate_up, int64_t rows, int64_t inter, float* out);
 void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                 int32_t* expert_ids, float* expert_weights);

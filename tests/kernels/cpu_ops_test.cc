@@ -6,7 +6,9 @@
 #include <random>
 #include <tuple>
 
+#include "core/thread_pool.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/fast_ops.h"
 #include "kernels/weight_layout.h"
 #include "tests/test_util.h"
 
@@ -159,6 +161,32 @@ TEST_F(CpuOpsTest, RopeRotateHalfConvention) {
   EXPECT_NEAR(q[2], std::sin(1.0), 1e-6);
   EXPECT_NEAR(k[1], std::cos(0.1), 1e-6);
   EXPECT_NEAR(k[3], std::sin(0.1), 1e-6);
+}
+
+// The fast path's table of angles (kept across calls, grown to the positions seen, rebuilt for
+// another theta or head size, and bypassed past its last row) gives the bits of computing them
+// per call.
+TEST_F(CpuOpsTest, RopeTableGivesTheAnglesBits) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 gen(seed);
+  ThreadPool pool(2);
+  cpu_fast::RopeTable table;
+  const int64_t n = 37, qh = 4, kh = 2;
+  std::uniform_int_distribution<int32_t> near(0, 3000), far(0, cpu_fast::RopeTable::kMaxPositions + 5000);
+  for (const auto& [hd, theta, wide] : std::vector<std::tuple<int64_t, float, bool>>{
+           {64, 10000.0f, false}, {64, 10000.0f, true}, {128, 1e6f, false}, {64, 500000.0f, true}}) {
+    std::vector<int32_t> pos(n);
+    for (int32_t& p : pos) p = wide ? far(gen) : near(gen);
+    pos[0] = cpu_fast::RopeTable::kMaxPositions - 1, pos[1] = cpu_fast::RopeTable::kMaxPositions;  // the table's edge
+    auto q = RandomFloats(n * qh * hd, seed), k = RandomFloats(n * kh * hd, seed + 1);
+    auto q1 = q, k1 = k;
+    cpu_fast::Rope(pool, q.data(), k.data(), pos.data(), n, qh, kh, hd, theta, nullptr);
+    cpu_fast::Rope(pool, q1.data(), k1.data(), pos.data(), n, qh, kh, hd, theta, &table);
+    EXPECT_EQ(table.head_dim, hd);
+    EXPECT_EQ(0, std::memcmp(q.data(), q1.data(), q.size() * sizeof(float))) << "hd " << hd << " theta " << theta << " (seed " << seed << ")";
+    EXPECT_EQ(0, std::memcmp(k.data(), k1.data(), k.size() * sizeof(float))) << "hd " << hd << " theta " << theta << " (seed " << seed << ")";
+  }
+  EXPECT_LE(table.positions, cpu_fast::RopeTable::kMaxPositions);
 }
 
 TEST_F(CpuOpsTest, RouterTopKPicksTheLargestLogits) {
