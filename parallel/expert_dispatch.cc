@@ -48,6 +48,7 @@ ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
     LayerPlacement p;
     p.experts_of.assign(static_cast<size_t>(ep_->size()), {});
     p.holders = layer;
+    for (const auto& h : layer) p.near.push_back(NearHolders(h, ep_->rank(), domain_size_));
     p.rank_major = true;
     int32_t last = 0;
     for (size_t e = 0; e < layer.size(); ++e) {
@@ -66,9 +67,7 @@ ExpertDispatch::ExpertDispatch(Backend* backend, Communicator* ep,
 
 std::pair<int64_t, int64_t> ExpertDispatch::RowsFor(int32_t e, size_t peer) const {
   const int64_t begin = host_offsets_[e], n = host_offsets_[e + 1] - begin;
-  const std::vector<int32_t>& all = placement_->holders[static_cast<size_t>(e)];
-  if (all.size() == 1) return {begin, begin + n};
-  const std::vector<int32_t> h = NearHolders(all, ep_->rank(), domain_size_);
+  const std::vector<int32_t>& h = placement_->near[static_cast<size_t>(e)];
   const int64_t r = static_cast<int64_t>(h.size());
   const int64_t j = std::find(h.begin(), h.end(), static_cast<int32_t>(peer)) - h.begin();
   if (j == r) return {begin, begin};  // a copy in another domain: this sender uses its own domain's
@@ -81,7 +80,8 @@ int64_t ExpertDispatch::OutsideBytes(int64_t wire_bytes, int64_t row_bytes) cons
   int64_t bytes = 0;
   for (size_t p = 0; p < send_rows_.size(); ++p) {
     if (static_cast<int64_t>(p) / domain_size_ != ep_->rank() / domain_size_) {
-      bytes += send_rows_[p] * wire_bytes + recv_rows_[p] * row_bytes;
+      const int64_t counts = max_local_ * static_cast<int64_t>(sizeof(int64_t));  // the counts exchange's share
+      bytes += counts + send_rows_[p] * wire_bytes + recv_rows_[p] * row_bytes;
     }
   }
   return bytes;

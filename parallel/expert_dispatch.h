@@ -40,7 +40,7 @@ struct ExpertDispatchStats {
   double comm_seconds = 0;
   int64_t comm_bytes = 0;  // sent to other ranks
   // ... of which to ranks of other domains (the constructor's domain_size; 0 with one domain):
-  // the rows out and their results back, as the wire carries them.
+  // the per-expert counts, the rows out and their results back, as the wire carries them.
   int64_t comm_bytes_outside = 0;
   // Each collective's entry and exit on the steady clock (seconds; the same clock for every
   // process of one machine), in call order: with the other ranks' spans, the time from the last
@@ -96,13 +96,14 @@ class ExpertDispatch {
   struct LayerPlacement {
     std::vector<std::vector<int32_t>> experts_of;  // each rank's experts, ascending
     std::vector<std::vector<int32_t>> holders;     // each expert's ranks, ascending
+    std::vector<std::vector<int32_t>> near;        // the holders this rank's rows of each expert go to
     bool rank_major = false;  // one rank per expert, expert order rank order (contiguous ranges)
   };
   // The sorted rows [begin, end) of expert e this rank sends to `peer` (one of e's holders;
   // empty for a holder outside the near ones).
   std::pair<int64_t, int64_t> RowsFor(int32_t e, size_t peer) const;
-  // Bytes this rank sends to ranks of other domains: the rows out (`wire_bytes` each) and the
-  // results back (`row_bytes` each).
+  // Bytes this rank sends to ranks of other domains: its counts, the rows out (`wire_bytes`
+  // each) and the results back (`row_bytes` each).
   int64_t OutsideBytes(int64_t wire_bytes, int64_t row_bytes) const;
   std::vector<LayerPlacement> layers_;
   const LayerPlacement* placement_ = nullptr;  // the layer being run

@@ -228,6 +228,7 @@ ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, Exp
            (load != nullptr && load->layers == layers && load->experts == experts));
   MS_CHECK(replicas == 0 || (placement == ExpertPlacement::kBalanced && replicas > 0 &&
                              (experts + replicas) % ep == 0 && replicas <= MaxReplicas(experts, ep, domain_size)));
+  MS_CHECK(domain_size <= 0 || domain_size >= ep || ep % domain_size == 0);  // whole domains (CheckDomainSize)
   const Domains domains(domain_size, ep);
   ExpertHolderTable table;
   for (int64_t l = 0; l < layers; ++l) {

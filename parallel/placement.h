@@ -49,6 +49,7 @@ struct ExpertLoad {
 //     expert copied into every domain is reached without leaving the domain, and each copy
 //     still takes an even share of the expert's rows when the tokens are spread evenly.
 using ExpertHolderTable = std::vector<std::vector<std::vector<int32_t>>>;
+// domain_size must be 0, at least ep, or divide ep.
 ExpertHolderTable ExpertHolders(int64_t layers, int64_t experts, int64_t ep, ExpertPlacement placement,
                                 const ExpertLoad* load = nullptr, int64_t replicas = 0, int64_t domain_size = 0);
 // The most replicas ExpertHolders takes: E (N - 1), or E (N / D - 1) with several domains.

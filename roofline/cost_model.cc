@@ -141,8 +141,10 @@ void AddCommunication(const ModelCosts& m, const HardwareProfile& hw, const Para
     if (outside > 0) {
       const double out_bw = hw.scale_out_bandwidth > 0 ? hw.scale_out_bandwidth : hw.interconnect_bandwidth;
       seconds = std::max(seconds, outside / (out_bw * ep));
-      latency = std::max(latency, hw.ScaleOutLatencyAfter(layer_bytes));
     }
+    // A collective over several domains waits on the slower link's latency even where no routed
+    // row crosses (copies of every expert in every domain): the counts always go to every peer.
+    if (layout.ep > layout.EpDomain()) latency = std::max(latency, hw.ScaleOutLatencyAfter(layer_bytes));
     // Every collective call of a MoE layer's dispatch pays the slower link's per-call latency
     // whatever its bytes: what dominates at decode sizes. Where empty exchanges are free, the
     // rows out and back pay it only when some row changes rank (the counts always do).

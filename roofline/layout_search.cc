@@ -90,6 +90,10 @@ std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
         // single price).
         const ParallelLayout layout{ep, pp, domain > 0 && ep * pp > domain ? domain : 0};
         if (!CheckDomainSize(layout, "scale_up_domain").ok()) continue;
+        // A recorded routing without a placement for this (ep, EP domain): one serve refuses
+        // (more expert copies than domains allow).
+        const int64_t ep_domain = layout.domain_size > 0 && layout.domain_size < ep ? layout.domain_size : 0;
+        if (!s.routing.empty() && s.routing.count({ep, ep_domain}) == 0) continue;
         if (std::find(done.begin(), done.end(), layout.domain_size) != done.end()) continue;
         done.push_back(layout.domain_size);
         out.push_back(Evaluate(s, layout));

@@ -59,6 +59,7 @@ struct LayoutSearch {
     // ParallelLayout::routed_inside / routed_outside under the placement (< 0: one copy each).
     double routed_inside = -1, routed_outside = -1;
   };
+  // A layout whose (ep, EP domain) is missing while others are given is not listed.
   std::map<std::pair<int64_t, int64_t>, Placed> routing;
   // Extra expert copies each EP rank holds per MoE layer (--expert-replicas = this x ep): their
   // weights count against each device's memory at ep > 1 (where they go is `routing`'s).

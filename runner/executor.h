@@ -29,8 +29,8 @@ struct ParallelStepStats {
   int64_t comm_bytes = 0;    // sent between ranks, all ranks (all-to-all and stage hand-offs)
   int64_t a2a_bytes = 0;     // ... of which all-to-all inside the MoE layers
   int64_t a2a_outside_bytes = 0;  // ... of that, to ranks of other scale-up domains (--domain-size)
-  int64_t pp_outside_bytes = 0;   // hand-offs to a stage in another domain
   int64_t pp_bytes = 0;      // ... of which hidden states between stages
+  int64_t pp_outside_bytes = 0;   // ... of that, to a stage in another domain
   std::vector<int64_t> expert_tokens;  // [experts] rows each expert computed, over layers
   double expert_imbalance = 0;  // max over mean of expert_tokens
   // Each MoE layer's busiest EP rank's rows, summed over layers, over the mean rank's

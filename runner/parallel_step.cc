@@ -301,6 +301,7 @@ void AggregateStats(const std::vector<RankLayout>& layout, int64_t ep, int64_t e
   ps.comm_after_last_seconds = AfterLastArrival(stage_of_rank, results);
   total.comm_seconds = ps.comm_seconds;
   total.comm_bytes = ps.comm_bytes;
+  total.comm_bytes_outside = ps.a2a_outside_bytes + ps.pp_outside_bytes;
   if (ep > 1) {
     ps.expert_imbalance = Imbalance(std::vector<double>(ps.expert_tokens.begin(), ps.expert_tokens.end()));
     const RankImbalances imb = LayerRankImbalance(layout, ep, experts, results);

@@ -96,8 +96,9 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
       const int64_t ep_domain = d > 0 && d < ep && ep % d == 0 ? d : 0;
       if (s->routing.count({ep, ep_domain}) > 0) continue;
       const int64_t replicas = ep > 1 ? copies * ep : 0;
-      const int64_t placed = replicas <= MaxReplicas(load.experts, ep, ep_domain) ? ep_domain : 0;
-      const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load, replicas, placed);
+      // More copies than one per domain: serve refuses the layout, so explore does not price it.
+      if (replicas > MaxReplicas(load.experts, ep, ep_domain)) continue;
+      const ExpertHolderTable holders = ExpertHolders(load.layers, load.experts, ep, placement, &load, replicas, ep_domain);
       const RoutedTraffic t = ExpectedTraffic(holders, &load, ep, ep_domain);
       s->routing[{ep, ep_domain}] = {
           roofline::RecordedRouting::FromCounts(load.tokens, load.experts, config.num_experts_per_tok, ep, holders),

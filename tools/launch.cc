@@ -24,7 +24,10 @@ absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& s
   if (job != nullptr) {
     ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(spec));
     // Again with the domain the hosts gave (Configure): it bounds --expert-replicas.
-    RETURN_IF_ERROR(config.parallel.Validate(model));
+    if (absl::Status s = config.parallel.Validate(model); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("with the scale-up domain the ranks' hosts give (--domain-size ",
+                                                     config.parallel.domain_size, "): ", s.message()));
+    }
     shard = RankWeightShard(config.parallel, model, job->rank());
   }
   ASSIGN_OR_RETURN(out.weights, LoadModel(spec, out.backend.get(), shard));

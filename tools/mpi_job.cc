@@ -168,7 +168,8 @@ class OpenMpiJob final : public MpiJob {
     } else {
       note = absl::StrCat("warning: ", d == 0 ? "one scale-up domain (--domain-size 0)" : absl::StrCat("--domain-size ", d),
                           " does not match the ranks' hosts (", absl::StrJoin(runs, ", "),
-                          "): the roofline prices exchanges by --domain-size, the transport by the hosts");
+                          "): the roofline prices exchanges and places replicated experts' copies by --domain-size, the "
+                          "transport follows the hosts");
     }
     if (world_->rank() == 0) std::fprintf(stderr, "moeserve rank 0: %s\n", note.c_str());
   }

@@ -29,6 +29,7 @@ struct Layout {
   ExpertPlacement placement = ExpertPlacement::kContiguous;
   int64_t micro = 0;
   int64_t replicas = 0;  // --expert-replicas, with a balanced placement
+  int64_t domain = 0;    // --domain-size
 };
 
 inline std::string Name(const Layout& l) {
@@ -37,7 +38,8 @@ inline std::string Name(const Layout& l) {
                       : l.placement == ExpertPlacement::kBalanced ? " balanced"
                                                                   : "",
                       l.micro ? absl::StrCat(" micro", l.micro) : "",
-                      l.replicas ? absl::StrCat(" +", l.replicas, " replicas") : "");
+                      l.replicas ? absl::StrCat(" +", l.replicas, " replicas") : "",
+                      l.domain ? absl::StrCat(" domains of ", l.domain) : "");
 }
 
 inline BackendFactory CpuRanks() {
@@ -69,6 +71,7 @@ inline ParallelConfig ToConfig(const Layout& l, const ModelConfig* c = nullptr) 
   p.placement = l.placement;
   p.micro_batches = l.micro;
   p.expert_replicas = l.replicas;
+  p.domain_size = l.domain;
   if (l.placement == ExpertPlacement::kBalanced && c != nullptr) {
     auto load = std::make_shared<ExpertLoad>(ExpertLoad{c->num_hidden_layers, c->num_local_experts, {}});
     std::mt19937 gen(static_cast<uint32_t>(17 * l.ep + l.pp));

@@ -231,6 +231,20 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   p.expert_load = std::make_shared<ExpertLoad>(ExpertLoad{c.num_hidden_layers + 1, c.num_local_experts, {}});
   EXPECT_NE(std::string(p.Validate(c).message()).find("--expert-load: recorded for"), std::string::npos)
       << p.Validate(c);
+  // Replicas: each expert on at most ep ranks, or with domains once per domain (tiny: 4 experts).
+  p.expert_load = std::make_shared<ExpertLoad>(ExpertLoad{
+      c.num_hidden_layers, c.num_local_experts, std::vector<int64_t>(static_cast<size_t>(c.num_hidden_layers * c.num_local_experts), 1)});
+  p.ep = 4;
+  p.expert_replicas = 8;
+  EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
+  p.domain_size = 2;
+  EXPECT_NE(std::string(p.Validate(c).message())
+                .find("--expert-replicas must be in [1, 4] (each expert in at most 2 domains of --domain-size 2"),
+            std::string::npos)
+      << p.Validate(c);
+  p.expert_replicas = 4;
+  EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
+  p.ep = 1, p.domain_size = 0, p.expert_replicas = 0;
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
 }
 

@@ -28,7 +28,10 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
                                              {2, 2, ExpertPlacement::kBalanced},
                                              {2, 2, ExpertPlacement::kContiguous, 3},
                                              {4, 1, ExpertPlacement::kBalanced, 0, Copies(4)},
-                                             {2, 2, ExpertPlacement::kBalanced, 0, Copies(2)}}) {
+                                             {2, 2, ExpertPlacement::kBalanced, 0, Copies(2)},
+                                             {4, 1, ExpertPlacement::kBalanced, 0, Copies(4), 2},
+                                             {4, 1, ExpertPlacement::kContiguous, 0, 0, 2},
+                                             {2, 2, ExpertPlacement::kContiguous, 0, 0, 2}}) {
     // The same tokens, blocks placed in the segments of this layout's EP ranks; the oracle is
     // one rank on the same step.
     const ForwardInput in = MakeStep(config_, blocks, block, l.ep, lens, seed_);
@@ -97,6 +100,17 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
     }
     if (l.pp > 1) {
       EXPECT_GT(ps.pp_bytes, 0) << Name(l);
+    }
+    // Domains of 2 ranks: at ep 4 the all-to-all crosses between the two domains (but not all of
+    // it); at ep 2 x pp 2 each stage's EP group is one domain and every hand-off crosses.
+    if (l.domain == 2 && l.ep == 4) {
+      EXPECT_GT(ps.a2a_outside_bytes, 0) << Name(l);
+      EXPECT_LT(ps.a2a_outside_bytes, ps.a2a_bytes) << Name(l);
+    } else if (l.domain == 2) {
+      EXPECT_EQ(ps.a2a_outside_bytes, 0) << Name(l);
+      EXPECT_EQ(ps.pp_outside_bytes, ps.pp_bytes) << Name(l);
+    } else {
+      EXPECT_EQ(ps.a2a_outside_bytes + ps.pp_outside_bytes, 0) << Name(l) << ": one domain";
     }
   }
 }

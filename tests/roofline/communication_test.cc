@@ -62,6 +62,30 @@ TEST(CostModelTest, AllToAllAcrossScaleUpDomainsIsPricedAtTheScaleOutNetwork) {
               routed * 15 / ep / (450e9 * ep), 1e-15);
 }
 
+// A placement's own traffic (ParallelLayout::routed_inside / routed_outside, from replicated
+// experts' copies in each domain): the bytes follow the fractions, and the calls still pay the
+// scale-out latency where the EP group spans domains, even when no routed row leaves its domain.
+TEST(CostModelTest, APlacementsTrafficSetsTheBytesButNotTheLatency) {
+  const MixtralOnH100s f;
+  const double h = 4096, layers = 32, B = 64, ep = 16, routed = layers * B * 2 * h * 2 * 2, calls = 3 * layers;
+  ParallelLayout placed;
+  placed.ep = 16;
+  placed.domain_size = 8;
+  placed.routed_inside = 0.5, placed.routed_outside = 0.25;
+  const StepCost a = PredictStep(f.model, StepShape::Decode(64, 1000), f.hw, placed);
+  EXPECT_NEAR(a.comm_bytes, routed * 0.75, 1);
+  EXPECT_NEAR(a.scale_out_bytes, routed * 0.25, 1);
+  const double inside = routed * 0.5 / (450e9 * ep), outside = routed * 0.25 / (50e9 * ep);
+  EXPECT_NEAR(a.comm_seconds, std::max(inside, outside) + calls * 25e-6, 1e-15);
+  placed.routed_inside = 0.875, placed.routed_outside = 0;  // every expert in both domains
+  const StepCost b = PredictStep(f.model, StepShape::Decode(64, 1000), f.hw, placed);
+  EXPECT_EQ(b.scale_out_bytes, 0);
+  EXPECT_NEAR(b.comm_seconds, routed * 0.875 / (450e9 * ep) + calls * 25e-6, 1e-15)
+      << "the counts still cross: the scale-out latency stays";
+  placed.domain_size = 0;  // one domain: NVLink's latency
+  EXPECT_NEAR(PredictStep(f.model, StepShape::Decode(64, 1000), f.hw, placed).comm_latency_seconds, calls * 10e-6, 1e-15);
+}
+
 // Where the transport skips an all-to-all that moves nothing (Open MPI), the rows out and back pay
 // the latency only when some token's experts are not all on its own rank: with 8 experts top-2 on
 // 2 ranks, C(4,2)/C(8,2) = 6/28 per token.

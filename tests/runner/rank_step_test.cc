@@ -94,6 +94,8 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   r.stats.expert_rows = RandomVector<int64_t>(gen, 8);
   r.stats.moe_seconds = 0.25;
   r.stats.collective_spans = {100.25, 100.5, 101.0, 101.125};
+  r.stats.comm_bytes = 4242;
+  r.stats.comm_bytes_outside = 2121;
   r.a2a_bytes = 123456;
   r.pp_bytes = 789;
   r.comm_seconds = 0.5;
@@ -107,6 +109,8 @@ TEST(RankStepTest, ResultsRoundTripWithTheRanksStatus) {
   EXPECT_EQ(back.stats.expert_rows, r.stats.expert_rows);
   EXPECT_EQ(back.stats.moe_seconds, 0.25);
   EXPECT_EQ(back.stats.collective_spans, r.stats.collective_spans);
+  EXPECT_EQ(back.stats.comm_bytes, 4242);
+  EXPECT_EQ(back.stats.comm_bytes_outside, 2121);
   EXPECT_EQ(back.a2a_bytes, 123456);
   EXPECT_EQ(back.pp_bytes, 789);
   EXPECT_EQ(back.comm_seconds, 0.5);
