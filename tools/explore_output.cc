@@ -93,7 +93,8 @@ Json ToJson(const roofline::LayoutSearch& s, const std::vector<roofline::LayoutC
                              {"kv_bytes_per_device", p.kv_bytes_per_device}, {"tokens_per_second", p.tokens_per_second},
                              {"token_seconds", p.token_seconds}, {"usd_per_million_tokens", p.usd_per_million_tokens},
                              {"compute_seconds", p.cost.compute_seconds}, {"memory_seconds", p.cost.memory_seconds},
-                             {"comm_seconds", p.cost.comm_seconds},
+                             {"comm_seconds", p.cost.comm_seconds}, {"comm_bytes", p.cost.comm_bytes},
+                             {"scale_out_bytes", p.cost.scale_out_bytes},
                              {"expert_rank_imbalance", p.cost.expert_rank_imbalance},
                              {"expert_rows_imbalance", p.cost.expert_rows_imbalance},
                              {"experts_hit", p.cost.experts_hit},
@@ -114,14 +115,15 @@ void WriteCsv(const std::string& path, const std::vector<roofline::LayoutCandida
   std::ofstream f(path);
   f << "ep,pp,domain_size,devices,weight_bytes_per_device,sequences,fits,kv_bytes_per_device,tokens_per_second,"
        "token_seconds,usd_per_million_tokens,engine_tokens_per_second,expert_rank_imbalance,expert_rows_imbalance,"
-       "experts_hit\n";
+       "experts_hit,comm_seconds,comm_bytes,scale_out_bytes\n";
   for (const auto& c : all) {
     for (const auto& p : c.points) {
       f << c.layout.ep << "," << c.layout.pp << "," << c.layout.domain_size << "," << c.layout.devices() << ","
         << c.weight_bytes_per_device << "," << p.sequences << "," << (p.fits ? 1 : 0) << "," << p.kv_bytes_per_device
         << "," << p.tokens_per_second << "," << p.token_seconds << "," << p.usd_per_million_tokens << ","
         << p.engine_tokens_per_second << "," << p.cost.expert_rank_imbalance << "," << p.cost.expert_rows_imbalance
-        << "," << p.cost.experts_hit << "\n";
+        << "," << p.cost.experts_hit << "," << p.cost.comm_seconds << "," << p.cost.comm_bytes << ","
+        << p.cost.scale_out_bytes << "\n";
     }
   }
 }

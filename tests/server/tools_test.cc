@@ -205,6 +205,27 @@ TEST(E2eToolsTest, ExploreListsTheLayoutsThatFitAndTheBest) {
   EXPECT_EQ(weights.at(1), plain_weights.at(1)) << "one rank holds every expert once";
   // Each rank holds one more expert per MoE layer: 32 layers x 3 x 4096 x 14336 bf16 parameters.
   EXPECT_NEAR(weights.at(4) - plain_weights.at(4), 32.0 * 3 * 4096 * 14336 * 2, 1e3);
+  // Over two domains of 2 a copy per rank puts every copied expert in both domains: fewer bytes
+  // cross than without copies; 3 per rank (12 copies of 8 experts) cannot sit once per domain,
+  // so ep 4 over domains of 2 is not listed (serve refuses it).
+  auto ep4_domain2 = [&](const std::string& copies) -> nlohmann::json {
+    EXPECT_EQ(RunCommand({"explore", "--preset", "mixtral-8x7b", "--hardware", "h100-sxm", "--devices", "4",
+                          "--domain-sizes", "2", "--sequences", "256", "--expert-load", dir + "/load.json",
+                          "--expert-placement", "balanced", "--expert-replicas-per-rank", copies, "--json", dir + "/c.json"},
+                         &out, &err),
+              0)
+        << err;
+    const auto c = nlohmann::json::parse(ReadAll(dir + "/c.json"));
+    for (const auto& l : c["layouts"]) {
+      if (l["ep"] == 4 && l["pp"] == 1 && l["domain_size"] == 2) return l["points"][0];
+    }
+    return nullptr;
+  };
+  const nlohmann::json none = ep4_domain2("0"), one = ep4_domain2("1");
+  ASSERT_FALSE(none.is_null() || one.is_null());
+  EXPECT_GT(none["scale_out_bytes"].get<double>(), 0);
+  EXPECT_LT(one["scale_out_bytes"].get<double>(), 0.75 * none["scale_out_bytes"].get<double>()) << one.dump();
+  EXPECT_TRUE(ep4_domain2("3").is_null());
   EXPECT_NE(RunCommand({"explore", "--preset", "mixtral-8x7b", "--expert-load", dir + "/load.json",
                         "--expert-replicas-per-rank", "1"},
                        &out, &err),
