@@ -77,6 +77,8 @@ TEST(StepFieldsTest, TheSummaryCarriesTheRecordInItsUnits) {
   EXPECT_DOUBLE_EQ(s.comm_min_ms(), r.comm_min_seconds * 1e3);
   EXPECT_DOUBLE_EQ(s.comm_after_last_ms(), r.comm_after_last_seconds * 1e3);
   EXPECT_EQ(s.comm_bytes(), r.comm_bytes_observed);
+  EXPECT_EQ(s.scale_out_bytes(), r.scale_out_bytes_observed);
+  EXPECT_DOUBLE_EQ(s.predicted_scale_out_bytes(), r.scale_out_bytes);
   EXPECT_DOUBLE_EQ(s.predicted_comm_ms(), r.predicted_comm_seconds * 1e3);
   EXPECT_DOUBLE_EQ(s.expert_imbalance(), r.expert_imbalance);
   EXPECT_DOUBLE_EQ(s.rank_imbalance(), r.rank_imbalance);
