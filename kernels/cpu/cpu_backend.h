@@ -155,7 +155,9 @@ class CpuBackend final : public Backend {
   std::atomic<size_t> used_{0};
   std::atomic<int64_t> copies_to_host_{0};
   std::unique_ptr<ThreadPool> pool_;  // fast path only
-  cpu_fast::RopeTable rope_table_;    // fast path: each position's RoPE angles, grown as positions come
+  // Fast path: each position's RoPE angles, grown as positions come. Rope writes it: like every
+  // op here, one caller at a time (each rank and each engine has its own backend).
+  cpu_fast::RopeTable rope_table_;
 };
 
 }  // namespace moeserve

@@ -156,10 +156,11 @@ void Angles(int32_t position, const std::vector<double>& inv_freq, float* cs, fl
 
 }  // namespace
 
-void RopeTable::Cover(ThreadPool& pool, int64_t upto, float t, int64_t hd) {
-  if (t != theta || hd != head_dim) *this = RopeTable{t, hd, 0, {}, {}};
+bool RopeTable::Cover(ThreadPool& pool, int64_t upto, float t, int64_t hd) {
+  if (positions == 0) theta = t, head_dim = hd;
+  if (t != theta || hd != head_dim) return false;  // the first (theta, head size) keeps the table
   upto = std::min(upto, kMaxPositions);
-  if (upto <= positions) return;
+  if (upto <= positions) return true;
   const int64_t rows = std::min(kMaxPositions, std::max(upto, 2 * positions)), half = hd / 2;  // amortised growth
   cs.resize(static_cast<size_t>(rows * half));
   sn.resize(static_cast<size_t>(rows * half));
@@ -170,13 +171,17 @@ void RopeTable::Cover(ThreadPool& pool, int64_t upto, float t, int64_t hd) {
     }
   });
   positions = rows;
+  return true;
 }
 
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,
           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float theta, RopeTable* table) {
   const int64_t half = head_dim / 2;
   const std::vector<double> inv_freq = InverseFrequencies(theta, head_dim);
-  if (table != nullptr && n > 0) table->Cover(pool, *std::max_element(positions, positions + n) + 1, theta, head_dim);
+  if (table != nullptr && (n == 0 || !table->Cover(pool, static_cast<int64_t>(*std::max_element(positions, positions + n)) + 1,
+                                                   theta, head_dim))) {
+    table = nullptr;
+  }
   pool.ParallelFor(n, 8, [&](int64_t b, int64_t e) {
     std::vector<float> own_cs(half), own_sn(half);
     for (int64_t t = b; t < e; ++t) {

@@ -43,13 +43,16 @@ void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows
 // so that a step's tokens take them from memory instead of computing them once per layer (1.5%
 // of a 2000-token prefill's samples went to sincos). Positions from kMaxPositions on are
 // computed as before.
+// At most kMaxPositions x head_dim floats (16 MiB at head size 128), per CPU backend.
 struct RopeTable {
   static constexpr int64_t kMaxPositions = 1 << 15;
   float theta = 0;
   int64_t head_dim = 0, positions = 0;  // rows held: positions [0, positions)
   std::vector<float> cs, sn;            // [positions, head_dim / 2]
-  // Grows to hold [0, upto) (at most kMaxPositions) for theta and head_dim, rebuilt if those differ.
-  void Cover(ThreadPool& pool, int64_t upto, float theta, int64_t head_dim);
+  // Grows to hold [0, upto) (at most kMaxPositions) for theta and head_dim; false (and nothing
+  // changes) for another theta or head size than the table was first filled for, whose callers
+  // compute their angles per call (a backend shared by two RoPE shapes does not rebuild it each time).
+  bool Cover(ThreadPool& pool, int64_t upto, float theta, int64_t head_dim);
 };
 // `table` (may be null) is grown to the step's positions and read where it holds them.
 void Rope(ThreadPool& pool, float* q, float* k, const int32_t* positions, int64_t n,

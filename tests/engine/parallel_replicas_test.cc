@@ -33,6 +33,7 @@ ForwardInput SenderPart(const ForwardInput& in, int64_t ep, int64_t s) {
 
 // Each layer's busiest EP rank's rows and experts computed, summed over layers, over the mean
 // rank's, from each sender's rows per (layer, expert) and the placement, by the dispatch's rule.
+// Sender s is EP rank s of the only stage: the layouts here have pp 1.
 std::pair<double, double> Imbalance(const std::vector<std::vector<int64_t>>& sent, const ExpertHolderTable& holders,
                                     int64_t ep, int64_t domain, int64_t experts) {
   const int64_t d = domain > 0 && domain < ep ? domain : ep;
@@ -82,6 +83,17 @@ TEST_P(ParallelTest, ReplicatedLayoutsImbalanceFollowsTheSplitRule) {
       sent.push_back(one.layer_expert_rows);
     }
     const ParallelConfig config = ToConfig(l, &config_);
+    // The layout must hold copies (else both sides would agree without testing the split), and
+    // with domains, copies of one expert in different ones.
+    bool copied = false, across = false;
+    for (const auto& layer : config.Holders(config_)) {
+      for (const auto& h : layer) {
+        copied = copied || h.size() >= 2;
+        across = across || (l.domain > 0 && h.size() >= 2 && h.front() / l.domain != h.back() / l.domain);
+      }
+    }
+    ASSERT_TRUE(copied) << Name(l);
+    if (l.domain > 0) ASSERT_TRUE(across) << Name(l);
     auto x = ParallelExecutor::Create(config, weights_.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
     std::vector<float> got;

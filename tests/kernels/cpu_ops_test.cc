@@ -163,30 +163,36 @@ TEST_F(CpuOpsTest, RopeRotateHalfConvention) {
   EXPECT_NEAR(k[3], std::sin(0.1), 1e-6);
 }
 
-// The fast path's table of angles (kept across calls, grown to the positions seen, rebuilt for
-// another theta or head size, and bypassed past its last row) gives the bits of computing them
-// per call.
+// The fast path's table of angles (kept across calls, grown step by step to the positions seen,
+// bypassed past its last row, for a negative position, and for another theta or head size than
+// it was filled for) gives the bits of computing them per call.
 TEST_F(CpuOpsTest, RopeTableGivesTheAnglesBits) {
   const uint32_t seed = std::random_device{}();
   std::mt19937 gen(seed);
   ThreadPool pool(2);
   cpu_fast::RopeTable table;
-  const int64_t n = 37, qh = 4, kh = 2;
-  std::uniform_int_distribution<int32_t> near(0, 3000), far(0, cpu_fast::RopeTable::kMaxPositions + 5000);
-  for (const auto& [hd, theta, wide] : std::vector<std::tuple<int64_t, float, bool>>{
-           {64, 10000.0f, false}, {64, 10000.0f, true}, {128, 1e6f, false}, {64, 500000.0f, true}}) {
+  const int64_t n = 37, qh = 4, kh = 2, edge = cpu_fast::RopeTable::kMaxPositions;
+  // Rising largest positions grow the table in steps; then its edge; then other shapes.
+  for (const auto& [hd, theta, most] : std::vector<std::tuple<int64_t, float, int32_t>>{
+           {64, 10000.0f, 10}, {64, 10000.0f, 100}, {64, 10000.0f, 3000}, {64, 10000.0f, 5000},
+           {64, 10000.0f, static_cast<int32_t>(edge + 5000)}, {128, 1e6f, 3000}, {64, 500000.0f, 200}}) {
+    std::uniform_int_distribution<int32_t> pick(0, most);
     std::vector<int32_t> pos(n);
-    for (int32_t& p : pos) p = wide ? far(gen) : near(gen);
-    pos[0] = cpu_fast::RopeTable::kMaxPositions - 1, pos[1] = cpu_fast::RopeTable::kMaxPositions;  // the table's edge
+    for (int32_t& p : pos) p = pick(gen);
+    pos[0] = most, pos[1] = -1;
+    if (most > edge) pos[2] = static_cast<int32_t>(edge - 1), pos[3] = static_cast<int32_t>(edge);
     auto q = RandomFloats(n * qh * hd, seed), k = RandomFloats(n * kh * hd, seed + 1);
     auto q1 = q, k1 = k;
     cpu_fast::Rope(pool, q.data(), k.data(), pos.data(), n, qh, kh, hd, theta, nullptr);
     cpu_fast::Rope(pool, q1.data(), k1.data(), pos.data(), n, qh, kh, hd, theta, &table);
-    EXPECT_EQ(table.head_dim, hd);
-    EXPECT_EQ(0, std::memcmp(q.data(), q1.data(), q.size() * sizeof(float))) << "hd " << hd << " theta " << theta << " (seed " << seed << ")";
-    EXPECT_EQ(0, std::memcmp(k.data(), k1.data(), k.size() * sizeof(float))) << "hd " << hd << " theta " << theta << " (seed " << seed << ")";
+    const std::string at = "hd " + std::to_string(hd) + " theta " + std::to_string(theta) + " up to " +
+                           std::to_string(most) + " (seed " + std::to_string(seed) + ")";
+    EXPECT_EQ(0, std::memcmp(q.data(), q1.data(), q.size() * sizeof(float))) << at;
+    EXPECT_EQ(0, std::memcmp(k.data(), k1.data(), k.size() * sizeof(float))) << at;
+    if (hd == 64 && theta == 10000.0f) EXPECT_GE(table.positions, std::min<int64_t>(most + 1, edge)) << at;
   }
-  EXPECT_LE(table.positions, cpu_fast::RopeTable::kMaxPositions);
+  EXPECT_EQ(table.head_dim, 64) << "the first shape keeps the table";
+  EXPECT_EQ(table.positions, edge);
 }
 
 TEST_F(CpuOpsTest, RouterTopKPicksTheLargestLogits) {

@@ -80,12 +80,13 @@ TEST(FusedSwiGluTest, SiluMulRow16GivesSiluMulRowsBits) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> wide(-120.0f, 120.0f), unit(-3.0f, 3.0f);
   std::vector<float> g, u;
-  for (int i = 0; i < 4096; ++i) g.push_back(i % 2 ? wide(gen) : unit(gen)), u.push_back(unit(gen));
   const float inf = std::numeric_limits<float>::infinity();
+  // The edges first, inside the 16-lane loop (padded to whole vectors), then random values.
   for (float v : {0.0f, -0.0f, 87.3f, -87.3f, 88.3f, -88.3f, 89.0f, -89.0f, 103.9f, -103.9f, 1e-40f, -1e-40f, inf, -inf,
-                  std::numeric_limits<float>::quiet_NaN()}) {
+                  std::numeric_limits<float>::quiet_NaN(), 1.0f}) {
     g.push_back(v), u.push_back(1.5f);
   }
+  for (int i = 0; i < 4096 + 7; ++i) g.push_back(i % 2 ? wide(gen) : unit(gen)), u.push_back(unit(gen));
   const int64_t n = static_cast<int64_t>(g.size());  // not a multiple of 16: the tail too
   std::vector<float> want(g.size()), got(g.size());
   cpu_fast::SiluMulRow(g.data(), u.data(), n, want.data());
