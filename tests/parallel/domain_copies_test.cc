@@ -64,6 +64,18 @@ TEST(DomainCopiesTest, AnExpertsCopiesSitInDistinctDomains) {
   }
 }
 
+// A layer where EPLB's rule gets stuck (6 ranks in domains of 3, 8 experts, 4 copies): the copies
+// in order of load per copy are e2, e3, e5, e7 e7, e1 e1, e0 e0, e6 e6, e4 (e7, e1, e0, e6 take the
+// copies); dealt round robin over the ranks 0, 3, 1, 4, 2, 5 (the domains alternating), an
+// expert's two copies land in different domains. That deal leaves the busiest rank lighter than
+// the copies added to the balanced placement, so it is the one kept.
+TEST(DomainCopiesTest, WhereTheRuleIsStuckTheDealKeepsCopiesApart) {
+  const ExpertLoad load{1, 8, {73, 91, 64, 51, 2, 50, 71, 93}};
+  using L = std::vector<std::vector<int32_t>>;
+  EXPECT_EQ(ExpertHolders(1, 8, 6, ExpertPlacement::kBalanced, &load, 4, 3)[0],
+            (L{{1, 3}, {0, 5}, {0}, {3}, {5}, {1}, {2, 4}, {2, 4}}));
+}
+
 // The traffic by the rule, counted over every sender q (1 / ep of the tokens), expert (its
 // share) and holder: the oracle ExpectedTraffic must equal.
 RoutedTraffic CountedTraffic(const ExpertHolderTable& h, const ExpertLoad& load, int64_t ep, int64_t domain) {
