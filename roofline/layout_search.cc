@@ -49,8 +49,7 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
     p.kv_bytes_per_device = KvBytesPerDevice(s.model, c.layout, n, s.context);
     p.fits = c.weights_fit && p.micro_batch <= c.max_micro_batch;
     StepShape shape = StepShape::Decode(p.micro_batch, s.context), engine = StepShape::Decode(n, s.context);
-    const int64_t ep_domain = layout.domain_size > 0 && layout.domain_size < ep ? layout.domain_size : 0;
-    if (auto r = s.routing.find({ep, ep_domain}); r != s.routing.end()) {
+    if (auto r = s.routing.find({ep, RoutingDomain(ep, layout.domain_size)}); r != s.routing.end()) {
       c.layout.routed_inside = r->second.routed_inside;
       c.layout.routed_outside = r->second.routed_outside;
       // Every micro-batch of the engine's step holds micro_batch tokens too.
@@ -76,6 +75,10 @@ LayoutCandidate Evaluate(const LayoutSearch& s, const ParallelLayout& layout) {
 
 }  // namespace
 
+int64_t RoutingDomain(int64_t ep, int64_t domain_size) {
+  return domain_size > 0 && domain_size < ep && ep % domain_size == 0 ? domain_size : 0;
+}
+
 std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
   const std::vector<int64_t> domains =
       s.domain_sizes.empty() ? std::vector<int64_t>{s.hw.scale_up_domain} : s.domain_sizes;
@@ -92,8 +95,7 @@ std::vector<LayoutCandidate> ExploreLayouts(const LayoutSearch& s) {
         if (!CheckDomainSize(layout, "scale_up_domain").ok()) continue;
         // A recorded routing without a placement for this (ep, EP domain): one serve refuses
         // (more expert copies than domains allow).
-        const int64_t ep_domain = layout.domain_size > 0 && layout.domain_size < ep ? layout.domain_size : 0;
-        if (!s.routing.empty() && s.routing.count({ep, ep_domain}) == 0) continue;
+        if (!s.routing.empty() && s.routing.count({ep, RoutingDomain(ep, layout.domain_size)}) == 0) continue;
         if (std::find(done.begin(), done.end(), layout.domain_size) != done.end()) continue;
         done.push_back(layout.domain_size);
         out.push_back(Evaluate(s, layout));

@@ -66,6 +66,11 @@ struct LayoutSearch {
   int64_t expert_copies_per_rank = 0;
 };
 
+// The EP ranks per domain a layout of `ep` ranks over domains of `domain_size` is routed by (the
+// key beside ep in LayoutSearch::routing): the domain size where it cuts the EP group into whole
+// domains, else 0 (one domain).
+int64_t RoutingDomain(int64_t ep, int64_t domain_size);
+
 // Every (ep, pp, domain) with ep dividing the experts, pp <= layers, ep x pp <= devices, and each
 // domain size of the search: the ranks fill domains of that size in order when they outnumber
 // it (domain_size 0 when they fit one; a layout appears once per distinct domain_size, and not

@@ -93,7 +93,7 @@ absl::Status SetRouting(const ExploreOptions& o, const ModelConfig& config, roof
   for (int64_t ep = 1; ep <= std::min(s->devices, s->experts); ++ep) {
     if (s->experts % ep != 0) continue;
     for (int64_t d : domains) {
-      const int64_t ep_domain = d > 0 && d < ep && ep % d == 0 ? d : 0;
+      const int64_t ep_domain = roofline::RoutingDomain(ep, d);
       if (s->routing.count({ep, ep_domain}) > 0) continue;
       const int64_t replicas = ep > 1 ? copies * ep : 0;
       // More copies than one per domain: serve refuses the layout, so explore does not price it.
