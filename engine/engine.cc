@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   if (ranks != nullptr) {
     // Where the ranks send the experts' rows as bf16 (their GEMMs round them anyway), price that.
     if (ranks->bf16_dispatch()) engine->costs_.dispatch_act_bytes = 2;
+    ASSIGN_OR_RETURN(engine->rebalancer_, ExpertRebalancer::Create(config.parallel, weights->config(), ranks.get()));
     engine->executor_ = std::move(ranks);
   } else {
     engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);
@@ -323,6 +324,7 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // File I/O stays outside the lock that Submit takes.
   if (trace_.enabled()) trace_.Write(rec, pool_.num_used());
+  if (rebalancer_ != nullptr) Rebalance(run.stats.layer_expert_rows, rec.step);
   for (auto& [live, reason] : finishing) Finish(*live, reason, "");
   return true;
 }
@@ -352,6 +354,7 @@ EngineStats Engine::GetStats() const {
   s.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
   s.backend = backend_->Name();
   s.kernel_numerics = backend_->KernelNumerics();
+  s.has_eplb = rebalancer_ != nullptr;
   if (tiers_ != nullptr) {
     s.has_tiers = true;
     s.tiers = tiers_->stats();

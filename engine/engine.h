@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/histogram.h"
+#include "engine/expert_rebalancer.h"
 #include "engine/live_request.h"
 #include "runner/executor.h"
 #include "runner/parallel_executor.h"
@@ -69,6 +70,12 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t swaps = 0;  // preemptions that swapped out
   int64_t kv_blocks_retained = 0;
+  // Re-placing the experts while serving (--eplb-interval): re-placements that moved experts,
+  // the experts copied and their bytes, the time they took, and the busiest EP rank's tokens
+  // over the mean rank's under the last window's routing after the latest one (0: none yet).
+  bool has_eplb = false;
+  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0;
+  double eplb_bytes_copied = 0, eplb_seconds = 0, eplb_rank_imbalance = 0;
   // Cumulative over all steps, so clients can difference two snapshots.
   double uptime_seconds = 0.0;   // since the engine was created
   double busy_seconds = 0.0;     // sum of step durations
@@ -159,6 +166,8 @@ class Engine {
   void Loop();
   // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
   void UpdateGaugesLocked();
+  // After a model step: its routing to the rebalancer, and a re-placement's report (loop thread).
+  void Rebalance(const std::vector<int64_t>& routed, int64_t step);
   // Swap-or-recompute costs: the roofline with a hardware profile, else measured rates.
   std::unique_ptr<PreemptionPolicy> MakePreemptionPolicy() const;
 
@@ -173,6 +182,7 @@ class Engine {
   uint64_t fingerprint_;  // of the model, keys the prefix cache in every tier
   Scheduler scheduler_;
   std::unique_ptr<Executor> executor_;  // the engine's own device, or the layout's ranks
+  std::unique_ptr<ExpertRebalancer> rebalancer_;  // --eplb-interval: re-places the ranks' experts
   // After the pool and scheduler that point to it, and after the executor whose devices hold
   // the blocks it copies (destroyed first, it waits for its copies while they still exist).
   std::unique_ptr<KvTiers> tiers_;

@@ -1,5 +1,6 @@
 // The engine's thread: the loop that runs steps, offline runs, start and stop, and what the
-// engine does once it has failed (a rank of its MPI job lost).
+// engine does once it has failed (a rank of its MPI job lost), and re-placing experts between
+// steps (--eplb-interval).
 #include <cstdio>
 
 #include "core/status.h"
@@ -107,6 +108,30 @@ void Engine::Stop(const std::string& reason) {
   std::vector<uint64_t> ids;
   for (auto& [id, l] : live_) ids.push_back(id);
   for (uint64_t id : ids) Finish(*live_.at(id), FinishReason::kCancelled, reason);
+}
+
+void Engine::Rebalance(const std::vector<int64_t>& routed, int64_t step) {
+  const auto done = rebalancer_->Observe(routed);
+  if (!done.has_value()) return;
+  const int64_t window = rebalancer_->window_steps();
+  if (!done->ok()) {  // a rank's device full, say: the placement stays, serving goes on
+    std::fprintf(stderr, "EPLB at step %lld: re-placing the experts failed, the placement is kept: %s\n",
+                 static_cast<long long>(step), std::string(done->status().message()).c_str());
+    return;
+  }
+  const ExpertReplacement& r = **done;
+  std::fprintf(stderr,
+               "EPLB at step %lld: %lld MoE layers re-placed; busiest EP rank over the mean under the last %lld "
+               "steps' routing %.3f -> %.3f; %lld experts copied (%.1f MiB) in %.1f ms\n",
+               static_cast<long long>(step), static_cast<long long>(r.layers_changed), static_cast<long long>(window),
+               r.imbalance_before, r.imbalance_after, static_cast<long long>(r.experts_copied),
+               r.bytes_copied / 1048576.0, r.seconds * 1e3);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r.layers_changed > 0) ++counters_.eplb_rearrangements;
+  counters_.eplb_experts_copied += r.experts_copied;
+  counters_.eplb_bytes_copied += r.bytes_copied;
+  counters_.eplb_seconds += r.seconds;
+  counters_.eplb_rank_imbalance = r.imbalance_after;
 }
 
 }  // namespace moeserve

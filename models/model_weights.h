@@ -64,6 +64,20 @@ absl::Status LoadRoutedExperts(const ModelConfig& c, int64_t l, DType dtype, con
 // shared_w2): DeepSeek's and GLM's first layers, Qwen-MoE's mlp_only_layers.
 absl::Status LoadDenseMlp(int64_t l, DType dtype, Uploader& up, LayerWeights* lw);
 
+// Experts copied for a shard and not yet in use (ModelWeights::StageExperts).
+struct StagedExperts {
+  struct Copy {
+    int64_t layer;
+    size_t expert;
+    WeightRef w13, w2;
+  };
+  int64_t layer_begin = 0;
+  std::vector<std::vector<bool>> held;  // [layer - layer_begin][expert]: held once committed
+  std::vector<Copy> copies;
+  std::vector<DeviceBuffer> buffers;  // the copies' memory
+  size_t bytes = 0;
+};
+
 class ModelWeights {
  public:
   // `dtype` is the storage dtype of the matrices (f32 or bf16); norms and router stay fp32.
@@ -80,6 +94,15 @@ class ModelWeights {
   // that device's capacity. Weights outside the shard keep their shapes but no data.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Shard(const ModelWeights& full, Backend* from,
                                                              const WeightShard& shard, Backend* to);
+
+  // Re-placing the routed experts of this shard (made by Shard from `full` on `from`) while
+  // serving (EPLB), in two parts so that several ranks switch together or not at all:
+  // StageExperts copies the experts `shard` holds and this shard lacks onto `to` (its layers
+  // must be this shard's; a failure, such as a full device, changes nothing); CommitExperts
+  // then frees the experts `shard` drops and puts the copies in use (it cannot fail).
+  absl::StatusOr<StagedExperts> StageExperts(const ModelWeights& full, Backend* from, const WeightShard& shard,
+                                             Backend* to) const;
+  void CommitExperts(StagedExperts staged);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -111,6 +134,8 @@ class ModelWeights {
 
  private:
   ModelWeights() = default;
+  // Frees the buffers behind `m` (its data, and an FP8 matrix's scales) and leaves its shape.
+  void FreeMatrix(WeightRef* m);
   ModelConfig config_;
   DType dtype_ = DType::kF32;
   WeightRef embed_, lm_head_;

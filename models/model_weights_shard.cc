@@ -1,5 +1,7 @@
 // ModelWeights::Shard: a rank's part of weights already loaded, copied onto its own device.
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/status.h"
 #include "kernels/weight_layout.h"
@@ -129,7 +131,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
   w->config_ = c;
   w->dtype_ = full.dtype_;
   w->content_digest_ = full.content_digest_;
-  ShardCopier copier{from, to, &w->buffers_, &w->total_bytes_};
+  ShardCopier copier{from, to, &w->buffers_, &w->total_bytes_, {}};
   auto matrix = [&](const WeightRef& m) { return copier.Matrix(m); };
   auto vec = [&](const float* v, int64_t n) { return copier.Vec(v, n); };
   auto shape_only = [](WeightRef m) {
@@ -164,6 +166,59 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
     }
   }
   return w;
+}
+
+absl::StatusOr<StagedExperts> ModelWeights::StageExperts(const ModelWeights& full, Backend* from,
+                                                       const WeightShard& shard, Backend* to) const {
+  if (full.released_) return absl::FailedPreconditionError("re-placing experts: the full weights were released");
+  ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(config_, shard));
+  const int64_t end = shard.layer_end < 0 ? config_.num_hidden_layers : shard.layer_end;
+  StagedExperts out;
+  out.layer_begin = shard.layer_begin;
+  out.held = held;
+  ShardCopier copier{from, to, &out.buffers, &out.bytes, {}};
+  for (int64_t l = shard.layer_begin; l < end; ++l) {
+    const std::vector<bool>& h = held[static_cast<size_t>(l - shard.layer_begin)];
+    const LayerWeights& mine = layers_[static_cast<size_t>(l)];
+    const LayerWeights& source = full.layers_[static_cast<size_t>(l)];
+    for (size_t e = 0; e < mine.w13.size(); ++e) {
+      if (!h[e] || mine.w13[e].data != nullptr) continue;
+      StagedExperts::Copy c{l, e, {}, {}};
+      ASSIGN_OR_RETURN(c.w13, copier.Matrix(source.w13[e]));
+      ASSIGN_OR_RETURN(c.w2, copier.Matrix(source.w2[e]));
+      out.copies.push_back(c);
+    }
+  }
+  return out;
+}
+
+void ModelWeights::CommitExperts(StagedExperts staged) {
+  for (size_t i = 0; i < staged.held.size(); ++i) {
+    LayerWeights& mine = layers_[static_cast<size_t>(staged.layer_begin) + i];
+    for (size_t e = 0; e < mine.w13.size(); ++e) {
+      if (mine.w13[e].data == nullptr || staged.held[i][e]) continue;
+      FreeMatrix(&mine.w13[e]);
+      FreeMatrix(&mine.w2[e]);
+    }
+  }
+  for (const StagedExperts::Copy& c : staged.copies) {
+    layers_[static_cast<size_t>(c.layer)].w13[c.expert] = c.w13;
+    layers_[static_cast<size_t>(c.layer)].w2[c.expert] = c.w2;
+  }
+  for (DeviceBuffer& b : staged.buffers) buffers_.push_back(std::move(b));
+  total_bytes_ += staged.bytes;
+}
+
+void ModelWeights::FreeMatrix(WeightRef* m) {
+  for (const void* p : {m->data, static_cast<const void*>(m->scales)}) {
+    if (p == nullptr) continue;
+    auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const DeviceBuffer& b) { return b.data() == p; });
+    if (it == buffers_.end()) continue;  // not a buffer of its own (cannot happen for an expert's matrix)
+    total_bytes_ -= std::min(total_bytes_, it->bytes());
+    buffers_.erase(it);
+  }
+  m->data = nullptr;
+  m->scales = nullptr;
 }
 
 }  // namespace moeserve

@@ -14,13 +14,23 @@ namespace moeserve {
 MoeModel::MoeModel(const ModelWeights* weights, Backend* backend, ModelShard shard)
     : weights_(weights), backend_(backend), shard_(std::move(shard)) {
   if (shard_.layer_end < 0) shard_.layer_end = config().num_hidden_layers;
-  if (expert_parallel()) {
-    const ModelConfig& c = config();
-    dispatch_ = std::make_unique<ExpertDispatch>(
-        backend, shard_.ep, shard_.expert_holders,
-        ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok},
-        shard_.ep_domain_size);
-  }
+  MakeDispatch();
+}
+
+void MoeModel::MakeDispatch() {
+  if (!expert_parallel()) return;
+  const ModelConfig& c = config();
+  const bool bf16 = dispatch_ != nullptr && dispatch_->bf16_rows();
+  dispatch_ = std::make_unique<ExpertDispatch>(
+      backend_, shard_.ep, shard_.expert_holders,
+      ExpertDispatchShape{c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok},
+      shard_.ep_domain_size);
+  dispatch_->set_bf16_rows(bf16);
+}
+
+void MoeModel::SetExpertHolders(std::vector<std::vector<std::vector<int32_t>>> holders) {
+  shard_.expert_holders = std::move(holders);
+  MakeDispatch();
 }
 
 // What the families add between the projections and RoPE: Qwen2-MoE's q/k/v biases, Qwen3-MoE's

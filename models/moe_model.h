@@ -119,6 +119,10 @@ class MoeModel {
   void SetBf16Dispatch(bool on) {
     if (dispatch_ != nullptr) dispatch_->set_bf16_rows(on);
   }
+  // Expert parallelism: a new placement (ModelShard::expert_holders of this rank's layers), taken
+  // between steps, every rank of the group at once (ParallelExecutor::ReplaceExperts); the
+  // weights must already hold this rank's experts under it.
+  void SetExpertHolders(std::vector<std::vector<std::vector<int32_t>>> holders);
 
  private:
   // Device scratch buffers, grown on demand and reused across steps.
@@ -168,6 +172,8 @@ class MoeModel {
   // scaled by sigmoid(gate_w . xn) when `gate` is given.
   void Mlp(const WeightRef& w13, const WeightRef& w2, int64_t inter, int64_t tokens, const WeightRef* gate);
   bool expert_parallel() const { return shard_.ep != nullptr && shard_.ep->size() > 1; }
+  // The dispatch over the EP group for shard_'s holders (keeping the wire's dtype).
+  void MakeDispatch();
 
   const ModelWeights* weights_;
   Backend* backend_;

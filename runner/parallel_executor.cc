@@ -37,10 +37,12 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
   }
   if (expert_replicas != 0) {
     const int64_t e = c.num_local_experts;
-    if (placement != ExpertPlacement::kBalanced || ep < 2) {
+    if ((placement != ExpertPlacement::kBalanced && !(eplb_interval > 0 && placement == ExpertPlacement::kContiguous)) ||
+        ep < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
-          "--expert-placement balanced --expert-load FILE; got --expert-replicas ", expert_replicas, " with --ep ", ep));
+          "--expert-placement balanced --expert-load FILE (or --eplb-interval N); got --expert-replicas ",
+          expert_replicas, " with --ep ", ep));
     }
     const int64_t most = MaxReplicas(e, ep, EpDomainSize());
     if (expert_replicas < 0 || expert_replicas > most || (e + expert_replicas) % ep != 0) {
@@ -51,6 +53,16 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
                                                      ") with the model's ", e,
                                                      " experts plus the replicas a multiple of --ep, got ", expert_replicas));
     }
+  }
+  if (eplb_interval < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--eplb-interval must be >= 0 steps, got ", eplb_interval));
+  }
+  if (eplb_interval > 0 && (ep < 2 || processes > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eplb-interval re-places experts over EP ranks running as threads: it needs --ep 2 or more (got --ep ", ep,
+        ")", processes > 0 ? " and no mpirun (a process would have to read its new experts from the checkpoint, "
+                             "which moeserve does not do)"
+                           : ""));
   }
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
@@ -75,6 +87,13 @@ std::string ParallelConfig::Name() const {
 }
 
 ExpertHolderTable ParallelConfig::Holders(const ModelConfig& model) const {
+  if (expert_replicas > 0 && placement != ExpertPlacement::kBalanced) {
+    // --eplb-interval without a recorded load: the copies start as a balanced placement of even
+    // routing (the lowest-numbered experts copied) until the first re-placement.
+    const int64_t l = model.num_hidden_layers, e = model.num_local_experts;
+    const ExpertLoad even{l, e, std::vector<int64_t>(static_cast<size_t>(l * e), 1)};
+    return ExpertHolders(l, e, ep, ExpertPlacement::kBalanced, &even, expert_replicas, EpDomainSize());
+  }
   return ExpertHolders(model.num_hidden_layers, model.num_local_experts, ep, placement, expert_load.get(),
                        expert_replicas, EpDomainSize());
 }
@@ -223,6 +242,7 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   }
   std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
   x->weights_ = weights;
+  x->weights_backend_ = weights_backend;
   x->kv_ = kv;
   x->PlanLayout(c);
   RETURN_IF_ERROR(processes != nullptr ? x->JoinProcesses(weights_backend, backends)

@@ -60,6 +60,11 @@ struct ParallelConfig {
   // The expert-parallel rows may travel as bf16 where every rank's expert GEMM rounds them to
   // bf16 anyway (false: always fp32, for comparison; --fp32-dispatch).
   bool bf16_dispatch = true;
+  // Re-placing the experts while serving (vLLM's EPLB): every eplb_interval engine steps (0:
+  // never), the engine re-places them from the routing of the last eplb_window steps
+  // (ParallelExecutor::ReplaceExperts).
+  int64_t eplb_interval = 0;
+  int64_t eplb_window = 1000;
   bool enabled() const { return ep * pp > 1; }
   // EP ranks per domain within a stage's EP group when the group spans several domains, else 0.
   int64_t EpDomainSize() const { return domain_size > 0 && domain_size < ep ? domain_size : 0; }
@@ -81,6 +86,21 @@ struct RankLayout {
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;
+
+// A re-placement changes a layer only where its busiest rank gets at least this much lighter:
+// below it, copying experts would cost more than the balance it buys.
+inline constexpr double kEplbMinGain = 0.02;
+
+// What one re-placement of the experts while serving did (ParallelExecutor::ReplaceExperts).
+struct ExpertReplacement {
+  int64_t layers_changed = 0;   // MoE layers whose placement changed
+  int64_t experts_copied = 0;   // (rank, layer, expert) copies made onto ranks that lacked them
+  double bytes_copied = 0;      // their weights' bytes
+  double seconds = 0;           // wall time, copies included
+  // The busiest rank's tokens over the mean rank's, summed over the MoE layers, under the load
+  // re-placed for: before and after (1 is even).
+  double imbalance_before = 1, imbalance_after = 1;
+};
 
 // The weights rank `rank` (= stage * ep + ep rank) of the layout holds: its stage's layers and
 // its experts. What a process rank reads from the checkpoint.
@@ -131,6 +151,8 @@ class ParallelExecutor final : public Executor {
   // The whole cache the ranks' arenas cut up (Create's `kv`).
   const KvLayout& cache_layout() const { return kv_; }
   const std::vector<RankLayout>& layout() const { return layout_; }
+  // Every layer's expert placement now (ReplaceExperts changes it).
+  const ExpertHolderTable& holders() const { return holders_; }
   // Where the routed rows are expected to travel under this placement (the roofline's prices).
   const RoutedTraffic& traffic() const { return traffic_; }
   // One line per rank: "rank 0: stage 0 layers [0, 2) ep 0 experts 0-3".
@@ -144,6 +166,17 @@ class ParallelExecutor final : public Executor {
   std::vector<Backend*> backends() const;
   // Bytes in use on each of those ranks' devices (weights, KV arena, workspaces), and capacity.
   std::vector<std::pair<size_t, size_t>> device_bytes() const;
+
+  // Re-places the experts while serving (EPLB; --eplb-interval), from the routing in `load`:
+  // per MoE layer, the balanced placement of `load` with the layout's replicas and domains
+  // (parallel/placement.h), where it leaves that layer's busiest rank at least kEplbMinGain
+  // lighter under `load` than the current one. Each rank copies the experts it gains from the
+  // full weights and frees the ones it drops; a copy that fails leaves every rank's placement as
+  // it was. The output of a
+  // step does not change: placement moves work, not arithmetic. Between steps, from rank 0's
+  // thread; in-process ranks only (under mpirun a process would read its new experts from the
+  // checkpoint, which is not done: FAILED_PRECONDITION).
+  absl::StatusOr<ExpertReplacement> ReplaceExperts(const ExpertLoad& load);
 
   // Process ranks: a worker process's loop (WorkerLoop over MPI messages), until rank 0 sends
   // the shutdown message (OK) or a step fails (its error; the job must end).
@@ -200,6 +233,7 @@ class ParallelExecutor final : public Executor {
   ParallelConfig config_;
   ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
+  Backend* weights_backend_ = nullptr;         // where weights_ lives (the experts re-placed come from it)
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
   ExpertHolderTable holders_;                  // every layer's expert placement (PlanLayout)
   RoutedTraffic traffic_;                      // ExpectedTraffic of holders_

@@ -109,6 +109,18 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
       static_cast<double>(s.generated_tokens));
   Add(&out, "num_preemptions_total", "Sequences preempted under KV pressure", C, static_cast<double>(s.preemptions));
   Add(&out, "num_swaps_total", "Preemptions that swapped the KV to host DDR", C, static_cast<double>(s.swaps));
+  if (s.has_eplb) {
+    Add(&out, "eplb_rearrangements_total", "Re-placements of the experts while serving that moved experts", C,
+        static_cast<double>(s.eplb_rearrangements));
+    Add(&out, "eplb_experts_copied_total", "Experts copied onto EP ranks by re-placements", C,
+        static_cast<double>(s.eplb_experts_copied));
+    Add(&out, "eplb_copied_bytes_total", "Weight bytes copied by re-placements", C, s.eplb_bytes_copied);
+    Add(&out, "eplb_seconds_total", "Time spent re-placing experts (between steps)", C, s.eplb_seconds);
+    Add(&out, "eplb_rank_imbalance",
+        "Busiest EP rank's tokens over the mean rank's under the last window's routing, after the latest "
+        "re-placement (0: none yet)",
+        G, s.eplb_rank_imbalance);
+  }
   Add(&out, "steps_total", "Engine steps", C, static_cast<double>(s.steps));
   Add(&out, "busy_seconds_total", "Time spent in steps", C, s.busy_seconds);
   Add(&out, "step_sequences_total", "Sequences over all steps (mean batch = this / steps_total)", C,

@@ -167,6 +167,17 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                 "halves those bytes without changing a bit of the output (for comparison)");
   cmd->add_option("--micro-batches", f->config.parallel.micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
+  cmd->add_option("--eplb-interval", f->config.parallel.eplb_interval,
+                  "With --ep (ranks as threads): every this many engine steps, re-place the experts while serving "
+                  "(vLLM's EPLB): per MoE layer, the balanced placement of the last --eplb-window steps' routing, "
+                  "with --expert-replicas copies, where it leaves that layer's busiest rank at least 2% lighter. Each rank "
+                  "copies "
+                  "the experts it gains from the staging copy of the weights, which is then kept (the model's size "
+                  "in host memory); outputs do not change. 0: never")
+      ->capture_default_str();
+  cmd->add_option("--eplb-window", f->config.parallel.eplb_window,
+                  "With --eplb-interval: the engine steps of routing a re-placement evens out")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -190,11 +201,14 @@ absl::StatusOr<ExpertPlacement> ParseExpertPlacement(const std::string& name) {
 }
 
 absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
-  // Checked here, not only with the layout: one rank would otherwise ignore it.
-  if (p->expert_replicas != 0 && (p->ep < 2 || f.expert_placement != "balanced" || p->expert_replicas < 0)) {
+  // Checked here, not only with the layout: one rank would otherwise ignore it. With
+  // --eplb-interval the copies need no recorded load (ParallelConfig::Holders).
+  const bool placed = f.expert_placement == "balanced" || (p->eplb_interval > 0 && f.expert_placement == "contiguous");
+  if (p->expert_replicas != 0 && (p->ep < 2 || !placed || p->expert_replicas < 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--expert-replicas copies the hottest experts of a recorded load: it needs --ep 2 or more and "
-        "--expert-placement balanced --expert-load FILE, and a count >= 0; got --expert-replicas ",
+        "--expert-placement balanced --expert-load FILE (or --eplb-interval N, which places them while serving), "
+        "and a count >= 0; got --expert-replicas ",
         p->expert_replicas, " with --ep ", p->ep, " and --expert-placement ", f.expert_placement));
   }
   ASSIGN_OR_RETURN(p->placement, ParseExpertPlacement(f.expert_placement));
@@ -300,6 +314,11 @@ double ResidentMiB() {
 
 void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix) {
   if (!config.parallel.enabled()) return;
+  if (config.parallel.eplb_interval > 0) {
+    std::fprintf(stderr, "%skept the %.1f MiB staging copy of the weights: --eplb-interval copies experts from it\n",
+                 log_prefix, static_cast<double>(weights->total_bytes()) / 1048576.0);
+    return;
+  }
   const double staged_mb = static_cast<double>(weights->total_bytes()) / 1048576.0;
   const double rss_before = ResidentMiB();
   weights->ReleaseTensors();

@@ -1,0 +1,235 @@
+// Re-placing the experts while serving (--eplb-interval; ParallelExecutor::ReplaceExperts): a
+// step after a re-placement gives the logits one rank gives for the same two steps (its KV
+// written before the switch), the placement is the balanced one wherever that lightens a
+// layer's busiest rank, a device too small for the new experts changes nothing, and the engine
+// re-placing every few steps answers token for token as one rank. (Instantiated for every
+// model in parallel_test.cc.)
+#include "engine/expert_rebalancer.h"
+#include "tests/engine/parallel_fixture.h"
+
+namespace moeserve::parallel_test {
+namespace {
+
+// `in` cut in two steps over the same blocks: every sequence's tokens but its last (the
+// sequences of one token are absent from it), then each sequence's last token alone.
+std::pair<ForwardInput, ForwardInput> TwoSteps(const ForwardInput& in) {
+  std::pair<ForwardInput, ForwardInput> out;
+  for (ForwardInput* f : {&out.first, &out.second}) f->max_blocks_per_seq = in.max_blocks_per_seq;
+  for (int64_t j = 0; j < in.num_seqs; ++j) {
+    std::vector<int64_t> tokens;
+    for (int64_t t = 0; t < in.num_tokens(); ++t) {
+      if (in.token_seq[t] == j) tokens.push_back(t);
+    }
+    const std::vector<int64_t> parts[2] = {std::vector<int64_t>(tokens.begin(), tokens.end() - 1), {tokens.back()}};
+    for (int k = 0; k < 2; ++k) {
+      if (parts[k].empty()) continue;
+      ForwardInput& f = k == 0 ? out.first : out.second;
+      const auto row = in.block_tables.begin() + j * in.max_blocks_per_seq;
+      f.block_tables.insert(f.block_tables.end(), row, row + in.max_blocks_per_seq);
+      for (int64_t t : parts[k]) {
+        f.token_ids.push_back(in.token_ids[t]);
+        f.positions.push_back(in.positions[t]);
+        f.token_seq.push_back(static_cast<int32_t>(f.num_seqs));
+        f.slots.push_back(in.slots[t]);
+      }
+      f.logit_rows.push_back(static_cast<int32_t>(f.token_ids.size() - 1));
+      ++f.num_seqs;
+    }
+  }
+  return out;
+}
+
+// A skewed routing: a few experts of each MoE layer take most tokens.
+ExpertLoad SkewedLoad(const ModelConfig& c, uint32_t seed) {
+  std::mt19937 gen(seed);
+  ExpertLoad load{c.num_hidden_layers, c.num_local_experts, {}};
+  for (int64_t i = 0; i < load.layers * load.experts; ++i) {
+    const double u = std::uniform_real_distribution<double>(0, 1)(gen);
+    const bool dense = c.dense_layer(i / load.experts);  // routes nothing, as a recorded window
+    load.tokens.push_back(dense ? 0 : static_cast<int64_t>(1 + 10000 * u * u * u * u));
+  }
+  return load;
+}
+
+// What the re-placement must be: per layer, the balanced placement of `load` where it lowers
+// that layer's busiest rank, else the current one.
+ExpertHolderTable Expected(const ExpertHolderTable& now, const ExpertLoad& load, const ParallelConfig& p) {
+  const ExpertHolderTable best = ExpertHolders(load.layers, load.experts, p.ep, ExpertPlacement::kBalanced, &load,
+                                               p.expert_replicas, p.EpDomainSize());
+  const auto a = RankImbalance(now, load, p.ep), b = RankImbalance(best, load, p.ep);
+  ExpertHolderTable out = now;
+  for (size_t l = 0; l < out.size(); ++l) {
+    if (b[l] < a[l] * (1 - kEplbMinGain)) out[l] = best[l];  // a dense layer's rows are 1 and 1
+  }
+  return out;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double max_abs = 0, max_ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i]) && std::isfinite(want[i])) << what << " logit " << i;
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  EXPECT_LE(max_abs, 1e-5 * std::max(1.0, max_ref)) << what << ": max-abs " << max_abs << ", relative "
+                                                     << max_abs / std::max(1e-30, max_ref);
+}
+
+TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
+  std::mt19937 gen(seed_);
+  const int64_t block = 8, blocks = 64, experts = config_.num_local_experts;
+  const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
+  std::vector<int64_t> lens(6);
+  for (auto& len : lens) len = 2 + static_cast<int64_t>(gen() % 30);
+  auto Copies = [&](int64_t ep) { return ep + (ep - experts % ep) % ep; };
+  for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {2, 2}, {4, 1, ExpertPlacement::kContiguous, 0, Copies(4)},
+                                             {4, 1, ExpertPlacement::kContiguous, 0, Copies(4), 2}}) {
+    const auto [first, second] = TwoSteps(MakeStep(config_, blocks, block, l.ep, lens, seed_));
+    // The oracle: one rank, both steps on one cache.
+    auto kv = KvStorage::Create(&backend_, layout);
+    ASSERT_TRUE(kv.ok());
+    MoeModel one(weights_.get(), &backend_);
+    std::vector<float> want1, want2;
+    ASSERT_TRUE(one.Forward(first, layout, kv->data(), &want1).ok());
+    ASSERT_TRUE(one.Forward(second, layout, kv->data(), &want2).ok());
+
+    ParallelConfig p = ToConfig(l, &config_);
+    p.eplb_interval = 1;
+    auto x = ParallelExecutor::Create(p, weights_.get(), &backend_, layout, CpuRanks());
+    ASSERT_TRUE(x.ok()) << x.status();
+    std::vector<float> got;
+    ForwardStats fs;
+    ParallelStepStats ps;
+    ASSERT_TRUE((*x)->Forward(first, &got, &fs, &ps).ok()) << Name(l);
+    ExpectClose(got, want1, Name(l) + " before");
+
+    const ExpertLoad load = SkewedLoad(config_, seed_ + 7);
+    const ExpertHolderTable expected = Expected((*x)->holders(), load, p);
+    int64_t changes = 0;  // none where every rank holds one expert: no placement is lighter
+    for (size_t k = 0; k < expected.size(); ++k) changes += expected[k] != (*x)->holders()[k] ? 1 : 0;
+    auto r = (*x)->ReplaceExperts(load);
+    ASSERT_TRUE(r.ok()) << Name(l) << ": " << r.status();
+    EXPECT_EQ(r->layers_changed, changes) << Name(l) << " (seed " << seed_ << ")";
+    EXPECT_EQ(r->experts_copied > 0, changes > 0) << Name(l);
+    if (changes > 0) EXPECT_LT(r->imbalance_after, r->imbalance_before) << Name(l);
+    EXPECT_EQ((*x)->holders(), expected) << Name(l) << " (seed " << seed_ << ")";
+    for (const RankLayout& rl : (*x)->layout()) {
+      EXPECT_EQ(rl.experts, ExpertsOfRank(expected, rl.ep_rank, rl.layer_begin, rl.layer_end)) << Name(l);
+    }
+    got.clear();
+    ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok()) << Name(l);
+    ExpectClose(got, want2, Name(l) + " after the re-placement (seed " + std::to_string(seed_) + ")");
+    // The same load again: nothing left to gain, nothing copied.
+    auto again = (*x)->ReplaceExperts(load);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->layers_changed, 0) << Name(l);
+    EXPECT_EQ(again->experts_copied, 0) << Name(l);
+  }
+}
+
+// Rank devices with room for their shard, KV and a step's scratch but not one more expert: the
+// re-placement fails naming the rank, and the ranks keep their placement and their answers.
+TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
+  const int64_t block = 8, blocks = 64;
+  const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
+  const auto [first, second] = TwoSteps(MakeStep(config_, blocks, block, 2, {9, 17, 5, 30}, seed_));
+  auto kv = KvStorage::Create(&backend_, layout);
+  ASSERT_TRUE(kv.ok());
+  MoeModel one(weights_.get(), &backend_);
+  std::vector<float> want1, want2;
+  ASSERT_TRUE(one.Forward(first, layout, kv->data(), &want1).ok());
+  ASSERT_TRUE(one.Forward(second, layout, kv->data(), &want2).ok());
+  ParallelConfig p = ToConfig(Layout{2, 1}, &config_);
+  p.eplb_interval = 1;
+  std::vector<size_t> room;  // each rank's bytes in use after both steps, measured on roomy devices
+  {
+    auto x = ParallelExecutor::Create(p, weights_.get(), &backend_, layout, CpuRanks());
+    ASSERT_TRUE(x.ok()) << x.status();
+    std::vector<float> got;
+    ForwardStats fs;
+    ParallelStepStats ps;
+    ASSERT_TRUE((*x)->Forward(first, &got, &fs, &ps).ok());
+    ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok());
+    for (const auto& [used, capacity] : (*x)->device_bytes()) room.push_back(used + weights_->expert_bytes() / 2);
+  }
+  BackendFactory tight = [&](int rank, int) -> std::unique_ptr<Backend> {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    o.capacity_bytes = room[static_cast<size_t>(rank)];
+    return std::make_unique<CpuBackend>(o);
+  };
+  auto x = ParallelExecutor::Create(p, weights_.get(), &backend_, layout, tight);
+  ASSERT_TRUE(x.ok()) << x.status();
+  std::vector<float> got;
+  ForwardStats fs;
+  ParallelStepStats ps;
+  ASSERT_TRUE((*x)->Forward(first, &got, &fs, &ps).ok());
+  ExpectClose(got, want1, "before");
+  const ExpertHolderTable before = (*x)->holders();
+  const std::vector<RankLayout> layout_before = (*x)->layout();
+  // All tokens to rank 0's experts under the contiguous start: every layer must move some.
+  ExpertLoad load{config_.num_hidden_layers, config_.num_local_experts, {}};
+  for (int64_t i = 0; i < load.layers * load.experts; ++i) {
+    load.tokens.push_back(config_.dense_layer(i / load.experts) ? 0 : i % load.experts < load.experts / 2 ? 1000 : 1);
+  }
+  auto r = (*x)->ReplaceExperts(load);
+  ASSERT_FALSE(r.ok()) << "every rank gains an expert it has no room for";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("re-placing experts, rank "), std::string::npos) << r.status();
+  EXPECT_EQ((*x)->holders(), before);
+  for (size_t i = 0; i < layout_before.size(); ++i) EXPECT_EQ((*x)->layout()[i].experts, layout_before[i].experts);
+  got.clear();
+  ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok());
+  ExpectClose(got, want2, "after the failed re-placement");
+}
+
+TEST_P(ParallelTest, EngineRePlacingEveryFewStepsAnswersAsOneRank) {
+  std::mt19937 gen(seed_ + 5);
+  std::vector<GenerateRequest> reqs(12);
+  for (auto& r : reqs) {
+    const int n = 1 + static_cast<int>(gen() % 30);
+    for (int j = 0; j < n; ++j) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
+    r.max_tokens = 2 + static_cast<int32_t>(gen() % 10);
+  }
+  auto run = [&](const Layout& l, int64_t interval, EngineStats* stats) {
+    EngineConfig ec;
+    ec.num_kv_blocks = 200;
+    ec.block_size = 8;
+    ec.scheduler.max_tokens_per_step = 32;
+    ec.parallel = ToConfig(l, &config_);
+    ec.parallel.eplb_interval = interval;
+    ec.parallel.eplb_window = 3;
+    auto e = MakeEngine(ec, weights_.get(), &backend_);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::mutex mu;
+    std::map<uint64_t, std::vector<int32_t>> out;
+    std::vector<uint64_t> ids;
+    for (const auto& r : reqs) {
+      auto id = (*e)->Submit(r, [&](const RequestEvent& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        out[ev.request_id].insert(out[ev.request_id].end(), ev.tokens.begin(), ev.tokens.end());
+      });
+      EXPECT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    EXPECT_TRUE((*e)->RunUntilIdle().ok());
+    EXPECT_TRUE((*e)->CheckAccounting());
+    *stats = (*e)->GetStats();
+    std::vector<std::vector<int32_t>> result;
+    for (uint64_t id : ids) result.push_back(out[id]);
+    return result;
+  };
+  EngineStats one, many;
+  const auto want = run({1, 1}, 0, &one);
+  EXPECT_FALSE(one.has_eplb);
+  const auto got = run({config_.num_local_experts >= 8 ? 4 : 2, 1}, 2, &many);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " (seed " << seed_ << ")";
+  EXPECT_TRUE(many.has_eplb);
+  EXPECT_GE(many.eplb_rearrangements, 1) << "no re-placement in " << many.steps << " steps (seed " << seed_ << ")";
+  EXPECT_GT(many.eplb_experts_copied, 0);
+  EXPECT_GE(many.eplb_rank_imbalance, 1.0);
+}
+
+}  // namespace
+}  // namespace moeserve::parallel_test
