@@ -88,8 +88,8 @@ std::string ParallelConfig::Name() const {
 
 ExpertHolderTable ParallelConfig::Holders(const ModelConfig& model) const {
   if (expert_replicas > 0 && placement != ExpertPlacement::kBalanced) {
-    // --eplb-interval without a recorded load: the copies start as a balanced placement of even
-    // routing (the lowest-numbered experts copied) until the first re-placement.
+    // --eplb-interval without a recorded load: the copies start as the balanced placement of
+    // even routing, until the first re-placement.
     const int64_t l = model.num_hidden_layers, e = model.num_local_experts;
     const ExpertLoad even{l, e, std::vector<int64_t>(static_cast<size_t>(l * e), 1)};
     return ExpertHolders(l, e, ep, ExpertPlacement::kBalanced, &even, expert_replicas, EpDomainSize());

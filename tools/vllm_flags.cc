@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "models/model_config.h"
 #include "tools/commands.h"
+#include "tools/vllm_eplb.h"
 
 namespace moeserve::tools {
 
@@ -40,11 +41,16 @@ void AddVllmFlags(CLI::App* cmd, VllmFlags* f) {
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
                   "Refused: moeserve sizes the KV cache in bytes (--kv-cache-mb, and --device-mb on a GPU)");
   cmd->add_flag("--enable-eplb", f->enable_eplb,
-                "Refused: moeserve places experts once, from a recorded load (--expert-load-out, then "
-                "--expert-placement balanced --expert-load FILE), and does not re-place them while serving");
+                "With -tp N --enable-expert-parallel: re-place the experts while serving, every 3000 steps from the "
+                "last 1000 steps' routing (vLLM's defaults; the same as --eplb-interval 3000 --eplb-window 1000)");
+  cmd->add_option("--eplb-config", f->eplb_config,
+                  "With --enable-eplb, a JSON object: window_size (--eplb-window), step_interval (--eplb-interval), "
+                  "num_redundant_experts (--expert-replicas); log_balancedness, log_balancedness_interval and "
+                  "use_async are accepted (moeserve logs the balance at each re-placement and in /metrics, and "
+                  "re-places between steps); a policy other than \"default\" or a communicator is refused");
   cmd->add_option("--num-redundant-experts", f->num_redundant_experts,
-                  "Refused above 0 (0, vLLM's default, means nothing): the same copies are --expert-replicas R with a "
-                  "recorded load");
+                  "With --enable-eplb: this many extra copies of the hottest experts per MoE layer (the same as "
+                  "--expert-replicas R)");
 }
 
 std::vector<std::string> ExpandVllmShortFlags(int argc, char** argv) {
@@ -128,12 +134,7 @@ absl::Status ApplyVllmFlags(const VllmFlags& f, bool http_listen_given, ModelSpe
     return absl::InvalidArgumentError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   }
   if (f.no_enable_prefix_caching) engine->no_prefix_caching = true;
-  if (f.enable_eplb || f.num_redundant_experts > 0) {
-    return absl::InvalidArgumentError(
-        "--enable-eplb / --num-redundant-experts: moeserve does not record and re-place experts while serving; "
-        "record a load (serve or bench --expert-load-out FILE), then start with --expert-placement balanced "
-        "--expert-load FILE and --expert-replicas R for R redundant experts (EPLB's placement, fixed)");
-  }
+  RETURN_IF_ERROR(ApplyVllmEplb(f, engine));
   if (f.gpu_memory_utilization >= 0) {
     return absl::InvalidArgumentError(
         "--gpu-memory-utilization: moeserve sizes the KV cache in bytes, not as a fraction of the device: use "

@@ -28,6 +28,7 @@ struct VllmFlags {
   double gpu_memory_utilization = -1;
   bool enable_eplb = false;
   int64_t num_redundant_experts = -1;  // -1: not given
+  std::string eplb_config;             // --eplb-config's JSON; empty: not given
   bool skip_tokenizer_init = false;
   std::string kv_cache_dtype;  // empty: not given
 };

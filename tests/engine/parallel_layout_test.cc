@@ -245,6 +245,24 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
   p.expert_replicas = 4;
   EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
   p.ep = 1, p.domain_size = 0, p.expert_replicas = 0;
+  // Re-placing while serving: over EP ranks that are threads; copies then need no recorded load.
+  p.eplb_interval = 10;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("it needs --ep 2 or more (got --ep 1)"), std::string::npos)
+      << p.Validate(c);
+  p.ep = 2;
+  EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
+  EXPECT_NE(std::string(p.Validate(c, 2).message()).find("and no mpirun"), std::string::npos) << p.Validate(c, 2);
+  p.placement = ExpertPlacement::kContiguous, p.expert_load = nullptr, p.expert_replicas = 2;
+  EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
+  // Which start as the balanced placement of even routing.
+  const ExpertLoad even{c.num_hidden_layers, c.num_local_experts,
+                        std::vector<int64_t>(static_cast<size_t>(c.num_hidden_layers * c.num_local_experts), 1)};
+  EXPECT_EQ(p.Holders(c), ExpertHolders(c.num_hidden_layers, c.num_local_experts, 2, ExpertPlacement::kBalanced, &even, 2));
+  p.eplb_interval = 0;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--expert-replicas copies the hottest"), std::string::npos);
+  p.eplb_interval = -1, p.expert_replicas = 0;
+  EXPECT_NE(std::string(p.Validate(c).message()).find("--eplb-interval must be >= 0"), std::string::npos);
+  p.ep = 1, p.eplb_interval = 0, p.expert_replicas = 0;
   EXPECT_EQ(StageLayers(5, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 5}}));
 }
 

@@ -68,6 +68,30 @@ TEST(E2eVllmFlagsTest, TheVllmLaunchLineServes) {
   EXPECT_EQ(within->status, 200) << within->body;
 }
 
+// vLLM's load balancer flags: the experts re-placed every two steps from the last four steps'
+// routing, with two redundant copies, and the tokens still those of one process.
+TEST(E2eVllmFlagsTest, EplbFlagsRePlaceExpertsWhileServing) {
+  const std::string dir = MakeTempDir("vllm_eplb");
+  std::string out, err;
+  ASSERT_EQ(RunCommand({"make-model", "--preset", "tiny", "--seed", "4", "--out", dir + "/ck"}, &out, &err), 0) << err;
+  ServerProcess server;
+  server.set_http_listen(false);
+  ASSERT_TRUE(server.Start({dir + "/ck", "--dtype", "bfloat16", "-tp", "2", "--enable-expert-parallel", "--enable-eplb",
+                            "--eplb-config",
+                            R"({"window_size": 4, "step_interval": 2, "num_redundant_experts": 2, "log_balancedness": true})"}))
+      << server.log();
+  EXPECT_NE(server.log().find("kept the"), std::string::npos) << "the staging copy was freed\n" << server.log();
+  const std::vector<int32_t> prompt = {256, 9, 31, 77, 5, 120, 64};
+  const GeneratedIds want = GenerateIds(
+      {"--model", dir + "/ck", "--dtype", "bf16", "--prompt-ids", absl::StrJoin(prompt, ","), "--max-tokens", "12"});
+  ASSERT_EQ(want.rc, 0) << want.err;
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  const Streamed got = Stream(stub.get(), IdsRequest(prompt, 12));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_NE(server.log().find("EPLB at step 1:"), std::string::npos) << server.log();
+}
+
 // Several --served-model-name: /v1/models lists each, a request may name any (and is answered
 // under that name), one naming another model gets 404 listing them, none gets the first.
 TEST(E2eVllmFlagsTest, SeveralServedModelNames) {
@@ -128,7 +152,15 @@ TEST(E2eVllmFlagsTest, FlagsThatMeanSomethingElseHereAreRefusedByName) {
   for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"serve", ck, "-tp", "2"}, "no tensor parallelism"},
            {{"serve", ck, "--gpu-memory-utilization", "0.9"}, "--kv-cache-mb"},
-           {{"serve", ck, "--enable-eplb", "--num-redundant-experts", "4"}, "--expert-replicas R"},
+           {{"serve", ck, "--enable-eplb"}, "--enable-eplb balances experts over EP ranks"},
+           {{"serve", ck, "--num-redundant-experts", "4"}, "--num-redundant-experts needs --enable-eplb"},
+           {{"serve", ck, "-tp", "2", "--enable-expert-parallel", "--enable-eplb", "--eplb-config", "{\"policy\": \"flashlb\"}"},
+            "policy \"flashlb\""},
+           {{"serve", ck, "-tp", "2", "--enable-expert-parallel", "--enable-eplb", "--eplb-config", "{\"window\": 5}"},
+            "unknown key \"window\""},
+           {{"serve", ck, "-tp", "2", "--enable-expert-parallel", "--enable-eplb", "--eplb-config", "{\"step_interval\": 0}"},
+            "\"step_interval\" must be an integer >= 1, got 0"},
+           {{"serve", ck, "-tp", "2", "--enable-expert-parallel", "--enable-eplb", "--eplb-interval", "7"}, "disagree"},
            {{"serve", ck, "--dtype", "fp8"}, "--dtype: 'fp8'"},
            {{"serve", "mistralai/Mixtral-8x7B-v0.1"}, "huggingface-cli download"},
            {{"serve", ck, "--port", "8001", "--http-listen", "127.0.0.1:8002"}, "not both"},
