@@ -324,8 +324,9 @@ absl::StatusOr<bool> Engine::Step() {
   }
   // File I/O stays outside the lock that Submit takes.
   if (trace_.enabled()) trace_.Write(rec, pool_.num_used());
-  if (rebalancer_ != nullptr) Rebalance(run.stats.layer_expert_rows, rec.step);
   for (auto& [live, reason] : finishing) Finish(*live, reason, "");
+  // After the step's answers are out: a re-placement takes its time between steps.
+  if (rebalancer_ != nullptr) Rebalance(run.stats.layer_expert_rows, rec.step);
   return true;
 }
 

@@ -3,6 +3,7 @@
 // steps (--eplb-interval).
 #include <cstdio>
 
+#include "core/clock.h"
 #include "core/status.h"
 #include "engine/engine.h"
 
@@ -111,12 +112,15 @@ void Engine::Stop(const std::string& reason) {
 }
 
 void Engine::Rebalance(const std::vector<int64_t>& routed, int64_t step) {
+  const Stopwatch watch;
   const auto done = rebalancer_->Observe(routed);
   if (!done.has_value()) return;
   const int64_t window = rebalancer_->window_steps();
-  if (!done->ok()) {  // a rank's device full, say: the placement stays, serving goes on
-    std::fprintf(stderr, "EPLB at step %lld: re-placing the experts failed, the placement is kept: %s\n",
-                 static_cast<long long>(step), std::string(done->status().message()).c_str());
+  if (!done->ok()) {  // a rank's device full, say: serving goes on
+    std::fprintf(stderr, "EPLB at step %lld: %s (%.1f ms); serving goes on\n", static_cast<long long>(step),
+                 std::string(done->status().message()).c_str(), watch.Seconds() * 1e3);
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.eplb_seconds += watch.Seconds();
     return;
   }
   const ExpertReplacement& r = **done;
@@ -130,7 +134,7 @@ void Engine::Rebalance(const std::vector<int64_t>& routed, int64_t step) {
   if (r.layers_changed > 0) ++counters_.eplb_rearrangements;
   counters_.eplb_experts_copied += r.experts_copied;
   counters_.eplb_bytes_copied += r.bytes_copied;
-  counters_.eplb_seconds += r.seconds;
+  counters_.eplb_seconds += watch.Seconds();
   counters_.eplb_rank_imbalance = r.imbalance_after;
 }
 

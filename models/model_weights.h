@@ -134,8 +134,6 @@ class ModelWeights {
 
  private:
   ModelWeights() = default;
-  // Frees the buffers behind `m` (its data, and an FP8 matrix's scales) and leaves its shape.
-  void FreeMatrix(WeightRef* m);
   ModelConfig config_;
   DType dtype_ = DType::kF32;
   WeightRef embed_, lm_head_;

@@ -1,6 +1,7 @@
 // ModelWeights::Shard: a rank's part of weights already loaded, copied onto its own device.
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 #include <utility>
 
 #include "core/status.h"
@@ -27,7 +28,7 @@ struct ShardCopier {
     ASSIGN_OR_RETURN(DeviceBuffer buf, to->Allocate(bytes));
     RETURN_IF_ERROR(to->CopyToDevice(buf.data(), host.data(), bytes));
     const void* data = buf.data();
-    *total_bytes += bytes;
+    *total_bytes += buf.bytes();  // as allocated, as CommitExperts gives it back
     buffers->push_back(std::move(buf));
     return data;
   }
@@ -193,32 +194,31 @@ absl::StatusOr<StagedExperts> ModelWeights::StageExperts(const ModelWeights& ful
 }
 
 void ModelWeights::CommitExperts(StagedExperts staged) {
+  std::unordered_set<const void*> dropped;
   for (size_t i = 0; i < staged.held.size(); ++i) {
     LayerWeights& mine = layers_[static_cast<size_t>(staged.layer_begin) + i];
     for (size_t e = 0; e < mine.w13.size(); ++e) {
       if (mine.w13[e].data == nullptr || staged.held[i][e]) continue;
-      FreeMatrix(&mine.w13[e]);
-      FreeMatrix(&mine.w2[e]);
+      for (WeightRef* m : {&mine.w13[e], &mine.w2[e]}) {
+        dropped.insert(m->data);
+        if (m->scales != nullptr) dropped.insert(m->scales);
+        m->data = nullptr;
+        m->scales = nullptr;
+      }
     }
   }
+  // One pass over the buffers: a shard of a large model holds thousands.
+  std::erase_if(buffers_, [&](const DeviceBuffer& b) {
+    if (dropped.count(b.data()) == 0) return false;
+    total_bytes_ -= std::min(total_bytes_, b.bytes());
+    return true;
+  });
   for (const StagedExperts::Copy& c : staged.copies) {
     layers_[static_cast<size_t>(c.layer)].w13[c.expert] = c.w13;
     layers_[static_cast<size_t>(c.layer)].w2[c.expert] = c.w2;
   }
   for (DeviceBuffer& b : staged.buffers) buffers_.push_back(std::move(b));
   total_bytes_ += staged.bytes;
-}
-
-void ModelWeights::FreeMatrix(WeightRef* m) {
-  for (const void* p : {m->data, static_cast<const void*>(m->scales)}) {
-    if (p == nullptr) continue;
-    auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const DeviceBuffer& b) { return b.data() == p; });
-    if (it == buffers_.end()) continue;  // not a buffer of its own (cannot happen for an expert's matrix)
-    total_bytes_ -= std::min(total_bytes_, it->bytes());
-    buffers_.erase(it);
-  }
-  m->data = nullptr;
-  m->scales = nullptr;
 }
 
 }  // namespace moeserve

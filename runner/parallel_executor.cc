@@ -54,16 +54,7 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
                                                      " experts plus the replicas a multiple of --ep, got ", expert_replicas));
     }
   }
-  if (eplb_interval < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--eplb-interval must be >= 0 steps, got ", eplb_interval));
-  }
-  if (eplb_interval > 0 && (ep < 2 || processes > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eplb-interval re-places experts over EP ranks running as threads: it needs --ep 2 or more (got --ep ", ep,
-        ")", processes > 0 ? " and no mpirun (a process would have to read its new experts from the checkpoint, "
-                             "which moeserve does not do)"
-                           : ""));
-  }
+  RETURN_IF_ERROR(ValidateEplb(processes));
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }

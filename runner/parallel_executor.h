@@ -68,6 +68,9 @@ struct ParallelConfig {
   bool enabled() const { return ep * pp > 1; }
   // EP ranks per domain within a stage's EP group when the group spans several domains, else 0.
   int64_t EpDomainSize() const { return domain_size > 0 && domain_size < ep ? domain_size : 0; }
+  // The eplb_ fields: an interval >= 0, and a positive one only over EP ranks (ep >= 2) that
+  // are threads (runner/expert_replacement.cc).
+  absl::Status ValidateEplb(int processes) const;
   // Checks the layout against the model: ep <= experts, pp <= layers; under mpirun, that the
   // job's `processes` are ep x pp (0: not a job).
   absl::Status Validate(const ModelConfig& config, int processes = 0) const;
@@ -170,9 +173,11 @@ class ParallelExecutor final : public Executor {
   // Re-places the experts while serving (EPLB; --eplb-interval), from the routing in `load`:
   // per MoE layer, the balanced placement of `load` with the layout's replicas and domains
   // (parallel/placement.h), where it leaves that layer's busiest rank at least kEplbMinGain
-  // lighter under `load` than the current one. Each rank copies the experts it gains from the
-  // full weights and frees the ones it drops; a copy that fails leaves every rank's placement as
-  // it was. The output of a
+  // lighter under `load` than the current one. One layer at a time (a rank needs room for one
+  // layer's new experts beside its old ones): every rank copies the layer's experts it gains
+  // from the full weights, then all switch and free the ones they dropped. A copy that fails
+  // stops there: the layers switched so far stay switched on every rank, the layer and the rest
+  // keep their placement (the error says how many). The output of a
   // step does not change: placement moves work, not arithmetic. Between steps, from rank 0's
   // thread; in-process ranks only (under mpirun a process would read its new experts from the
   // checkpoint, which is not done: FAILED_PRECONDITION).
@@ -227,6 +232,10 @@ class ParallelExecutor final : public Executor {
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
   // The index in ranks_ of rank `rank` of the layout, or -1 where another process holds it.
   int64_t HeldIndex(int64_t rank) const;
+  // ReplaceExperts' step for one layer: every held rank of its stage stages the layer's experts
+  // it gains under `holders` (the layer's new row), then all commit and holders_ takes the row;
+  // a failed copy leaves the layer as it was. The ranks' dispatch tables are the caller's.
+  absl::Status SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& holders, ExpertReplacement* r);
   // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
   absl::Status ChooseDispatchWire();
 

@@ -95,9 +95,14 @@ absl::Status ApplyVllmEplb(const VllmFlags& f, EngineFlags* engine) {
     return absl::InvalidArgumentError(absl::StrCat("--enable-eplb's step interval ", e.interval,
                                                    " and --eplb-interval ", p.eplb_interval, " disagree"));
   }
-  if (e.redundant > 0 && p.expert_replicas > 0 && p.expert_replicas != e.redundant) {
+  // moeserve's own flags, where given (not their defaults), must say the same.
+  if (e.redundant >= 0 && p.expert_replicas > 0 && p.expert_replicas != e.redundant) {
     return absl::InvalidArgumentError(absl::StrCat("--num-redundant-experts ", e.redundant, " and --expert-replicas ",
                                                    p.expert_replicas, " disagree"));
+  }
+  if (p.eplb_window != ParallelConfig().eplb_window && p.eplb_window != e.window) {
+    return absl::InvalidArgumentError(absl::StrCat("--enable-eplb's window ", e.window, " steps and --eplb-window ",
+                                                   p.eplb_window, " disagree"));
   }
   p.eplb_interval = e.interval;
   p.eplb_window = e.window;

@@ -39,16 +39,37 @@ std::pair<ForwardInput, ForwardInput> TwoSteps(const ForwardInput& in) {
   return out;
 }
 
-// A skewed routing: a few experts of each MoE layer take most tokens.
+// A skewed routing: a few experts of each MoE layer take most tokens, experts 0 and 1 (one
+// rank's under the contiguous start, wherever ranks hold two or more) the most.
 ExpertLoad SkewedLoad(const ModelConfig& c, uint32_t seed) {
   std::mt19937 gen(seed);
   ExpertLoad load{c.num_hidden_layers, c.num_local_experts, {}};
   for (int64_t i = 0; i < load.layers * load.experts; ++i) {
     const double u = std::uniform_real_distribution<double>(0, 1)(gen);
     const bool dense = c.dense_layer(i / load.experts);  // routes nothing, as a recorded window
-    load.tokens.push_back(dense ? 0 : static_cast<int64_t>(1 + 10000 * u * u * u * u));
+    const int64_t hot = i % load.experts < 2 ? 20000 : 0;
+    load.tokens.push_back(dense ? 0 : hot + static_cast<int64_t>(1 + 10000 * u * u * u * u));
   }
   return load;
+}
+
+// What each rank's shard would hold if copied afresh with the experts its layout names.
+std::vector<double> FreshShardBytes(const ParallelExecutor& x, const ModelWeights& full, Backend* from) {
+  std::vector<double> out;
+  for (const RankLayout& l : x.layout()) {
+    CpuBackendOptions o;
+    o.num_threads = 1;
+    CpuBackend to(o);
+    auto w = ModelWeights::Shard(full, from, WeightShard{l.layer_begin, l.layer_end, l.experts}, &to);
+    out.push_back(w.ok() ? static_cast<double>((*w)->total_bytes()) : -1);
+  }
+  return out;
+}
+
+std::vector<double> WeightBytes(const ParallelExecutor& x) {
+  std::vector<double> out;
+  for (const RankLayout& l : x.layout()) out.push_back(l.weight_bytes);
+  return out;
 }
 
 // What the re-placement must be: per layer, the balanced placement of `load` where it lowers
@@ -62,18 +83,6 @@ ExpertHolderTable Expected(const ExpertHolderTable& now, const ExpertLoad& load,
     if (b[l] < a[l] * (1 - kEplbMinGain)) out[l] = best[l];  // a dense layer's rows are 1 and 1
   }
   return out;
-}
-
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double max_abs = 0, max_ref = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i]) && std::isfinite(want[i])) << what << " logit " << i;
-    max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - want[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-  }
-  EXPECT_LE(max_abs, 1e-5 * std::max(1.0, max_ref)) << what << ": max-abs " << max_abs << ", relative "
-                                                     << max_abs / std::max(1e-30, max_ref);
 }
 
 TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
@@ -102,7 +111,7 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
     ForwardStats fs;
     ParallelStepStats ps;
     ASSERT_TRUE((*x)->Forward(first, &got, &fs, &ps).ok()) << Name(l);
-    ExpectClose(got, want1, Name(l) + " before");
+    ExpectLogitsClose(got, want1, Name(l) + " before");
 
     const ExpertLoad load = SkewedLoad(config_, seed_ + 7);
     const ExpertHolderTable expected = Expected((*x)->holders(), load, p);
@@ -110,6 +119,9 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
     for (size_t k = 0; k < expected.size(); ++k) changes += expected[k] != (*x)->holders()[k] ? 1 : 0;
     auto r = (*x)->ReplaceExperts(load);
     ASSERT_TRUE(r.ok()) << Name(l) << ": " << r.status();
+    // Two hot experts on one rank can always be split, where ranks hold two or more (with
+    // copies, every expert may already be everywhere it can be).
+    if (experts / l.ep >= 2 && l.replicas == 0) EXPECT_GT(changes, 0) << Name(l);
     EXPECT_EQ(r->layers_changed, changes) << Name(l) << " (seed " << seed_ << ")";
     EXPECT_EQ(r->experts_copied > 0, changes > 0) << Name(l);
     if (changes > 0) EXPECT_LT(r->imbalance_after, r->imbalance_before) << Name(l);
@@ -117,19 +129,24 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
     for (const RankLayout& rl : (*x)->layout()) {
       EXPECT_EQ(rl.experts, ExpertsOfRank(expected, rl.ep_rank, rl.layer_begin, rl.layer_end)) << Name(l);
     }
+    // The experts dropped are freed: each rank holds what a fresh copy of its new shard holds.
+    EXPECT_EQ(WeightBytes(**x), FreshShardBytes(**x, *weights_, &backend_)) << Name(l);
     got.clear();
     ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok()) << Name(l);
-    ExpectClose(got, want2, Name(l) + " after the re-placement (seed " + std::to_string(seed_) + ")");
+    ExpectLogitsClose(got, want2, Name(l) + " after the re-placement (seed " + std::to_string(seed_) + ")");
     // The same load again: nothing left to gain, nothing copied.
     auto again = (*x)->ReplaceExperts(load);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(again->layers_changed, 0) << Name(l);
     EXPECT_EQ(again->experts_copied, 0) << Name(l);
+    EXPECT_EQ(WeightBytes(**x), FreshShardBytes(**x, *weights_, &backend_)) << Name(l);
   }
 }
 
-// Rank devices with room for their shard, KV and a step's scratch but not one more expert: the
-// re-placement fails naming the rank, and the ranks keep their placement and their answers.
+// Every rank's device roomy but the last one's, which has no room for one more expert: the
+// re-placement stops at the first layer that gives that rank an expert, naming it, after the
+// other rank has staged its copies of the layer; every rank keeps its placement, its memory
+// (the other's staged copies freed) and its answers.
 TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
   const int64_t block = 8, blocks = 64;
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
@@ -153,6 +170,7 @@ TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
     ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok());
     for (const auto& [used, capacity] : (*x)->device_bytes()) room.push_back(used + weights_->expert_bytes() / 2);
   }
+  room.front() = 0;  // the default: most of the machine
   BackendFactory tight = [&](int rank, int) -> std::unique_ptr<Backend> {
     CpuBackendOptions o;
     o.num_threads = 1;
@@ -165,10 +183,12 @@ TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
   ForwardStats fs;
   ParallelStepStats ps;
   ASSERT_TRUE((*x)->Forward(first, &got, &fs, &ps).ok());
-  ExpectClose(got, want1, "before");
+  ExpectLogitsClose(got, want1, "before");
   const ExpertHolderTable before = (*x)->holders();
   const std::vector<RankLayout> layout_before = (*x)->layout();
-  // All tokens to rank 0's experts under the contiguous start: every layer must move some.
+  const auto memory_before = (*x)->device_bytes();
+  // All tokens to rank 0's experts under the contiguous start: every MoE layer must move some,
+  // and rank 0 (ranks stage in order) copies its share of the first before rank 1 fails.
   ExpertLoad load{config_.num_hidden_layers, config_.num_local_experts, {}};
   for (int64_t i = 0; i < load.layers * load.experts; ++i) {
     load.tokens.push_back(config_.dense_layer(i / load.experts) ? 0 : i % load.experts < load.experts / 2 ? 1000 : 1);
@@ -176,12 +196,15 @@ TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
   auto r = (*x)->ReplaceExperts(load);
   ASSERT_FALSE(r.ok()) << "every rank gains an expert it has no room for";
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
-  EXPECT_NE(std::string(r.status().message()).find("re-placing experts, rank "), std::string::npos) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("re-placing experts stopped after 0 of"), std::string::npos)
+      << r.status();
+  EXPECT_NE(std::string(r.status().message()).find(", rank 1: "), std::string::npos) << r.status();
+  EXPECT_EQ((*x)->device_bytes(), memory_before) << "staged copies left behind";
   EXPECT_EQ((*x)->holders(), before);
   for (size_t i = 0; i < layout_before.size(); ++i) EXPECT_EQ((*x)->layout()[i].experts, layout_before[i].experts);
   got.clear();
   ASSERT_TRUE((*x)->Forward(second, &got, &fs, &ps).ok());
-  ExpectClose(got, want2, "after the failed re-placement");
+  ExpectLogitsClose(got, want2, "after the failed re-placement");
 }
 
 TEST_P(ParallelTest, EngineRePlacingEveryFewStepsAnswersAsOneRank) {

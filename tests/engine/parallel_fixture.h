@@ -208,6 +208,20 @@ inline ModelConfig ModelFor(int i) {
   }
 }
 
+// Logits of the same rows by the same kernels in the same order: equal up to float rounding
+// (in practice bit for bit).
+inline void ExpectLogitsClose(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double max_abs = 0, max_ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i]) && std::isfinite(want[i])) << what << " logit " << i;
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  EXPECT_LE(max_abs, 1e-5 * std::max(1.0, max_ref)) << what << ": max-abs " << max_abs << ", relative "
+                                                     << max_abs / std::max(1e-30, max_ref);
+}
+
 class ParallelTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
