@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "runner/parallel_executor.h"
+#include "runner/step_channel.h"
 
 namespace moeserve {
 namespace {
@@ -36,21 +37,13 @@ absl::Status ParallelConfig::ValidateEplb(int processes) const {
   if (eplb_window < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--eplb-window must be >= 1 step, got ", eplb_window));
   }
-  if (processes > 0) {
-    return absl::InvalidArgumentError(
-        "--eplb-interval under mpirun: a process would have to read the experts a re-placement gives it from the "
-        "checkpoint, which moeserve does not do; run the EP ranks as threads (without mpirun)");
-  }
+  (void)processes;  // processes read the experts they gain from the checkpoint (ExpertSource)
   return absl::OkStatus();
 }
 
 absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertLoad& load) {
   const Stopwatch watch;
-  if (processes_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "re-placing experts while serving: under mpirun each process would read its new experts from the "
-        "checkpoint, which moeserve does not do; run the ranks as threads (without mpirun)");
-  }
+  if (lost_) return absl::UnavailableError(absl::StrCat("re-placing experts: the job was lost: ", lost_why_));
   const ModelConfig& c = weights_->config();
   if (load.layers != c.num_hidden_layers || load.experts != c.num_local_experts) {
     return absl::InvalidArgumentError(absl::StrCat("re-placing experts: a load of ", load.layers, " layers x ",
@@ -75,13 +68,7 @@ absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertL
     ++r.layers_changed;
   }
   if (r.layers_changed > 0) {  // every rank's dispatch and layout follow the layers switched
-    for (Rank& rank : ranks_) {
-      RankLayout& l = rank.layout;
-      l.experts = ExpertsOfRank(holders_, l.ep_rank, l.layer_begin, l.layer_end);
-      l.weight_bytes = static_cast<double>(rank.weights->total_bytes());
-      layout_[static_cast<size_t>(l.rank)] = l;
-      rank.model->SetExpertHolders(ExpertHolderTable(holders_.begin() + l.layer_begin, holders_.begin() + l.layer_end));
-    }
+    FollowHolders();
     traffic_ = ExpectedTraffic(holders_, &load, ep, domain);
     r.imbalance_after = Imbalance(RankImbalance(holders_, load, ep), load);
   }
@@ -94,28 +81,138 @@ absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertL
   return r;
 }
 
-absl::Status ParallelExecutor::SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& holders,
+absl::Status ParallelExecutor::SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row,
                                            ExpertReplacement* r) {
+  ReplaceReply copied;
+  absl::Status failed;
+  if (processes_ != nullptr) RETURN_IF_ERROR(ReplacePhase({ReplaceOp::Phase::kStage, layer, row}, &failed, &copied));
+  if (absl::Status s = StageLayer(layer, row, &copied); !s.ok() && failed.ok()) failed = s;
+  const ReplaceOp::Phase then = failed.ok() ? ReplaceOp::Phase::kCommit : ReplaceOp::Phase::kDrop;
+  if (processes_ != nullptr) {
+    absl::Status also;
+    ReplaceReply none;
+    RETURN_IF_ERROR(ReplacePhase({then, layer, {}}, &also, &none));
+    if (!also.ok() && failed.ok()) return LoseStep(also);  // a worker that cannot commit: the ranks disagree
+  }
+  if (!failed.ok()) {
+    staged_.clear();  // the copies are freed: the layer keeps its placement on every rank
+    return absl::Status(failed.code(), absl::StrCat("layer ", layer, ", ", failed.message()));
+  }
+  CommitLayer(layer, row);
+  r->experts_copied += copied.experts;
+  r->bytes_copied += copied.bytes;
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::StageLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row,
+                                          ReplaceReply* reply) {
+  staged_.clear();
+  staged_layer_ = layer;
+  staged_row_ = row;
   ExpertHolderTable next = holders_;
-  next[static_cast<size_t>(layer)] = holders;
-  // Every rank of the layer's stage copies the layer's experts it gains first: a copy that fails
-  // frees the others' (their StagedExperts) and leaves the layer as it was.
-  std::vector<std::pair<size_t, StagedExperts>> staged;
+  next[static_cast<size_t>(layer)] = row;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& rank = ranks_[i];
     const RankLayout& l = rank.layout;
     if (layer < l.layer_begin || layer >= l.layer_end) continue;
     const WeightShard ws{layer, layer + 1, ExpertsOfRank(next, l.ep_rank, layer, layer + 1)};
-    auto s = rank.weights->StageExperts(*weights_, weights_backend_, ws, rank.backend.get());
-    if (!s.ok()) {
-      return absl::Status(s.status().code(), absl::StrCat("layer ", layer, ", rank ", l.rank, ": ", s.status().message()));
+    const ModelWeights* from = weights_;
+    Backend* from_backend = weights_backend_;
+    std::unique_ptr<ModelWeights> read;  // a process holds only its shard: it reads what it gains
+    if (processes_ != nullptr) {
+      std::vector<int32_t> gained;
+      for (int32_t e : ws.experts[0]) {
+        if (rank.weights->layer(layer).w13[static_cast<size_t>(e)].data == nullptr) gained.push_back(e);
+      }
+      if (gained.empty()) {  // nothing to copy, only experts to drop: staged from its own shard
+        from = rank.weights.get();
+        from_backend = rank.backend.get();
+      } else {
+        auto loaded = expert_source_(WeightShard{layer, layer + 1, {gained}});
+        if (!loaded.ok()) {
+          return absl::Status(loaded.status().code(), absl::StrCat("rank ", l.rank, ": ", loaded.status().message()));
+        }
+        read = std::move(*loaded);
+        from = read.get();
+      }
     }
-    r->experts_copied += static_cast<int64_t>(s->copies.size());
-    r->bytes_copied += static_cast<double>(s->bytes);
-    staged.emplace_back(i, std::move(*s));
+    auto s = rank.weights->StageExperts(*from, from_backend, ws, rank.backend.get());
+    if (!s.ok()) return absl::Status(s.status().code(), absl::StrCat("rank ", l.rank, ": ", s.status().message()));
+    reply->experts += static_cast<int64_t>(s->copies.size());
+    reply->bytes += static_cast<double>(s->bytes);
+    staged_.emplace_back(i, std::move(*s));
   }
-  for (auto& [i, s] : staged) ranks_[i].weights->CommitExperts(std::move(s));
-  holders_ = std::move(next);
+  return absl::OkStatus();
+}
+
+void ParallelExecutor::CommitLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row) {
+  for (auto& [i, s] : staged_) ranks_[i].weights->CommitExperts(std::move(s));
+  staged_.clear();
+  staged_layer_ = -1;
+  holders_[static_cast<size_t>(layer)] = row;
+}
+
+void ParallelExecutor::FollowHolders() {
+  for (RankLayout& l : layout_) l.experts = ExpertsOfRank(holders_, l.ep_rank, l.layer_begin, l.layer_end);
+  for (Rank& rank : ranks_) {
+    RankLayout& l = rank.layout;
+    l.experts = layout_[static_cast<size_t>(l.rank)].experts;
+    l.weight_bytes = static_cast<double>(rank.weights->total_bytes());
+    layout_[static_cast<size_t>(l.rank)].weight_bytes = l.weight_bytes;
+    rank.model->SetExpertHolders(ExpertHolderTable(holders_.begin() + l.layer_begin, holders_.begin() + l.layer_end));
+  }
+}
+
+absl::Status ParallelExecutor::ServeReplace(const ReplaceOp& op, ReplaceReply* reply) {
+  const ModelConfig& c = weights_->config();
+  if (op.layer < 0 || op.layer >= c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("re-placement: layer ", op.layer, " of ", c.num_hidden_layers));
+  }
+  switch (op.phase) {
+    case ReplaceOp::Phase::kStage: {
+      if (static_cast<int64_t>(op.row.size()) != c.num_local_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("re-placement: holders of ", op.row.size(), " experts, not ",
+                                                       c.num_local_experts));
+      }
+      for (const std::vector<int32_t>& ranks : op.row) {
+        for (int32_t q : ranks) {
+          if (q < 0 || q >= config_.ep) return absl::InvalidArgumentError(absl::StrCat("re-placement: EP rank ", q));
+        }
+      }
+      return StageLayer(op.layer, op.row, reply);
+    }
+    case ReplaceOp::Phase::kCommit: {
+      if (staged_layer_ != op.layer) {
+        return absl::FailedPreconditionError(absl::StrCat("re-placement: commit of layer ", op.layer, ", staged ",
+                                                          staged_layer_));
+      }
+      std::vector<std::vector<int32_t>> row = staged_row_;
+      CommitLayer(op.layer, row);
+      FollowHolders();
+      return absl::OkStatus();
+    }
+    case ReplaceOp::Phase::kDrop:
+      staged_.clear();
+      staged_layer_ = -1;
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("re-placement: unknown phase");
+}
+
+absl::Status ParallelExecutor::ReplacePhase(const ReplaceOp& op, absl::Status* failed, ReplaceReply* total) {
+  auto* channel = static_cast<ProcessChannel*>(channel_.get());
+  const int n = static_cast<int>(layout_.size());
+  for (int w = 1; w < n; ++w) {
+    if (absl::Status s = channel->SendReplace(w, op); !s.ok()) return LoseStep(s);
+  }
+  for (int w = 1; w < n; ++w) {
+    absl::Status theirs;
+    ReplaceReply reply;
+    if (absl::Status s = channel->ReceiveReplace(w, &theirs, &reply); !s.ok()) return LoseStep(s);
+    if (!theirs.ok() && failed->ok()) *failed = theirs;
+    total->experts += reply.experts;
+    total->bytes += reply.bytes;
+  }
   return absl::OkStatus();
 }
 

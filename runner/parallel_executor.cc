@@ -220,7 +220,8 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
                                                                            Backend* weights_backend,
                                                                            const KvLayout& kv,
                                                                            const BackendFactory& backends,
-                                                                           ProcessRanks* processes) {
+                                                                           ProcessRanks* processes,
+                                                                           ExpertSource expert_source) {
   if (weights->released()) {
     return absl::FailedPreconditionError("parallel layout: the weights to shard were released");
   }
@@ -234,6 +235,10 @@ absl::StatusOr<std::unique_ptr<ParallelExecutor>> ParallelExecutor::Create(const
   std::unique_ptr<ParallelExecutor> x(new ParallelExecutor(config, processes));
   x->weights_ = weights;
   x->weights_backend_ = weights_backend;
+  x->expert_source_ = std::move(expert_source);
+  if (processes != nullptr && config.eplb_interval > 0 && !x->expert_source_) {
+    return absl::InvalidArgumentError("--eplb-interval under mpirun: no source for the experts a re-placement moves");
+  }
   x->kv_ = kv;
   x->PlanLayout(c);
   RETURN_IF_ERROR(processes != nullptr ? x->JoinProcesses(weights_backend, backends)

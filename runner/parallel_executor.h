@@ -89,6 +89,9 @@ struct RankLayout {
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int rank, int num_ranks)>;
+// Under mpirun with --eplb-interval: reads a shard of the checkpoint (the experts a
+// re-placement gives this process's rank) onto the backend the process loaded its weights on.
+using ExpertSource = std::function<absl::StatusOr<std::unique_ptr<ModelWeights>>(const WeightShard&)>;
 
 // A re-placement changes a layer only where its busiest rank gets at least this much lighter:
 // below it, copying experts would cost more than the balance it buys.
@@ -127,7 +130,8 @@ class ParallelExecutor final : public Executor {
                                                                   const ModelWeights* weights,
                                                                   Backend* weights_backend, const KvLayout& kv,
                                                                   const BackendFactory& backends,
-                                                                  ProcessRanks* processes = nullptr);
+                                                                  ProcessRanks* processes = nullptr,
+                                                                  ExpertSource expert_source = nullptr);
 
   // The engine's Executor: how a step is cut (each EP rank's pool segment, as
   // BlockPool(num_blocks, ep) cuts it, and the pipeline's micro-batches), a step, the tiers'
@@ -179,8 +183,9 @@ class ParallelExecutor final : public Executor {
   // stops there: the layers switched so far stay switched on every rank, the layer and the rest
   // keep their placement (the error says how many). The output of a
   // step does not change: placement moves work, not arithmetic. Between steps, from rank 0's
-  // thread; in-process ranks only (under mpirun a process would read its new experts from the
-  // checkpoint, which is not done: FAILED_PRECONDITION).
+  // thread. Under mpirun every process reads the experts it gains from the checkpoint (Create's
+  // `expert_source`), and rank 0 has the workers stage, then commit or drop, each layer
+  // (ReplaceOp); a lost worker loses the job, as in a step.
   absl::StatusOr<ExpertReplacement> ReplaceExperts(const ExpertLoad& load);
 
   // Process ranks: a worker process's loop (WorkerLoop over MPI messages), until rank 0 sends
@@ -232,10 +237,23 @@ class ParallelExecutor final : public Executor {
   KvLayout SegmentLayout(int64_t ep_rank, int64_t layers) const;
   // The index in ranks_ of rank `rank` of the layout, or -1 where another process holds it.
   int64_t HeldIndex(int64_t rank) const;
-  // ReplaceExperts' step for one layer: every held rank of its stage stages the layer's experts
-  // it gains under `holders` (the layer's new row), then all commit and holders_ takes the row;
-  // a failed copy leaves the layer as it was. The ranks' dispatch tables are the caller's.
-  absl::Status SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& holders, ExpertReplacement* r);
+  // ReplaceExperts' step for one layer: every rank of its stage (workers too, under mpirun)
+  // stages the layer's experts it gains under `row` (the layer's new holders), then all commit
+  // and holders_ takes the row; a failed copy leaves the layer as it was. The dispatch tables
+  // of this process's ranks are the caller's to rebuild.
+  absl::Status SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row, ExpertReplacement* r);
+  // This process's ranks' side of a layer's switch: stage (into staged_) the experts they gain,
+  // counted into `reply`, and commit them (taking the row into holders_ and these ranks'
+  // layouts and dispatch).
+  absl::Status StageLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row, ReplaceReply* reply);
+  void CommitLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row);
+  // Rank 0 and every worker: the ranks' layouts and dispatch tables follow holders_.
+  void FollowHolders();
+  // A worker's answer to one of rank 0's ReplaceOps.
+  absl::Status ServeReplace(const ReplaceOp& op, ReplaceReply* reply);
+  // Rank 0 under mpirun: one phase of a layer's switch sent to every worker and answered; the
+  // first worker's own failure in `failed`, the return the transport's (the job then lost).
+  absl::Status ReplacePhase(const ReplaceOp& op, absl::Status* failed, ReplaceReply* total);
   // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
   absl::Status ChooseDispatchWire();
 
@@ -243,6 +261,10 @@ class ParallelExecutor final : public Executor {
   ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
   Backend* weights_backend_ = nullptr;         // where weights_ lives (the experts re-placed come from it)
+  ExpertSource expert_source_;                 // under mpirun: where they come from instead
+  std::vector<std::pair<size_t, StagedExperts>> staged_;  // a layer's copies between stage and commit
+  int64_t staged_layer_ = -1;
+  std::vector<std::vector<int32_t>> staged_row_;  // its new holders
   std::vector<RankLayout> layout_;             // every rank's, index = stage * ep + ep_rank
   ExpertHolderTable holders_;                  // every layer's expert placement (PlanLayout)
   RoutedTraffic traffic_;                      // ExpectedTraffic of holders_

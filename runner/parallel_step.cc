@@ -167,6 +167,12 @@ absl::Status ParallelExecutor::WorkerLoop(int rank, size_t local) {
   while (true) {
     ASSIGN_OR_RETURN(const WorkerTask task, channel_->Next(rank));
     if (task.shutdown()) return absl::OkStatus();
+    if (task.replace != nullptr) {  // rank 0 re-places the experts (runner/expert_replacement.cc)
+      ReplaceReply reply;
+      const absl::Status s = ServeReplace(*task.replace, &reply);
+      RETURN_IF_ERROR(channel_->ReplyReplace(rank, s, reply));
+      continue;
+    }
     if (task.kv != nullptr) {  // the KV tiers copy pieces of this rank's arena
       std::string data;
       const absl::Status s = ServeKvPieces(*task.kv, ranks_[local].backend.get(), rank_kv_[local], &data);

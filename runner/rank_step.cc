@@ -20,6 +20,8 @@ constexpr uint32_t kShutdownMagic = 0x4d53444e;  // "MSDN"
 constexpr uint32_t kResultMagic = 0x4d535253;    // "MSRS"
 constexpr uint32_t kKvOpMagic = 0x4d534b56;      // "MSKV"
 constexpr uint32_t kKvReplyMagic = 0x4d534b52;   // "MSKR"
+constexpr uint32_t kReplaceMagic = 0x4d535250;   // "MSRP"
+constexpr uint32_t kReplaceReplyMagic = 0x4d535252;  // "MSRR"
 
 class Writer {
  public:
@@ -139,6 +141,56 @@ std::string EncodeKvPieceOp(const KvPieceOp& op) {
   return w.Take();
 }
 
+std::string EncodeReplaceOp(const ReplaceOp& op) {
+  Writer w;
+  w.Put(kReplaceMagic);
+  w.Put<uint8_t>(static_cast<uint8_t>(op.phase));
+  w.Put(op.layer);
+  w.Put<uint64_t>(op.row.size());
+  for (const std::vector<int32_t>& ranks : op.row) w.PutVector(ranks);
+  return w.Take();
+}
+
+namespace {
+
+absl::Status DecodeReplaceOp(Reader& r, ReplaceOp* op) {
+  uint8_t phase = 0;
+  RETURN_IF_ERROR(r.Get(&phase, "phase"));
+  if (phase > static_cast<uint8_t>(ReplaceOp::Phase::kDrop)) {
+    return absl::InvalidArgumentError(absl::StrCat("re-placement message: phase ", phase));
+  }
+  op->phase = static_cast<ReplaceOp::Phase>(phase);
+  RETURN_IF_ERROR(r.Get(&op->layer, "layer"));
+  uint64_t experts = 0;
+  RETURN_IF_ERROR(r.Get(&experts, "experts"));
+  if (experts > 65536) return absl::InvalidArgumentError(absl::StrCat("re-placement message: ", experts, " experts"));
+  op->row.assign(experts, {});
+  for (std::vector<int32_t>& ranks : op->row) RETURN_IF_ERROR(r.GetVector(&ranks, "holders"));
+  return r.Done();
+}
+
+}  // namespace
+
+std::string EncodeReplaceReply(const absl::Status& status, const ReplaceReply& reply) {
+  Writer w;
+  w.Put(kReplaceReplyMagic);
+  w.PutStatus(status);
+  w.Put(reply.experts);
+  w.Put(reply.bytes);
+  return w.Take();
+}
+
+absl::Status DecodeReplaceReply(const std::string& bytes, absl::Status* status, ReplaceReply* reply) {
+  Reader r(bytes);
+  uint32_t magic = 0;
+  RETURN_IF_ERROR(r.Get(&magic, "magic"));
+  if (magic != kReplaceReplyMagic) return absl::InvalidArgumentError("re-placement reply: bad magic");
+  RETURN_IF_ERROR(r.GetStatus(status, "re-placement reply"));
+  RETURN_IF_ERROR(r.Get(&reply->experts, "experts"));
+  RETURN_IF_ERROR(r.Get(&reply->bytes, "bytes"));
+  return r.Done();
+}
+
 std::string EncodeShutdown() {
   Writer w;
   w.Put(kShutdownMagic);
@@ -146,11 +198,15 @@ std::string EncodeShutdown() {
 }
 
 absl::StatusOr<WorkerMessage> DecodeWorkerMessage(const std::string& bytes, std::vector<SubStep>* subs,
-                                                  KvPieceOp* kv) {
+                                                  KvPieceOp* kv, ReplaceOp* replace) {
   Reader r(bytes);
   uint32_t magic = 0;
   RETURN_IF_ERROR(r.Get(&magic, "magic"));
   if (magic == kShutdownMagic) return WorkerMessage::kShutdown;
+  if (magic == kReplaceMagic) {
+    RETURN_IF_ERROR(DecodeReplaceOp(r, replace));
+    return WorkerMessage::kReplace;
+  }
   if (magic == kKvOpMagic) {
     uint8_t write = 0;
     RETURN_IF_ERROR(r.Get(&write, "write"));

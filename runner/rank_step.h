@@ -40,6 +40,26 @@ struct KvPieceOp {
   std::string data;             // a write's pieces, in block order
 };
 
+// Re-placing experts under mpirun (ParallelExecutor::ReplaceExperts), one layer at a time:
+// rank 0 has every worker stage the layer's experts its new holders give the worker's rank
+// (kStage), then put them in use (kCommit) or drop them (kDrop), so that all switch or none does.
+struct ReplaceOp {
+  enum class Phase : uint8_t { kStage = 0, kCommit = 1, kDrop = 2 };
+  Phase phase = Phase::kStage;
+  int64_t layer = 0;                      // the layer re-placed (one at a time)
+  std::vector<std::vector<int32_t>> row;  // kStage: its new holders, [expert] -> EP ranks
+};
+// A worker's answer to a ReplaceOp: its status and, for kStage, the experts it copied and
+// their bytes.
+struct ReplaceReply {
+  int64_t experts = 0;
+  double bytes = 0;
+};
+std::string EncodeReplaceOp(const ReplaceOp& op);
+std::string EncodeReplaceReply(const absl::Status& status, const ReplaceReply& reply);
+// Returns INVALID_ARGUMENT for a malformed message; the worker's own status goes to `status`.
+absl::Status DecodeReplaceReply(const std::string& bytes, absl::Status* status, ReplaceReply* reply);
+
 // A step for a worker: its sub-steps (one per micro-batch).
 std::string EncodeRankStep(const std::vector<SubStep>& subs);
 
@@ -56,11 +76,12 @@ double AfterLastArrival(const std::vector<int64_t>& stage, const std::vector<Ran
 std::string EncodeKvPieceOp(const KvPieceOp& op);
 // The message that ends a worker's loop.
 std::string EncodeShutdown();
-// What a message asks a worker to do: a step (into `subs`), a KV piece copy (into `kv`), or to
-// stop. A malformed message is INVALID_ARGUMENT naming the field.
-enum class WorkerMessage { kStep, kKvPieces, kShutdown };
+// What a message asks a worker to do: a step (into `subs`), a KV piece copy (into `kv`), a
+// re-placement's phase (into `replace`), or to stop. A malformed message is INVALID_ARGUMENT
+// naming the field.
+enum class WorkerMessage { kStep, kKvPieces, kReplace, kShutdown };
 absl::StatusOr<WorkerMessage> DecodeWorkerMessage(const std::string& bytes, std::vector<SubStep>* subs,
-                                                  KvPieceOp* kv);
+                                                  KvPieceOp* kv, ReplaceOp* replace);
 
 // A worker's answer: how its part went and, when it went well, what it produced.
 std::string EncodeRankResult(const absl::Status& status, const RankStepResult& result);

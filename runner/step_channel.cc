@@ -55,6 +55,10 @@ absl::Status ThreadChannel::ReplyKv(int rank, const absl::Status&, const std::st
   return absl::InternalError(absl::StrCat("rank ", rank, ": in-process ranks are never sent KV piece copies"));
 }
 
+absl::Status ThreadChannel::ReplyReplace(int rank, const absl::Status&, const ReplaceReply&) {
+  return absl::InternalError(absl::StrCat("rank ", rank, ": in-process ranks are never sent re-placements"));
+}
+
 std::string ThreadChannel::DescribeRank(int rank) const { return absl::StrCat("rank ", rank); }
 
 absl::Status ProcessChannel::Send(int rank, const std::vector<SubStep>& subs) {
@@ -84,10 +88,12 @@ absl::Status ProcessChannel::Shutdown() {
 
 absl::StatusOr<WorkerTask> ProcessChannel::Next(int) {
   ASSIGN_OR_RETURN(const std::string message, world_->ReceiveMessage(0));
-  ASSIGN_OR_RETURN(const WorkerMessage kind, DecodeWorkerMessage(message, &received_, &received_kv_));
+  ASSIGN_OR_RETURN(const WorkerMessage kind,
+                   DecodeWorkerMessage(message, &received_, &received_kv_, &received_replace_));
   switch (kind) {
-    case WorkerMessage::kStep: return WorkerTask{&received_, nullptr};
-    case WorkerMessage::kKvPieces: return WorkerTask{nullptr, &received_kv_};
+    case WorkerMessage::kStep: return WorkerTask{&received_, nullptr, nullptr};
+    case WorkerMessage::kKvPieces: return WorkerTask{nullptr, &received_kv_, nullptr};
+    case WorkerMessage::kReplace: return WorkerTask{nullptr, nullptr, &received_replace_};
     case WorkerMessage::kShutdown: break;
   }
   return WorkerTask{};
@@ -102,6 +108,22 @@ absl::Status ProcessChannel::ReceiveKv(int rank, std::string* data) {
   ASSIGN_OR_RETURN(const std::string reply, world_->ReceiveMessage(rank));
   if (absl::Status s = DecodeKvPieceReply(reply, data); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(world_->DescribeRank(rank), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProcessChannel::ReplyReplace(int, const absl::Status& status, const ReplaceReply& reply) {
+  return world_->SendMessage(0, EncodeReplaceReply(status, reply));
+}
+
+absl::Status ProcessChannel::ReceiveReplace(int rank, absl::Status* status, ReplaceReply* reply) {
+  world_->WaitingFor(rank);
+  ASSIGN_OR_RETURN(const std::string message, world_->ReceiveMessage(rank));
+  if (absl::Status s = DecodeReplaceReply(message, status, reply); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(world_->DescribeRank(rank), ": ", s.message()));
+  }
+  if (!status->ok()) {
+    *status = absl::Status(status->code(), absl::StrCat(world_->DescribeRank(rank), ": ", status->message()));
   }
   return absl::OkStatus();
 }

@@ -26,7 +26,8 @@ namespace moeserve {
 struct WorkerTask {
   const std::vector<SubStep>* step = nullptr;
   const KvPieceOp* kv = nullptr;
-  bool shutdown() const { return step == nullptr && kv == nullptr; }
+  const ReplaceOp* replace = nullptr;  // process ranks re-placing experts (runner/expert_replacement.cc)
+  bool shutdown() const { return step == nullptr && kv == nullptr && replace == nullptr; }
 };
 
 class StepChannel {
@@ -47,6 +48,7 @@ class StepChannel {
   virtual absl::StatusOr<WorkerTask> Next(int rank) = 0;
   virtual absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) = 0;
   virtual absl::Status ReplyKv(int rank, const absl::Status& status, const std::string& data) = 0;
+  virtual absl::Status ReplyReplace(int rank, const absl::Status& status, const ReplaceReply& reply) = 0;
 
   // Whether a failed step ends the layout (processes) or leaves it usable once its groups are
   // reset (threads).
@@ -66,6 +68,8 @@ class ThreadChannel final : public StepChannel {
   absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) override;
   // In-process ranks' KV is reached directly (ParallelExecutor::BlockParts): never asked.
   absl::Status ReplyKv(int rank, const absl::Status&, const std::string&) override;
+  // In-process ranks re-place experts from rank 0's thread: never asked.
+  absl::Status ReplyReplace(int rank, const absl::Status&, const ReplaceReply&) override;
   bool failures_are_fatal() const override { return false; }
   std::string DescribeRank(int rank) const override;
 
@@ -96,6 +100,7 @@ class ProcessChannel final : public StepChannel {
   absl::StatusOr<WorkerTask> Next(int rank) override;
   absl::Status Reply(int rank, const absl::Status& status, RankStepResult result) override;
   absl::Status ReplyKv(int rank, const absl::Status& status, const std::string& data) override;
+  absl::Status ReplyReplace(int rank, const absl::Status& status, const ReplaceReply& reply) override;
   bool failures_are_fatal() const override { return true; }
   std::string DescribeRank(int rank) const override { return world_->DescribeRank(rank); }
 
@@ -103,11 +108,16 @@ class ProcessChannel final : public StepChannel {
   // Receive from each; a read's pieces come back in `data`.
   absl::Status SendKv(int rank, const KvPieceOp& op) { return world_->SendMessage(rank, EncodeKvPieceOp(op)); }
   absl::Status ReceiveKv(int rank, std::string* data);
+  // Rank 0's side of a re-placement's phase: Send to every worker, then Receive from each: the
+  // worker's own status in `status`; the return is the transport's (UNAVAILABLE: a lost rank).
+  absl::Status SendReplace(int rank, const ReplaceOp& op) { return world_->SendMessage(rank, EncodeReplaceOp(op)); }
+  absl::Status ReceiveReplace(int rank, absl::Status* status, ReplaceReply* reply);
 
  private:
   ProcessRanks* world_;
   std::vector<SubStep> received_;  // a worker's current task
   KvPieceOp received_kv_;
+  ReplaceOp received_replace_;
   bool shut_down_ = false;
 };
 

@@ -168,12 +168,12 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--micro-batches", f->config.parallel.micro_batches, "Micro-batches per step with --pp (0: as many as stages)")
       ->capture_default_str();
   cmd->add_option("--eplb-interval", f->config.parallel.eplb_interval,
-                  "With --ep (ranks as threads): every this many engine steps, re-place the experts while serving "
-                  "(vLLM's EPLB): per MoE layer, the balanced placement of the last --eplb-window steps' routing, "
-                  "with --expert-replicas copies, where it leaves that layer's busiest rank at least 2% lighter. Each rank "
-                  "copies "
-                  "the experts it gains from the staging copy of the weights, which is then kept (the model's size "
-                  "in host memory); outputs do not change. 0: never")
+                  "With --ep: every this many engine steps, re-place the experts while serving (vLLM's EPLB): per "
+                  "MoE layer, the balanced placement of the last --eplb-window steps' routing, with --expert-replicas "
+                  "copies, where it leaves that layer's busiest rank at least 2% lighter; one layer at a time. Ranks "
+                  "that are threads copy the experts they gain from the staging copy of the weights, which is then "
+                  "kept (the model's size in host memory); under mpirun each process reads them from the checkpoint. "
+                  "Outputs do not change. 0: never")
       ->capture_default_str();
   cmd->add_option("--eplb-window", f->config.parallel.eplb_window,
                   "With --eplb-interval: the engine steps of routing a re-placement evens out")
@@ -314,9 +314,9 @@ double ResidentMiB() {
 
 }  // namespace
 
-void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix) {
+void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix, bool processes) {
   if (!config.parallel.enabled()) return;
-  if (config.parallel.eplb_interval > 0) {
+  if (config.parallel.eplb_interval > 0 && !processes) {
     std::fprintf(stderr, "%skept the %.1f MiB staging copy of the weights: --eplb-interval copies experts from it\n",
                  log_prefix, static_cast<double>(weights->total_bytes()) / 1048576.0);
     return;

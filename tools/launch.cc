@@ -41,11 +41,16 @@ absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& s
 
 absl::StatusOr<std::unique_ptr<ParallelExecutor>> MakeRanks(const EngineFlags& flags, const EngineConfig& config,
                                                              const ModelWeights* weights, Backend* backend,
-                                                             MpiJob* job) {
+                                                             MpiJob* job, const ModelSpec& spec) {
   if (!config.parallel.enabled()) return nullptr;
   ASSIGN_OR_RETURN(const KvLayout kv, Engine::CacheLayout(config, weights->config()));
   if (job != nullptr) {
-    return ParallelExecutor::Create(config.parallel, weights, backend, kv, job->RankBackend(flags), job->processes());
+    ExpertSource source = nullptr;
+    if (config.parallel.eplb_interval > 0) {
+      source = [spec, backend](const WeightShard& shard) { return LoadModel(spec, backend, shard); };
+    }
+    return ParallelExecutor::Create(config.parallel, weights, backend, kv, job->RankBackend(flags), job->processes(),
+                                    std::move(source));
   }
   return ParallelExecutor::Create(config.parallel, weights, backend, kv,
                                   RankBackends(flags, /*processes=*/false, flags.device));
@@ -60,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
   if (fit) RETURN_IF_ERROR(fit(out->rank.weights->config(), &config));
   out->config = config;
   ASSIGN_OR_RETURN(std::unique_ptr<ParallelExecutor> ranks,
-                   MakeRanks(flags, out->config, out->rank.weights.get(), out->rank.backend.get(), job));
+                   MakeRanks(flags, out->config, out->rank.weights.get(), out->rank.backend.get(), job, spec));
   ASSIGN_OR_RETURN(out->engine, Engine::Create(out->config, out->rank.weights.get(), out->rank.backend.get(),
                                                std::move(ranks)));
   if (job != nullptr) {
@@ -68,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
     job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
     out->monitor_stop.job = job;
   }
-  ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str());
+  ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str(), job != nullptr);
   return out;
 }
 

@@ -25,10 +25,12 @@ absl::StatusOr<LoadedRank> LoadRank(const EngineFlags& flags, const ModelSpec& s
                                     MpiJob* job, const std::string& log_prefix);
 
 // The layout's ranks over `weights` (staged on `backend`), when config.parallel asks for
-// several: threads with their share of --threads, or under a job its processes; else null.
+// several: threads with their share of --threads, or under a job its processes (which, with
+// --eplb-interval, read the experts a re-placement gives them from `spec`'s checkpoint); else
+// null.
 absl::StatusOr<std::unique_ptr<ParallelExecutor>> MakeRanks(const EngineFlags& flags, const EngineConfig& config,
                                                              const ModelWeights* weights, Backend* backend,
-                                                             MpiJob* job);
+                                                             MpiJob* job, const ModelSpec& spec);
 
 // Rank 0's engine and what it runs on. Members go in reverse order: the monitor stops before
 // the engine goes, the engine before its weights and device.

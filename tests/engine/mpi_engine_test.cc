@@ -73,8 +73,15 @@ absl::StatusOr<RankParts> MakeRankParts(const EngineConfig& ec, const ModelConfi
     r.defer_copies = deferred;
     return std::make_unique<CpuBackend>(r);
   };
+  ExpertSource source = nullptr;  // --eplb-interval: a process reads the experts it gains, as from a checkpoint
+  if (processes != nullptr && ec.parallel.eplb_interval > 0) {
+    CpuBackend* backend = p.backend.get();
+    source = [config, seed, dtype, backend](const WeightShard& shard) {
+      return ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32), backend, dtype, shard);
+    };
+  }
   ASSIGN_OR_RETURN(p.ranks, ParallelExecutor::Create(ec.parallel, p.weights.get(), p.backend.get(), kv, one_thread,
-                                                     processes));
+                                                     processes, std::move(source)));
   return p;
 }
 
@@ -92,6 +99,7 @@ struct Output {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
   int64_t a2a_bytes = 0, pp_bytes = 0;
+  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0;
 };
 
 std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
@@ -143,9 +151,10 @@ Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t see
   }
   EXPECT_TRUE((*e)->RunUntilIdle().ok());
   EXPECT_TRUE((*e)->CheckAccounting());
-  for (const StepRecord& s : (*e)->GetStats().recent_steps) {
-    out.a2a_bytes += s.comm_bytes_observed;
-  }
+  const EngineStats stats = (*e)->GetStats();
+  for (const StepRecord& s : stats.recent_steps) out.a2a_bytes += s.comm_bytes_observed;
+  out.eplb_rearrangements = stats.eplb_rearrangements;
+  out.eplb_experts_copied = stats.eplb_experts_copied;
   return out;
 }
 
@@ -181,6 +190,38 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
   EXPECT_GT(got.a2a_bytes, 0) << name;
   EXPECT_EQ(got.a2a_bytes, threads.a2a_bytes)
       << name << ": bytes between ranks, processes vs threads";
+}
+
+// Re-placing the experts every two steps (--eplb-interval) over process ranks, each reading the
+// experts it gains from the checkpoint (here the same random weights): every layer is staged on
+// every process, then committed, and the output equals one rank's token for token.
+TEST(MpiEngineTest, RePlacingExpertsOverProcessRanksEqualsOneRank) {
+  Job& job = TheJob();
+  MpiWorld* world = job.world;
+  if (job.ep < 2) GTEST_SKIP() << "re-placing experts needs --ep 2 or more";
+  auto seeds = world->AllGather(static_cast<double>(std::random_device{}() % 1000000));
+  ASSERT_TRUE(seeds.ok()) << seeds.status();
+  const uint32_t seed = static_cast<uint32_t>((*seeds)[0]);
+  const ModelConfig config = TestModel();
+  EngineConfig processes = MakeConfig(job.ep, job.pp);
+  processes.parallel.eplb_interval = 2;
+  processes.parallel.eplb_window = 3;
+  if (world->rank() != 0) {
+    auto parts = MakeRankParts(processes, config, seed, DType::kBF16, /*deferred=*/false, world);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_TRUE(parts->ranks->ServeSteps().ok());
+    return;
+  }
+  const auto reqs = MakeRequests(seed + 2);
+  const Output want = RunEngine(MakeConfig(1, 1), config, seed, reqs);
+  const Output got = RunEngine(processes, config, seed, reqs, world);
+  const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;
+    EXPECT_EQ(got.logprobs[i], want.logprobs[i]) << name << " request " << i;
+  }
+  EXPECT_GE(got.eplb_rearrangements, 1) << name;
+  EXPECT_GT(got.eplb_experts_copied, 0) << name;
 }
 
 // KV tiers over process ranks: rank 0's DDR and flash hold whole blocks, the workers' pieces

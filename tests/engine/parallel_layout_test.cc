@@ -251,7 +251,7 @@ TEST(ParallelConfigTest, BadLayoutsAreRefusedWithTheLimit) {
       << p.Validate(c);
   p.ep = 2;
   EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
-  EXPECT_NE(std::string(p.Validate(c, 2).message()).find("--eplb-interval under mpirun"), std::string::npos) << p.Validate(c, 2);
+  EXPECT_TRUE(p.Validate(c, 2).ok()) << "under mpirun too: " << p.Validate(c, 2);
   p.placement = ExpertPlacement::kContiguous, p.expert_load = nullptr, p.expert_replicas = 2;
   EXPECT_TRUE(p.Validate(c).ok()) << p.Validate(c);
   // Which start as the balanced placement of even routing.

@@ -21,7 +21,8 @@ std::vector<T> RandomVector(std::mt19937& gen, size_t max_len) {
 // Decodes a message meant to be a step or the shutdown; false for the shutdown.
 absl::StatusOr<bool> DecodeStep(const std::string& bytes, std::vector<SubStep>* subs) {
   KvPieceOp kv;
-  auto kind = DecodeWorkerMessage(bytes, subs, &kv);
+  ReplaceOp replace;
+  auto kind = DecodeWorkerMessage(bytes, subs, &kv, &replace);
   if (!kind.ok()) return kind.status();
   EXPECT_NE(*kind, WorkerMessage::kKvPieces);
   return *kind == WorkerMessage::kStep;
@@ -132,14 +133,15 @@ TEST(RankStepTest, KvPieceCopiesRoundTripAndRefuseTruncation) {
   const std::string bytes = EncodeKvPieceOp(op);
   std::vector<SubStep> subs;
   KvPieceOp back;
-  auto kind = DecodeWorkerMessage(bytes, &subs, &back);
+  ReplaceOp replace;
+  auto kind = DecodeWorkerMessage(bytes, &subs, &back, &replace);
   ASSERT_TRUE(kind.ok()) << kind.status();
   EXPECT_EQ(*kind, WorkerMessage::kKvPieces);
   EXPECT_EQ(back.write, op.write);
   EXPECT_EQ(back.blocks, op.blocks);
   EXPECT_EQ(back.data, op.data);
   for (size_t cut = 0; cut < bytes.size(); cut += 1 + bytes.size() / 30) {
-    auto s = DecodeWorkerMessage(bytes.substr(0, cut), &subs, &back);
+    auto s = DecodeWorkerMessage(bytes.substr(0, cut), &subs, &back, &replace);
     ASSERT_FALSE(s.ok()) << "cut at " << cut;
     EXPECT_NE(s.status().message().find("truncated at"), std::string::npos) << s.status();
   }
@@ -149,6 +151,44 @@ TEST(RankStepTest, KvPieceCopiesRoundTripAndRefuseTruncation) {
   const absl::Status failed = absl::InvalidArgumentError("KV piece copy: block 99 outside the arena's 12");
   EXPECT_EQ(DecodeKvPieceReply(EncodeKvPieceReply(failed, ""), &data), failed);
   EXPECT_EQ(DecodeKvPieceReply(bytes, &data).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A re-placement's phases under mpirun and the worker's answer: round trips of random layers
+// and holders, truncation refused, a worker's own failure told apart from a malformed reply.
+TEST(RankStepTest, ReplacementMessagesRoundTripAndRefuseTruncation) {
+  std::mt19937 gen(std::random_device{}());
+  for (ReplaceOp::Phase phase : {ReplaceOp::Phase::kStage, ReplaceOp::Phase::kCommit, ReplaceOp::Phase::kDrop}) {
+    ReplaceOp op;
+    op.phase = phase;
+    op.layer = static_cast<int64_t>(gen() % 60);
+    if (phase == ReplaceOp::Phase::kStage) {
+      for (int e = 0; e < 1 + static_cast<int>(gen() % 16); ++e) op.row.push_back(RandomVector<int32_t>(gen, 4));
+    }
+    const std::string bytes = EncodeReplaceOp(op);
+    std::vector<SubStep> subs;
+    KvPieceOp kv;
+    ReplaceOp back;
+    auto kind = DecodeWorkerMessage(bytes, &subs, &kv, &back);
+    ASSERT_TRUE(kind.ok()) << kind.status();
+    EXPECT_EQ(*kind, WorkerMessage::kReplace);
+    EXPECT_EQ(back.phase, op.phase);
+    EXPECT_EQ(back.layer, op.layer);
+    EXPECT_EQ(back.row, op.row);
+    for (size_t cut = 0; cut < bytes.size(); ++cut) {
+      EXPECT_FALSE(DecodeWorkerMessage(bytes.substr(0, cut), &subs, &kv, &back).ok()) << "cut at " << cut;
+    }
+  }
+  const ReplaceReply reply{static_cast<int64_t>(gen() % 100), static_cast<double>(gen())};
+  absl::Status theirs;
+  ReplaceReply back;
+  ASSERT_TRUE(DecodeReplaceReply(EncodeReplaceReply(absl::OkStatus(), reply), &theirs, &back).ok());
+  EXPECT_TRUE(theirs.ok());
+  EXPECT_EQ(back.experts, reply.experts);
+  EXPECT_EQ(back.bytes, reply.bytes);
+  const absl::Status full = absl::ResourceExhaustedError("rank 3: device full");
+  ASSERT_TRUE(DecodeReplaceReply(EncodeReplaceReply(full, {}), &theirs, &back).ok());
+  EXPECT_EQ(theirs, full);
+  EXPECT_EQ(DecodeReplaceReply(EncodeShutdown(), &theirs, &back).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Against a brute-force reading of random spans: per stage and call, the last arrival to the last

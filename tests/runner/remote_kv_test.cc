@@ -38,7 +38,8 @@ class FakeJob final : public ProcessRanks {
     if (peer == unreachable_) return absl::UnavailableError("rank 2 is gone");
     std::vector<SubStep> subs;
     KvPieceOp op;
-    auto kind = DecodeWorkerMessage(bytes, &subs, &op);
+    ReplaceOp replace;
+    auto kind = DecodeWorkerMessage(bytes, &subs, &op, &replace);
     if (!kind.ok() || *kind != WorkerMessage::kKvPieces) return absl::InternalError("not a KV piece copy");
     std::string data;
     const absl::Status s = ServeKvPieces(op, &backend_, arenas_.at(peer), &data);

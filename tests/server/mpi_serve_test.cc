@@ -94,6 +94,30 @@ TEST(MpiServeTest, AnEp2JobStreamsWhatOneProcessGenerates) {
   EXPECT_NE(server.log().find("moeserve: stopped cleanly"), std::string::npos) << server.log();
 }
 
+// --eplb-interval under mpirun: every two steps rank 0 re-places the experts layer by layer and
+// each process reads the experts it gains from the model (here the preset's generator, as a
+// checkpoint); the stream still equals one process's.
+TEST(MpiServeTest, AnEp2JobRePlacingItsExpertsStreamsWhatOneProcessGenerates) {
+  const std::vector<std::string> model = {"--preset", "tiny", "--model-seed", "11"};
+  std::vector<std::string> args = model;
+  for (std::string a : {"--ep", "2", "--kv-cache-mb", "16", "--eplb-interval", "2", "--eplb-window", "3"}) {
+    args.push_back(a);
+  }
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(args, Mpirun(2))) << server.log();
+  auto stub = v1::Moeserve::NewStub(server.channel());
+  const Streamed got = Stream(stub.get(), IdsRequest({7, 8, 9, 10, 11, 12, 13}, 20));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << server.log();
+  std::vector<std::string> gen = model;
+  for (std::string a : {"--prompt-ids", "7,8,9,10,11,12,13", "--max-tokens", "20"}) gen.push_back(a);
+  const GeneratedIds want = GenerateIds(gen);
+  ASSERT_EQ(want.rc, 0) << want.err;
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_NE(server.log().find("EPLB at step 1:"), std::string::npos) << server.log();
+  server.Stop(SIGTERM);
+  EXPECT_NE(server.log().find("moeserve: stopped cleanly"), std::string::npos) << server.log();
+}
+
 // Streams a long generation from the job and sends rank 1 `sig` after the third message: the
 // call's status, the messages read, and when the signal went.
 struct SignalledStream {
