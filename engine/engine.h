@@ -71,10 +71,10 @@ struct EngineStats {
   int64_t swaps = 0;  // preemptions that swapped out
   int64_t kv_blocks_retained = 0;
   // Re-placing the experts while serving (--eplb-interval): re-placements that moved experts,
-  // the experts copied and their bytes, the time they took, and the busiest EP rank's tokens
+  // those that stopped on an error (a full device), the experts copied and their bytes, the time they took, and the busiest EP rank's tokens
   // over the mean rank's under the last window's routing after the latest one (0: none yet).
   bool has_eplb = false;
-  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0;
+  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0, eplb_failures = 0;
   double eplb_bytes_copied = 0, eplb_seconds = 0, eplb_rank_imbalance = 0;
   // Cumulative over all steps, so clients can difference two snapshots.
   double uptime_seconds = 0.0;   // since the engine was created

@@ -116,11 +116,17 @@ void Engine::Rebalance(const std::vector<int64_t>& routed, int64_t step) {
   const auto done = rebalancer_->Observe(routed);
   if (!done.has_value()) return;
   const int64_t window = rebalancer_->window_steps();
-  if (!done->ok()) {  // a rank's device full, say: serving goes on
+  if (!done->ok()) {
+    if (executor_->lost()) {  // a rank process was lost meanwhile: as in a step, the engine fails
+      Fail(done->status());
+      return;
+    }
+    // A rank's device full, say: the layers not switched keep their placement, serving goes on.
     std::fprintf(stderr, "EPLB at step %lld: %s (%.1f ms); serving goes on\n", static_cast<long long>(step),
                  std::string(done->status().message()).c_str(), watch.Seconds() * 1e3);
     std::lock_guard<std::mutex> lock(mu_);
     counters_.eplb_seconds += watch.Seconds();
+    ++counters_.eplb_failures;
     return;
   }
   const ExpertReplacement& r = **done;

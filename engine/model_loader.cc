@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const ModelSpec& spec, B
     ASSIGN_OR_RETURN(auto checkpoint, SafetensorsCheckpoint::Open(spec.model_dir));
     auto w = ModelWeights::Load(config, *checkpoint, backend, StorageDType(config, spec), only);
     if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(spec.model_dir, ": ", w.status().message()));
-    if ((*w)->skipped_mtp_tensors() > 0) {
+    if ((*w)->skipped_mtp_tensors() > 0 && !only.experts_only) {
       std::fprintf(stderr, "%s: skipped %lld tensors of %lld multi-token-prediction layer(s), which the forward does not use\n",
                    spec.model_dir.c_str(), static_cast<long long>((*w)->skipped_mtp_tensors()),
                    static_cast<long long>(config.num_nextn_predict_layers));

@@ -124,6 +124,20 @@ absl::Status CheckLoadable(const ModelConfig& config, const Backend* backend, DT
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadExpertsOnly(
+    const ModelConfig& config, const WeightShard& only, const std::vector<std::vector<bool>>& held, DType dtype,
+    Uploader& up, std::unique_ptr<ModelWeights> w) {
+  const int64_t end = only.layer_end < 0 ? config.num_hidden_layers : only.layer_end;
+  w->layers_.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (int64_t l = only.layer_begin; l < end; ++l) {
+    if (config.dense_layer(l)) continue;
+    RETURN_IF_ERROR(LoadRoutedExperts(config, l, dtype, held[static_cast<size_t>(l - only.layer_begin)], up,
+                                      &w->layers_[static_cast<size_t>(l)]));
+  }
+  w->content_digest_ = CombineDigests(w->tensor_digests_);
+  return w;
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config,
                                                                   const TensorSource& source,
                                                                   Backend* backend, DType dtype,
@@ -157,6 +171,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     }
     return r;
   };
+  if (only.experts_only) return LoadExpertsOnly(config, only, held, dtype, up, std::move(w));
   if (first || (last && config.tie_word_embeddings)) {
     ASSIGN_OR_RETURN(w->embed_, up.Matrix({tn::Embed()}, table_dtype));
   } else {

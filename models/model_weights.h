@@ -53,6 +53,9 @@ struct WeightShard {
   int64_t layer_end = -1;        // -1: through the last layer
   // [layer - layer_begin]: the routed experts held in each of the shard's layers; no rows: all.
   std::vector<std::vector<int32_t>> experts;
+  // Only those routed experts are read: no attention, norm, router, shared expert, embedding or
+  // head (what a re-placement of the experts reads, ParallelExecutor::ReplaceExperts).
+  bool experts_only = false;
 };
 
 
@@ -134,6 +137,12 @@ class ModelWeights {
 
  private:
   ModelWeights() = default;
+  // Load's path for a shard of experts only: their layers' routed experts, nothing else.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> LoadExpertsOnly(const ModelConfig& config,
+                                                                       const WeightShard& only,
+                                                                       const std::vector<std::vector<bool>>& held,
+                                                                       DType dtype, Uploader& up,
+                                                                       std::unique_ptr<ModelWeights> w);
   ModelConfig config_;
   DType dtype_ = DType::kF32;
   WeightRef embed_, lm_head_;

@@ -23,6 +23,23 @@ double Imbalance(const std::vector<double>& per_layer, const ExpertLoad& load) {
   return mean > 0 ? busiest / mean : 1.0;
 }
 
+// Experts read again for a re-placement must be the bytes the job loaded at start (every
+// rank's digests were shared then): else a host's copy of the checkpoint differs, or the files
+// changed since, and the rank would compute something else.
+absl::Status SameAsLoaded(const ModelWeights& read, const ModelWeights& loaded) {
+  for (const auto& [key, digest] : read.tensor_digests()) {
+    const auto it = loaded.tensor_digests().find(key);
+    if (it == loaded.tensor_digests().end() || it->second != digest) {
+      std::string name = key;
+      for (char& ch : name) ch = ch == '\0' ? ' ' : ch;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint's \"", name, "\" is not what the job loaded at start (the files changed, or this host's copy "
+          "differs)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ParallelConfig::ValidateEplb(int processes) const {
@@ -44,6 +61,9 @@ absl::Status ParallelConfig::ValidateEplb(int processes) const {
 absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertLoad& load) {
   const Stopwatch watch;
   if (lost_) return absl::UnavailableError(absl::StrCat("re-placing experts: the job was lost: ", lost_why_));
+  if (processes_ != nullptr && !expert_source_) {
+    return absl::FailedPreconditionError("re-placing experts under mpirun: no source for the experts it moves");
+  }
   const ModelConfig& c = weights_->config();
   if (load.layers != c.num_hidden_layers || load.experts != c.num_local_experts) {
     return absl::InvalidArgumentError(absl::StrCat("re-placing experts: a load of ", load.layers, " layers x ",
@@ -73,6 +93,7 @@ absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertL
     r.imbalance_after = Imbalance(RankImbalance(holders_, load, ep), load);
   }
   r.seconds = watch.Seconds();
+  if (lost_) return failed;  // the job is lost (LoseStep's status): nothing more to say
   if (!failed.ok()) {
     return absl::Status(failed.code(), absl::StrCat("re-placing experts stopped after ", r.layers_changed, " of ",
                                                     changed.size(), " layers (each switched on every rank; the others "
@@ -83,19 +104,28 @@ absl::StatusOr<ExpertReplacement> ParallelExecutor::ReplaceExperts(const ExpertL
 
 absl::Status ParallelExecutor::SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row,
                                            ExpertReplacement* r) {
+  const bool processes = processes_ != nullptr;
   ReplaceReply copied;
   absl::Status failed;
-  if (processes_ != nullptr) RETURN_IF_ERROR(ReplacePhase({ReplaceOp::Phase::kStage, layer, row}, &failed, &copied));
-  if (absl::Status s = StageLayer(layer, row, &copied); !s.ok() && failed.ok()) failed = s;
-  const ReplaceOp::Phase then = failed.ok() ? ReplaceOp::Phase::kCommit : ReplaceOp::Phase::kDrop;
-  if (processes_ != nullptr) {
+  if (processes) {
+    channel_->BeginStep();  // the job's step timeout bounds a re-placement's waits as a step's
+    RETURN_IF_ERROR(SendPhase({ReplaceOp::Phase::kStage, layer, row}));
+  }
+  if (absl::Status s = StageLayer(layer, row, &copied); !s.ok()) {  // while the workers stage theirs
+    failed = processes ? absl::Status(s.code(), absl::StrCat(channel_->DescribeRank(0), ": ", s.message())) : s;
+  }
+  if (processes) {
+    RETURN_IF_ERROR(ReceivePhase(&failed, &copied));
     absl::Status also;
     ReplaceReply none;
-    RETURN_IF_ERROR(ReplacePhase({then, layer, {}}, &also, &none));
-    if (!also.ok() && failed.ok()) return LoseStep(also);  // a worker that cannot commit: the ranks disagree
+    RETURN_IF_ERROR(SendPhase({failed.ok() ? ReplaceOp::Phase::kCommit : ReplaceOp::Phase::kDrop, layer, {}}));
+    RETURN_IF_ERROR(ReceivePhase(&also, &none));
+    channel_->EndStep();
+    if (!also.ok()) return LoseStep(also);  // a worker that could not follow: the ranks disagree
   }
   if (!failed.ok()) {
     staged_.clear();  // the copies are freed: the layer keeps its placement on every rank
+    staged_layer_ = -1;
     return absl::Status(failed.code(), absl::StrCat("layer ", layer, ", ", failed.message()));
   }
   CommitLayer(layer, row);
@@ -128,16 +158,19 @@ absl::Status ParallelExecutor::StageLayer(int64_t layer, const std::vector<std::
         from = rank.weights.get();
         from_backend = rank.backend.get();
       } else {
-        auto loaded = expert_source_(WeightShard{layer, layer + 1, {gained}});
-        if (!loaded.ok()) {
-          return absl::Status(loaded.status().code(), absl::StrCat("rank ", l.rank, ": ", loaded.status().message()));
-        }
+        if (!expert_source_) return absl::FailedPreconditionError("no source for the experts a re-placement moves");
+        auto loaded = expert_source_(WeightShard{layer, layer + 1, {gained}, /*experts_only=*/true});
+        if (!loaded.ok()) return loaded.status();
         read = std::move(*loaded);
+        RETURN_IF_ERROR(SameAsLoaded(*read, *weights_));
         from = read.get();
       }
     }
     auto s = rank.weights->StageExperts(*from, from_backend, ws, rank.backend.get());
-    if (!s.ok()) return absl::Status(s.status().code(), absl::StrCat("rank ", l.rank, ": ", s.status().message()));
+    if (!s.ok()) {  // thread ranks are named here, process ranks by the channel
+      return processes_ != nullptr ? s.status()
+                                   : absl::Status(s.status().code(), absl::StrCat("rank ", l.rank, ": ", s.status().message()));
+    }
     reply->experts += static_cast<int64_t>(s->copies.size());
     reply->bytes += static_cast<double>(s->bytes);
     staged_.emplace_back(i, std::move(*s));
@@ -170,6 +203,9 @@ absl::Status ParallelExecutor::ServeReplace(const ReplaceOp& op, ReplaceReply* r
   }
   switch (op.phase) {
     case ReplaceOp::Phase::kStage: {
+      if (c.dense_layer(op.layer)) {
+        return absl::InvalidArgumentError(absl::StrCat("re-placement: layer ", op.layer, " has no routed experts"));
+      }
       if (static_cast<int64_t>(op.row.size()) != c.num_local_experts) {
         return absl::InvalidArgumentError(absl::StrCat("re-placement: holders of ", op.row.size(), " experts, not ",
                                                        c.num_local_experts));
@@ -199,13 +235,17 @@ absl::Status ParallelExecutor::ServeReplace(const ReplaceOp& op, ReplaceReply* r
   return absl::InvalidArgumentError("re-placement: unknown phase");
 }
 
-absl::Status ParallelExecutor::ReplacePhase(const ReplaceOp& op, absl::Status* failed, ReplaceReply* total) {
+absl::Status ParallelExecutor::SendPhase(const ReplaceOp& op) {
   auto* channel = static_cast<ProcessChannel*>(channel_.get());
-  const int n = static_cast<int>(layout_.size());
-  for (int w = 1; w < n; ++w) {
+  for (int w = 1; w < static_cast<int>(layout_.size()); ++w) {
     if (absl::Status s = channel->SendReplace(w, op); !s.ok()) return LoseStep(s);
   }
-  for (int w = 1; w < n; ++w) {
+  return absl::OkStatus();
+}
+
+absl::Status ParallelExecutor::ReceivePhase(absl::Status* failed, ReplaceReply* total) {
+  auto* channel = static_cast<ProcessChannel*>(channel_.get());
+  for (int w = 1; w < static_cast<int>(layout_.size()); ++w) {
     absl::Status theirs;
     ReplaceReply reply;
     if (absl::Status s = channel->ReceiveReplace(w, &theirs, &reply); !s.ok()) return LoseStep(s);

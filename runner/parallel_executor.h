@@ -242,18 +242,21 @@ class ParallelExecutor final : public Executor {
   // and holders_ takes the row; a failed copy leaves the layer as it was. The dispatch tables
   // of this process's ranks are the caller's to rebuild.
   absl::Status SwitchLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row, ExpertReplacement* r);
-  // This process's ranks' side of a layer's switch: stage (into staged_) the experts they gain,
-  // counted into `reply`, and commit them (taking the row into holders_ and these ranks'
-  // layouts and dispatch).
+  // This process's ranks' side of a layer's switch: StageLayer stages (into staged_) the
+  // experts they gain, counted into `reply` (under mpirun read from the checkpoint and checked
+  // against the digests the job loaded); CommitLayer puts them in use and takes the row into
+  // holders_ (FollowHolders then updates layouts and dispatch).
   absl::Status StageLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row, ReplaceReply* reply);
   void CommitLayer(int64_t layer, const std::vector<std::vector<int32_t>>& row);
   // Rank 0 and every worker: the ranks' layouts and dispatch tables follow holders_.
   void FollowHolders();
   // A worker's answer to one of rank 0's ReplaceOps.
   absl::Status ServeReplace(const ReplaceOp& op, ReplaceReply* reply);
-  // Rank 0 under mpirun: one phase of a layer's switch sent to every worker and answered; the
-  // first worker's own failure in `failed`, the return the transport's (the job then lost).
-  absl::Status ReplacePhase(const ReplaceOp& op, absl::Status* failed, ReplaceReply* total);
+  // Rank 0 under mpirun: one phase of a layer's switch sent to every worker, then their answers
+  // (the first worker's own failure into `failed`, their copies added to `total`); the return is
+  // the transport's (LoseStep: the job is lost).
+  absl::Status SendPhase(const ReplaceOp& op);
+  absl::Status ReceivePhase(absl::Status* failed, ReplaceReply* total);
   // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
   absl::Status ChooseDispatchWire();
 

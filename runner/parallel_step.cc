@@ -189,6 +189,8 @@ absl::Status ParallelExecutor::WorkerLoop(int rank, size_t local) {
 
 absl::Status ParallelExecutor::LoseStep(const absl::Status& s) {
   channel_->EndStep();  // the step is over: the step timeout no longer applies
+  staged_.clear();      // a re-placement's copies, if one was under way
+  staged_layer_ = -1;
   if (!lost_) lost_why_ = std::string(s.message());  // the first cause, for every later step
   lost_ = true;
   return absl::UnavailableError(absl::StrCat("parallel step: ", s.message()));

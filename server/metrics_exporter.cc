@@ -112,6 +112,8 @@ std::vector<MetricFamily> EngineMetrics(const EngineStats& s) {
   if (s.has_eplb) {
     Add(&out, "eplb_rearrangements_total", "Re-placements of the experts while serving that moved experts", C,
         static_cast<double>(s.eplb_rearrangements));
+    Add(&out, "eplb_failures_total", "Re-placements that stopped on an error (the layers not switched kept theirs)",
+        C, static_cast<double>(s.eplb_failures));
     Add(&out, "eplb_experts_copied_total", "Experts copied onto EP ranks by re-placements", C,
         static_cast<double>(s.eplb_experts_copied));
     Add(&out, "eplb_copied_bytes_total", "Weight bytes copied by re-placements", C, s.eplb_bytes_copied);

@@ -54,8 +54,10 @@ struct RankParts {
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<ParallelExecutor> ranks;
 };
+// `fail_first_read`: with --eplb-interval, rank 1's first read of experts fails (a re-placement
+// that every rank must drop).
 absl::StatusOr<RankParts> MakeRankParts(const EngineConfig& ec, const ModelConfig& config, uint32_t seed, DType dtype,
-                                        bool deferred, ProcessRanks* processes) {
+                                        bool deferred, ProcessRanks* processes, bool fail_first_read = false) {
   RankParts p;
   CpuBackendOptions o;
   o.defer_copies = deferred;
@@ -76,7 +78,12 @@ absl::StatusOr<RankParts> MakeRankParts(const EngineConfig& ec, const ModelConfi
   ExpertSource source = nullptr;  // --eplb-interval: a process reads the experts it gains, as from a checkpoint
   if (processes != nullptr && ec.parallel.eplb_interval > 0) {
     CpuBackend* backend = p.backend.get();
-    source = [config, seed, dtype, backend](const WeightShard& shard) {
+    auto fail = std::make_shared<bool>(fail_first_read && processes->rank() == 1);
+    source = [config, seed, dtype, backend, fail](const WeightShard& shard) -> absl::StatusOr<std::unique_ptr<ModelWeights>> {
+      if (*fail) {
+        *fail = false;
+        return absl::ResourceExhaustedError("test: this rank's device is full");
+      }
       return ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32), backend, dtype, shard);
     };
   }
@@ -99,7 +106,7 @@ struct Output {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
   int64_t a2a_bytes = 0, pp_bytes = 0;
-  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0;
+  int64_t eplb_rearrangements = 0, eplb_experts_copied = 0, eplb_failures = 0;
 };
 
 std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
@@ -125,8 +132,9 @@ std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
 }
 
 // `processes`: the ranks are the job's processes (null: threads).
+// `release`: free the staging copy once the engine exists, as serve does under mpirun.
 Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t seed,
-                 const std::vector<GenerateRequest>& reqs, ProcessRanks* processes = nullptr) {
+                 const std::vector<GenerateRequest>& reqs, ProcessRanks* processes = nullptr, bool release = false) {
   Output out;
   auto parts = MakeRankParts(ec, config, seed, DType::kBF16, /*deferred=*/false, processes);
   EXPECT_TRUE(parts.ok()) << parts.status();
@@ -134,6 +142,7 @@ Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t see
   auto e = Engine::Create(ec, parts->weights.get(), parts->backend.get(), std::move(parts->ranks));
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return out;
+  if (release) parts->weights->ReleaseTensors();
   std::mutex mu;
   std::map<uint64_t, size_t> index;
   out.tokens.resize(reqs.size());
@@ -155,6 +164,7 @@ Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t see
   for (const StepRecord& s : stats.recent_steps) out.a2a_bytes += s.comm_bytes_observed;
   out.eplb_rearrangements = stats.eplb_rearrangements;
   out.eplb_experts_copied = stats.eplb_experts_copied;
+  out.eplb_failures = stats.eplb_failures;
   return out;
 }
 
@@ -193,8 +203,10 @@ TEST(MpiEngineTest, OutputAndTrafficEqualOneRankAndInProcessRanks) {
 }
 
 // Re-placing the experts every two steps (--eplb-interval) over process ranks, each reading the
-// experts it gains from the checkpoint (here the same random weights): every layer is staged on
-// every process, then committed, and the output equals one rank's token for token.
+// experts it gains from the checkpoint (here the same random weights) with the staging copy
+// freed: every layer is staged on every process, then committed, and the output equals one
+// rank's token for token. Rank 1's first read fails: that layer is dropped on every rank, and
+// the next re-placement goes through.
 TEST(MpiEngineTest, RePlacingExpertsOverProcessRanksEqualsOneRank) {
   Job& job = TheJob();
   MpiWorld* world = job.world;
@@ -207,19 +219,22 @@ TEST(MpiEngineTest, RePlacingExpertsOverProcessRanksEqualsOneRank) {
   processes.parallel.eplb_interval = 2;
   processes.parallel.eplb_window = 3;
   if (world->rank() != 0) {
-    auto parts = MakeRankParts(processes, config, seed, DType::kBF16, /*deferred=*/false, world);
+    auto parts = MakeRankParts(processes, config, seed, DType::kBF16, /*deferred=*/false, world,
+                               /*fail_first_read=*/true);
     ASSERT_TRUE(parts.ok()) << parts.status();
+    parts->weights->ReleaseTensors();
     EXPECT_TRUE(parts->ranks->ServeSteps().ok());
     return;
   }
   const auto reqs = MakeRequests(seed + 2);
   const Output want = RunEngine(MakeConfig(1, 1), config, seed, reqs);
-  const Output got = RunEngine(processes, config, seed, reqs, world);
+  const Output got = RunEngine(processes, config, seed, reqs, world, /*release=*/true);
   const std::string name = absl::StrCat("ep", job.ep, " pp", job.pp, " (seed ", seed, ")");
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got.tokens[i], want.tokens[i]) << name << " request " << i;
     EXPECT_EQ(got.logprobs[i], want.logprobs[i]) << name << " request " << i;
   }
+  EXPECT_EQ(got.eplb_failures, 1) << name << ": rank 1's failed read";
   EXPECT_GE(got.eplb_rearrangements, 1) << name;
   EXPECT_GT(got.eplb_experts_copied, 0) << name;
 }

@@ -114,6 +114,17 @@ TEST(MpiServeTest, AnEp2JobRePlacingItsExpertsStreamsWhatOneProcessGenerates) {
   ASSERT_EQ(want.rc, 0) << want.err;
   EXPECT_EQ(got.ids, want.ids);
   EXPECT_NE(server.log().find("EPLB at step 1:"), std::string::npos) << server.log();
+  // At least one re-placement moved experts (a line "EPLB at step S: N MoE layers re-placed"
+  // with N > 0).
+  bool moved = false;
+  for (size_t at = server.log().find("EPLB at step"); at != std::string::npos;
+       at = server.log().find("EPLB at step", at + 1)) {
+    const size_t colon = server.log().find(": ", at);
+    moved = moved || (colon != std::string::npos && server.log().compare(colon, 4, ": 0 ") != 0 &&
+                      server.log().find(" MoE layers re-placed", colon) < server.log().find('\n', colon));
+  }
+  EXPECT_TRUE(moved) << server.log();
+  EXPECT_EQ(server.log().find("serving goes on"), std::string::npos) << "a re-placement failed\n" << server.log();
   server.Stop(SIGTERM);
   EXPECT_NE(server.log().find("moeserve: stopped cleanly"), std::string::npos) << server.log();
 }
