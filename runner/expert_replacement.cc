@@ -30,8 +30,9 @@ absl::Status SameAsLoaded(const ModelWeights& read, const ModelWeights& loaded) 
   for (const auto& [key, digest] : read.tensor_digests()) {
     const auto it = loaded.tensor_digests().find(key);
     if (it == loaded.tensor_digests().end() || it->second != digest) {
-      std::string name = key;
-      for (char& ch : name) ch = ch == '\0' ? ' ' : ch;
+      std::string name;  // the stacked tensors' names, NUL-terminated each
+      for (char ch : key) name += ch == '\0' ? std::string(", ") : std::string(1, ch);
+      if (name.size() >= 2) name.resize(name.size() - 2);
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint's \"", name, "\" is not what the job loaded at start (the files changed, or this host's copy "
           "differs)"));
