@@ -43,7 +43,7 @@ absl::Status SameAsLoaded(const ModelWeights& read, const ModelWeights& loaded) 
 
 }  // namespace
 
-absl::Status ParallelConfig::ValidateEplb(int processes) const {
+absl::Status ParallelConfig::ValidateEplb() const {
   if (eplb_interval < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--eplb-interval must be >= 0 steps, got ", eplb_interval));
   }
@@ -55,7 +55,6 @@ absl::Status ParallelConfig::ValidateEplb(int processes) const {
   if (eplb_window < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--eplb-window must be >= 1 step, got ", eplb_window));
   }
-  (void)processes;  // processes read the experts they gain from the checkpoint (ExpertSource)
   return absl::OkStatus();
 }
 

@@ -54,7 +54,7 @@ absl::Status ParallelConfig::Validate(const ModelConfig& c, int processes) const
                                                      " experts plus the replicas a multiple of --ep, got ", expert_replicas));
     }
   }
-  RETURN_IF_ERROR(ValidateEplb(processes));
+  RETURN_IF_ERROR(ValidateEplb());
   if (micro_batches < 0 || micro_batches > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--micro-batches must be in [0, 64], got ", micro_batches));
   }

@@ -68,9 +68,9 @@ struct ParallelConfig {
   bool enabled() const { return ep * pp > 1; }
   // EP ranks per domain within a stage's EP group when the group spans several domains, else 0.
   int64_t EpDomainSize() const { return domain_size > 0 && domain_size < ep ? domain_size : 0; }
-  // The eplb_ fields: an interval >= 0, and a positive one only over EP ranks (ep >= 2) that
-  // are threads (runner/expert_replacement.cc).
-  absl::Status ValidateEplb(int processes) const;
+  // The eplb_ fields: an interval >= 0, a positive one only over EP ranks (ep >= 2), a window
+  // of a step or more (runner/expert_replacement.cc).
+  absl::Status ValidateEplb() const;
   // Checks the layout against the model: ep <= experts, pp <= layers; under mpirun, that the
   // job's `processes` are ep x pp (0: not a job).
   absl::Status Validate(const ModelConfig& config, int processes = 0) const;

@@ -202,7 +202,7 @@ absl::StatusOr<ExpertPlacement> ParseExpertPlacement(const std::string& name) {
 
 absl::Status ApplyPlacementFlags(const EngineFlags& f, ParallelConfig* p) {
   // Checked here too: with one rank the layout is never validated, and the flag would be ignored.
-  RETURN_IF_ERROR(p->ValidateEplb(0));
+  RETURN_IF_ERROR(p->ValidateEplb());
   // Checked here, not only with the layout: one rank would otherwise ignore it. With
   // --eplb-interval the copies need no recorded load (ParallelConfig::Holders).
   const bool placed = f.expert_placement == "balanced" || (p->eplb_interval > 0 && f.expert_placement == "contiguous");
