@@ -130,6 +130,11 @@ nlohmann::json ParallelReport(const Engine& engine, DType weight_dtype, const st
   j["mean_expert_imbalance"] = imb_steps ? expert_imb / imb_steps : 0.0;
   j["mean_rank_imbalance"] = imb_steps ? rank_imb / imb_steps : 0.0;
   j["mean_attention_imbalance"] = imb_steps ? attn_imb / imb_steps : 0.0;
+  if (const EngineStats stats = engine.GetStats(); stats.has_eplb) {  // --eplb-interval
+    j["eplb"] = {{"rearrangements", stats.eplb_rearrangements}, {"failures", stats.eplb_failures},
+                 {"experts_copied", stats.eplb_experts_copied}, {"bytes_copied", stats.eplb_bytes_copied},
+                 {"seconds", stats.eplb_seconds}, {"rank_imbalance_after_last", stats.eplb_rank_imbalance}};
+  }
   return j;
 }
 
@@ -154,6 +159,15 @@ void PrintParallelReport(const nlohmann::json& j) {
                                  " bytes (domains of ", j["domain_size"].get<int64_t>(), " ranks; 0: one)")
                         .c_str()
                   : "");
+  if (j.contains("eplb")) {
+    const nlohmann::json& e = j["eplb"];
+    std::printf("    EPLB: %lld re-placements (%lld failed), %lld experts copied (%.1f MiB) in %.1f ms; busiest EP rank "
+                "over the mean after the latest %.3f (under its window)\n",
+                static_cast<long long>(e["rearrangements"].get<int64_t>()),
+                static_cast<long long>(e["failures"].get<int64_t>()),
+                static_cast<long long>(e["experts_copied"].get<int64_t>()), e["bytes_copied"].get<double>() / 1048576.0,
+                1e3 * e["seconds"].get<double>(), e["rank_imbalance_after_last"].get<double>());
+  }
   if (j["domain_size"].get<int64_t>() > 0) {
     std::printf("    across domains: %.0f bytes per token measured%s\n", j["scale_out_bytes_per_token"].get<double>(),
                 j.contains("predicted_scale_out_bytes_per_token")
