@@ -119,7 +119,7 @@ absl::Status ParallelExecutor::SwitchLayer(int64_t layer, const std::vector<std:
     absl::Status also;
     ReplaceReply none;
     RETURN_IF_ERROR(SendPhase({failed.ok() ? ReplaceOp::Phase::kCommit : ReplaceOp::Phase::kDrop, layer, {}}));
-    RETURN_IF_ERROR(ReceivePhase(&also, &none));
+    RETURN_IF_ERROR(ReceivePhase(&also, &none, /*committed=*/failed.ok()));
     channel_->EndStep();
     if (!also.ok()) return LoseStep(also);  // a worker that could not follow: the ranks disagree
   }
@@ -225,6 +225,7 @@ absl::Status ParallelExecutor::ServeReplace(const ReplaceOp& op, ReplaceReply* r
       std::vector<std::vector<int32_t>> row = staged_row_;
       CommitLayer(op.layer, row);
       FollowHolders();
+      for (const Rank& rank : ranks_) reply->bytes += static_cast<double>(rank.weights->total_bytes());  // its weights now
       return absl::OkStatus();
     }
     case ReplaceOp::Phase::kDrop:
@@ -243,7 +244,7 @@ absl::Status ParallelExecutor::SendPhase(const ReplaceOp& op) {
   return absl::OkStatus();
 }
 
-absl::Status ParallelExecutor::ReceivePhase(absl::Status* failed, ReplaceReply* total) {
+absl::Status ParallelExecutor::ReceivePhase(absl::Status* failed, ReplaceReply* total, bool committed) {
   auto* channel = static_cast<ProcessChannel*>(channel_.get());
   for (int w = 1; w < static_cast<int>(layout_.size()); ++w) {
     absl::Status theirs;
@@ -252,6 +253,7 @@ absl::Status ParallelExecutor::ReceivePhase(absl::Status* failed, ReplaceReply* 
     if (!theirs.ok() && failed->ok()) *failed = theirs;
     total->experts += reply.experts;
     total->bytes += reply.bytes;
+    if (committed && theirs.ok()) layout_[static_cast<size_t>(w)].weight_bytes = reply.bytes;  // rank w's weights now
   }
   return absl::OkStatus();
 }

@@ -253,10 +253,11 @@ class ParallelExecutor final : public Executor {
   // A worker's answer to one of rank 0's ReplaceOps.
   absl::Status ServeReplace(const ReplaceOp& op, ReplaceReply* reply);
   // Rank 0 under mpirun: one phase of a layer's switch sent to every worker, then their answers
-  // (the first worker's own failure into `failed`, their copies added to `total`); the return is
-  // the transport's (LoseStep: the job is lost).
+  // (the first worker's own failure into `failed`, their copies added to `total`; after a
+  // commit, `committed`, each worker's weight bytes into layout_); the return is the
+  // transport's (LoseStep: the job is lost).
   absl::Status SendPhase(const ReplaceOp& op);
-  absl::Status ReceivePhase(absl::Status* failed, ReplaceReply* total);
+  absl::Status ReceivePhase(absl::Status* failed, ReplaceReply* total, bool committed = false);
   // Chooses the dispatch's wire for every rank at once (processes: agreed by all).
   absl::Status ChooseDispatchWire();
 

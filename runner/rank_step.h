@@ -50,7 +50,7 @@ struct ReplaceOp {
   std::vector<std::vector<int32_t>> row;  // kStage: its new holders, [expert] -> EP ranks
 };
 // A worker's answer to a ReplaceOp: its status and, for kStage, the experts it copied and
-// their bytes.
+// their bytes; for kCommit, its weights' bytes after the switch.
 struct ReplaceReply {
   int64_t experts = 0;
   double bytes = 0;

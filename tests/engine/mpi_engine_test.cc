@@ -106,6 +106,7 @@ struct Output {
   std::vector<std::vector<float>> logprobs;
   int64_t a2a_bytes = 0, pp_bytes = 0;
   int64_t eplb_rearrangements = 0, eplb_experts_copied = 0, eplb_failures = 0;
+  std::vector<RankLayout> layout;  // rank 0's record of every rank at the end
 };
 
 std::vector<GenerateRequest> MakeRequests(uint32_t seed) {
@@ -164,6 +165,7 @@ Output RunEngine(const EngineConfig& ec, const ModelConfig& config, uint32_t see
   out.eplb_rearrangements = stats.eplb_rearrangements;
   out.eplb_experts_copied = stats.eplb_experts_copied;
   out.eplb_failures = stats.eplb_failures;
+  if ((*e)->parallel() != nullptr) out.layout = (*e)->parallel()->layout();
   return out;
 }
 
@@ -234,6 +236,16 @@ TEST(MpiEngineTest, RePlacingExpertsOverProcessRanksEqualsOneRank) {
     EXPECT_EQ(got.logprobs[i], want.logprobs[i]) << name << " request " << i;
   }
   EXPECT_EQ(got.eplb_failures, 1) << name << ": rank 1's read of other weights";
+  // Rank 0's record of each rank's weight bytes (its own, and the workers' from their commit
+  // replies) is what loading that rank's shard with its final experts afresh takes: nothing
+  // dropped is kept, nothing counted twice.
+  CpuBackend fresh;
+  for (const RankLayout& l : got.layout) {
+    auto w = ModelWeights::Load(config, *GenerateRandomWeights(config, seed, DType::kF32), &fresh, DType::kBF16,
+                                WeightShard{l.layer_begin, l.layer_end, l.experts});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(l.weight_bytes, static_cast<double>((*w)->total_bytes())) << name << " rank " << l.rank;
+  }
   EXPECT_GE(got.eplb_rearrangements, 1) << name;
   EXPECT_GT(got.eplb_experts_copied, 0) << name;
 }
