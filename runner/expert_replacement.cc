@@ -139,13 +139,12 @@ absl::Status ParallelExecutor::StageLayer(int64_t layer, const std::vector<std::
   staged_.clear();
   staged_layer_ = layer;
   staged_row_ = row;
-  ExpertHolderTable next = holders_;
-  next[static_cast<size_t>(layer)] = row;
+  const ExpertHolderTable one{row};  // the layer's new holders, as a table of one layer
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& rank = ranks_[i];
     const RankLayout& l = rank.layout;
     if (layer < l.layer_begin || layer >= l.layer_end) continue;
-    const WeightShard ws{layer, layer + 1, ExpertsOfRank(next, l.ep_rank, layer, layer + 1)};
+    const WeightShard ws{layer, layer + 1, ExpertsOfRank(one, l.ep_rank, 0, 1)};
     const ModelWeights* from = weights_;
     Backend* from_backend = weights_backend_;
     std::unique_ptr<ModelWeights> read;  // a process holds only its shard: it reads what it gains
@@ -222,8 +221,7 @@ absl::Status ParallelExecutor::ServeReplace(const ReplaceOp& op, ReplaceReply* r
         return absl::FailedPreconditionError(absl::StrCat("re-placement: commit of layer ", op.layer, ", staged ",
                                                           staged_layer_));
       }
-      std::vector<std::vector<int32_t>> row = staged_row_;
-      CommitLayer(op.layer, row);
+      CommitLayer(op.layer, staged_row_);
       FollowHolders();
       for (const Rank& rank : ranks_) reply->bytes += static_cast<double>(rank.weights->total_bytes());  // its weights now
       return absl::OkStatus();

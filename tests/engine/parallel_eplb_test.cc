@@ -91,17 +91,12 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   std::vector<int64_t> lens(6);
   for (auto& len : lens) len = 2 + static_cast<int64_t>(gen() % 30);
-  auto Copies = [&](int64_t ep) { return ep + (ep - experts % ep) % ep; };
+  auto Copies = [&](int64_t ep) { return FewestCopies(experts, ep); };
   for (const Layout& l : std::vector<Layout>{{2, 1}, {4, 1}, {2, 2}, {4, 1, ExpertPlacement::kContiguous, 0, Copies(4)},
                                              {4, 1, ExpertPlacement::kContiguous, 0, Copies(4), 2}}) {
     const auto [first, second] = TwoSteps(MakeStep(config_, blocks, block, l.ep, lens, seed_));
-    // The oracle: one rank, both steps on one cache.
-    auto kv = KvStorage::Create(&backend_, layout);
-    ASSERT_TRUE(kv.ok());
-    MoeModel one(weights_.get(), &backend_);
     std::vector<float> want1, want2;
-    ASSERT_TRUE(one.Forward(first, layout, kv->data(), &want1).ok());
-    ASSERT_TRUE(one.Forward(second, layout, kv->data(), &want2).ok());
+    ASSERT_TRUE(OneRankTwoSteps(first, second, layout, &want1, &want2)) << Name(l);
 
     ParallelConfig p = ToConfig(l, &config_);
     p.eplb_interval = 1;
@@ -151,12 +146,8 @@ TEST_P(ParallelTest, AReplacementThatDoesNotFitChangesNothing) {
   const int64_t block = 8, blocks = 64;
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   const auto [first, second] = TwoSteps(MakeStep(config_, blocks, block, 2, {9, 17, 5, 30}, seed_));
-  auto kv = KvStorage::Create(&backend_, layout);
-  ASSERT_TRUE(kv.ok());
-  MoeModel one(weights_.get(), &backend_);
   std::vector<float> want1, want2;
-  ASSERT_TRUE(one.Forward(first, layout, kv->data(), &want1).ok());
-  ASSERT_TRUE(one.Forward(second, layout, kv->data(), &want2).ok());
+  ASSERT_TRUE(OneRankTwoSteps(first, second, layout, &want1, &want2));
   ParallelConfig p = ToConfig(Layout{2, 1}, &config_);
   p.eplb_interval = 1;
   std::vector<size_t> room;  // each rank's bytes in use after both steps, measured on roomy devices

@@ -62,6 +62,9 @@ inline absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineConfig& ec
   return Engine::Create(ec, weights, backend, std::move(x));
 }
 
+// --expert-replicas for ep ranks: ep copies or more, the experts plus copies a multiple of ep.
+inline int64_t FewestCopies(int64_t experts, int64_t ep) { return ep + (ep - experts % ep) % ep; }
+
 // With a balanced placement, a recorded load of random counts for `c`, so that every layer
 // places its experts differently (and not in rank order).
 inline ParallelConfig ToConfig(const Layout& l, const ModelConfig* c = nullptr) {
@@ -239,6 +242,14 @@ class ParallelTest : public ::testing::TestWithParam<int> {
     MoeModel one(weights_.get(), &backend_);
     if (!kv.ok() || !one.Forward(in, layout, kv->data(), &logits, stats).ok()) logits.clear();
     return logits;
+  }
+  // The same for two steps in turn on one cache (the second attends to the first's KV).
+  bool OneRankTwoSteps(const ForwardInput& first, const ForwardInput& second, const KvLayout& layout,
+                       std::vector<float>* want1, std::vector<float>* want2) {
+    auto kv = KvStorage::Create(&backend_, layout);
+    MoeModel one(weights_.get(), &backend_);
+    return kv.ok() && one.Forward(first, layout, kv->data(), want1).ok() &&
+           one.Forward(second, layout, kv->data(), want2).ok();
   }
   CpuBackend backend_;
   ModelConfig config_;

@@ -70,7 +70,7 @@ TEST_P(ParallelTest, ReplicatedLayoutsImbalanceFollowsTheSplitRule) {
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   std::vector<int64_t> lens(7);
   for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
-  auto Copies = [&](int64_t ep) { return ep + (ep - experts % ep) % ep; };
+  auto Copies = [&](int64_t ep) { return FewestCopies(experts, ep); };
   for (const Layout& l : std::vector<Layout>{{4, 1, ExpertPlacement::kBalanced, 0, Copies(4)},
                                              {4, 1, ExpertPlacement::kBalanced, 0, Copies(4), 2},
                                              {4, 1, ExpertPlacement::kBalanced, 0, Copies(4), 1},

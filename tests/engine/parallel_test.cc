@@ -16,9 +16,8 @@ TEST_P(ParallelTest, ExecutorLogitsEqualOneRank) {
   const KvLayout layout = KvLayoutFor(config_, blocks, block, DType::kF32);
   std::vector<int64_t> lens(5);
   for (auto& len : lens) len = 1 + static_cast<int64_t>(gen() % 40);
-  // --expert-replicas for ep ranks: ep copies or more, the experts plus copies a multiple of ep.
   const int64_t experts = config_.num_local_experts;
-  auto Copies = [&](int64_t ep) { return ep + (ep - experts % ep) % ep; };
+  auto Copies = [&](int64_t ep) { return FewestCopies(experts, ep); };
   for (const Layout& l : std::vector<Layout>{{2, 1},
                                              {4, 1},
                                              {1, 2},
