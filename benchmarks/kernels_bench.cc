@@ -224,6 +224,7 @@ BENCHMARK(BM_PagedDecodeAttention)
     ->Args({1, 4096, 8, 1})
     ->Args({16, 4096, 8, 0})
     ->Args({16, 4096, 8, 1})
+    ->Args({64, 192, 8, 0})  // the offline benchmark's batch of 64 (128 in, 128 out) half way
     ->UseRealTime();
 
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
