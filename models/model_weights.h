@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,12 +99,17 @@ class ModelWeights {
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Shard(const ModelWeights& full, Backend* from,
                                                              const WeightShard& shard, Backend* to);
 
-  // Re-placing the routed experts of this shard (made by Shard from `full` on `from`) while
-  // serving (EPLB), in two parts so that several ranks switch together or not at all:
-  // StageExperts copies the experts `shard` holds and this shard lacks onto `to` (its layers
-  // must be this shard's; a failure, such as a full device, changes nothing); CommitExperts
-  // then frees the experts `shard` drops and puts the copies in use (it cannot fail).
-  absl::StatusOr<StagedExperts> StageExperts(const ModelWeights& full, Backend* from, const WeightShard& shard,
+  // Re-placing the routed experts of this shard while serving (EPLB), in two parts so that
+  // several ranks switch together or not at all: StageExperts copies the experts `shard` holds
+  // and this shard lacks onto `to`, each from the first of `sources` that holds it (another
+  // rank's shard, or weights read for the purpose; its layers must be this shard's; a failure,
+  // such as a full device or an expert no source holds, changes nothing); CommitExperts then
+  // frees the experts `shard` drops and puts the copies in use (it cannot fail).
+  struct ExpertOrigin {
+    const ModelWeights* weights;
+    Backend* backend;  // where weights' buffers live
+  };
+  absl::StatusOr<StagedExperts> StageExperts(std::span<const ExpertOrigin> sources, const WeightShard& shard,
                                              Backend* to) const;
   void CommitExperts(StagedExperts staged);
 

@@ -169,21 +169,29 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
   return w;
 }
 
-absl::StatusOr<StagedExperts> ModelWeights::StageExperts(const ModelWeights& full, Backend* from,
+absl::StatusOr<StagedExperts> ModelWeights::StageExperts(std::span<const ExpertOrigin> sources,
                                                        const WeightShard& shard, Backend* to) const {
-  if (full.released_) return absl::FailedPreconditionError("re-placing experts: the full weights were released");
+  for (const ExpertOrigin& src : sources) {
+    if (src.weights->released_) return absl::FailedPreconditionError("re-placing experts: a source's weights were released");
+  }
   ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(config_, shard));
   const int64_t end = shard.layer_end < 0 ? config_.num_hidden_layers : shard.layer_end;
   StagedExperts out;
   out.layer_begin = shard.layer_begin;
   out.held = held;
-  ShardCopier copier{from, to, &out.buffers, &out.bytes, {}};
   for (int64_t l = shard.layer_begin; l < end; ++l) {
     const std::vector<bool>& h = held[static_cast<size_t>(l - shard.layer_begin)];
     const LayerWeights& mine = layers_[static_cast<size_t>(l)];
-    const LayerWeights& source = full.layers_[static_cast<size_t>(l)];
     for (size_t e = 0; e < mine.w13.size(); ++e) {
       if (!h[e] || mine.w13[e].data != nullptr) continue;
+      auto holder = std::find_if(sources.begin(), sources.end(), [&](const ExpertOrigin& src) {
+        return src.weights->layers_[static_cast<size_t>(l)].w13[e].data != nullptr;
+      });
+      if (holder == sources.end()) {
+        return absl::NotFoundError(absl::StrCat("re-placing experts: no source holds layer ", l, "'s expert ", e));
+      }
+      const LayerWeights& source = holder->weights->layers_[static_cast<size_t>(l)];
+      ShardCopier copier{holder->backend, to, &out.buffers, &out.bytes, {}};
       StagedExperts::Copy c{l, e, {}, {}};
       ASSIGN_OR_RETURN(c.w13, copier.Matrix(source.w13[e]));
       ASSIGN_OR_RETURN(c.w2, copier.Matrix(source.w2[e]));

@@ -140,32 +140,37 @@ absl::Status ParallelExecutor::StageLayer(int64_t layer, const std::vector<std::
   staged_layer_ = layer;
   staged_row_ = row;
   const ExpertHolderTable one{row};  // the layer's new holders, as a table of one layer
+  // Thread ranks copy what they gain from the ranks of their stage that hold it now (the staging
+  // copy of the weights is freed once the ranks hold their shards).
+  std::vector<ModelWeights::ExpertOrigin> peers;
+  for (const Rank& peer : ranks_) {
+    if (layer >= peer.layout.layer_begin && layer < peer.layout.layer_end) {
+      peers.push_back({peer.weights.get(), peer.backend.get()});
+    }
+  }
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& rank = ranks_[i];
     const RankLayout& l = rank.layout;
     if (layer < l.layer_begin || layer >= l.layer_end) continue;
     const WeightShard ws{layer, layer + 1, ExpertsOfRank(one, l.ep_rank, 0, 1)};
-    const ModelWeights* from = weights_;
-    Backend* from_backend = weights_backend_;
+    std::vector<ModelWeights::ExpertOrigin> sources = peers;
     std::unique_ptr<ModelWeights> read;  // a process holds only its shard: it reads what it gains
     if (processes_ != nullptr) {
       std::vector<int32_t> gained;
       for (int32_t e : ws.experts[0]) {
         if (rank.weights->layer(layer).w13[static_cast<size_t>(e)].data == nullptr) gained.push_back(e);
       }
-      if (gained.empty()) {  // nothing to copy, only experts to drop: staged from its own shard
-        from = rank.weights.get();
-        from_backend = rank.backend.get();
-      } else {
+      sources = {{rank.weights.get(), rank.backend.get()}};  // nothing gained: only experts to drop
+      if (!gained.empty()) {
         if (!expert_source_) return absl::FailedPreconditionError("no source for the experts a re-placement moves");
         auto loaded = expert_source_(WeightShard{layer, layer + 1, {gained}, /*experts_only=*/true});
         if (!loaded.ok()) return loaded.status();
         read = std::move(*loaded);
         RETURN_IF_ERROR(SameAsLoaded(*read, *weights_));
-        from = read.get();
+        sources = {{read.get(), weights_backend_}};
       }
     }
-    auto s = rank.weights->StageExperts(*from, from_backend, ws, rank.backend.get());
+    auto s = rank.weights->StageExperts(sources, ws, rank.backend.get());
     if (!s.ok()) {  // thread ranks are named here, process ranks by the channel
       return processes_ != nullptr ? s.status()
                                    : absl::Status(s.status().code(), absl::StrCat("rank ", l.rank, ": ", s.status().message()));

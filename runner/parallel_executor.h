@@ -119,7 +119,8 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights);
 class ParallelExecutor final : public Executor {
  public:
   // Each rank copies its shard of `weights` (held on `weights_backend`) onto its own device,
-  // within that device's capacity. `kv` describes the whole cache (all layers, the engine's
+  // within that device's capacity; `weights` may be released once Create returns (experts a
+  // re-placement moves come from the ranks that hold them, or from `expert_source`). `kv` describes the whole cache (all layers, the engine's
   // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
   // gets an arena of its stage's layers for its segment's blocks.
   // Rank 0 ends the workers' loops (ShutdownWorkers); worker threads are joined.
@@ -264,7 +265,7 @@ class ParallelExecutor final : public Executor {
   ParallelConfig config_;
   ProcessRanks* processes_ = nullptr;
   const ModelWeights* weights_ = nullptr;
-  Backend* weights_backend_ = nullptr;         // where weights_ lives (the experts re-placed come from it)
+  Backend* weights_backend_ = nullptr;         // where weights_ lived, and expert_source_ reads to
   ExpertSource expert_source_;                 // under mpirun: where they come from instead
   std::vector<std::pair<size_t, StagedExperts>> staged_;  // a layer's copies between stage and commit
   int64_t staged_layer_ = -1;

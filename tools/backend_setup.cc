@@ -33,13 +33,8 @@ double ResidentMiB() {
 
 }  // namespace
 
-void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix, bool processes) {
+void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix) {
   if (!config.parallel.enabled()) return;
-  if (config.parallel.eplb_interval > 0 && !processes) {
-    std::fprintf(stderr, "%skept the %.1f MiB staging copy of the weights: --eplb-interval copies experts from it\n",
-                 log_prefix, static_cast<double>(weights->total_bytes()) / 1048576.0);
-    return;
-  }
   const double staged_mb = static_cast<double>(weights->total_bytes()) / 1048576.0;
   const double rss_before = ResidentMiB();
   weights->ReleaseTensors();

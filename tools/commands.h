@@ -46,11 +46,9 @@ absl::Status ApplyCpuKernelFlags(const CpuKernelFlags& flags, CpuBackendOptions*
 
 // With a parallel layout, once the engine exists every rank holds its shard: frees the full
 // copy of the weights the ranks were cut from (it would stay in memory for the whole run) and
-// says so on stderr after `log_prefix`. Does nothing on one rank. Kept with --eplb-interval
-// when the ranks are threads (`processes` false): re-placements copy experts from it (process
-// ranks read them from the checkpoint instead).
-void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix,
-                        bool processes = false);
+// says so on stderr after `log_prefix`. Does nothing on one rank. (Re-placements copy experts
+// from the ranks that hold them, or under mpirun read them from the checkpoint.)
+void ReleaseStagingCopy(const EngineConfig& config, ModelWeights* weights, const char* log_prefix);
 
 // Engine flags shared by `bench` and `serve`. A flag that needs no conversion binds straight to
 // its field of `config`, whose default is the only one; the others (units, names, files) are

@@ -163,9 +163,8 @@ void AddParallelFlags(CLI::App* cmd, EngineFlags* f) {
                   "With --ep: every this many engine steps, re-place the experts while serving (vLLM's EPLB): per "
                   "MoE layer, the balanced placement of the last --eplb-window steps' routing, with --expert-replicas "
                   "copies, where it leaves that layer's busiest rank at least 2% lighter; one layer at a time. Ranks "
-                  "that are threads copy the experts they gain from the staging copy of the weights, which is then "
-                  "kept (the model's size in host memory); under mpirun each process reads them from the checkpoint. "
-                  "Outputs do not change. 0: never")
+                  "that are threads copy the experts they gain from a rank of their stage that holds them; under "
+                  "mpirun each process reads them from the checkpoint. Outputs do not change. 0: never")
       ->capture_default_str();
   cmd->add_option("--eplb-window", f->config.parallel.eplb_window,
                   "With --eplb-interval: the engine steps of routing a re-placement evens out")

@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Launched>> LaunchEngine(const EngineFlags& flags,
     job->StartMonitor([e](const std::string& message) { e->Fail(absl::UnavailableError(message)); });
     out->monitor_stop.job = job;
   }
-  ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str(), job != nullptr);
+  ReleaseStagingCopy(out->config, out->rank.weights.get(), log_prefix.c_str());
   return out;
 }
 

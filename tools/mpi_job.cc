@@ -100,7 +100,7 @@ class OpenMpiJob final : public MpiJob {
     ModelWeights* weights = loaded->weights.get();
     auto executor = MakeRanks(f, *config, weights, loaded->backend.get(), this, spec);
     if (!executor.ok()) fail(executor.status());
-    ReleaseStagingCopy(*config, weights, who.c_str(), /*processes=*/true);
+    ReleaseStagingCopy(*config, weights, who.c_str());
     const RankLayout& mine = (*executor)->layout()[static_cast<size_t>(world_->rank())];
     std::fprintf(stderr, "%sready in %.2f s: %s\n", who.c_str(), sw.Seconds(),
                  std::all_of(mine.experts.begin(), mine.experts.end(), [](const auto& e) { return e.empty(); })

@@ -4,7 +4,10 @@
 // layer's busiest rank, a device too small for the new experts changes nothing, and the engine
 // re-placing every few steps answers token for token as one rank. (Instantiated for every
 // model in parallel_test.cc.)
+#include <cstring>
+
 #include "engine/expert_rebalancer.h"
+#include "kernels/weight_layout.h"
 #include "tests/engine/parallel_fixture.h"
 
 namespace moeserve::parallel_test {
@@ -100,8 +103,13 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
 
     ParallelConfig p = ToConfig(l, &config_);
     p.eplb_interval = 1;
-    auto x = ParallelExecutor::Create(p, weights_.get(), &backend_, layout, CpuRanks());
+    // The ranks are cut from a staging copy that is then freed, as serve and bench do: the
+    // experts a rank gains come from the ranks that hold them.
+    std::unique_ptr<ModelWeights> staged =
+        *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32), &backend_, storage_);
+    auto x = ParallelExecutor::Create(p, staged.get(), &backend_, layout, CpuRanks());
     ASSERT_TRUE(x.ok()) << x.status();
+    staged->ReleaseTensors();
     std::vector<float> got;
     ForwardStats fs;
     ParallelStepStats ps;
@@ -136,6 +144,41 @@ TEST_P(ParallelTest, ReplacingExpertsBetweenStepsKeepsTheOutput) {
     EXPECT_EQ(again->experts_copied, 0) << Name(l);
     EXPECT_EQ(WeightBytes(**x), FreshShardBytes(**x, *weights_, &backend_)) << Name(l);
   }
+}
+
+// A shard stages the experts it gains from the first source that holds each (the bytes that
+// source holds), and refuses, naming the layer and expert, one that no source holds.
+TEST_P(ParallelTest, StagingCopiesEachExpertFromASourceThatHoldsIt) {
+  const int64_t experts = config_.num_local_experts;
+  int64_t layer = 0;
+  while (config_.dense_layer(layer)) ++layer;  // the first MoE layer
+  std::vector<int32_t> low, high, want;
+  for (int32_t e = 0; e < experts; ++e) (e < experts / 2 ? low : high).push_back(e);
+  want = {low.back(), high.front()};
+  auto Cut = [&](const std::vector<int32_t>& held) {
+    return *ModelWeights::Shard(*weights_, &backend_, WeightShard{layer, layer + 1, {held}}, &backend_);
+  };
+  const std::unique_ptr<ModelWeights> a = Cut(low), b = Cut(high);
+  const ModelWeights::ExpertOrigin self{a.get(), &backend_}, peer{b.get(), &backend_};
+  const std::vector<ModelWeights::ExpertOrigin> both = {self, peer};
+  auto staged = a->StageExperts(both, WeightShard{layer, layer + 1, {want}}, &backend_);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_EQ(staged->copies.size(), 1u);
+  const StagedExperts::Copy& c = staged->copies[0];
+  EXPECT_EQ(c.expert, static_cast<size_t>(high.front()));
+  for (const auto& [got, from] : {std::pair{c.w13, b->layer(layer).w13[c.expert]}, {c.w2, b->layer(layer).w2[c.expert]}}) {
+    ASSERT_NE(got.data, from.data) << "a copy, not the peer's own buffer";
+    const size_t bytes = from.dtype == DType::kF8E4M3
+                             ? static_cast<size_t>(from.rows * from.cols)
+                             : static_cast<size_t>(WeightStorageElems(from.layout, from.rows, from.cols)) * DTypeSize(from.dtype);
+    EXPECT_EQ(0, std::memcmp(got.data, from.data, bytes)) << "expert " << c.expert;
+  }
+  const std::vector<ModelWeights::ExpertOrigin> only_self = {self};
+  auto none = a->StageExperts(only_self, WeightShard{layer, layer + 1, {want}}, &backend_);
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(none.status().message()).find(absl::StrCat("layer ", layer, "'s expert ", high.front())),
+            std::string::npos)
+      << none.status();
 }
 
 // Every rank's device roomy but the last one's, which has no room for one more expert: the
