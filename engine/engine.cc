@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   } else {
     engine->executor_ = std::make_unique<SingleDeviceExecutor>(&engine->model_, &engine->kv_, backend);
   }
+  engine->DescribeLayout();
   // The batch builder writes each sequence into the part of its pool segment's rank.
   std::vector<int64_t> segments;
   for (int64_t g = 0; g < engine->pool_.num_segments(); ++g) segments.push_back(engine->pool_.segment_begin(g));
@@ -346,6 +347,18 @@ void Engine::UpdateGaugesLocked() {
 ExpertLoad Engine::RecordedExpertLoad() const {
   std::lock_guard<std::mutex> lock(mu_);
   return expert_load_;
+}
+
+std::string Engine::ParallelLayout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return parallel_layout_;
+}
+
+void Engine::DescribeLayout() {
+  std::string d = parallel() != nullptr ? absl::StrCat(parallel()->config().Name(), "\n", parallel()->Describe())
+                                        : "1 rank: ep1 pp1, all layers and experts on rank 0";
+  std::lock_guard<std::mutex> lock(mu_);
+  parallel_layout_ = std::move(d);
 }
 
 EngineStats Engine::GetStats() const {

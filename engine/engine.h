@@ -130,6 +130,10 @@ class Engine {
   absl::StatusOr<bool> Step();
 
   EngineStats GetStats() const;
+  // The parallel layout as it is now (GetModelInfo.parallel_layout): its name, then each rank's
+  // stage, layers and experts, as re-placements (--eplb-interval) leave them; one line on one
+  // rank. Safe from any thread.
+  std::string ParallelLayout() const;
   // The tokens routed to each (layer, expert) over every step so far, every layout (the EP
   // ranks' own experts' rows added up): `bench --expert-load-out`.
   ExpertLoad RecordedExpertLoad() const;
@@ -164,6 +168,8 @@ class Engine {
   // After Fail: ends every request in flight with the failure (loop thread).
   void FailEverything();
   void Loop();
+  // Sets parallel_layout_ from the executor's layout as it is now (loop thread, or Create).
+  void DescribeLayout();
   // Copies scheduler and pool gauges into counters_ (mu_ held, loop thread).
   void UpdateGaugesLocked();
   // After a model step: its routing to the rebalancer, and a re-placement's report (loop thread).
@@ -211,6 +217,7 @@ class Engine {
   // Counters and gauges, written by the loop and read by GetStats under mu_.
   EngineStats counters_;
   ExpertLoad expert_load_;  // under mu_
+  std::string parallel_layout_;  // ParallelLayout's, under mu_ (the loop thread re-places)
   int64_t new_waiting_ = 0;  // the scheduler's never-admitted waiting sequences (Submit's bound), under mu_
 };
 

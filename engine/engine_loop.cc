@@ -115,6 +115,7 @@ void Engine::Rebalance(const std::vector<int64_t>& routed, int64_t step) {
   const Stopwatch watch;
   const auto done = rebalancer_->Observe(routed);
   if (!done.has_value()) return;
+  DescribeLayout();  // even a failed re-placement leaves the layers before its failure switched
   const int64_t window = rebalancer_->window_steps();
   if (!done->ok()) {
     if (executor_->lost()) {  // a rank process was lost meanwhile: as in a step, the engine fails

@@ -55,7 +55,9 @@ grpc::ServerUnaryReactor* MoeserveService::GetModelInfo(grpc::CallbackServerCont
   auto* reactor = ctx->DefaultReactor();
   v1::GetModelInfoRequest parsed;
   if (!AcceptUnary(ctx, request, &parsed, reactor)) return reactor;
-  SerializeResponse(options_.model_info, response);
+  v1::ModelInfo info = options_.model_info;
+  info.set_parallel_layout(engine_->ParallelLayout());  // where --eplb-interval has moved the experts
+  SerializeResponse(info, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

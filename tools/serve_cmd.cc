@@ -148,9 +148,7 @@ void FillModelInfo(const ServeOptions& o, const Launched& l, v1::ModelInfo* mi) 
   mi->set_total_params(c.TotalParams());
   mi->set_active_params(c.ActiveParams());
   mi->set_backend(l.rank.backend->Name());
-  mi->set_parallel_layout(engine.parallel() != nullptr
-                              ? absl::StrCat(engine.parallel()->config().Name(), "\n", engine.parallel()->Describe())
-                              : "1 rank: ep1 pp1, all layers and experts on rank 0");
+  mi->set_parallel_layout(engine.ParallelLayout());  // GetModelInfo refreshes it (re-placements)
   mi->set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
   mi->set_num_experts(static_cast<int32_t>(c.num_local_experts));
   mi->set_experts_per_token(static_cast<int32_t>(c.num_experts_per_tok));

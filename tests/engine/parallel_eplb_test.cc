@@ -249,6 +249,7 @@ TEST_P(ParallelTest, EngineRePlacingEveryFewStepsAnswersAsOneRank) {
     for (int j = 0; j < n; ++j) r.prompt.push_back(static_cast<int32_t>(gen() % 256));
     r.max_tokens = 2 + static_cast<int32_t>(gen() % 10);
   }
+  std::string layout_at_start, layout_at_end;  // the re-placing run's (Engine::ParallelLayout)
   auto run = [&](const Layout& l, int64_t interval, EngineStats* stats) {
     EngineConfig ec;
     ec.num_kv_blocks = 200;
@@ -259,6 +260,7 @@ TEST_P(ParallelTest, EngineRePlacingEveryFewStepsAnswersAsOneRank) {
     ec.parallel.eplb_window = 3;
     auto e = MakeEngine(ec, weights_.get(), &backend_);
     EXPECT_TRUE(e.ok()) << e.status();
+    layout_at_start = (*e)->ParallelLayout();
     std::mutex mu;
     std::map<uint64_t, std::vector<int32_t>> out;
     std::vector<uint64_t> ids;
@@ -273,6 +275,11 @@ TEST_P(ParallelTest, EngineRePlacingEveryFewStepsAnswersAsOneRank) {
     EXPECT_TRUE((*e)->RunUntilIdle().ok());
     EXPECT_TRUE((*e)->CheckAccounting());
     *stats = (*e)->GetStats();
+    layout_at_end = (*e)->ParallelLayout();
+    if ((*e)->parallel() != nullptr) {  // what GetModelInfo shows: the ranks' experts as they are now
+      EXPECT_EQ(layout_at_end, (*e)->parallel()->config().Name() + "\n" + (*e)->parallel()->Describe())
+          << "started as:\n" << layout_at_start;
+    }
     std::vector<std::vector<int32_t>> result;
     for (uint64_t id : ids) result.push_back(out[id]);
     return result;
