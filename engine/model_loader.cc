@@ -43,7 +43,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, 
                           : config.torch_dtype == DType::kF16 ? DType::kF32
                                                               : config.torch_dtype;
   config.torch_dtype = generated;
-  ThreadPool pool(0);
+  const bool whole = only.layer_begin == 0 && (only.layer_end < 0 || only.layer_end == config.num_hidden_layers) &&
+                     only.experts.empty() && !only.experts_only;
+  if (!whole) {  // a process rank's shard, or experts a re-placement reads: only their tensors are made
+    const GeneratedTensors tensors(config, spec.seed, generated);
+    return ModelWeights::Load(config, tensors, backend, dtype, only);
+  }
+  ThreadPool pool(0);  // the whole model: made on every core first
   auto tensors = GenerateRandomWeights(config, spec.seed, generated, &pool);
   return ModelWeights::Load(config, *tensors, backend, dtype, only);
 }

@@ -34,6 +34,8 @@ class TensorSource {
   virtual ~TensorSource() = default;
   // nullptr when absent.
   virtual const TensorView* Find(const std::string& name) const = 0;
+  // Whether Find would find it (a source that makes tensors on demand answers without making it).
+  virtual bool Has(const std::string& name) const { return Find(name) != nullptr; }
   virtual std::vector<std::string> Names() const = 0;
 };
 

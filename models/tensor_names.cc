@@ -116,7 +116,7 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
 absl::StatusOr<int64_t> CheckCheckpointTensors(const ModelConfig& config, const TensorSource& source,
                                                const std::map<std::string, std::vector<int64_t>>& shapes) {
   for (const auto& [name, shape] : shapes) {
-    if (source.Find(name) == nullptr) {
+    if (!source.Has(name)) {
       return absl::NotFoundError(absl::StrCat("checkpoint is missing tensor \"", name, "\""));
     }
   }

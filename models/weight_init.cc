@@ -69,6 +69,34 @@ void Fill(const ModelConfig& c, uint64_t seed, const TensorView& t, void* out, D
 
 }  // namespace
 
+GeneratedTensors::GeneratedTensors(const ModelConfig& config, uint64_t seed, DType dtype)
+    : config_(config), seed_(seed), dtype_(dtype) {
+  for (const auto& e : ExpectedTensors(config)) {
+    shapes_[e.name] = e.shape;
+    order_.push_back(e.name);
+  }
+}
+
+const TensorView* GeneratedTensors::Find(const std::string& name) const {
+  auto shape = shapes_.find(name);
+  if (shape == shapes_.end()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (const TensorView* t = made_.Find(name)) return t;
+  void* p = made_.Add(name, dtype_, shape->second);
+  const TensorView* t = made_.Find(name);
+  Fill(config_, seed_, *t, p, dtype_);
+  return t;
+}
+
+bool GeneratedTensors::Has(const std::string& name) const { return shapes_.count(name) > 0; }
+
+std::vector<std::string> GeneratedTensors::Names() const { return order_; }
+
+int64_t GeneratedTensors::generated() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(made_.Names().size());
+}
+
 std::unique_ptr<HostTensorSet> GenerateRandomWeights(const ModelConfig& config, uint64_t seed,
                                                      DType dtype, ThreadPool* pool) {
   auto set = std::make_unique<HostTensorSet>();
