@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -47,6 +49,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, 
                      only.experts.empty() && !only.experts_only;
   if (!whole) {  // a process rank's shard, or experts a re-placement reads: only their tensors are made
     const GeneratedTensors tensors(config, spec.seed, generated);
+    ThreadPool pool(0);
+    ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardTensorNames(config, only));
+    tensors.Make(names, pool);
     return ModelWeights::Load(config, tensors, backend, dtype, only);
   }
   ThreadPool pool(0);  // the whole model: made on every core first

@@ -143,6 +143,8 @@ class ModelWeights {
 
  private:
   ModelWeights() = default;
+  // Whether `w` holds layer `layer`'s routed expert `expert` (its layers must be as many).
+  static bool HoldsExpert(const ModelWeights& w, int64_t layer, size_t expert);
   // Load's path for a shard of experts only: their layers' routed experts, nothing else.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> LoadExpertsOnly(const ModelConfig& config,
                                                                        const WeightShard& only,

@@ -171,34 +171,47 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Shard(const ModelWei
 
 absl::StatusOr<StagedExperts> ModelWeights::StageExperts(std::span<const ExpertOrigin> sources,
                                                        const WeightShard& shard, Backend* to) const {
-  for (const ExpertOrigin& src : sources) {
-    if (src.weights->released_) return absl::FailedPreconditionError("re-placing experts: a source's weights were released");
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const ModelWeights& src = *sources[k].weights;
+    if (src.released_) {
+      return absl::FailedPreconditionError(absl::StrCat("re-placing experts: source ", k, " of ", sources.size(),
+                                                        ": its weights were released"));
+    }
+    if (src.layers_.size() != layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("re-placing experts: source ", k, " of ", sources.size(), " has ",
+                                                     src.layers_.size(), " layers, this shard ", layers_.size()));
+    }
   }
   ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(config_, shard));
   const int64_t end = shard.layer_end < 0 ? config_.num_hidden_layers : shard.layer_end;
   StagedExperts out;
   out.layer_begin = shard.layer_begin;
   out.held = held;
+  std::vector<ShardCopier> copiers;  // one per source: its host buffer is reused
+  for (const ExpertOrigin& src : sources) copiers.push_back(ShardCopier{src.backend, to, &out.buffers, &out.bytes, {}});
   for (int64_t l = shard.layer_begin; l < end; ++l) {
     const std::vector<bool>& h = held[static_cast<size_t>(l - shard.layer_begin)];
     const LayerWeights& mine = layers_[static_cast<size_t>(l)];
     for (size_t e = 0; e < mine.w13.size(); ++e) {
       if (!h[e] || mine.w13[e].data != nullptr) continue;
-      auto holder = std::find_if(sources.begin(), sources.end(), [&](const ExpertOrigin& src) {
-        return src.weights->layers_[static_cast<size_t>(l)].w13[e].data != nullptr;
-      });
-      if (holder == sources.end()) {
+      size_t k = 0;  // the first source that holds it
+      while (k < sources.size() && !HoldsExpert(*sources[k].weights, l, e)) ++k;
+      if (k == sources.size()) {
         return absl::NotFoundError(absl::StrCat("re-placing experts: no source holds layer ", l, "'s expert ", e));
       }
-      const LayerWeights& source = holder->weights->layers_[static_cast<size_t>(l)];
-      ShardCopier copier{holder->backend, to, &out.buffers, &out.bytes, {}};
+      const LayerWeights& source = sources[k].weights->layers_[static_cast<size_t>(l)];
       StagedExperts::Copy c{l, e, {}, {}};
-      ASSIGN_OR_RETURN(c.w13, copier.Matrix(source.w13[e]));
-      ASSIGN_OR_RETURN(c.w2, copier.Matrix(source.w2[e]));
+      ASSIGN_OR_RETURN(c.w13, copiers[k].Matrix(source.w13[e]));
+      ASSIGN_OR_RETURN(c.w2, copiers[k].Matrix(source.w2[e]));
       out.copies.push_back(c);
     }
   }
   return out;
+}
+
+bool ModelWeights::HoldsExpert(const ModelWeights& w, int64_t layer, size_t expert) {
+  const LayerWeights& lw = w.layers_[static_cast<size_t>(layer)];
+  return expert < lw.w13.size() && lw.w13[expert].data != nullptr;
 }
 
 void ModelWeights::CommitExperts(StagedExperts staged) {

@@ -1,14 +1,19 @@
 // Seeded weight generation.
 #include "models/weight_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "core/rng.h"
+#include "core/status.h"
 #include "models/tensor_names.h"
+#include "models/weight_shard.h"
 
 namespace moeserve {
+namespace tn = tensor_names;
 
 void* HostTensorSet::Add(const std::string& name, DType dtype, std::vector<int64_t> shape) {
   TensorView v;
@@ -72,29 +77,66 @@ void Fill(const ModelConfig& c, uint64_t seed, const TensorView& t, void* out, D
 GeneratedTensors::GeneratedTensors(const ModelConfig& config, uint64_t seed, DType dtype)
     : config_(config), seed_(seed), dtype_(dtype) {
   for (const auto& e : ExpectedTensors(config)) {
-    shapes_[e.name] = e.shape;
+    entries_[e.name].shape = e.shape;
     order_.push_back(e.name);
   }
 }
 
 const TensorView* GeneratedTensors::Find(const std::string& name) const {
-  auto shape = shapes_.find(name);
-  if (shape == shapes_.end()) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const TensorView* t = made_.Find(name)) return t;
-  void* p = made_.Add(name, dtype_, shape->second);
-  const TensorView* t = made_.Find(name);
-  Fill(config_, seed_, *t, p, dtype_);
-  return t;
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return nullptr;
+  const Entry& e = it->second;
+  std::call_once(e.once, [&] {
+    TensorView& v = e.view;
+    v.name = name;
+    v.dtype = dtype_;
+    v.shape = e.shape;
+    v.bytes = static_cast<size_t>(v.numel()) * DTypeSize(dtype_);
+    e.data.reset(new uint8_t[std::max<size_t>(v.bytes, 1)]);  // Fill writes every byte
+    v.data = e.data.get();
+    Fill(config_, seed_, v, e.data.get(), dtype_);
+    generated_.fetch_add(1);
+  });
+  return &e.view;
 }
 
-bool GeneratedTensors::Has(const std::string& name) const { return shapes_.count(name) > 0; }
+bool GeneratedTensors::Has(const std::string& name) const { return entries_.count(name) > 0; }
 
 std::vector<std::string> GeneratedTensors::Names() const { return order_; }
 
-int64_t GeneratedTensors::generated() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(made_.Names().size());
+void GeneratedTensors::Make(const std::vector<std::string>& names, ThreadPool& pool) const {
+  pool.ParallelFor(static_cast<int64_t>(names.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) Find(names[static_cast<size_t>(i)]);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> ShardTensorNames(const ModelConfig& c, const WeightShard& only) {
+  ASSIGN_OR_RETURN(const std::vector<std::vector<bool>> held, HeldExperts(c, only));
+  const int64_t end = only.layer_end < 0 ? c.num_hidden_layers : only.layer_end;
+  std::set<std::string> skip;  // the experts of its layers it does not hold
+  for (int64_t l = only.layer_begin; l < end; ++l) {
+    for (int64_t e = 0; e < (c.dense_layer(l) ? 0 : c.num_local_experts); ++e) {
+      if (held[static_cast<size_t>(l - only.layer_begin)][static_cast<size_t>(e)]) continue;
+      for (const char* w : {"w1", "w2", "w3"}) skip.insert(tn::Expert(c, l, e, w));
+    }
+  }
+  const bool first = only.layer_begin == 0, last = end == c.num_hidden_layers;
+  std::vector<std::string> out;
+  for (const auto& t : ExpectedTensors(c)) {
+    bool in_layers = false;
+    for (int64_t l = only.layer_begin; l < end && !in_layers; ++l) in_layers = t.name.starts_with(tn::Layer(l, ""));
+    const bool routed_expert = t.name.find(".experts.") != std::string::npos;
+    if (skip.count(t.name) > 0) continue;
+    if (only.experts_only) {
+      if (in_layers && routed_expert) out.push_back(t.name);
+      continue;
+    }
+    const bool table = t.name == tn::Embed()                                 ? first || (last && c.tie_word_embeddings)
+                       : t.name == tn::FinalNorm() || t.name == tn::LmHead() ? last
+                                                                              : false;
+    if (in_layers || table) out.push_back(t.name);
+  }
+  return out;
 }
 
 std::unique_ptr<HostTensorSet> GenerateRandomWeights(const ModelConfig& config, uint64_t seed,

@@ -3,6 +3,7 @@
 // and its name, so generation order and thread count do not matter.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "models/model_config.h"
+#include "models/model_weights.h"
 #include "models/safetensors.h"
 
 namespace moeserve {
@@ -33,24 +35,37 @@ class HostTensorSet : public TensorSource {
 // A config's random weights made one tensor at a time, when first found (the same values as
 // GenerateRandomWeights): a shard of a large model (a process rank's, or the experts a
 // re-placement moves) is generated without the rest of the model. Has() answers without
-// generating. Safe to use from several threads.
+// making anything. Safe from several threads; different tensors are made in parallel.
 class GeneratedTensors : public TensorSource {
  public:
   GeneratedTensors(const ModelConfig& config, uint64_t seed, DType dtype);
   const TensorView* Find(const std::string& name) const override;
   bool Has(const std::string& name) const override;
   std::vector<std::string> Names() const override;
-  int64_t generated() const;  // tensors made so far
+  // Makes these tensors now, on every thread of `pool` (a load then reads them one by one).
+  void Make(const std::vector<std::string>& names, ThreadPool& pool) const;
+  int64_t generated() const { return generated_.load(); }  // tensors made so far
 
  private:
+  struct Entry {
+    std::vector<int64_t> shape;
+    mutable std::once_flag once;
+    mutable std::unique_ptr<uint8_t[]> data;
+    mutable TensorView view;  // valid once made
+  };
   ModelConfig config_;
   uint64_t seed_;
   DType dtype_;
-  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::string, Entry> entries_;  // fixed at construction: lookups need no lock
   std::vector<std::string> order_;
-  mutable std::mutex mu_;
-  mutable HostTensorSet made_;  // under mu_; its views never move
+  mutable std::atomic<int64_t> generated_{0};
 };
+
+// The tensors ModelWeights::Load reads for `only` (its layers' tensors but the experts it does
+// not hold; the embedding, final norm and lm_head where its stage needs them; with
+// experts_only, its experts alone): what a load of a generated shard makes first, on every core
+// (GeneratedTensors::Make).
+absl::StatusOr<std::vector<std::string>> ShardTensorNames(const ModelConfig& c, const WeightShard& only);
 
 // Scales chosen so activations stay well-conditioned through the layers (fan-in scaling, with
 // residual projections divided by sqrt(2 * layers)) and logits vary enough that greedy decoding

@@ -144,7 +144,7 @@ absl::Status ParallelExecutor::StageLayer(int64_t layer, const std::vector<std::
   // copy of the weights is freed once the ranks hold their shards).
   std::vector<ModelWeights::ExpertOrigin> peers;
   for (const Rank& peer : ranks_) {
-    if (layer >= peer.layout.layer_begin && layer < peer.layout.layer_end) {
+    if (processes_ == nullptr && layer >= peer.layout.layer_begin && layer < peer.layout.layer_end) {
       peers.push_back({peer.weights.get(), peer.backend.get()});
     }
   }

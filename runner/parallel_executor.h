@@ -119,10 +119,12 @@ absl::Status ShareWeightDigests(ProcessRanks* ranks, ModelWeights* weights);
 class ParallelExecutor final : public Executor {
  public:
   // Each rank copies its shard of `weights` (held on `weights_backend`) onto its own device,
-  // within that device's capacity; `weights` may be released once Create returns (experts a
-  // re-placement moves come from the ranks that hold them, or from `expert_source`). `kv` describes the whole cache (all layers, the engine's
-  // block count and size, cut into ep segments as BlockPool(num_blocks, ep) cuts it); each rank
-  // gets an arena of its stage's layers for its segment's blocks.
+  // within that device's capacity. `weights` may be released (ReleaseTensors) once Create
+  // returns, but must outlive the executor: its config and digests are still read (experts a
+  // re-placement moves come from the ranks that hold them, or from `expert_source`). `kv`
+  // describes the whole cache (all layers, the engine's block count and size, cut into ep
+  // segments as BlockPool(num_blocks, ep) cuts it); each rank gets an arena of its stage's
+  // layers for its segment's blocks.
   // Rank 0 ends the workers' loops (ShutdownWorkers); worker threads are joined.
   ~ParallelExecutor();
   // `processes` (not owned): under mpirun, the job whose processes the ranks are (this process
@@ -180,7 +182,8 @@ class ParallelExecutor final : public Executor {
   // (parallel/placement.h), where it leaves that layer's busiest rank at least kEplbMinGain
   // lighter under `load` than the current one. One layer at a time (a rank needs room for one
   // layer's new experts beside its old ones): every rank copies the layer's experts it gains
-  // from the full weights, then all switch and free the ones they dropped. A copy that fails
+  // (thread ranks from a rank of their stage that holds them, process ranks from
+  // `expert_source`), then all switch and free the ones they dropped. A copy that fails
   // stops there: the layers switched so far stay switched on every rank, the layer and the rest
   // keep their placement (the error says how many). The output of a
   // step does not change: placement moves work, not arithmetic. Between steps, from rank 0's

@@ -23,7 +23,7 @@ struct ServiceOptions {
   // transport's own limit is set far above it (ServerOptions), so an oversized call is refused
   // here, alone, and the connection's other streams live.
   size_t max_metadata_bytes = 16 << 10;
-  v1::ModelInfo model_info;  // static part of GetModelInfo
+  v1::ModelInfo model_info;  // GetModelInfo's answer; its parallel_layout is the engine's at the call
   // The checkpoint's sampling defaults for OpenAI API requests (serve --generation-config).
   GenerationDefaults generation_defaults;
   // The served checkpoint's tokenizer, EOS ids and chat template.

@@ -52,7 +52,8 @@ absl::Status ReadConfig(const std::string& text, Eplb* e) {
       if (!value.is_null()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--eplb-config: communicator ", value.dump(),
-            ": moeserve's ranks are threads that copy experts from the staging weights; there is none to choose"));
+            ": moeserve's thread ranks copy experts from a peer through host memory and its process ranks read them "
+            "from the checkpoint; there is no communicator to choose"));
       }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("--eplb-config: unknown key \"", key,

@@ -156,9 +156,12 @@ TEST_P(ParallelTest, StagingCopiesEachExpertFromASourceThatHoldsIt) {
   for (int32_t e = 0; e < experts; ++e) (e < experts / 2 ? low : high).push_back(e);
   want = {low.back(), high.front()};
   auto Cut = [&](const std::vector<int32_t>& held) {
-    return *ModelWeights::Shard(*weights_, &backend_, WeightShard{layer, layer + 1, {held}}, &backend_);
+    auto w = ModelWeights::Shard(*weights_, &backend_, WeightShard{layer, layer + 1, {held}}, &backend_);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::move(*w) : nullptr;
   };
-  const std::unique_ptr<ModelWeights> a = Cut(low), b = Cut(high);
+  const std::unique_ptr<ModelWeights> a = Cut(low), b = Cut(high), released = Cut(high);
+  ASSERT_TRUE(a && b && released);
   const ModelWeights::ExpertOrigin self{a.get(), &backend_}, peer{b.get(), &backend_};
   const std::vector<ModelWeights::ExpertOrigin> both = {self, peer};
   auto staged = a->StageExperts(both, WeightShard{layer, layer + 1, {want}}, &backend_);
@@ -173,6 +176,11 @@ TEST_P(ParallelTest, StagingCopiesEachExpertFromASourceThatHoldsIt) {
                              : static_cast<size_t>(WeightStorageElems(from.layout, from.rows, from.cols)) * DTypeSize(from.dtype);
     EXPECT_EQ(0, std::memcmp(got.data, from.data, bytes)) << "expert " << c.expert;
   }
+  released->ReleaseTensors();  // a freed staging copy is refused by name, not read
+  const std::vector<ModelWeights::ExpertOrigin> freed = {self, {released.get(), &backend_}};
+  auto refused = a->StageExperts(freed, WeightShard{layer, layer + 1, {want}}, &backend_);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(refused.status().message()).find("source 1 of 2"), std::string::npos) << refused.status();
   const std::vector<ModelWeights::ExpertOrigin> only_self = {self};
   auto none = a->StageExperts(only_self, WeightShard{layer, layer + 1, {want}}, &backend_);
   ASSERT_EQ(none.status().code(), absl::StatusCode::kNotFound);

@@ -70,5 +70,38 @@ TEST(GeneratedTensorsTest, AnExpertsOnlyShardMakesOnlyItsExperts) {
   }
 }
 
+// ShardTensorNames, what a generated shard's load makes first on every core, is exactly what
+// ModelWeights::Load reads for that shard: with them made first the load makes nothing more,
+// and a load alone makes as many.
+TEST(GeneratedTensorsTest, ShardTensorNamesAreWhatTheLoadReads) {
+  CpuBackend backend(CpuBackendOptions{CpuPath::kFast, 1, 0});
+  ThreadPool pool(2);
+  for (const ModelConfig& c : Configs()) {
+    SCOPED_TRACE(c.architecture());
+    const int64_t n = c.num_hidden_layers, last = n - 1;
+    std::vector<int32_t> some;
+    for (int32_t e = 0; e < c.num_local_experts; e += 2) some.push_back(e);
+    auto Some = [&](int64_t layers) { return std::vector<std::vector<int32_t>>(static_cast<size_t>(layers), some); };
+    const WeightShard shards[] = {{0, 1, Some(1)},
+                                  {1, n, Some(n - 1)},
+                                  {0, n, {}},
+                                  {last, n, {{0, static_cast<int32_t>(c.num_local_experts - 1)}}, /*experts_only=*/true}};
+    for (const WeightShard& shard : shards) {
+      SCOPED_TRACE(::testing::Message() << "layers [" << shard.layer_begin << ", " << shard.layer_end << ")"
+                                        << (shard.experts_only ? " experts only" : ""));
+      auto names = ShardTensorNames(c, shard);
+      ASSERT_TRUE(names.ok()) << names.status();
+      const GeneratedTensors first(c, 5, DType::kBF16), alone(c, 5, DType::kBF16);
+      first.Make(*names, pool);
+      EXPECT_EQ(first.generated(), static_cast<int64_t>(names->size()));
+      ASSERT_TRUE(ModelWeights::Load(c, first, &backend, DType::kBF16, shard).ok());
+      EXPECT_EQ(first.generated(), static_cast<int64_t>(names->size())) << "the load read a tensor not named";
+      ASSERT_TRUE(ModelWeights::Load(c, alone, &backend, DType::kBF16, shard).ok());
+      EXPECT_EQ(alone.generated(), static_cast<int64_t>(names->size())) << "a tensor named that the load does not read";
+    }
+  }
+  EXPECT_FALSE(ShardTensorNames(Configs()[0], WeightShard{0, 99, {}}).ok()) << "layers past the model";
+}
+
 }  // namespace
 }  // namespace moeserve
