@@ -1,6 +1,7 @@
 // Paged attention on the CPU fast path: against the reference path and an independent dense
 // computation, over scattered block tables, and batch-invariant (a token's output never depends
-// on its batch or tile mates, nor on how the kernel splits the batch into work items).
+// on its batch or tile mates, nor on how the kernel splits the batch into work items, nor on the
+// thread count).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,6 +91,8 @@ class PagedAttentionTest : public ::testing::Test {
  protected:
   CpuBackend ref_{CpuBackendOptions{CpuPath::kReference, 1, 0}};
   CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+  // More threads than a token alone has work items: the thread count changes no bit either.
+  CpuBackend many_{CpuBackendOptions{CpuPath::kFast, 12, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
 };
 
 // Paged attention over sequences of different lengths with scattered block tables, against an
@@ -209,6 +212,7 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
     fast_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_fast.data());
     EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
     ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
+    ExpectEachTokenAsAlone(many_, rb, scale, out_fast);
   }
 }
 
@@ -227,8 +231,8 @@ class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
       GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
     }
   }
-  CpuBackend Backend() const {
-    return CpuBackend{CpuBackendOptions{CpuPath::kFast, 2, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+  CpuBackend Backend(int threads = 2) const {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
   }
 };
 
@@ -298,6 +302,8 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
       }
       EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
       ExpectEachTokenAsAlone(bf16, rb, scale, out);
+      CpuBackend many = Backend(12);  // more threads than a token alone has items
+      ExpectEachTokenAsAlone(many, rb, scale, out);
     }
   }
 }
