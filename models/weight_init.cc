@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -121,10 +122,12 @@ absl::StatusOr<std::vector<std::string>> ShardTensorNames(const ModelConfig& c, 
     }
   }
   const bool first = only.layer_begin == 0, last = end == c.num_hidden_layers;
+  const std::string prefix = tn::Layer(0, "").substr(0, tn::Layer(0, "").size() - 2);  // "model.layers."
   std::vector<std::string> out;
   for (const auto& t : ExpectedTensors(c)) {
-    bool in_layers = false;
-    for (int64_t l = only.layer_begin; l < end && !in_layers; ++l) in_layers = t.name.starts_with(tn::Layer(l, ""));
+    int64_t layer = -1;  // the layer a "model.layers.N." tensor belongs to
+    if (t.name.starts_with(prefix)) layer = std::strtoll(t.name.c_str() + prefix.size(), nullptr, 10);
+    const bool in_layers = layer >= only.layer_begin && layer < end;
     const bool routed_expert = t.name.find(".experts.") != std::string::npos;
     if (skip.count(t.name) > 0) continue;
     if (only.experts_only) {
