@@ -3,8 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,16 @@
 #include "core/dtype.h"
 
 namespace moeserve::testing {
+
+// A path under the temporary directory that does not exist yet, unique to this process and
+// call: "moeserve_<tag>_<pid>_<random>".
+inline std::string FreshTempPath(const std::string& tag) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() /
+                                  ("moeserve_" + tag + "_" + std::to_string(getpid()) + "_" +
+                                   std::to_string(std::random_device{}()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
 
 // A seed no run repeats: print it with a failure to replay the run.
 inline uint64_t FreshSeed() {

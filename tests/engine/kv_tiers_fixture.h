@@ -16,6 +16,7 @@
 #include "kvcache/kv_tiers.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/weight_init.h"
+#include "tests/test_util.h"
 
 namespace moeserve::kv_tiers_test {
 
@@ -104,12 +105,7 @@ inline Result PlayScenario(Engine* e, const Scenario& s) {
   return RunAlone(e, s.second, 10);
 }
 
-inline std::string FreshDir() {
-  const fs::path p = fs::temp_directory_path() / ("moeserve_tiers_" + std::to_string(getpid()) +
-                                                  "_" + std::to_string(std::random_device{}()));
-  fs::remove_all(p);
-  return p.string();
-}
+inline std::string FreshDir() { return testing::FreshTempPath("tiers"); }
 
 class KvTiersTest : public ::testing::TestWithParam<bool> {
  protected:

@@ -15,6 +15,8 @@
 #include <random>
 #include <thread>
 
+#include "tests/test_util.h"
+
 namespace moeserve {
 namespace {
 
@@ -22,12 +24,7 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kFingerprint = 0x1234abcd5678ef01ull;
 
-std::string FreshDir(const std::string& tag) {
-  const fs::path p = fs::temp_directory_path() / ("moeserve_flash_" + tag + "_" + std::to_string(getpid()) + "_" +
-                                                  std::to_string(std::random_device{}()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string FreshDir(const std::string& tag) { return testing::FreshTempPath("flash_" + tag); }
 
 BlockHash HashOf(uint64_t i) { return BlockHash{0x9e3779b97f4a7c15ull * (i + 1), i}; }
 

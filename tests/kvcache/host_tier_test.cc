@@ -10,6 +10,8 @@
 #include <fstream>
 #include <random>
 
+#include "tests/test_util.h"
+
 namespace moeserve {
 namespace {
 
@@ -35,12 +37,7 @@ HostTierOptions Options(int64_t blocks) {
   return o;
 }
 
-std::string FreshDir() {
-  const fs::path p = fs::temp_directory_path() /
-                     ("moeserve_host_tier_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string FreshDir() { return testing::FreshTempPath("host_tier"); }
 
 TEST(HostTierTest, WithoutFlashTheLeastRecentlyUsedBlocksAreDropped) {
   auto tier = HostKvTier::Create(Options(4), nullptr);

@@ -268,7 +268,15 @@ TEST(ModelTest, DeviceSamplingEqualsTheHostSamplerOnTheSameLogits) {
   }
   std::vector<float> logits;
   ASSERT_TRUE(model.Forward(in, kv->layout(), kv->data(), &logits).ok());
-  const SamplingParams params[] = {{0.0f, 0, 1.0f, 1}, {0.8f, 0, 1.0f, 2}, {1.0f, 5, 1.0f, 3}, {1.5f, 0, 0.6f, 4}};
+  // Greedy, plain temperature, top-k, top-p, and min-p (the fourth field once was the seed: min_p
+  // 1-4 made every row greedy).
+  auto P = [](float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
+    SamplingParams s;
+    s.temperature = temperature, s.top_k = top_k, s.top_p = top_p, s.min_p = min_p, s.seed = seed;
+    return s;
+  };
+  const SamplingParams params[] = {P(0.0f, 0, 1.0f, 0.0f, 1), P(0.8f, 0, 1.0f, 0.0f, 2), P(1.0f, 5, 1.0f, 0.0f, 3),
+                                   P(1.5f, 0, 0.6f, 0.05f, 4)};
   std::vector<Sampler> host, device;
   for (const auto& p : params) {
     host.emplace_back(p, 0);
