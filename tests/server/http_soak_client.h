@@ -20,20 +20,18 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/server/raw_http.h"
+
 namespace moeserve::testing::http_soak {
 
-using Json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using raw_http::Clock;
+using raw_http::EndsWith;
+using raw_http::Json;
+using raw_http::SecondsSince;
 
 inline int64_t EnvInt(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
-}
-
-inline double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-inline bool EndsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 const char* const kKeys[2][2] = {{"key-alice-1", "key-alice-2"}, {"key-bob-1", "key-bob-1"}};
