@@ -45,18 +45,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateModel(ModelConfig config, 
                           : config.torch_dtype == DType::kF16 ? DType::kF32
                                                               : config.torch_dtype;
   config.torch_dtype = generated;
-  const bool whole = only.layer_begin == 0 && (only.layer_end < 0 || only.layer_end == config.num_hidden_layers) &&
-                     only.experts.empty() && !only.experts_only;
-  if (!whole) {  // a process rank's shard, or experts a re-placement reads: only their tensors are made
-    const GeneratedTensors tensors(config, spec.seed, generated);
-    ThreadPool pool(0);
-    ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardTensorNames(config, only));
-    tensors.Make(names, pool);
-    return ModelWeights::Load(config, tensors, backend, dtype, only);
-  }
-  ThreadPool pool(0);  // the whole model: made on every core first
-  auto tensors = GenerateRandomWeights(config, spec.seed, generated, &pool);
-  return ModelWeights::Load(config, *tensors, backend, dtype, only);
+  // Only what the load reads is made (a process rank's shard, or the experts a re-placement
+  // moves: not the whole model), on every core before the load reads it tensor by tensor.
+  const GeneratedTensors tensors(config, spec.seed, generated);
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ShardTensorNames(config, only));
+  ThreadPool pool(0);
+  tensors.Make(names, pool);
+  return ModelWeights::Load(config, tensors, backend, dtype, only);
 }
 
 }  // namespace
