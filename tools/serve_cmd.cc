@@ -137,7 +137,8 @@ void LogFlashTier(const EngineConfig& ecfg, const Engine& engine) {
                                       f.dropped_foreign));
 }
 
-// GetModelInfo's static part: the model, its layout and its KV capacity.
+// GetModelInfo's static part: the model and its KV capacity (the service adds the layout as it
+// is at each call: re-placements move the experts).
 void FillModelInfo(const ServeOptions& o, const Launched& l, v1::ModelInfo* mi) {
   const ModelConfig& c = l.rank.weights->config();
   const Engine& engine = *l.engine;
@@ -148,7 +149,6 @@ void FillModelInfo(const ServeOptions& o, const Launched& l, v1::ModelInfo* mi) 
   mi->set_total_params(c.TotalParams());
   mi->set_active_params(c.ActiveParams());
   mi->set_backend(l.rank.backend->Name());
-  mi->set_parallel_layout(engine.ParallelLayout());  // GetModelInfo refreshes it (re-placements)
   mi->set_num_layers(static_cast<int32_t>(c.num_hidden_layers));
   mi->set_num_experts(static_cast<int32_t>(c.num_local_experts));
   mi->set_experts_per_token(static_cast<int32_t>(c.num_experts_per_tok));
