@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -16,7 +18,17 @@
 
 namespace moeserve::testing {
 
-// A path under the temporary directory that does not exist yet, unique to this process and
+// A fresh, empty directory under the temporary directory: "moeserve_<tag>_XXXXXX".
+inline std::string MakeTempDir(const std::string& tag) {
+  char tmpl[512];
+  std::snprintf(tmpl, sizeof(tmpl), "%s/moeserve_%s_XXXXXX", std::filesystem::temp_directory_path().c_str(),
+                tag.c_str());
+  const char* d = mkdtemp(tmpl);
+  return d ? std::string(d) : std::string();
+}
+
+// A path under the temporary directory that does not exist yet (for what must create its own
+// directory), unique to this process and
 // call: "moeserve_<tag>_<pid>_<random>".
 inline std::string FreshTempPath(const std::string& tag) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() /

@@ -33,8 +33,7 @@ class WeightsLoadTest : public ::testing::Test {
     config_ = *c;
     weights_ = GenerateRandomWeights(config_, /*seed=*/1234, DType::kF32);
     ASSERT_NE(weights_, nullptr);
-    dir_ = testing::FreshTempPath("load");
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::MakeTempDir("load");
   }
 
   // Writes `tensors` as a (sharded) checkpoint in a new subdirectory and opens it.

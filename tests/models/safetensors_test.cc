@@ -28,12 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh, empty directory unique to this call.
-std::string FreshDir() {
-  const std::string dir = testing::FreshTempPath("safetensors");
-  fs::create_directories(dir);
-  return dir;
-}
+std::string FreshDir() { return testing::MakeTempDir("safetensors"); }
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 

@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "core/file_util.h"
+#include "tests/test_util.h"  // MakeTempDir
 
 #ifndef MOESERVE_BIN
 #error "MOESERVE_BIN must name the moeserve binary"
@@ -30,15 +31,6 @@ namespace moeserve::testing {
 
 // The file's contents, or "" when it cannot be read (yet).
 inline std::string ReadAll(const std::string& path) { return ReadFileToString(path).value_or(""); }
-
-// A fresh directory under the test's temp dir.
-inline std::string MakeTempDir(const std::string& tag) {
-  char tmpl[512];
-  std::snprintf(tmpl, sizeof(tmpl), "%s/moeserve_%s_XXXXXX", std::filesystem::temp_directory_path().c_str(),
-                tag.c_str());
-  const char* d = mkdtemp(tmpl);
-  return d ? std::string(d) : std::string();
-}
 
 // Spawns argv[0] (a path) with stdout and stderr to files; returns the pid or -1.
 inline pid_t SpawnProgram(std::vector<std::string> full, const std::string& out_path, const std::string& err_path) {
