@@ -49,8 +49,7 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   const int64_t threads = EnvInt("MOESERVE_HTTP_SOAK_THREADS", 16);
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
-  // A fixed number of malloc arenas, as in soak_test.cc: the RSS check measures leaks.
-  setenv("MALLOC_ARENA_MAX", "2", 1);
+  MakeServerRssFollowTheHeap();
   const std::string dir = MakeTempDir("http_soak");
   const std::string keys = dir + "/keys";
   std::ofstream(keys) << kKeysFile;

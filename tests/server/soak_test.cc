@@ -36,9 +36,7 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   const int64_t threads = EnvInt("MOESERVE_SOAK_THREADS", 16);
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
-  // A fixed number of malloc arenas, so that the RSS check below measures leaks, not how many
-  // arenas the gRPC threads of this CPU's core count happened to open.
-  setenv("MALLOC_ARENA_MAX", "2", 1);
+  MakeServerRssFollowTheHeap();
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "48", "--host-kv-mb", "4",
                             "--preemption", "swap", "--max-num-seqs", "16"}))
