@@ -17,6 +17,9 @@
 #       packet between two namespaces for the delay; it runs on this machine's cores. Idempotent:
 #       an existing set with the same prefix is removed first. Each namespace's TCP gives up on an
 #       unanswering peer after ~6 s (net.ipv4.tcp_retries2=4, this namespace's own setting).
+#       Each namespace resolves the set's names from its own /etc/netns/P<i>/hosts (and asks no
+#       name server: this machine's would be unreachable from inside, and Open MPI's lookups
+#       then waited 10-20 s each).
 #   scripts/netns-hosts.sh down [--prefix P] (the set of another prefix is left alone)
 #       Removes every namespace named P<digits>, their links, the bridge and the delay line (also
 #       after a failed run); kills what still runs inside them.
@@ -25,6 +28,10 @@
 #   scripts/netns-hosts.sh agent [ssh options] HOST COMMAND...
 #       Open MPI's launch agent (--mca plm_rsh_agent): runs COMMAND in namespace HOST, with the
 #       UTS hostname HOST, as ssh would on another machine.
+#   scripts/netns-hosts.sh run HOST PROGRAM [ARGS...]
+#       Runs PROGRAM (exec'd: signals reach it) in namespace HOST with the UTS hostname HOST: how
+#       mpirun is started on the first "host", so that its own TCP gives up on a cut link as the
+#       namespaces' does.
 #
 # Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), iproute2 and tc. The addresses are this
 # project's own test network (10.77.0.0/24); nothing is routed outside the machine.
@@ -143,6 +150,25 @@ down() {
     ip link del "$link" 2>/dev/null || true
   done
   ip link del "${PREFIX}br" 2>/dev/null || true
+  local dir
+  for dir in /etc/netns/"${PREFIX}"*; do
+    [[ "$dir" =~ ^/etc/netns/${PREFIX}[0-9]+$ ]] && rm -rf "$dir"
+  done
+  rmdir /etc/netns 2>/dev/null || true
+}
+
+# The files `ip netns exec` mounts over /etc inside each namespace: a hosts file naming every
+# namespace (and this machine, at the bridge), and a resolver with no name server, so that a
+# lookup fails at once on the namespace's loopback instead of timing out.
+write_etc() {
+  local n="$1" i hosts
+  hosts="127.0.0.1 localhost"$'\n'"::1 localhost"$'\n'"${SUBNET}.1 $(hostname)"$'\n'
+  for ((i = 0; i < n; i++)); do hosts+="${SUBNET}.$((10 + i)) ${PREFIX}${i}"$'\n'; done
+  for ((i = 0; i < n; i++)); do
+    mkdir -p "/etc/netns/${PREFIX}${i}"
+    printf '%s' "$hosts" >"/etc/netns/${PREFIX}${i}/hosts"
+    printf 'options timeout:1 attempts:1\n' >"/etc/netns/${PREFIX}${i}/resolv.conf"
+  done
 }
 
 up() {
@@ -186,6 +212,7 @@ up() {
       ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "${BURST:-$((2 * mtu + 28))}" latency 100ms
     fi
   done
+  write_etc "$n"
   trap - ERR
   IN_UP=""
   echo "netns-hosts: up $n: ${PREFIX}0..${PREFIX}$((n - 1)) at ${SUBNET}.10-$((9 + n)), ${line:+delay line instead of a }bridge ${PREFIX}br ${SUBNET}.1${RATE:+, rate $RATE}${DELAY:+, delay $DELAY${line:+ (moeserve-delay-line; no netem here)}}"
@@ -222,6 +249,13 @@ case "$cmd" in
     # As ssh does, the command words are joined and run by a shell, on a "host" named HOST.
     # (It may begin with variable assignments and ';', as Open MPI's daemon command does.)
     exec ip netns exec "$host" unshare --uts /bin/sh -c "hostname '$host' && { $*; }"
+    ;;
+  run)
+    host="${1:?run: no host}"
+    shift
+    [ $# -gt 0 ] || die "run: no program"
+    ip netns list | awk '{print $1}' | grep -qxF "$host" || die "run: no namespace '$host' (run: $0 up N)"
+    exec ip netns exec "$host" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
     ;;
   *)
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
