@@ -277,9 +277,18 @@ void CpuBackend::PlanRouting(const int32_t* expert_ids, int64_t n, int64_t k, in
 
 void CpuBackend::GatherRows(const float* x, const int32_t* src_rows, int64_t n, int64_t dim,
                             float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(out + i * dim, x + static_cast<int64_t>(src_rows[i]) * dim, dim * sizeof(float));
+  auto copy = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      std::memcpy(out + i * dim, x + static_cast<int64_t>(src_rows[i]) * dim, dim * sizeof(float));
+    }
+  };
+  // A prefill's expert gather is megabytes a layer: from 1 MiB on, on every thread in chunks of
+  // at least 64 KiB (a plain copy: the split changes no bits). A decode step's is kilobytes,
+  // where waking the pool costs more than it saves (kernels_bench's BM_GatherRows).
+  if (fast() && n * dim >= (int64_t{1} << 18)) {
+    return pool_->ParallelFor(n, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, dim)), copy);
   }
+  copy(0, n);
 }
 
 void CpuBackend::ComposeIndices(const int32_t* first, const int32_t* second, int64_t n, int32_t* out) {

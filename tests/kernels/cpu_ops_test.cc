@@ -2,6 +2,7 @@
 // shapes (1, odd sizes, large), for fp32 and bf16 weights and KV (cpu_weight_layout_test.cc:
 // the weight layouts the fast path uploads).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -199,16 +200,23 @@ TEST_F(CpuOpsTest, RouterTopKPicksTheLargestLogits) {
   }
 }
 
+// Each output row is its named source row, whole: on one thread (a decode step's few rows) and
+// split over the pool (a prefill's megabytes; the split starts at 1 MiB), with rows named
+// twice or not at all.
 TEST_F(CpuOpsTest, GatherRowsCopiesTheNamedRows) {
-  const int64_t n = 9, k = 3, dim = 21;
-  auto y = RandomFloats(n * k * dim, 12);
-  std::vector<int32_t> rows(n * k);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::mt19937 gen(3);
-  std::shuffle(rows.begin(), rows.end(), gen);
-  std::vector<float> g(n * k * dim);
-  fast_.GatherRows(y.data(), rows.data(), n * k, dim, g.data());
-  for (int64_t i = 0; i < n * k; ++i) EXPECT_EQ(g[i * dim + 5], y[rows[i] * dim + 5]);
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 gen(seed);
+  for (const auto& [sources, n, dim] : {std::tuple<int64_t, int64_t, int64_t>{27, 27, 21}, {2000, 4000, 512},
+                                        {1500, 3001, 97}}) {
+    const auto y = RandomFloats(sources * dim, gen());
+    std::vector<int32_t> rows(static_cast<size_t>(n));
+    for (auto& r : rows) r = static_cast<int32_t>(gen() % sources);
+    std::vector<float> g(static_cast<size_t>(n * dim), std::nanf(""));
+    fast_.GatherRows(y.data(), rows.data(), n, dim, g.data());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += std::memcmp(&g[i * dim], &y[rows[i] * dim], dim * sizeof(float)) != 0;
+    EXPECT_EQ(wrong, 0) << "rows differing from their source, of " << n << " x " << dim << " (seed " << seed << ")";
+  }
 }
 
 TEST_F(CpuOpsTest, ArenaEnforcesCapacityAndReturnsMemory) {
