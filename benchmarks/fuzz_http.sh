@@ -33,9 +33,12 @@ mkdir -p "$BUILD_DIR/obj" "$BUILD_DIR/corpus" "$BUILD_DIR/findings"
 # What ParseCompletion, the chat template and the response objects need, and nothing of the
 # engine, the kernels or the server's transport.
 SOURCES=(
-  server/json_body.cc server/openai_protocol.cc server/openai_fields.cc
-  engine/request_validation.cc
-  models/model_config.cc text/tokenizer.cc text/model_tokenizer.cc text/tokenizer_files.cc
+  server/json_body.cc server/openai_protocol.cc server/openai_fields.cc server/openai_options.cc
+  server/openai_sampling.cc server/request_stream.cc
+  engine/request_validation.cc engine/sampling.cc engine/priority.cc kernels/cpu/sample_ops.cc
+  models/model_config.cc models/config_json.cc models/model_params.cc models/model_presets.cc
+  models/deepseek_config.cc models/qwen_config.cc models/quantization_config.cc
+  text/utf8_chars.cc text/regex.cc text/tokenizer.cc text/model_tokenizer.cc text/tokenizer_files.cc
   text/stream_detokenizer.cc text/hf_tokenizer.cc text/hf_text.cc text/hf_decoder.cc text/bpe.cc
   text/sp_tokenizer.cc text/sp_processor.cc
   text/jinja_value.cc text/jinja_lexer.cc text/jinja_parser.cc text/jinja_expressions.cc
@@ -81,8 +84,10 @@ for src in "${SOURCES[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 compile fuzz/http_fuzz.cc "$BUILD_DIR/obj/http_fuzz.o" -fsanitize=fuzzer
+compile fuzz/json_mutator.cc "$BUILD_DIR/obj/json_mutator.o" -fsanitize=fuzzer-no-link
 LIBS=$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format libpcre2-8 libutf8proc)
-"$CXX" "${FLAGS[@]}" -fsanitize=fuzzer "$BUILD_DIR/obj/http_fuzz.o" "${OBJS[@]}" $LIBS -lxxhash -ldl -pthread \
+"$CXX" "${FLAGS[@]}" -fsanitize=fuzzer "$BUILD_DIR/obj/http_fuzz.o" "$BUILD_DIR/obj/json_mutator.o" "${OBJS[@]}" \
+  $LIBS -lxxhash -ldl -pthread \
   -o "$BUILD_DIR/http_fuzz"
 echo "fuzz_http: built $BUILD_DIR/http_fuzz"
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0

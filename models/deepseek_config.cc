@@ -311,7 +311,8 @@ absl::Status ReadRopeScaling(const Json& j, int64_t max_position_embeddings, Rop
       static constexpr const char* kKnown[] = {"rope_type", "type", "rope_theta", "factor",
                                                "original_max_position_embeddings", "beta_fast", "beta_slow",
                                                "mscale", "mscale_all_dim", "attention_factor", "truncate"};
-      if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* n) { return k == n; })) {
+      const std::string& name = k;  // a lambda may not capture a structured binding before clang 16
+      if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* n) { return name == n; })) {
         return Refuse(absl::StrCat(key, ".", k), v, "not a YaRN key this build implements");
       }
     }
