@@ -30,8 +30,9 @@ CXX=${CXX:-clang++}
 JOBS=${JOBS:-2}
 mkdir -p "$BUILD_DIR/obj" "$BUILD_DIR/corpus" "$BUILD_DIR/findings"
 
-# What ParseCompletion, the chat template and the response objects need, and nothing of the
-# engine, the kernels or the server's transport.
+# What ParseCompletion, the chat template and the response objects need: the request's
+# validation and sampling parameters (and the sampler those pull in), none of the engine's
+# scheduling, the model kernels or the server's transport.
 SOURCES=(
   server/json_body.cc server/openai_protocol.cc server/openai_fields.cc server/openai_options.cc
   server/openai_sampling.cc server/request_stream.cc
@@ -64,7 +65,7 @@ compile() {  # SRC OBJ [extra flags]
   local src=$1 obj=$2
   shift 2
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] ||
-     [ -n "$(find "$ROOT/server" "$ROOT/engine" "$ROOT/models" "$ROOT/core" -name '*.h' -newer "$obj" -print -quit)" ]; then
+     [ -n "$(find "$ROOT/server" "$ROOT/engine" "$ROOT/models" "$ROOT/core" "$ROOT/text" "$ROOT/kernels" -name '*.h' -newer "$obj" -print -quit)" ]; then
     echo "  $CXX $src"
     "$CXX" "${FLAGS[@]}" "$@" -c "$src" -o "$obj"
   fi

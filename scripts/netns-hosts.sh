@@ -39,6 +39,7 @@ set -euo pipefail
 
 PREFIX=msh
 SUBNET=10.77.0
+ETC_MARKER=.made-by-netns-hosts  # in each /etc/netns/P<i> this script made, so `down` removes only those
 
 IN_UP=""
 # Exits 2 with the message; a failed `up` removes what it had made first.
@@ -151,23 +152,30 @@ down() {
   done
   ip link del "${PREFIX}br" 2>/dev/null || true
   local dir
-  for dir in /etc/netns/"${PREFIX}"*; do
-    [[ "$dir" =~ ^/etc/netns/${PREFIX}[0-9]+$ ]] && rm -rf "$dir"
+  for dir in /etc/netns/"${PREFIX}"*; do  # only what write_etc made (its marker inside)
+    if [[ "$dir" =~ ^/etc/netns/${PREFIX}[0-9]+$ ]] && [ -f "$dir/$ETC_MARKER" ]; then rm -rf "$dir"; fi
   done
-  rmdir /etc/netns 2>/dev/null || true
+}
+
+# Exits naming the subcommand ($1) unless namespace $2 exists. (awk reads the whole list: with
+# `grep -q` a pipe cut short would fail under pipefail.)
+require_namespace() {
+  ip netns list | awk -v h="$2" '$1 == h { found = 1 } END { exit !found }' ||
+    die "$1: no namespace '$2' (run: $0 up N)"
 }
 
 # The files `ip netns exec` mounts over /etc inside each namespace: a hosts file naming every
 # namespace (and this machine, at the bridge), and a resolver with no name server, so that a
 # lookup fails at once on the namespace's loopback instead of timing out.
 write_etc() {
-  local n="$1" i hosts
-  hosts="127.0.0.1 localhost"$'\n'"::1 localhost"$'\n'"${SUBNET}.1 $(hostname)"$'\n'
+  local n="$1" i hosts dir
+  hosts="127.0.0.1 localhost"$'\n'"::1 localhost"$'\n'"${SUBNET}.1 $(cat /proc/sys/kernel/hostname)"$'\n'
   for ((i = 0; i < n; i++)); do hosts+="${SUBNET}.$((10 + i)) ${PREFIX}${i}"$'\n'; done
   for ((i = 0; i < n; i++)); do
-    mkdir -p "/etc/netns/${PREFIX}${i}"
-    printf '%s' "$hosts" >"/etc/netns/${PREFIX}${i}/hosts"
-    printf 'options timeout:1 attempts:1\n' >"/etc/netns/${PREFIX}${i}/resolv.conf"
+    dir="/etc/netns/${PREFIX}${i}"
+    { mkdir -p "$dir" && : >"$dir/$ETC_MARKER" && printf '%s' "$hosts" >"$dir/hosts" &&
+      printf 'options timeout:1 attempts:1\n' >"$dir/resolv.conf"; } ||
+      die "cannot write $dir (each namespace's hosts file and resolver)"
   done
 }
 
@@ -245,7 +253,7 @@ case "$cmd" in
     done
     host="${1:?agent: no host}"
     shift
-    ip netns list | awk '{print $1}' | grep -qxF "$host" || die "agent: no namespace '$host' (run: $0 up N)"
+    require_namespace agent "$host"
     # As ssh does, the command words are joined and run by a shell, on a "host" named HOST.
     # (It may begin with variable assignments and ';', as Open MPI's daemon command does.)
     exec ip netns exec "$host" unshare --uts /bin/sh -c "hostname '$host' && { $*; }"
@@ -254,7 +262,7 @@ case "$cmd" in
     host="${1:?run: no host}"
     shift
     [ $# -gt 0 ] || die "run: no program"
-    ip netns list | awk '{print $1}' | grep -qxF "$host" || die "run: no namespace '$host' (run: $0 up N)"
+    require_namespace run "$host"
     exec ip netns exec "$host" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
     ;;
   *)

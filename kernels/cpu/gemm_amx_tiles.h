@@ -1,7 +1,9 @@
 // The tile operations of the amx GEMM kernel (gemm_amx.cc), as two interchangeable structs: on
 // the hardware (amx_tiles.h's inline assembly), and a software model of the same instruction
-// semantics with which the tests check the kernel's layouts and blocking on any CPU. Included
-// only by gemm_amx.cc; no intrinsic here, so it compiles under any target.
+// semantics with which the tests check the kernel's layouts and blocking on any AVX-512 CPU
+// (gemm_amx.cc compiles its users for AVX-512). To be included by gemm_amx.cc alone: the structs
+// have inline members and thread-local state that one translation unit's target must own. No
+// intrinsic here, so the header compiles before that file's target pragma.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +18,7 @@ constexpr int64_t kTileK = 32;  // bf16 columns of K per A/B tile (64 bytes a ro
 constexpr int64_t kTileN = 16;  // output columns (weight rows) per B tile: two kTiled8 tiles
 constexpr int64_t kTileM = 16;  // x rows per A tile
 
-// The emulation follows Intel SDM's pseudo-code for tdpbf16ps: per output element, the pair
-// products of each K step added in order. Each takes the block's rows in its two A tiles: rows0 in 1..16, rows1 in 0..16 (0: one tile).
+// Each takes the block's rows in its two A tiles: rows0 in 1..16, rows1 in 0..16 (0: one tile).
 struct HardwareTiles {
   static void Begin(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
   static void Zero(int, int rows1) { AmxZeroC(rows1); }
@@ -47,6 +48,8 @@ struct HardwareTiles {
   static void StoreOut(float* y, int64_t ld, int, int rows1) { AmxStoreC(y, ld, rows1); }
 };
 
+// Intel SDM's pseudo-code for tdpbf16ps: per output element, the pair products of each K step
+// added in order.
 struct EmulatedTiles {
   static inline thread_local float acc[4][kTileM * kTileN];
   static inline thread_local bool legal = true;

@@ -49,7 +49,7 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   const int64_t threads = EnvInt("MOESERVE_HTTP_SOAK_THREADS", 16);
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
-  MakeServerRssFollowTheHeap();
+  const ServerRssFollowsTheHeap heap_env;
   const std::string dir = MakeTempDir("http_soak");
   const std::string keys = dir + "/keys";
   std::ofstream(keys) << kKeysFile;

@@ -10,10 +10,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -84,16 +87,38 @@ inline double RssMiB(pid_t pid) {
   return 0;
 }
 
-// Makes the resident memory of servers started after this call follow their live heap, so
-// that a soak test's RSS check measures leaks rather than the allocator: two malloc arenas
-// (not one per core's worth of gRPC and HTTP threads), and fixed mmap and trim thresholds.
-// glibc otherwise raises its mmap threshold after a large free, after which buffers of the
-// tiny preset's size (about 12 MiB) come from the heap and stay resident in steps.
-inline void MakeServerRssFollowTheHeap() {
-  setenv("MALLOC_ARENA_MAX", "2", 1);
-  setenv("MALLOC_MMAP_THRESHOLD_", "262144", 1);
-  setenv("MALLOC_TRIM_THRESHOLD_", "1048576", 1);
-}
+// While it lives, servers started make their resident memory follow their live heap, so that
+// a soak test's RSS check measures leaks rather than the allocator: two malloc arenas (not one
+// per core's worth of gRPC and HTTP threads), and fixed mmap and trim thresholds. glibc
+// otherwise raises its mmap threshold after a large free, after which buffers of the tiny
+// preset's size (about 12 MiB) come from the heap and stay resident in steps. The environment
+// is restored when it ends, so later tests of the same process start their servers as before.
+class ServerRssFollowsTheHeap {
+ public:
+  ServerRssFollowsTheHeap() {
+    for (const auto& [name, value] : kSettings) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
+      setenv(name, value, 1);
+    }
+  }
+  ~ServerRssFollowsTheHeap() {
+    for (const auto& [name, old] : saved_) {
+      if (old) {
+        setenv(name, old->c_str(), 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+  }
+  ServerRssFollowsTheHeap(const ServerRssFollowsTheHeap&) = delete;
+  ServerRssFollowsTheHeap& operator=(const ServerRssFollowsTheHeap&) = delete;
+
+ private:
+  static constexpr std::pair<const char*, const char*> kSettings[] = {
+      {"MALLOC_ARENA_MAX", "2"}, {"MALLOC_MMAP_THRESHOLD_", "262144"}, {"MALLOC_TRIM_THRESHOLD_", "1048576"}};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
 
 // `moeserve serve --listen 127.0.0.1:0 ...` with the bound port read back from --port-file.
 class ServerProcess {
