@@ -24,7 +24,6 @@ using cpu_ops_test::MakeWeight;
 using testing::AllClose;
 using testing::RandomFloats;
 
-
 TEST_F(CpuOpsTest, GemmMatchesReference) {
   uint32_t seed = 1;
   for (DType dt : {DType::kF32, DType::kBF16}) {

@@ -22,7 +22,6 @@ using cpu_ops_test::MakeWeight;
 using testing::AllClose;
 using testing::RandomFloats;
 
-
 // The same weight in the tiled layout the fast path uploads (kernels/weight_layout.h).
 struct TiledWeight {
   std::vector<uint8_t> bytes;

@@ -49,12 +49,12 @@ TEST(E2eHttpSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   const int64_t threads = EnvInt("MOESERVE_HTTP_SOAK_THREADS", 16);
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
-  const ServerRssFollowsTheHeap heap_env;
   const std::string dir = MakeTempDir("http_soak");
   const std::string keys = dir + "/keys";
   std::ofstream(keys) << kKeysFile;
   chmod(keys.c_str(), 0600);
   ServerProcess server;
+  server.set_env(RssFollowsTheHeapEnv());
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "48", "--host-kv-mb", "4", "--preemption", "swap",
                             "--max-num-seqs", "16", "--api-keys-file", keys}))
       << server.log();

@@ -8,13 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -35,26 +36,39 @@ namespace moeserve::testing {
 // The file's contents, or "" when it cannot be read (yet).
 inline std::string ReadAll(const std::string& path) { return ReadFileToString(path).value_or(""); }
 
-// Spawns argv[0] (a path) with stdout and stderr to files; returns the pid or -1.
-inline pid_t SpawnProgram(std::vector<std::string> full, const std::string& out_path, const std::string& err_path) {
+// Spawns argv[0] (a path) with stdout and stderr to files, in this process's environment with
+// `env` ("NAME=value") added or replacing; returns the pid or -1.
+inline pid_t SpawnProgram(std::vector<std::string> full, const std::string& out_path, const std::string& err_path,
+                          std::vector<std::string> env = {}) {
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view name(*e, std::strcspn(*e, "="));
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& mine) {
+      return mine.size() > name.size() && mine.compare(0, name.size(), name) == 0 && mine[name.size()] == '=';
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
 }
 
-// Spawns MOESERVE_BIN with `args`.
-inline pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path, const std::string& err_path) {
+// Spawns MOESERVE_BIN with `args` (and `env`, as SpawnProgram).
+inline pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path, const std::string& err_path,
+                   std::vector<std::string> env = {}) {
   std::vector<std::string> full = {MOESERVE_BIN};
   full.insert(full.end(), args.begin(), args.end());
-  return SpawnProgram(std::move(full), out_path, err_path);
+  return SpawnProgram(std::move(full), out_path, err_path, std::move(env));
 }
 
 // Runs a program to completion; returns its exit code (-1 if it could not run).
@@ -87,38 +101,14 @@ inline double RssMiB(pid_t pid) {
   return 0;
 }
 
-// While it lives, servers started make their resident memory follow their live heap, so that
-// a soak test's RSS check measures leaks rather than the allocator: two malloc arenas (not one
-// per core's worth of gRPC and HTTP threads), and fixed mmap and trim thresholds. glibc
-// otherwise raises its mmap threshold after a large free, after which buffers of the tiny
-// preset's size (about 12 MiB) come from the heap and stay resident in steps. The environment
-// is restored when it ends, so later tests of the same process start their servers as before.
-class ServerRssFollowsTheHeap {
- public:
-  ServerRssFollowsTheHeap() {
-    for (const auto& [name, value] : kSettings) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
-      setenv(name, value, 1);
-    }
-  }
-  ~ServerRssFollowsTheHeap() {
-    for (const auto& [name, old] : saved_) {
-      if (old) {
-        setenv(name, old->c_str(), 1);
-      } else {
-        unsetenv(name);
-      }
-    }
-  }
-  ServerRssFollowsTheHeap(const ServerRssFollowsTheHeap&) = delete;
-  ServerRssFollowsTheHeap& operator=(const ServerRssFollowsTheHeap&) = delete;
-
- private:
-  static constexpr std::pair<const char*, const char*> kSettings[] = {
-      {"MALLOC_ARENA_MAX", "2"}, {"MALLOC_MMAP_THRESHOLD_", "262144"}, {"MALLOC_TRIM_THRESHOLD_", "1048576"}};
-  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
-};
+// The malloc settings under which a server's resident memory follows its live heap, so that a
+// soak test's RSS check measures leaks rather than the allocator: two malloc arenas (not one per
+// core's worth of gRPC and HTTP threads), and fixed mmap and trim thresholds. glibc otherwise
+// raises its mmap threshold after a large free, after which buffers of the tiny preset's size
+// (about 12 MiB) come from the heap and stay resident in steps. For ServerProcess::set_env.
+inline std::vector<std::string> RssFollowsTheHeapEnv() {
+  return {"MALLOC_ARENA_MAX=2", "MALLOC_MMAP_THRESHOLD_=262144", "MALLOC_TRIM_THRESHOLD_=1048576"};
+}
 
 // `moeserve serve --listen 127.0.0.1:0 ...` with the bound port read back from --port-file.
 class ServerProcess {
@@ -137,6 +127,8 @@ class ServerProcess {
   // Whether Start adds --http-listen (default yes): off for a test that passes vLLM's
   // --host/--port itself.
   void set_http_listen(bool on) { http_listen_ = on; }
+  // Environment variables ("NAME=value") the server gets beside this process's (before Start).
+  void set_env(std::vector<std::string> env) { env_ = std::move(env); }
 
   // Starts the server and waits (up to 60 s) until it listens. False on failure; see log().
   // With a `launcher` (e.g. mpirun and its flags) the server runs under it.
@@ -151,11 +143,11 @@ class ServerProcess {
     }
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     if (launcher.empty()) {
-      pid_ = Spawn(args, dir_ + "/out", dir_ + "/err");
+      pid_ = Spawn(args, dir_ + "/out", dir_ + "/err", env_);
     } else {
       launcher.push_back(MOESERVE_BIN);
       launcher.insert(launcher.end(), args.begin(), args.end());
-      pid_ = SpawnProgram(launcher, dir_ + "/out", dir_ + "/err");
+      pid_ = SpawnProgram(launcher, dir_ + "/out", dir_ + "/err", env_);
     }
     if (pid_ < 0) return false;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -213,6 +205,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   std::string host_ = "127.0.0.1";
   bool http_listen_ = true;
+  std::vector<std::string> env_;  // set_env's
   int port_ = 0;
   int http_port_ = 0;
   std::string dir_;

@@ -36,8 +36,8 @@ TEST(E2eSoakTest, MixedLoadEndsEveryRequestOnceAndLeavesNothingBehind) {
   const int64_t threads = EnvInt("MOESERVE_SOAK_THREADS", 16);
   ASSERT_GT(total, 0);
   ASSERT_GT(threads, 0);
-  const ServerRssFollowsTheHeap heap_env;
   ServerProcess server;
+  server.set_env(RssFollowsTheHeapEnv());
   ASSERT_TRUE(server.Start({"--preset", "tiny", "--kv-blocks", "48", "--host-kv-mb", "4",
                             "--preemption", "swap", "--max-num-seqs", "16"}))
       << server.log();
