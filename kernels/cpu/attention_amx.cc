@@ -14,6 +14,10 @@ namespace moeserve::cpu_fast {
 
 constexpr int64_t kTileDwords = 256;  // one B tile: 16 rows x 16 dwords
 
+// Fetches the cache line at p into L1. Inline assembly, not __builtin_prefetch: GCC 12 at -O3
+// deleted a decode item's value prefetches in its tree DCE pass (kept with -fno-tree-dce).
+inline void PrefetchLine(const void* p) { __asm__ volatile("prefetcht0 %0" ::"m"(*static_cast<const char*>(p))); }
+
 void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
                int64_t out_stride) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
@@ -45,7 +49,7 @@ void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const u
     for (int64_t n = g + 2; n < std::min(ngroups, g + 4); ++n) {
       for (int64_t j = 0; j < 16; ++j) {
         const char* row = reinterpret_cast<const char*>(groups[n] + j * key_stride);
-        for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(row + b);
+        for (int64_t b = 0; b < hd * 2; b += 64) PrefetchLine(row + b);
       }
     }
     AmxZeroC(16);
@@ -106,24 +110,6 @@ void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
   for (int64_t b = 0; b < blocks; ++b) {
     for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
     KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
-  }
-}
-
-// Fetches kv head g's values for the item's context while its scores are computed: a decode
-// token's item reads them once, scattered over the cache's blocks, and the packing that follows
-// otherwise waits for each row in turn. At most the first kPrefetchValueRows rows (512 KB at
-// head dimension 128, a quarter of a Sapphire Rapids core's L2): a longer context's would push
-// the scores' own keys out of it.
-constexpr int64_t kPrefetchValueRows = 2048;
-void PrefetchValues(const ItemRows& it, int64_t g) {
-  const int64_t hd = it.layout->head_dim, bs = it.layout->block_size;
-  const int64_t ctx = std::min(it.ctx_max, kPrefetchValueRows);
-  for (int64_t b0 = 0; b0 < ctx; b0 += bs) {
-    const char* block = reinterpret_cast<const char*>(it.Row(1, g, b0, nullptr));
-    const int64_t rows = std::min(bs, ctx - b0), stride = it.layout->TokenElems() * 2;
-    for (int64_t j = 0; j < rows; ++j) {
-      for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(block + j * stride + b);
-    }
   }
 }
 
@@ -196,8 +182,9 @@ void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxS
       std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
     }
     RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
+    // A decode item's values are not fetched ahead: GCC 12 had deleted such prefetches (its
+    // tree DCE pass), and made live they slowed batch-64 decode attention (docs/performance.md).
     if (keys_as_a) {
-      PrefetchValues(it, g);
       QueryPairsAmx(s->qb.data(), nrows, hd, s->q_pairs.data());
     } else {
       PackKeys(it, g, s);
