@@ -28,8 +28,9 @@ class ThreadPool {
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Calls fn(begin, end) over disjoint chunks covering [0, n), at least `grain` items each,
-  // and returns when all are done. Not reentrant: fn must not call ParallelFor.
+  // Calls fn(begin, end) over disjoint chunks covering [0, n), at least `grain` items each
+  // (the last may hold fewer), the first ones larger (guided), and returns when all are done.
+  // Not reentrant: fn must not call ParallelFor.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
@@ -44,7 +45,7 @@ class ThreadPool {
   // The current job (written before generation_ is bumped, read after it is seen).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  int64_t chunk_ = 0;
+  int64_t grain_ = 1;  // the smallest chunk but the last
   std::atomic<int64_t> next_{0};
   std::atomic<int64_t> pending_workers_{0};
   std::mutex run_mu_;  // serialises ParallelFor callers

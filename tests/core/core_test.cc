@@ -1,10 +1,14 @@
 // core/: dtype conversions against independent computations, the thread pool, atomic files.
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/file_util.h"
@@ -59,6 +63,35 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
       for (int64_t i = b; i < e; ++i) hits[i]++;
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " index " << i;
+  }
+}
+
+// Guided chunks: none below the grain but the one that ends the range, and the first chunk is
+// at least as large as the last (large claims first, small ones to even out the end).
+TEST(ThreadPoolTest, ChunksHoldTheGrainAndShrinkTowardTheEnd) {
+  ThreadPool pool(4);
+  for (int64_t grain : {1, 3, 16}) {
+    for (int64_t n : {2, 17, 100, 5000}) {
+      std::mutex mu;
+      std::vector<std::pair<int64_t, int64_t>> chunks;
+      pool.ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+        std::lock_guard<std::mutex> lock(mu);
+        chunks.emplace_back(b, e);
+      });
+      std::sort(chunks.begin(), chunks.end());
+      ASSERT_FALSE(chunks.empty());
+      EXPECT_EQ(chunks.front().first, 0);
+      EXPECT_EQ(chunks.back().second, n);
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        const int64_t size = chunks[c].second - chunks[c].first;
+        if (c + 1 < chunks.size()) {
+          EXPECT_EQ(chunks[c].second, chunks[c + 1].first) << "grain " << grain << " n " << n;
+          EXPECT_GE(size, grain) << "chunk " << c << " of " << chunks.size() << ", grain " << grain << " n " << n;
+        }
+      }
+      EXPECT_GE(chunks.front().second - chunks.front().first, chunks.back().second - chunks.back().first)
+          << "grain " << grain << " n " << n;
+    }
   }
 }
 
