@@ -51,7 +51,8 @@ struct HardwareTiles {
 // Intel SDM's pseudo-code for tdpbf16ps: per output element, the pair products of each K step
 // added in order. The hardware rounds otherwise (on the Sapphire Rapids VM 17-46% of a step's
 // outputs differed from this and four other simple models, docs/performance.md), so the tests
-// use the emulation for layouts and blocking against float64 with a bound, never for bits.
+// use the emulation for layouts and blocking against float64 with a bound (and emulated
+// against emulated bits), never against the hardware's bits.
 struct EmulatedTiles {
   static inline thread_local float acc[4][kTileM * kTileN];
   static inline thread_local bool legal = true;

@@ -66,8 +66,8 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
   }
 }
 
-// Guided chunks: none below the grain but the one that ends the range, and the first chunk is
-// at least as large as the last (large claims first, small ones to even out the end).
+// Guided chunks: none below the grain but the one that ends the range; the first takes half an
+// even share of the job (4 threads: n / 8) and no later one is larger than the one before it.
 TEST(ThreadPoolTest, ChunksHoldTheGrainAndShrinkTowardTheEnd) {
   ThreadPool pool(4);
   for (int64_t grain : {1, 3, 16}) {
@@ -82,15 +82,17 @@ TEST(ThreadPoolTest, ChunksHoldTheGrainAndShrinkTowardTheEnd) {
       ASSERT_FALSE(chunks.empty());
       EXPECT_EQ(chunks.front().first, 0);
       EXPECT_EQ(chunks.back().second, n);
-      for (size_t c = 0; c < chunks.size(); ++c) {
-        const int64_t size = chunks[c].second - chunks[c].first;
-        if (c + 1 < chunks.size()) {
-          EXPECT_EQ(chunks[c].second, chunks[c + 1].first) << "grain " << grain << " n " << n;
-          EXPECT_GE(size, grain) << "chunk " << c << " of " << chunks.size() << ", grain " << grain << " n " << n;
-        }
+      const auto size = [&](size_t c) { return chunks[c].second - chunks[c].first; };
+      if (chunks.size() > 1) {
+        EXPECT_EQ(size(0), std::max(grain, n / 8)) << "grain " << grain << " n " << n;
       }
-      EXPECT_GE(chunks.front().second - chunks.front().first, chunks.back().second - chunks.back().first)
-          << "grain " << grain << " n " << n;
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        EXPECT_GT(size(c), 0) << "chunk " << c << ", grain " << grain << " n " << n;
+        if (c + 1 == chunks.size()) continue;
+        EXPECT_EQ(chunks[c].second, chunks[c + 1].first) << "grain " << grain << " n " << n;
+        EXPECT_GE(size(c), grain) << "chunk " << c << " of " << chunks.size() << ", grain " << grain << " n " << n;
+        EXPECT_GE(size(c), size(c + 1)) << "chunk " << c << " of " << chunks.size() << ", grain " << grain << " n " << n;
+      }
     }
   }
 }
