@@ -185,6 +185,13 @@ class Backend {
   virtual void Gemm(const float* x, int64_t m, const WeightRef& w, float* y,
                     bool accumulate = false) = 0;
 
+  // Several GEMMs of the same rows, none accumulating: y[i] = x @ w[i]^T, each with Gemm's bits.
+  // A backend may share work between them (the CPU rounds x once and runs them in one parallel
+  // region); by default, one Gemm each.
+  virtual void Gemms(const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y) {
+    for (size_t i = 0; i < w.size() && i < y.size(); ++i) Gemm(x, m, w[i], y[i], false);
+  }
+
   // Grouped GEMM for experts: rows [offsets[g], offsets[g+1]) of x are multiplied by w[g].
   // offsets: w.size() + 1 values in device memory (as PlanRouting writes them), so that a MoE
   // layer enqueues its experts without a host round trip; `max_rows` (known on the host, e.g.

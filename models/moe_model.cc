@@ -3,6 +3,7 @@
 #include "models/moe_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -73,9 +74,10 @@ absl::Status MoeModel::UploadStep(const ForwardInput& in) {
 void MoeModel::StandardAttention(const LayerWeights& lw, int64_t t, const AttentionBatch& batch,
                                  const KvLayout& layout, int64_t kv_layer, void* kv_cache) {
   const ModelConfig& c = config();
-  backend_->Gemm(ws_.xn.as<float>(), t, lw.q, ws_.q.as<float>());  // [t, heads, head_dim]
-  backend_->Gemm(ws_.xn.as<float>(), t, lw.k, ws_.k.as<float>());  // [t, kv_heads, head_dim]
-  backend_->Gemm(ws_.xn.as<float>(), t, lw.v, ws_.v.as<float>());
+  // q [t, heads, head_dim], k and v [t, kv_heads, head_dim]: one call, so the CPU rounds xn once.
+  const std::array<WeightRef, 3> qkv = {lw.q, lw.k, lw.v};
+  const std::array<float*, 3> out = {ws_.q.as<float>(), ws_.k.as<float>(), ws_.v.as<float>()};
+  backend_->Gemms(ws_.xn.as<float>(), t, qkv, out);
   AttentionExtras(lw, t);
   if (c.family == ModelFamily::kGlm4Moe) {  // RoPE on the first rotary_dim of each head
     const float* inv = ws_.rope_inv_freq.as<float>();

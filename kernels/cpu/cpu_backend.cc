@@ -183,6 +183,12 @@ void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, b
   cpu_ref::Gemm(x, m, w, y, accumulate);
 }
 
+void CpuBackend::Gemms(const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y) {
+  const bool fp8 = std::any_of(w.begin(), w.end(), [](const WeightRef& r) { return r.dtype == DType::kF8E4M3; });
+  if (!fast() || fp8) return Backend::Gemms(x, m, w, y);
+  cpu_fast::Gemms(*pool_, x, m, w, y, options_.batch_invariant, isa_);
+}
+
 void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets_data,
                              int64_t max_rows, float* y) {
   // Device memory is host memory here: the offsets are read in place.

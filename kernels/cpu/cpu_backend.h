@@ -80,6 +80,7 @@ class CpuBackend final : public Backend {
 
   void Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) override;
   void Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) override;
+  void Gemms(const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y) override;
   void GroupedGemm(const float* x, std::span<const WeightRef> w, const int64_t* offsets, int64_t max_rows,
                    float* y) override;
   void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,

@@ -71,6 +71,21 @@ void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float
   RunGemms(pool, std::span<const GemmTask>(&task, 1), isa);
 }
 
+void Gemms(ThreadPool& pool, const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y,
+           bool batch_invariant, CpuIsa isa) {
+  MS_CHECK(w.size() == y.size());
+  std::vector<GemmTask> tasks;
+  for (size_t i = 0; i < w.size(); ++i) {
+    MS_CHECK(w[i].dtype != DType::kF8E4M3);
+    if (!batch_invariant && m > kBlasMinRows) {
+      BlasGemm(pool, GemmTask{x, m, w[i], y[i], false});
+    } else {
+      tasks.push_back(GemmTask{x, m, w[i], y[i], false});
+    }
+  }
+  RunGemms(pool, tasks, isa);  // one region; RunGemms rounds the shared rows once
+}
+
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                  float* y, bool batch_invariant, CpuIsa isa) {
   MS_CHECK(offsets.size() == w.size() + 1);

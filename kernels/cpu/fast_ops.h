@@ -26,6 +26,10 @@ void GroupedGemmFp8Bf16(ThreadPool& pool, const float* x, std::span<const Weight
                         std::span<const int64_t> offsets, float* y);
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa);
+// y[i] = x w[i]^T for each i, in one parallel region with x rounded once for the variants that
+// round it: each y[i] gets Gemm's bits. No w[i] may be FP8.
+void Gemms(ThreadPool& pool, const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y,
+           bool batch_invariant, CpuIsa isa);
 // Every group's GEMM in one parallel region (rows [offsets[g], offsets[g+1]) times w[g]).
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                  float* y, bool batch_invariant, CpuIsa isa);

@@ -112,18 +112,26 @@ namespace {
 
 uint16_t* Bf16(const HostBuffer& b) { return reinterpret_cast<uint16_t*>(b.data()); }
 
-// Every task's activations in its variant's layout (empty for the exact variants), in 64-byte
-// aligned memory: an AMX tile row (64 bytes) or a zmm load that straddles two cache lines costs
-// two (measured: the amx kernel at half its speed on misaligned activations). The rounding is
-// spread over the pool in pieces of a few row blocks: on one thread it would be a serial part
-// of every large GEMM, as long as the tiles' arithmetic itself. A decode step's rows are
-// converted inline.
-std::vector<HostBuffer> PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
+// Every task's activations in its variant's layout (null for the exact variants and for tasks
+// given x_amx), in 64-byte aligned memory: an AMX tile row (64 bytes) or a zmm load that
+// straddles two cache lines costs two (measured: the amx kernel at half its speed on misaligned
+// activations). Tasks of the same rows (x, m, k) on the same variant share one conversion (the
+// q, k and v projections of a layer's input). The rounding is spread over the pool in pieces of
+// a few row blocks: on one thread it would be a serial part of every large GEMM, as long as the
+// tiles' arithmetic itself. A decode step's rows are converted inline.
+struct Activations {
+  std::vector<HostBuffer> owned;
+  std::vector<const uint16_t*> of_task;  // per task
+};
+
+Activations PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
   struct Piece {
     size_t task;
     int64_t i0, i1;
   };
-  std::vector<HostBuffer> out(tasks.size());
+  Activations acts;
+  acts.owned.resize(tasks.size());
+  acts.of_task.assign(tasks.size(), nullptr);
   std::vector<Piece> pieces;
   int64_t elems = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
@@ -131,18 +139,30 @@ std::vector<HostBuffer> PrepareActivations(ThreadPool& pool, std::span<const Gem
     const CpuIsa task_isa = IsaForTask(t, isa);
     const int64_t block = ActivationBlock(task_isa);
     if (t.m == 0 || t.w.rows == 0 || block == 0 || t.x_amx != nullptr) continue;
+    const auto same_rows = [&](size_t j) {
+      const GemmTask& o = tasks[j];
+      return acts.of_task[j] != nullptr && o.x == t.x && o.m == t.m && o.w.cols == t.w.cols &&
+             IsaForTask(o, isa) == task_isa;
+    };
+    size_t j = 0;
+    while (j < k && !same_rows(j)) ++j;
+    if (j < k) {
+      acts.of_task[k] = acts.of_task[j];
+      continue;
+    }
     const int64_t rows = RoundUp(t.m, block), piece = 4 * block;
     // Every element is written (padding too), so the buffer needs no clearing.
     const int64_t size = task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols) : PackedBf16Elems(t.m, t.w.cols);
-    out[k] = HostBuffer::Uninitialized(static_cast<size_t>(size) * sizeof(uint16_t));
-    MS_CHECK(!out[k].empty());  // out of memory, as new[] would have thrown
+    acts.owned[k] = HostBuffer::Uninitialized(static_cast<size_t>(size) * sizeof(uint16_t));
+    MS_CHECK(!acts.owned[k].empty());  // out of memory, as new[] would have thrown
+    acts.of_task[k] = Bf16(acts.owned[k]);
     for (int64_t i = 0; i < rows; i += piece) pieces.push_back({k, i, std::min(rows, i + piece)});
     elems += rows * t.w.cols;
   }
   auto convert = [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const Piece& p = pieces[static_cast<size_t>(n)];
-      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, Bf16(out[p.task]));
+      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, Bf16(acts.owned[p.task]));
     }
   };
   constexpr int64_t kInlineElems = 1 << 16;  // below this a pool dispatch costs more than it saves
@@ -151,13 +171,13 @@ std::vector<HostBuffer> PrepareActivations(ThreadPool& pool, std::span<const Gem
   } else {
     pool.ParallelFor(static_cast<int64_t>(pieces.size()), 1, convert);
   }
-  return out;
+  return acts;
 }
 
 }  // namespace
 
 void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
-  const std::vector<HostBuffer> x_bf16 = PrepareActivations(pool, tasks, isa);
+  const Activations acts = PrepareActivations(pool, tasks, isa);
   std::vector<GemmItem> items;
   double work = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
@@ -189,7 +209,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
       const TileFn kernel = t.swiglu > 0 ? TileAmxSwiGlu : VariantOf(IsaForTask(t, isa)).kernel;
-      kernel(t, t.x_amx != nullptr ? t.x_amx : Bf16(x_bf16[static_cast<size_t>(it.task)]), it, &scratch);
+      kernel(t, t.x_amx != nullptr ? t.x_amx : acts.of_task[static_cast<size_t>(it.task)], it, &scratch);
     }
   });
 }

@@ -167,6 +167,36 @@ TEST_P(GemmVariantTest, GroupedGemmEqualsEachGroupsGemm) {
   }
 }
 
+// Several GEMMs of the same rows (a layer's q, k and v) in one call, with the rows rounded once
+// for all: each output has its own Gemm's bits, for bf16 and f32 weights mixed, every layout the
+// variant reads, and batch sizes across the inline and pooled conversions.
+TEST_P(GemmVariantTest, GemmsOfTheSameRowsEqualEachGemm) {
+  const int64_t k = 96;
+  for (WeightLayout layout : Layouts(DType::kBF16)) {
+    std::vector<Weight> ws;
+    ws.push_back(MakeWeight(64, k, DType::kBF16, layout, 81));
+    ws.push_back(MakeWeight(16, k, DType::kBF16, layout, 82));
+    ws.push_back(MakeWeight(40, k, DType::kF32, WeightLayout::kTiled8, 83));
+    ws.push_back(MakeWeight(16, k, DType::kBF16, layout, 84));
+    std::vector<WeightRef> refs;
+    for (const Weight& w : ws) refs.push_back(w.ref);
+    for (int64_t m : {1, 5, 33, 300, 1000}) {
+      SCOPED_TRACE(absl::StrFormat("%s m=%d", WeightLayoutName(layout), m));
+      const auto x = RandomFloats(static_cast<size_t>(m * k), 90 + static_cast<uint32_t>(m));
+      std::vector<std::vector<float>> ys;
+      std::vector<float*> outs;
+      for (const WeightRef& r : refs) ys.emplace_back(static_cast<size_t>(m * r.rows), -1.0f);
+      for (auto& y : ys) outs.push_back(y.data());
+      backend_->Gemms(x.data(), m, refs, outs);
+      for (size_t i = 0; i < refs.size(); ++i) {
+        std::vector<float> one(ys[i].size());
+        backend_->Gemm(x.data(), m, refs[i], one.data(), false);
+        EXPECT_EQ(std::memcmp(one.data(), ys[i].data(), one.size() * sizeof(float)), 0) << "weight " << i;
+      }
+    }
+  }
+}
+
 // The exact variants differ only in register width: the same bits as avx2.
 TEST_P(GemmVariantTest, ExactVariantsGiveAvx2sBits) {
   if (RoundsActivations(GetParam())) GTEST_SKIP() << CpuIsaName(GetParam()) << " rounds activations to bf16";
