@@ -2,6 +2,7 @@
 // latent and one rotary key per token; kv_b_proj's key part is folded into the query
 // (q_latent = k_up_t[h] q_nope) and its value part applied to the output, so attention runs
 // as `heads` query heads against a single shared row per token.
+#include <array>
 #include <vector>
 
 #include "core/status.h"
@@ -62,18 +63,23 @@ void MoeModel::MlaAttention(const LayerWeights& lw, int64_t t, const AttentionBa
   const int32_t* token_rows = ws_.mla_token_rows.as<int32_t>();
   const int64_t* head_offsets = ws_.mla_head_offsets.as<int64_t>();
   const int32_t* positions = ws_.positions.as<int32_t>();
-  const float* q_in = xn;
+  // The projections of the same rows go to the backend together (Gemms: the CPU rounds them
+  // once and runs them in one parallel region); each result is its own Gemm's.
   if (m.q_lora_rank > 0) {
     float* qa = ws_.mla_qa.as<float>();
-    backend_->Gemm(xn, t, lw.q_a, qa);
+    const std::array<WeightRef, 3> w = {lw.q_a, lw.kv_a, lw.k_rope};
+    const std::array<float*, 3> y = {qa, latent, k_rope};  // [t, q_lora_rank], [t, r], [t, dr]
+    backend_->Gemms(xn, t, w, y);
     backend_->RmsNorm(qa, lw.q_a_norm, t, m.q_lora_rank, kLatentNormEps, qa);
-    q_in = qa;
+    const std::array<WeightRef, 2> wq = {lw.q_nope, lw.q_rope};
+    const std::array<float*, 2> yq = {q_nope, q_rope};  // [t, heads, dn], [t, heads, dr]
+    backend_->Gemms(qa, t, wq, yq);
+  } else {
+    const std::array<WeightRef, 4> w = {lw.q_nope, lw.q_rope, lw.kv_a, lw.k_rope};
+    const std::array<float*, 4> y = {q_nope, q_rope, latent, k_rope};
+    backend_->Gemms(xn, t, w, y);
   }
-  backend_->Gemm(q_in, t, lw.q_nope, q_nope);  // [t, heads, dn]
-  backend_->Gemm(q_in, t, lw.q_rope, q_rope);  // [t, heads, dr]
-  backend_->Gemm(xn, t, lw.kv_a, latent);      // [t, r]
   backend_->RmsNorm(latent, lw.kv_a_norm, t, r, kLatentNormEps, latent);
-  backend_->Gemm(xn, t, lw.k_rope, k_rope);    // [t, dr]
   const float* inv_freq = ws_.rope_inv_freq.as<float>();
   const float factor = RopeAttentionFactor(c);
   backend_->RopeScaled(q_rope, positions, t, heads, dr, dr, inv_freq, factor);
