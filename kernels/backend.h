@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/host_buffer.h"
+#include "core/status.h"
 
 namespace moeserve {
 
@@ -189,7 +190,8 @@ class Backend {
   // A backend may share work between them (the CPU rounds x once and runs them in one parallel
   // region); by default, one Gemm each.
   virtual void Gemms(const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y) {
-    for (size_t i = 0; i < w.size() && i < y.size(); ++i) Gemm(x, m, w[i], y[i], false);
+    MS_CHECK(w.size() == y.size());
+    for (size_t i = 0; i < w.size(); ++i) Gemm(x, m, w[i], y[i], false);
   }
 
   // Grouped GEMM for experts: rows [offsets[g], offsets[g+1]) of x are multiplied by w[g].

@@ -197,6 +197,40 @@ TEST_P(GemmVariantTest, GemmsOfTheSameRowsEqualEachGemm) {
   }
 }
 
+// RunGemms' shared conversion is keyed on the rows it converts: tasks on the same x pointer with
+// other row counts or widths, f32 weights (an exact variant, no conversion) and, on amx, a task
+// given its rows already as tiles each get their single-task bits.
+TEST_P(GemmVariantTest, TasksOnTheSamePointerKeepTheirOwnRows) {
+  const auto x = RandomFloats(static_cast<size_t>(40 * 96), 95);
+  const Weight wb = MakeWeight(48, 96, DType::kBF16, backend_->PreferredWeightLayout(DType::kBF16), 96);
+  const Weight wk = MakeWeight(24, 64, DType::kBF16, backend_->PreferredWeightLayout(DType::kBF16), 97);
+  const Weight wf = MakeWeight(40, 96, DType::kF32, WeightLayout::kTiled8, 98);
+  std::vector<cpu_fast::GemmTask> tasks = {{x.data(), 5, wb.ref}, {x.data(), 33, wb.ref}, {x.data(), 5, wk.ref},
+                                           {x.data(), 33, wf.ref}, {x.data(), 40, wb.ref}};
+  std::vector<uint16_t> tiles;
+  if (GetParam() == CpuIsa::kAmx) {  // the rows of a 12 x 96 matrix at the same pointer, as tiles
+    tiles.resize(static_cast<size_t>(cpu_fast::PaddedAmxElems(12, 96)));
+    cpu_fast::PadRowsAmx(x.data(), 12, 96, 0, RoundUp(12, cpu_fast::kAmxRowBlock), tiles.data());
+    tasks.push_back({x.data(), 12, wb.ref});
+    tasks.back().x_amx = tiles.data();
+  }
+  std::vector<std::vector<float>> ys;
+  for (cpu_fast::GemmTask& t : tasks) {
+    ys.emplace_back(static_cast<size_t>(t.m * t.w.rows), -1.0f);
+    t.y = ys.back().data();
+  }
+  ThreadPool pool(2);
+  cpu_fast::RunGemms(pool, tasks, GetParam());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    cpu_fast::GemmTask one = tasks[i];
+    one.x_amx = nullptr;  // the task alone converts its own rows (the tiles are PadRowsAmx's bits)
+    std::vector<float> alone(ys[i].size(), -2.0f);
+    one.y = alone.data();
+    cpu_fast::RunGemms(pool, std::span(&one, 1), GetParam());
+    EXPECT_EQ(std::memcmp(alone.data(), ys[i].data(), alone.size() * sizeof(float)), 0) << "task " << i;
+  }
+}
+
 // The exact variants differ only in register width: the same bits as avx2.
 TEST_P(GemmVariantTest, ExactVariantsGiveAvx2sBits) {
   if (RoundsActivations(GetParam())) GTEST_SKIP() << CpuIsaName(GetParam()) << " rounds activations to bf16";
