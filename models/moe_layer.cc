@@ -1,6 +1,7 @@
 // The MoE layer: routing, the routed experts on this rank (routing planned on the device) or
 // across the EP group (parallel/expert_dispatch.h), the shared expert, and the combine.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -117,13 +118,17 @@ void MoeModel::Mlp(const WeightRef& w13, const WeightRef& w2, int64_t inter, int
   float* gate_up = ws_.gate_up.as<float>();
   float* act = ws_.act.as<float>();
   float* out = ws_.expert_out.as<float>();
-  backend_->Gemm(xn, t, w13, gate_up);  // [t, 2*inter]
+  float* shared_gate = ws_.shared_gate.as<float>();
+  if (gate != nullptr) {  // the shared expert's gate reads the same rows: one call with w13
+    const std::array<WeightRef, 2> w = {w13, *gate};
+    const std::array<float*, 2> y = {gate_up, shared_gate};  // [t, 2*inter], [t, 1]
+    backend_->Gemms(xn, t, w, y);
+  } else {
+    backend_->Gemm(xn, t, w13, gate_up);
+  }
   backend_->SiluMul(gate_up, t, inter, act);
   backend_->Gemm(act, t, w2, out);
-  if (gate != nullptr) {
-    backend_->Gemm(xn, t, *gate, ws_.shared_gate.as<float>());  // [t, 1]
-    backend_->SigmoidScaleRows(out, ws_.shared_gate.as<float>(), t, h);
-  }
+  if (gate != nullptr) backend_->SigmoidScaleRows(out, shared_gate, t, h);
   backend_->Add(ws_.x.as<float>(), out, t * h);
 }
 
