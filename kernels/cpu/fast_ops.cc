@@ -20,6 +20,21 @@ namespace {
 // Below this many activation rows the non-invariant GEMM still uses the invariant kernel.
 constexpr int64_t kBlasMinRows = 16;
 
+// Runs `tasks`: without batch invariance those of more than kBlasMinRows rows on OpenBLAS, one
+// by one (small m is memory-bound and the invariant kernel is as fast as BLAS there); the rest
+// together in one parallel region (both cores busy, rows shared by several tasks rounded once).
+void RunTasks(ThreadPool& pool, std::span<const GemmTask> tasks, bool batch_invariant, CpuIsa isa) {
+  std::vector<GemmTask> invariant;
+  for (const GemmTask& t : tasks) {
+    if (!batch_invariant && t.m > kBlasMinRows) {
+      BlasGemm(pool, t);
+    } else {
+      invariant.push_back(t);
+    }
+  }
+  RunGemms(pool, invariant, isa);
+}
+
 inline void Bf16RowToF32(const uint16_t* src, int64_t n, float* dst) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
@@ -66,9 +81,7 @@ void Embedding(ThreadPool& pool, const int32_t* ids, int64_t n, const WeightRef&
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa) {
   const GemmTask task{x, m, w, y, accumulate};
-  // Small m is memory-bound and the invariant kernel is as fast as BLAS there.
-  if (!batch_invariant && m > kBlasMinRows) return BlasGemm(pool, task);
-  RunGemms(pool, std::span<const GemmTask>(&task, 1), isa);
+  RunTasks(pool, std::span<const GemmTask>(&task, 1), batch_invariant, isa);
 }
 
 void Gemms(ThreadPool& pool, const float* x, int64_t m, std::span<const WeightRef> w, std::span<float* const> y,
@@ -77,13 +90,9 @@ void Gemms(ThreadPool& pool, const float* x, int64_t m, std::span<const WeightRe
   std::vector<GemmTask> tasks;
   for (size_t i = 0; i < w.size(); ++i) {
     MS_CHECK(w[i].dtype != DType::kF8E4M3);
-    if (!batch_invariant && m > kBlasMinRows) {
-      BlasGemm(pool, GemmTask{x, m, w[i], y[i], false});
-    } else {
-      tasks.push_back(GemmTask{x, m, w[i], y[i], false});
-    }
+    tasks.push_back(GemmTask{x, m, w[i], y[i], false});
   }
-  RunGemms(pool, tasks, isa);  // one region; RunGemms rounds the shared rows once
+  RunTasks(pool, tasks, batch_invariant, isa);
 }
 
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
@@ -93,14 +102,9 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
-    const GemmTask t{x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false};
-    if (!batch_invariant && rows > kBlasMinRows) {
-      BlasGemm(pool, t);
-    } else {
-      tasks.push_back(t);
-    }
+    tasks.push_back(GemmTask{x + offsets[g] * w[g].cols, rows, w[g], y + offsets[g] * w[g].rows, false});
   }
-  RunGemms(pool, tasks, isa);  // the experts together: one parallel region, both cores busy
+  RunTasks(pool, tasks, batch_invariant, isa);  // the experts together
 }
 
 void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
