@@ -208,7 +208,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   const uint16_t* rows[kBf16MaxValueKeys];
   for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16KeyBlock) {
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, k0 + j, s->zeros.data());
+      it.Rows(0, g, k0, kBf16KeyBlock, s->zeros.data(), rows);
       ScoreKeysBf16(s->qb.data() + (g - it.g0) * nrows * hd, nrows, hd, rows, scale,
                     s->scores.data() + (g - it.g0) * nrows * padded + k0, padded);
     }
@@ -226,7 +226,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
       s->keys[r] = std::clamp<int64_t>(it.ctx_of(r) - k0, 0, n);
     }
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, k0 + j, s->zeros.data());
+      it.Rows(1, g, k0, n, s->zeros.data(), rows);
       AddWeightedBf16(s->scores.data() + (g - it.g0) * nrows * padded + k0, padded, nrows, s->keys.data(), n, rows,
                       hd, s->acc.data() + (g - it.g0) * nrows * hd);
     }

@@ -36,7 +36,7 @@ void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, 
 }
 
 void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
-                      int64_t ngroups, int64_t key_stride, float* out, int64_t out_stride) {
+                      int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
   ConfigureAmxTiles(16, 16);
   const long a_stride = static_cast<long>(key_stride * sizeof(uint16_t));
   const int64_t steps = hd / 32;
@@ -49,7 +49,7 @@ void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const u
     for (int64_t n = g + 2; n < std::min(ngroups, g + 4); ++n) {
       for (int64_t j = 0; j < 16; ++j) {
         const char* row = reinterpret_cast<const char*>(groups[n] + j * key_stride);
-        for (int64_t b = 0; b < hd * 2; b += 64) PrefetchLine(row + b);
+        for (int64_t b = 0; b < fetch_bytes; b += 64) PrefetchLine(row + b);
       }
     }
     AmxZeroC(16);
@@ -63,17 +63,12 @@ void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const u
 }
 
 void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs) {
+  std::fill(q_pairs, q_pairs + hd / 32 * kTileDwords, 0u);  // the columns past `rows`
   for (int64_t s = 0; s < hd / 32; ++s) {
     uint32_t* tile = q_pairs + s * kTileDwords;
-    for (int64_t p = 0; p < 16; ++p) {
-      for (int64_t n = 0; n < 16; ++n) {
-        if (n >= rows) {
-          tile[p * 16 + n] = 0;
-          continue;
-        }
-        const uint16_t* pair = q + n * hd + 32 * s + 2 * p;
-        tile[p * 16 + n] = pair[0] | static_cast<uint32_t>(pair[1]) << 16;
-      }
+    for (int64_t n = 0; n < rows; ++n) {
+      const uint16_t* pair = q + n * hd + 32 * s;
+      for (int64_t p = 0; p < 16; ++p) tile[p * 16 + n] = pair[2 * p] | static_cast<uint32_t>(pair[2 * p + 1]) << 16;
     }
   }
 }
@@ -108,7 +103,7 @@ void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
   s->kt.resize(static_cast<size_t>(blocks * key_block));
   const uint16_t* rows[kBf16KeyBlock];
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t j = 0; j < kBf16KeyBlock; ++j) rows[j] = it.Row(0, g, b * kBf16KeyBlock + j, s->zeros.data());
+    it.Rows(0, g, b * kBf16KeyBlock, kBf16KeyBlock, s->zeros.data(), rows);
     KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
   }
 }
@@ -119,8 +114,19 @@ void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
   const int64_t value_step = hd / 16 * 256;  // dwords
   s->vt.resize(static_cast<size_t>(steps * value_step));
   const uint16_t* rows[kAmxValueKeys];
+  const uint16_t* next[kAmxValueKeys];
+  // The first kv head fetches the next step's values of all the item's heads while it packs
+  // these, as the keys are fetched (AmxScores).
+  const int64_t fetch_bytes = g == it.g0 ? it.heads * hd * static_cast<int64_t>(sizeof(uint16_t)) : 0;
+  if (steps > 0) it.Rows(1, g, 0, kAmxValueKeys, s->zeros.data(), next);
   for (int64_t t = 0; t < steps; ++t) {
-    for (int64_t j = 0; j < kAmxValueKeys; ++j) rows[j] = it.Row(1, g, t * kAmxValueKeys + j, s->zeros.data());
+    std::copy(next, next + kAmxValueKeys, rows);
+    if (t + 1 < steps) {
+      it.Rows(1, g, (t + 1) * kAmxValueKeys, kAmxValueKeys, s->zeros.data(), next);
+      for (const uint16_t* row : next) {
+        for (int64_t b = 0; b < fetch_bytes; b += 64) PrefetchLine(reinterpret_cast<const char*>(row) + b);
+      }
+    }
     ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
   }
 }
@@ -140,7 +146,7 @@ void WeightedRun(const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t 
   n = (n + 1) / 2 * 2;
   if (n == 0) return;
   const uint16_t* rows[kBf16MaxValueKeys];
-  for (int64_t j = 0; j < n; ++j) rows[j] = it.Row(1, g, steps * kAmxValueKeys + j, s->zeros.data());
+  it.Rows(1, g, steps * kAmxValueKeys, n, s->zeros.data(), rows);
   AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
                   n, rows, hd, acc);
 }
@@ -158,7 +164,10 @@ void AmxScores(const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t pa
   const int64_t ngroups = (ctx + 15) / 16;
   s->groups.resize(static_cast<size_t>(ngroups));
   for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, 16 * i, s->zeros.data());
-  ScoresAmxKeysAsA(s->q_pairs.data(), c1 - c0, hd, s->groups.data(), ngroups, it.layout->TokenElems(),
+  // The first kv head fetches the rows of all the item's heads (side by side in the cache), so
+  // each block's keys stream in once, in address order; the later heads find theirs in cache.
+  const int64_t fetch_bytes = (g == it.g0 ? it.heads : 1) * hd * static_cast<int64_t>(sizeof(uint16_t));
+  ScoresAmxKeysAsA(s->q_pairs.data(), c1 - c0, hd, s->groups.data(), ngroups, it.layout->TokenElems(), fetch_bytes,
                    s->scores.data(), padded);
 }
 

@@ -27,8 +27,9 @@ void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, 
 // score has ScoresAmx's bits (checked on AMX hardware, kernels_test) with no keys packed: a
 // decode token's item, whose rows are few, no longer repacks its whole context per step. Keys
 // of a group past a row's context are read (its block is the context's last) but never used.
+// The first `fetch_bytes` of each key row of the next two groups are fetched ahead.
 void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
-                      int64_t ngroups, int64_t key_stride, float* out, int64_t out_stride);
+                      int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride);
 
 // q_pairs for ScoresAmxKeysAsA from rows r < rows (1..16) of q (rows x hd bf16, row after row):
 // per 32-dimension step s, 16 pair rows p of 16 dwords, (q_n[32 s + 2 p], q_n[32 s + 2 p + 1])

@@ -56,7 +56,7 @@ TEST(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
         cpu_fast::QueryPairsAmx(q.data(), rows, hd, q_pairs.data());
         std::vector<const uint16_t*> starts(static_cast<size_t>(groups));
         for (int64_t g = 0; g < groups; ++g) starts[g] = cache.data() + 16 * g * stride;
-        cpu_fast::ScoresAmxKeysAsA(q_pairs.data(), rows, hd, starts.data(), groups, stride, got.data(), padded);
+        cpu_fast::ScoresAmxKeysAsA(q_pairs.data(), rows, hd, starts.data(), groups, stride, 2 * hd, got.data(), padded);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = 0; j < keys; ++j) {
             const float a = got[r * padded + j], b = want[r * padded + j];
