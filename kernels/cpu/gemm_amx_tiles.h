@@ -25,7 +25,7 @@ struct HardwareTiles {
   // C[a][b] += A(a) B(b) for one 32-column K step, B tiles b0 and b1.
   static void Step(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1, long a_stride, int,
                    int rows1) {
-    AmxStep(a0, a1, a_stride, b0, b1, rows1);
+    AmxStepStreamingB(a0, a1, a_stride, b0, b1, rows1);
   }
   // Stores the configured rows of C[a][b] to c + (2a + b) * 256 floats (rows 16 floats apart).
   static void Store(float* c, int, int rows1) {

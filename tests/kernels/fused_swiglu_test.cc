@@ -56,7 +56,7 @@ void ExpectUnfusedBits(CpuBackend& b, std::span<const WeightRef> w13, std::span<
 }
 
 // Runs every item of `t` (rows padded to AMX tiles first) with `kernel`, as gemm.cc's planner
-// cuts it: 64-row chunks, one item per 32 weight rows or per fused 16-column tile.
+// cuts it: 32-row chunks, one item per 32 weight rows or per fused 16-column tile.
 void RunItems(const cpu_fast::GemmTask& t, void (*kernel)(const cpu_fast::GemmTask&, const uint16_t*,
                                                            const cpu_fast::GemmItem&, cpu_fast::GemmScratch*)) {
   const int64_t k = t.w.cols;

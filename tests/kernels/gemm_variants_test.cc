@@ -274,7 +274,7 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
       SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d", WeightLayoutName(layout), m, n, k));
       const Weight w = MakeWeight(n, k, DType::kBF16, layout, ++seed);
       const auto x = RandomFloats(static_cast<size_t>(m * k), ++seed);
-      // What gemm.cc's planner does for amx: padded rows, items of 32 weight rows and 64 x rows.
+      // What gemm.cc's planner does for amx: padded rows, items of 32 weight rows and 32 x rows.
       auto run = [&](const float* xs, int64_t rows_x, float* y, bool accumulate = false) {
         std::vector<uint16_t> xp(static_cast<size_t>(cpu_fast::PaddedAmxElems(rows_x, k)), 0xffff);
         cpu_fast::PadRowsAmx(xs, rows_x, k, 0, RoundUp(rows_x, cpu_fast::kAmxRowBlock), xp.data());
