@@ -141,8 +141,9 @@ const uint32_t* ItemB(const GemmTask& t, const GemmItem& it, int64_t ktiles, Gem
   return packed;
 }
 
-// The first x block of an item streams its B tiles from memory (the later ones find them in
-// cache): a K step's two tiles (2 KiB) are fetched this many steps ahead. The hardware
+// The first x block of an item (the planner makes items of one block) streams its B tiles, from
+// DRAM in a decode step, from L2 within a group of a prefill's: a K step's two tiles (2 KiB) are
+// fetched this many steps ahead. The hardware
 // prefetchers alone left a decode step at 0.6-0.8 of the read bandwidth; 2 steps ahead,
 // 0.8-1.07 (medium preset, batch 1, three interleaved rounds on the Sapphire Rapids VM).
 constexpr int64_t kPrefetchSteps = 2;
