@@ -191,8 +191,6 @@ void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxS
       std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
     }
     RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
-    // A decode item's values are not fetched ahead: GCC 12 had deleted such prefetches (its
-    // tree DCE pass), and made live they slowed batch-64 decode attention (docs/performance.md).
     if (keys_as_a) {
       QueryPairsAmx(s->qb.data(), nrows, hd, s->q_pairs.data());
     } else {
