@@ -74,10 +74,10 @@ inline void AmxStep(const void* a0, const void* a1, long a_stride, const uint32_
       : "memory");
 }
 
-// AmxStep with the B tiles loaded by tileloaddt1 (the non-temporal hint): for the GEMM, whose B
-// tiles (weights) pass through once per x block while its A tiles stay, so the weights streaming
-// through do not push the A tiles out of L1 (kernels_bench's prefill GEMMs 1.0-1.3x faster
-// than with tileloadd, best of five on the Sapphire Rapids VM; bits unchanged).
+// AmxStep with the B tiles loaded by tileloaddt1 (the hint that the data is not reused soon):
+// for the GEMM, whose x block (the A tiles) is reused by every B tile of a group while each B
+// tile serves it once (kernels_bench's prefill GEMMs 1.0-1.3x faster than with tileloadd, best
+// of five on the Sapphire Rapids VM; bits unchanged).
 inline void AmxStepStreamingB(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1,
                               int rows1) {
   const long b_stride = 64;

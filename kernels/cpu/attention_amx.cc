@@ -165,7 +165,7 @@ void AmxScores(const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t pa
   s->groups.resize(static_cast<size_t>(ngroups));
   for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, 16 * i, s->zeros.data());
   // The first kv head fetches the rows of all the item's heads (side by side in the cache), so
-  // each block's keys stream in once, in address order; the later heads find theirs in cache.
+  // each block's keys stream in once, in address order; the later heads find theirs in L2.
   const int64_t fetch_bytes = (g == it.g0 ? it.heads : 1) * hd * static_cast<int64_t>(sizeof(uint16_t));
   ScoresAmxKeysAsA(s->q_pairs.data(), c1 - c0, hd, s->groups.data(), ngroups, it.layout->TokenElems(), fetch_bytes,
                    s->scores.data(), padded);

@@ -193,10 +193,12 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     const int64_t tiles = t.swiglu > 0 ? t.swiglu / kSwiGluItemColumns : (t.w.rows + v.item_rows - 1) / v.item_rows;
     const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
     // Items run in groups of weight tiles, x rows outer within a group. The amx kernel's groups
-    // hold ~1 MiB of B tiles, so an x block (one item's rows) stays in L1 across the group's
-    // tiles and the group's tiles stay in L2 across its x blocks; tile after tile instead read
-    // all of x from beyond L2 once per tile (a 2000-token prompt's q/k/v projection ran ~2x
-    // faster so, one core of the Sapphire Rapids VM). The other kernels keep one tile a group.
+    // hold ~1 MiB of B tiles, so an x block (one item's rows) stays in cache across the group's
+    // tiles (in L1 up to K = 768) and the group's tiles stay in L2 across its x blocks; tile
+    // after tile instead read all of x from beyond L2 once per tile (a 2000-token prompt's
+    // q/k/v projection ran ~2x faster so, one core of the Sapphire Rapids VM). Weights the
+    // backend did not store as AMX tiles (tests, benchmarks) are repacked per item, so per 32
+    // x rows. The other kernels keep one tile a group.
     const int64_t group =
         IsaForTask(t, isa) == CpuIsa::kAmx
             ? std::max<int64_t>(1, kAmxGroupBytes / (v.item_rows * RoundUp(t.w.cols, kAmxTileK) * 2))

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/status.h"
 #include "kernels/cpu/exp16.h"
 #include "kernels/cpu/gemm_amx_tiles.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -141,11 +142,11 @@ const uint32_t* ItemB(const GemmTask& t, const GemmItem& it, int64_t ktiles, Gem
   return packed;
 }
 
-// The first x block of an item (the planner makes items of one block) streams its B tiles, from
-// DRAM in a decode step, from L2 within a group of a prefill's: a K step's two tiles (2 KiB) are
-// fetched this many steps ahead. The hardware
-// prefetchers alone left a decode step at 0.6-0.8 of the read bandwidth; 2 steps ahead,
-// 0.8-1.07 (medium preset, batch 1, three interleaved rounds on the Sapphire Rapids VM).
+// An item fetches its B tiles ahead, a K step's two tiles (2 KiB) this many steps: from DRAM in a
+// decode step, from L2 within a prefill's group (fetching only a group's first x block's was no
+// faster, kernels_bench, five interleaved runs). The hardware prefetchers alone left a decode
+// step at 0.6-0.8 of the read bandwidth; 2 steps ahead, 0.8-1.07 (medium preset, batch 1, three
+// interleaved rounds on the Sapphire Rapids VM).
 constexpr int64_t kPrefetchSteps = 2;
 void PrefetchB(const uint32_t* b) {
   const char* p = reinterpret_cast<const char*>(b);
@@ -153,11 +154,11 @@ void PrefetchB(const uint32_t* b) {
 }
 
 // The accumulators C[a][b] of x rows [i, i + rows0 + rows1) (A tiles from the padded x) against
-// B tiles b0 and b1, each K step's tiles 2 * kBTile dwords after the last. An item's first block
-// streams the B tiles from memory, fetched kPrefetchSteps steps ahead.
+// B tiles b0 and b1, each K step's tiles 2 * kBTile dwords after the last, fetched
+// kPrefetchSteps steps ahead.
 template <typename Tiles>
 void MultiplyBlock(const uint16_t* x_bf16, int64_t ktiles, int64_t i, int rows0, int rows1, const uint32_t* b0,
-                   const uint32_t* b1, bool first) {
+                   const uint32_t* b1) {
   constexpr long kATileRow = kTileK * sizeof(uint16_t);  // an A tile's rows are contiguous
   const int64_t a_block = ktiles * kTileM * kTileK;       // elements per 16-row block of x
   const uint16_t* a0 = x_bf16 + (i / kTileM) * a_block;
@@ -165,7 +166,7 @@ void MultiplyBlock(const uint16_t* x_bf16, int64_t ktiles, int64_t i, int rows0,
   Tiles::Begin(rows0, rows1);
   Tiles::Zero(rows0, rows1);
   for (int64_t kt = 0; kt < ktiles; ++kt) {
-    if (first && kt + kPrefetchSteps < ktiles) {
+    if (kt + kPrefetchSteps < ktiles) {
       PrefetchB(b0 + (kt + kPrefetchSteps) * 2 * kBTile);
       PrefetchB(b1 + (kt + kPrefetchSteps) * 2 * kBTile);
     }
@@ -174,26 +175,34 @@ void MultiplyBlock(const uint16_t* x_bf16, int64_t ktiles, int64_t i, int rows0,
   }
 }
 
+// The rows of an item's x block: one or two A tiles.
+struct Block {
+  int64_t i, rows;
+  int rows0, rows1;
+};
+Block BlockOf(const GemmItem& it) {
+  const int64_t rows = it.m1 - it.m0;
+  MS_CHECK(rows > 0 && rows <= kAmxRowBlock);  // the planner's items: one x block each
+  const int rows0 = static_cast<int>(std::min<int64_t>(rows, kTileM));
+  return {it.m0, rows, rows0, static_cast<int>(rows - rows0)};
+}
+
 template <typename Tiles>
 void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* scratch) {
   const int64_t ktiles = RoundUp(t.w.cols, kTileK) / kTileK;
   const uint32_t* b = ItemB(t, it, ktiles, scratch);
   const int64_t r0 = it.tile * kAmxItemRows;
+  const Block x = BlockOf(it);
+  MultiplyBlock<Tiles>(x_bf16, ktiles, x.i, x.rows0, x.rows1, b, b + kBTile);
   // C goes straight into y where the item's 32 columns are all in the matrix and y is written,
   // not added to (adding needs a pass over C).
-  const bool direct = !t.accumulate && r0 + kAmxItemRows <= t.w.rows;
-  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
-  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
-    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
-    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
-    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, b, b + kBTile, i == it.m0);
-    if (direct) {
-      Tiles::StoreOut(t.y + i * t.w.rows + r0, t.w.rows, rows0, rows1);
-    } else {
-      Tiles::Store(c, rows0, rows1);
-      WriteBlock(t, c, i, block, r0);
-    }
+  if (!t.accumulate && r0 + kAmxItemRows <= t.w.rows) {
+    Tiles::StoreOut(t.y + x.i * t.w.rows + r0, t.w.rows, x.rows0, x.rows1);
+    return;
   }
+  alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
+  Tiles::Store(c, x.rows0, x.rows1);
+  WriteBlock(t, c, x.i, x.rows, r0);
 }
 
 // Rounds 16 floats (the first `n`; the rest read as 0) to bf16 as gemm.cc's RoundToBf16: to
@@ -244,17 +253,14 @@ void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
   const uint32_t* up = half(inter + c0);
   alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256: b 0 gate, 1 up
   alignas(64) float act[kTileM * kTileN];
-  for (int64_t i = it.m0; i < it.m1; i += kAmxRowBlock) {
-    const int64_t block = std::min<int64_t>(it.m1 - i, kAmxRowBlock);
-    const int rows0 = static_cast<int>(std::min<int64_t>(block, kTileM)), rows1 = static_cast<int>(block - rows0);
-    MultiplyBlock<Tiles>(x_bf16, ktiles, i, rows0, rows1, gate, up, i == it.m0);
-    Tiles::Store(c, rows0, rows1);
-    for (int64_t a = 0; a < 2 && a * kTileM < block; ++a) {
-      const int64_t rows = a == 0 ? rows0 : rows1;
-      const float* g = c + 2 * a * kTileM * kTileN;
-      SiluMulRow16(g, g + kTileM * kTileN, rows * kTileN, act);
-      WriteActivations(t, act, i + a * kTileM, rows, c0);
-    }
+  const Block x = BlockOf(it);
+  MultiplyBlock<Tiles>(x_bf16, ktiles, x.i, x.rows0, x.rows1, gate, up);
+  Tiles::Store(c, x.rows0, x.rows1);
+  for (int64_t a = 0; a < 2 && a * kTileM < x.rows; ++a) {
+    const int64_t rows = a == 0 ? x.rows0 : x.rows1;
+    const float* g = c + 2 * a * kTileM * kTileN;
+    SiluMulRow16(g, g + kTileM * kTileN, rows * kTileN, act);
+    WriteActivations(t, act, x.i + a * kTileM, rows, c0);
   }
   if (t.y_amx != nullptr && it.m1 == t.m) {
     const int64_t k_tiles = inter / kTileK;

@@ -68,7 +68,7 @@ void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, Gem
 void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 // An AMX item covers kAmxItemRows weight rows (two B tiles, four kTiled8 tiles: it.tile counts
-// in 32s) and x rows in blocks of 32 (two A tiles).
+// in 32s) and one block of at most kAmxRowBlock x rows (two A tiles).
 void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 // The same kernel with the tile instructions computed in software (their documented
 // semantics), for tests on CPUs without AMX (needs AVX-512 for the repacking).
