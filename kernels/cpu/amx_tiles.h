@@ -46,64 +46,40 @@ inline void AmxZeroC(int rows1) {
 }
 
 // C[a][b] += A(a) B(b) for one K step: A tiles at a0 / a1 (rows `a_stride` bytes apart; a1 read
-// only when rows1 > 0), B tiles at b0 / b1 (16 rows of 64 bytes). AT&T order: B, A, C.
-inline void AmxStep(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1,
-                    int rows1) {
-  const long b_stride = 64;
-  if (rows1 == 0) {
-    __asm__ volatile(
-        "tileloadd (%0,%3,1), %%tmm4\n\t"
-        "tileloadd (%1,%4,1), %%tmm6\n\t"
-        "tileloadd (%2,%4,1), %%tmm7\n\t"
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),
-        "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-        : "memory");
-    return;
+// only when rows1 > 0), B tiles at b0 / b1 (16 rows of 64 bytes), loaded by LOAD_B. AT&T order:
+// B, A, C. One body for the two steps below, which differ only in that instruction.
+#define MOESERVE_AMX_STEP(NAME, LOAD_B)                                                                   \
+  inline void NAME(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1, \
+                   int rows1) {                                                                          \
+    const long b_stride = 64;                                                                            \
+    if (rows1 == 0) {                                                                                    \
+      __asm__ volatile("tileloadd (%0,%3,1), %%tmm4\n\t" LOAD_B " (%1,%4,1), %%tmm6\n\t" LOAD_B             \
+                       " (%2,%4,1), %%tmm7\n\t"                                                           \
+                       "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"                                            \
+                       "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),                                     \
+                       "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)                                    \
+                       : "memory");                                                                      \
+      return;                                                                                            \
+    }                                                                                                    \
+    __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t" LOAD_B " (%2,%5,1), %%tmm6\n\t" LOAD_B               \
+                     " (%3,%5,1), %%tmm7\n\t"                                                             \
+                     "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"                                              \
+                     "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"                                              \
+                     "tileloadd (%1,%4,1), %%tmm5\n\t"                                                   \
+                     "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"                                              \
+                     "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),                                       \
+                     "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)                             \
+                     : "memory");                                                                        \
   }
-  __asm__ volatile(
-      "tileloadd (%0,%4,1), %%tmm4\n\t"
-      "tileloadd (%2,%5,1), %%tmm6\n\t"
-      "tileloadd (%3,%5,1), %%tmm7\n\t"
-      "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-      "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-      "tileloadd (%1,%4,1), %%tmm5\n\t"
-      "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-      "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),
-      "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-      : "memory");
-}
 
-// AmxStep with the B tiles loaded by tileloaddt1 (the hint that the data is not reused soon):
-// for the GEMM, whose x block (the A tiles) is reused by every B tile of a group while each B
-// tile serves it once (kernels_bench's prefill GEMMs 1.0-1.3x faster than with tileloadd, best
-// of five on the Sapphire Rapids VM; bits unchanged).
-inline void AmxStepStreamingB(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1,
-                              int rows1) {
-  const long b_stride = 64;
-  if (rows1 == 0) {
-    __asm__ volatile(
-        "tileloadd (%0,%3,1), %%tmm4\n\t"
-        "tileloaddt1 (%1,%4,1), %%tmm6\n\t"
-        "tileloaddt1 (%2,%4,1), %%tmm7\n\t"
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-        "tdpbf16ps %%tmm7, %%tmm4, %%tmm1" ::"r"(a0),
-        "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-        : "memory");
-    return;
-  }
-  __asm__ volatile(
-      "tileloadd (%0,%4,1), %%tmm4\n\t"
-      "tileloaddt1 (%2,%5,1), %%tmm6\n\t"
-      "tileloaddt1 (%3,%5,1), %%tmm7\n\t"
-      "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-      "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-      "tileloadd (%1,%4,1), %%tmm5\n\t"
-      "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-      "tdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a0),
-      "r"(a1), "r"(b0), "r"(b1), "r"(a_stride), "r"(b_stride)
-      : "memory");
-}
+// The attention's step: its B tiles (packed keys and values) are read again by the next rows.
+MOESERVE_AMX_STEP(AmxStep, "tileloadd")
+// The GEMM's step: B tiles by tileloaddt1 (the hint that the data is not reused soon), since its
+// x block (the A tiles) is reused by every B tile of a group while each B tile serves it once
+// (kernels_bench's prefill GEMMs 1.0-1.3x faster than with tileloadd, best of five on the
+// Sapphire Rapids VM; bits unchanged).
+MOESERVE_AMX_STEP(AmxStepStreamingB, "tileloaddt1")
+#undef MOESERVE_AMX_STEP
 
 // C[a][0] += A(a) B(0) for one K step, both A tiles against the one B tile at b0: the
 // transposed product (keys as A, the queries' pair rows as B), tiles 0 and 2 its accumulators.
