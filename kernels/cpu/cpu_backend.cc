@@ -317,7 +317,7 @@ void CpuBackend::SigmoidScaleRows(float* x, const float* gate, int64_t rows, int
 void CpuBackend::WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
                          const KvLayout& layout, int64_t layer, void* cache) {
   RunOrderedCopies();
-  if (fast()) return cpu_fast::WriteKv(k, v, slots, n, layout, layer, cache);
+  if (fast()) return cpu_fast::WriteKv(*pool_, k, v, slots, n, layout, layer, cache);
   cpu_ref::WriteKv(k, v, slots, n, layout, layer, cache);
 }
 

@@ -290,22 +290,27 @@ void ScatterCombine(ThreadPool& pool, const float* y, const int32_t* rows, const
   });
 }
 
-void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* slots, int64_t n,
              const KvLayout& layout, int64_t layer, void* cache) {
   const int64_t te = layout.TokenElems();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t block = slots[i] / layout.block_size;
-    MS_CHECK(block >= 0 && block < layout.num_blocks);
-    for (int kv = 0; kv < 2; ++kv) {
-      const int64_t off = layout.Offset(block, layer, kv, slots[i] % layout.block_size);
-      const float* src = (kv == 0 ? k : v) + i * te;
-      if (layout.dtype == DType::kF32) {
-        std::memcpy(static_cast<float*>(cache) + off, src, te * sizeof(float));
-      } else {
-        ConvertFromF32(src, te, layout.dtype, static_cast<uint16_t*>(cache) + off);
+  for (int64_t i = 0; i < n; ++i) {  // every slot checked before any thread writes
+    MS_CHECK(slots[i] >= 0 && slots[i] / layout.block_size < layout.num_blocks);
+  }
+  constexpr int64_t kTokensPerPart = 16;  // a part writes at least ~8 KiB (two rows of 256 bytes a token)
+  pool.ParallelFor(n, kTokensPerPart, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t block = slots[i] / layout.block_size;
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t off = layout.Offset(block, layer, kv, slots[i] % layout.block_size);
+        const float* src = (kv == 0 ? k : v) + i * te;
+        if (layout.dtype == DType::kF32) {
+          std::memcpy(static_cast<float*>(cache) + off, src, te * sizeof(float));
+        } else {
+          ConvertFromF32(src, te, layout.dtype, static_cast<uint16_t*>(cache) + off);
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace moeserve::cpu_fast

@@ -66,7 +66,8 @@ void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, 
                 int32_t* expert_ids, float* expert_weights);
 void ScatterCombine(ThreadPool& pool, const float* y, const int32_t* rows, const float* weights,
                     int64_t n, int64_t k, int64_t dim, float* out, bool accumulate);
-void WriteKv(const float* k, const float* v, const int64_t* slots, int64_t n,
+// Tokens split over the pool's threads (a prefill's thousands; a decode step's batch).
+void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* slots, int64_t n,
              const KvLayout& layout, int64_t layer, void* cache);
 // How attention over a bf16 cache (of a head size attention_bf16.h takes) runs: the exact fp32
 // kernel, vdpbf16ps (the caller has checked AVX512-BF16), or AMX tiles for the products (the
