@@ -106,8 +106,8 @@ void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, 
 // (rows 16b..16b+15) and K step kt starts at element (b * k_tiles + kt) * 512. Rows of the
 // matrix k * 2 bytes apart would put a tile's 16 rows in one L1 set whenever k is a multiple of
 // 2048. Writes rows [i0, i1) (multiples of 16). In gemm_amx.cc; needs AVX-512.
-inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxRowChunk = 32, kAmxItemRows = 32;
-static_assert(kAmxRowChunk % kAmxRowBlock == 0, "AMX items start at a block");
+inline constexpr int64_t kAmxTileK = 32, kAmxRowBlock = 32, kAmxItemRows = 32;
+inline constexpr int64_t kAmxRowChunk = kAmxRowBlock;  // an item is one x block (gemm_amx.cc checks)
 // The weight bytes of one group of AMX items (gemm.cc's planner): a group's B tiles stay in L2
 // while every x block passes them.
 inline constexpr int64_t kAmxGroupBytes = int64_t{1} << 20;
