@@ -48,10 +48,32 @@ struct QuadSource {
   }
 };
 
-// Lane 4r of the result: ((l0 + l1) + (l2 + l3)) of lanes 4r .. 4r + 3.
-inline __m512 SumQuads(__m512 a) {
-  const __m512 s = _mm512_add_ps(a, _mm512_permute_ps(a, 0xb1));  // lanes (1, 0, 3, 2)
-  return _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));            // lanes (2, 3, 0, 1)
+// The row sums of two x rows' accumulators: a and b hold weight rows 0-3 and 4-7 of one x row
+// (128-bit lane L: row L or 4 + L, as four partial sums p0..p3), c and d the next x row's. Each
+// row's sum is ((p0 + p1) + (p2 + p3)), the order the kernel has always used, and lane 4L + q of
+// the result holds x row q / 2's weight row L + 4 (q % 2): two shuffles and an add per pair of
+// registers instead of a horizontal sum per register and a scalar store per output.
+inline __m512 SumTwoRows(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));  // p0+p1, p2+p3
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x88), _mm512_shuffle_ps(c, d, 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x88), _mm512_shuffle_ps(ab, cd, 0xdd));
+}
+
+// SumTwoRows' lanes in output order: lanes 0-7 the first x row's weight rows 0-7, 8-15 the
+// second's.
+struct RowOrder {
+  alignas(64) int32_t idx[16];
+};
+constexpr RowOrder MakeRowOrder() {
+  RowOrder o{};
+  for (int j = 0; j < 16; ++j) o.idx[j] = 4 * (j % 4) + (j / 8) * 2 + (j % 8) / 4;
+  return o;
+}
+
+// Stores (or adds to) the first `cols` of 8 sums at y.
+inline void StoreRow(__m256 v, float* y, __mmask8 cols, bool accumulate) {
+  if (accumulate) v = _mm256_add_ps(_mm256_maskz_loadu_ps(cols, y), v);
+  _mm256_mask_storeu_ps(y, cols, v);
 }
 
 // M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
@@ -80,18 +102,15 @@ void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y,
     }
   }
   // Every access to acc has a constant index (loops fully unrolled), so it lives in registers.
-  alignas(64) float s[M][2][16];
-#pragma GCC unroll 12
-  for (int i = 0; i < M; ++i) {
-    _mm512_store_ps(s[i][0], SumQuads(acc[i][0]));
-    _mm512_store_ps(s[i][1], SumQuads(acc[i][1]));
-  }
-  for (int i = 0; i < M; ++i) {
-    float* yr = y + i * y_stride;
-    for (int j = 0; j < store_cols; ++j) {
-      const float v = s[i][j / 4][4 * (j % 4)];
-      yr[j] = accumulate ? yr[j] + v : v;
-    }
+  static constexpr RowOrder kOrder = MakeRowOrder();
+  const __m512i order = _mm512_load_si512(kOrder.idx);
+  const __mmask8 cols = static_cast<__mmask8>((1u << store_cols) - 1);
+#pragma GCC unroll 6
+  for (int i = 0; i < M; i += 2) {
+    const int j = i + 1 < M ? i + 1 : i;  // an odd last row is summed twice, stored once
+    const __m512 s = _mm512_permutexvar_ps(order, SumTwoRows(acc[i][0], acc[i][1], acc[j][0], acc[j][1]));
+    StoreRow(_mm512_castps512_ps256(s), y + i * y_stride, cols, accumulate);
+    if (i + 1 < M) StoreRow(_mm512_extractf32x8_ps(s, 1), y + (i + 1) * y_stride, cols, accumulate);
   }
 }
 
