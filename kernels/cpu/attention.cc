@@ -186,7 +186,7 @@ struct Bf16Scratch {
 };
 
 // An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 16 keys scored per call
-// for all of a kv head's rows, the softmax in fp32 as the exact kernel's, then the weighted sum
+// for all of a kv head's rows, the softmax in fp32 on 16 lanes (the AMX kernel's), then the weighted sum
 // over up to 64 keys per call with the probabilities rounded to bf16. Each row stops at its own
 // context (an odd last key paired with zeros), so its result does not depend on the tile it
 // shares.
@@ -216,7 +216,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   for (int64_t row = 0; row < all; ++row) {
     float* sc = s->scores.data() + row * padded;
     const int64_t ctx = it.ctx_of(row % nrows);
-    Softmax(sc, ctx);
+    SoftmaxBf16(sc, ctx, 1.0f, 0, nullptr);  // the scores are scaled already; zeros to the next 16
     std::fill(sc + ctx, sc + padded, 0.0f);
   }
   s->keys.resize(static_cast<size_t>(nrows));

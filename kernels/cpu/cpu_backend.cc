@@ -57,9 +57,10 @@ std::string CpuBackend::KernelNumerics() const {
   if (!fast()) return "cpu-reference-1";
   const std::string base = options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2";
   // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention);
-  // -3: its products on AMX tiles.
+  // -3: its products on AMX tiles; -4: on vdpbf16ps with the AMX kernel's 16-lane softmax (the
+  // exact kernel's 8-lane one before, -2).
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-2" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-4" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }
