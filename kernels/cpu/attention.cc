@@ -181,22 +181,23 @@ void AttendExact(const ItemRows& it, const float* q, float scale, float* out, Ex
 
 struct Bf16Scratch {
   std::vector<float> q, scores, acc;
-  std::vector<uint16_t> qb, zeros;
+  std::vector<uint16_t> qb, zeros, pb;  // pb: the probabilities as bf16, rows as scores
   std::vector<int64_t> keys;  // value keys per row of a pass
 };
 
 // An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 16 keys scored per call
-// for all of a kv head's rows, the softmax in fp32 on 16 lanes (the AMX kernel's), then the weighted sum
-// over up to 64 keys per call with the probabilities rounded to bf16. Each row stops at its own
-// context (an odd last key paired with zeros), so its result does not depend on the tile it
-// shares.
+// for all of a kv head's rows, the softmax in fp32 on 16 lanes (the AMX kernel's) writing the
+// probabilities rounded to bf16, then the weighted sum over up to 64 keys per call. Each row
+// stops at its own context (an odd last key paired with zeros), so its result does not depend
+// on the tile it shares.
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  const int64_t padded = (it.ctx_max + kBf16KeyBlock - 1) / kBf16KeyBlock * kBf16KeyBlock;
+  const int64_t padded = (it.ctx_max + 31) / 32 * 32;  // bf16 probabilities in pairs, 32 per rounding
   s->q.resize(static_cast<size_t>(all * hd));
   s->qb.resize(static_cast<size_t>(all * hd));
   s->zeros.assign(static_cast<size_t>(hd), 0);
   s->scores.resize(static_cast<size_t>(all * padded));
+  s->pb.resize(static_cast<size_t>(all * padded));
   s->acc.assign(static_cast<size_t>(all * hd), 0.0f);
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     for (int64_t r = 0; r < nrows; ++r) {
@@ -216,9 +217,10 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   for (int64_t row = 0; row < all; ++row) {
     float* sc = s->scores.data() + row * padded;
     const int64_t ctx = it.ctx_of(row % nrows);
-    SoftmaxBf16(sc, ctx, 1.0f, 0, nullptr);  // the scores are scaled already; zeros to the next 16
-    std::fill(sc + ctx, sc + padded, 0.0f);
+    // The scores are scaled already; probabilities to bf16 for every key, 0 past the row's own.
+    SoftmaxBf16(sc, ctx, 1.0f, (ctx + 31) / 32 * 32, s->pb.data() + row * padded);
   }
+  const auto* pairs = reinterpret_cast<const uint32_t*>(s->pb.data());
   s->keys.resize(static_cast<size_t>(nrows));
   for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16MaxValueKeys) {
     const int64_t n = std::min(kBf16MaxValueKeys, (it.ctx_max - k0 + 1) / 2 * 2);
@@ -227,8 +229,8 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     }
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
       it.Rows(1, g, k0, n, s->zeros.data(), rows);
-      AddWeightedBf16(s->scores.data() + (g - it.g0) * nrows * padded + k0, padded, nrows, s->keys.data(), n, rows,
-                      hd, s->acc.data() + (g - it.g0) * nrows * hd);
+      AddWeightedPairsBf16(pairs + ((g - it.g0) * nrows * padded + k0) / 2, padded / 2, nrows, s->keys.data(), n, rows,
+                           hd, s->acc.data() + (g - it.g0) * nrows * hd);
     }
   }
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/cpu/exp16.h"
 
@@ -59,30 +61,115 @@ inline uint32_t PairAt(const uint16_t* row, int64_t d) {
 
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
-// The weighted sum for H x 32 dimensions, rows in blocks of R whose accumulators stay in
-// registers. Within each 32 dimensions, interleaving two keys' values (unpacklo/hi of 16-bit
-// words) orders the fp32 lanes as dimensions 8L + {0..3} (lo) and 8L + 4 + {0..3} (hi) of each
-// 128-bit lane L: the accumulators are kept in that order and put back in place on store.
-template <int H>
-void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
-                  const uint16_t* const* values, float* acc) {
-  constexpr int R = 24 / (2 * H) > 0 ? 24 / (2 * H) : 1;  // 24 accumulators of the 32 registers
-  constexpr int64_t hd = 32 * H;
-  alignas(64) int32_t lo_idx[16], hi_idx[16], back0[16], back1[16];
+// The accumulators' lane order for H x 32 dimensions: within each 32 dimensions, interleaving
+// two keys' values (unpacklo/hi of 16-bit words) orders the fp32 lanes as dimensions 8L + {0..3}
+// (lo) and 8L + 4 + {0..3} (hi) of each 128-bit lane L: the accumulators are kept in that order
+// (gathered by lo / hi from the row's two 16-dimension halves) and put back in place on store
+// (back0 / back1).
+struct LaneOrder {
+  alignas(64) int32_t lo[16];
+  alignas(64) int32_t hi[16];
+  alignas(64) int32_t back0[16];
+  alignas(64) int32_t back1[16];
+};
+constexpr LaneOrder MakeLaneOrder() {
+  LaneOrder o{};
   for (int i = 0; i < 16; ++i) {
-    lo_idx[i] = 8 * (i / 4) + i % 4;
-    hi_idx[i] = lo_idx[i] + 4;
+    o.lo[i] = 8 * (i / 4) + i % 4;
+    o.hi[i] = o.lo[i] + 4;
     for (int half = 0; half < 2; ++half) {
       const int d = 16 * half + i, lane = d / 8, w = d % 8;
-      (half == 0 ? back0 : back1)[i] = w < 4 ? 4 * lane + w : 16 + 4 * lane + w - 4;
+      (half == 0 ? o.back0 : o.back1)[i] = w < 4 ? 4 * lane + w : 16 + 4 * lane + w - 4;
     }
   }
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
-  const __m512i b0 = _mm512_load_si512(back0), b1 = _mm512_load_si512(back1);
-  alignas(64) uint32_t pairs[R][kBf16MaxValueKeys / 2];
+  return o;
+}
+
+// The weighted sum of NR rows (their accumulators in registers) over H x 32 dimensions, the
+// probabilities as bf16 pairs of consecutive keys (row i's pair j / 2 at pairs[i * stride + j / 2]).
+// Pairs every row takes whole come first, then the last few where rows end (each at its own key
+// count, an odd last key paired with zeros): the same operations per row either way.
+template <int H, int NR>
+void WeightedBlock(const uint32_t* pairs, int64_t stride, const int64_t* keys, int64_t n,
+                   const uint16_t* const* values, float* acc) {
+  constexpr int64_t hd = 32 * H;
+  static constexpr LaneOrder kOrder = MakeLaneOrder();
+  const __m512i lo = _mm512_load_si512(kOrder.lo), hi = _mm512_load_si512(kOrder.hi);
+  __m512 a[NR][2 * H];
+  for (int i = 0; i < NR; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const __m512 n0 = _mm512_loadu_ps(acc + i * hd + 32 * h), n1 = _mm512_loadu_ps(acc + i * hd + 32 * h + 16);
+      a[i][2 * h] = _mm512_permutex2var_ps(n0, lo, n1);
+      a[i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
+    }
+  }
+  int64_t common = n;
+  for (int i = 0; i < NR; ++i) common = std::min(common, keys[i] / 2 * 2);
+  for (int64_t j = 0; j < common; j += 2) {
+    __m512i v[2 * H];
+    for (int h = 0; h < H; ++h) {
+      const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
+      v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
+      v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
+    }
+    for (int i = 0; i < NR; ++i) {
+      const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i * stride + j / 2]));
+      for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
+    }
+  }
+  for (int64_t j = common; j < n; j += 2) {
+    for (int i = 0; i < NR; ++i) {
+      const int64_t own = keys[i];
+      if (j >= own) continue;
+      const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i * stride + j / 2]));
+      for (int h = 0; h < H; ++h) {
+        const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h);
+        const __m512i v1 = j + 1 < own ? _mm512_loadu_si512(values[j + 1] + 32 * h) : _mm512_setzero_si512();
+        a[i][2 * h] = _mm512_dpbf16_ps(a[i][2 * h], AsBh(pp), AsBh(_mm512_unpacklo_epi16(v0, v1)));
+        a[i][2 * h + 1] = _mm512_dpbf16_ps(a[i][2 * h + 1], AsBh(pp), AsBh(_mm512_unpackhi_epi16(v0, v1)));
+      }
+    }
+  }
+  const __m512i b0 = _mm512_load_si512(kOrder.back0), b1 = _mm512_load_si512(kOrder.back1);
+  for (int i = 0; i < NR; ++i) {
+    for (int h = 0; h < H; ++h) {
+      _mm512_storeu_ps(acc + i * hd + 32 * h, _mm512_permutex2var_ps(a[i][2 * h], b0, a[i][2 * h + 1]));
+      _mm512_storeu_ps(acc + i * hd + 32 * h + 16, _mm512_permutex2var_ps(a[i][2 * h], b1, a[i][2 * h + 1]));
+    }
+  }
+}
+
+// Rows in blocks of R, whose 2H x R accumulators fill 24 of AVX-512's 32 registers; the block
+// size a compile-time constant (a last, partial block dispatched to its own).
+template <int H>
+inline constexpr int kWeightedRows = 24 / (2 * H) > 0 ? 24 / (2 * H) : 1;
+
+template <int H, int... Ns>
+void WeightedBlockOf(int nr, std::integer_sequence<int, Ns...>, const uint32_t* pairs, int64_t stride,
+                     const int64_t* keys, int64_t n, const uint16_t* const* values, float* acc) {
+  ((nr == Ns + 1 ? WeightedBlock<H, Ns + 1>(pairs, stride, keys, n, values, acc) : void()), ...);
+}
+
+template <int H>
+void WeightedRows(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
+                  const uint16_t* const* values, float* acc) {
+  constexpr int R = kWeightedRows<H>;
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
-    __m512 a[R][2 * H];
+    WeightedBlockOf<H>(nr, std::make_integer_sequence<int, R>{}, pairs + r0 * stride, stride, keys + r0, n, values,
+                       acc + r0 * 32 * H);
+  }
+}
+
+// The same from fp32 probabilities (p_stride apart), rounded to bf16 pairs a block at a time.
+template <int H>
+void WeightedRowsF32(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                     const uint16_t* const* values, float* acc) {
+  constexpr int R = kWeightedRows<H>;
+  constexpr int64_t kStride = kBf16MaxValueKeys / 2;
+  alignas(64) uint32_t pairs[R][kStride];
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
     for (int i = 0; i < nr; ++i) {
       const float* pr = p + (r0 + i) * p_stride;
       for (int64_t j = 0; j < n; j += 32) {  // probabilities rounded to bf16 pairs
@@ -91,49 +178,9 @@ void AddWeightedT(const float* p, int64_t p_stride, int64_t rows, const int64_t*
         const __m512bh bh = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, pr + j + 16), _mm512_maskz_loadu_ps(m0, pr + j));
         _mm512_store_si512(pairs[i] + j / 2, reinterpret_cast<__m512i>(bh));
       }
-      float* ar = acc + (r0 + i) * hd;
-      for (int h = 0; h < H; ++h) {
-        const __m512 n0 = _mm512_loadu_ps(ar + 32 * h), n1 = _mm512_loadu_ps(ar + 32 * h + 16);
-        a[i][2 * h] = _mm512_permutex2var_ps(n0, lo, n1);
-        a[i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
-      }
     }
-    // Pairs every row of the block takes whole, then the last few where rows end (each at its own
-    // key count, an odd last key paired with zeros): the same operations per row either way.
-    int64_t common = n;
-    for (int i = 0; i < nr; ++i) common = std::min(common, keys[r0 + i] / 2 * 2);
-    for (int64_t j = 0; j < common; j += 2) {
-      __m512i v[2 * H];
-      for (int h = 0; h < H; ++h) {
-        const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
-        v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
-        v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
-      }
-      for (int i = 0; i < nr; ++i) {
-        const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
-        for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
-      }
-    }
-    for (int64_t j = common; j < n; j += 2) {
-      for (int i = 0; i < nr; ++i) {
-        const int64_t own = keys[r0 + i];
-        if (j >= own) continue;
-        const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i][j / 2]));
-        for (int h = 0; h < H; ++h) {
-          const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h);
-          const __m512i v1 = j + 1 < own ? _mm512_loadu_si512(values[j + 1] + 32 * h) : _mm512_setzero_si512();
-          a[i][2 * h] = _mm512_dpbf16_ps(a[i][2 * h], AsBh(pp), AsBh(_mm512_unpacklo_epi16(v0, v1)));
-          a[i][2 * h + 1] = _mm512_dpbf16_ps(a[i][2 * h + 1], AsBh(pp), AsBh(_mm512_unpackhi_epi16(v0, v1)));
-        }
-      }
-    }
-    for (int i = 0; i < nr; ++i) {
-      float* ar = acc + (r0 + i) * hd;
-      for (int h = 0; h < H; ++h) {
-        _mm512_storeu_ps(ar + 32 * h, _mm512_permutex2var_ps(a[i][2 * h], b0, a[i][2 * h + 1]));
-        _mm512_storeu_ps(ar + 32 * h + 16, _mm512_permutex2var_ps(a[i][2 * h], b1, a[i][2 * h + 1]));
-      }
-    }
+    WeightedBlockOf<H>(nr, std::make_integer_sequence<int, R>{}, pairs[0], kStride, keys + r0, n, values,
+                       acc + r0 * 32 * H);
   }
 }
 
@@ -199,8 +246,9 @@ void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* p
     for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
   }
   const __m512 inv = _mm512_set1_ps(1.0f / lanes[0]);
-  for (j = 0; j < whole; j += 32) {  // whole is a multiple of 32
-    const __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(sc + j), inv), p1 = _mm512_mul_ps(_mm512_loadu_ps(sc + j + 16), inv);
+  for (j = 0; j < whole; j += 32) {  // whole is a multiple of 32; keys past ctx get 0
+    const __m512 p0 = _mm512_maskz_mul_ps(FirstLanes(ctx - j), _mm512_loadu_ps(sc + j), inv);
+    const __m512 p1 = _mm512_maskz_mul_ps(FirstLanes(ctx - j - 16), _mm512_loadu_ps(sc + j + 16), inv);
     _mm512_storeu_si512(pb + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
   }
   for (j = whole; j < ctx; j += 16) {  // the lanes past ctx become 0 (an odd last key's pair)
@@ -256,15 +304,26 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* 
   }
 }
 
-void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
-                     const uint16_t* const* values, int64_t hd, float* acc) {
+// One of the head sizes Bf16AttentionHeadDim admits, as the template's H (hd / 32).
+template <typename F>
+void ForHeadDim(int64_t hd, F f) {
   switch (hd / 32) {
-    case 1: return AddWeightedT<1>(p, p_stride, rows, keys, n, values, acc);
-    case 2: return AddWeightedT<2>(p, p_stride, rows, keys, n, values, acc);
-    case 4: return AddWeightedT<4>(p, p_stride, rows, keys, n, values, acc);
-    case 8: return AddWeightedT<8>(p, p_stride, rows, keys, n, values, acc);
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
     default: return;  // Bf16AttentionHeadDim keeps other sizes on the exact kernel
   }
+}
+
+void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                     const uint16_t* const* values, int64_t hd, float* acc) {
+  ForHeadDim(hd, [&](auto h) { WeightedRowsF32<decltype(h)::value>(p, p_stride, rows, keys, n, values, acc); });
+}
+
+void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
+                          const uint16_t* const* values, int64_t hd, float* acc) {
+  ForHeadDim(hd, [&](auto h) { WeightedRows<decltype(h)::value>(pairs, stride, rows, keys, n, values, acc); });
 }
 
 }  // namespace moeserve::cpu_fast

@@ -22,11 +22,12 @@ inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
                    float* out, int64_t out_stride);
 
-// The softmax of the amx variant's attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
+// The softmax of the bf16 variants' attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
 // becomes scale x sc, then its softmax (vec8.h's exponential, the sum lane-wise over keys in order
 // then one fixed tree over the 16 lanes); the probabilities of keys [0, whole) go to pb as bf16
-// (round to nearest even), those of [whole, ctx) stay in sc as fp32, followed by zeros to the
-// next multiple of 16 past whole (sc has room). whole is a multiple of 32.
+// (round to nearest even; 0 past ctx), those of [whole, ctx) stay in sc as fp32, followed by
+// zeros to the next multiple of 16 past whole. whole is a multiple of 32; sc has room for
+// max(whole, ctx rounded up to 16) floats.
 void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
 
 // The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][2d], keys[j][2d + 1]) for
@@ -45,5 +46,11 @@ void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uin
 // reach it.
 void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
                      const uint16_t* const* values, int64_t hd, float* acc);
+
+// The same with the probabilities already bf16 (SoftmaxBf16's pb), as pairs of consecutive keys:
+// row r's pair j / 2 at pairs[r * stride + j / 2]. The same bits as AddWeightedBf16 of the fp32
+// probabilities those were rounded from.
+void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
+                          const uint16_t* const* values, int64_t hd, float* acc);
 
 }  // namespace moeserve::cpu_fast
