@@ -23,16 +23,17 @@ using TileFn = void (*)(const GemmTask&, const uint16_t*, const GemmItem&, GemmS
 // How a variant cuts a task into work items and what activations it reads.
 struct Variant {
   TileFn kernel;
-  int64_t item_rows;  // weight rows per item: one kTiled8 tile, or kAmxItemRows (two B tiles)
-  int64_t row_chunk;  // x rows per item of a large GEMM
+  int64_t item_rows;    // weight rows per item: one kTiled8 tile, or kAmxItemRows (two B tiles)
+  int64_t row_chunk;    // x rows per item of a large GEMM
+  int64_t group_bytes;  // weights per group of items (0: one tile a group; see RunGemms)
 };
 
 Variant VariantOf(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk};
-    case CpuIsa::kAvx512Bf16: return {TileAvx512Bf16, kTileRows, kRowChunk};
-    case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk};
-    default: return {TileAvx2, kTileRows, kRowChunk};
+    case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk, 0};
+    case CpuIsa::kAvx512Bf16: return {TileAvx512Bf16, kTileRows, kRowChunk, kBf16GroupBytes};
+    case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes};
+    default: return {TileAvx2, kTileRows, kRowChunk, 0};
   }
 }
 
@@ -74,23 +75,6 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t c = 0; c < k; ++c) out[i * k8 + c] = RoundToBf16(x[i * k + c]);
     for (int64_t c = k; c < k8; ++c) out[i * k8 + c] = 0;
-  }
-}
-
-void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
-  const int64_t k8 = RoundUp(k, kTileCols), chunks = k8 / kTileCols;
-  const int64_t block_elems = chunks * kBf16RowBlock * kTileCols;
-  std::vector<uint16_t> row(static_cast<size_t>(k8), 0);
-  for (int64_t i = i0; i < i1; ++i) {
-    if (i < m) {
-      for (int64_t c = 0; c < k; ++c) row[c] = RoundToBf16(x[i * k + c]);  // k8 - k tail stays 0
-    } else {
-      std::fill(row.begin(), row.end(), 0);
-    }
-    uint16_t* dst = out + (i / kBf16RowBlock) * block_elems + (i % kBf16RowBlock) * kTileCols;
-    for (int64_t c = 0; c < chunks; ++c) {
-      std::memcpy(dst + c * kBf16RowBlock * kTileCols, &row[c * kTileCols], kTileCols * sizeof(uint16_t));
-    }
   }
 }
 
@@ -198,11 +182,11 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     // after tile instead read all of x from beyond L2 once per tile (a 2000-token prompt's
     // q/k/v projection ran ~2x faster so, one core of the Sapphire Rapids VM). Weights the
     // backend did not store as AMX tiles (tests, benchmarks) are repacked per item, so per 32
-    // x rows. The other kernels keep one tile a group.
-    const int64_t group =
-        IsaForTask(t, isa) == CpuIsa::kAmx
-            ? std::max<int64_t>(1, kAmxGroupBytes / (v.item_rows * RoundUp(t.w.cols, kAmxTileK) * 2))
-            : 1;
+    // x rows. The avx512-bf16 kernel groups too (on a Zen 5, whose vdpbf16ps runs at twice a
+    // Sapphire Rapids core's rate, x's stream from L3 held it back); the exact kernels keep one
+    // tile a group.
+    const int64_t bytes = v.item_rows * RoundUp(t.w.cols, kAmxTileK) * static_cast<int64_t>(DTypeSize(t.w.dtype));
+    const int64_t group = v.group_bytes > 0 ? std::max<int64_t>(1, v.group_bytes / bytes) : 1;
     for (int64_t g0 = 0; g0 < tiles; g0 += group) {
       for (int64_t m0 = 0; m0 < t.m; m0 += chunk) {
         for (int64_t tile = g0; tile < std::min(tiles, g0 + group); ++tile) {

@@ -26,6 +26,7 @@
 #include "kernels/cpu/exp16.h"
 #include "kernels/cpu/gemm_amx_tiles.h"
 #include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/round16.h"
 
 #pragma GCC push_options
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -203,19 +204,6 @@ void Run(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScra
   alignas(64) float c[4 * kTileM * kTileN];  // C[a][b] at (2a + b) * 256, as Store writes it
   Tiles::Store(c, x.rows0, x.rows1);
   WriteBlock(t, c, x.i, x.rows, r0);
-}
-
-// Rounds 16 floats (the first `n`; the rest read as 0) to bf16 as gemm.cc's RoundToBf16: to
-// nearest even, a NaN stays a quiet NaN. Zero rounds to zero, so the masked lanes pad.
-__m256i RoundSixteen(const float* x, int64_t n) {
-  const __mmask16 valid = n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
-  const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(valid, x));
-  const __m512i high = _mm512_srli_epi32(bits, 16);
-  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
 // Element (row, col) of a [rows, k] matrix in PadRowsAmx's layout (k_tiles 32-column tiles).

@@ -321,19 +321,26 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
 // The AMX activations (vector rounding, tile-blocked layout, zero padding) against the scalar
 // rounding every other bf16 path uses, bit for bit, with ties, NaNs, infinities, denormals and
 // the largest floats (which round to infinity) among random values.
+// Random floats with ties, NaNs, infinities, denormals and the largest floats (which round to
+// infinity) among them.
+std::vector<float> FloatsWithSpecials(int64_t n, std::mt19937& gen) {
+  const uint32_t specials[] = {0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                               0x807fffffu, 0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x00000000u, 0x80000000u};
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) {
+    uint32_t bits = gen();
+    if (gen() % 5 == 0) bits = specials[gen() % std::size(specials)];
+    if (gen() % 7 == 0) bits = (bits & 0xffff0000u) | 0x8000u;  // a tie
+    std::memcpy(&v, &bits, sizeof(v));
+  }
+  return x;
+}
+
 TEST(AmxKernelTest, PaddedActivationsAreTheScalarRoundingInTileOrder) {
   if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the rounding needs AVX-512 (cpuid avx512f/bw/vl/dq)";
   std::mt19937 gen(71);
-  const uint32_t specials[] = {0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x00000001u,
-                               0x807fffffu, 0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x00000000u, 0x80000000u};
   for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {17, 100}, {33, 64}, {40, 2051}}) {
-    std::vector<float> x(static_cast<size_t>(m * k));
-    for (float& v : x) {
-      uint32_t bits = gen();
-      if (gen() % 5 == 0) bits = specials[gen() % std::size(specials)];
-      if (gen() % 7 == 0) bits = (bits & 0xffff0000u) | 0x8000u;  // a tie
-      std::memcpy(&v, &bits, sizeof(v));
-    }
+    const std::vector<float> x = FloatsWithSpecials(m * k, gen);
     const int64_t rows = RoundUp(m, cpu_fast::kAmxRowBlock), kp = RoundUp(k, 32);
     std::vector<uint16_t> tiles(static_cast<size_t>(cpu_fast::PaddedAmxElems(m, k)), 0xffff);
     // In two pieces, as the planner spreads them over threads: rows [0, 32), then the rest.
@@ -346,6 +353,32 @@ TEST(AmxKernelTest, PaddedActivationsAreTheScalarRoundingInTileOrder) {
         const uint16_t got = tiles[static_cast<size_t>(((i / 16) * (kp / 32) + c / 32) * 512 + (i % 16) * 32 + c % 32)];
         const uint16_t want = i < m && c < k ? scalar[static_cast<size_t>(i * RoundUp(k, 8) + c)] : 0;
         ASSERT_EQ(got, want) << "m=" << m << " k=" << k << " row " << i << " col " << c;
+      }
+    }
+  }
+}
+
+// The avx512-bf16 kernel's packed activations (vector rounding, 12-row blocks of 8-column chunks,
+// zero padding) against the scalar rounding, bit for bit, the same special values.
+TEST(Bf16KernelTest, PackedActivationsAreTheScalarRoundingInBlockOrder) {
+  if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the rounding needs AVX-512 (cpuid avx512f/bw/vl/dq)";
+  std::mt19937 gen(73);
+  for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {13, 8}, {17, 100}, {25, 24}, {40, 2051}}) {
+    const std::vector<float> x = FloatsWithSpecials(m * k, gen);
+    const int64_t rows = RoundUp(m, cpu_fast::kBf16RowBlock), k8 = RoundUp(k, 8);
+    std::vector<uint16_t> packed(static_cast<size_t>(cpu_fast::PackedBf16Elems(m, k)), 0xffff);
+    // In two pieces, as the planner spreads them over threads: the first block, then the rest.
+    const int64_t first = std::min<int64_t>(rows, cpu_fast::kBf16RowBlock);
+    cpu_fast::PackRowsBf16(x.data(), m, k, 0, first, packed.data());
+    cpu_fast::PackRowsBf16(x.data(), m, k, first, rows, packed.data());
+    std::vector<uint16_t> scalar(static_cast<size_t>(m * k8));
+    cpu_fast::RoundRowsToBf16(x.data(), m, k, scalar.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t c = 0; c < k8; ++c) {
+        const int64_t at = (i / cpu_fast::kBf16RowBlock) * k8 * cpu_fast::kBf16RowBlock +
+                           (c / 8) * cpu_fast::kBf16RowBlock * 8 + (i % cpu_fast::kBf16RowBlock) * 8 + c % 8;
+        const uint16_t want = i < m ? scalar[static_cast<size_t>(i * k8 + c)] : 0;
+        ASSERT_EQ(packed[static_cast<size_t>(at)], want) << "m=" << m << " k=" << k << " row " << i << " col " << c;
       }
     }
   }
