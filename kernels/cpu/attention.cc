@@ -207,12 +207,14 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   }
   RoundRowsToBf16(s->q.data(), all, hd, s->qb.data());
   const uint16_t* rows[kBf16MaxValueKeys];
-  for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16KeyBlock) {
+  for (int64_t k0 = 0; k0 < it.ctx_max;) {  // 32 keys a call, 16 for a last odd block
+    const int blocks = it.ctx_max - k0 > kBf16KeyBlock ? 2 : 1;
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      it.Rows(0, g, k0, kBf16KeyBlock, s->zeros.data(), rows);
-      ScoreKeysBf16(s->qb.data() + (g - it.g0) * nrows * hd, nrows, hd, rows, scale,
+      it.Rows(0, g, k0, blocks * kBf16KeyBlock, s->zeros.data(), rows);
+      ScoreKeysBf16(s->qb.data() + (g - it.g0) * nrows * hd, nrows, hd, rows, blocks, scale,
                     s->scores.data() + (g - it.g0) * nrows * padded + k0, padded);
     }
+    k0 += blocks * kBf16KeyBlock;
   }
   for (int64_t row = 0; row < all; ++row) {
     float* sc = s->scores.data() + row * padded;

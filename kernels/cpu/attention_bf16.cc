@@ -277,31 +277,53 @@ void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uin
   }
 }
 
-void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
-                   float* out, int64_t out_stride) {
+namespace {
+
+// ScoreKeysBf16 over B blocks of 16 keys (kt: block b's pairs at kt + b * 128), two query rows
+// at a time: each broadcast query pair serves B key registers, so more keys per call means
+// fewer loads per vdpbf16ps (one per product at B = 1, three quarters at B = 2).
+template <int B>
+void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt, float scale, float* out,
+                 int64_t out_stride) {
   const int64_t pairs = hd / 2;
-  alignas(64) __m512i kt[128];  // kt[d]: pair d of the 16 keys
-  KeyPairsBf16(keys, hd, reinterpret_cast<uint32_t*>(kt));
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < rows; r += 2) {
     const uint16_t* q0 = q + r * hd;
     const uint16_t* q1 = r + 1 < rows ? q0 + hd : q0;  // an odd last row is computed twice, stored once
-    __m512 a0[4], a1[4];
-    for (int u = 0; u < 4; ++u) a0[u] = a1[u] = _mm512_setzero_ps();
+    __m512 a0[B][4], a1[B][4];
+    for (int b = 0; b < B; ++b) {
+      for (int u = 0; u < 4; ++u) a0[b][u] = a1[b][u] = _mm512_setzero_ps();
+    }
     for (int64_t d = 0; d < pairs; d += 4) {
       for (int u = 0; u < 4; ++u) {
-        const __m512bh k = AsBh(kt[d + u]);
-        a0[u] = _mm512_dpbf16_ps(a0[u], AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q0, d + u)))), k);
-        a1[u] = _mm512_dpbf16_ps(a1[u], AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q1, d + u)))), k);
+        const __m512bh x0 = AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q0, d + u))));
+        const __m512bh x1 = AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q1, d + u))));
+        for (int b = 0; b < B; ++b) {
+          const __m512bh k = AsBh(kt[b * 128 + d + u]);
+          a0[b][u] = _mm512_dpbf16_ps(a0[b][u], x0, k);
+          a1[b][u] = _mm512_dpbf16_ps(a1[b][u], x1, k);
+        }
       }
     }
-    const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3]));
-    _mm512_storeu_ps(out + r * out_stride, _mm512_mul_ps(s0, vscale));
-    if (r + 1 < rows) {
-      const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3]));
-      _mm512_storeu_ps(out + (r + 1) * out_stride, _mm512_mul_ps(s1, vscale));
+    for (int b = 0; b < B; ++b) {
+      const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a0[b][0], a0[b][1]), _mm512_add_ps(a0[b][2], a0[b][3]));
+      _mm512_storeu_ps(out + r * out_stride + 16 * b, _mm512_mul_ps(s0, vscale));
+      if (r + 1 < rows) {
+        const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a1[b][0], a1[b][1]), _mm512_add_ps(a1[b][2], a1[b][3]));
+        _mm512_storeu_ps(out + (r + 1) * out_stride + 16 * b, _mm512_mul_ps(s1, vscale));
+      }
     }
   }
+}
+
+}  // namespace
+
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks, float scale,
+                   float* out, int64_t out_stride) {
+  alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys
+  for (int b = 0; b < blocks; ++b) KeyPairsBf16(keys + b * kBf16KeyBlock, hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+  if (blocks == 2) return ScoreBlocks<2>(q, rows, hd, kt, scale, out, out_stride);
+  ScoreBlocks<1>(q, rows, hd, kt, scale, out, out_stride);
 }
 
 // One of the head sizes Bf16AttentionHeadDim admits, as the template's H (hd / 32).

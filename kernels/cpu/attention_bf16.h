@@ -15,11 +15,11 @@ inline constexpr int64_t kBf16MaxValueKeys = 64;  // keys of one AddWeightedBf16
 // The head dimensions these kernels take.
 inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
 
-// out[r * out_stride + j] = scale * dot(q_r, keys[j]) for the 16 keys and the `rows` query rows
-// (q: rows x hd bf16, row after row). Each score is four fp32 chains of vdpbf16ps over the
-// head dimension's pairs (pair d in chain d % 4, in order), summed as (c0 + c1) + (c2 + c3):
-// the same operations whatever the other rows.
-void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const keys[kBf16KeyBlock], float scale,
+// out[r * out_stride + j] = scale * dot(q_r, keys[j]) for the 16 x `blocks` keys (blocks 1 or 2)
+// and the `rows` query rows (q: rows x hd bf16, row after row). Each score is four fp32 chains of
+// vdpbf16ps over the head dimension's pairs (pair d in chain d % 4, in order), summed as
+// (c0 + c1) + (c2 + c3): the same operations whatever the other rows and however many blocks.
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks, float scale,
                    float* out, int64_t out_stride);
 
 // The softmax of the bf16 variants' attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
