@@ -263,6 +263,16 @@ void CpuBackend::GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13
     MS_CHECK(groups.back() <= max_rows);
     return cpu_fast::GroupedSwiGluMlp(*pool_, x, w13, w2, groups, inter, act, out, isa_);
   }
+  // avx512-bf16 passes the activations to w2 as its packed bf16 rows (bf16 w13 too: they round
+  // x on the same variant).
+  const bool bf16_w13 = std::all_of(w13.begin(), w13.end(), [&](const WeightRef& w) {
+    return w.data == nullptr || (w.dtype == DType::kBF16 && w.rows == 2 * inter);
+  });
+  if (bf16_w2 && bf16_w13 && fast() && options_.batch_invariant && isa_ == CpuIsa::kAvx512Bf16) {
+    MS_CHECK(offsets[w13.size()] <= max_rows);
+    return cpu_fast::PackedSwiGluMlp(*pool_, x, w13, w2, std::span<const int64_t>(offsets, w13.size() + 1), inter,
+                                     gate_up, out);
+  }
   Backend::GroupedSwiGluMlp(x, w13, w2, offsets, max_rows, inter, gate_up, act, out);
 }
 

@@ -133,7 +133,7 @@ void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRe
     up.swiglu = inter;
     if (tiles) {
       up.y_amx = next_tiles;
-      down.x_amx = next_tiles;
+      down.x_packed = next_tiles;
       next_tiles += PaddedAmxElems(rows, inter);
     }
     first.push_back(up);
@@ -141,6 +141,55 @@ void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRe
   }
   RunGemms(pool, first, isa);
   RunGemms(pool, second, isa);
+}
+
+void PackedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
+                     std::span<const int64_t> offsets, int64_t inter, float* gate_up, float* out) {
+  MS_CHECK(offsets.size() == w13.size() + 1 && w2.size() == w13.size());
+  struct Piece {  // rows [i0, i1) of group g's packed activations
+    size_t g;
+    int64_t i0, i1;
+  };
+  std::vector<GemmTask> first, second;
+  std::vector<Piece> pieces;
+  std::vector<int64_t> at(w13.size(), 0);  // where each group's packed rows start, in elements
+  int64_t elems = 0;
+  for (size_t g = 0; g < w13.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    MS_CHECK(w13[g].dtype == DType::kBF16 && w13[g].rows == 2 * inter && w2[g].dtype == DType::kBF16 && w2[g].cols == inter);
+    first.push_back(GemmTask{x + offsets[g] * w13[g].cols, rows, w13[g], gate_up + offsets[g] * 2 * inter, false});
+    at[g] = elems;
+    elems += PackedBf16Elems(rows, inter);
+    const int64_t padded = RoundUp(rows, kBf16RowBlock), piece = 4 * kBf16RowBlock;
+    for (int64_t i = 0; i < padded; i += piece) pieces.push_back({g, i, std::min(padded, i + piece)});
+  }
+  const HostBuffer packed = HostBuffer::Uninitialized(static_cast<size_t>(elems) * sizeof(uint16_t));
+  MS_CHECK(elems == 0 || !packed.empty());  // out of memory, as new[] would have thrown
+  auto* base = reinterpret_cast<uint16_t*>(packed.data());
+  for (size_t g = 0; g < w13.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    GemmTask down{nullptr, rows, w2[g], out + offsets[g] * w2[g].rows, false};
+    down.x_packed = base + at[g];
+    second.push_back(down);
+  }
+  RunGemms(pool, first, CpuIsa::kAvx512Bf16);
+  pool.ParallelFor(static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
+    std::vector<float> act(static_cast<size_t>(inter));  // one row, in L1 from SiluMulRow16 to the rounding
+    for (int64_t n = b; n < e; ++n) {
+      const Piece& p = pieces[static_cast<size_t>(n)];
+      const int64_t rows = offsets[p.g + 1] - offsets[p.g];
+      for (int64_t i = p.i0; i < p.i1; ++i) {
+        if (i < rows) {
+          const float* gu = gate_up + (offsets[p.g] + i) * 2 * inter;
+          SiluMulRow16(gu, gu + inter, inter, act.data());
+        }
+        PackRowBf16(i < rows ? act.data() : nullptr, inter, i, base + at[p.g]);
+      }
+    }
+  });
+  RunGemms(pool, second, CpuIsa::kAvx512Bf16);
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

@@ -97,7 +97,7 @@ namespace {
 uint16_t* Bf16(const HostBuffer& b) { return reinterpret_cast<uint16_t*>(b.data()); }
 
 // Every task's activations in its variant's layout (null for the exact variants and for tasks
-// given x_amx), in 64-byte aligned memory: an AMX tile row (64 bytes) or a zmm load that
+// given x_packed), in 64-byte aligned memory: an AMX tile row (64 bytes) or a zmm load that
 // straddles two cache lines costs two (measured: the amx kernel at half its speed on misaligned
 // activations). Tasks of the same rows (x, m, k) on the same variant share one conversion (the
 // q, k and v projections of a layer's input). The rounding is spread over the pool in pieces of
@@ -122,7 +122,7 @@ Activations PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks
     const GemmTask& t = tasks[k];
     const CpuIsa task_isa = IsaForTask(t, isa);
     const int64_t block = ActivationBlock(task_isa);
-    if (t.m == 0 || t.w.rows == 0 || block == 0 || t.x_amx != nullptr) continue;
+    if (t.m == 0 || t.w.rows == 0 || block == 0 || t.x_packed != nullptr) continue;
     const auto same_rows = [&](size_t j) {
       const GemmTask& o = tasks[j];
       return acts.of_task[j] != nullptr && o.x == t.x && o.m == t.m && o.w.cols == t.w.cols &&
@@ -171,7 +171,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     // Only the amx kernel reads weights stored as AMX tiles (the backend stores them so for it).
     MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsaForTask(t, isa) == CpuIsa::kAmx);
     MS_CHECK(t.swiglu == 0 || (SwiGluFusable(IsaForTask(t, isa), t.w, t.swiglu) && !t.accumulate));
-    MS_CHECK(t.x_amx == nullptr || IsaForTask(t, isa) == CpuIsa::kAmx);
+    MS_CHECK(t.x_packed == nullptr || ActivationBlock(IsaForTask(t, isa)) > 0);  // a layout of this variant
     MS_CHECK(t.y_amx == nullptr || (t.swiglu > 0 && t.swiglu % kAmxTileK == 0));
     const Variant v = VariantOf(IsaForTask(t, isa));
     const int64_t tiles = t.swiglu > 0 ? t.swiglu / kSwiGluItemColumns : (t.w.rows + v.item_rows - 1) / v.item_rows;
@@ -206,7 +206,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
       const TileFn kernel = t.swiglu > 0 ? TileAmxSwiGlu : VariantOf(IsaForTask(t, isa)).kernel;
-      kernel(t, t.x_amx != nullptr ? t.x_amx : acts.of_task[static_cast<size_t>(it.task)], it, &scratch);
+      kernel(t, t.x_packed != nullptr ? t.x_packed : acts.of_task[static_cast<size_t>(it.task)], it, &scratch);
     }
   });
 }

@@ -34,12 +34,13 @@ struct GemmTask {
   // > 0: w is [gate; up], `swiglu` rows each, and y [m, swiglu] gets silu(x gate^T) * (x up^T)
   // in one pass (amx on weights stored as AMX tiles, swiglu a multiple of 16: SwiGluFusable).
   int64_t swiglu = 0;
-  // amx only. x_amx: the activations already rounded into PadRowsAmx's layout (RoundUp(m, 32)
-  // rows, the padding zero), read instead of x. y_amx (with swiglu, a multiple of 32): the
-  // output written there in that layout, bf16, padding included, instead of y: the next
-  // GEMM's x_amx, so the [m, swiglu] activations are never stored as fp32 nor rounded again
-  // (the same bits: PadRowsAmx's rounding of the fp32 values).
-  const uint16_t* x_amx = nullptr;
+  // x_packed: the activations already rounded into the variant's layout (amx: PadRowsAmx's,
+  // RoundUp(m, 32) rows; avx512-bf16: PackRowsBf16's, RoundUp(m, 12) rows; the padding zero),
+  // read instead of x. y_amx (amx only, with swiglu a multiple of 32): the output written in
+  // PadRowsAmx's layout, bf16, padding included, instead of y: the next GEMM's x_packed, so the
+  // [m, swiglu] activations are never stored as fp32 nor rounded again (the same bits: the
+  // layout's rounding of the fp32 values).
+  const uint16_t* x_packed = nullptr;
   uint16_t* y_amx = nullptr;
 };
 

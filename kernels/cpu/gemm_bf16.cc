@@ -123,20 +123,23 @@ void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const
 
 }  // namespace
 
-void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
+void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out) {
+  static constexpr float kNone[16] = {};  // what a padding row's masked loads point at (never read)
   const int64_t chunks = RoundUp(k, kTileCols) / kTileCols, block_elems = chunks * kBf16RowBlock * kTileCols;
-  for (int64_t i = i0; i < i1; ++i) {
-    uint16_t* dst = out + (i / kBf16RowBlock) * block_elems + (i % kBf16RowBlock) * kTileCols;
-    for (int64_t c = 0; c < chunks; c += 2) {  // two 8-column chunks per rounding
-      const int64_t left = i < m ? k - c * kTileCols : 0;  // a padding row is all zero
-      const __m256i r = RoundSixteen(left > 0 ? x + i * k + c * kTileCols : x, left);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c * kBf16RowBlock * kTileCols), _mm256_castsi256_si128(r));
-      if (c + 1 < chunks) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (c + 1) * kBf16RowBlock * kTileCols),
-                         _mm256_extracti128_si256(r, 1));
-      }
+  uint16_t* dst = out + (i / kBf16RowBlock) * block_elems + (i % kBf16RowBlock) * kTileCols;
+  for (int64_t c = 0; c < chunks; c += 2) {  // two 8-column chunks per rounding
+    const int64_t left = row != nullptr ? k - c * kTileCols : 0;  // a padding row is all zero
+    const __m256i r = RoundSixteen(row != nullptr ? row + c * kTileCols : kNone, left);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c * kBf16RowBlock * kTileCols), _mm256_castsi256_si128(r));
+    if (c + 1 < chunks) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (c + 1) * kBf16RowBlock * kTileCols),
+                       _mm256_extracti128_si256(r, 1));
     }
   }
+}
+
+void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
+  for (int64_t i = i0; i < i1; ++i) PackRowBf16(i < m ? x + i * k : nullptr, k, i, out);
 }
 
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {

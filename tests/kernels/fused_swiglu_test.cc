@@ -1,7 +1,7 @@
 // The experts' fused first half on the amx variant (GemmTask::swiglu: the gate and up tiles of
 // one item side by side, silu(gate) * up written straight from the accumulators) against the
 // unfused GEMM then SiluMul, bit for bit: in emulation on any AVX-512 CPU, and through the
-// backend on AMX hardware.
+// backend on AMX hardware; and the avx512-bf16 backend's activations passed packed to w2.
 #include <cstring>
 #include <limits>
 #include <random>
@@ -209,6 +209,42 @@ TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
     EXPECT_TRUE(b.FusesGateUpSilu(rank1, inter));
     ExpectUnfusedBits(b, rank1, rank1_w2, {0, 0, 37, 70}, inter, ++seed);
     EXPECT_FALSE(b.FusesGateUpSilu(w13, inter + 1)) << "inter not whole tiles";
+  }
+}
+
+// The avx512-bf16 backend's MLP (PackedSwiGluMlp: the activations rounded straight into the
+// w2 GEMMs' packed rows) against GroupedGemm, SiluMul, GroupedGemm on the same backend, bit for
+// bit: random row counts (empty experts, rows not whole 12-row blocks), inter whole and not
+// whole 8-column chunks, and an EP rank's placeholders.
+TEST(FusedSwiGluTest, TheAvx512Bf16BackendPacksTheActivationsWithTheUnfusedBits) {
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "needs AVX512-BF16 (cpuid avx512_bf16)";
+  CpuBackend b{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  ASSERT_EQ(b.isa(), CpuIsa::kAvx512Bf16);
+  std::random_device rd;
+  uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (const int64_t inter : {64, 48, 20}) {
+    SCOPED_TRACE(absl::StrFormat("inter %d", inter));
+    const int64_t k = 100, hidden = 40, experts = 3;
+    const WeightLayout layout = b.PreferredWeightLayout(DType::kBF16);
+    std::vector<std::vector<uint8_t>> stored;
+    std::vector<WeightRef> w13, w2;
+    for (int64_t e = 0; e < experts; ++e) {
+      stored.push_back(MakeW13(inter, k, layout, ++seed));
+      w13.push_back({stored.back().data(), DType::kBF16, 2 * inter, k, layout});
+      stored.push_back(MakeW2(hidden, inter, layout, ++seed));
+      w2.push_back({stored.back().data(), DType::kBF16, hidden, inter, layout});
+    }
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<int64_t> offsets = {0};
+      for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + std::uniform_int_distribution<int64_t>(0, 90)(gen));
+      ExpectUnfusedBits(b, w13, w2, offsets, inter, ++seed);
+    }
+    EXPECT_FALSE(b.FusesGateUpSilu(w13, inter)) << "gate/up and SiLU stay two passes on avx512-bf16";
+    std::vector<WeightRef> rank1 = {{nullptr, DType::kBF16, 2 * inter, k}, w13[1], w13[2]};
+    std::vector<WeightRef> rank1_w2 = {{nullptr, DType::kBF16, hidden, inter}, w2[1], w2[2]};
+    ExpectUnfusedBits(b, rank1, rank1_w2, {0, 0, 37, 70}, inter, ++seed);
   }
 }
 

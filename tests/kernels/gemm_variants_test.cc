@@ -214,7 +214,7 @@ TEST_P(GemmVariantTest, TasksOnTheSamePointerKeepTheirOwnRows) {
     tiles.resize(static_cast<size_t>(cpu_fast::PaddedAmxElems(12, 96)));
     cpu_fast::PadRowsAmx(x.data(), 12, 96, 0, RoundUp(12, cpu_fast::kAmxRowBlock), tiles.data());
     tasks.push_back({x.data(), 12, wb.ref});
-    tasks.back().x_amx = tiles.data();
+    tasks.back().x_packed = tiles.data();
   }
   std::vector<std::vector<float>> ys;
   for (cpu_fast::GemmTask& t : tasks) {
@@ -225,7 +225,7 @@ TEST_P(GemmVariantTest, TasksOnTheSamePointerKeepTheirOwnRows) {
   cpu_fast::RunGemms(pool, tasks, GetParam());
   for (size_t i = 0; i < tasks.size(); ++i) {
     cpu_fast::GemmTask one = tasks[i];
-    one.x_amx = nullptr;  // the task alone converts its own rows (the tiles are PadRowsAmx's bits)
+    one.x_packed = nullptr;  // the task alone converts its own rows (the tiles are PadRowsAmx's bits)
     std::vector<float> alone(ys[i].size(), -2.0f);
     one.y = alone.data();
     cpu_fast::RunGemms(pool, std::span(&one, 1), GetParam());
