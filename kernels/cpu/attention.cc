@@ -181,11 +181,12 @@ void AttendExact(const ItemRows& it, const float* q, float scale, float* out, Ex
 
 struct Bf16Scratch {
   std::vector<float> q, scores, acc;
-  std::vector<uint16_t> qb, zeros, pb;  // pb: the probabilities as bf16, rows as scores
+  std::vector<uint16_t> qb, zeros;
+  std::vector<uint32_t> pb;  // the probabilities as bf16 pairs, rows of scores' length / 2
   std::vector<int64_t> keys;  // value keys per row of a pass
 };
 
-// An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 16 keys scored per call
+// An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 32 keys scored per call
 // for all of a kv head's rows, the softmax in fp32 on 16 lanes (the AMX kernel's) writing the
 // probabilities rounded to bf16, then the weighted sum over up to 64 keys per call. Each row
 // stops at its own context (an odd last key paired with zeros), so its result does not depend
@@ -197,7 +198,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   s->qb.resize(static_cast<size_t>(all * hd));
   s->zeros.assign(static_cast<size_t>(hd), 0);
   s->scores.resize(static_cast<size_t>(all * padded));
-  s->pb.resize(static_cast<size_t>(all * padded));
+  s->pb.resize(static_cast<size_t>(all * padded / 2));
   s->acc.assign(static_cast<size_t>(all * hd), 0.0f);
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     for (int64_t r = 0; r < nrows; ++r) {
@@ -220,9 +221,10 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     float* sc = s->scores.data() + row * padded;
     const int64_t ctx = it.ctx_of(row % nrows);
     // The scores are scaled already; probabilities to bf16 for every key, 0 past the row's own.
-    SoftmaxBf16(sc, ctx, 1.0f, (ctx + 31) / 32 * 32, s->pb.data() + row * padded);
+    uint16_t* pb = reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2);  // written by vector stores
+    SoftmaxBf16(sc, ctx, 1.0f, (ctx + 31) / 32 * 32, pb);
   }
-  const auto* pairs = reinterpret_cast<const uint32_t*>(s->pb.data());
+  const uint32_t* pairs = s->pb.data();
   s->keys.resize(static_cast<size_t>(nrows));
   for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16MaxValueKeys) {
     const int64_t n = std::min(kBf16MaxValueKeys, (it.ctx_max - k0 + 1) / 2 * 2);

@@ -321,7 +321,9 @@ void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt,
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks, float scale,
                    float* out, int64_t out_stride) {
   alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys
-  for (int b = 0; b < blocks; ++b) KeyPairsBf16(keys + b * kBf16KeyBlock, hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+  for (int b = 0; b < blocks; ++b) {
+    KeyPairsBf16(keys + b * kBf16KeyBlock, hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+  }
   if (blocks == 2) return ScoreBlocks<2>(q, rows, hd, kt, scale, out, out_stride);
   ScoreBlocks<1>(q, rows, hd, kt, scale, out, out_stride);
 }

@@ -9,7 +9,7 @@
 
 namespace moeserve::cpu_fast {
 
-inline constexpr int64_t kBf16KeyBlock = 16;  // keys scored per call, one per fp32 lane
+inline constexpr int64_t kBf16KeyBlock = 16;  // keys of one register of scores, one per fp32 lane
 inline constexpr int64_t kBf16MaxValueKeys = 64;  // keys of one AddWeightedBf16 call, at most
 
 // The head dimensions these kernels take.

@@ -90,8 +90,8 @@ class CpuBackend final : public Backend {
   void Rope(float* q, float* k, const int32_t* positions, int64_t n, int64_t q_heads,
             int64_t kv_heads, int64_t head_dim, float theta) override;
   void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) override;
-  // Fused on the amx variant for bf16 experts stored as AMX tiles (FusesGateUpSilu;
-  // cpu_fast::GroupedSwiGluMlp).
+  // Fused for bf16 experts in the variant's layout (FusesGateUpSilu; cpu_fast::GroupedSwiGluMlp):
+  // always on amx, on avx512-bf16 where the experts hit average 16 rows or more.
   void GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                         const int64_t* offsets, int64_t max_rows, int64_t inter, float* gate_up, float* act,
                         float* out) override;

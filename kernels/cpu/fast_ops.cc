@@ -110,86 +110,38 @@ void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
 void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                       std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa) {
   MS_CHECK(offsets.size() == w13.size() + 1 && w2.size() == w13.size());
-  // The activations stay bf16 tiles between the two GEMMs where every w2 GEMM runs on amx too.
-  bool tiles = isa == CpuIsa::kAmx && inter % kAmxTileK == 0;
-  int64_t tile_elems = 0;
+  // The activations stay bf16 in the variant's packed layout between the two GEMMs where every
+  // w2 GEMM runs on that variant too.
+  bool packed = PacksSwiGluOutput(isa, inter);
+  int64_t packed_elems = 0;
   for (size_t g = 0; g < w13.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
     MS_CHECK(w2[g].cols == inter && (w2[g].dtype == DType::kBF16 || w2[g].dtype == DType::kF32));
-    tiles = tiles && w2[g].dtype == DType::kBF16;
-    tile_elems += PaddedAmxElems(rows, inter);
+    packed = packed && w2[g].dtype == DType::kBF16;
+    packed_elems += PackedActivationElems(isa, rows, inter);
   }
-  const HostBuffer act_tiles =
-      tiles ? HostBuffer::Uninitialized(static_cast<size_t>(tile_elems) * sizeof(uint16_t)) : HostBuffer();
-  MS_CHECK(!tiles || tile_elems == 0 || !act_tiles.empty());  // out of memory, as new[] would have thrown
+  const HostBuffer act_packed =
+      packed ? HostBuffer::Uninitialized(static_cast<size_t>(packed_elems) * sizeof(uint16_t)) : HostBuffer();
+  MS_CHECK(!packed || packed_elems == 0 || !act_packed.empty());  // out of memory, as new[] would have thrown
   std::vector<GemmTask> first, second;
-  uint16_t* next_tiles = reinterpret_cast<uint16_t*>(act_tiles.data());
+  uint16_t* next = reinterpret_cast<uint16_t*>(act_packed.data());
   for (size_t g = 0; g < w13.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows == 0) continue;
     GemmTask up{x + offsets[g] * w13[g].cols, rows, w13[g], act + offsets[g] * inter, false};
     GemmTask down{act + offsets[g] * inter, rows, w2[g], out + offsets[g] * w2[g].rows, false};
     up.swiglu = inter;
-    if (tiles) {
-      up.y_amx = next_tiles;
-      down.x_packed = next_tiles;
-      next_tiles += PaddedAmxElems(rows, inter);
+    if (packed) {
+      up.y_packed = next;
+      down.x_packed = next;
+      next += PackedActivationElems(isa, rows, inter);
     }
     first.push_back(up);
     second.push_back(down);
   }
   RunGemms(pool, first, isa);
   RunGemms(pool, second, isa);
-}
-
-void PackedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
-                     std::span<const int64_t> offsets, int64_t inter, float* gate_up, float* out) {
-  MS_CHECK(offsets.size() == w13.size() + 1 && w2.size() == w13.size());
-  struct Piece {  // rows [i0, i1) of group g's packed activations
-    size_t g;
-    int64_t i0, i1;
-  };
-  std::vector<GemmTask> first, second;
-  std::vector<Piece> pieces;
-  std::vector<int64_t> at(w13.size(), 0);  // where each group's packed rows start, in elements
-  int64_t elems = 0;
-  for (size_t g = 0; g < w13.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    MS_CHECK(w13[g].dtype == DType::kBF16 && w13[g].rows == 2 * inter && w2[g].dtype == DType::kBF16 && w2[g].cols == inter);
-    first.push_back(GemmTask{x + offsets[g] * w13[g].cols, rows, w13[g], gate_up + offsets[g] * 2 * inter, false});
-    at[g] = elems;
-    elems += PackedBf16Elems(rows, inter);
-    const int64_t padded = RoundUp(rows, kBf16RowBlock), piece = 4 * kBf16RowBlock;
-    for (int64_t i = 0; i < padded; i += piece) pieces.push_back({g, i, std::min(padded, i + piece)});
-  }
-  const HostBuffer packed = HostBuffer::Uninitialized(static_cast<size_t>(elems) * sizeof(uint16_t));
-  MS_CHECK(elems == 0 || !packed.empty());  // out of memory, as new[] would have thrown
-  auto* base = reinterpret_cast<uint16_t*>(packed.data());
-  for (size_t g = 0; g < w13.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    if (rows == 0) continue;
-    GemmTask down{nullptr, rows, w2[g], out + offsets[g] * w2[g].rows, false};
-    down.x_packed = base + at[g];
-    second.push_back(down);
-  }
-  RunGemms(pool, first, CpuIsa::kAvx512Bf16);
-  pool.ParallelFor(static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
-    std::vector<float> act(static_cast<size_t>(inter));  // one row, in L1 from SiluMulRow16 to the rounding
-    for (int64_t n = b; n < e; ++n) {
-      const Piece& p = pieces[static_cast<size_t>(n)];
-      const int64_t rows = offsets[p.g + 1] - offsets[p.g];
-      for (int64_t i = p.i0; i < p.i1; ++i) {
-        if (i < rows) {
-          const float* gu = gate_up + (offsets[p.g] + i) * 2 * inter;
-          SiluMulRow16(gu, gu + inter, inter, act.data());
-        }
-        PackRowBf16(i < rows ? act.data() : nullptr, inter, i, base + at[p.g]);
-      }
-    }
-  });
-  RunGemms(pool, second, CpuIsa::kAvx512Bf16);
 }
 
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,

@@ -34,19 +34,13 @@ void Gemms(ThreadPool& pool, const float* x, int64_t m, std::span<const WeightRe
 void GroupedGemm(ThreadPool& pool, const float* x, std::span<const WeightRef> w, std::span<const int64_t> offsets,
                  float* y, bool batch_invariant, CpuIsa isa);
 // The experts' MLP: out = act w2^T for each group's rows, act = silu(x w13_gate^T) * (x w13_up^T)
-// in one pass of the fused amx kernel (GemmTask::swiglu; only where SwiGluFusable), the bits of
-// GroupedGemm, SiluMul, GroupedGemm. Where every w2 GEMM runs on amx and inter is whole 32-column
-// tiles, act passes between the GEMMs as bf16 tiles (GemmTask::y_amx, x_packed) and `act` [rows,
-// inter] is left unwritten; else it holds act in fp32. w2: [hidden, inter], bf16 or f32.
+// in one pass of the variant's fused kernel (GemmTask::swiglu, amx or avx512-bf16; only where
+// SwiGluFusable), the bits of GroupedGemm, SiluMul, GroupedGemm. Where every w2 GEMM runs on the
+// same variant and PacksSwiGluOutput, act passes between the GEMMs in its packed bf16 layout
+// (GemmTask::y_packed, x_packed) and `act` [rows, inter] is left unwritten; else it holds act in
+// fp32. w2: [hidden, inter], bf16 or f32.
 void GroupedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
                       std::span<const int64_t> offsets, int64_t inter, float* act, float* out, CpuIsa isa);
-// The experts' MLP on avx512-bf16 (bf16 w13 and w2 only, every group's GEMM on that variant):
-// GroupedGemm into gate_up [rows, 2 inter], then silu(gate) * up rounded straight into the w2
-// GEMMs' packed bf16 rows (GemmTask::x_packed), never stored as fp32 nor read back to be
-// rounded: the bits of GroupedGemm, SiluMul, GroupedGemm (SiluMulRow16 gives SiluMul's values,
-// PackRowBf16 the GEMM's own rounding of them).
-void PackedSwiGluMlp(ThreadPool& pool, const float* x, std::span<const WeightRef> w13, std::span<const WeightRef> w2,
-                     std::span<const int64_t> offsets, int64_t inter, float* gate_up, float* out);
 void RmsNorm(ThreadPool& pool, const float* x, const float* weight, int64_t rows, int64_t dim,
              float eps, float* y);
 // Each position's cos and sin of RoPE's angles, as Rope computes them (float of the double

@@ -26,13 +26,16 @@ struct Variant {
   int64_t item_rows;    // weight rows per item: one kTiled8 tile, or kAmxItemRows (two B tiles)
   int64_t row_chunk;    // x rows per item of a large GEMM
   int64_t group_bytes;  // weights per group of items (0: one tile a group; see RunGemms)
+  TileFn swiglu_kernel = nullptr;  // the fused gate/up and SiLU (GemmTask::swiglu), if any,
+  int64_t swiglu_columns = 0;      // and the output columns of one of its items
 };
 
 Variant VariantOf(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk, 0};
-    case CpuIsa::kAvx512Bf16: return {TileAvx512Bf16, kTileRows, kRowChunk, kBf16GroupBytes};
-    case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes};
+    case CpuIsa::kAvx512Bf16:
+      return {TileAvx512Bf16, kTileRows, kRowChunk, kBf16GroupBytes, TileAvx512Bf16SwiGlu, kTileRows};
+    case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes, TileAmxSwiGlu, kSwiGluItemColumns};
     default: return {TileAvx2, kTileRows, kRowChunk, 0};
   }
 }
@@ -43,15 +46,6 @@ int64_t ActivationBlock(CpuIsa isa) {
   return isa == CpuIsa::kAmx ? kAmxRowBlock : 0;
 }
 
-// Rows [i0, i1) of a task's activations as the variant reads them: packed row blocks for
-// avx512-bf16, padded rows for AMX tiles. i0 and i1 are multiples of ActivationBlock.
-void ConvertActivations(const GemmTask& t, CpuIsa isa, int64_t i0, int64_t i1, uint16_t* out) {
-  if (isa == CpuIsa::kAvx512Bf16) {
-    PackRowsBf16(t.x, t.m, t.w.cols, i0, i1, out);
-  } else {
-    PadRowsAmx(t.x, t.m, t.w.cols, i0, i1, out);
-  }
-}
 
 // The variant that computes `t`: the bf16 ones take bf16 weights only (f32 weights keep their
 // exact arithmetic rather than being rounded).
@@ -79,8 +73,25 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
 }
 
 bool SwiGluFusable(CpuIsa isa, const WeightRef& w, int64_t inter) {
-  return isa == CpuIsa::kAmx && w.dtype == DType::kBF16 && w.layout == WeightLayout::kAmxTiles && inter > 0 &&
-         inter % kSwiGluItemColumns == 0 && w.rows == 2 * inter;
+  if (w.dtype != DType::kBF16 || inter <= 0 || w.rows != 2 * inter) return false;
+  if (isa == CpuIsa::kAmx) return w.layout == WeightLayout::kAmxTiles && inter % kSwiGluItemColumns == 0;
+  return isa == CpuIsa::kAvx512Bf16 && w.layout == WeightLayout::kTiled8 && inter % kTileRows == 0;
+}
+
+bool PacksSwiGluOutput(CpuIsa isa, int64_t inter) {
+  return isa == CpuIsa::kAvx512Bf16 || (isa == CpuIsa::kAmx && inter % kAmxTileK == 0);
+}
+
+int64_t PackedActivationElems(CpuIsa isa, int64_t m, int64_t k) {
+  return isa == CpuIsa::kAmx ? PaddedAmxElems(m, k) : PackedBf16Elems(m, k);
+}
+
+int64_t PackedRows(CpuIsa isa, int64_t m) { return RoundUp(m, ActivationBlock(isa)); }
+
+void PackActivations(CpuIsa isa, const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
+  if (isa == CpuIsa::kAmx) return PadRowsAmx(x, m, k, i0, i1, out);
+  MS_CHECK(isa == CpuIsa::kAvx512Bf16);
+  PackRowsBf16(x, m, k, i0, i1, out);
 }
 
 const char* GemmInstructionKind(CpuIsa isa) {
@@ -136,7 +147,7 @@ Activations PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks
     }
     const int64_t rows = RoundUp(t.m, block), piece = 4 * block;
     // Every element is written (padding too), so the buffer needs no clearing.
-    const int64_t size = task_isa == CpuIsa::kAmx ? PaddedAmxElems(t.m, t.w.cols) : PackedBf16Elems(t.m, t.w.cols);
+    const int64_t size = PackedActivationElems(task_isa, t.m, t.w.cols);
     acts.owned[k] = HostBuffer::Uninitialized(static_cast<size_t>(size) * sizeof(uint16_t));
     MS_CHECK(!acts.owned[k].empty());  // out of memory, as new[] would have thrown
     acts.of_task[k] = Bf16(acts.owned[k]);
@@ -146,7 +157,8 @@ Activations PrepareActivations(ThreadPool& pool, std::span<const GemmTask> tasks
   auto convert = [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const Piece& p = pieces[static_cast<size_t>(n)];
-      ConvertActivations(tasks[p.task], IsaForTask(tasks[p.task], isa), p.i0, p.i1, Bf16(acts.owned[p.task]));
+      const GemmTask& t = tasks[p.task];
+      PackActivations(IsaForTask(t, isa), t.x, t.m, t.w.cols, p.i0, p.i1, Bf16(acts.owned[p.task]));
     }
   };
   constexpr int64_t kInlineElems = 1 << 16;  // below this a pool dispatch costs more than it saves
@@ -172,9 +184,9 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsaForTask(t, isa) == CpuIsa::kAmx);
     MS_CHECK(t.swiglu == 0 || (SwiGluFusable(IsaForTask(t, isa), t.w, t.swiglu) && !t.accumulate));
     MS_CHECK(t.x_packed == nullptr || ActivationBlock(IsaForTask(t, isa)) > 0);  // a layout of this variant
-    MS_CHECK(t.y_amx == nullptr || (t.swiglu > 0 && t.swiglu % kAmxTileK == 0));
+    MS_CHECK(t.y_packed == nullptr || (t.swiglu > 0 && PacksSwiGluOutput(IsaForTask(t, isa), t.swiglu)));
     const Variant v = VariantOf(IsaForTask(t, isa));
-    const int64_t tiles = t.swiglu > 0 ? t.swiglu / kSwiGluItemColumns : (t.w.rows + v.item_rows - 1) / v.item_rows;
+    const int64_t tiles = t.swiglu > 0 ? t.swiglu / v.swiglu_columns : (t.w.rows + v.item_rows - 1) / v.item_rows;
     const int64_t chunk = t.m <= kDirectMaxRows ? t.m : v.row_chunk;
     // Items run in groups of weight tiles, x rows outer within a group. The amx kernel's groups
     // hold ~1 MiB of B tiles, so an x block (one item's rows) stays in cache across the group's
@@ -186,7 +198,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     // Sapphire Rapids core's rate, x's stream from L3 held it back); the exact kernels keep one
     // tile a group.
     const int64_t bytes = v.item_rows * RoundUp(t.w.cols, kAmxTileK) * static_cast<int64_t>(DTypeSize(t.w.dtype));
-    const int64_t group = v.group_bytes > 0 ? std::max<int64_t>(1, v.group_bytes / bytes) : 1;
+    const int64_t group = v.group_bytes > 0 ? std::max<int64_t>(1, v.group_bytes / std::max<int64_t>(1, bytes)) : 1;
     for (int64_t g0 = 0; g0 < tiles; g0 += group) {
       for (int64_t m0 = 0; m0 < t.m; m0 += chunk) {
         for (int64_t tile = g0; tile < std::min(tiles, g0 + group); ++tile) {
@@ -205,7 +217,8 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     for (int64_t n = b; n < e; ++n) {
       const GemmItem& it = items[static_cast<size_t>(n)];
       const GemmTask& t = tasks[static_cast<size_t>(it.task)];
-      const TileFn kernel = t.swiglu > 0 ? TileAmxSwiGlu : VariantOf(IsaForTask(t, isa)).kernel;
+      const Variant v = VariantOf(IsaForTask(t, isa));
+      const TileFn kernel = t.swiglu > 0 ? v.swiglu_kernel : v.kernel;
       kernel(t, t.x_packed != nullptr ? t.x_packed : acts.of_task[static_cast<size_t>(it.task)], it, &scratch);
     }
   });

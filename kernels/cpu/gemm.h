@@ -32,20 +32,27 @@ struct GemmTask {
   float* y = nullptr;       // [m, w.rows]
   bool accumulate = false;  // y += x @ w^T
   // > 0: w is [gate; up], `swiglu` rows each, and y [m, swiglu] gets silu(x gate^T) * (x up^T)
-  // in one pass (amx on weights stored as AMX tiles, swiglu a multiple of 16: SwiGluFusable).
+  // in one pass (amx on weights stored as AMX tiles, avx512-bf16 on 8-row tiles: SwiGluFusable).
   int64_t swiglu = 0;
-  // x_packed: the activations already rounded into the variant's layout (amx: PadRowsAmx's,
-  // RoundUp(m, 32) rows; avx512-bf16: PackRowsBf16's, RoundUp(m, 12) rows; the padding zero),
-  // read instead of x. y_amx (amx only, with swiglu a multiple of 32): the output written in
-  // PadRowsAmx's layout, bf16, padding included, instead of y: the next GEMM's x_packed, so the
-  // [m, swiglu] activations are never stored as fp32 nor rounded again (the same bits: the
-  // layout's rounding of the fp32 values).
+  // x_packed: the activations already rounded into the variant's layout (PackActivations: amx
+  // PadRowsAmx's, RoundUp(m, 32) rows; avx512-bf16 PackRowsBf16's, RoundUp(m, 12) rows; the
+  // padding zero), read instead of x. y_packed (with swiglu, where PacksSwiGluOutput): the
+  // output written in that layout, bf16, padding included, instead of y: the next GEMM's
+  // x_packed, so the [m, swiglu] activations are never stored as fp32 nor rounded again (the
+  // same bits: the layout's rounding of the fp32 values).
   const uint16_t* x_packed = nullptr;
-  uint16_t* y_amx = nullptr;
+  uint16_t* y_packed = nullptr;
 };
 
 // Whether a GemmTask with `swiglu` = inter runs on variant `isa` for the [gate; up] weight w.
 bool SwiGluFusable(CpuIsa isa, const WeightRef& w, int64_t inter);
+// Whether such a task may write its output packed (GemmTask::y_packed) on `isa`.
+bool PacksSwiGluOutput(CpuIsa isa, int64_t inter);
+// Elements of x [m, k] in variant `isa`'s packed layout (amx, avx512-bf16), and rows [i0, i1) of
+// it written from x (i0, i1 multiples of the layout's row block; rows past m zero).
+int64_t PackedActivationElems(CpuIsa isa, int64_t m, int64_t k);
+int64_t PackedRows(CpuIsa isa, int64_t m);  // m rounded up to the layout's row block
+void PackActivations(CpuIsa isa, const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out);
 
 // The instruction kind a variant's inner loop issues for bf16 weights, as `moeserve calibrate`
 // names its peaks: "f32-fma-256", "f32-fma-512", "bf16-dot-512", "amx-bf16". f32 weights run on

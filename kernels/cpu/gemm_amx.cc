@@ -212,15 +212,15 @@ int64_t AmxTileIndex(int64_t row, int64_t col, int64_t k_tiles) {
 }
 
 // Writes `rows` rows of 16 activations (act, 16 floats apart) to rows [i, i + rows) and columns
-// [c0, c0 + 16) of the fused task's output: fp32 into y, or rounded into y_amx's tiles.
+// [c0, c0 + 16) of the fused task's output: fp32 into y, or rounded into y_packed's tiles.
 void WriteActivations(const GemmTask& t, const float* act, int64_t i, int64_t rows, int64_t c0) {
-  if (t.y_amx == nullptr) {
+  if (t.y_packed == nullptr) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(t.y + (i + r) * t.swiglu + c0, act + r * kTileN, kTileN * sizeof(float));
     return;
   }
   const int64_t k_tiles = t.swiglu / kTileK;
   for (int64_t r = 0; r < rows; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_amx + AmxTileIndex(i + r, c0, k_tiles)), RoundSixteen(act + r * kTileN, kTileN));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_packed + AmxTileIndex(i + r, c0, k_tiles)), RoundSixteen(act + r * kTileN, kTileN));
   }
 }
 
@@ -230,7 +230,7 @@ void WriteActivations(const GemmTask& t, const float* act, int64_t i, int64_t ro
 // silu(gate) * up through SiluMulRow16 (what SiluMul computes, bit for bit), one call per A tile
 // (its gate rows are one contiguous run, as are its up rows). The [m, 2 inter] product is never
 // written (storing C into a 4 MB output took a third of a standalone loop of this kernel's time,
-// 512 x 2048 x 512 on one core of the Sapphire Rapids VM). With y_amx the item that ends the
+// 512 x 2048 x 512 on one core of the Sapphire Rapids VM). With y_packed the item that ends the
 // rows also writes its columns of the padding rows (zero), so every element is written once.
 template <typename Tiles>
 void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
@@ -250,10 +250,10 @@ void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
     SiluMulRow16(g, g + kTileM * kTileN, rows * kTileN, act);
     WriteActivations(t, act, x.i + a * kTileM, rows, c0);
   }
-  if (t.y_amx != nullptr && it.m1 == t.m) {
+  if (t.y_packed != nullptr && it.m1 == t.m) {
     const int64_t k_tiles = inter / kTileK;
     for (int64_t r = t.m; r < RoundUp(t.m, kAmxRowBlock); ++r) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_amx + AmxTileIndex(r, c0, k_tiles)), _mm256_setzero_si256());
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.y_packed + AmxTileIndex(r, c0, k_tiles)), _mm256_setzero_si256());
     }
   }
 }
@@ -269,10 +269,7 @@ void RunSwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it) {
 void SiluMulRow16(const float* g, const float* u, int64_t n, float* o) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 e = Exp16(_mm512_mul_ps(gv, _mm512_set1_ps(-1.0f)));
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+    _mm512_storeu_ps(o + i, SiluTimes16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
   }
   if (i < n) SiluMulRow(g + i, u + i, n - i, o + i);
 }

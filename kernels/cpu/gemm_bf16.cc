@@ -13,6 +13,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/status.h"
+#include "kernels/cpu/exp16.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/round16.h"
 
@@ -71,6 +73,13 @@ constexpr RowOrder MakeRowOrder() {
   return o;
 }
 
+// Where row `row`, columns [col, col + 8) of a [rows, k] matrix lie in PackRowsBf16's layout.
+inline uint16_t* PackedAt(uint16_t* out, int64_t k, int64_t row, int64_t col) {
+  const int64_t block_elems = RoundUp(k, kTileCols) * kBf16RowBlock;
+  return out + (row / kBf16RowBlock) * block_elems + (col / kTileCols) * kBf16RowBlock * kTileCols +
+         (row % kBf16RowBlock) * kTileCols;
+}
+
 // Stores (or adds to) the first `cols` of 8 sums at y.
 inline void StoreRow(__m256 v, float* y, __mmask8 cols, bool accumulate) {
   if (accumulate) v = _mm256_add_ps(_mm256_maskz_loadu_ps(cols, y), v);
@@ -115,6 +124,71 @@ void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y,
   }
 }
 
+// The fused gate/up and SiLU for M <= 6 x rows of a packed block (rows offset into it): gate
+// and up tiles side by side, 4 M accumulators. Each gate and up value is the same chain of
+// vdpbf16ps as KernelMx8 computes for it and the same row sum, then silu(gate) * up per lane
+// (SiluTimes16: SiluMul's bits); the two x rows of a register are written as fp32 (y) or
+// rounded into the packed output (PackRowsBf16's bits), 8 columns at `col`.
+// With `prefetch` (an item's first rows), the two weight streams are fetched ahead as
+// KernelMx8's is.
+template <int M>
+void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, int64_t chunks, const GemmTask& t,
+                  int64_t row, int64_t col, bool prefetch) {
+  __m512 ag[M][2], au[M][2];  // every loop over them fully unrolled, so they stay in registers
+#pragma GCC unroll 6
+  for (int i = 0; i < M; ++i) ag[i][0] = ag[i][1] = au[i][0] = au[i][1] = _mm512_setzero_ps();
+  constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(uint16_t);
+  const char* pg = reinterpret_cast<const char*>(g.tile) + kPrefetchBytes;
+  const char* pu = reinterpret_cast<const char*>(u.tile) + kPrefetchBytes;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (prefetch) {
+      _mm_prefetch(pg + c * kPfBytes, _MM_HINT_T0);
+      _mm_prefetch(pg + c * kPfBytes + 64, _MM_HINT_T0);
+      _mm_prefetch(pu + c * kPfBytes, _MM_HINT_T0);
+      _mm_prefetch(pu + c * kPfBytes + 64, _MM_HINT_T0);
+    }
+    const __m512bh g0 = g.Load(c, 0), g1 = g.Load(c, 1), u0 = u.Load(c, 0), u1 = u.Load(c, 1);
+    const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
+#pragma GCC unroll 6
+    for (int i = 0; i < M; ++i) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
+      ag[i][0] = _mm512_dpbf16_ps(ag[i][0], xv, g0);
+      ag[i][1] = _mm512_dpbf16_ps(ag[i][1], xv, g1);
+      au[i][0] = _mm512_dpbf16_ps(au[i][0], xv, u0);
+      au[i][1] = _mm512_dpbf16_ps(au[i][1], xv, u1);
+    }
+  }
+  static constexpr RowOrder kOrder = MakeRowOrder();
+  const __m512i order = _mm512_load_si512(kOrder.idx);
+#pragma GCC unroll 3
+  for (int i = 0; i < M; i += 2) {
+    const int j = i + 1 < M ? i + 1 : i;  // an odd last row is computed twice, written once
+    const __m512 gate = _mm512_permutexvar_ps(order, SumTwoRows(ag[i][0], ag[i][1], ag[j][0], ag[j][1]));
+    const __m512 up = _mm512_permutexvar_ps(order, SumTwoRows(au[i][0], au[i][1], au[j][0], au[j][1]));
+    const __m512 act = SiluTimes16(gate, up);
+    const int rows = i + 1 < M ? 2 : 1;
+    if (t.y_packed == nullptr) {
+      _mm256_storeu_ps(t.y + (row + i) * t.swiglu + col, _mm512_castps512_ps256(act));
+      if (rows == 2) _mm256_storeu_ps(t.y + (row + i + 1) * t.swiglu + col, _mm512_extractf32x8_ps(act, 1));
+      continue;
+    }
+    const __m256i bf = RoundSixteen(act);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(PackedAt(t.y_packed, t.swiglu, row + i, col)),
+                     _mm256_castsi256_si128(bf));
+    if (rows == 2) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(PackedAt(t.y_packed, t.swiglu, row + i + 1, col)),
+                       _mm256_extracti128_si256(bf, 1));
+    }
+  }
+}
+
+template <int... Ms>
+void SwiGluDispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& g,
+                    const QuadSource& u, int64_t chunks, const GemmTask& t, int64_t row, int64_t col, bool pf) {
+  ((m == Ms + 1 ? SwiGluKernel<Ms + 1>(x, g, u, chunks, t, row, col, pf) : void()), ...);
+}
+
 template <int... Ms>
 void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& w, int64_t chunks,
               float* y, int64_t y_stride, int store, bool acc, const char* pf) {
@@ -140,6 +214,31 @@ void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out) {
 
 void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
   for (int64_t i = i0; i < i1; ++i) PackRowBf16(i < m ? x + i * k : nullptr, k, i, out);
+}
+
+void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {
+  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
+  MS_CHECK(w.tiled && t.swiglu % kTileRows == 0);  // SwiGluFusable
+  const int64_t col = it.tile * kTileRows, chunks = RoundUp(t.w.cols, kTileCols) / kTileCols;
+  QuadSource gate, up;
+  gate.tile = w.Row(col);
+  up.tile = w.Row(t.swiglu + col);
+  // Six x rows at a time: 24 accumulators; items start at multiples of the 12-row block.
+  constexpr int kRows = kBf16RowBlock / 2;
+  for (int64_t i = it.m0; i < it.m1;) {
+    const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kRows));
+    const uint16_t* xb =
+        x_bf16 + (i / kBf16RowBlock) * chunks * kBf16RowBlock * kTileCols + (i % kBf16RowBlock) * kTileCols;
+    SwiGluDispatch(m, std::make_integer_sequence<int, kRows>{}, xb, gate, up, chunks, t, i, col, i == it.m0);
+    i += m;
+  }
+  // The item that ends the rows writes its columns of the padding rows, so every element of the
+  // packed output is written once.
+  if (t.y_packed != nullptr && it.m1 == t.m) {
+    for (int64_t r = t.m; r < RoundUp(t.m, kBf16RowBlock); ++r) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(PackedAt(t.y_packed, t.swiglu, r, col)), _mm_setzero_si128());
+    }
+  }
 }
 
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {

@@ -67,6 +67,9 @@ Rows<T> RowsOf(const WeightRef& w) {
 void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+// The avx512-bf16 fused gate/up GEMM and SiLU (GemmTask::swiglu, weights in kTiled8): item tile j
+// is output columns [8j, 8j + 8), from gate tile j and up tile swiglu / 8 + j.
+void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 // An AMX item covers kAmxItemRows weight rows (two B tiles, four kTiled8 tiles: it.tile counts
 // in 32s) and one block of at most kAmxRowBlock x rows (two A tiles).
 void TileAmx(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
@@ -93,7 +96,7 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
 // [RoundUp(k, 8) / 8 chunks][kBf16RowBlock rows][8], zero-padded past m and k, so that one chunk
 // of a block's rows is one contiguous run (work items start at multiples of the block).
 // Writes rows [i0, i1) of the RoundUp(m, kBf16RowBlock) padded ones (the planner spreads them
-// over threads). In gemm_bf16.cc; needs AVX-512.
+// over threads). In gemm_bf16.cc, compiled for AVX512-BF16: only where the CPU has it.
 inline constexpr int64_t kBf16RowBlock = 12;
 static_assert(kRowChunk % kBf16RowBlock == 0, "work items must start at a block");
 inline int64_t PackedBf16Elems(int64_t m, int64_t k) {

@@ -80,44 +80,46 @@ std::string CheckShape(CpuIsa isa, const Shape& s, DType dtype, WeightLayout lay
   return "";
 }
 
-// The amx variant's fused gate/up GEMM and SiLU (GemmTask::swiglu) against its GEMM then
-// SiluMul on fresh random inputs, bit for bit, written as fp32 and (inter 64) as the next GEMM's
-// bf16 tiles (GemmTask::y_amx, against PadRowsAmx); an empty string when they agree.
-std::string CheckFusedSwiGlu(ThreadPool& pool, std::mt19937& gen) {
+// A variant's fused gate/up GEMM and SiLU (GemmTask::swiglu; amx, avx512-bf16) against its GEMM
+// then SiluMul on fresh random inputs, bit for bit, written as fp32 and (where PacksSwiGluOutput)
+// as the next GEMM's packed bf16 rows (GemmTask::y_packed, against PackActivations); an empty
+// string when they agree.
+std::string CheckFusedSwiGlu(CpuIsa isa, ThreadPool& pool, std::mt19937& gen) {
   std::uniform_real_distribution<float> u(-1, 1);
   constexpr int64_t kK = 72;
-  for (const int64_t inter : {48, 64}) {  // 48: the up tiles start half way into a 32-row group
+  const WeightLayout layout = isa == CpuIsa::kAmx ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
+  for (const int64_t inter : {48, 64}) {  // 48: amx's up tiles start half way into a 32-row group
     std::vector<float> wf(static_cast<size_t>(2 * inter * kK));
     for (float& v : wf) v = u(gen);
-    std::vector<uint8_t> wrow(wf.size() * 2), packed(static_cast<size_t>(WeightStorageElems(WeightLayout::kAmxTiles, 2 * inter, kK)) * 2);
+    std::vector<uint8_t> wrow(wf.size() * 2), packed(static_cast<size_t>(WeightStorageElems(layout, 2 * inter, kK)) * 2);
     ConvertFromF32(wf.data(), wf.size(), DType::kBF16, wrow.data());
-    PackWeight(WeightLayout::kAmxTiles, wrow.data(), 2 * inter, kK, 2, packed.data());
-    const WeightRef w{packed.data(), DType::kBF16, 2 * inter, kK, WeightLayout::kAmxTiles};
+    PackWeight(layout, wrow.data(), 2 * inter, kK, 2, packed.data());
+    const WeightRef w{packed.data(), DType::kBF16, 2 * inter, kK, layout};
     for (int64_t m : {5, 70}) {
       std::vector<float> x(static_cast<size_t>(m * kK)), gate_up(static_cast<size_t>(m * 2 * inter));
       for (float& v : x) v = 4 * u(gen);
       std::vector<float> want(static_cast<size_t>(m * inter)), got(want.size());
       const cpu_fast::GemmTask plain{x.data(), m, w, gate_up.data(), false};
-      cpu_fast::RunGemms(pool, std::span(&plain, 1), CpuIsa::kAmx);
+      cpu_fast::RunGemms(pool, std::span(&plain, 1), isa);
       for (int64_t r = 0; r < m; ++r) {
         cpu_fast::SiluMulRow(&gate_up[r * 2 * inter], &gate_up[r * 2 * inter + inter], inter, &want[r * inter]);
       }
       cpu_fast::GemmTask fused{x.data(), m, w, got.data(), false};
       fused.swiglu = inter;
-      cpu_fast::RunGemms(pool, std::span(&fused, 1), CpuIsa::kAmx);
+      cpu_fast::RunGemms(pool, std::span(&fused, 1), isa);
       for (size_t e = 0; e < got.size(); ++e) {
         if (std::memcmp(&got[e], &want[e], sizeof(float)) != 0) {
           return absl::StrFormat("fused gate/up and SiLU, %d rows: row %d col %d %.9g, unfused %.9g", m,
                                  e / inter, e % inter, got[e], want[e]);
         }
       }
-      if (inter % cpu_fast::kAmxTileK != 0) continue;
-      const size_t elems = static_cast<size_t>(cpu_fast::PaddedAmxElems(m, inter));
+      if (!cpu_fast::PacksSwiGluOutput(isa, inter)) continue;
+      const size_t elems = static_cast<size_t>(cpu_fast::PackedActivationElems(isa, m, inter));
       std::vector<uint16_t> want_tiles(elems), got_tiles(elems, 0x7fc1);
-      cpu_fast::PadRowsAmx(want.data(), m, inter, 0, RoundUp(m, cpu_fast::kAmxRowBlock), want_tiles.data());
+      cpu_fast::PackActivations(isa, want.data(), m, inter, 0, cpu_fast::PackedRows(isa, m), want_tiles.data());
       fused.y = nullptr;
-      fused.y_amx = got_tiles.data();
-      cpu_fast::RunGemms(pool, std::span(&fused, 1), CpuIsa::kAmx);
+      fused.y_packed = got_tiles.data();
+      cpu_fast::RunGemms(pool, std::span(&fused, 1), isa);
       for (size_t e = 0; e < elems; ++e) {
         if (got_tiles[e] != want_tiles[e]) {
           return absl::StrFormat("fused gate/up and SiLU into bf16 tiles, %d rows: element %d 0x%04x, unfused 0x%04x",
@@ -152,8 +154,8 @@ VariantCheck CheckHere(CpuIsa isa) {
       }
     }
   }
-  if (isa == CpuIsa::kAmx) {
-    if (std::string e = CheckFusedSwiGlu(pool, gen); !e.empty()) {
+  if (isa == CpuIsa::kAmx || isa == CpuIsa::kAvx512Bf16) {
+    if (std::string e = CheckFusedSwiGlu(isa, pool, gen); !e.empty()) {
       v.detail = e;
       return v;
     }

@@ -1,7 +1,7 @@
 // The experts' fused first half on the amx variant (GemmTask::swiglu: the gate and up tiles of
 // one item side by side, silu(gate) * up written straight from the accumulators) against the
 // unfused GEMM then SiluMul, bit for bit: in emulation on any AVX-512 CPU, and through the
-// backend on AMX hardware; and the avx512-bf16 backend's activations passed packed to w2.
+// backend on AMX hardware; and the avx512-bf16 variant's fused kernel through its backend.
 #include <cstring>
 #include <limits>
 #include <random>
@@ -130,7 +130,7 @@ TEST(FusedSwiGluTest, EmulatedTilesGiveTheGemmThenSiluMulBits) {
   }
 }
 
-// With y_amx the fused items write the activations as the down projection's A tiles: exactly
+// With y_packed the fused items write the activations as the down projection's A tiles: exactly
 // PadRowsAmx of the unfused fp32 result, padding rows zero (the buffer starts as NaN bits).
 TEST(FusedSwiGluTest, EmulatedTilesWriteTheDownProjectionsTiles) {
   if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the tile layouts need AVX-512 (cpuid avx512f/bw/vl/dq)";
@@ -153,7 +153,7 @@ TEST(FusedSwiGluTest, EmulatedTilesWriteTheDownProjectionsTiles) {
       cpu_fast::PadRowsAmx(act.data(), m, inter, 0, RoundUp(m, cpu_fast::kAmxRowBlock), want.data());
       cpu_fast::GemmTask tiles = plain;
       tiles.y = nullptr;
-      tiles.y_amx = got.data();
+      tiles.y_packed = got.data();
       RunItems(tiles, cpu_fast::TileAmxSwiGluEmulated);
       for (size_t e = 0; e < elems; ++e) {
         ASSERT_EQ(want[e], got[e]) << "element " << e << " of the padded tiles (" << RoundUp(m, cpu_fast::kAmxRowBlock)
@@ -164,10 +164,15 @@ TEST(FusedSwiGluTest, EmulatedTilesWriteTheDownProjectionsTiles) {
 }
 
 // Not fusable: another variant, another layout, an intermediate size that is not whole tiles.
-TEST(FusedSwiGluTest, OnlyTheAmxVariantOnItsTilesFuses) {
+TEST(FusedSwiGluTest, TheBf16VariantsFuseOnTheirOwnLayoutsOnly) {
   const WeightRef w{nullptr, DType::kBF16, 96, 64, WeightLayout::kAmxTiles};
   EXPECT_TRUE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, w, 48));
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAvx512Bf16, w, 48));
+  EXPECT_TRUE(cpu_fast::SwiGluFusable(CpuIsa::kAvx512Bf16, {nullptr, DType::kBF16, 96, 64, WeightLayout::kTiled8}, 48));
+  EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAvx512Bf16, {nullptr, DType::kBF16, 40, 64, WeightLayout::kTiled8}, 20))
+      << "inter not whole 8-row tiles";
+  EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAvx512Bf16, {nullptr, DType::kF32, 96, 64, WeightLayout::kTiled8}, 48));
+  EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAvx512, {nullptr, DType::kBF16, 96, 64, WeightLayout::kTiled8}, 48));
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, {nullptr, DType::kBF16, 96, 64, WeightLayout::kTiled8}, 48));
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, {nullptr, DType::kF32, 96, 64, WeightLayout::kAmxTiles}, 48));
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, {nullptr, DType::kBF16, 40, 64, WeightLayout::kAmxTiles}, 20));
@@ -212,11 +217,12 @@ TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
   }
 }
 
-// The avx512-bf16 backend's MLP (PackedSwiGluMlp: the activations rounded straight into the
-// w2 GEMMs' packed rows) against GroupedGemm, SiluMul, GroupedGemm on the same backend, bit for
-// bit: random row counts (empty experts, rows not whole 12-row blocks), inter whole and not
-// whole 8-column chunks, and an EP rank's placeholders.
-TEST(FusedSwiGluTest, TheAvx512Bf16BackendPacksTheActivationsWithTheUnfusedBits) {
+// The avx512-bf16 backend's fused MLP (its gate/up and SiLU kernel on 8-row tiles, the
+// activations passed to w2 as its packed bf16 rows) against GroupedGemm, SiluMul, GroupedGemm on
+// the same backend, bit for bit: random row counts (empty experts, rows not whole 12-row blocks,
+// more than an item's 48), inter of odd 8-row tile counts, an EP rank's placeholders, and an
+// inter the kernel does not take (20: the unfused path).
+TEST(FusedSwiGluTest, TheAvx512Bf16BackendFusesWithTheUnfusedBits) {
   if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "needs AVX512-BF16 (cpuid avx512_bf16)";
   CpuBackend b{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
   ASSERT_EQ(b.isa(), CpuIsa::kAvx512Bf16);
@@ -224,7 +230,7 @@ TEST(FusedSwiGluTest, TheAvx512Bf16BackendPacksTheActivationsWithTheUnfusedBits)
   uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  for (const int64_t inter : {64, 48, 20}) {
+  for (const int64_t inter : {64, 40, 24, 20}) {
     SCOPED_TRACE(absl::StrFormat("inter %d", inter));
     const int64_t k = 100, hidden = 40, experts = 3;
     const WeightLayout layout = b.PreferredWeightLayout(DType::kBF16);
@@ -236,15 +242,17 @@ TEST(FusedSwiGluTest, TheAvx512Bf16BackendPacksTheActivationsWithTheUnfusedBits)
       stored.push_back(MakeW2(hidden, inter, layout, ++seed));
       w2.push_back({stored.back().data(), DType::kBF16, hidden, inter, layout});
     }
+    std::uniform_int_distribution<int64_t> rows_of(0, 90);
     for (int trial = 0; trial < 4; ++trial) {
       std::vector<int64_t> offsets = {0};
-      for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + std::uniform_int_distribution<int64_t>(0, 90)(gen));
+      for (int64_t e = 0; e < experts; ++e) offsets.push_back(offsets.back() + rows_of(gen));
       ExpectUnfusedBits(b, w13, w2, offsets, inter, ++seed);
     }
-    EXPECT_FALSE(b.FusesGateUpSilu(w13, inter)) << "gate/up and SiLU stay two passes on avx512-bf16";
+    EXPECT_EQ(b.FusesGateUpSilu(w13, inter), inter % 8 == 0);
     std::vector<WeightRef> rank1 = {{nullptr, DType::kBF16, 2 * inter, k}, w13[1], w13[2]};
     std::vector<WeightRef> rank1_w2 = {{nullptr, DType::kBF16, hidden, inter}, w2[1], w2[2]};
     ExpectUnfusedBits(b, rank1, rank1_w2, {0, 0, 37, 70}, inter, ++seed);
+    ExpectUnfusedBits(b, w13, w2, {0, 3, 3, 9}, inter, ++seed);  // a decode step's few rows: unfused
   }
 }
 

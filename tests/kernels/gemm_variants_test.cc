@@ -318,9 +318,6 @@ TEST(AmxKernelTest, LayoutsAndBlockingMatchFloat64InEmulation) {
   }
 }
 
-// The AMX activations (vector rounding, tile-blocked layout, zero padding) against the scalar
-// rounding every other bf16 path uses, bit for bit, with ties, NaNs, infinities, denormals and
-// the largest floats (which round to infinity) among random values.
 // Random floats with ties, NaNs, infinities, denormals and the largest floats (which round to
 // infinity) among them.
 std::vector<float> FloatsWithSpecials(int64_t n, std::mt19937& gen) {
@@ -336,6 +333,8 @@ std::vector<float> FloatsWithSpecials(int64_t n, std::mt19937& gen) {
   return x;
 }
 
+// The AMX activations (vector rounding, tile-blocked layout, zero padding) against the scalar
+// rounding every other bf16 path uses, bit for bit, with those special values.
 TEST(AmxKernelTest, PaddedActivationsAreTheScalarRoundingInTileOrder) {
   if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the rounding needs AVX-512 (cpuid avx512f/bw/vl/dq)";
   std::mt19937 gen(71);
@@ -361,7 +360,7 @@ TEST(AmxKernelTest, PaddedActivationsAreTheScalarRoundingInTileOrder) {
 // The avx512-bf16 kernel's packed activations (vector rounding, 12-row blocks of 8-column chunks,
 // zero padding) against the scalar rounding, bit for bit, the same special values.
 TEST(Bf16KernelTest, PackedActivationsAreTheScalarRoundingInBlockOrder) {
-  if (!DetectCpuFeatures().avx512) GTEST_SKIP() << "the rounding needs AVX-512 (cpuid avx512f/bw/vl/dq)";
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "compiled for AVX512-BF16 (cpuid avx512_bf16)";
   std::mt19937 gen(73);
   for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {13, 8}, {17, 100}, {25, 24}, {40, 2051}}) {
     const std::vector<float> x = FloatsWithSpecials(m * k, gen);
