@@ -86,6 +86,19 @@ inline void StoreRow(__m256 v, float* y, __mmask8 cols, bool accumulate) {
   _mm256_mask_storeu_ps(y, cols, v);
 }
 
+// Row i's 8-column chunk of a packed block's chunk xc, in each 128-bit lane.
+inline __m512bh BroadcastRow(const uint16_t* xc, int i) {
+  return reinterpret_cast<__m512bh>(
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
+}
+
+// Fetches chunk c of a weight tile stream (one 8 x 8 chunk, two cache lines) into L1.
+inline void PrefetchChunk(const char* stream, int64_t c) {
+  constexpr int64_t kChunkBytes = kTileRows * kTileCols * sizeof(uint16_t);
+  _mm_prefetch(stream + c * kChunkBytes, _MM_HINT_T0);
+  _mm_prefetch(stream + c * kChunkBytes + 64, _MM_HINT_T0);
+}
+
 // M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
 // 8 rows of a tile: acc[i][h] holds rows 4h .. 4h + 3 for x row i. One pointer per operand, so
 // that the 24 accumulators stay in registers.
@@ -95,18 +108,13 @@ void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y,
   __m512 acc[M][2];
 #pragma GCC unroll 12
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(uint16_t);
   for (int64_t c = 0; c < chunks; ++c) {
-    if (pf != nullptr) {
-      _mm_prefetch(pf + c * kPfBytes, _MM_HINT_T0);
-      _mm_prefetch(pf + c * kPfBytes + 64, _MM_HINT_T0);
-    }
+    if (pf != nullptr) PrefetchChunk(pf, c);
     const __m512bh w0 = w.Load(c, 0), w1 = w.Load(c, 1);
     const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
 #pragma GCC unroll 12
     for (int i = 0; i < M; ++i) {
-      const __m512bh xv = reinterpret_cast<__m512bh>(
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
+      const __m512bh xv = BroadcastRow(xc, i);
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, w0);
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, w1);
     }
@@ -137,22 +145,18 @@ void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, i
   __m512 ag[M][2], au[M][2];  // every loop over them fully unrolled, so they stay in registers
 #pragma GCC unroll 6
   for (int i = 0; i < M; ++i) ag[i][0] = ag[i][1] = au[i][0] = au[i][1] = _mm512_setzero_ps();
-  constexpr int64_t kPfBytes = kTileRows * kTileCols * sizeof(uint16_t);
   const char* pg = reinterpret_cast<const char*>(g.tile) + kPrefetchBytes;
   const char* pu = reinterpret_cast<const char*>(u.tile) + kPrefetchBytes;
   for (int64_t c = 0; c < chunks; ++c) {
     if (prefetch) {
-      _mm_prefetch(pg + c * kPfBytes, _MM_HINT_T0);
-      _mm_prefetch(pg + c * kPfBytes + 64, _MM_HINT_T0);
-      _mm_prefetch(pu + c * kPfBytes, _MM_HINT_T0);
-      _mm_prefetch(pu + c * kPfBytes + 64, _MM_HINT_T0);
+      PrefetchChunk(pg, c);
+      PrefetchChunk(pu, c);
     }
     const __m512bh g0 = g.Load(c, 0), g1 = g.Load(c, 1), u0 = u.Load(c, 0), u1 = u.Load(c, 1);
     const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
 #pragma GCC unroll 6
     for (int i = 0; i < M; ++i) {
-      const __m512bh xv = reinterpret_cast<__m512bh>(
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
+      const __m512bh xv = BroadcastRow(xc, i);
       ag[i][0] = _mm512_dpbf16_ps(ag[i][0], xv, g0);
       ag[i][1] = _mm512_dpbf16_ps(ag[i][1], xv, g1);
       au[i][0] = _mm512_dpbf16_ps(au[i][0], xv, u0);
