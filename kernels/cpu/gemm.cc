@@ -46,7 +46,6 @@ int64_t ActivationBlock(CpuIsa isa) {
   return isa == CpuIsa::kAmx ? kAmxRowBlock : 0;
 }
 
-
 // The variant that computes `t`: the bf16 ones take bf16 weights only (f32 weights keep their
 // exact arithmetic rather than being rounded).
 CpuIsa IsaForTask(const GemmTask& t, CpuIsa isa) {

@@ -199,8 +199,7 @@ void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const
   ((m == Ms + 1 ? KernelMx8<Ms + 1>(x, w, chunks, y, y_stride, store, acc, pf) : void()), ...);
 }
 
-}  // namespace
-
+// Row i of PackRowsBf16's layout from `row` (k floats), or zeros where row is null (padding).
 void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out) {
   static constexpr float kNone[16] = {};  // what a padding row's masked loads point at (never read)
   const int64_t chunks = RoundUp(k, kTileCols) / kTileCols, block_elems = chunks * kBf16RowBlock * kTileCols;
@@ -215,6 +214,8 @@ void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out) {
     }
   }
 }
+
+}  // namespace
 
 void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
   for (int64_t i = i0; i < i1; ++i) PackRowBf16(i < m ? x + i * k : nullptr, k, i, out);

@@ -103,8 +103,6 @@ inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
   return RoundUp(m, kBf16RowBlock) * RoundUp(k, kTileCols);
 }
 void PackRowsBf16(const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out);
-// One row of that layout: row i from `row` (k floats), or zeros where row is null (padding).
-void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out);
 
 // The same rounding for AMX A tiles, RoundUp(m, 32) rows and RoundUp(k, 32) columns,
 // zero-padded, each tile's 16 rows x 32 columns contiguous (1 KiB): tile (b, kt) of row block b
