@@ -193,7 +193,7 @@ struct Bf16Scratch {
 // on the tile it shares.
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  const int64_t padded = (it.ctx_max + 31) / 32 * 32;  // bf16 probabilities in pairs, 32 per rounding
+  const int64_t padded = RoundUp(it.ctx_max, 32);  // bf16 probabilities in pairs, 32 per rounding
   s->q.resize(static_cast<size_t>(all * hd));
   s->qb.resize(static_cast<size_t>(all * hd));
   s->zeros.assign(static_cast<size_t>(hd), 0);
@@ -222,7 +222,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     const int64_t ctx = it.ctx_of(row % nrows);
     // The scores are scaled already; probabilities to bf16 for every key, 0 past the row's own.
     uint16_t* pb = reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2);  // written by vector stores
-    SoftmaxBf16(sc, ctx, 1.0f, (ctx + 31) / 32 * 32, pb);
+    SoftmaxBf16(sc, ctx, 1.0f, RoundUp(ctx, 32), pb);
   }
   const uint32_t* pairs = s->pb.data();
   s->keys.resize(static_cast<size_t>(nrows));

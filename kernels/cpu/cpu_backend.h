@@ -58,8 +58,9 @@ class CpuBackend final : public Backend {
   bool Bf16Attention() const;
   // Whether that attention runs its Q·Kᵀ and P·V on AMX tiles: the amx variant.
   bool AmxAttention() const;
-  // Whether GroupedSwiGluMlp fuses gate/up and SiLU for these experts (cpu_fast::SwiGluFusable on this rank's
-  // own experts, on the batch-invariant fast path).
+  // Whether GroupedSwiGluMlp can fuse gate/up and SiLU for these experts (cpu_fast::SwiGluFusable
+  // on this rank's own experts, on the batch-invariant fast path); avx512-bf16 then fuses only
+  // where the experts hit average 16 rows or more.
   bool FusesGateUpSilu(std::span<const WeightRef> w13, int64_t inter) const;
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 

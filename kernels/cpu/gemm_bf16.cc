@@ -73,8 +73,10 @@ constexpr RowOrder MakeRowOrder() {
   return o;
 }
 
-// Where row `row`, columns [col, col + 8) of a [rows, k] matrix lie in PackRowsBf16's layout.
-inline uint16_t* PackedAt(uint16_t* out, int64_t k, int64_t row, int64_t col) {
+// Where row `row`, columns [col, col + 8) of a [rows, k] matrix lie in PackRowsBf16's layout
+// (the next 8 columns kBf16RowBlock x kTileCols elements on).
+template <typename T>
+inline T* PackedAt(T* out, int64_t k, int64_t row, int64_t col) {
   const int64_t block_elems = RoundUp(k, kTileCols) * kBf16RowBlock;
   return out + (row / kBf16RowBlock) * block_elems + (col / kTileCols) * kBf16RowBlock * kTileCols +
          (row % kBf16RowBlock) * kTileCols;
@@ -202,8 +204,8 @@ void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const
 // Row i of PackRowsBf16's layout from `row` (k floats), or zeros where row is null (padding).
 void PackRowBf16(const float* row, int64_t k, int64_t i, uint16_t* out) {
   static constexpr float kNone[16] = {};  // what a padding row's masked loads point at (never read)
-  const int64_t chunks = RoundUp(k, kTileCols) / kTileCols, block_elems = chunks * kBf16RowBlock * kTileCols;
-  uint16_t* dst = out + (i / kBf16RowBlock) * block_elems + (i % kBf16RowBlock) * kTileCols;
+  const int64_t chunks = RoundUp(k, kTileCols) / kTileCols;
+  uint16_t* dst = PackedAt(out, k, i, 0);
   for (int64_t c = 0; c < chunks; c += 2) {  // two 8-column chunks per rounding
     const int64_t left = row != nullptr ? k - c * kTileCols : 0;  // a padding row is all zero
     const __m256i r = RoundSixteen(row != nullptr ? row + c * kTileCols : kNone, left);
@@ -232,8 +234,7 @@ void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmI
   constexpr int kRows = kBf16RowBlock / 2;
   for (int64_t i = it.m0; i < it.m1;) {
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kRows));
-    const uint16_t* xb =
-        x_bf16 + (i / kBf16RowBlock) * chunks * kBf16RowBlock * kTileCols + (i % kBf16RowBlock) * kTileCols;
+    const uint16_t* xb = PackedAt(x_bf16, t.w.cols, i, 0);
     SwiGluDispatch(m, std::make_integer_sequence<int, kRows>{}, xb, gate, up, chunks, t, i, col, i == it.m0);
     i += m;
   }
@@ -262,7 +263,7 @@ void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& i
   for (int64_t i = it.m0; i < it.m1;) {
     // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kBf16RowBlock));
-    const uint16_t* xb = x_bf16 + (i / kBf16RowBlock) * chunks * kBf16RowBlock * kTileCols;
+    const uint16_t* xb = PackedAt(x_bf16, cols, i, 0);
     Dispatch(m, std::make_integer_sequence<int, kBf16RowBlock>{}, xb, src, chunks, t.y + i * rows + r0, rows,
              static_cast<int>(nrows), t.accumulate, i == it.m0 ? prefetch : nullptr);
     i += m;
