@@ -196,7 +196,7 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   const int64_t padded = RoundUp(it.ctx_max, 32);  // bf16 probabilities in pairs, 32 per rounding
   s->q.resize(static_cast<size_t>(all * hd));
   s->qb.resize(static_cast<size_t>(all * hd));
-  s->zeros.assign(static_cast<size_t>(hd), 0);
+  s->zeros.assign(static_cast<size_t>(it.heads * hd), 0);  // a key past the context: every head
   s->scores.resize(static_cast<size_t>(all * padded));
   s->pb.resize(static_cast<size_t>(all * padded / 2));
   s->acc.assign(static_cast<size_t>(all * hd), 0.0f);
@@ -210,11 +210,8 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   const uint16_t* rows[kBf16MaxValueKeys];
   for (int64_t k0 = 0; k0 < it.ctx_max;) {  // 32 keys a call, 16 for a last odd block
     const int blocks = it.ctx_max - k0 > kBf16KeyBlock ? 2 : 1;
-    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      it.Rows(0, g, k0, blocks * kBf16KeyBlock, s->zeros.data(), rows);
-      ScoreKeysBf16(s->qb.data() + (g - it.g0) * nrows * hd, nrows, hd, rows, blocks, scale,
-                    s->scores.data() + (g - it.g0) * nrows * padded + k0, padded);
-    }
+    it.Rows(0, it.g0, k0, blocks * kBf16KeyBlock, s->zeros.data(), rows);
+    ScoreKeysBf16(s->qb.data(), nrows, hd, it.heads, rows, blocks, scale, s->scores.data() + k0, padded);
     k0 += blocks * kBf16KeyBlock;
   }
   for (int64_t row = 0; row < all; ++row) {
@@ -231,11 +228,8 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
     for (int64_t r = 0; r < nrows; ++r) {
       s->keys[r] = std::clamp<int64_t>(it.ctx_of(r) - k0, 0, n);
     }
-    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      it.Rows(1, g, k0, n, s->zeros.data(), rows);
-      AddWeightedPairsBf16(pairs + ((g - it.g0) * nrows * padded + k0) / 2, padded / 2, nrows, s->keys.data(), n, rows,
-                           hd, s->acc.data() + (g - it.g0) * nrows * hd);
-    }
+    it.Rows(1, it.g0, k0, n, s->zeros.data(), rows);
+    AddWeightedPairsBf16(pairs + k0 / 2, padded / 2, nrows, it.heads, s->keys.data(), n, rows, hd, s->acc.data());
   }
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     for (int64_t r = 0; r < nrows; ++r) {

@@ -85,87 +85,105 @@ constexpr LaneOrder MakeLaneOrder() {
   return o;
 }
 
-// The weighted sum of NR rows (their accumulators in registers) over H x 32 dimensions, the
-// probabilities as bf16 pairs of consecutive keys (row i's pair j / 2 at pairs[i * stride + j / 2]).
-// Pairs every row takes whole come first, then the last few where rows end (each at its own key
-// count, an odd last key paired with zeros): the same operations per row either way.
-template <int H, int NR>
-void WeightedBlock(const uint32_t* pairs, int64_t stride, const int64_t* keys, int64_t n,
-                   const uint16_t* const* values, float* acc) {
+// The weighted sum of G heads x R rows (their accumulators in registers) over H x 32 dimensions
+// each, the probabilities as bf16 pairs of consecutive keys: row i of head g takes its pair j / 2
+// at pairs[(g * head_rows + i) * stride + j / 2], its accumulator at acc + (g * head_rows + i) *
+// hd, head g's values at values[j] + voff + g * hd, and stops at keys[i] (every head's row i
+// alike). A key's heads are read together (its whole row at once, not a head's part of each row
+// and then the next's). Pairs every row takes whole come first, then the last few where rows end
+// (each at its own key count, an odd last key paired with zeros): the same operations per row
+// whatever G, R and the other rows.
+template <int H, int G, int R>
+void WeightedBlock(const uint32_t* pairs, int64_t stride, int64_t head_rows, const int64_t* keys, int64_t n,
+                   const uint16_t* const* values, int64_t voff, float* acc) {
   constexpr int64_t hd = 32 * H;
   static constexpr LaneOrder kOrder = MakeLaneOrder();
+  auto row_pairs = [&](int g, int i) { return pairs + (g * head_rows + i) * stride; };
+  auto row_acc = [&](int g, int i) { return acc + (g * head_rows + i) * hd; };
   const __m512i lo = _mm512_load_si512(kOrder.lo), hi = _mm512_load_si512(kOrder.hi);
-  __m512 a[NR][2 * H];
-  for (int i = 0; i < NR; ++i) {
-    for (int h = 0; h < H; ++h) {
-      const __m512 n0 = _mm512_loadu_ps(acc + i * hd + 32 * h), n1 = _mm512_loadu_ps(acc + i * hd + 32 * h + 16);
-      a[i][2 * h] = _mm512_permutex2var_ps(n0, lo, n1);
-      a[i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
+  __m512 a[G][R][2 * H];
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < R; ++i) {
+      for (int h = 0; h < H; ++h) {
+        const __m512 n0 = _mm512_loadu_ps(row_acc(g, i) + 32 * h), n1 = _mm512_loadu_ps(row_acc(g, i) + 32 * h + 16);
+        a[g][i][2 * h] = _mm512_permutex2var_ps(n0, lo, n1);
+        a[g][i][2 * h + 1] = _mm512_permutex2var_ps(n0, hi, n1);
+      }
     }
   }
   int64_t common = n;
-  for (int i = 0; i < NR; ++i) common = std::min(common, keys[i] / 2 * 2);
+  for (int i = 0; i < R; ++i) common = std::min(common, keys[i] / 2 * 2);
   for (int64_t j = 0; j < common; j += 2) {
-    __m512i v[2 * H];
-    for (int h = 0; h < H; ++h) {
-      const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h), v1 = _mm512_loadu_si512(values[j + 1] + 32 * h);
-      v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
-      v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
-    }
-    for (int i = 0; i < NR; ++i) {
-      const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i * stride + j / 2]));
-      for (int h = 0; h < 2 * H; ++h) a[i][h] = _mm512_dpbf16_ps(a[i][h], AsBh(pp), AsBh(v[h]));
+    for (int g = 0; g < G; ++g) {
+      __m512i v[2 * H];
+      for (int h = 0; h < H; ++h) {
+        const __m512i v0 = _mm512_loadu_si512(values[j] + voff + g * hd + 32 * h);
+        const __m512i v1 = _mm512_loadu_si512(values[j + 1] + voff + g * hd + 32 * h);
+        v[2 * h] = _mm512_unpacklo_epi16(v0, v1);
+        v[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m512i pp = _mm512_set1_epi32(static_cast<int>(row_pairs(g, i)[j / 2]));
+        for (int h = 0; h < 2 * H; ++h) a[g][i][h] = _mm512_dpbf16_ps(a[g][i][h], AsBh(pp), AsBh(v[h]));
+      }
     }
   }
   for (int64_t j = common; j < n; j += 2) {
-    for (int i = 0; i < NR; ++i) {
-      const int64_t own = keys[i];
-      if (j >= own) continue;
-      const __m512i pp = _mm512_set1_epi32(static_cast<int>(pairs[i * stride + j / 2]));
-      for (int h = 0; h < H; ++h) {
-        const __m512i v0 = _mm512_loadu_si512(values[j] + 32 * h);
-        const __m512i v1 = j + 1 < own ? _mm512_loadu_si512(values[j + 1] + 32 * h) : _mm512_setzero_si512();
-        a[i][2 * h] = _mm512_dpbf16_ps(a[i][2 * h], AsBh(pp), AsBh(_mm512_unpacklo_epi16(v0, v1)));
-        a[i][2 * h + 1] = _mm512_dpbf16_ps(a[i][2 * h + 1], AsBh(pp), AsBh(_mm512_unpackhi_epi16(v0, v1)));
+    for (int g = 0; g < G; ++g) {
+      for (int i = 0; i < R; ++i) {
+        const int64_t own = keys[i];
+        if (j >= own) continue;
+        const __m512i pp = _mm512_set1_epi32(static_cast<int>(row_pairs(g, i)[j / 2]));
+        for (int h = 0; h < H; ++h) {
+          const __m512i v0 = _mm512_loadu_si512(values[j] + voff + g * hd + 32 * h);
+          const __m512i v1 =
+              j + 1 < own ? _mm512_loadu_si512(values[j + 1] + voff + g * hd + 32 * h) : _mm512_setzero_si512();
+          a[g][i][2 * h] = _mm512_dpbf16_ps(a[g][i][2 * h], AsBh(pp), AsBh(_mm512_unpacklo_epi16(v0, v1)));
+          a[g][i][2 * h + 1] = _mm512_dpbf16_ps(a[g][i][2 * h + 1], AsBh(pp), AsBh(_mm512_unpackhi_epi16(v0, v1)));
+        }
       }
     }
   }
   const __m512i b0 = _mm512_load_si512(kOrder.back0), b1 = _mm512_load_si512(kOrder.back1);
-  for (int i = 0; i < NR; ++i) {
-    for (int h = 0; h < H; ++h) {
-      _mm512_storeu_ps(acc + i * hd + 32 * h, _mm512_permutex2var_ps(a[i][2 * h], b0, a[i][2 * h + 1]));
-      _mm512_storeu_ps(acc + i * hd + 32 * h + 16, _mm512_permutex2var_ps(a[i][2 * h], b1, a[i][2 * h + 1]));
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < R; ++i) {
+      for (int h = 0; h < H; ++h) {
+        _mm512_storeu_ps(row_acc(g, i) + 32 * h, _mm512_permutex2var_ps(a[g][i][2 * h], b0, a[g][i][2 * h + 1]));
+        _mm512_storeu_ps(row_acc(g, i) + 32 * h + 16, _mm512_permutex2var_ps(a[g][i][2 * h], b1, a[g][i][2 * h + 1]));
+      }
     }
   }
 }
 
-// Rows in blocks of R, whose 2H x R accumulators fill 24 of AVX-512's 32 registers; the block
-// size a compile-time constant (a last, partial block dispatched to its own).
-template <int H>
-inline constexpr int kWeightedRows = 24 / (2 * H) > 0 ? 24 / (2 * H) : 1;
+// Rows per head of one block: the G x R x 2H accumulators fill at most 24 of AVX-512's 32
+// registers; the block size a compile-time constant (a last, partial block dispatched to its own).
+template <int H, int G>
+inline constexpr int kWeightedRows = 24 / (2 * H * G) > 0 ? 24 / (2 * H * G) : 1;
 
-template <int H, int... Ns>
+template <int H, int G, int... Ns>
 void WeightedBlockOf(int nr, std::integer_sequence<int, Ns...>, const uint32_t* pairs, int64_t stride,
-                     const int64_t* keys, int64_t n, const uint16_t* const* values, float* acc) {
-  ((nr == Ns + 1 ? WeightedBlock<H, Ns + 1>(pairs, stride, keys, n, values, acc) : void()), ...);
+                     int64_t head_rows, const int64_t* keys, int64_t n, const uint16_t* const* values, int64_t voff,
+                     float* acc) {
+  ((nr == Ns + 1 ? WeightedBlock<H, G, Ns + 1>(pairs, stride, head_rows, keys, n, values, voff, acc) : void()), ...);
 }
 
-template <int H>
+// G heads' `rows` rows each, in blocks of kWeightedRows.
+template <int H, int G>
 void WeightedRows(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
-                  const uint16_t* const* values, float* acc) {
-  constexpr int R = kWeightedRows<H>;
+                  const uint16_t* const* values, int64_t voff, float* acc) {
+  constexpr int R = kWeightedRows<H, G>;
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
-    WeightedBlockOf<H>(nr, std::make_integer_sequence<int, R>{}, pairs + r0 * stride, stride, keys + r0, n, values,
-                       acc + r0 * 32 * H);
+    WeightedBlockOf<H, G>(nr, std::make_integer_sequence<int, R>{}, pairs + r0 * stride, stride, rows, keys + r0, n,
+                          values, voff, acc + r0 * 32 * H);
   }
 }
 
-// The same from fp32 probabilities (p_stride apart), rounded to bf16 pairs a block at a time.
+// The same from fp32 probabilities (p_stride apart), rounded to bf16 pairs a block at a time; one head.
 template <int H>
 void WeightedRowsF32(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
                      const uint16_t* const* values, float* acc) {
-  constexpr int R = kWeightedRows<H>;
+  constexpr int R = kWeightedRows<H, 1>;
   constexpr int64_t kStride = kBf16MaxValueKeys / 2;
   alignas(64) uint32_t pairs[R][kStride];
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
@@ -179,8 +197,8 @@ void WeightedRowsF32(const float* p, int64_t p_stride, int64_t rows, const int64
         _mm512_store_si512(pairs[i] + j / 2, reinterpret_cast<__m512i>(bh));
       }
     }
-    WeightedBlockOf<H>(nr, std::make_integer_sequence<int, R>{}, pairs[0], kStride, keys + r0, n, values,
-                       acc + r0 * 32 * H);
+    WeightedBlockOf<H, 1>(nr, std::make_integer_sequence<int, R>{}, pairs[0], kStride, nr, keys + r0, n, values, 0,
+                          acc + r0 * 32 * H);
   }
 }
 
@@ -318,14 +336,27 @@ void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt,
 
 }  // namespace
 
-void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks, float scale,
-                   float* out, int64_t out_stride) {
-  alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys
-  for (int b = 0; b < blocks; ++b) {
-    KeyPairsBf16(keys + b * kBf16KeyBlock, hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, const uint16_t* const* keys,
+                   int blocks, float scale, float* out, int64_t out_stride) {
+  const int64_t chunk = std::max<int64_t>(1, kBf16MaxKeyWidth / hd);  // heads one transposition takes
+  alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys, the heads side by side
+  const uint16_t* part[2 * kBf16KeyBlock];
+  for (int64_t g0 = 0; g0 < heads; g0 += chunk) {
+    const int64_t nh = std::min(chunk, heads - g0);
+    for (int64_t i = 0; i < blocks * kBf16KeyBlock; ++i) part[i] = keys[i] + g0 * hd;
+    for (int b = 0; b < blocks; ++b) {
+      KeyPairsBf16(part + b * kBf16KeyBlock, nh * hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+    }
+    for (int64_t g = g0; g < g0 + nh; ++g) {
+      const __m512i* head_kt = kt + (g - g0) * hd / 2;
+      float* head_out = out + g * rows * out_stride;
+      if (blocks == 2) {
+        ScoreBlocks<2>(q + g * rows * hd, rows, hd, head_kt, scale, head_out, out_stride);
+      } else {
+        ScoreBlocks<1>(q + g * rows * hd, rows, hd, head_kt, scale, head_out, out_stride);
+      }
+    }
   }
-  if (blocks == 2) return ScoreBlocks<2>(q, rows, hd, kt, scale, out, out_stride);
-  ScoreBlocks<1>(q, rows, hd, kt, scale, out, out_stride);
 }
 
 // One of the head sizes Bf16AttentionHeadDim admits, as the template's H (hd / 32).
@@ -345,9 +376,32 @@ void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64
   ForHeadDim(hd, [&](auto h) { WeightedRowsF32<decltype(h)::value>(p, p_stride, rows, keys, n, values, acc); });
 }
 
-void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
-                          const uint16_t* const* values, int64_t hd, float* acc) {
-  ForHeadDim(hd, [&](auto h) { WeightedRows<decltype(h)::value>(pairs, stride, rows, keys, n, values, acc); });
+void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, int64_t heads, const int64_t* keys,
+                          int64_t n, const uint16_t* const* values, int64_t hd, float* acc) {
+  ForHeadDim(hd, [&](auto h) {
+    constexpr int H = decltype(h)::value;
+    for (int64_t g = 0; g < heads;) {  // as many heads a block as their accumulators fit
+      const int64_t left = heads - g;
+      const uint32_t* p = pairs + g * rows * stride;
+      float* a = acc + g * rows * hd;
+      if constexpr (4 * 2 * H <= 24) {
+        if (left >= 4) {
+          WeightedRows<H, 4>(p, stride, rows, keys, n, values, g * hd, a);
+          g += 4;
+          continue;
+        }
+      }
+      if constexpr (2 * 2 * H <= 24) {
+        if (left >= 2) {
+          WeightedRows<H, 2>(p, stride, rows, keys, n, values, g * hd, a);
+          g += 2;
+          continue;
+        }
+      }
+      WeightedRows<H, 1>(p, stride, rows, keys, n, values, g * hd, a);
+      g += 1;
+    }
+  });
 }
 
 }  // namespace moeserve::cpu_fast

@@ -15,12 +15,19 @@ inline constexpr int64_t kBf16MaxValueKeys = 64;  // keys of one AddWeightedBf16
 // The head dimensions these kernels take.
 inline bool Bf16AttentionHeadDim(int64_t hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
 
-// out[r * out_stride + j] = scale * dot(q_r, keys[j]) for the 16 x `blocks` keys (blocks 1 or 2)
-// and the `rows` query rows (q: rows x hd bf16, row after row). Each score is four fp32 chains of
-// vdpbf16ps over the head dimension's pairs (pair d in chain d % 4, in order), summed as
-// (c0 + c1) + (c2 + c3): the same operations whatever the other rows and however many blocks.
-void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks, float scale,
-                   float* out, int64_t out_stride);
+inline constexpr int64_t kBf16MaxKeyWidth = 256;  // dimensions of all heads one transposition takes
+
+// out[g * rows * out_stride + r * out_stride + j] = scale * dot(q_gr, keys[j] + g * hd) for the
+// 16 x `blocks` keys (blocks 1 or 2), the `heads` kv heads side by side in each key's row and
+// their `rows` query rows each (q: heads x rows x hd bf16, row after row). Each score is four
+// fp32 chains of vdpbf16ps over the head dimension's pairs (pair d in chain d % 4, in order),
+// summed as (c0 + c1) + (c2 + c3): the same operations whatever the other rows, heads and blocks.
+// The heads' rows are transposed together (kBf16MaxKeyWidth dimensions at a time), so that a key's
+// whole row is read at once: reading one head's part of every row, then coming back for the
+// next's, ran a decode over a long context from DRAM at 0.65 of the speed (the hardware's
+// prefetchers did not follow; software prefetch did not help).
+void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, const uint16_t* const* keys,
+                   int blocks, float scale, float* out, int64_t out_stride);
 
 // The softmax of the bf16 variants' attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
 // becomes scale x sc, then its softmax (vec8.h's exponential, the sum lane-wise over keys in order
@@ -47,10 +54,12 @@ void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uin
 void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
                      const uint16_t* const* values, int64_t hd, float* acc);
 
-// The same with the probabilities already bf16 (SoftmaxBf16's pb), as pairs of consecutive keys:
-// row r's pair j / 2 at pairs[r * stride + j / 2]. The same bits as AddWeightedBf16 of the fp32
-// probabilities those were rounded from.
-void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
-                          const uint16_t* const* values, int64_t hd, float* acc);
+// The same with the probabilities already bf16 (SoftmaxBf16's pb), as pairs of consecutive keys,
+// for `heads` kv heads side by side in each value's row (values[j] points at the first's):
+// head g's row r takes pair j / 2 at pairs[(g * rows + r) * stride + j / 2], accumulates at
+// acc[(g * rows + r) * hd ...] and stops at keys[r]. Each row's result the same bits as
+// AddWeightedBf16 of the fp32 probabilities those were rounded from, one head at a time.
+void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, int64_t heads, const int64_t* keys,
+                          int64_t n, const uint16_t* const* values, int64_t hd, float* acc);
 
 }  // namespace moeserve::cpu_fast

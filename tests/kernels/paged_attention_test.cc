@@ -247,16 +247,19 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  for (int64_t hd : {32, 64, 128, 256}) {
+  // Items of many tiles take all kv heads side by side (one key transposition and value pass for
+  // up to 256 dimensions or 4 heads, more in turns); a token alone takes one head an item.
+  const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {5, 32}};
+  for (const auto& [kvh, hd] : shapes) {
     for (int64_t seqs : {3, 19}) {
-      SCOPED_TRACE(::testing::Message() << "head_dim " << hd << ", " << seqs << " sequences");
+      SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences");
       KvLayout layout;
       layout.num_layers = 2;
       layout.block_size = 16;
-      layout.kv_heads = 2;
+      layout.kv_heads = kvh;
       layout.head_dim = hd;
       layout.dtype = DType::kBF16;
-      const int64_t qh = 6, layer = 1, max_blocks = 12;
+      const int64_t qh = 3 * kvh, layer = 1, max_blocks = 12;
       const RandomBatch rb =
           MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, /*chunk=*/seqs == 3 ? 70 : 21,
                           /*spread=*/2.0f, gen);  // 70: whole 64-token tiles of the amx kernel
