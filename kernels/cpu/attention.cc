@@ -262,11 +262,16 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   }
   const int64_t tiles = static_cast<int64_t>(tile_start.size());
   tile_start.push_back(batch.num_tokens);
-  // A token's K (and V) row holds every kv head side by side. With tiles enough to keep the
-  // threads busy, an item takes all of a tile's kv heads, so it reads each row whole and in
-  // order; with few tiles (a decode of few sequences), one kv head each, to spread them. Either
+  // A token's K (and V) row holds every kv head side by side. An item takes as many of a tile's
+  // kv heads as still leave items enough to keep the threads busy (all of them with many tiles,
+  // one with few: a decode of few sequences), so that it reads rows as whole as it can: the bf16
+  // kernels read a DRAM-resident cache 1.5x faster whole than a head's part at a time. Either
   // way each (token, head) sees the same operations: the choice changes no bit.
-  const int64_t heads_per_item = tiles >= 4 * static_cast<int64_t>(pool.num_threads()) ? kvh : 1;
+  int64_t heads_per_item = kvh;
+  while (heads_per_item > 1 && (kvh % heads_per_item != 0 ||
+                                tiles * (kvh / heads_per_item) < 4 * static_cast<int64_t>(pool.num_threads()))) {
+    --heads_per_item;
+  }
   const int64_t chunks = kvh / heads_per_item;
   // Longest contexts first: the threads take parts in order, so the largest come first and the
   // small ones even out the end (a prefill's last tiles cost the most).

@@ -307,6 +307,10 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
       ExpectEachTokenAsAlone(bf16, rb, scale, out);
       CpuBackend many = Backend(12);  // more threads than a token alone has items
       ExpectEachTokenAsAlone(many, rb, scale, out);
+      // Five threads: items of two of four kv heads (the first two, then the last two).
+      std::vector<float> five(q.size());
+      Backend(5).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, five.data());
+      EXPECT_EQ(std::memcmp(five.data(), out.data(), out.size() * sizeof(float)), 0) << "five threads";
     }
   }
 }
