@@ -182,8 +182,8 @@ BENCHMARK(BM_GemmColdWeights)
     ->Args({1, 16384, 8192, 1})
     ->UseRealTime();
 
-// Decode attention over a bf16 (f32: 1) cache of `layers` layers, attending layer 0: with more
-// than one, a sequence's rows lie in blocks a whole block of every layer apart, as in a model.
+// Decode attention over a bf16 (f32: 1) cache of `layers` layers, attending layer 0 (`cold` 0):
+// with more than one, a sequence's rows lie in blocks a whole block of every layer apart, as in a model.
 // With `cold` 1, each call attends the next layer in turn (as a model's step does), so that a
 // cache of layers larger than the last-level cache is read from DRAM even at small batch.
 void BM_PagedDecodeAttention(benchmark::State& state) {

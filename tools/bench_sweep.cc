@@ -51,11 +51,15 @@ ForwardInput DecodeBatch(int64_t b, int64_t ctx, int64_t block_size, int64_t voc
 // untouched anonymous memory, which reads as the kernel's one shared zero page, from cache: the
 // sweep's long contexts then attended at ~75 GB/s on a machine that reads 68 GB/s from DRAM
 // (a Zen 5 VM), and their step times were not what serving those contexts costs.
-absl::Status FillKv(Backend* backend, const KvStorage& kv, std::mt19937& gen) {
+absl::Status FillKv(Backend* backend, const KvStorage& kv) {
   const KvLayout& layout = kv.layout();
+  if (layout.dtype != DType::kF32 && layout.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("sweep: the KV pool's dtype must be f32 or bf16");
+  }
   const size_t total = layout.BlockBytes() * static_cast<size_t>(layout.num_blocks);
+  std::mt19937 gen(7);  // its own: the sweep's tokens (and so its routing) stay those of gen(42)
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> f32(std::min<size_t>(total, size_t{16} << 20) / sizeof(float));
+  std::vector<float> f32(std::max<size_t>(1, std::min<size_t>(total, size_t{16} << 20) / sizeof(float)));
   for (float& v : f32) v = u(gen);
   std::vector<uint16_t> bf16;
   const void* chunk = f32.data();
@@ -181,9 +185,9 @@ absl::StatusOr<SweepReport> RunDecodeSweep(const ModelWeights& weights, Backend*
   if (pool_tokens == 0) return absl::InvalidArgumentError("no sweep point fits --sweep-max-kv-gb");
   ASSIGN_OR_RETURN(KvStorage kv, KvStorage::Create(backend, KvLayoutFor(c, pool_tokens / o.block_size, o.block_size,
                                                                         o.kv_dtype)));
-  std::mt19937 gen(42);
-  RETURN_IF_ERROR(FillKv(backend, kv, gen));
+  RETURN_IF_ERROR(FillKv(backend, kv));
   MoeModel model(&weights, backend);
+  std::mt19937 gen(42);
   SweepReport report;
   report.weight_dtype = costs.weight_dtype;
   Progress progress("sweep", static_cast<int64_t>(o.batches.size() * o.contexts.size()), o.progress);

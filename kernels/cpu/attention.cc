@@ -187,8 +187,8 @@ struct Bf16Scratch {
 };
 
 // An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 32 keys scored per call
-// for all of a kv head's rows, the softmax in fp32 on 16 lanes (the AMX kernel's) writing the
-// probabilities rounded to bf16, then the weighted sum over up to 64 keys per call. Each row
+// for all rows of the item's kv heads (their parts of each key's row read together), the softmax in fp32 on 16 lanes (the AMX kernel's) writing the
+// probabilities rounded to bf16, then the weighted sum over up to 64 keys per call, up to four heads a block. Each row
 // stops at its own context (an odd last key paired with zeros), so its result does not depend
 // on the tile it shares.
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {

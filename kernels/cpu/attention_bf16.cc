@@ -338,11 +338,12 @@ void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt,
 
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, const uint16_t* const* keys,
                    int blocks, float scale, float* out, int64_t out_stride) {
-  const int64_t chunk = std::max<int64_t>(1, kBf16MaxKeyWidth / hd);  // heads one transposition takes
+  // Heads one transposition takes (hd <= kBf16MaxKeyWidth: Bf16AttentionHeadDim admits no wider).
+  const int64_t per_pass = kBf16MaxKeyWidth / hd;
   alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys, the heads side by side
   const uint16_t* part[2 * kBf16KeyBlock];
-  for (int64_t g0 = 0; g0 < heads; g0 += chunk) {
-    const int64_t nh = std::min(chunk, heads - g0);
+  for (int64_t g0 = 0; g0 < heads; g0 += per_pass) {
+    const int64_t nh = std::min(per_pass, heads - g0);
     for (int64_t i = 0; i < blocks * kBf16KeyBlock; ++i) part[i] = keys[i] + g0 * hd;
     for (int b = 0; b < blocks; ++b) {
       KeyPairsBf16(part + b * kBf16KeyBlock, nh * hd, reinterpret_cast<uint32_t*>(kt + b * 128));

@@ -247,9 +247,10 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  // Items of many tiles take all kv heads side by side (one key transposition and value pass for
-  // up to 256 dimensions or 4 heads, more in turns); a token alone takes one head an item.
-  const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {5, 32}};
+  // Items of many tiles take all kv heads side by side (a key transposition takes up to 256
+  // dimensions: 4 x 128 in two; a value block up to 4 heads of up to 64, 2 of 128: 6 x 64 as 4 + 2);
+  // a token alone takes one head an item.
+  const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {4, 128}, {5, 32}, {6, 64}};
   for (const auto& [kvh, hd] : shapes) {
     for (int64_t seqs : {3, 19}) {
       SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences");
@@ -307,10 +308,13 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
       ExpectEachTokenAsAlone(bf16, rb, scale, out);
       CpuBackend many = Backend(12);  // more threads than a token alone has items
       ExpectEachTokenAsAlone(many, rb, scale, out);
-      // Five threads: items of two of four kv heads (the first two, then the last two).
-      std::vector<float> five(q.size());
-      Backend(5).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, five.data());
-      EXPECT_EQ(std::memcmp(five.data(), out.data(), out.size() * sizeof(float)), 0) << "five threads";
+      // Other thread counts split the heads otherwise (an item takes the most kv heads that leave
+      // four items a thread: two of four, two or three of six, for some tile counts).
+      for (int threads : {3, 5, 9}) {
+        std::vector<float> other(q.size());
+        Backend(threads).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
+        EXPECT_EQ(std::memcmp(other.data(), out.data(), out.size() * sizeof(float)), 0) << threads << " threads";
+      }
     }
   }
 }
