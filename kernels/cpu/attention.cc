@@ -264,14 +264,17 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   tile_start.push_back(batch.num_tokens);
   // A token's K (and V) row holds every kv head side by side. An item takes as many of a tile's
   // kv heads as still leave items enough to keep the threads busy (all of them with many tiles,
-  // one with few: a decode of few sequences), so that it reads rows as whole as it can: the bf16
-  // kernels read a DRAM-resident cache 1.5x faster whole than a head's part at a time. Either
-  // way each (token, head) sees the same operations: the choice changes no bit.
+  // one with few: a decode of few sequences; one tile's items are equal, so as many as a multiple
+  // of the threads: a batch-1 decode on 2 threads, 2 of 4 heads each), so that it reads rows as
+  // whole as it can: the bf16 kernels read a DRAM-resident cache 1.5x faster whole than a head's
+  // part at a time. Either way each (token, head) sees the same operations: no bit changes.
+  const int64_t threads = static_cast<int64_t>(pool.num_threads());
   int64_t heads_per_item = kvh;
-  while (heads_per_item > 1 && (kvh % heads_per_item != 0 ||
-                                tiles * (kvh / heads_per_item) < 4 * static_cast<int64_t>(pool.num_threads()))) {
-    --heads_per_item;
-  }
+  auto enough = [&](int64_t d) {
+    const int64_t items = tiles * (kvh / d);
+    return tiles == 1 ? items % threads == 0 : items >= 4 * threads;
+  };
+  while (heads_per_item > 1 && (kvh % heads_per_item != 0 || !enough(heads_per_item))) --heads_per_item;
   const int64_t chunks = kvh / heads_per_item;
   // Longest contexts first: the threads take parts in order, so the largest come first and the
   // small ones even out the end (a prefill's last tiles cost the most).
