@@ -53,24 +53,17 @@ ForwardInput DecodeBatch(int64_t b, int64_t ctx, int64_t block_size, int64_t voc
 // (a Zen 5 VM), and their step times were not what serving those contexts costs.
 absl::Status FillKv(Backend* backend, const KvStorage& kv) {
   const KvLayout& layout = kv.layout();
-  if (layout.dtype != DType::kF32 && layout.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("sweep: the KV pool's dtype must be f32 or bf16");
-  }
   const size_t total = layout.BlockBytes() * static_cast<size_t>(layout.num_blocks);
+  const size_t elem = DTypeSize(layout.dtype);
   std::mt19937 gen(7);  // its own: the sweep's tokens (and so its routing) stay those of gen(42)
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> f32(std::max<size_t>(1, std::min<size_t>(total, size_t{16} << 20) / sizeof(float)));
-  for (float& v : f32) v = u(gen);
-  std::vector<uint16_t> bf16;
-  const void* chunk = f32.data();
-  if (layout.dtype == DType::kBF16) {
-    bf16.resize(f32.size() * 2);  // the same chunk's bytes, in bf16
-    for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = F32ToBf16(f32[i % f32.size()]);
-    chunk = bf16.data();
-  }
-  const size_t chunk_bytes = f32.size() * sizeof(float);
-  for (size_t off = 0; off < total; off += chunk_bytes) {
-    RETURN_IF_ERROR(backend->CopyToDevice(static_cast<char*>(kv.data()) + off, chunk, std::min(chunk_bytes, total - off)));
+  std::vector<float> values(std::max<size_t>(1, std::min<size_t>(total, size_t{16} << 20) / elem));
+  for (float& v : values) v = u(gen);
+  std::vector<char> chunk(values.size() * elem);  // the pool's dtype (KvStorage admits f32 and bf16)
+  ConvertFromF32(values.data(), values.size(), layout.dtype, chunk.data());
+  for (size_t off = 0; off < total; off += chunk.size()) {
+    RETURN_IF_ERROR(backend->CopyToDevice(static_cast<char*>(kv.data()) + off, chunk.data(),
+                                          std::min(chunk.size(), total - off)));
   }
   return backend->Synchronize();
 }

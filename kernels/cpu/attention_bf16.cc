@@ -274,10 +274,10 @@ void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* p
   }
 }
 
-void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out) {
+void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first) {
   for (int64_t d0 = 0; d0 < hd / 2; d0 += 16) {
     __m512i r[16];
-    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + 2 * d0);
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + first + 2 * d0);
     Transpose16(r);
     for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (d0 + j) * 16, r[j]);
   }
@@ -341,12 +341,10 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
   // Heads one transposition takes (hd <= kBf16MaxKeyWidth: Bf16AttentionHeadDim admits no wider).
   const int64_t per_pass = kBf16MaxKeyWidth / hd;
   alignas(64) __m512i kt[2 * 128];  // kt[b * 128 + d]: pair d of block b's 16 keys, the heads side by side
-  const uint16_t* part[2 * kBf16KeyBlock];
   for (int64_t g0 = 0; g0 < heads; g0 += per_pass) {
     const int64_t nh = std::min(per_pass, heads - g0);
-    for (int64_t i = 0; i < blocks * kBf16KeyBlock; ++i) part[i] = keys[i] + g0 * hd;
     for (int b = 0; b < blocks; ++b) {
-      KeyPairsBf16(part + b * kBf16KeyBlock, nh * hd, reinterpret_cast<uint32_t*>(kt + b * 128));
+      KeyPairsBf16(keys + b * kBf16KeyBlock, nh * hd, reinterpret_cast<uint32_t*>(kt + b * 128), g0 * hd);
     }
     for (int64_t g = g0; g < g0 + nh; ++g) {
       const __m512i* head_kt = kt + (g - g0) * hd / 2;

@@ -37,9 +37,9 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
 // max(whole, ctx rounded up to 16) floats.
 void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
 
-// The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][2d], keys[j][2d + 1]) for
-// the hd / 2 pairs d. Every 16 pairs (32 dimensions) are one AMX B tile of Q·Kᵀ.
-void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out);
+// The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][first + 2d], keys[j][first +
+// 2d + 1]) for the hd / 2 pairs d. Every 16 pairs (32 dimensions) are one AMX B tile of Q·Kᵀ.
+void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first = 0);
 
 // The AMX B tiles of P·V for 32 keys: tile c (dimensions [16c, 16c + 16)) at out + 256 c, its
 // row p the pairs (values[2p][16c + n], values[2p + 1][16c + n]) for n < 16.
