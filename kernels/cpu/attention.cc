@@ -2,11 +2,12 @@
 // registers (vec8.h).
 //
 // Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (64 on
-// the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of one), and the group of query heads that share a
-// kv head reads each K/V row once, converted to fp32 eight keys at a time (32 for V, whose
-// accumulators stay in registers over them). An item takes one kv head where tiles are few and
-// all of them where they are many, so that a token's row (all kv heads side by side in the
-// cache) is read whole, not a slice of each cache line at a time. Exact and
+// the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of
+// one), and the group of query heads that share a kv head reads each K/V row once, converted to
+// fp32 eight keys at a time (32 for V, whose accumulators stay in registers over them). Items
+// take as many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads
+// side by side in the cache) is read whole; the bf16 kernel (attention_chunks.h) also splits
+// long contexts of few tiles into chunks, one an item. The exact kernel (AttendExact) is exact and
 // batch-invariant: a token's scores, softmax and weighted sum are the same operations in the
 // same order whatever its tile or batch mates: each score is an 8-lane FMA chain over the head
 // dimension summed by one tree (Reduce8x8); the max is order-free; the exponentials (vec8.h's
@@ -22,6 +23,7 @@
 #include "kernels/cpu/attention_amx.h"
 #include "kernels/cpu/attention_item.h"
 #include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/attention_chunks.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/latent_ops.h"
@@ -179,64 +181,77 @@ void AttendExact(const ItemRows& it, const float* q, float scale, float* out, Ex
   }
 }
 
-struct Bf16Scratch {
-  std::vector<float> q, scores, acc;
-  std::vector<uint16_t> qb, zeros;
-  std::vector<uint32_t> pb;  // the probabilities as bf16 pairs, rows of scores' length / 2
-  std::vector<int64_t> keys;  // value keys per row of a pass
+// The tiles of a batch: runs of up to `tile_tokens` consecutive positions of one sequence
+// (tile i is tokens [start[i], start[i + 1])).
+std::vector<int64_t> TileStarts(const AttentionBatch& batch, int64_t tile_tokens) {
+  std::vector<int64_t> start;
+  for (int64_t t = 0; t < batch.num_tokens; ++t) {
+    const bool extends = t > 0 && t - start.back() < tile_tokens && batch.token_seq[t] == batch.token_seq[t - 1] &&
+                         batch.token_pos[t] == batch.token_pos[t - 1] + 1;
+    if (!extends) start.push_back(t);
+  }
+  start.push_back(batch.num_tokens);
+  return start;
+}
+
+// How work items cover (tile, kv head) pairs: each takes `heads` of a tile's kv heads, and with
+// `split` only one chunk of its context (attention_chunks.h), the chunks combined afterwards.
+struct ItemPlan {
+  int64_t heads;
+  bool split;
 };
 
-// An item on vdpbf16ps (attention_bf16.h): queries rounded to bf16 once, 32 keys scored per call
-// for all rows of the item's kv heads (their parts of each key's row read together), the softmax in fp32 on 16 lanes (the AMX kernel's) writing the
-// probabilities rounded to bf16, then the weighted sum over up to 64 keys per call, up to four heads a block. Each row
-// stops at its own context (an odd last key paired with zeros), so its result does not depend
-// on the tile it shares.
-void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  const int64_t padded = RoundUp(it.ctx_max, 32);  // bf16 probabilities in pairs, 32 per rounding
-  s->q.resize(static_cast<size_t>(all * hd));
-  s->qb.resize(static_cast<size_t>(all * hd));
-  s->zeros.assign(static_cast<size_t>(it.heads * hd), 0);  // a key past the context: every head
-  s->scores.resize(static_cast<size_t>(all * padded));
-  s->pb.resize(static_cast<size_t>(all * padded / 2));
-  s->acc.assign(static_cast<size_t>(all * hd), 0.0f);
-  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(s->q.data() + ((g - it.g0) * nrows + r) * hd, q + it.head_of(g, r) * hd,
-                  static_cast<size_t>(hd) * sizeof(float));
+// A token's K (and V) row holds every kv head side by side; the bf16 kernels read a DRAM-resident
+// cache 1.5x faster whole than a head's part at a time. So an item takes as many kv heads as still
+// leave items enough to keep the threads busy (four a thread; one tile's items are equal, so there
+// a multiple of the threads), splitting long contexts into their chunks before it splits rows:
+// a batch-1 decode at context 4096 runs eight chunks of whole rows. `chunks` is the tiles' chunks
+// in all (the tile count where the kernel does not split). No choice changes a bit.
+ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) {
+  auto enough = [&](int64_t items) { return items >= 4 * threads || (tiles == 1 && items % threads == 0); };
+  for (int64_t d = kvh; d >= 1; --d) {
+    if (kvh % d != 0) continue;
+    if (enough(tiles * (kvh / d))) return {d, false};
+    if (chunks > tiles && enough(chunks * (kvh / d))) return {d, true};
+  }
+  return {1, chunks > tiles};
+}
+
+// The split plan: an item per chunk of each (tile, kv heads), their results side by side in
+// `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads)
+// weighs its chunks together.
+template <typename RowsOf>
+void AttendInChunks(ThreadPool& pool, const std::vector<int64_t>& order, const RowsOf& item_rows, int64_t groups,
+                    int64_t heads, const float* q, float scale, float* out) {
+  struct Part {
+    int64_t tile, g0, chunk, offset;
+  };
+  std::vector<Part> items;
+  std::vector<int64_t> base(order.size() * static_cast<size_t>(groups));
+  int64_t total = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const ItemRows it = item_rows(order[i], g * heads);
+      const int64_t stride = ChunkPartFloats(it.heads * it.nrows(), it.layout->head_dim);
+      base[i * groups + g] = total;
+      for (int64_t c = 0; c < ChunksOf(it.ctx_max); ++c, total += stride) items.push_back({order[i], g * heads, c, total});
     }
   }
-  RoundRowsToBf16(s->q.data(), all, hd, s->qb.data());
-  const uint16_t* rows[kBf16MaxValueKeys];
-  for (int64_t k0 = 0; k0 < it.ctx_max;) {  // 32 keys a call, 16 for a last odd block
-    const int blocks = it.ctx_max - k0 > kBf16KeyBlock ? 2 : 1;
-    it.Rows(0, it.g0, k0, blocks * kBf16KeyBlock, s->zeros.data(), rows);
-    ScoreKeysBf16(s->qb.data(), nrows, hd, it.heads, rows, blocks, scale, s->scores.data() + k0, padded);
-    k0 += blocks * kBf16KeyBlock;
-  }
-  for (int64_t row = 0; row < all; ++row) {
-    float* sc = s->scores.data() + row * padded;
-    const int64_t ctx = it.ctx_of(row % nrows);
-    // The scores are scaled already; probabilities to bf16 for every key, 0 past the row's own.
-    uint16_t* pb = reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2);  // written by vector stores
-    SoftmaxBf16(sc, ctx, 1.0f, RoundUp(ctx, 32), pb);
-  }
-  const uint32_t* pairs = s->pb.data();
-  s->keys.resize(static_cast<size_t>(nrows));
-  for (int64_t k0 = 0; k0 < it.ctx_max; k0 += kBf16MaxValueKeys) {
-    const int64_t n = std::min(kBf16MaxValueKeys, (it.ctx_max - k0 + 1) / 2 * 2);
-    for (int64_t r = 0; r < nrows; ++r) {
-      s->keys[r] = std::clamp<int64_t>(it.ctx_of(r) - k0, 0, n);
+  std::vector<float> parts(static_cast<size_t>(total));
+  pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+    Bf16Scratch s;
+    for (int64_t i = b; i < e; ++i) {
+      const Part& p = items[static_cast<size_t>(i)];
+      const ItemRows it = item_rows(p.tile, p.g0);
+      PrepareBf16Queries(it, q, &s);
+      AttendChunkBf16(ChunkOf(it, p.chunk), scale, &s, parts.data() + p.offset);
     }
-    it.Rows(1, it.g0, k0, n, s->zeros.data(), rows);
-    AddWeightedPairsBf16(pairs + k0 / 2, padded / 2, nrows, it.heads, s->keys.data(), n, rows, hd, s->acc.data());
-  }
-  for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + ((g - it.g0) * nrows + r) * hd,
-                  static_cast<size_t>(hd) * sizeof(float));
+  });
+  pool.ParallelFor(static_cast<int64_t>(base.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      CombineChunks(item_rows(order[static_cast<size_t>(i / groups)], i % groups * heads), parts.data() + base[i], out);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -252,46 +267,31 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   }
   // The amx kernel packs an item's keys and values for its tiles once for all its rows: longer
   // tiles share more of that work (rows are independent, so no result changes).
-  const int64_t tile_tokens = amx ? kAmxTile : kTile;
-  std::vector<int64_t> tile_start;
-  for (int64_t t = 0; t < batch.num_tokens; ++t) {
-    const bool extends = t > 0 && t - tile_start.back() < tile_tokens &&
-                         batch.token_seq[t] == batch.token_seq[t - 1] &&
-                         batch.token_pos[t] == batch.token_pos[t - 1] + 1;
-    if (!extends) tile_start.push_back(t);
-  }
-  const int64_t tiles = static_cast<int64_t>(tile_start.size());
-  tile_start.push_back(batch.num_tokens);
-  // A token's K (and V) row holds every kv head side by side. An item takes as many of a tile's
-  // kv heads as still leave items enough to keep the threads busy (all of them with many tiles,
-  // one with few: a decode of few sequences; one tile's items are equal, so as many as a multiple
-  // of the threads: a batch-1 decode on 2 threads, 2 of 4 heads each), so that it reads rows as
-  // whole as it can: the bf16 kernels read a DRAM-resident cache 1.5x faster whole than a head's
-  // part at a time. Either way each (token, head) sees the same operations: no bit changes.
-  const int64_t threads = static_cast<int64_t>(pool.num_threads());
-  int64_t heads_per_item = kvh;
-  auto enough = [&](int64_t d) {
-    const int64_t items = tiles * (kvh / d);
-    return tiles == 1 ? items % threads == 0 : items >= 4 * threads;
-  };
-  while (heads_per_item > 1 && (kvh % heads_per_item != 0 || !enough(heads_per_item))) --heads_per_item;
-  const int64_t chunks = kvh / heads_per_item;
+  const std::vector<int64_t> tile_start = TileStarts(batch, amx ? kAmxTile : kTile);
+  const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
+  auto ctx_of_tile = [&](int64_t tile) { return batch.token_pos[tile_start[tile + 1] - 1] + 1; };  // positions ascend
   // Longest contexts first: the threads take parts in order, so the largest come first and the
   // small ones even out the end (a prefill's last tiles cost the most).
   std::vector<int64_t> order(static_cast<size_t>(tiles));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return batch.token_pos[tile_start[a + 1] - 1] > batch.token_pos[tile_start[b + 1] - 1];
-  });
-  pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ctx_of_tile(a) > ctx_of_tile(b); });
+  const bool chunked = bf16 && !amx;  // the exact and amx kernels take a context whole
+  int64_t chunks = 0;
+  for (int64_t tile = 0; tile < tiles; ++tile) chunks += chunked ? ChunksOf(ctx_of_tile(tile)) : 1;
+  const ItemPlan plan = PlanItems(tiles, chunks, kvh, static_cast<int64_t>(pool.num_threads()));
+  const int64_t groups = kvh / plan.heads;
+  auto item_rows = [&](int64_t tile, int64_t g0) {
+    const int64_t t0 = tile_start[tile];
+    return ItemRows{&batch, &layout, cache, layer, t0, tile_start[tile + 1] - t0, g0, plan.heads, group, q_heads,
+                    ctx_of_tile(tile)};
+  };
+  if (plan.split) return AttendInChunks(pool, order, item_rows, groups, plan.heads, q, scale, out);
+  pool.ParallelFor(tiles * groups, 1, [&](int64_t b, int64_t e) {
     ExactScratch exact_scratch;
     Bf16Scratch bf16_scratch;
     AmxScratch amx_scratch;
     for (int64_t item = b; item < e; ++item) {
-      const int64_t tile = order[static_cast<size_t>(item / chunks)], g0 = item % chunks * heads_per_item;
-      const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
-      const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;  // positions ascend in a tile
-      const ItemRows it{&batch, &layout, cache, layer, t0, nt, g0, heads_per_item, group, q_heads, ctx_max};
+      const ItemRows it = item_rows(order[static_cast<size_t>(item / groups)], item % groups * plan.heads);
       if (amx) {
         AttendAmx(it, q, scale, out, &amx_scratch);
       } else if (bf16) {
@@ -315,14 +315,8 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   if (hd % 8 != 0 || r % 8 != 0) {
     return cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
   }
-  std::vector<int64_t> tile_start;
-  for (int64_t t = 0; t < batch.num_tokens; ++t) {
-    const bool extends = t > 0 && t - tile_start.back() < kTile && batch.token_seq[t] == batch.token_seq[t - 1] &&
-                         batch.token_pos[t] == batch.token_pos[t - 1] + 1;
-    if (!extends) tile_start.push_back(t);
-  }
-  const int64_t tiles = static_cast<int64_t>(tile_start.size());
-  tile_start.push_back(batch.num_tokens);
+  const std::vector<int64_t> tile_start = TileStarts(batch, kTile);
+  const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
   constexpr int64_t kHeadChunk = 8;
   const int64_t chunks = (heads + kHeadChunk - 1) / kHeadChunk;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {

@@ -223,7 +223,7 @@ constexpr PairIndex MakePairIndex() {
 
 }  // namespace
 
-void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb) {
+SoftmaxStats SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb) {
   // The scaled scores are recomputed in the second pass (the same product) rather than stored
   // by the first: one pass less over the row. The maximum runs in four chains (a maximum is
   // exact in any order), the sum in one, in key order.
@@ -240,7 +240,8 @@ void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* p
     const __mmask16 k = FirstLanes(ctx - j);
     m0 = _mm512_mask_max_ps(m0, k, m0, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + j), vscale));
   }
-  const __m512 neg = _mm512_set1_ps(-_mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3))));
+  const float max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+  const __m512 neg = _mm512_set1_ps(-max);
   __m512 sum = _mm512_setzero_ps();
   for (j = 0; j + 16 <= ctx; j += 16) {
     __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sc + j), vscale);
@@ -272,6 +273,7 @@ void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* p
   for (j = whole; j < ctx; j += 16) {  // the lanes past ctx become 0 (an odd last key's pair)
     _mm512_storeu_ps(sc + j, _mm512_maskz_mul_ps(FirstLanes(ctx - j), _mm512_loadu_ps(sc + j), inv));
   }
+  return {max, lanes[0]};
 }
 
 void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first) {

@@ -35,7 +35,12 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
 // (round to nearest even; 0 past ctx), those of [whole, ctx) stay in sc as fp32, followed by
 // zeros to the next multiple of 16 past whole. whole is a multiple of 32; sc has room for
 // max(whole, ctx rounded up to 16) floats.
-void SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
+// Returns the largest scaled score and the sum of the exponentials (before the division), which
+// a context split into chunks needs to weigh each chunk's result (attention_chunks.h).
+struct SoftmaxStats {
+  float max, sum;
+};
+SoftmaxStats SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
 
 // The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][first + 2d], keys[j][first +
 // 2d + 1]) for the hd / 2 pairs d. Every 16 pairs (32 dimensions) are one AMX B tile of Q·Kᵀ.

@@ -10,14 +10,18 @@
 namespace moeserve::cpu_fast {
 
 // One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
-// kv head, rows are (token, query head) pairs, token-major.
+// kv head, rows are (token, query head) pairs, token-major. Its keys are [k_begin, ctx_max): all
+// of the tile's context, or one chunk of it (attention_chunks.h).
 struct ItemRows {
   const AttentionBatch* batch;
   const KvLayout* layout;
   const void* cache;
   int64_t layer, t0, nt, g0, heads, group, q_heads, ctx_max;
+  int64_t k_begin = 0;
   int64_t nrows() const { return nt * group; }
   int64_t ctx_of(int64_t r) const { return static_cast<int64_t>(batch->token_pos[t0 + r / group]) + 1; }
+  // Row r's keys in [k_begin, ctx_max): none for a row whose context ends before the chunk.
+  int64_t keys_of(int64_t r) const { return std::clamp(ctx_of(r), k_begin, ctx_max) - k_begin; }
   int64_t head_of(int64_t g, int64_t r) const { return (t0 + r / group) * q_heads + g * group + r % group; }
   const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
   // The bf16 row of key j (K: kv 0, V: 1) of kv head g; `zeros` at or past ctx_max.

@@ -59,9 +59,10 @@ std::string CpuBackend::KernelNumerics() const {
   const std::string base = options_.batch_invariant ? "cpu-fast-2" : "cpu-fast-blas-2";
   // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention);
   // -3: its products on AMX tiles; -4: on vdpbf16ps with the AMX kernel's 16-lane softmax (the
-  // exact kernel's 8-lane one before, -2).
+  // exact kernel's 8-lane one before, -2); -5: contexts past 512 keys in chunks, weighed together
+  // (attention_chunks.h).
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-4" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-5" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -239,6 +240,76 @@ class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
 INSTANTIATE_TEST_SUITE_P(Variants, PagedAttentionBf16Test, ::testing::Values(CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
                          [](const auto& info) { return std::string(info.param == CpuIsa::kAmx ? "amx" : "avx512bf16"); });
 
+// One random batch of `seqs` sequences of up to `max_blocks` blocks of 16 (every other one a
+// prefill chunk of up to `chunk` tokens) against float64 attention and against itself computed
+// alone, on 12 threads, and on 3, 5 and 9.
+void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<CpuBackend(int)>& backend,
+                                        int64_t kvh, int64_t hd, int64_t seqs, int64_t max_blocks, int64_t chunk,
+                                        std::mt19937& gen) {
+  SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
+                                    << max_blocks * 16 << " tokens");
+  KvLayout layout;
+  layout.num_layers = 2;
+  layout.block_size = 16;
+  layout.kv_heads = kvh;
+  layout.head_dim = hd;
+  layout.dtype = DType::kBF16;
+  const int64_t qh = 3 * kvh, layer = 1;
+  const RandomBatch rb = MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
+                                         /*spread=*/2.0f, gen);
+  const int64_t t = rb.tokens();
+  const std::vector<float>& q = rb.q;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> out(q.size());
+  bf16.PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, out.data());
+  auto cached = [&](int kv, int64_t s, int64_t j, int64_t g, int64_t i) {
+    const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
+    return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
+  };
+  double worst = 0, worst_err = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t s = rb.token_seq[i], ctx = rb.token_pos[i] + 1;
+    for (int64_t h = 0; h < qh; ++h) {
+      const int64_t g = h / 3;
+      const float* qr = q.data() + (i * qh + h) * hd;
+      std::vector<double> sc(static_cast<size_t>(ctx));
+      double mx = -1e300, sum = 0, dmax = 0;
+      for (int64_t j = 0; j < ctx; ++j) {
+        double d = 0, mag = 0;
+        for (int64_t e = 0; e < hd; ++e) {
+          d += qr[e] * cached(0, s, j, g, e);
+          mag += std::fabs(qr[e] * cached(0, s, j, g, e));
+        }
+        sc[j] = d * scale;
+        dmax = std::max(dmax, scale * mag / 256.0);
+        mx = std::max(mx, sc[j]);
+      }
+      for (auto& v : sc) sum += v = std::exp(v - mx);
+      for (int64_t e = 0; e < hd; ++e) {
+        double o = 0, vmax = 0;
+        for (int64_t j = 0; j < ctx; ++j) {
+          o += sc[j] / sum * cached(1, s, j, g, e);
+          vmax = std::max(vmax, std::fabs(cached(1, s, j, g, e)));
+        }
+        const double err = std::fabs(out[(i * qh + h) * hd + e] - o);
+        const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
+        if (err / bound > worst) worst = err / bound, worst_err = err;
+      }
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
+  ExpectEachTokenAsAlone(bf16, rb, scale, out);
+  CpuBackend many = backend(12);  // more threads than a token alone has items
+  ExpectEachTokenAsAlone(many, rb, scale, out);
+  // Other thread counts split the heads otherwise (an item takes the most kv heads that leave
+  // four items a thread: two of four, two or three of six, for some tile counts).
+  for (int threads : {3, 5, 9}) {
+    std::vector<float> other(q.size());
+    backend(threads).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
+    EXPECT_EQ(std::memcmp(other.data(), out.data(), out.size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
+
 TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
   CpuBackend bf16 = Backend();
   ASSERT_TRUE(bf16.Bf16Attention());
@@ -252,69 +323,26 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
   // a token alone takes one head an item.
   const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {4, 128}, {5, 32}, {6, 64}};
   for (const auto& [kvh, hd] : shapes) {
-    for (int64_t seqs : {3, 19}) {
-      SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences");
-      KvLayout layout;
-      layout.num_layers = 2;
-      layout.block_size = 16;
-      layout.kv_heads = kvh;
-      layout.head_dim = hd;
-      layout.dtype = DType::kBF16;
-      const int64_t qh = 3 * kvh, layer = 1, max_blocks = 12;
-      const RandomBatch rb =
-          MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, /*chunk=*/seqs == 3 ? 70 : 21,
-                          /*spread=*/2.0f, gen);  // 70: whole 64-token tiles of the amx kernel
-      const int64_t t = rb.tokens();
-      const std::vector<float>& q = rb.q;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      std::vector<float> out(q.size());
-      bf16.PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, out.data());
-      auto cached = [&](int kv, int64_t s, int64_t j, int64_t g, int64_t i) {
-        const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
-        return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
-      };
-      double worst = 0, worst_err = 0;
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t s = rb.token_seq[i], ctx = rb.token_pos[i] + 1;
-        for (int64_t h = 0; h < qh; ++h) {
-          const int64_t g = h / 3;
-          const float* qr = q.data() + (i * qh + h) * hd;
-          std::vector<double> sc(static_cast<size_t>(ctx));
-          double mx = -1e300, sum = 0, dmax = 0;
-          for (int64_t j = 0; j < ctx; ++j) {
-            double d = 0, mag = 0;
-            for (int64_t e = 0; e < hd; ++e) {
-              d += qr[e] * cached(0, s, j, g, e);
-              mag += std::fabs(qr[e] * cached(0, s, j, g, e));
-            }
-            sc[j] = d * scale;
-            dmax = std::max(dmax, scale * mag / 256.0);
-            mx = std::max(mx, sc[j]);
-          }
-          for (auto& v : sc) sum += v = std::exp(v - mx);
-          for (int64_t e = 0; e < hd; ++e) {
-            double o = 0, vmax = 0;
-            for (int64_t j = 0; j < ctx; ++j) {
-              o += sc[j] / sum * cached(1, s, j, g, e);
-              vmax = std::max(vmax, std::fabs(cached(1, s, j, g, e)));
-            }
-            const double err = std::fabs(out[(i * qh + h) * hd + e] - o);
-            const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
-            if (err / bound > worst) worst = err / bound, worst_err = err;
-          }
-        }
-      }
-      EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
-      ExpectEachTokenAsAlone(bf16, rb, scale, out);
-      CpuBackend many = Backend(12);  // more threads than a token alone has items
-      ExpectEachTokenAsAlone(many, rb, scale, out);
-      // Other thread counts split the heads otherwise (an item takes the most kv heads that leave
-      // four items a thread: two of four, two or three of six, for some tile counts).
-      for (int threads : {3, 5, 9}) {
-        std::vector<float> other(q.size());
-        Backend(threads).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
-        EXPECT_EQ(std::memcmp(other.data(), out.data(), out.size() * sizeof(float)), 0) << threads << " threads";
-      }
+    for (int64_t seqs : {3, 19}) {  // 70: whole 64-token tiles of the amx kernel
+      ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/12,
+                                         /*chunk=*/seqs == 3 ? 70 : 21, gen);
+    }
+  }
+}
+
+// Contexts past kAttentionChunkKeys (512): the avx512-bf16 kernel takes them in chunks, one an
+// item for a token alone or few sequences, all of a tile's in one item for many, combined
+// afterwards; prefill tiles straddle chunk boundaries. The same bound and the same bits.
+TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInvariant) {
+  CpuBackend bf16 = Backend();
+  std::random_device rd;
+  const uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  for (const auto& [kvh, hd] : {std::pair<int64_t, int64_t>{4, 64}, {2, 128}}) {
+    for (int64_t seqs : {2, 17}) {
+      ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/100,
+                                         /*chunk=*/seqs == 2 ? 40 : 3, gen);
     }
   }
 }
