@@ -25,6 +25,7 @@ using testing::RandomFloats;
 // Sequences of random lengths in scattered blocks of a fresh cache (random K and V, written by
 // `writer`), a decode token for each and a prefill chunk of up to `chunk` tokens for every
 // `every`-th, and random queries; keys and queries drawn `spread` times wider than values.
+// `lens`, if given, fixes the sequences' lengths (one each).
 struct RandomBatch {
   KvLayout layout;
   int64_t layer = 0, q_heads = 0, seqs = 0, max_blocks = 0;
@@ -38,7 +39,8 @@ struct RandomBatch {
 };
 
 RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t layer, int64_t q_heads, int64_t seqs,
-                            int64_t max_blocks, int64_t every, int64_t chunk, float spread, std::mt19937& gen) {
+                            int64_t max_blocks, int64_t every, int64_t chunk, float spread, std::mt19937& gen,
+                            const std::vector<int64_t>& lens_given = {}) {
   RandomBatch rb;
   rb.layout = layout;
   rb.layer = layer;
@@ -48,6 +50,7 @@ RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t lay
   const int64_t bs = layout.block_size, te = layout.TokenElems();
   std::vector<int64_t> lens(static_cast<size_t>(seqs));
   for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * bs)(gen);
+  if (!lens_given.empty()) lens = lens_given;
   int64_t blocks = 0;
   for (int64_t l : lens) blocks += (l + bs - 1) / bs;
   rb.layout.num_blocks = blocks;
@@ -245,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, PagedAttentionBf16Test, ::testing::Values(Cpu
 // alone, on 12 threads, and on 3, 5 and 9.
 void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<CpuBackend(int)>& backend,
                                         int64_t kvh, int64_t hd, int64_t seqs, int64_t max_blocks, int64_t chunk,
-                                        std::mt19937& gen) {
+                                        std::mt19937& gen, const std::vector<int64_t>& lens = {}) {
   SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
                                     << max_blocks * 16 << " tokens");
   KvLayout layout;
@@ -256,7 +259,7 @@ void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<Cp
   layout.dtype = DType::kBF16;
   const int64_t qh = 3 * kvh, layer = 1;
   const RandomBatch rb = MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
-                                         /*spread=*/2.0f, gen);
+                                         /*spread=*/2.0f, gen, lens);
   const int64_t t = rb.tokens();
   const std::vector<float>& q = rb.q;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -344,6 +347,9 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
       ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/100,
                                          /*chunk=*/seqs == 2 ? 40 : 3, gen);
     }
+    // Prefill tiles across chunk boundaries (tokens 490-529 and 1560-1599) and a decode at 1099.
+    ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 3, /*max_blocks=*/100,
+                                       /*chunk=*/40, gen, {530, 1100, 1600});
   }
 }
 
