@@ -1,18 +1,15 @@
-// Paged causal attention on the CPU fast path (declared in fast_ops.h), vectorised on 8-lane
-// registers (vec8.h).
+// Paged causal attention on the CPU fast path (declared in fast_ops.h): the work items, and the
+// latent (MLA) kernel.
 //
 // Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (64 on
 // the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of
-// one), and the group of query heads that share a kv head reads each K/V row once, converted to
-// fp32 eight keys at a time (32 for V, whose accumulators stay in registers over them). Items
-// take as many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads
-// side by side in the cache) is read whole; the bf16 kernel (attention_chunks.h) also splits
-// long contexts of few tiles into chunks, one an item. The exact kernel (AttendExact) is exact and
-// batch-invariant: a token's scores, softmax and weighted sum are the same operations in the
-// same order whatever its tile or batch mates: each score is an 8-lane FMA chain over the head
-// dimension summed by one tree (Reduce8x8); the max is order-free; the exponentials (vec8.h's
-// Exp) are summed lane-wise over keys in order, then by Reduce's tree; the output is a chain of
-// FMAs over keys in order, per element.
+// one), and the group of query heads that share a kv head reads each K/V row once. Items take as
+// many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads side by
+// side in the cache) is read whole. The exact (attention_exact.h) and bf16 (attention_chunks.h)
+// kernels take a context in chunks of 512 keys weighed together afterwards, so few long
+// contexts also split by chunk, one an item. Every kernel is batch-invariant: a token's scores,
+// softmax and weighted sum are the same operations in the same order whatever its tile, batch
+// mates, item or thread.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,163 +21,16 @@
 #include "kernels/cpu/attention_item.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_chunks.h"
+#include "kernels/cpu/attention_exact.h"
 #include "kernels/cpu/fast_ops.h"
-#include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
-#include "kernels/cpu/vec8.h"
 
 namespace moeserve::cpu_fast {
 namespace {
 
 constexpr int64_t kTile = 16;     // tokens of one sequence per work item
 constexpr int64_t kAmxTile = 64;  // the same for the amx kernel
-constexpr int64_t kKeys = 8;   // keys per group, one per lane of a score vector
-// Keys per pass of the weighted sum over V: its accumulators stay in registers over this many
-// (a whole head of 64 dimensions is 8 of them), loaded and stored once per pass.
-constexpr int64_t kValueKeys = 32;
-
-// The fp32 rows of keys [k0, k0 + n) (K or V, kv head g): pointers into an fp32 cache, or
-// rows widened into `scratch` [n][hd] from a bf16 one; keys at or past ctx read `zeros`.
-void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer,
-                int kv, int64_t g, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
-                const float** rows) {
-  const int64_t hd = layout.head_dim, bs = layout.block_size;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t j = k0 + k;
-    if (j >= ctx) {
-      rows[k] = zeros;
-      continue;
-    }
-    const int64_t off = layout.Offset(table[j / bs], layer, kv, j % bs) + g * hd;
-    if (layout.dtype == DType::kF32) {
-      rows[k] = static_cast<const float*>(cache) + off;
-    } else {
-      const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
-      float* row = scratch + k * hd;
-      for (int64_t c = 0; c < hd; c += 8) Store(row + c, Load(src + c));
-      rows[k] = row;
-    }
-  }
-}
-
-// scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector.
-V8 Scores(const float* q, const float* const keys[kKeys], int64_t hd, float scale) {
-  V8 p[kKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
-  for (int64_t c = 0; c < hd; c += 8) {
-    const V8 qc = Load(q + c);
-    for (int64_t k = 0; k < kKeys; ++k) p[k] = Fma(qc, Load(keys[k] + c), p[k]);
-  }
-  return Mul(Reduce8x8(p), Set1(scale));
-}
-
-// out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.
-template <int N>
-void AddWeighted(const float* probs, int64_t nk, const float* const* values, int64_t c0,
-                 float* out) {
-  V8 a[N];
-  for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
-  for (int64_t k = 0; k < nk; ++k) {
-    const V8 pk = Set1(probs[k]);
-    for (int c = 0; c < N; ++c) a[c] = Fma(pk, Load(values[k] + c0 + 8 * c), a[c]);
-  }
-  for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
-}
-
-void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd,
-                    float* out) {
-  for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
-    const int64_t left = (hd - c) / 8;
-    if (left >= 8) {
-      AddWeighted<8>(probs, nk, values, c, out + c);
-      c += 64;
-    } else if (left >= 4) {
-      AddWeighted<4>(probs, nk, values, c, out + c);
-      c += 32;
-    } else if (left >= 2) {
-      AddWeighted<2>(probs, nk, values, c, out + c);
-      c += 16;
-    } else {
-      AddWeighted<1>(probs, nk, values, c, out + c);
-      c += 8;
-    }
-  }
-}
-
-// Softmax in place over sc[0, ctx), leaving zeros up to the next multiple of 8.
-void Softmax(float* sc, int64_t ctx) {
-  const int64_t padded = (ctx + kKeys - 1) / kKeys * kKeys;
-  for (int64_t j = ctx; j < padded; ++j) sc[j] = -INFINITY;
-  V8 m = Set1(-INFINITY);
-  for (int64_t j = 0; j < padded; j += kKeys) m = Max(m, Load(sc + j));
-  float lanes[8];
-  Store(lanes, m);
-  const float mx = *std::max_element(lanes, lanes + 8);
-  V8 sum = Zero();
-  const V8 neg = Set1(-mx);
-  for (int64_t j = 0; j < padded; j += kKeys) {
-    V8 e = Exp(Add(Load(sc + j), neg));
-    if (j + kKeys > ctx) {  // the partial last group: its padding lanes are zero, not e^-inf
-      float t[8];
-      Store(t, e);
-      for (int64_t l = ctx - j; l < kKeys; ++l) t[l] = 0.0f;
-      e = Load(t);
-    }
-    sum = Add(sum, e);
-    Store(sc + j, e);
-  }
-  const V8 inv = Set1(1.0f / Reduce(sum));
-  for (int64_t j = 0; j < padded; j += kKeys) Store(sc + j, Mul(Load(sc + j), inv));
-}
-
-
-struct ExactScratch {
-  std::vector<float> scores, acc, scratch, zeros;
-  const float* rows[kValueKeys];
-};
-
-// An item on the exact fp32 kernel: scores 8 keys at a time for every row of each kv head, the
-// softmax, then the weighted sum over 32 keys at a time; each row stops at its own context.
-void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), g0 = it.g0, ctx_max = it.ctx_max;
-  const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
-  const int32_t* table = it.table();
-  s->scratch.resize(static_cast<size_t>(kValueKeys * hd));
-  s->zeros.assign(static_cast<size_t>(hd), 0.0f);
-  s->scores.resize(static_cast<size_t>(it.heads * nrows * padded));
-  s->acc.assign(static_cast<size_t>(it.heads * nrows * hd), 0.0f);
-  auto scores_of = [&](int64_t g, int64_t r) { return s->scores.data() + ((g - g0) * nrows + r) * padded; };
-  auto acc_of = [&](int64_t g, int64_t r) { return s->acc.data() + ((g - g0) * nrows + r) * hd; };
-  for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-    for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      GatherKeys(*it.layout, it.cache, table, it.layer, 0, g, k0, kKeys, ctx_max, s->scratch.data(), s->zeros.data(),
-                 s->rows);
-      for (int64_t r = 0; r < nrows; ++r) {
-        if (k0 < it.ctx_of(r)) Store(scores_of(g, r) + k0, Scores(q + it.head_of(g, r) * hd, s->rows, hd, scale));
-      }
-    }
-  }
-  for (int64_t g = g0; g < g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) Softmax(scores_of(g, r), it.ctx_of(r));
-  }
-  for (int64_t k0 = 0; k0 < ctx_max; k0 += kValueKeys) {
-    const int64_t n = std::min(kValueKeys, ctx_max - k0);
-    for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      GatherKeys(*it.layout, it.cache, table, it.layer, 1, g, k0, n, ctx_max, s->scratch.data(), s->zeros.data(),
-                 s->rows);
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t nk = std::min(n, it.ctx_of(r) - k0);
-        if (nk > 0) AddWeightedRow(scores_of(g, r) + k0, nk, s->rows, hd, acc_of(g, r));
-      }
-    }
-  }
-  for (int64_t g = g0; g < g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(out + it.head_of(g, r) * hd, acc_of(g, r), static_cast<size_t>(hd) * sizeof(float));
-    }
-  }
-}
-
 // The tiles of a batch: runs of up to `tile_tokens` consecutive positions of one sequence
 // (tile i is tokens [start[i], start[i + 1])).
 std::vector<int64_t> TileStarts(const AttentionBatch& batch, int64_t tile_tokens) {
@@ -221,8 +71,8 @@ ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) 
 // `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads)
 // weighs its chunks together.
 template <typename RowsOf>
-void AttendInChunks(ThreadPool& pool, const std::vector<int64_t>& order, const RowsOf& item_rows, int64_t groups,
-                    int64_t heads, const float* q, float scale, float* out) {
+void AttendInChunks(ThreadPool& pool, bool bf16, const std::vector<int64_t>& order, const RowsOf& item_rows,
+                    int64_t groups, int64_t heads, const float* q, float scale, float* out) {
   struct Part {
     int64_t tile, g0, chunk, offset;
   };
@@ -239,12 +89,17 @@ void AttendInChunks(ThreadPool& pool, const std::vector<int64_t>& order, const R
   }
   std::vector<float> parts(static_cast<size_t>(total));
   pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-    Bf16Scratch s;
+    Bf16Scratch bf16_scratch;
+    ExactScratch exact_scratch;
     for (int64_t i = b; i < e; ++i) {
       const Part& p = items[static_cast<size_t>(i)];
       const ItemRows it = item_rows(p.tile, p.g0);
-      PrepareBf16Queries(it, q, &s);
-      AttendChunkBf16(ChunkOf(it, p.chunk), scale, &s, parts.data() + p.offset);
+      if (bf16) {
+        PrepareBf16Queries(it, q, &bf16_scratch);
+        AttendChunkBf16(ChunkOf(it, p.chunk), scale, &bf16_scratch, parts.data() + p.offset);
+      } else {
+        AttendExactChunk(ChunkOf(it, p.chunk), q, scale, parts.data() + p.offset, &exact_scratch);
+      }
     }
   });
   pool.ParallelFor(static_cast<int64_t>(base.size()), 1, [&](int64_t b, int64_t e) {
@@ -275,7 +130,7 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   std::vector<int64_t> order(static_cast<size_t>(tiles));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ctx_of_tile(a) > ctx_of_tile(b); });
-  const bool chunked = bf16 && !amx;  // the exact and amx kernels take a context whole
+  const bool chunked = !amx;  // the amx kernel takes a context whole
   int64_t chunks = 0;
   for (int64_t tile = 0; tile < tiles; ++tile) chunks += chunked ? ChunksOf(ctx_of_tile(tile)) : 1;
   const ItemPlan plan = PlanItems(tiles, chunks, kvh, static_cast<int64_t>(pool.num_threads()));
@@ -285,7 +140,7 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
     return ItemRows{&batch, &layout, cache, layer, t0, tile_start[tile + 1] - t0, g0, plan.heads, group, q_heads,
                     ctx_of_tile(tile)};
   };
-  if (plan.split) return AttendInChunks(pool, order, item_rows, groups, plan.heads, q, scale, out);
+  if (plan.split) return AttendInChunks(pool, bf16, order, item_rows, groups, plan.heads, q, scale, out);
   pool.ParallelFor(tiles * groups, 1, [&](int64_t b, int64_t e) {
     ExactScratch exact_scratch;
     Bf16Scratch bf16_scratch;
@@ -306,8 +161,9 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 // Latent attention (MLA): every head reads the same row per token, [latent | rotary key], the
 // latent doubling as the value. Work items are (tile, chunk of heads), so that a decode token's
 // heads spread over the threads; each head's query is [q_latent | q_rope] scored against whole
-// rows, its output the weighted sum of the rows' first latent_dim values. Same operations in the
-// same order as PagedAttention for each (token, head), whatever the batch.
+// rows, its output the weighted sum of the rows' first latent_dim values: the exact kernel's
+// operations over the whole context (no chunks: the heads already fill the threads), in the
+// same order for each (token, head) whatever the batch.
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                           int64_t latent_dim, float scale, float* out) {
@@ -320,13 +176,13 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   constexpr int64_t kHeadChunk = 8;
   const int64_t chunks = (heads + kHeadChunk - 1) / kHeadChunk;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, qcat, scratch(static_cast<size_t>(kKeys * hd)), zeros(static_cast<size_t>(hd), 0.0f);
-    const float* rows[kKeys];
+    std::vector<float> scores, acc, qcat, scratch(static_cast<size_t>(kExactKeys * hd)), zeros(static_cast<size_t>(hd), 0.0f);
+    const float* rows[kExactKeys];
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, h0 = item % chunks * kHeadChunk, nh = std::min(kHeadChunk, heads - h0);
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;
-      const int64_t padded = (ctx_max + kKeys - 1) / kKeys * kKeys;
+      const int64_t padded = (ctx_max + kExactKeys - 1) / kExactKeys * kExactKeys;
       const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
       const int64_t nrows = nt * nh;  // (token, head) pairs, token-major
       scores.resize(static_cast<size_t>(nrows * padded));
@@ -338,17 +194,17 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
         std::memcpy(qcat.data() + row * hd + r, q_rope + pair(row) * dr, static_cast<size_t>(dr) * sizeof(float));
       }
       auto ctx_of = [&](int64_t row) { return static_cast<int64_t>(batch.token_pos[t0 + row / nh]) + 1; };
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
+      for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
+        GatherKeys(layout, cache, table, layer, 0, 0, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
           if (k0 < ctx_of(row)) Store(scores.data() + row * padded + k0, Scores(qcat.data() + row * hd, rows, hd, scale));
         }
       }
       for (int64_t row = 0; row < nrows; ++row) Softmax(scores.data() + row * padded, ctx_of(row));
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, kKeys, ctx_max, scratch.data(), zeros.data(), rows);
+      for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
+        GatherKeys(layout, cache, table, layer, 0, 0, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
-          const int64_t nk = std::min(kKeys, ctx_of(row) - k0);
+          const int64_t nk = std::min(kExactKeys, ctx_of(row) - k0);
           if (nk > 0) AddWeightedRow(scores.data() + row * padded + k0, nk, rows, r, acc.data() + row * r);
         }
       }

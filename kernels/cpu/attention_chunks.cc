@@ -96,12 +96,16 @@ void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf1
   PrepareBf16Queries(it, q, s);
   s->parts.resize(static_cast<size_t>(chunks * stride));
   for (int64_t c = 0; c < chunks; ++c) AttendChunkBf16(ChunkOf(it, c), scale, s, s->parts.data() + c * stride);
-  if (chunks > 1) return CombineChunks(it, s->parts.data(), out);
-  // One chunk weighs 1: CombineChunks would copy the bits (fma(1, o, 0) = o) at the cost of an
-  // exponential and a division a row (3% of a 512-token prefill chunk's attention).
-  const int64_t nrows = it.nrows();
-  for (int64_t row = 0; row < all; ++row) {
-    std::memcpy(out + it.head_of(it.g0 + row / nrows, row % nrows) * hd, s->parts.data() + row * hd,
+  FinishChunks(it, s->parts.data(), out);
+}
+
+void FinishChunks(const ItemRows& it, const float* parts, float* out) {
+  if (ChunksOf(it.ctx_max) > 1) return CombineChunks(it, parts, out);
+  // CombineChunks would copy the bits (fma(1, o, 0) = o), at 3% of a 512-token prefill chunk's
+  // attention.
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  for (int64_t row = 0; row < it.heads * nrows; ++row) {
+    std::memcpy(out + it.head_of(it.g0 + row / nrows, row % nrows) * hd, parts + row * hd,
                 static_cast<size_t>(hd) * sizeof(float));
   }
 }

@@ -55,6 +55,10 @@ void AttendChunkBf16(const ItemRows& it, float scale, Bf16Scratch* s, float* par
 // fp32 FMAs over c in order. One chunk has weight 1 exactly: its result unchanged.
 void CombineChunks(const ItemRows& it, const float* parts, float* out);
 
+// The item's output from its chunks' results: CombineChunks, or with one chunk its rows as they
+// are (the weight is 1: the same bits, without an exponential and a division a row).
+void FinishChunks(const ItemRows& it, const float* parts, float* out);
+
 // A whole item (it.k_begin 0): its queries, each chunk of its context in turn, then combined.
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s);
 

@@ -220,6 +220,48 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
   }
 }
 
+// Contexts past 512 keys: the exact kernel takes them in 512-key chunks weighed together, one
+// chunk an item where sequences are few (a token alone) and all of a tile's chunks an item where
+// they are many; prefill tiles straddle chunk boundaries (fixed lengths 530 and 1600). Against the
+// reference path and bit for bit against each token alone and other thread counts.
+TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvariant) {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  struct Case {
+    int64_t seqs, chunk;
+    std::vector<int64_t> lens;  // random where empty
+  };
+  const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1600}}};
+  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& [seqs, chunk, lens] : cases) {
+      SCOPED_TRACE(::testing::Message() << DTypeShortName(kv_dtype) << ", " << seqs << " sequences");
+      KvLayout layout;
+      layout.num_layers = 2;
+      layout.block_size = 16;
+      layout.kv_heads = 4;
+      layout.head_dim = 32;
+      layout.dtype = kv_dtype;
+      const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/1, /*q_heads=*/8, seqs, /*max_blocks=*/100,
+                                             /*every=*/2, chunk, /*spread=*/1.0f, gen, lens);
+      const float scale = 1.0f / std::sqrt(32.0f);
+      std::vector<float> out_ref(rb.q.size()), out_fast(rb.q.size());
+      ref_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_ref.data());
+      fast_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_fast.data());
+      EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
+      ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
+      ExpectEachTokenAsAlone(many_, rb, scale, out_fast);
+      for (int threads : {3, 5}) {
+        CpuBackend other{CpuBackendOptions{CpuPath::kFast, threads, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+        std::vector<float> o(rb.q.size());
+        other.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, o.data());
+        EXPECT_EQ(0, std::memcmp(o.data(), out_fast.data(), o.size() * sizeof(float))) << threads << " threads";
+      }
+    }
+  }
+}
+
 // The bf16 path of the avx512-bf16 and amx variants (queries and probabilities rounded to bf16,
 // vdpbf16ps) against float64 attention over the same cache with the fp32 queries, within the
 // bound its rounding implies: a score moves by at most d = scale 2^-8 sum_i |q_i k_i| (the query
