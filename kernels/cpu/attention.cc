@@ -195,14 +195,14 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
       }
       auto ctx_of = [&](int64_t row) { return static_cast<int64_t>(batch.token_pos[t0 + row / nh]) + 1; };
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 0, 0, 1, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
           if (k0 < ctx_of(row)) Store(scores.data() + row * padded + k0, Scores(qcat.data() + row * hd, rows, hd, scale));
         }
       }
       for (int64_t row = 0; row < nrows; ++row) Softmax(scores.data() + row * padded, ctx_of(row));
       for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
+        GatherKeys(layout, cache, table, layer, 0, 0, 1, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
         for (int64_t row = 0; row < nrows; ++row) {
           const int64_t nk = std::min(kExactKeys, ctx_of(row) - k0);
           if (nk > 0) AddWeightedRow(scores.data() + row * padded + k0, nk, rows, r, acc.data() + row * r);

@@ -10,10 +10,10 @@
 
 namespace moeserve::cpu_fast {
 
-void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer,
-                int kv, int64_t g, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
+void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
+                int64_t heads, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
                 const float** rows) {
-  const int64_t hd = layout.head_dim, bs = layout.block_size;
+  const int64_t hd = layout.head_dim, bs = layout.block_size, width = heads * hd;
   for (int64_t k = 0; k < n; ++k) {
     const int64_t j = k0 + k;
     if (j >= ctx) {
@@ -25,8 +25,8 @@ void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table,
       rows[k] = static_cast<const float*>(cache) + off;
     } else {
       const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
-      float* row = scratch + k * hd;
-      for (int64_t c = 0; c < hd; c += 8) Store(row + c, Load(src + c));
+      float* row = scratch + k * width;
+      for (int64_t c = 0; c < width; c += 8) Store(row + c, Load(src + c));
       rows[k] = row;
     }
   }
@@ -109,20 +109,25 @@ void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* pa
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows, g0 = it.g0;
   const int64_t kb = it.k_begin, ctx_max = it.ctx_max, padded = RoundUp(ctx_max - kb, kExactKeys);
   const int32_t* table = it.table();
-  s->scratch.resize(static_cast<size_t>(kExactValueKeys * hd));
-  s->zeros.assign(static_cast<size_t>(hd), 0.0f);
+  s->scratch.resize(static_cast<size_t>(kExactValueKeys * it.heads * hd));
+  s->zeros.assign(static_cast<size_t>(it.heads * hd), 0.0f);
   s->scores.resize(static_cast<size_t>(all * padded));
   float* max = part + all * hd;
   float* sum = max + all;
   std::fill(part, part + all * hd, 0.0f);
   auto row_of = [&](int64_t g, int64_t r) { return (g - g0) * nrows + r; };
   auto scores_of = [&](int64_t g, int64_t r) { return s->scores.data() + row_of(g, r) * padded; };
+  auto head_rows = [&](int64_t g, int64_t n) {  // head g's part of the gathered rows
+    for (int64_t k = 0; k < n; ++k) s->head_rows[k] = s->rows[k] + (g - g0) * hd;
+    return s->head_rows;
+  };
   for (int64_t k0 = kb; k0 < ctx_max; k0 += kExactKeys) {
+    GatherKeys(*it.layout, it.cache, table, it.layer, 0, g0, it.heads, k0, kExactKeys, ctx_max, s->scratch.data(),
+               s->zeros.data(), s->rows);
     for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      GatherKeys(*it.layout, it.cache, table, it.layer, 0, g, k0, kExactKeys, ctx_max, s->scratch.data(),
-                 s->zeros.data(), s->rows);
+      const float* const* keys = head_rows(g, kExactKeys);
       for (int64_t r = 0; r < nrows; ++r) {
-        if (k0 < it.ctx_of(r)) Store(scores_of(g, r) + (k0 - kb), Scores(q + it.head_of(g, r) * hd, s->rows, hd, scale));
+        if (k0 < it.ctx_of(r)) Store(scores_of(g, r) + (k0 - kb), Scores(q + it.head_of(g, r) * hd, keys, hd, scale));
       }
     }
   }
@@ -136,12 +141,13 @@ void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* pa
   }
   for (int64_t k0 = kb; k0 < ctx_max; k0 += kExactValueKeys) {
     const int64_t n = std::min(kExactValueKeys, ctx_max - k0);
+    GatherKeys(*it.layout, it.cache, table, it.layer, 1, g0, it.heads, k0, n, ctx_max, s->scratch.data(),
+               s->zeros.data(), s->rows);
     for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      GatherKeys(*it.layout, it.cache, table, it.layer, 1, g, k0, n, ctx_max, s->scratch.data(), s->zeros.data(),
-                 s->rows);
+      const float* const* values = head_rows(g, n);
       for (int64_t r = 0; r < nrows; ++r) {
         const int64_t nk = std::min(n, it.ctx_of(r) - k0);
-        if (nk > 0) AddWeightedRow(scores_of(g, r) + (k0 - kb), nk, s->rows, hd, part + row_of(g, r) * hd);
+        if (nk > 0) AddWeightedRow(scores_of(g, r) + (k0 - kb), nk, values, hd, part + row_of(g, r) * hd);
       }
     }
   }

@@ -18,10 +18,13 @@ inline constexpr int64_t kExactKeys = 8;  // keys per group, one per lane of a s
 // (a whole head of 64 dimensions is 8 of them), loaded and stored once per pass.
 inline constexpr int64_t kExactValueKeys = 32;
 
-// The fp32 rows of keys [k0, k0 + n) (K or V, kv head g): pointers into an fp32 cache, or
-// rows widened into `scratch` [n][hd] from a bf16 one; keys at or past ctx read `zeros`.
+// The fp32 rows of keys [k0, k0 + n) (K or V, kv heads [g, g + heads) side by side): pointers
+// into an fp32 cache, or rows widened into `scratch` [n][heads * hd] from a bf16 one; keys at or
+// past ctx read `zeros` (heads * hd of them). All heads of a key at once: a DRAM-resident bf16
+// cache read one head's part of each row at a time ran at 0.7 of the speed.
 void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
-                int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros, const float** rows);
+                int64_t heads, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
+                const float** rows);
 
 // scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector: each an 8-lane FMA chain
 // over the head dimension summed by one tree (Reduce8x8).
@@ -41,7 +44,8 @@ ExactSoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
   std::vector<float> scores, scratch, zeros, parts;
-  const float* rows[kExactValueKeys];
+  const float* rows[kExactValueKeys];       // GatherKeys' rows
+  const float* head_rows[kExactValueKeys];  // one kv head's part of them
 };
 
 // Keys [it.k_begin, it.ctx_max) of an item into `part` (attention_chunks.h's ChunkPartFloats
