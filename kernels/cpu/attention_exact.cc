@@ -26,6 +26,7 @@ void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table,
     } else {
       const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
       float* row = scratch + k * width;
+#pragma GCC unroll 4
       for (int64_t c = 0; c < width; c += 8) Store(row + c, Load(src + c));
       rows[k] = row;
     }
