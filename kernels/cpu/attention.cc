@@ -11,7 +11,6 @@
 // softmax and weighted sum are the same operations in the same order whatever its tile, batch
 // mates, item or thread.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "kernels/cpu/attention_amx.h"
 #include "kernels/cpu/attention_item.h"
 #include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/attention_bf16_item.h"
 #include "kernels/cpu/attention_chunks.h"
 #include "kernels/cpu/attention_exact.h"
 #include "kernels/cpu/fast_ops.h"
@@ -53,10 +53,11 @@ struct ItemPlan {
 
 // A token's K (and V) row holds every kv head side by side; the bf16 kernels read a DRAM-resident
 // cache 1.5x faster whole than a head's part at a time. So an item takes as many kv heads as still
-// leave items enough to keep the threads busy (four a thread; one tile's items are equal, so there
-// a multiple of the threads), splitting long contexts into their chunks before it splits rows:
-// a batch-1 decode at context 4096 runs eight chunks of whole rows. `chunks` is the tiles' chunks
-// in all (the tile count where the kernel does not split). No choice changes a bit.
+// leave items enough to keep the threads busy (four a thread, or for a single tile a multiple of
+// the threads: its items are equal but for a shorter last chunk), splitting long contexts into
+// their chunks before it splits rows (on 2 threads a batch-1 decode at context 4096 runs eight
+// chunks of whole rows). `chunks` is the tiles' chunks in all (the tile count where the kernel
+// does not chunk: then never split). No choice changes a bit.
 ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) {
   auto enough = [&](int64_t items) { return items >= 4 * threads || (tiles == 1 && items % threads == 0); };
   for (int64_t d = kvh; d >= 1; --d) {
@@ -140,6 +141,7 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
     return ItemRows{&batch, &layout, cache, layer, t0, tile_start[tile + 1] - t0, g0, plan.heads, group, q_heads,
                     ctx_of_tile(tile)};
   };
+  MS_CHECK(!plan.split || chunked);  // AttendInChunks runs the bf16 and exact kernels only
   if (plan.split) return AttendInChunks(pool, bf16, order, item_rows, groups, plan.heads, q, scale, out);
   pool.ParallelFor(tiles * groups, 1, [&](int64_t b, int64_t e) {
     ExactScratch exact_scratch;

@@ -1,11 +1,14 @@
 // The two inner loops of paged attention on vdpbf16ps (AVX512-BF16), for the kernel variants that
 // round activations to bf16 (avx512-bf16, amx) over a bf16 KV cache: the queries and the
 // probabilities are rounded to bf16 (round to nearest even), their products summed in fp32, as
-// the GEMMs of those variants do with their activations. attention.cc drives them (tiles, work
-// items, softmax); only CPUs with AVX512-BF16 may call them.
+// the GEMMs of those variants do with their activations, and their softmax. The avx512-bf16
+// item (attention_bf16_item.cc) and the amx kernel (attention_amx.cc) drive them; only CPUs with
+// AVX512-BF16 may call them.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/attention_item.h"
 
 namespace moeserve::cpu_fast {
 
@@ -35,11 +38,7 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
 // (round to nearest even; 0 past ctx), those of [whole, ctx) stay in sc as fp32, followed by
 // zeros to the next multiple of 16 past whole. whole is a multiple of 32; sc has room for
 // max(whole, ctx rounded up to 16) floats.
-// Returns the largest scaled score and the sum of the exponentials (before the division), which
-// a context split into chunks needs to weigh each chunk's result (attention_chunks.h).
-struct SoftmaxStats {
-  float max, sum;
-};
+// Returns the largest scaled score and the sum of the exponentials (before the division).
 SoftmaxStats SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uint16_t* pb);
 
 // The keys' dimension pairs side by side: out[d * 16 + j] = (keys[j][first + 2d], keys[j][first +

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "kernels/cpu/attention_chunks.h"
 #include "kernels/weight_layout.h"
@@ -79,7 +78,7 @@ void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, 
   }
 }
 
-ExactSoftmaxStats Softmax(float* sc, int64_t ctx) {
+SoftmaxStats Softmax(float* sc, int64_t ctx) {
   const int64_t padded = RoundUp(ctx, kExactKeys);
   for (int64_t j = ctx; j < padded; ++j) sc[j] = -INFINITY;
   V8 m = Set1(-INFINITY);
@@ -106,52 +105,68 @@ ExactSoftmaxStats Softmax(float* sc, int64_t ctx) {
   return {mx, total};
 }
 
+namespace {
+
+// Head g's part of the n rows GatherKeys gathered for all of the item's heads.
+const float* const* HeadRows(const ItemRows& it, int64_t g, int64_t n, ExactScratch* s) {
+  for (int64_t k = 0; k < n; ++k) s->head_rows[k] = s->rows[k] + (g - it.g0) * it.layout->head_dim;
+  return s->head_rows;
+}
+
+// The scaled scores of keys [k_begin, ctx_max) for row (g - g0) * nrows + r at s->scores +
+// row * padded, 8 keys at a time up to the row's context.
+void ExactScorePass(const ItemRows& it, const float* q, float scale, int64_t padded, ExactScratch* s) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactKeys) {
+    GatherKeys(*it.layout, it.cache, it.table(), it.layer, 0, it.g0, it.heads, k0, kExactKeys, it.ctx_max,
+               s->scratch.data(), s->zeros.data(), s->rows);
+    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+      const float* const* keys = HeadRows(it, g, kExactKeys, s);
+      for (int64_t r = 0; r < nrows; ++r) {
+        if (k0 >= it.ctx_of(r)) continue;
+        float* sc = s->scores.data() + ((g - it.g0) * nrows + r) * padded + (k0 - it.k_begin);
+        Store(sc, Scores(q + it.head_of(g, r) * hd, keys, hd, scale));
+      }
+    }
+  }
+}
+
+// part[row * hd ...] += the rows' probabilities (s->scores) times the values, 32 keys a pass.
+void ExactValuePass(const ItemRows& it, int64_t padded, ExactScratch* s, float* part) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactValueKeys) {
+    const int64_t n = std::min(kExactValueKeys, it.ctx_max - k0);
+    GatherKeys(*it.layout, it.cache, it.table(), it.layer, 1, it.g0, it.heads, k0, n, it.ctx_max, s->scratch.data(),
+               s->zeros.data(), s->rows);
+    for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
+      const float* const* values = HeadRows(it, g, n, s);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t nk = std::min(n, it.ctx_of(r) - k0), row = (g - it.g0) * nrows + r;
+        if (nk > 0) AddWeightedRow(s->scores.data() + row * padded + (k0 - it.k_begin), nk, values, hd, part + row * hd);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows, g0 = it.g0;
-  const int64_t kb = it.k_begin, ctx_max = it.ctx_max, padded = RoundUp(ctx_max - kb, kExactKeys);
-  const int32_t* table = it.table();
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
+  const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kExactKeys);
   s->scratch.resize(static_cast<size_t>(kExactValueKeys * it.heads * hd));
   s->zeros.assign(static_cast<size_t>(it.heads * hd), 0.0f);
   s->scores.resize(static_cast<size_t>(all * padded));
+  std::fill(part, part + all * hd, 0.0f);
+  ExactScorePass(it, q, scale, padded, s);
   float* max = part + all * hd;
   float* sum = max + all;
-  std::fill(part, part + all * hd, 0.0f);
-  auto row_of = [&](int64_t g, int64_t r) { return (g - g0) * nrows + r; };
-  auto scores_of = [&](int64_t g, int64_t r) { return s->scores.data() + row_of(g, r) * padded; };
-  auto head_rows = [&](int64_t g, int64_t n) {  // head g's part of the gathered rows
-    for (int64_t k = 0; k < n; ++k) s->head_rows[k] = s->rows[k] + (g - g0) * hd;
-    return s->head_rows;
-  };
-  for (int64_t k0 = kb; k0 < ctx_max; k0 += kExactKeys) {
-    GatherKeys(*it.layout, it.cache, table, it.layer, 0, g0, it.heads, k0, kExactKeys, ctx_max, s->scratch.data(),
-               s->zeros.data(), s->rows);
-    for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      const float* const* keys = head_rows(g, kExactKeys);
-      for (int64_t r = 0; r < nrows; ++r) {
-        if (k0 < it.ctx_of(r)) Store(scores_of(g, r) + (k0 - kb), Scores(q + it.head_of(g, r) * hd, keys, hd, scale));
-      }
-    }
+  for (int64_t row = 0; row < all; ++row) {
+    const int64_t n = it.keys_of(row % nrows);
+    const SoftmaxStats st = n > 0 ? Softmax(s->scores.data() + row * padded, n) : SoftmaxStats{-INFINITY, 0.0f};
+    max[row] = st.max;
+    sum[row] = st.sum;
   }
-  for (int64_t g = g0; g < g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      const int64_t n = it.keys_of(r);
-      const ExactSoftmaxStats st = n > 0 ? Softmax(scores_of(g, r), n) : ExactSoftmaxStats{-INFINITY, 0.0f};
-      max[row_of(g, r)] = st.max;
-      sum[row_of(g, r)] = st.sum;
-    }
-  }
-  for (int64_t k0 = kb; k0 < ctx_max; k0 += kExactValueKeys) {
-    const int64_t n = std::min(kExactValueKeys, ctx_max - k0);
-    GatherKeys(*it.layout, it.cache, table, it.layer, 1, g0, it.heads, k0, n, ctx_max, s->scratch.data(),
-               s->zeros.data(), s->rows);
-    for (int64_t g = g0; g < g0 + it.heads; ++g) {
-      const float* const* values = head_rows(g, n);
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t nk = std::min(n, it.ctx_of(r) - k0);
-        if (nk > 0) AddWeightedRow(scores_of(g, r) + (k0 - kb), nk, values, hd, part + row_of(g, r) * hd);
-      }
-    }
-  }
+  ExactValuePass(it, padded, s, part);
 }
 
 void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s) {

@@ -37,10 +37,7 @@ void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, 
 // Softmax in place over sc[0, ctx), leaving zeros up to the next multiple of 8; returns the
 // largest score and the sum of the exponentials (the exponentials vec8.h's Exp, summed lane-wise
 // over keys in order, then by Reduce's tree).
-struct ExactSoftmaxStats {
-  float max, sum;
-};
-ExactSoftmaxStats Softmax(float* sc, int64_t ctx);
+SoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
   std::vector<float> scores, scratch, zeros, parts;

@@ -9,6 +9,12 @@
 
 namespace moeserve::cpu_fast {
 
+// A row's softmax: its largest score and the sum of the exponentials it divided by, which a
+// context in chunks needs to weigh each chunk's result (attention_chunks.h).
+struct SoftmaxStats {
+  float max, sum;
+};
+
 // One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
 // kv head, rows are (token, query head) pairs, token-major. Its keys are [k_begin, ctx_max): all
 // of the tile's context, or one chunk of it (attention_chunks.h).

@@ -41,6 +41,9 @@ struct RandomBatch {
 RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t layer, int64_t q_heads, int64_t seqs,
                             int64_t max_blocks, int64_t every, int64_t chunk, float spread, std::mt19937& gen,
                             const std::vector<int64_t>& lens_given = {}) {
+  if (!lens_given.empty()) {
+    EXPECT_EQ(static_cast<int64_t>(lens_given.size()), seqs) << "one length a sequence";
+  }
   RandomBatch rb;
   rb.layout = layout;
   rb.layer = layer;
@@ -221,9 +224,10 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
 }
 
 // Contexts past 512 keys: the exact kernel takes them in 512-key chunks weighed together, one
-// chunk an item where sequences are few (a token alone) and all of a tile's chunks an item where
-// they are many; prefill tiles straddle chunk boundaries (fixed lengths 530 and 1600). Against the
-// reference path and bit for bit against each token alone and other thread counts.
+// chunk an item where tiles are few (most tokens alone, the batches of 2 and 3 sequences) and all
+// of a tile's chunks an item where they are many (17 sequences); prefill tiles straddle the
+// chunk boundaries at 512 and 1536 (fixed lengths 530 and 1560). Against the reference path and
+// bit for bit against each token alone and other thread counts.
 TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvariant) {
   std::random_device rd;
   const uint32_t seed = rd();
@@ -233,7 +237,7 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
     int64_t seqs, chunk;
     std::vector<int64_t> lens;  // random where empty
   };
-  const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1600}}};
+  const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1560}}};
   for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& [seqs, chunk, lens] : cases) {
       SCOPED_TRACE(::testing::Message() << DTypeShortName(kv_dtype) << ", " << seqs << " sequences");
@@ -346,8 +350,9 @@ void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<Cp
   ExpectEachTokenAsAlone(bf16, rb, scale, out);
   CpuBackend many = backend(12);  // more threads than a token alone has items
   ExpectEachTokenAsAlone(many, rb, scale, out);
-  // Other thread counts split the heads otherwise (an item takes the most kv heads that leave
-  // four items a thread: two of four, two or three of six, for some tile counts).
+  // Other thread counts split the work otherwise (an item takes the most kv heads that leave
+  // four items a thread: two of four, two or three of six, for some tile counts; long contexts
+  // split by chunk or not).
   for (int threads : {3, 5, 9}) {
     std::vector<float> other(q.size());
     backend(threads).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
@@ -365,19 +370,20 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
   std::mt19937 gen(seed);
   // Items of many tiles take all kv heads side by side (a key transposition takes up to 256
   // dimensions: 4 x 128 in two; a value block up to 4 heads of up to 64, 2 of 128: 6 x 64 as 4 + 2);
-  // a token alone takes one head an item.
+  // a token alone takes as few as leave its items a multiple of the threads.
   const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {4, 128}, {5, 32}, {6, 64}};
   for (const auto& [kvh, hd] : shapes) {
-    for (int64_t seqs : {3, 19}) {  // 70: whole 64-token tiles of the amx kernel
+    for (int64_t seqs : {3, 19}) {
       ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/12,
-                                         /*chunk=*/seqs == 3 ? 70 : 21, gen);
+                                         /*chunk=*/seqs == 3 ? 70 : 21, gen);  // 70: whole 64-token amx tiles
     }
   }
 }
 
 // Contexts past kAttentionChunkKeys (512): the avx512-bf16 kernel takes them in chunks, one an
-// item for a token alone or few sequences, all of a tile's in one item for many, combined
-// afterwards; prefill tiles straddle chunk boundaries. The same bound and the same bits.
+// item where tiles are few (most tokens alone, 2 or 3 sequences), all of a tile's in one item
+// where they are many (17), weighed together afterwards; prefill tiles straddle the boundaries
+// at 512 and 1536. The same bound and the same bits. (The amx kernel takes contexts whole.)
 TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInvariant) {
   CpuBackend bf16 = Backend();
   std::random_device rd;
@@ -389,9 +395,9 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
       ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/100,
                                          /*chunk=*/seqs == 2 ? 40 : 3, gen);
     }
-    // Prefill tiles across chunk boundaries (tokens 490-529 and 1560-1599) and a decode at 1099.
+    // Prefill tiles across chunk boundaries (tokens 490-529 and 1520-1559) and a decode at 1099.
     ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 3, /*max_blocks=*/100,
-                                       /*chunk=*/40, gen, {530, 1100, 1600});
+                                       /*chunk=*/40, gen, {530, 1100, 1560});
   }
 }
 
