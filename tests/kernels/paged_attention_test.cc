@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 
@@ -21,6 +22,17 @@ namespace {
 
 using testing::AllClose;
 using testing::RandomFloats;
+
+// A cache layout of `layers` layers, `block` tokens a block, `kvh` kv heads of `hd`.
+KvLayout Layout(int64_t layers, int64_t block, int64_t kvh, int64_t hd, DType dtype) {
+  KvLayout layout;
+  layout.num_layers = layers;
+  layout.block_size = block;
+  layout.kv_heads = kvh;
+  layout.head_dim = hd;
+  layout.dtype = dtype;
+  return layout;
+}
 
 // Sequences of random lengths in scattered blocks of a fresh cache (random K and V, written by
 // `writer`), a decode token for each and a prefill chunk of up to `chunk` tokens for every
@@ -100,6 +112,24 @@ class PagedAttentionTest : public ::testing::Test {
   CpuBackend fast_{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
   // More threads than a token alone has work items: the thread count changes no bit either.
   CpuBackend many_{CpuBackendOptions{CpuPath::kFast, 12, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+
+  // The batch on the exact kernel against the reference path; each token bit-equal to itself
+  // alone (on 2 and 12 threads), and the batch to itself on each of `threads`.
+  void ExpectMatchesReferenceAndBatchInvariant(const RandomBatch& rb, float scale, std::initializer_list<int> threads) {
+    std::vector<float> out_ref(rb.q.size()), out_fast(rb.q.size());
+    const AttentionBatch batch = rb.Batch();
+    ref_.PagedAttention(rb.q.data(), batch, rb.layout, rb.layer, rb.cache.data(), rb.q_heads, scale, out_ref.data());
+    fast_.PagedAttention(rb.q.data(), batch, rb.layout, rb.layer, rb.cache.data(), rb.q_heads, scale, out_fast.data());
+    EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
+    ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
+    ExpectEachTokenAsAlone(many_, rb, scale, out_fast);
+    for (int n : threads) {
+      CpuBackend other{CpuBackendOptions{CpuPath::kFast, n, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+      std::vector<float> o(rb.q.size());
+      other.PagedAttention(rb.q.data(), batch, rb.layout, rb.layer, rb.cache.data(), rb.q_heads, scale, o.data());
+      EXPECT_EQ(0, std::memcmp(o.data(), out_fast.data(), o.size() * sizeof(float))) << n << " threads";
+    }
+  }
 };
 
 // Paged attention over sequences of different lengths with scattered block tables, against an
@@ -205,21 +235,10 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
   std::mt19937 gen(seed);
   for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeShortName(kv_dtype));
-    KvLayout layout;
-    layout.num_layers = 3;
-    layout.block_size = 8;
-    layout.kv_heads = 4;
-    layout.head_dim = 24;
-    layout.dtype = kv_dtype;
+    const KvLayout layout = Layout(3, 8, 4, 24, kv_dtype);
     const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/2, /*q_heads=*/8, /*seqs=*/21, /*max_blocks=*/20,
                                            /*every=*/3, /*chunk=*/20, /*spread=*/1.0f, gen);
-    const float scale = 1.0f / std::sqrt(24.0f);
-    std::vector<float> out_ref(rb.q.size()), out_fast(rb.q.size());
-    ref_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_ref.data());
-    fast_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_fast.data());
-    EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
-    ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
-    ExpectEachTokenAsAlone(many_, rb, scale, out_fast);
+    ExpectMatchesReferenceAndBatchInvariant(rb, 1.0f / std::sqrt(24.0f), {});
   }
 }
 
@@ -241,27 +260,10 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
   for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& [seqs, chunk, lens] : cases) {
       SCOPED_TRACE(::testing::Message() << DTypeShortName(kv_dtype) << ", " << seqs << " sequences");
-      KvLayout layout;
-      layout.num_layers = 2;
-      layout.block_size = 16;
-      layout.kv_heads = 4;
-      layout.head_dim = 32;
-      layout.dtype = kv_dtype;
+      const KvLayout layout = Layout(2, 16, 4, 32, kv_dtype);
       const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/1, /*q_heads=*/8, seqs, /*max_blocks=*/100,
                                              /*every=*/2, chunk, /*spread=*/1.0f, gen, lens);
-      const float scale = 1.0f / std::sqrt(32.0f);
-      std::vector<float> out_ref(rb.q.size()), out_fast(rb.q.size());
-      ref_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_ref.data());
-      fast_.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, out_fast.data());
-      EXPECT_TRUE(AllClose(out_fast, out_ref, 1e-5, 1e-4));
-      ExpectEachTokenAsAlone(fast_, rb, scale, out_fast);
-      ExpectEachTokenAsAlone(many_, rb, scale, out_fast);
-      for (int threads : {3, 5}) {
-        CpuBackend other{CpuBackendOptions{CpuPath::kFast, threads, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
-        std::vector<float> o(rb.q.size());
-        other.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, rb.layer, rb.cache.data(), 8, scale, o.data());
-        EXPECT_EQ(0, std::memcmp(o.data(), out_fast.data(), o.size() * sizeof(float))) << threads << " threads";
-      }
+      ExpectMatchesReferenceAndBatchInvariant(rb, 1.0f / std::sqrt(32.0f), {3, 5});
     }
   }
 }
@@ -297,12 +299,7 @@ void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<Cp
                                         std::mt19937& gen, const std::vector<int64_t>& lens = {}) {
   SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
                                     << max_blocks * 16 << " tokens");
-  KvLayout layout;
-  layout.num_layers = 2;
-  layout.block_size = 16;
-  layout.kv_heads = kvh;
-  layout.head_dim = hd;
-  layout.dtype = DType::kBF16;
+  const KvLayout layout = Layout(2, 16, kvh, hd, DType::kBF16);
   const int64_t qh = 3 * kvh, layer = 1;
   const RandomBatch rb = MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
                                          /*spread=*/2.0f, gen, lens);
