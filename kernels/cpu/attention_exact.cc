@@ -32,15 +32,6 @@ void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table,
   }
 }
 
-V8 Scores(const float* q, const float* const keys[kExactKeys], int64_t hd, float scale) {
-  V8 p[kExactKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
-  for (int64_t c = 0; c < hd; c += 8) {
-    const V8 qc = Load(q + c);
-    for (int64_t k = 0; k < kExactKeys; ++k) p[k] = Fma(qc, Load(keys[k] + c), p[k]);
-  }
-  return Mul(Reduce8x8(p), Set1(scale));
-}
-
 namespace {
 
 // out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.

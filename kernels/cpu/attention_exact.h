@@ -27,8 +27,16 @@ void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table,
                 const float** rows);
 
 // scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector: each an 8-lane FMA chain
-// over the head dimension summed by one tree (Reduce8x8).
-V8 Scores(const float* q, const float* const keys[kExactKeys], int64_t hd, float scale);
+// over the head dimension summed by one tree (Reduce8x8). Inlined into its loops over rows: as a
+// call, its setup and return were a third of its time in a prefill chunk (head_dim 64).
+[[gnu::always_inline]] inline V8 Scores(const float* q, const float* const keys[kExactKeys], int64_t hd, float scale) {
+  V8 p[kExactKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
+  for (int64_t c = 0; c < hd; c += 8) {
+    const V8 qc = Load(q + c);
+    for (int64_t k = 0; k < kExactKeys; ++k) p[k] = Fma(qc, Load(keys[k] + c), p[k]);
+  }
+  return Mul(Reduce8x8(p), Set1(scale));
+}
 
 // out[0, hd) += sum over the first nk keys of probs[k] * values[k], a chain of FMAs over keys in
 // order per element.
