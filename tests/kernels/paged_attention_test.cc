@@ -256,12 +256,14 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
     int64_t seqs, chunk;
     std::vector<int64_t> lens;  // random where empty
   };
-  const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1560}}};
+  // The last: 65 chunks, more than CombineChunks weighs in one pass (64).
+  const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1560}}, {1, 1, {33000}}};
   for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& [seqs, chunk, lens] : cases) {
       SCOPED_TRACE(::testing::Message() << DTypeShortName(kv_dtype) << ", " << seqs << " sequences");
       const KvLayout layout = Layout(2, 16, 4, 32, kv_dtype);
-      const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/1, /*q_heads=*/8, seqs, /*max_blocks=*/100,
+      const int64_t max_blocks = lens.empty() ? 100 : (*std::max_element(lens.begin(), lens.end()) + 15) / 16;
+      const RandomBatch rb = MakeRandomBatch(ref_, layout, /*layer=*/1, /*q_heads=*/8, seqs, max_blocks,
                                              /*every=*/2, chunk, /*spread=*/1.0f, gen, lens);
       ExpectMatchesReferenceAndBatchInvariant(rb, 1.0f / std::sqrt(32.0f), {3, 5});
     }
@@ -395,6 +397,9 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
     // Prefill tiles across chunk boundaries (tokens 490-529 and 1520-1559) and a decode at 1099.
     ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 3, /*max_blocks=*/100,
                                        /*chunk=*/40, gen, {530, 1100, 1560});
+    // 65 chunks: more than CombineChunks weighs in one pass.
+    ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 1, /*max_blocks=*/2063,
+                                       /*chunk=*/1, gen, {33000});
   }
 }
 
