@@ -25,6 +25,7 @@
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/weight_layout.h"
 
 namespace moeserve::cpu_fast {
 namespace {
@@ -184,7 +185,7 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
       const int64_t tile = item / chunks, h0 = item % chunks * kHeadChunk, nh = std::min(kHeadChunk, heads - h0);
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;
-      const int64_t padded = (ctx_max + kExactKeys - 1) / kExactKeys * kExactKeys;
+      const int64_t padded = RoundUp(ctx_max, kExactKeys);
       const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
       const int64_t nrows = nt * nh;  // (token, head) pairs, token-major
       scores.resize(static_cast<size_t>(nrows * padded));

@@ -92,8 +92,7 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
     }
   } while (!used_.compare_exchange_weak(used, used + rounded));
   void* p = nullptr;  // posix_memalign: the size need not be a multiple of the alignment
-  if (posix_memalign(&p, align, rounded) != 0) p = nullptr;
-  if (p == nullptr) {
+  if (posix_memalign(&p, align, rounded) != 0) {
     used_ -= rounded;
     return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
   }

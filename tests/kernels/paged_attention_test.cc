@@ -63,9 +63,11 @@ RandomBatch MakeRandomBatch(Backend& writer, const KvLayout& layout, int64_t lay
   rb.seqs = seqs;
   rb.max_blocks = max_blocks;
   const int64_t bs = layout.block_size, te = layout.TokenElems();
-  std::vector<int64_t> lens(static_cast<size_t>(seqs));
-  for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * bs)(gen);
-  if (!lens_given.empty()) lens = lens_given;
+  std::vector<int64_t> lens = lens_given;
+  if (lens.empty()) {
+    lens.resize(static_cast<size_t>(seqs));
+    for (auto& l : lens) l = std::uniform_int_distribution<int64_t>(1, max_blocks * bs)(gen);
+  }
   int64_t blocks = 0;
   for (int64_t l : lens) blocks += (l + bs - 1) / bs;
   rb.layout.num_blocks = blocks;
@@ -295,12 +297,13 @@ INSTANTIATE_TEST_SUITE_P(Variants, PagedAttentionBf16Test, ::testing::Values(Cpu
 
 // One random batch of `seqs` sequences of up to `max_blocks` blocks of 16 (every other one a
 // prefill chunk of up to `chunk` tokens) against float64 attention and against itself computed
-// alone, on 12 threads, and on 3, 5 and 9.
-void ExpectWithinBoundAndBatchInvariant(CpuBackend& bf16, const std::function<CpuBackend(int)>& backend,
+// alone (on 2 and 12 threads), and the batch to itself on 3, 5 and 9.
+void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& backend,
                                         int64_t kvh, int64_t hd, int64_t seqs, int64_t max_blocks, int64_t chunk,
                                         std::mt19937& gen, const std::vector<int64_t>& lens = {}) {
   SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
                                     << max_blocks * 16 << " tokens");
+  CpuBackend bf16 = backend(2);
   const KvLayout layout = Layout(2, 16, kvh, hd, DType::kBF16);
   const int64_t qh = 3 * kvh, layer = 1;
   const RandomBatch rb = MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
@@ -373,7 +376,7 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
   const std::pair<int64_t, int64_t> shapes[] = {{2, 32}, {2, 64}, {2, 128}, {2, 256}, {4, 64}, {4, 128}, {5, 32}, {6, 64}};
   for (const auto& [kvh, hd] : shapes) {
     for (int64_t seqs : {3, 19}) {
-      ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/12,
+      ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/12,
                                          /*chunk=*/seqs == 3 ? 70 : 21, gen);  // 70: whole 64-token amx tiles
     }
   }
@@ -384,21 +387,20 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
 // where they are many (17), weighed together afterwards; prefill tiles straddle the boundaries
 // at 512 and 1536. The same bound and the same bits. (The amx kernel takes contexts whole.)
 TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInvariant) {
-  CpuBackend bf16 = Backend();
   std::random_device rd;
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
   for (const auto& [kvh, hd] : {std::pair<int64_t, int64_t>{4, 64}, {2, 128}}) {
     for (int64_t seqs : {2, 17}) {
-      ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/100,
+      ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, kvh, hd, seqs, /*max_blocks=*/100,
                                          /*chunk=*/seqs == 2 ? 40 : 3, gen);
     }
     // Prefill tiles across chunk boundaries (tokens 490-529 and 1520-1559) and a decode at 1099.
-    ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 3, /*max_blocks=*/100,
+    ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, kvh, hd, 3, /*max_blocks=*/100,
                                        /*chunk=*/40, gen, {530, 1100, 1560});
     // 65 chunks: more than CombineChunks weighs in one pass.
-    ExpectWithinBoundAndBatchInvariant(bf16, [&](int n) { return Backend(n); }, kvh, hd, 1, /*max_blocks=*/2063,
+    ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, kvh, hd, 1, /*max_blocks=*/2063,
                                        /*chunk=*/1, gen, {33000});
   }
 }
