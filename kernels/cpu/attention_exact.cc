@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/attention_chunks.h"
 #include "kernels/weight_layout.h"
@@ -34,39 +36,71 @@ void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table,
 
 namespace {
 
-// out[0 .. 8N) += sum over the first nk keys of probs[k] * values[k][c0 .. c0 + 8N), keys in order.
-template <int N>
-void AddWeighted(const float* probs, int64_t nk, const float* const* values, int64_t c0,
-                 float* out) {
-  V8 a[N];
-  for (int c = 0; c < N; ++c) a[c] = Load(out + 8 * c);
-  for (int64_t k = 0; k < nk; ++k) {
-    const V8 pk = Set1(probs[k]);
-    for (int c = 0; c < N; ++c) a[c] = Fma(pk, Load(values[k] + c0 + 8 * c), a[c]);
+// Rows r < R of out (out_stride apart) over 8N columns: out[r][c] += sum over keys k < nk of
+// probs[r * p_stride + k] * values[k][col + c], each element a chain of FMAs over the keys in
+// order; a key's values loaded once for all R rows.
+template <int R, int N, typename T>
+void WeightedBlock(const float* probs, int64_t p_stride, int64_t nk, const T* const* values, int64_t col, float* out,
+                   int64_t out_stride) {
+  V8 a[R][N];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < N; ++c) a[r][c] = Load(out + r * out_stride + 8 * c);
   }
-  for (int c = 0; c < N; ++c) Store(out + 8 * c, a[c]);
+  for (int64_t k = 0; k < nk; ++k) {
+    V8 v[N];
+    for (int c = 0; c < N; ++c) v[c] = Load(values[k] + col + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const V8 pk = Set1(probs[r * p_stride + k]);
+      for (int c = 0; c < N; ++c) a[r][c] = Fma(pk, v[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < N; ++c) Store(out + r * out_stride + 8 * c, a[r][c]);
+  }
+}
+
+// WeightedBlock over hd columns (of the rows from values[k] + off), 16 at a time (8 for an odd last).
+template <int R, typename T>
+void WeightedColumns(const float* probs, int64_t p_stride, int64_t nk, const T* const* values, int64_t off, int64_t hd,
+                     float* out, int64_t out_stride) {
+  int64_t c = 0;
+  for (; c + 16 <= hd; c += 16) WeightedBlock<R, 2>(probs, p_stride, nk, values, off + c, out + c, out_stride);
+  if (c < hd) WeightedBlock<R, 1>(probs, p_stride, nk, values, off + c, out + c, out_stride);
+}
+
+// One row, 64 columns at a time (eight accumulators), then 32, 16, 8: a key's values read whole.
+template <typename T>
+void WeightedRow(const float* probs, int64_t nk, const T* const* values, int64_t off, int64_t hd, float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= hd; c += 64) WeightedBlock<1, 8>(probs, 0, nk, values, off + c, out + c, 0);
+  if (c + 32 <= hd) WeightedBlock<1, 4>(probs, 0, nk, values, off + c, out + c, 0), c += 32;
+  if (c + 16 <= hd) WeightedBlock<1, 2>(probs, 0, nk, values, off + c, out + c, 0), c += 16;
+  if (c < hd) WeightedBlock<1, 1>(probs, 0, nk, values, off + c, out + c, 0);
+}
+
+// `rows` rows that all take nk keys: four at a time (eight accumulators), then two, then one.
+template <typename T>
+void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values, int64_t off,
+                     int64_t hd, float* out, int64_t out_stride) {
+  if constexpr (std::is_same_v<T, float>) {  // rows in the cache: each key's read whole, one row at a time
+    for (int64_t r = 0; r < rows; ++r) WeightedRow(probs + r * p_stride, nk, values, off, hd, out + r * out_stride);
+    return;
+  }
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WeightedColumns<4>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
+  }
+  if (r + 2 <= rows) {
+    WeightedColumns<2>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
+    r += 2;
+  }
+  if (r < rows) WeightedColumns<1>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
 }
 
 }  // namespace
 
-void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd,
-                    float* out) {
-  for (int64_t c = 0; c < hd;) {  // blocks of up to 8 chunks: the accumulators stay in registers
-    const int64_t left = (hd - c) / 8;
-    if (left >= 8) {
-      AddWeighted<8>(probs, nk, values, c, out + c);
-      c += 64;
-    } else if (left >= 4) {
-      AddWeighted<4>(probs, nk, values, c, out + c);
-      c += 32;
-    } else if (left >= 2) {
-      AddWeighted<2>(probs, nk, values, c, out + c);
-      c += 16;
-    } else {
-      AddWeighted<1>(probs, nk, values, c, out + c);
-      c += 8;
-    }
-  }
+void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd, float* out) {
+  WeightedRow(probs, nk, values, 0, hd, out);
 }
 
 SoftmaxStats Softmax(float* sc, int64_t ctx) {
@@ -98,57 +132,90 @@ SoftmaxStats Softmax(float* sc, int64_t ctx) {
 
 namespace {
 
-// Head g's part of the n rows GatherKeys gathered for all of the item's heads.
-const float* const* HeadRows(const ItemRows& it, int64_t g, int64_t n, ExactScratch* s) {
-  for (int64_t k = 0; k < n; ++k) s->head_rows[k] = s->rows[k] + (g - it.g0) * it.layout->head_dim;
-  return s->head_rows;
+// The rows of keys [k0, k0 + n) of plane kv (the item's kv heads side by side) at rows[k]: an
+// fp32 cache's in place; a bf16 cache's copied, each key's row whole and in address order, into
+// L1-resident scratch (the passes then read a few columns of many keys at a time, which from DRAM
+// ran at 0.6-0.8 of the speed; widening them there as well cost a fifth of the kernel's time).
+// Keys at or past ctx_max read zeros.
+template <typename T>
+void Gather(const ItemRows& it, int kv, int64_t k0, int64_t n, ExactScratch* s, const T** rows) {
+  const KvLayout& l = *it.layout;
+  const int64_t width = it.heads * l.head_dim;
+  const int32_t* table = it.table();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t j = k0 + k;
+    if (j >= it.ctx_max) {
+      rows[k] = reinterpret_cast<const T*>(s->zeros.data());
+      continue;
+    }
+    const T* src = static_cast<const T*>(it.cache) + l.Offset(table[j / l.block_size], it.layer, kv, j % l.block_size) +
+                   it.g0 * l.head_dim;
+    if constexpr (std::is_same_v<T, float>) {
+      rows[k] = src;
+    } else {
+      uint16_t* row = s->rows16.data() + k * width;
+      std::memcpy(row, src, static_cast<size_t>(width) * sizeof(uint16_t));
+      rows[k] = row;
+    }
+  }
 }
 
 // The scaled scores of keys [k_begin, ctx_max) for row (g - g0) * nrows + r at s->scores +
-// row * padded, 8 keys at a time up to the row's context.
+// row * padded, 8 keys at a time up to the row's context, two rows of a kv head at once.
+template <typename T>
 void ExactScorePass(const ItemRows& it, const float* q, float scale, int64_t padded, ExactScratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  const T* keys[kExactKeys];
   for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactKeys) {
-    GatherKeys(*it.layout, it.cache, it.table(), it.layer, 0, it.g0, it.heads, k0, kExactKeys, it.ctx_max,
-               s->scratch.data(), s->zeros.data(), s->rows);
+    Gather(it, 0, k0, kExactKeys, s, keys);
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      const float* const* keys = HeadRows(it, g, kExactKeys, s);
-      for (int64_t r = 0; r < nrows; ++r) {
-        if (k0 >= it.ctx_of(r)) continue;
+      const int64_t off = (g - it.g0) * hd;
+      for (int64_t r = 0; r < nrows;) {
+        if (k0 >= it.ctx_of(r)) {  // rows ascend in context: the next one may still take these keys
+          ++r;
+          continue;
+        }
         float* sc = s->scores.data() + ((g - it.g0) * nrows + r) * padded + (k0 - it.k_begin);
-        Store(sc, Scores(q + it.head_of(g, r) * hd, keys, hd, scale));
+        const float* qr = q + it.head_of(g, r) * hd;
+        if (r + 1 < nrows) {
+          Scores2(qr, q + it.head_of(g, r + 1) * hd, keys, off, hd, scale, sc, sc + padded);
+          r += 2;
+        } else {
+          Store(sc, Scores(qr, keys, hd, scale, off));
+          r += 1;
+        }
       }
     }
   }
 }
 
-// part[row * hd ...] += the rows' probabilities (s->scores) times the values, 32 keys a pass.
+// part[row * hd ...] += the rows' probabilities (s->scores) times the values, 32 keys a pass;
+// rows that take the same keys of a pass (a token's query heads) share each value load.
+template <typename T>
 void ExactValuePass(const ItemRows& it, int64_t padded, ExactScratch* s, float* part) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
+  const T* values[kExactValueKeys];
   for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactValueKeys) {
     const int64_t n = std::min(kExactValueKeys, it.ctx_max - k0);
-    GatherKeys(*it.layout, it.cache, it.table(), it.layer, 1, it.g0, it.heads, k0, n, it.ctx_max, s->scratch.data(),
-               s->zeros.data(), s->rows);
+    Gather(it, 1, k0, n, s, values);
+    auto keys = [&](int64_t r) { return std::min(n, it.ctx_of(r) - k0); };
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      const float* const* values = HeadRows(it, g, n, s);
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t nk = std::min(n, it.ctx_of(r) - k0), row = (g - it.g0) * nrows + r;
-        if (nk > 0) AddWeightedRow(s->scores.data() + row * padded + (k0 - it.k_begin), nk, values, hd, part + row * hd);
+      for (int64_t r = 0, r1; r < nrows; r = r1) {
+        const int64_t nk = keys(r);
+        for (r1 = r + 1; r1 < nrows && keys(r1) == nk;) ++r1;
+        if (nk <= 0) continue;
+        const int64_t row = (g - it.g0) * nrows + r;
+        AddWeightedRows(s->scores.data() + row * padded + (k0 - it.k_begin), padded, r1 - r, nk, values,
+                        (g - it.g0) * hd, hd, part + row * hd, hd);
       }
     }
   }
 }
 
-}  // namespace
-
-void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kExactKeys);
-  s->scratch.resize(static_cast<size_t>(kExactValueKeys * it.heads * hd));
-  s->zeros.assign(static_cast<size_t>(it.heads * hd), 0.0f);
-  s->scores.resize(static_cast<size_t>(all * padded));
-  std::fill(part, part + all * hd, 0.0f);
-  ExactScorePass(it, q, scale, padded, s);
+template <typename T>
+void ExactPasses(const ItemRows& it, const float* q, float scale, int64_t padded, ExactScratch* s, float* part) {
+  ExactScorePass<T>(it, q, scale, padded, s);
+  const int64_t nrows = it.nrows(), all = it.heads * nrows, hd = it.layout->head_dim;
   float* max = part + all * hd;
   float* sum = max + all;
   for (int64_t row = 0; row < all; ++row) {
@@ -157,7 +224,23 @@ void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* pa
     max[row] = st.max;
     sum[row] = st.sum;
   }
-  ExactValuePass(it, padded, s, part);
+  ExactValuePass<T>(it, padded, s, part);
+}
+
+}  // namespace
+
+void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s) {
+  const int64_t hd = it.layout->head_dim, all = it.heads * it.nrows();
+  const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kExactKeys);
+  s->zeros.assign(static_cast<size_t>(it.heads * hd), 0.0f);
+  s->rows16.resize(static_cast<size_t>(kExactValueKeys * it.heads * hd));
+  s->scores.resize(static_cast<size_t>(all * padded));
+  std::fill(part, part + all * hd, 0.0f);
+  if (it.layout->dtype == DType::kF32) {
+    ExactPasses<float>(it, q, scale, padded, s, part);
+  } else {
+    ExactPasses<uint16_t>(it, q, scale, padded, s, part);
+  }
 }
 
 void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s) {

@@ -20,22 +20,47 @@ inline constexpr int64_t kExactValueKeys = 32;
 
 // The fp32 rows of keys [k0, k0 + n) (K or V, kv heads [g, g + heads) side by side): pointers
 // into an fp32 cache, or rows widened into `scratch` [n][heads * hd] from a bf16 one; keys at or
-// past ctx read `zeros` (heads * hd of them). All heads of a key at once: a DRAM-resident bf16
-// cache read one head's part of each row at a time ran at 0.7 of the speed.
+// past ctx read `zeros` (heads * hd of them). The latent kernel's; the exact kernel copies a bf16
+// cache's rows as they are and widens them in its loads (attention_exact.cc's Gather).
 void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
                 int64_t heads, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
                 const float** rows);
 
-// scores[k] = dot(q, keys[k]) * scale for the 8 keys, as one vector: each an 8-lane FMA chain
-// over the head dimension summed by one tree (Reduce8x8). Inlined into its loops over rows: as a
-// call, its setup and return were a third of its time in a prefill chunk (head_dim 64).
-[[gnu::always_inline]] inline V8 Scores(const float* q, const float* const keys[kExactKeys], int64_t hd, float scale) {
+// scores[k] = dot(q, keys[k] + off) * scale for the 8 keys (fp32 rows, or bf16 rows widened in
+// registers, exactly), as one vector: each an 8-lane FMA chain over the head dimension summed by
+// one tree (Reduce8x8). Inlined into its loops over rows: as a call, its setup and return were a
+// third of its time in a prefill chunk (head_dim 64).
+template <typename T>
+[[gnu::always_inline]] inline V8 Scores(const float* q, const T* const keys[kExactKeys], int64_t hd, float scale,
+                                        int64_t off = 0) {
   V8 p[kExactKeys] = {Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero(), Zero()};
   for (int64_t c = 0; c < hd; c += 8) {
     const V8 qc = Load(q + c);
-    for (int64_t k = 0; k < kExactKeys; ++k) p[k] = Fma(qc, Load(keys[k] + c), p[k]);
+    for (int64_t k = 0; k < kExactKeys; ++k) p[k] = Fma(qc, Load(keys[k] + off + c), p[k]);
   }
   return Mul(Reduce8x8(p), Set1(scale));
+}
+
+// Scores for two rows at once, each the same operations as Scores': every key load serves both
+// (a decode token's query heads share their kv head's keys), four keys at a time so that the
+// accumulators fit AVX2's 16 registers, each four summed by Reduce8x8's tree.
+template <typename T>
+[[gnu::always_inline]] inline void Scores2(const float* q0, const float* q1, const T* const keys[kExactKeys],
+                                           int64_t off, int64_t hd, float scale, float* out0, float* out1) {
+  for (int64_t half = 0; half < kExactKeys; half += 4) {
+    V8 a0[4] = {Zero(), Zero(), Zero(), Zero()}, a1[4] = {Zero(), Zero(), Zero(), Zero()};
+    for (int64_t c = 0; c < hd; c += 8) {
+      const V8 x0 = Load(q0 + c), x1 = Load(q1 + c);
+      for (int64_t k = 0; k < 4; ++k) {
+        V8 key = Load(keys[half + k] + off + c);
+        Pin(key);  // one load for both rows: the compiler would fold it into each FMA
+        a0[k] = Fma(x0, key, a0[k]);
+        a1[k] = Fma(x1, key, a1[k]);
+      }
+    }
+    StoreReduce4x8(out0 + half, a0, scale);
+    StoreReduce4x8(out1 + half, a1, scale);
+  }
 }
 
 // out[0, hd) += sum over the first nk keys of probs[k] * values[k], a chain of FMAs over keys in
@@ -48,14 +73,14 @@ void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, 
 SoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
-  std::vector<float> scores, scratch, zeros, parts;
-  const float* rows[kExactValueKeys];       // GatherKeys' rows
-  const float* head_rows[kExactValueKeys];  // one kv head's part of them
+  std::vector<float> scores, zeros, parts;
+  std::vector<uint16_t> rows16;  // a bf16 cache's rows of a pass, copied whole
 };
 
 // Keys [it.k_begin, it.ctx_max) of an item into `part` (attention_chunks.h's ChunkPartFloats
-// layout): scores 8 keys at a time for every row of each kv head, the softmax, then the weighted
-// sum over 32 keys at a time; each row stops at its own context.
+// layout): scores 8 keys at a time for every row of each kv head (two rows a key load), the
+// softmax, then the weighted sum over 32 keys at a time (up to four rows a value load); each row
+// stops at its own context. An fp32 cache is read in place, a bf16 one's rows copied whole first.
 void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s);
 
 // A whole item (it.k_begin 0): each chunk of its context in turn, then weighed together.

@@ -58,6 +58,13 @@ inline V8 Reduce8x8(const V8 p[8]) {
   return {
       _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31))};
 }
+// out[k] = (the sum of p[k]'s lanes) * scale for k < 4, the sum by Reduce8x8's tree (the same bits
+// as its lanes 0-3, or 4-7 for p[4..7]).
+inline void StoreReduce4x8(float* out, const V8 p[4], float scale) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(p[0].v, p[1].v), _mm256_hadd_ps(p[2].v, p[3].v));
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  _mm_storeu_ps(out, _mm_mul_ps(s, _mm_set1_ps(scale)));
+}
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 // Keeps a value in a register: the compiler may not fold its load into later instructions.
 inline void Pin(V8& a) { __asm__("" : "+x"(a.v)); }
@@ -126,6 +133,12 @@ inline V8 Reduce8x8(const V8 p[8]) {
     r.v[k] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   }
   return r;
+}
+inline void StoreReduce4x8(float* out, const V8 p[4], float scale) {
+  for (int k = 0; k < 4; ++k) {
+    const float* a = p[k].v;
+    out[k] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * scale;
+  }
 }
 inline void Prefetch(const void*) {}
 inline void Pin(V8&) {}
