@@ -182,14 +182,15 @@ BENCHMARK(BM_GemmColdWeights)
     ->Args({1, 16384, 8192, 1})
     ->UseRealTime();
 
-// Decode attention over a bf16 (f32: 1) cache of `layers` layers, attending layer 0 (`cold` 0):
+// Decode attention over a bf16 (f32: 1) cache of `layers` layers and `kv_heads` kv heads of 64
+// (four query heads each), attending layer 0 (`cold` 0):
 // with more than one, a sequence's rows lie in blocks a whole block of every layer apart, as in a model.
 // With `cold` 1, each call attends the next layer in turn (as a model's step does), so that a
 // cache of layers larger than the last-level cache is read from DRAM even at small batch.
 void BM_PagedDecodeAttention(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2);
   const bool f32 = state.range(3) != 0, cold = state.range(4) != 0;
-  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
+  const int64_t kv_heads = state.range(5), heads = 4 * kv_heads, head_dim = 64, block = 16;
   const int64_t blocks_per_seq = (context + block - 1) / block;
   KvLayout layout;
   layout.num_blocks = batch * blocks_per_seq;
@@ -221,16 +222,18 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   Report(state, flops, bytes, layout.dtype);
 }
 BENCHMARK(BM_PagedDecodeAttention)
-    ->ArgNames({"batch", "context", "layers", "f32", "cold"})
-    ->Args({1, 4096, 1, 0, 0})
-    ->Args({16, 1024, 1, 0, 0})
-    ->Args({64, 4096, 1, 0, 0})
-    ->Args({1, 4096, 8, 1, 0})
-    ->Args({16, 4096, 8, 0, 0})
-    ->Args({16, 4096, 8, 1, 0})
-    ->Args({64, 192, 8, 0, 0})  // the offline benchmark's batch of 64 (128 in, 128 out) half way
-    ->Args({1, 16384, 16, 0, 1})  // 128 MiB of KV in 16 layers: each call's layer from DRAM
-    ->Args({4, 8192, 16, 0, 1})
+    ->ArgNames({"batch", "context", "layers", "f32", "cold", "kv_heads"})
+    ->Args({1, 4096, 1, 0, 0, 2})
+    ->Args({16, 1024, 1, 0, 0, 2})
+    ->Args({64, 4096, 1, 0, 0, 2})
+    ->Args({1, 4096, 8, 1, 0, 2})
+    ->Args({16, 4096, 8, 0, 0, 2})
+    ->Args({16, 4096, 8, 1, 0, 2})
+    ->Args({64, 192, 8, 0, 0, 2})  // the offline benchmark's batch of 64 (128 in, 128 out) half way
+    ->Args({1, 16384, 16, 0, 1, 2})  // 128 MiB of KV in 16 layers: each call's layer from DRAM
+    ->Args({4, 8192, 16, 0, 1, 2})
+    ->Args({16, 4096, 10, 0, 1, 4})  // medium's shape: four kv heads (512-byte rows), ten layers
+    ->Args({1, 4096, 1, 0, 0, 4})
     ->UseRealTime();
 
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending

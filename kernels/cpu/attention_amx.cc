@@ -14,10 +14,6 @@ namespace moeserve::cpu_fast {
 
 constexpr int64_t kTileDwords = 256;  // one B tile: 16 rows x 16 dwords
 
-// Fetches the cache line at p into L1. Inline assembly, not __builtin_prefetch: GCC 12 at -O3
-// deleted a decode item's value prefetches in its tree DCE pass (kept with -fno-tree-dce).
-static inline void PrefetchLine(const void* p) { __asm__ volatile("prefetcht0 %0" ::"m"(*static_cast<const char*>(p))); }
-
 void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
                int64_t out_stride) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);

@@ -159,7 +159,7 @@ void Gather(const ItemRows& it, int kv, int64_t k0, int64_t n, ExactScratch* s, 
     const T* src = row_of(j);
     if (j + kExactFetchKeys < it.ctx_max) {  // the row kExactFetchKeys keys on, while these compute
       const char* ahead = reinterpret_cast<const char*>(row_of(j + kExactFetchKeys));
-      for (int64_t b = 0; b < width * static_cast<int64_t>(sizeof(T)); b += 64) Prefetch(ahead + b);
+      for (int64_t b = 0; b < width * static_cast<int64_t>(sizeof(T)); b += 64) PrefetchLine(ahead + b);
     }
     if constexpr (std::is_same_v<T, float>) {
       rows[k] = src;
