@@ -1,5 +1,5 @@
-// Paged causal attention on the CPU fast path (declared in fast_ops.h): the work items, and the
-// latent (MLA) kernel.
+// Paged causal attention on the CPU fast path (declared in fast_ops.h): the work items of the
+// multi-head kernels and of the latent (MLA) one.
 //
 // Work items are (tile, kv heads): a tile is up to 16 consecutive tokens of one sequence (64 on
 // the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of
@@ -22,6 +22,7 @@
 #include "kernels/cpu/attention_bf16_item.h"
 #include "kernels/cpu/attention_chunks.h"
 #include "kernels/cpu/attention_exact.h"
+#include "kernels/cpu/attention_latent.h"
 #include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/latent_ops.h"
 #include "kernels/cpu/reference_ops.h"
@@ -162,16 +163,13 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 }
 
 // Latent attention (MLA): every head reads the same row per token, [latent | rotary key], the
-// latent doubling as the value. Work items are (tile, chunk of heads), so that a decode token's
-// heads spread over the threads; each head's query is [q_latent | q_rope] scored against whole
-// rows, its output the weighted sum of the rows' first latent_dim values: the exact kernel's
-// operations over the whole context (no chunks: the heads already fill the threads), in the
-// same order for each (token, head) whatever the batch.
+// latent doubling as the value (attention_latent.h). Work items are (tile, chunk of heads), so
+// that a decode token's heads spread over the threads; no chunks of the context (the heads
+// already fill the threads).
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                           int64_t latent_dim, float scale, float* out) {
-  const int64_t hd = layout.head_dim, r = latent_dim, dr = hd - latent_dim;
-  if (hd % 8 != 0 || r % 8 != 0) {
+  if (layout.head_dim % 8 != 0 || latent_dim % 8 != 0) {
     return cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
   }
   const std::vector<int64_t> tile_start = TileStarts(batch, kTile);
@@ -179,41 +177,12 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   constexpr int64_t kHeadChunk = 8;
   const int64_t chunks = (heads + kHeadChunk - 1) / kHeadChunk;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores, acc, qcat, scratch(static_cast<size_t>(kExactKeys * hd)), zeros(static_cast<size_t>(hd), 0.0f);
-    const float* rows[kExactKeys];
+    ExactScratch scratch;
     for (int64_t item = b; item < e; ++item) {
-      const int64_t tile = item / chunks, h0 = item % chunks * kHeadChunk, nh = std::min(kHeadChunk, heads - h0);
+      const int64_t tile = item / chunks, h0 = item % chunks * kHeadChunk;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
-      const int64_t ctx_max = batch.token_pos[t0 + nt - 1] + 1;
-      const int64_t padded = RoundUp(ctx_max, kExactKeys);
-      const int32_t* table = batch.block_tables + batch.token_seq[t0] * batch.max_blocks_per_seq;
-      const int64_t nrows = nt * nh;  // (token, head) pairs, token-major
-      scores.resize(static_cast<size_t>(nrows * padded));
-      acc.assign(static_cast<size_t>(nrows * r), 0.0f);
-      qcat.resize(static_cast<size_t>(nrows * hd));
-      auto pair = [&](int64_t row) { return (t0 + row / nh) * heads + h0 + row % nh; };
-      for (int64_t row = 0; row < nrows; ++row) {
-        std::memcpy(qcat.data() + row * hd, q_latent + pair(row) * r, static_cast<size_t>(r) * sizeof(float));
-        std::memcpy(qcat.data() + row * hd + r, q_rope + pair(row) * dr, static_cast<size_t>(dr) * sizeof(float));
-      }
-      auto ctx_of = [&](int64_t row) { return static_cast<int64_t>(batch.token_pos[t0 + row / nh]) + 1; };
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, 1, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
-        for (int64_t row = 0; row < nrows; ++row) {
-          if (k0 < ctx_of(row)) Store(scores.data() + row * padded + k0, Scores(qcat.data() + row * hd, rows, hd, scale));
-        }
-      }
-      for (int64_t row = 0; row < nrows; ++row) Softmax(scores.data() + row * padded, ctx_of(row));
-      for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
-        GatherKeys(layout, cache, table, layer, 0, 0, 1, k0, kExactKeys, ctx_max, scratch.data(), zeros.data(), rows);
-        for (int64_t row = 0; row < nrows; ++row) {
-          const int64_t nk = std::min(kExactKeys, ctx_of(row) - k0);
-          if (nk > 0) AddWeightedRow(scores.data() + row * padded + k0, nk, rows, r, acc.data() + row * r);
-        }
-      }
-      for (int64_t row = 0; row < nrows; ++row) {
-        std::memcpy(out + pair(row) * r, acc.data() + row * r, static_cast<size_t>(r) * sizeof(float));
-      }
+      const LatentItem it{&batch, &layout, cache, layer, t0, nt, h0, std::min(kHeadChunk, heads - h0), heads, latent_dim};
+      AttendLatent(it, q_latent, q_rope, scale, out, &scratch);
     }
   });
 }

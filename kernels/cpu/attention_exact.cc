@@ -11,29 +11,6 @@
 
 namespace moeserve::cpu_fast {
 
-void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
-                int64_t heads, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
-                const float** rows) {
-  const int64_t hd = layout.head_dim, bs = layout.block_size, width = heads * hd;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t j = k0 + k;
-    if (j >= ctx) {
-      rows[k] = zeros;
-      continue;
-    }
-    const int64_t off = layout.Offset(table[j / bs], layer, kv, j % bs) + g * hd;
-    if (layout.dtype == DType::kF32) {
-      rows[k] = static_cast<const float*>(cache) + off;
-    } else {
-      const uint16_t* src = static_cast<const uint16_t*>(cache) + off;
-      float* row = scratch + k * width;
-#pragma GCC unroll 4
-      for (int64_t c = 0; c < width; c += 8) Store(row + c, Load(src + c));
-      rows[k] = row;
-    }
-  }
-}
-
 namespace {
 
 // Rows r < R of out (out_stride apart) over 8N columns: out[r][c] += sum over keys k < nk of
@@ -70,38 +47,69 @@ void WeightedColumns(const float* probs, int64_t p_stride, int64_t nk, const T* 
 
 // One row, 64 columns at a time (eight accumulators), then 32, 16, 8: a key's values read whole.
 template <typename T>
-void WeightedRow(const float* probs, int64_t nk, const T* const* values, int64_t off, int64_t hd, float* out) {
+void WeightedRow(const float* probs, int64_t nk, const T* const* values, int64_t off, int64_t width, float* out) {
   int64_t c = 0;
-  for (; c + 64 <= hd; c += 64) WeightedBlock<1, 8>(probs, 0, nk, values, off + c, out + c, 0);
-  if (c + 32 <= hd) WeightedBlock<1, 4>(probs, 0, nk, values, off + c, out + c, 0), c += 32;
-  if (c + 16 <= hd) WeightedBlock<1, 2>(probs, 0, nk, values, off + c, out + c, 0), c += 16;
-  if (c < hd) WeightedBlock<1, 1>(probs, 0, nk, values, off + c, out + c, 0);
-}
-
-// `rows` rows that all take nk keys: four at a time (eight accumulators), then two, then one.
-template <typename T>
-void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values, int64_t off,
-                     int64_t hd, float* out, int64_t out_stride) {
-  if constexpr (std::is_same_v<T, float>) {  // rows in the cache: each key's read whole, one row at a time
-    for (int64_t r = 0; r < rows; ++r) WeightedRow(probs + r * p_stride, nk, values, off, hd, out + r * out_stride);
-    return;
-  }
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    WeightedColumns<4>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
-  }
-  if (r + 2 <= rows) {
-    WeightedColumns<2>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
-    r += 2;
-  }
-  if (r < rows) WeightedColumns<1>(probs + r * p_stride, p_stride, nk, values, off, hd, out + r * out_stride, out_stride);
+  for (; c + 64 <= width; c += 64) WeightedBlock<1, 8>(probs, 0, nk, values, off + c, out + c, 0);
+  if (c + 32 <= width) WeightedBlock<1, 4>(probs, 0, nk, values, off + c, out + c, 0), c += 32;
+  if (c + 16 <= width) WeightedBlock<1, 2>(probs, 0, nk, values, off + c, out + c, 0), c += 16;
+  if (c < width) WeightedBlock<1, 1>(probs, 0, nk, values, off + c, out + c, 0);
 }
 
 }  // namespace
 
-void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd, float* out) {
-  WeightedRow(probs, nk, values, 0, hd, out);
+// Rows copied into L1 (bf16): four at a time (eight accumulators), then two, then one. Rows read
+// in place from an fp32 cache: one at a time, each key's values whole (16 columns of 32 keys at a
+// time read a DRAM-resident cache at 0.6 of the speed).
+template <typename T>
+void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values, int64_t off,
+                     int64_t width, float* out, int64_t out_stride) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t r = 0; r < rows; ++r) WeightedRow(probs + r * p_stride, nk, values, off, width, out + r * out_stride);
+    return;
+  }
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WeightedColumns<4>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
+  }
+  if (r + 2 <= rows) {
+    WeightedColumns<2>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
+    r += 2;
+  }
+  if (r < rows) WeightedColumns<1>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
 }
+template void AddWeightedRows(const float*, int64_t, int64_t, int64_t, const float* const*, int64_t, int64_t, float*,
+                              int64_t);
+template void AddWeightedRows(const float*, int64_t, int64_t, int64_t, const uint16_t* const*, int64_t, int64_t, float*,
+                              int64_t);
+
+template <typename T>
+void CopyRows(const RowSource& src, int64_t k0, int64_t n, ExactScratch* s, const T** rows) {
+  const KvLayout& l = *src.layout;
+  auto row_of = [&](int64_t j) {
+    return static_cast<const T*>(src.cache) + l.Offset(src.table[j / l.block_size], src.layer, src.kv, j % l.block_size) +
+           src.col0;
+  };
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t j = k0 + k;
+    if (j >= src.ctx) {
+      rows[k] = reinterpret_cast<const T*>(s->zeros.data());
+      continue;
+    }
+    if (j + kExactFetchKeys < src.ctx) {  // the row kExactFetchKeys keys on, while these compute
+      const char* ahead = reinterpret_cast<const char*>(row_of(j + kExactFetchKeys));
+      for (int64_t b = 0; b < src.width * static_cast<int64_t>(sizeof(T)); b += 64) PrefetchLine(ahead + b);
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      rows[k] = row_of(j);
+    } else {
+      uint16_t* row = s->rows16.data() + k * src.width;
+      std::memcpy(row, row_of(j), static_cast<size_t>(src.width) * sizeof(uint16_t));
+      rows[k] = row;
+    }
+  }
+}
+template void CopyRows(const RowSource&, int64_t, int64_t, ExactScratch*, const float**);
+template void CopyRows(const RowSource&, int64_t, int64_t, ExactScratch*, const uint16_t**);
 
 SoftmaxStats Softmax(float* sc, int64_t ctx) {
   const int64_t padded = RoundUp(ctx, kExactKeys);
@@ -132,43 +140,12 @@ SoftmaxStats Softmax(float* sc, int64_t ctx) {
 
 namespace {
 
-// The rows of keys [k0, k0 + n) of plane kv (the item's kv heads side by side) at rows[k]: an
-// fp32 cache's in place; a bf16 cache's copied, each key's row whole and in address order, into
-// L1-resident scratch (the passes then read a few columns of many keys at a time, which from DRAM
-// ran at 0.6-0.8 of the speed; widening them there as well cost a fifth of the kernel's time).
-// Each key's row kExactFetchKeys keys on is fetched meanwhile: the copy otherwise waits for DRAM
-// with nothing to overlap (from DRAM 1.3-1.5x, in cache 0.92-0.95x). Keys at or past ctx_max
-// read zeros.
-constexpr int64_t kExactFetchKeys = 32;
-
+// The item's rows of keys [k0, k0 + n) of plane kv (its kv heads side by side): CopyRows.
 template <typename T>
 void Gather(const ItemRows& it, int kv, int64_t k0, int64_t n, ExactScratch* s, const T** rows) {
-  const KvLayout& l = *it.layout;
-  const int64_t width = it.heads * l.head_dim;
-  const int32_t* table = it.table();
-  auto row_of = [&](int64_t j) {
-    return static_cast<const T*>(it.cache) + l.Offset(table[j / l.block_size], it.layer, kv, j % l.block_size) +
-           it.g0 * l.head_dim;
-  };
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t j = k0 + k;
-    if (j >= it.ctx_max) {
-      rows[k] = reinterpret_cast<const T*>(s->zeros.data());
-      continue;
-    }
-    const T* src = row_of(j);
-    if (j + kExactFetchKeys < it.ctx_max) {  // the row kExactFetchKeys keys on, while these compute
-      const char* ahead = reinterpret_cast<const char*>(row_of(j + kExactFetchKeys));
-      for (int64_t b = 0; b < width * static_cast<int64_t>(sizeof(T)); b += 64) PrefetchLine(ahead + b);
-    }
-    if constexpr (std::is_same_v<T, float>) {
-      rows[k] = src;
-    } else {
-      uint16_t* row = s->rows16.data() + k * width;
-      std::memcpy(row, src, static_cast<size_t>(width) * sizeof(uint16_t));
-      rows[k] = row;
-    }
-  }
+  const int64_t hd = it.layout->head_dim;
+  CopyRows(RowSource{it.layout, it.cache, it.table(), it.layer, kv, it.g0 * hd, it.heads * hd, it.ctx_max}, k0, n, s,
+           rows);
 }
 
 // The scaled scores of keys [k_begin, ctx_max) for row (g - g0) * nrows + r at s->scores +

@@ -18,14 +18,6 @@ inline constexpr int64_t kExactKeys = 8;  // keys per group, one per lane of a s
 // (a whole head of 64 dimensions is 8 of them), loaded and stored once per pass.
 inline constexpr int64_t kExactValueKeys = 32;
 
-// The fp32 rows of keys [k0, k0 + n) (K or V, kv heads [g, g + heads) side by side): pointers
-// into an fp32 cache, or rows widened into `scratch` [n][heads * hd] from a bf16 one; keys at or
-// past ctx read `zeros` (heads * hd of them). The latent kernel's; the exact kernel copies a bf16
-// cache's rows as they are and widens them in its loads (attention_exact.cc's Gather).
-void GatherKeys(const KvLayout& layout, const void* cache, const int32_t* table, int64_t layer, int kv, int64_t g,
-                int64_t heads, int64_t k0, int64_t n, int64_t ctx, float* scratch, const float* zeros,
-                const float** rows);
-
 // scores[k] = dot(q, keys[k] + off) * scale for the 8 keys (fp32 rows, or bf16 rows widened in
 // registers, exactly), as one vector: each an 8-lane FMA chain over the head dimension summed by
 // one tree (Reduce8x8). Inlined into its loops over rows: as a call, its setup and return were a
@@ -63,19 +55,44 @@ template <typename T>
   }
 }
 
-// out[0, hd) += sum over the first nk keys of probs[k] * values[k], a chain of FMAs over keys in
-// order per element.
-void AddWeightedRow(const float* probs, int64_t nk, const float* const* values, int64_t hd, float* out);
-
 // Softmax in place over sc[0, ctx), leaving zeros up to the next multiple of 8; returns the
 // largest score and the sum of the exponentials (the exponentials vec8.h's Exp, summed lane-wise
 // over keys in order, then by Reduce's tree).
 SoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
-  std::vector<float> scores, zeros, parts;
+  std::vector<float> scores, zeros, parts, q, acc;
   std::vector<uint16_t> rows16;  // a bf16 cache's rows of a pass, copied whole
 };
+
+// Where a pass reads one sequence's rows: plane `kv` (K 0, V 1; latent rows have one) of
+// `layer`, elements [col0, col0 + width) of each token's row, keys up to `ctx`.
+struct RowSource {
+  const KvLayout* layout;
+  const void* cache;
+  const int32_t* table;  // the sequence's block table
+  int64_t layer;
+  int kv;
+  int64_t col0, width, ctx;
+};
+
+// The rows of keys [k0, k0 + n) at rows[k] (T: float for an fp32 cache, uint16_t for bf16): an
+// fp32 cache's in place; a bf16 cache's copied, each key's row whole and in address order, into
+// s->rows16 (n * width elements; the passes then read a few columns of many keys at a time,
+// which from DRAM ran at 0.6-0.8 of the speed; widening them there as well cost a fifth of the
+// kernel's time). Each key's row kExactFetchKeys keys on is fetched meanwhile: the copy
+// otherwise waits for DRAM with nothing to overlap (from DRAM 1.3-1.5x, in cache 0.92-0.95x).
+// Keys at or past ctx read s->zeros (width of them).
+inline constexpr int64_t kExactFetchKeys = 32;
+template <typename T>
+void CopyRows(const RowSource& src, int64_t k0, int64_t n, ExactScratch* s, const T** rows);
+
+// out[r * out_stride + c] += sum over keys k < nk of probs[r * p_stride + k] * values[k][off + c]
+// for rows r < rows and columns c < width: each element a chain of FMAs over the keys in order;
+// a key's values loaded once for up to four rows.
+template <typename T>
+void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values,
+                     int64_t off, int64_t width, float* out, int64_t out_stride);
 
 // Keys [it.k_begin, it.ctx_max) of an item into `part` (attention_chunks.h's ChunkPartFloats
 // layout): scores 8 keys at a time for every row of each kv head (two rows a key load), the

@@ -1,0 +1,35 @@
+// One work item of latent attention (MLA) on the CPU fast path: attention.cc plans the items
+// (tiles x chunks of heads); the exact kernel's pieces (attention_exact.h) compute them.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/attention_exact.h"
+
+namespace moeserve::cpu_fast {
+
+// Tokens [t0, t0 + nt) of one sequence (positions ascending) and heads [h0, h0 + nh) of `heads`;
+// its rows are (token, head) pairs, token-major. Every head reads the same cached row per token,
+// [latent | rotary key] (head_dim values, the first latent_dim of them the latent).
+struct LatentItem {
+  const AttentionBatch* batch;
+  const KvLayout* layout;
+  const void* cache;
+  int64_t layer, t0, nt, h0, nh, heads, latent_dim;
+  int64_t nrows() const { return nt * nh; }
+  int64_t ctx_of(int64_t row) const { return static_cast<int64_t>(batch->token_pos[t0 + row / nh]) + 1; }
+  // The row's (token, head) index into the queries and outputs.
+  int64_t pair(int64_t row) const { return (t0 + row / nh) * heads + h0 + row % nh; }
+  const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
+};
+
+// The item's outputs (out: [token][head][latent_dim]): each row's query [q_latent | q_rope]
+// scored against whole rows (8 keys at a time, two rows a key load), its softmax over its own
+// context, then the weighted sum of the rows' latents (32 keys at a time, the rows of a token
+// sharing each value load); the exact kernel's operations over the whole context, in the same
+// order for each (token, head) whatever its batch, tile or item. hd and latent_dim multiples of 8.
+void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
+                  ExactScratch* s);
+
+}  // namespace moeserve::cpu_fast
