@@ -32,15 +32,17 @@ TEST_F(LatentOpsTest, AbsorbedAttentionEqualsExpandedKeysAndValues) {
     SCOPED_TRACE(DTypeShortName(kv_dtype));
     const int64_t r = 16, dr = 8, dn = 12, dv = 8, heads = 11, layer = 1;
     KvLayout layout;
-    layout.num_blocks = 30;
+    layout.num_blocks = 40;
     layout.num_layers = 2;
     layout.block_size = 4;
     layout.kv_heads = 1;
     layout.head_dim = r + dr;
     layout.planes = 1;
     layout.dtype = kv_dtype;
-    const std::vector<int64_t> lens = {1, 6, 19, 9};
-    const int64_t max_blocks = 5;
+    // The prefilled third and the last are longer than a value pass of 32 keys and than the 32
+    // keys the kernel fetches ahead; the prefill's tiles end at different keys.
+    const std::vector<int64_t> lens = {1, 6, 70, 9, 37};
+    const int64_t max_blocks = 18;
     std::vector<int32_t> tables(lens.size() * max_blocks, 0);
     std::vector<int32_t> free_blocks(layout.num_blocks);
     std::iota(free_blocks.begin(), free_blocks.end(), 0);
