@@ -3,10 +3,11 @@
 // is fed the same tokens (teacher forcing), and per step the largest absolute logit difference
 // and whether its argmax is the reference's are recorded. Variants this CPU lacks are skipped.
 //
-//   build/benchmarks/variant_accuracy [STEPS] [PRESET] [KV]      (default 1000, small, f32)
+//   build/benchmarks/variant_accuracy [STEPS] [PRESET] [KV] [FAMILY]   (default 1000, small, f32, mixtral)
 //
 // KV: the variants' cache dtype (the reference keeps f32); bf16 also puts the bf16 variants'
-// attention on vdpbf16ps.
+// attention on vdpbf16ps. FAMILY: the preset's shape in another family, as make-model's
+// --family (deepseek_v3: latent attention, on vdpbf16ps too over a bf16 cache).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +48,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 2;
   }
+  const std::string family_name = argc > 4 ? argv[4] : "mixtral";  // a model_type, as make-model's --family
+  const auto family = FamilyFromModelType(family_name);
+  if (!family.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(family.status().message()).c_str());
+    return 2;
+  }
+  *config = WithFamily(*config, *family);
   const auto tensors = GenerateRandomWeights(*config, 0, config->torch_dtype);
   const int64_t prompt_len = 16, total = prompt_len + steps;
   const int64_t blocks = (total + kBlock - 1) / kBlock;
@@ -111,8 +119,8 @@ int Main(int argc, char** argv) {
     }
     tokens.push_back(ref_choice);
   }
-  std::printf("preset %s, %lld teacher-forced greedy steps after a %lld-token prompt, bf16 weights\n", preset.c_str(),
-              static_cast<long long>(steps + 1), static_cast<long long>(prompt_len));
+  std::printf("preset %s (%s), %lld teacher-forced greedy steps after a %lld-token prompt, bf16 weights\n",
+              preset.c_str(), family_name.c_str(), static_cast<long long>(steps + 1), static_cast<long long>(prompt_len));
   std::printf("largest |logit| of the reference: %.3g\n", max_logit);
   std::printf("%-14s %18s %22s\n", "variant", "max |logit error|", "argmax = reference's");
   for (size_t r = 1; r < runners.size(); ++r) {

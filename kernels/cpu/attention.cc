@@ -163,13 +163,16 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 }
 
 // Latent attention (MLA): every head reads the same row per token, [latent | rotary key], the
-// latent doubling as the value (attention_latent.h). Work items are (tile, chunk of heads), so
-// that a decode token's heads spread over the threads; no chunks of the context (the heads
-// already fill the threads).
+// latent doubling as the value (attention_latent.h): on the bf16 variants' dot products over a
+// bf16 cache where the shape allows, else the exact kernel's pieces. Work items are (tile, chunk
+// of heads), so that a decode token's heads spread over the threads; no chunks of the context
+// (the heads already fill the threads).
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
-                          int64_t latent_dim, float scale, float* out) {
-  if (layout.head_dim % 8 != 0 || latent_dim % 8 != 0) {
+                          int64_t latent_dim, float scale, float* out, AttentionKernel kernel) {
+  const bool bf16 =
+      kernel != AttentionKernel::kExact && layout.dtype == DType::kBF16 && Bf16LatentShape(layout.head_dim, latent_dim);
+  if (!bf16 && (layout.head_dim % 8 != 0 || latent_dim % 8 != 0)) {
     return cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
   }
   const std::vector<int64_t> tile_start = TileStarts(batch, kTile);
@@ -178,11 +181,16 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   const int64_t chunks = (heads + kHeadChunk - 1) / kHeadChunk;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch scratch;
+    LatentBf16Scratch bf16_scratch;
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, h0 = item % chunks * kHeadChunk;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const LatentItem it{&batch, &layout, cache, layer, t0, nt, h0, std::min(kHeadChunk, heads - h0), heads, latent_dim};
-      AttendLatent(it, q_latent, q_rope, scale, out, &scratch);
+      if (bf16) {
+        AttendLatentBf16(it, q_latent, q_rope, scale, out, &bf16_scratch);
+      } else {
+        AttendLatent(it, q_latent, q_rope, scale, out, &scratch);
+      }
     }
   });
 }

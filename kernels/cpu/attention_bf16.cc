@@ -299,12 +299,12 @@ void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uin
 
 namespace {
 
-// ScoreKeysBf16 over B blocks of 16 keys (kt: block b's pairs at kt + b * 128), two query rows
+// ScoreKeysBf16 over B blocks of 16 keys (kt: block b's pairs at kt + b * block_pairs), two query rows
 // at a time: each broadcast query pair serves B key registers, so more keys per call means
 // fewer loads per vdpbf16ps (one per product at B = 1, three quarters at B = 2).
 template <int B>
-void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt, float scale, float* out,
-                 int64_t out_stride) {
+void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt, int64_t block_pairs, float scale,
+                 float* out, int64_t out_stride) {
   const int64_t pairs = hd / 2;
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < rows; r += 2) {
@@ -319,7 +319,7 @@ void ScoreBlocks(const uint16_t* q, int64_t rows, int64_t hd, const __m512i* kt,
         const __m512bh x0 = AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q0, d + u))));
         const __m512bh x1 = AsBh(_mm512_set1_epi32(static_cast<int>(PairAt(q1, d + u))));
         for (int b = 0; b < B; ++b) {
-          const __m512bh k = AsBh(kt[b * 128 + d + u]);
+          const __m512bh k = AsBh(kt[b * block_pairs + d + u]);
           a0[b][u] = _mm512_dpbf16_ps(a0[b][u], x0, k);
           a1[b][u] = _mm512_dpbf16_ps(a1[b][u], x1, k);
         }
@@ -352,11 +352,22 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
       const __m512i* head_kt = kt + (g - g0) * hd / 2;
       float* head_out = out + g * rows * out_stride;
       if (blocks == 2) {
-        ScoreBlocks<2>(q + g * rows * hd, rows, hd, head_kt, scale, head_out, out_stride);
+        ScoreBlocks<2>(q + g * rows * hd, rows, hd, head_kt, 128, scale, head_out, out_stride);
       } else {
-        ScoreBlocks<1>(q + g * rows * hd, rows, hd, head_kt, scale, head_out, out_stride);
+        ScoreBlocks<1>(q + g * rows * hd, rows, hd, head_kt, 128, scale, head_out, out_stride);
       }
     }
+  }
+}
+
+void ScoreWideKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks,
+                       float scale, float* out, int64_t out_stride, uint32_t* kt) {
+  for (int b = 0; b < blocks; ++b) KeyPairsBf16(keys + b * kBf16KeyBlock, hd, kt + b * hd / 2 * 16);
+  const __m512i* pairs = reinterpret_cast<const __m512i*>(kt);
+  if (blocks == 2) {
+    ScoreBlocks<2>(q, rows, hd, pairs, hd / 2, scale, out, out_stride);
+  } else {
+    ScoreBlocks<1>(q, rows, hd, pairs, hd / 2, scale, out, out_stride);
   }
 }
 

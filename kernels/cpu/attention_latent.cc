@@ -4,10 +4,34 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
 
 namespace moeserve::cpu_fast {
 namespace {
+
+// The rows (bf16) of keys [j0, j0 + n) of the item's sequence; `zeros` at or past ctx.
+void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
+  const KvLayout& l = *it.layout;
+  const int32_t* table = it.table();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = j0 + i;
+    rows[i] = j >= ctx ? zeros
+                       : static_cast<const uint16_t*>(it.cache) + l.Offset(table[j / l.block_size], it.layer, 0,
+                                                                            j % l.block_size);
+  }
+}
+
+// The rows' [q_latent | q_rope] side by side at q (nrows x hd).
+void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_rope, std::vector<float>* q) {
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, dr = hd - r, nrows = it.nrows();
+  q->resize(static_cast<size_t>(nrows * hd));
+  for (int64_t row = 0; row < nrows; ++row) {
+    std::memcpy(q->data() + row * hd, q_latent + it.pair(row) * r, static_cast<size_t>(r) * sizeof(float));
+    std::memcpy(q->data() + row * hd + r, q_rope + it.pair(row) * dr, static_cast<size_t>(dr) * sizeof(float));
+  }
+}
 
 // Scores (row by row at s->scores, `padded` apart), softmax, then the weighted sums into s->acc.
 template <typename T>
@@ -54,17 +78,13 @@ void LatentPasses(const LatentItem& it, float scale, int64_t padded, ExactScratc
 
 void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                   ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, r = it.latent_dim, dr = hd - r, nrows = it.nrows();
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows();
   const int64_t padded = RoundUp(it.ctx_of(nrows - 1), kExactKeys);
   s->scores.resize(static_cast<size_t>(nrows * padded));
   s->acc.assign(static_cast<size_t>(nrows * r), 0.0f);
-  s->q.resize(static_cast<size_t>(nrows * hd));
   s->zeros.assign(static_cast<size_t>(hd), 0.0f);
   s->rows16.resize(static_cast<size_t>(kExactValueKeys * hd));
-  for (int64_t row = 0; row < nrows; ++row) {
-    std::memcpy(s->q.data() + row * hd, q_latent + it.pair(row) * r, static_cast<size_t>(r) * sizeof(float));
-    std::memcpy(s->q.data() + row * hd + r, q_rope + it.pair(row) * dr, static_cast<size_t>(dr) * sizeof(float));
-  }
+  LatentQueries(it, q_latent, q_rope, &s->q);
   if (it.layout->dtype == DType::kF32) {
     LatentPasses<float>(it, scale, padded, s);
   } else {
@@ -72,6 +92,56 @@ void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_ro
   }
   for (int64_t row = 0; row < nrows; ++row) {
     std::memcpy(out + it.pair(row) * r, s->acc.data() + row * r, static_cast<size_t>(r) * sizeof(float));
+  }
+}
+
+bool Bf16LatentShape(int64_t hd, int64_t latent_dim) {
+  const bool block = latent_dim == 32 || latent_dim == 64 || latent_dim == 128 || latent_dim % 256 == 0;
+  return hd % 32 == 0 && latent_dim > 0 && latent_dim < hd && block;
+}
+
+void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
+                      LatentBf16Scratch* s) {
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), ctx_max = it.ctx_of(nrows - 1);
+  const int64_t padded = RoundUp(ctx_max, 32), width = std::min<int64_t>(r, 256);  // a weighted-sum block's values
+  LatentQueries(it, q_latent, q_rope, &s->q);
+  s->qb.resize(static_cast<size_t>(nrows * hd));
+  RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
+  s->zeros.assign(static_cast<size_t>(hd), 0);
+  s->scores.resize(static_cast<size_t>(nrows * padded));
+  s->pb.resize(static_cast<size_t>(nrows * padded / 2));
+  s->kt.resize(static_cast<size_t>(2 * hd / 2 * 16 + 16));
+  uint32_t* kt = s->kt.data() + (16 - reinterpret_cast<uintptr_t>(s->kt.data()) / 4 % 16) % 16;  // 64-byte aligned
+  const uint16_t* rows[kBf16MaxValueKeys];
+  for (int64_t k0 = 0; k0 < ctx_max;) {  // 32 keys a call, 16 for a last odd block
+    const int blocks = ctx_max - k0 > kBf16KeyBlock ? 2 : 1;
+    LatentRows(it, k0, blocks * kBf16KeyBlock, ctx_max, s->zeros.data(), rows);
+    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + k0, padded, kt);
+    k0 += blocks * kBf16KeyBlock;
+  }
+  for (int64_t row = 0; row < nrows; ++row) {  // the scores are scaled already
+    const int64_t n = it.ctx_of(row);
+    SoftmaxBf16(s->scores.data() + row * padded, n, 1.0f, RoundUp(n, 32),
+                reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2));
+  }
+  s->acc.assign(static_cast<size_t>(r / width * nrows * width), 0.0f);  // block b's rows at b * nrows * width
+  s->keys.resize(static_cast<size_t>(nrows));
+  const uint16_t* block_rows[kBf16MaxValueKeys];
+  for (int64_t k0 = 0; k0 < ctx_max; k0 += kBf16MaxValueKeys) {
+    const int64_t n = std::min(kBf16MaxValueKeys, (ctx_max - k0 + 1) / 2 * 2);
+    for (int64_t row = 0; row < nrows; ++row) s->keys[row] = std::clamp<int64_t>(it.ctx_of(row) - k0, 0, n);
+    LatentRows(it, k0, n, ctx_max, s->zeros.data(), rows);
+    for (int64_t b = 0; b < r / width; ++b) {
+      for (int64_t j = 0; j < n; ++j) block_rows[j] = rows[j] == s->zeros.data() ? rows[j] : rows[j] + b * width;
+      AddWeightedPairsBf16(s->pb.data() + k0 / 2, padded / 2, nrows, 1, s->keys.data(), n, block_rows, width,
+                           s->acc.data() + b * nrows * width);
+    }
+  }
+  for (int64_t row = 0; row < nrows; ++row) {
+    for (int64_t b = 0; b < r / width; ++b) {
+      std::memcpy(out + it.pair(row) * r + b * width, s->acc.data() + (b * nrows + row) * width,
+                  static_cast<size_t>(width) * sizeof(float));
+    }
   }
 }
 

@@ -69,9 +69,9 @@ std::string CpuBackend::KernelNumerics() const {
   // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention);
   // -3: its products on AMX tiles; -4: on vdpbf16ps with the AMX kernel's 16-lane softmax (the
   // exact kernel's 8-lane one before, -2); -5: contexts past 512 keys in chunks, weighed together
-  // (attention_chunks.h).
+  // (attention_chunks.h); -6 (amx: -4): latent (MLA) attention on vdpbf16ps too (attention_latent.h).
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-3" : Bf16Attention() ? "-5" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-4" : Bf16Attention() ? "-6" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }
@@ -362,8 +362,10 @@ void CpuBackend::PagedLatentAttention(const float* q_latent, const float* q_rope
                                       int64_t latent_dim, float scale, float* out) {
   RunOrderedCopies();
   if (fast()) {
+    const cpu_fast::AttentionKernel kernel =
+        Bf16Attention() ? cpu_fast::AttentionKernel::kBf16Dot : cpu_fast::AttentionKernel::kExact;
     return cpu_fast::PagedLatentAttention(*pool_, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim,
-                                          scale, out);
+                                          scale, out, kernel);
   }
   cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
 }

@@ -80,6 +80,7 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 // Latent attention (Backend::PagedLatentAttention), in attention.cc.
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
-                          int64_t latent_dim, float scale, float* out);
+                          int64_t latent_dim, float scale, float* out,
+                          AttentionKernel kernel = AttentionKernel::kExact);
 
 }  // namespace moeserve::cpu_fast

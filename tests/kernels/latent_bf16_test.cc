@@ -1,0 +1,193 @@
+// Latent (MLA) attention on the bf16 variants' dot products (kernels/cpu/attention_latent.h):
+// against float64 attention over the same bf16 cache with the fp32 queries, within the bound
+// its rounding implies (the multi-head bf16 kernel's: a score moves by at most d = scale 2^-8
+// sum_i |q_i k_i|, a probability by a factor e^(2 d) - 1 and 2^-9 more, so an output by
+// (e^(2 dmax) - 1 + 2^-7) max_j |v_j|); every token bit-equal to itself alone, and the batch to
+// itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "tests/test_util.h"
+
+namespace moeserve {
+namespace {
+
+using testing::RandomFloats;
+
+class LatentBf16Test : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const CpuFeatures& f = DetectCpuFeatures();
+    if (!f.avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+    if (GetParam() == CpuIsa::kAmx && !f.amx_bf16) {
+      GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
+    }
+  }
+  CpuBackend Backend(int threads) const {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Variants, LatentBf16Test, ::testing::Values(CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
+                         [](const auto& info) { return std::string(info.param == CpuIsa::kAmx ? "amx" : "avx512bf16"); });
+
+// Sequences of the given lengths in scattered blocks of 16, written through the backend; a decode
+// token for each and a prefill chunk of the last `chunk` tokens of the first.
+struct LatentBatch {
+  KvLayout layout;
+  int64_t heads = 0, r = 0, max_blocks = 0;
+  std::vector<int32_t> tables, token_seq, token_pos;
+  std::vector<uint8_t> cache;
+  std::vector<float> q_latent, q_rope;
+  int64_t tokens() const { return static_cast<int64_t>(token_seq.size()); }
+  AttentionBatch Batch() const {
+    return {token_seq.data(), token_pos.data(), tables.data(), tokens(), static_cast<int64_t>(tables.size()) / max_blocks,
+            max_blocks};
+  }
+};
+
+LatentBatch MakeLatentBatch(CpuBackend& b, int64_t r, int64_t dr, int64_t heads, const std::vector<int64_t>& lens,
+                            int64_t chunk, std::mt19937& gen) {
+  LatentBatch lb;
+  lb.heads = heads;
+  lb.r = r;
+  lb.layout.num_layers = 2;
+  lb.layout.block_size = 16;
+  lb.layout.kv_heads = 1;
+  lb.layout.head_dim = r + dr;
+  lb.layout.planes = 1;
+  lb.layout.dtype = DType::kBF16;
+  int64_t blocks = 0;
+  for (int64_t l : lens) {
+    blocks += (l + 15) / 16;
+    lb.max_blocks = std::max(lb.max_blocks, (l + 15) / 16);
+  }
+  lb.layout.num_blocks = blocks;
+  std::vector<int32_t> order(static_cast<size_t>(blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), gen);
+  lb.tables.assign(lens.size() * lb.max_blocks, 0);
+  lb.cache.assign(static_cast<size_t>(blocks) * lb.layout.BlockBytes(), 0);
+  size_t next = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    std::vector<int64_t> slots(static_cast<size_t>(lens[s]));
+    for (int64_t k = 0; k < (lens[s] + 15) / 16; ++k) lb.tables[s * lb.max_blocks + k] = order[next++];
+    for (int64_t p = 0; p < lens[s]; ++p) slots[p] = lb.tables[s * lb.max_blocks + p / 16] * 16 + p % 16;
+    const auto lat = RandomFloats(lens[s] * r, gen(), 1.0f), rope = RandomFloats(lens[s] * dr, gen(), 1.0f);
+    b.WriteLatentKv(lat.data(), rope.data(), slots.data(), lens[s], r, lb.layout, 1, lb.cache.data());
+    const int64_t n = s == 0 ? std::min(lens[s], chunk) : 1;
+    for (int64_t p = lens[s] - n; p < lens[s]; ++p) {
+      lb.token_seq.push_back(static_cast<int32_t>(s));
+      lb.token_pos.push_back(static_cast<int32_t>(p));
+    }
+  }
+  lb.q_latent = RandomFloats(lb.tokens() * heads * r, gen(), 2.0f);
+  lb.q_rope = RandomFloats(lb.tokens() * heads * dr, gen(), 2.0f);
+  return lb;
+}
+
+void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& backend, int64_t r, int64_t dr,
+                                        int64_t heads, const std::vector<int64_t>& lens, int64_t chunk,
+                                        std::mt19937& gen) {
+  SCOPED_TRACE(::testing::Message() << "latent " << r << " + rope " << dr << ", " << heads << " heads, "
+                                    << lens.size() << " sequences");
+  CpuBackend b = backend(2);
+  const LatentBatch lb = MakeLatentBatch(b, r, dr, heads, lens, chunk, gen);
+  const int64_t hd = r + dr, t = lb.tokens();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> out(static_cast<size_t>(t * heads * r));
+  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
+                         scale, out.data());
+  auto cached = [&](int64_t s, int64_t j, int64_t e) {
+    const int64_t off = lb.layout.Offset(lb.tables[s * lb.max_blocks + j / 16], 1, 0, j % 16) + e;
+    return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(lb.cache.data())[off]));
+  };
+  double worst = 0, worst_err = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t s = lb.token_seq[i], ctx = lb.token_pos[i] + 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      auto q = [&](int64_t e) {
+        return e < r ? double{lb.q_latent[(i * heads + h) * r + e]} : double{lb.q_rope[(i * heads + h) * dr + e - r]};
+      };
+      std::vector<double> sc(static_cast<size_t>(ctx));
+      double mx = -1e300, sum = 0, dmax = 0;
+      for (int64_t j = 0; j < ctx; ++j) {
+        double d = 0, mag = 0;
+        for (int64_t e = 0; e < hd; ++e) {
+          d += q(e) * cached(s, j, e);
+          mag += std::fabs(q(e) * cached(s, j, e));
+        }
+        sc[j] = d * scale;
+        dmax = std::max(dmax, scale * mag / 256.0);
+        mx = std::max(mx, sc[j]);
+      }
+      for (auto& v : sc) sum += v = std::exp(v - mx);
+      for (int64_t e = 0; e < r; ++e) {
+        double o = 0, vmax = 0;
+        for (int64_t j = 0; j < ctx; ++j) {
+          o += sc[j] / sum * cached(s, j, e);
+          vmax = std::max(vmax, std::fabs(cached(s, j, e)));
+        }
+        const double err = std::fabs(out[(i * heads + h) * r + e] - o);
+        const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
+        if (err / bound > worst) worst = err / bound, worst_err = err;
+      }
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
+  for (int threads : {2, 12}) {  // each token alone: on more threads than its items, too
+    CpuBackend other = backend(threads);
+    for (int64_t i = 0; i < t; ++i) {
+      const AttentionBatch one{&lb.token_seq[i], &lb.token_pos[i], lb.tables.data(), 1,
+                               static_cast<int64_t>(lens.size()), lb.max_blocks};
+      std::vector<float> alone(static_cast<size_t>(heads * r));
+      other.PagedLatentAttention(lb.q_latent.data() + i * heads * r, lb.q_rope.data() + i * heads * dr, one, lb.layout,
+                                 1, lb.cache.data(), heads, r, scale, alone.data());
+      ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * heads * r, alone.size() * sizeof(float)))
+          << "sequence " << lb.token_seq[i] << " position " << lb.token_pos[i] << ", " << threads
+          << " threads: differs from the same token alone";
+    }
+  }
+  std::vector<float> other(out.size());
+  backend(5).PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
+                                  heads, r, scale, other.data());
+  EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
+}
+
+// DeepSeek-mini's latent (256 + 32), DeepSeek-V3's (512 + 64: two 256-value blocks of the
+// weighted sum), and smaller ones; heads not a multiple of the 8 an item takes; contexts from 1
+// to past a 64-key value pass, odd and even, and a prefill chunk whose rows end at different keys.
+TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
+  std::random_device rd;
+  const uint32_t seed = rd();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{256, 32, 16}, {512, 64, 3}, {64, 32, 11}, {128, 64, 9}};
+  for (const auto& [r, dr, heads] : shapes) {
+    ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, r, dr, heads, {150, 1, 33, 64, 97}, 40,
+                                       gen);
+  }
+}
+
+// A latent the bf16 kernel does not take (24 values: not whole 32-value blocks) runs the exact
+// kernel on these variants too: its output equals the exact numerics' bit for bit.
+TEST_P(LatentBf16Test, ShapesItDoesNotTakeRunTheExactKernel) {
+  std::mt19937 gen(3);
+  CpuBackend b = Backend(2);
+  CpuBackend exact{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+  const LatentBatch lb = MakeLatentBatch(b, 24, 8, 5, {40, 7}, 10, gen);
+  std::vector<float> got(static_cast<size_t>(lb.tokens() * 5 * 24)), want(got.size());
+  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24, 0.2f,
+                         got.data());
+  exact.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24,
+                             0.2f, want.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace moeserve
