@@ -34,8 +34,8 @@ void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_ro
                   ExactScratch* s);
 
 // Whether the bf16 latent kernel takes rows of hd values with a latent of latent_dim: hd a
-// multiple of 32 (the key transposition's pairs), the latent 32, 64, 128, 256 or a multiple of 256
-// (the weighted sum's blocks of at most 256 values). Others run AttendLatent.
+// multiple of 32 (the key transposition's pairs), the latent 32, 64 or a multiple of 128 (the
+// weighted sum's blocks of at most 128 values). Others run AttendLatent.
 bool Bf16LatentShape(int64_t hd, int64_t latent_dim);
 
 // A thread's scratch for AttendLatentBf16, reused across its items.
@@ -50,7 +50,7 @@ struct LatentBf16Scratch {
 // multi-head bf16 kernel's numerics (attention_bf16.h): queries rounded to bf16, each score four
 // fp32 chains over the pairs of the whole [latent | rotary key] row, the softmax on 16 lanes
 // writing bf16 probabilities, the weighted sum of the latents one vdpbf16ps per pair of keys and
-// 16 values, in blocks of up to 256 values. A row's operations depend only on its own context,
+// 16 values, in blocks of up to 128 values. A row's operations depend only on its own context,
 // so its bits never depend on its batch, tile or item. Shapes of Bf16LatentShape only.
 void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                       LatentBf16Scratch* s);

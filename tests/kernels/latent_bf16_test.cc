@@ -159,9 +159,11 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
   EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
 }
 
-// DeepSeek-mini's latent (256 + 32), DeepSeek-V3's (512 + 64: two 256-value blocks of the
+// DeepSeek-mini's latent (256 + 32), DeepSeek-V3's (512 + 64: four 128-value blocks of the
 // weighted sum), and smaller ones; heads not a multiple of the 8 an item takes; contexts from 1
 // to past a 64-key value pass, odd and even, and a prefill chunk whose rows end at different keys.
+// Then a decode batch of 9 tokens, whose items take up to 32 heads (40: 32 + 8), each token
+// alone taking 8.
 TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   std::random_device rd;
   const uint32_t seed = rd();
@@ -172,6 +174,8 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
     ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, r, dr, heads, {150, 1, 33, 64, 97}, 40,
                                        gen);
   }
+  ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, 128, 64, 40, {70, 1, 2, 33, 64, 97, 5, 16, 31},
+                                     1, gen);
 }
 
 // A latent the bf16 kernel does not take (24 values: not whole 32-value blocks) runs the exact
