@@ -1,9 +1,7 @@
 // Latent (MLA) attention on the bf16 variants' dot products (kernels/cpu/attention_latent.h):
 // against float64 attention over the same bf16 cache with the fp32 queries, within the bound
-// its rounding implies (the multi-head bf16 kernel's: a score moves by at most d = scale 2^-8
-// sum_i |q_i k_i|, a probability by a factor e^(2 d) - 1 and 2^-9 more, so an output by
-// (e^(2 dmax) - 1 + 2^-7) max_j |v_j|); every token bit-equal to itself alone, and the batch to
-// itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
+// its rounding implies (bf16_attention_bound.h); every token bit-equal to itself alone, and the
+// batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "tests/kernels/bf16_attention_bound.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -107,39 +106,18 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
     const int64_t off = lb.layout.Offset(lb.tables[s * lb.max_blocks + j / 16], 1, 0, j % 16) + e;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(lb.cache.data())[off]));
   };
-  double worst = 0, worst_err = 0;
+  testing::BoundCheck check;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t s = lb.token_seq[i], ctx = lb.token_pos[i] + 1;
     for (int64_t h = 0; h < heads; ++h) {
       auto q = [&](int64_t e) {
         return e < r ? double{lb.q_latent[(i * heads + h) * r + e]} : double{lb.q_rope[(i * heads + h) * dr + e - r]};
       };
-      std::vector<double> sc(static_cast<size_t>(ctx));
-      double mx = -1e300, sum = 0, dmax = 0;
-      for (int64_t j = 0; j < ctx; ++j) {
-        double d = 0, mag = 0;
-        for (int64_t e = 0; e < hd; ++e) {
-          d += q(e) * cached(s, j, e);
-          mag += std::fabs(q(e) * cached(s, j, e));
-        }
-        sc[j] = d * scale;
-        dmax = std::max(dmax, scale * mag / 256.0);
-        mx = std::max(mx, sc[j]);
-      }
-      for (auto& v : sc) sum += v = std::exp(v - mx);
-      for (int64_t e = 0; e < r; ++e) {
-        double o = 0, vmax = 0;
-        for (int64_t j = 0; j < ctx; ++j) {
-          o += sc[j] / sum * cached(s, j, e);
-          vmax = std::max(vmax, std::fabs(cached(s, j, e)));
-        }
-        const double err = std::fabs(out[(i * heads + h) * r + e] - o);
-        const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
-        if (err / bound > worst) worst = err / bound, worst_err = err;
-      }
+      auto row = [&](int64_t j, int64_t e) { return cached(s, j, e); };  // the latent doubles as the value
+      testing::CheckRowWithinBound(ctx, hd, r, scale, q, row, row, out.data() + (i * heads + h) * r, &check);
     }
   }
-  EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
+  EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
   for (int threads : {2, 12}) {  // each token alone: on more threads than its items, too
     CpuBackend other = backend(threads);
     for (int64_t i = 0; i < t; ++i) {

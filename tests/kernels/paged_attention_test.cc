@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "tests/kernels/bf16_attention_bound.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -317,38 +318,19 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
     const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
   };
-  double worst = 0, worst_err = 0;
+  testing::BoundCheck check;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t s = rb.token_seq[i], ctx = rb.token_pos[i] + 1;
     for (int64_t h = 0; h < qh; ++h) {
       const int64_t g = h / 3;
       const float* qr = q.data() + (i * qh + h) * hd;
-      std::vector<double> sc(static_cast<size_t>(ctx));
-      double mx = -1e300, sum = 0, dmax = 0;
-      for (int64_t j = 0; j < ctx; ++j) {
-        double d = 0, mag = 0;
-        for (int64_t e = 0; e < hd; ++e) {
-          d += qr[e] * cached(0, s, j, g, e);
-          mag += std::fabs(qr[e] * cached(0, s, j, g, e));
-        }
-        sc[j] = d * scale;
-        dmax = std::max(dmax, scale * mag / 256.0);
-        mx = std::max(mx, sc[j]);
-      }
-      for (auto& v : sc) sum += v = std::exp(v - mx);
-      for (int64_t e = 0; e < hd; ++e) {
-        double o = 0, vmax = 0;
-        for (int64_t j = 0; j < ctx; ++j) {
-          o += sc[j] / sum * cached(1, s, j, g, e);
-          vmax = std::max(vmax, std::fabs(cached(1, s, j, g, e)));
-        }
-        const double err = std::fabs(out[(i * qh + h) * hd + e] - o);
-        const double bound = (std::expm1(2 * dmax) + 1.0 / 128) * vmax + 1e-6;
-        if (err / bound > worst) worst = err / bound, worst_err = err;
-      }
+      testing::CheckRowWithinBound(
+          ctx, hd, hd, scale, [&](int64_t e) { return double{qr[e]}; },
+          [&](int64_t j, int64_t e) { return cached(0, s, j, g, e); },
+          [&](int64_t j, int64_t e) { return cached(1, s, j, g, e); }, out.data() + (i * qh + h) * hd, &check);
     }
   }
-  EXPECT_LE(worst, 1.0) << "largest error " << worst_err << " is " << worst << " of its bound";
+  EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
   ExpectEachTokenAsAlone(bf16, rb, scale, out);
   CpuBackend many = backend(12);  // more threads than a token alone has items
   ExpectEachTokenAsAlone(many, rb, scale, out);
