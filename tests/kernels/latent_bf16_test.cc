@@ -1,6 +1,6 @@
 // Latent (MLA) attention on the bf16 variants' dot products (kernels/cpu/attention_latent.h):
 // against float64 attention over the same bf16 cache with the fp32 queries, within the bound
-// its rounding implies (bf16_attention_bound.h); every token bit-equal to itself alone, and the
+// its rounding implies (bf16_attention_checks.h); every token bit-equal to itself alone, and the
 // batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
-#include "tests/kernels/bf16_attention_bound.h"
+#include "tests/kernels/bf16_attention_checks.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -21,11 +21,7 @@ using testing::RandomFloats;
 class LatentBf16Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
-    const CpuFeatures& f = DetectCpuFeatures();
-    if (!f.avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
-    if (GetParam() == CpuIsa::kAmx && !f.amx_bf16) {
-      GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
-    }
+    if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
   CpuBackend Backend(int threads) const {
     return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};

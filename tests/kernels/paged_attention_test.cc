@@ -15,7 +15,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
-#include "tests/kernels/bf16_attention_bound.h"
+#include "tests/kernels/bf16_attention_checks.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
@@ -282,11 +282,7 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
 class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
-    const CpuFeatures& f = DetectCpuFeatures();
-    if (!f.avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
-    if (GetParam() == CpuIsa::kAmx && !f.amx_bf16) {
-      GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
-    }
+    if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
   CpuBackend Backend(int threads = 2) const {
     return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};

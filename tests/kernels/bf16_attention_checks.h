@@ -1,5 +1,6 @@
-// The bf16 attention kernels' error bound against float64 attention, shared by the multi-head
-// (paged_attention_test.cc) and latent (latent_bf16_test.cc) tests: rounding the query to bf16
+// What the multi-head (paged_attention_test.cc) and latent (latent_bf16_test.cc) tests of the bf16
+// attention kernels share: whether this CPU runs a variant, and the error bound against float64
+// attention: rounding the query to bf16
 // moves a score by at most d = scale 2^-8 sum_i |q_i k_i|, a probability by a factor e^(2 d) - 1
 // and then 2^-9 more (its own rounding), so an output by (e^(2 dmax) - 1 + 2^-7) max_j |v_j|
 // (with room for fp32 sums).
@@ -8,9 +9,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
+
 namespace moeserve::testing {
+
+// Why this CPU cannot run the bf16 attention of `isa` (avx512-bf16 or amx), naming the missing
+// cpuid flag; empty where it can.
+inline std::string Bf16AttentionSkipReason(CpuIsa isa) {
+  const CpuFeatures& f = DetectCpuFeatures();
+  if (!f.avx512_bf16) return "this CPU lacks cpuid flag avx512_bf16";
+  if (isa == CpuIsa::kAmx && !f.amx_bf16) {
+    return "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " + f.amx_detail;
+  }
+  return "";
+}
 
 // The largest error of any output checked, as a fraction of its bound, and the error itself.
 struct BoundCheck {
