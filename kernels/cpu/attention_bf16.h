@@ -34,7 +34,7 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
 
 // ScoreKeysBf16's scores for one kv head of any width hd (a multiple of 32; the latent kernel's
 // [latent | rotary key] rows): out[r * out_stride + j] = scale x dot(q_r, keys[j]) for rows r <
-// rows and keys j < 16 blocks (1 or 2), in ScoreKeysBf16's order. kt: 64-byte aligned scratch of
+// rows and keys j < 16 x blocks (blocks 1 or 2), in ScoreKeysBf16's order. kt: 64-byte aligned scratch of
 // blocks x hd / 2 x 16 dwords.
 void ScoreWideKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks,
                        float scale, float* out, int64_t out_stride, uint32_t* kt);

@@ -65,17 +65,19 @@ void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t
                      int64_t width, float* out, int64_t out_stride) {
   if constexpr (std::is_same_v<T, float>) {
     for (int64_t r = 0; r < rows; ++r) WeightedRow(probs + r * p_stride, nk, values, off, width, out + r * out_stride);
-    return;
+  } else {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      WeightedColumns<4>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
+    }
+    if (r + 2 <= rows) {
+      WeightedColumns<2>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
+      r += 2;
+    }
+    if (r < rows) {
+      WeightedColumns<1>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
+    }
   }
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    WeightedColumns<4>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
-  }
-  if (r + 2 <= rows) {
-    WeightedColumns<2>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
-    r += 2;
-  }
-  if (r < rows) WeightedColumns<1>(probs + r * p_stride, p_stride, nk, values, off, width, out + r * out_stride, out_stride);
 }
 template void AddWeightedRows(const float*, int64_t, int64_t, int64_t, const float* const*, int64_t, int64_t, float*,
                               int64_t);
@@ -92,12 +94,17 @@ void CopyRows(const RowSource& src, int64_t k0, int64_t n, ExactScratch* s, cons
   for (int64_t k = 0; k < n; ++k) {
     const int64_t j = k0 + k;
     if (j >= src.ctx) {
-      rows[k] = reinterpret_cast<const T*>(s->zeros.data());
+      if constexpr (std::is_same_v<T, float>) {
+        rows[k] = s->zeros.data();
+      } else {
+        rows[k] = s->zeros16.data();
+      }
       continue;
     }
-    if (j + kExactFetchKeys < src.ctx) {  // the row kExactFetchKeys keys on, while these compute
-      const char* ahead = reinterpret_cast<const char*>(row_of(j + kExactFetchKeys));
-      for (int64_t b = 0; b < src.width * static_cast<int64_t>(sizeof(T)); b += 64) PrefetchLine(ahead + b);
+    if (j + kExactFetchKeys < src.ctx) {  // every line of the row kExactFetchKeys keys on, while these compute
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(row_of(j + kExactFetchKeys));
+      const uintptr_t end = begin + static_cast<uintptr_t>(src.width) * sizeof(T);
+      for (uintptr_t line = begin & ~uintptr_t{63}; line < end; line += 64) PrefetchLine(reinterpret_cast<const void*>(line));
     }
     if constexpr (std::is_same_v<T, float>) {
       rows[k] = row_of(j);
@@ -178,7 +185,7 @@ void ExactScorePass(const ItemRows& it, const float* q, float scale, int64_t pad
 }
 
 // part[row * hd ...] += the rows' probabilities (s->scores) times the values, 32 keys a pass;
-// rows that take the same keys of a pass (a token's query heads) share each value load.
+// rows that take the same keys of a pass (a token's query heads) share each value load (bf16 cache).
 template <typename T>
 void ExactValuePass(const ItemRows& it, int64_t padded, ExactScratch* s, float* part) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
@@ -221,6 +228,7 @@ void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* pa
   const int64_t hd = it.layout->head_dim, all = it.heads * it.nrows();
   const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kExactKeys);
   s->zeros.assign(static_cast<size_t>(it.heads * hd), 0.0f);
+  s->zeros16.assign(static_cast<size_t>(it.heads * hd), 0);
   s->rows16.resize(static_cast<size_t>(kExactValueKeys * it.heads * hd));
   s->scores.resize(static_cast<size_t>(all * padded));
   std::fill(part, part + all * hd, 0.0f);

@@ -62,6 +62,7 @@ SoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
   std::vector<float> scores, zeros, parts, q, acc;
+  std::vector<uint16_t> zeros16;  // a bf16 cache's keys past the context
   std::vector<uint16_t> rows16;  // a bf16 cache's rows of a pass, copied whole
 };
 
@@ -82,21 +83,23 @@ struct RowSource {
 // which from DRAM ran at 0.6-0.8 of the speed; widening them there as well cost a fifth of the
 // kernel's time). Each key's row kExactFetchKeys keys on is fetched meanwhile: the copy
 // otherwise waits for DRAM with nothing to overlap (from DRAM 1.3-1.5x, in cache 0.92-0.95x).
-// Keys at or past ctx read s->zeros (width of them).
+// Keys at or past ctx read s->zeros / s->zeros16 (width of them).
 inline constexpr int64_t kExactFetchKeys = 32;
 template <typename T>
 void CopyRows(const RowSource& src, int64_t k0, int64_t n, ExactScratch* s, const T** rows);
 
 // out[r * out_stride + c] += sum over keys k < nk of probs[r * p_stride + k] * values[k][off + c]
 // for rows r < rows and columns c < width: each element a chain of FMAs over the keys in order;
-// a key's values loaded once for up to four rows.
+// a key's values loaded once for up to four rows (copied bf16 rows; fp32 rows in place are read
+// one row at a time, each key's values whole).
 template <typename T>
 void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values,
                      int64_t off, int64_t width, float* out, int64_t out_stride);
 
 // Keys [it.k_begin, it.ctx_max) of an item into `part` (attention_chunks.h's ChunkPartFloats
 // layout): scores 8 keys at a time for every row of each kv head (two rows a key load), the
-// softmax, then the weighted sum over 32 keys at a time (up to four rows a value load); each row
+// softmax, then the weighted sum over 32 keys at a time (up to four rows a value load over a bf16
+// cache); each row
 // stops at its own context. An fp32 cache is read in place, a bf16 one's rows copied whole first.
 void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s);
 

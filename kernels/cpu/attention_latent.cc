@@ -83,6 +83,7 @@ void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_ro
   s->scores.resize(static_cast<size_t>(nrows * padded));
   s->acc.assign(static_cast<size_t>(nrows * r), 0.0f);
   s->zeros.assign(static_cast<size_t>(hd), 0.0f);
+  s->zeros16.assign(static_cast<size_t>(hd), 0);
   s->rows16.resize(static_cast<size_t>(kExactValueKeys * hd));
   LatentQueries(it, q_latent, q_rope, &s->q);
   if (it.layout->dtype == DType::kF32) {

@@ -28,14 +28,14 @@ struct LatentItem {
 // The item's outputs (out: [token][head][latent_dim]): each row's query [q_latent | q_rope]
 // scored against whole rows (8 keys at a time, two rows a key load), its softmax over its own
 // context, then the weighted sum of the rows' latents (32 keys at a time, the rows of a token
-// sharing each value load); the exact kernel's operations over the whole context, in the same
+// sharing each latent load over a bf16 cache); the exact kernel's operations over the whole context, in the same
 // order for each (token, head) whatever its batch, tile or item. hd and latent_dim multiples of 8.
 void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                   ExactScratch* s);
 
-// Whether the bf16 latent kernel takes rows of hd values with a latent of latent_dim: hd a
-// multiple of 32 (the key transposition's pairs), the latent 32, 64 or a multiple of 128 (the
-// weighted sum's blocks of at most 128 values). Others run AttendLatent.
+// Whether the bf16 latent kernel takes rows of hd values with a latent of latent_dim (< hd: a
+// rotary key follows it): hd a multiple of 32 (the key transposition's pairs), the latent 32, 64 or
+// a multiple of 128 (the weighted sum's blocks of at most 128 values). Others run AttendLatent.
 bool Bf16LatentShape(int64_t hd, int64_t latent_dim);
 
 // A thread's scratch for AttendLatentBf16, reused across its items.

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -131,6 +134,11 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
   backend(5).PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
                                   heads, r, scale, other.data());
   EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
+  // And it ran the bf16 kernel: the exact one (fp32 queries and probabilities) gives other bits.
+  CpuBackend exact{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+  exact.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
+                             scale, other.data());
+  EXPECT_NE(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "the exact kernel's bits";
 }
 
 // DeepSeek-mini's latent (256 + 32), DeepSeek-V3's (512 + 64: four 128-value blocks of the
@@ -143,7 +151,8 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{256, 32, 16}, {512, 64, 3}, {64, 32, 11}, {128, 64, 9}};
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{256, 32, 16}, {512, 64, 3}, {64, 32, 11}, {128, 64, 9},
+                                                          {32, 32, 5}};
   for (const auto& [r, dr, heads] : shapes) {
     ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, r, dr, heads, {150, 1, 33, 64, 97}, 40,
                                        gen);

@@ -126,8 +126,9 @@ TEST_F(LatentOpsTest, AbsorbedAttentionEqualsExpandedKeysAndValues) {
       }
     }
     EXPECT_LT(max_err, 1e-4 * std::max(1.0, max_ref)) << "max-abs " << max_err << " (relative " << max_err / max_ref << ")";
-    // A prefill token alone gives bitwise what it gave among its tile mates.
-    for (int64_t i = static_cast<int64_t>(lens.size()); i < t; ++i) {
+    // Every token alone (a decode token, a prefill token without its tile mates) gives bitwise
+    // what it gave in the batch.
+    for (int64_t i = 0; i < t; ++i) {
       AttentionBatch one{&token_seq[i], &token_pos[i], tables.data(), 1, static_cast<int64_t>(lens.size()), max_blocks};
       std::vector<float> alone(heads * r);
       fast_.PagedLatentAttention(ql.data() + i * heads * r, qr.data() + i * heads * dr, one, layout, layer,
