@@ -32,11 +32,16 @@ inline ItemRows ChunkOf(const ItemRows& it, int64_t c) {
 // no keys in the chunk: -inf and 0).
 inline int64_t ChunkPartFloats(int64_t all, int64_t hd) { return all * (hd + 2); }
 
-// The item's rows (it.k_begin 0, ctx_max the tile's) from the results of their chunks, `parts`
-// holding ChunksOf(it.ctx_max) of them one after another: with M the largest max_c of a row's n
-// chunks, chunk c weighs w_c = sum_c e^(max_c - M) / (sum over c' of sum_c' e^(max_c' - M)), and
+// Row `row` of `all` (each `width` wide, a multiple of 8) from the first n of its chunks' results
+// in `parts` (ChunkPartFloats(all, width) apart), into dst: with M the largest max_c of the row's
+// n chunks, chunk c weighs w_c = sum_c e^(max_c - M) / (sum over c' of sum_c' e^(max_c' - M)), and
 // each output is a chain of fp32 FMAs over c in order, from -0. One chunk weighs 1 exactly: its
 // result unchanged.
+void CombineRow(const float* parts, int64_t all, int64_t width, int64_t row, int64_t n, float* dst);
+
+// The item's rows (it.k_begin 0, ctx_max the tile's) from the results of their chunks, `parts`
+// holding ChunksOf(it.ctx_max) of them one after another, each row by CombineRow over its own
+// chunks.
 void CombineChunks(const ItemRows& it, const float* parts, float* out);
 
 // The item's output from its chunks' results: CombineChunks, or with one chunk its rows as they

@@ -2,9 +2,11 @@
 #include "kernels/cpu/attention_latent.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/attention_chunks.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
 
@@ -101,49 +103,86 @@ bool Bf16LatentShape(int64_t hd, int64_t latent_dim) {
   return hd % 32 == 0 && latent_dim > 0 && latent_dim < hd && block;
 }
 
-void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
-                      LatentBf16Scratch* s) {
-  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), ctx_max = it.ctx_of(nrows - 1);
-  // A weighted-sum block's values: 128 (not 256) leaves registers for three rows a latent load
-  // (deepseek-mini: attention 1.1-1.15x); the same operations per output either way.
-  const int64_t padded = RoundUp(ctx_max, 32), width = std::min<int64_t>(r, 128);
-  LatentQueries(it, q_latent, q_rope, &s->q);
-  s->qb.resize(static_cast<size_t>(nrows * hd));
-  RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
-  s->zeros.assign(static_cast<size_t>(hd), 0);
+namespace {
+
+// Keys [kb, ke) of the item (one chunk of its context, attention_chunks.h) into `part`
+// (ChunkPartFloats(nrows, latent_dim): the rows' weighted sums, then their maxima and sums): the
+// scores 32 keys a call, each row's softmax over its keys in the chunk, the weighted sum of the
+// latents 64 keys a call in blocks of `width` values. The chunk's rows stay in L2 between the
+// two passes (a context taken whole read them from DRAM twice).
+void LatentChunkBf16(const LatentItem& it, int64_t kb, int64_t ke, float scale, int64_t width, LatentBf16Scratch* s,
+                     float* part) {
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), padded = RoundUp(ke - kb, 32);
   s->scores.resize(static_cast<size_t>(nrows * padded));
   s->pb.resize(static_cast<size_t>(nrows * padded / 2));
   s->kt.resize(static_cast<size_t>(2 * hd / 2 * 16 + 16));
   uint32_t* kt = s->kt.data() + (16 - reinterpret_cast<uintptr_t>(s->kt.data()) / 4 % 16) % 16;  // 64-byte aligned
   const uint16_t* rows[kBf16MaxValueKeys];
-  for (int64_t k0 = 0; k0 < ctx_max;) {  // 32 keys a call, 16 for a last odd block
-    const int blocks = ctx_max - k0 > kBf16KeyBlock ? 2 : 1;
-    LatentRows(it, k0, blocks * kBf16KeyBlock, ctx_max, s->zeros.data(), rows);
-    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + k0, padded, kt);
+  for (int64_t k0 = kb; k0 < ke;) {  // 32 keys a call, 16 for a last odd block
+    const int blocks = ke - k0 > kBf16KeyBlock ? 2 : 1;
+    LatentRows(it, k0, blocks * kBf16KeyBlock, ke, s->zeros.data(), rows);
+    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + (k0 - kb), padded, kt);
     k0 += blocks * kBf16KeyBlock;
   }
+  float* max = part + nrows * r;
+  float* sum = max + nrows;
   for (int64_t row = 0; row < nrows; ++row) {  // the scores are scaled already
-    const int64_t n = it.ctx_of(row);
-    SoftmaxBf16(s->scores.data() + row * padded, n, 1.0f, RoundUp(n, 32),
-                reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2));
+    const int64_t n = std::clamp(it.ctx_of(row), kb, ke) - kb;
+    if (n == 0) {  // the row's context ends before this chunk
+      max[row] = -INFINITY;
+      sum[row] = 0.0f;
+      continue;
+    }
+    const SoftmaxStats st = SoftmaxBf16(s->scores.data() + row * padded, n, 1.0f, RoundUp(n, 32),
+                                        reinterpret_cast<uint16_t*>(s->pb.data() + row * padded / 2));
+    max[row] = st.max;
+    sum[row] = st.sum;
   }
-  s->acc.assign(static_cast<size_t>(r / width * nrows * width), 0.0f);  // block b's rows at b * nrows * width
+  s->acc.assign(static_cast<size_t>(nrows * r), 0.0f);  // block b's rows at b * nrows * width
   s->keys.resize(static_cast<size_t>(nrows));
   const uint16_t* block_rows[kBf16MaxValueKeys];
-  for (int64_t k0 = 0; k0 < ctx_max; k0 += kBf16MaxValueKeys) {
-    const int64_t n = std::min(kBf16MaxValueKeys, (ctx_max - k0 + 1) / 2 * 2);
+  for (int64_t k0 = kb; k0 < ke; k0 += kBf16MaxValueKeys) {
+    const int64_t n = std::min(kBf16MaxValueKeys, (ke - k0 + 1) / 2 * 2);
     for (int64_t row = 0; row < nrows; ++row) s->keys[row] = std::clamp<int64_t>(it.ctx_of(row) - k0, 0, n);
-    LatentRows(it, k0, n, ctx_max, s->zeros.data(), rows);
+    LatentRows(it, k0, n, ke, s->zeros.data(), rows);
     for (int64_t b = 0; b < r / width; ++b) {
       for (int64_t j = 0; j < n; ++j) block_rows[j] = rows[j] == s->zeros.data() ? rows[j] : rows[j] + b * width;
-      AddWeightedPairsBf16(s->pb.data() + k0 / 2, padded / 2, nrows, 1, s->keys.data(), n, block_rows, width,
+      AddWeightedPairsBf16(s->pb.data() + (k0 - kb) / 2, padded / 2, nrows, 1, s->keys.data(), n, block_rows, width,
                            s->acc.data() + b * nrows * width);
     }
   }
   for (int64_t row = 0; row < nrows; ++row) {
     for (int64_t b = 0; b < r / width; ++b) {
-      std::memcpy(out + it.pair(row) * r + b * width, s->acc.data() + (b * nrows + row) * width,
+      std::memcpy(part + row * r + b * width, s->acc.data() + (b * nrows + row) * width,
                   static_cast<size_t>(width) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
+                      LatentBf16Scratch* s) {
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), ctx_max = it.ctx_of(nrows - 1);
+  // A weighted-sum block's values: 128 (not 256) leaves registers for three rows a latent load
+  // (deepseek-mini: attention 1.1-1.15x); the same operations per output either way.
+  const int64_t width = std::min<int64_t>(r, 128);
+  LatentQueries(it, q_latent, q_rope, &s->q);
+  s->qb.resize(static_cast<size_t>(nrows * hd));
+  RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
+  s->zeros.assign(static_cast<size_t>(hd), 0);
+  const int64_t chunks = ChunksOf(ctx_max), stride = ChunkPartFloats(nrows, r);
+  s->parts.resize(static_cast<size_t>(chunks * stride));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t kb = c * kAttentionChunkKeys;
+    LatentChunkBf16(it, kb, std::min(ctx_max, kb + kAttentionChunkKeys), scale, width, s, s->parts.data() + c * stride);
+  }
+  for (int64_t row = 0; row < nrows; ++row) {
+    float* dst = out + it.pair(row) * r;
+    if (chunks == 1) {  // CombineRow would copy the bits (a weight of 1)
+      std::memcpy(dst, s->parts.data() + row * r, static_cast<size_t>(r) * sizeof(float));
+    } else {
+      CombineRow(s->parts.data(), nrows, r, row, ChunksOf(it.ctx_of(row)), dst);
     }
   }
 }

@@ -40,7 +40,7 @@ bool Bf16LatentShape(int64_t hd, int64_t latent_dim);
 
 // A thread's scratch for AttendLatentBf16, reused across its items.
 struct LatentBf16Scratch {
-  std::vector<float> q, scores, acc;
+  std::vector<float> q, scores, acc, parts;
   std::vector<uint16_t> qb, zeros;
   std::vector<uint32_t> pb, kt;  // the probabilities as bf16 pairs; the keys' pairs (64-byte aligned within)
   std::vector<int64_t> keys;
@@ -50,7 +50,8 @@ struct LatentBf16Scratch {
 // multi-head bf16 kernel's numerics (attention_bf16.h): queries rounded to bf16, each score four
 // fp32 chains over the pairs of the whole [latent | rotary key] row, the softmax on 16 lanes
 // writing bf16 probabilities, the weighted sum of the latents one vdpbf16ps per pair of keys and
-// 16 values, in blocks of up to 128 values. A row's operations depend only on its own context,
+// 16 values, in blocks of up to 128 values; a context past 512 keys in the multi-head kernel's
+// fixed chunks, weighed together (attention_chunks.h). A row's operations depend only on its own context,
 // so its bits never depend on its batch, tile or item. Shapes of Bf16LatentShape only.
 void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                       LatentBf16Scratch* s);

@@ -145,7 +145,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
 // weighted sum), and smaller ones; heads not a multiple of the 8 an item takes; contexts from 1
 // to past a 64-key value pass, odd and even, and a prefill chunk whose rows end at different keys.
 // Then a decode batch of 9 tokens, whose items take up to 32 heads (40: 32 + 8), each token
-// alone taking 8.
+// alone taking 8; then contexts of several 512-key chunks, weighed together.
 TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   std::random_device rd;
   const uint32_t seed = rd();
@@ -159,6 +159,9 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   }
   ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, 128, 64, 40, {70, 1, 2, 33, 64, 97, 5, 16, 31},
                                      1, gen);
+  // Contexts past the 512-key chunks: a prefill chunk across the boundary at 1024 (tokens
+  // 1010-1049), decodes at 513, 600 and 1537 (four chunks, the last of one key).
+  ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen);
 }
 
 // A latent the bf16 kernel does not take (24 values: not whole 32-value blocks) runs the exact
