@@ -35,9 +35,11 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
 // ScoreKeysBf16's scores for one kv head of any width hd (a multiple of 32; the latent kernel's
 // [latent | rotary key] rows): out[r * out_stride + j] = scale x dot(q_r, keys[j]) for rows r <
 // rows and keys j < 16 x blocks (blocks 1 or 2), in ScoreKeysBf16's order. kt: 64-byte aligned scratch of
-// blocks x hd / 2 x 16 dwords.
+// blocks x hd / 2 x 16 dwords. `ahead`: as many rows as `keys`, of keys further on, each line of
+// theirs fetched beside the same line of `keys` (no result depends on it; deepseek-mini's latent
+// attention 1.03-1.08x).
 void ScoreWideKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks,
-                       float scale, float* out, int64_t out_stride, uint32_t* kt);
+                       float scale, float* out, int64_t out_stride, uint32_t* kt, const uint16_t* const* ahead);
 
 // The softmax of the bf16 variants' attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
 // becomes scale x sc, then its softmax (vec8.h's exponential, the sum lane-wise over keys in order

@@ -118,10 +118,12 @@ void LatentChunkBf16(const LatentItem& it, int64_t kb, int64_t ke, float scale, 
   s->kt.resize(static_cast<size_t>(2 * hd / 2 * 16 + 16));
   uint32_t* kt = s->kt.data() + (16 - reinterpret_cast<uintptr_t>(s->kt.data()) / 4 % 16) % 16;  // 64-byte aligned
   const uint16_t* rows[kBf16MaxValueKeys];
+  const uint16_t* ahead[2 * kBf16KeyBlock];  // the rows 32 keys on (the next chunk's too), fetched meanwhile
   for (int64_t k0 = kb; k0 < ke;) {  // 32 keys a call, 16 for a last odd block
     const int blocks = ke - k0 > kBf16KeyBlock ? 2 : 1;
     LatentRows(it, k0, blocks * kBf16KeyBlock, ke, s->zeros.data(), rows);
-    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + (k0 - kb), padded, kt);
+    LatentRows(it, k0 + 32, blocks * kBf16KeyBlock, it.ctx_of(nrows - 1), s->zeros.data(), ahead);
+    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + (k0 - kb), padded, kt, ahead);
     k0 += blocks * kBf16KeyBlock;
   }
   float* max = part + nrows * r;
