@@ -164,22 +164,10 @@ void ExactScorePass(const ItemRows& it, const float* q, float scale, int64_t pad
   for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactKeys) {
     Gather(it, 0, k0, kExactKeys, s, keys);
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      const int64_t off = (g - it.g0) * hd;
-      for (int64_t r = 0; r < nrows;) {
-        if (k0 >= it.ctx_of(r)) {  // rows ascend in context: the next one may still take these keys
-          ++r;
-          continue;
-        }
-        float* sc = s->scores.data() + ((g - it.g0) * nrows + r) * padded + (k0 - it.k_begin);
-        const float* qr = q + it.head_of(g, r) * hd;
-        if (r + 1 < nrows) {
-          Scores2(qr, q + it.head_of(g, r + 1) * hd, keys, off, hd, scale, sc, sc + padded);
-          r += 2;
-        } else {
-          Store(sc, Scores(qr, keys, hd, scale, off));
-          r += 1;
-        }
-      }
+      float* head_scores = s->scores.data() + (g - it.g0) * nrows * padded + (k0 - it.k_begin);
+      ScoreRowPairs(
+          nrows, k0, keys, (g - it.g0) * hd, hd, scale, [&](int64_t r) { return q + it.head_of(g, r) * hd; },
+          [&](int64_t r) { return it.ctx_of(r); }, [&](int64_t r) { return head_scores + r * padded; });
     }
   }
 }
@@ -193,16 +181,11 @@ void ExactValuePass(const ItemRows& it, int64_t padded, ExactScratch* s, float* 
   for (int64_t k0 = it.k_begin; k0 < it.ctx_max; k0 += kExactValueKeys) {
     const int64_t n = std::min(kExactValueKeys, it.ctx_max - k0);
     Gather(it, 1, k0, n, s, values);
-    auto keys = [&](int64_t r) { return std::min(n, it.ctx_of(r) - k0); };
     for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-      for (int64_t r = 0, r1; r < nrows; r = r1) {
-        const int64_t nk = keys(r);
-        for (r1 = r + 1; r1 < nrows && keys(r1) == nk;) ++r1;
-        if (nk <= 0) continue;
-        const int64_t row = (g - it.g0) * nrows + r;
-        AddWeightedRows(s->scores.data() + row * padded + (k0 - it.k_begin), padded, r1 - r, nk, values,
-                        (g - it.g0) * hd, hd, part + row * hd, hd);
-      }
+      const int64_t first = (g - it.g0) * nrows;  // the head's first row
+      WeighRowRuns(nrows, k0, n, [&](int64_t r) { return it.ctx_of(r); },
+                   s->scores.data() + first * padded + (k0 - it.k_begin), padded, values, (g - it.g0) * hd, hd,
+                   part + first * hd, hd);
     }
   }
 }

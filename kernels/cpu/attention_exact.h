@@ -4,6 +4,7 @@
 // (attention_chunks.h), so a long context spreads over the threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -77,6 +78,33 @@ struct RowSource {
   int64_t col0, width, ctx;
 };
 
+// The scores of keys [k0, k0 + 8) for the rows r < nrows that take them (k0 < ctx_of(r); rows
+// ascend in context, so the next row takes them too), two rows a key load: row r's query at q(r)
+// (hd values), its 8 scaled scores to sc(r), its keys' values at keys[k] + off.
+template <typename T, typename QueryOf, typename CtxOf, typename ScoresAt>
+void ScoreRowPairs(int64_t nrows, int64_t k0, const T* const keys[kExactKeys], int64_t off, int64_t hd, float scale,
+                   const QueryOf& q, const CtxOf& ctx_of, const ScoresAt& sc) {
+  for (int64_t r = 0; r < nrows;) {
+    if (k0 >= ctx_of(r)) {
+      ++r;
+    } else if (r + 1 < nrows) {
+      Scores2(q(r), q(r + 1), keys, off, hd, scale, sc(r), sc(r + 1));
+      r += 2;
+    } else {
+      Store(sc(r), Scores(q(r), keys, hd, scale, off));
+      r += 1;
+    }
+  }
+}
+
+// The weighted sums of the n values from key k0 for the rows r < nrows, each taking min(n,
+// ctx_of(r) - k0) of them: runs of rows taking the same keys (a token's query heads) share each
+// value load (AddWeightedRows; row r's probabilities at probs + r * p_stride, its sums at out + r *
+// out_stride, its values at values[k] + off).
+template <typename T, typename CtxOf>
+void WeighRowRuns(int64_t nrows, int64_t k0, int64_t n, const CtxOf& ctx_of, const float* probs, int64_t p_stride,
+                  const T* const* values, int64_t off, int64_t width, float* out, int64_t out_stride);
+
 // The rows of keys [k0, k0 + n) at rows[k] (T: float for an fp32 cache, uint16_t for bf16): an
 // fp32 cache's in place; a bf16 cache's copied, each key's row whole and in address order, into
 // s->rows16 (n * width elements; the passes then read a few columns of many keys at a time,
@@ -95,6 +123,19 @@ void CopyRows(const RowSource& src, int64_t k0, int64_t n, ExactScratch* s, cons
 template <typename T>
 void AddWeightedRows(const float* probs, int64_t p_stride, int64_t rows, int64_t nk, const T* const* values,
                      int64_t off, int64_t width, float* out, int64_t out_stride);
+
+template <typename T, typename CtxOf>
+void WeighRowRuns(int64_t nrows, int64_t k0, int64_t n, const CtxOf& ctx_of, const float* probs, int64_t p_stride,
+                  const T* const* values, int64_t off, int64_t width, float* out, int64_t out_stride) {
+  auto keys = [&](int64_t r) { return std::min(n, ctx_of(r) - k0); };
+  for (int64_t r = 0, end; r < nrows; r = end) {
+    const int64_t nk = keys(r);
+    for (end = r + 1; end < nrows && keys(end) == nk;) ++end;
+    if (nk > 0) {
+      AddWeightedRows(probs + r * p_stride, p_stride, end - r, nk, values, off, width, out + r * out_stride, out_stride);
+    }
+  }
+}
 
 // Keys [it.k_begin, it.ctx_max) of an item into `part` (attention_chunks.h's ChunkPartFloats
 // layout): scores 8 keys at a time for every row of each kv head (two rows a key load), the
