@@ -236,6 +236,52 @@ BENCHMARK(BM_PagedDecodeAttention)
     ->Args({1, 4096, 1, 0, 0, 4})
     ->UseRealTime();
 
+// Latent (MLA) decode attention, DeepSeek's absorbed form: `heads` query heads of one token per
+// sequence against each cached [latent | rotary key] row (a bf16 cache of `layers` layers, one
+// plane), attending each layer in turn so that a cache larger than the last-level cache is read
+// from DRAM (`layers` 1: layer 0 again, in cache). GB/s of rows read; GFLOP/s of the scores
+// (latent + rope) and the weighted sum (latent), two FLOPs a product.
+void BM_PagedLatentDecodeAttention(benchmark::State& state) {
+  const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2);
+  const int64_t heads = state.range(3), latent = state.range(4), rope = state.range(5), block = 16;
+  const int64_t blocks_per_seq = (context + block - 1) / block;
+  KvLayout layout;
+  layout.num_blocks = batch * blocks_per_seq;
+  layout.num_layers = layers;
+  layout.block_size = block;
+  layout.kv_heads = 1;
+  layout.head_dim = latent + rope;
+  layout.planes = 1;
+  layout.dtype = DType::kBF16;
+  const size_t kv_bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
+  DeviceBuffer kv = *TheBackend().Allocate(kv_bytes);
+  std::memset(kv.data(), 0, kv_bytes);
+  std::vector<int32_t> tables(static_cast<size_t>(batch * blocks_per_seq)), seq(batch), pos(batch);
+  for (int64_t i = 0; i < batch * blocks_per_seq; ++i) tables[i] = static_cast<int32_t>(i);
+  for (int64_t s = 0; s < batch; ++s) {
+    seq[s] = static_cast<int32_t>(s);
+    pos[s] = static_cast<int32_t>(context - 1);
+  }
+  AttentionBatch ab{seq.data(), pos.data(), tables.data(), batch, batch, blocks_per_seq};
+  std::vector<float> q_latent(static_cast<size_t>(batch * heads * latent), 0.1f), q_rope(
+      static_cast<size_t>(batch * heads * rope), 0.1f), out(q_latent.size());
+  int64_t layer = 0;
+  for (auto _ : state) {
+    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), ab, layout, layer, kv.data(), heads, latent,
+                                      0.1f, out.data());
+    layer = (layer + 1) % layers;
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double products = static_cast<double>(batch) * context * heads * (2 * latent + rope);
+  Report(state, 2.0 * products, static_cast<double>(batch) * context * (latent + rope) * 2, layout.dtype);
+}
+BENCHMARK(BM_PagedLatentDecodeAttention)
+    ->ArgNames({"batch", "context", "layers", "heads", "latent", "rope"})
+    ->Args({32, 4096, 8, 16, 256, 32})  // deepseek-mini's shape, a decode step's eight layers from DRAM
+    ->Args({8, 1024, 1, 16, 256, 32})   // the same in cache
+    ->Args({4, 4096, 8, 16, 512, 64})   // DeepSeek-V3's latent, 16 of its heads (a tensor-parallel slice)
+    ->UseRealTime();
+
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
 // causally (the tokens of a 2000-token prompt's last 512-token step, as the engine runs it).
 void BM_PagedPrefillAttention(benchmark::State& state) {

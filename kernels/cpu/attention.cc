@@ -178,7 +178,7 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   const std::vector<int64_t> tile_start = TileStarts(batch, kTile);
   const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
   // Heads an item: 8, so that a few decode tokens' heads spread over the threads; up to 32 where
-  // a decode batch's tokens alone keep them busy, so that each key transposition and row serve
+  // a decode batch's tokens alone keep them busy, so that each key row read serves
   // more heads (deepseek-mini at batch 32: attention 1.15x). A prefill tile keeps 8 (its
   // scores are rows x context floats).
   const bool decode = tiles == batch.num_tokens, busy = tiles >= 4 * static_cast<int64_t>(pool.num_threads());

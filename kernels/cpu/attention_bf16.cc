@@ -119,27 +119,13 @@ SoftmaxStats SoftmaxBf16(float* sc, int64_t ctx, float scale, int64_t whole, uin
   return {max, lanes[0]};
 }
 
-namespace {
-
-// KeyPairsBf16; with kFetch, each line of the rows `ahead` whose columns it loads is fetched too.
-template <bool kFetch>
-void KeyPairs(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first,
-              const uint16_t* const* ahead) {
+void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first) {
   for (int64_t d0 = 0; d0 < hd / 2; d0 += 16) {
     __m512i r[16];
     for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(keys[j] + first + 2 * d0);
-    if constexpr (kFetch) {
-      for (int j = 0; j < 16; ++j) PrefetchLine(ahead[j] + first + 2 * d0);
-    }
     Transpose16(r);
     for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (d0 + j) * 16, r[j]);
   }
-}
-
-}  // namespace
-
-void KeyPairsBf16(const uint16_t* const keys[kBf16KeyBlock], int64_t hd, uint32_t* out, int64_t first) {
-  KeyPairs<false>(keys, hd, out, first, nullptr);
 }
 
 namespace {
@@ -202,19 +188,6 @@ void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, c
         ScoreBlocks<1>(q + g * rows * hd, rows, hd, head_kt, 128, scale, head_out, out_stride);
       }
     }
-  }
-}
-
-void ScoreWideKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks,
-                       float scale, float* out, int64_t out_stride, uint32_t* kt, const uint16_t* const* ahead) {
-  for (int b = 0; b < blocks; ++b) {
-    KeyPairs<true>(keys + b * kBf16KeyBlock, hd, kt + b * hd / 2 * 16, 0, ahead + b * kBf16KeyBlock);
-  }
-  const __m512i* pairs = reinterpret_cast<const __m512i*>(kt);
-  if (blocks == 2) {
-    ScoreBlocks<2>(q, rows, hd, pairs, hd / 2, scale, out, out_stride);
-  } else {
-    ScoreBlocks<1>(q, rows, hd, pairs, hd / 2, scale, out, out_stride);
   }
 }
 

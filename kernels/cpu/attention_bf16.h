@@ -32,14 +32,14 @@ inline constexpr int64_t kBf16MaxKeyWidth = 256;  // dimensions of all heads one
 void ScoreKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, int64_t heads, const uint16_t* const* keys,
                    int blocks, float scale, float* out, int64_t out_stride);
 
-// ScoreKeysBf16's scores for one kv head of any width hd (a multiple of 32; the latent kernel's
-// [latent | rotary key] rows): out[r * out_stride + j] = scale x dot(q_r, keys[j]) for rows r <
-// rows and keys j < 16 x blocks (blocks 1 or 2), in ScoreKeysBf16's order. kt: 64-byte aligned scratch of
-// blocks x hd / 2 x 16 dwords. `ahead`: as many rows as `keys`, of keys further on, each line of
-// theirs fetched beside the same line of `keys` (no result depends on it; deepseek-mini's latent
-// attention 1.03-1.08x).
-void ScoreWideKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int blocks,
-                       float scale, float* out, int64_t out_stride, uint32_t* kt, const uint16_t* const* ahead);
+// The latent kernel's scores against whole rows of any width hd (a multiple of 32): out[r *
+// out_stride + j] = scale x dot(q_r, keys[j]) for rows r < rows and keys j < n (a multiple of 4).
+// Each score is one fp32 chain of vdpbf16ps per lane over the rows' 32-dimension blocks in order
+// (lane l: pairs 16b + l of block b), its 16 lanes then summed by one fixed tree (l + 8, + 4,
+// + 2, + 1): the same operations whatever the other rows and keys. `ahead`: n rows of keys further
+// on, each line fetched beside the same line of `keys` (no result depends on it).
+void ScoreLatentKeysBf16(const uint16_t* q, int64_t rows, int64_t hd, const uint16_t* const* keys, int64_t n,
+                         float scale, float* out, int64_t out_stride, const uint16_t* const* ahead);
 
 // The softmax of the bf16 variants' attention, 16 lanes at a time: sc[0, ctx) (unscaled scores)
 // becomes scale x sc, then its softmax (vec8.h's exponential, the sum lane-wise over keys in order

@@ -17,11 +17,15 @@ namespace {
 void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
   const KvLayout& l = *it.layout;
   const int32_t* table = it.table();
-  for (int64_t i = 0; i < n; ++i) {
+  const int64_t bs = l.block_size, token = l.TokenElems();
+  for (int64_t i = 0; i < n;) {  // each block's address computed once
     const int64_t j = j0 + i;
-    rows[i] = j >= ctx ? zeros
-                       : static_cast<const uint16_t*>(it.cache) + l.Offset(table[j / l.block_size], it.layer, 0,
-                                                                            j % l.block_size);
+    if (j >= ctx) {
+      rows[i++] = zeros;
+      continue;
+    }
+    const uint16_t* row = static_cast<const uint16_t*>(it.cache) + l.Offset(table[j / bs], it.layer, 0, j % bs);
+    for (const int64_t end = std::min({n, i + bs - j % bs, ctx - j0}); i < end; ++i, row += token) rows[i] = row;
   }
 }
 
@@ -96,15 +100,14 @@ void LatentChunkBf16(const LatentItem& it, int64_t kb, int64_t ke, float scale, 
   const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), padded = RoundUp(ke - kb, 32);
   s->scores.resize(static_cast<size_t>(nrows * padded));
   s->pb.resize(static_cast<size_t>(nrows * padded / 2));
-  s->kt.resize(static_cast<size_t>(2 * hd / 2 * 16 + 16));
-  uint32_t* kt = s->kt.data() + (16 - reinterpret_cast<uintptr_t>(s->kt.data()) / 4 % 16) % 16;  // 64-byte aligned
   const uint16_t* rows[kBf16MaxValueKeys];
   const uint16_t* ahead[2 * kBf16KeyBlock];  // the rows 32 keys on (the next chunk's too), fetched meanwhile
   for (int64_t k0 = kb; k0 < ke;) {  // 32 keys a call, 16 for a last odd block
     const int blocks = ke - k0 > kBf16KeyBlock ? 2 : 1;
     LatentRows(it, k0, blocks * kBf16KeyBlock, ke, s->zeros.data(), rows);
     LatentRows(it, k0 + 32, blocks * kBf16KeyBlock, it.ctx_of(nrows - 1), s->zeros.data(), ahead);
-    ScoreWideKeysBf16(s->qb.data(), nrows, hd, rows, blocks, scale, s->scores.data() + (k0 - kb), padded, kt, ahead);
+    ScoreLatentKeysBf16(s->qb.data(), nrows, hd, rows, blocks * kBf16KeyBlock, scale, s->scores.data() + (k0 - kb),
+                        padded, ahead);
     k0 += blocks * kBf16KeyBlock;
   }
   float* max = part + nrows * r;

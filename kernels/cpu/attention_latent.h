@@ -34,7 +34,7 @@ void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_ro
                   ExactScratch* s);
 
 // Whether the bf16 latent kernel takes rows of hd values with a latent of latent_dim (< hd: a
-// rotary key follows it): hd a multiple of 32 (the key transposition's pairs), the latent 32, 64 or
+// rotary key follows it): hd a multiple of 32 (a score's 32-dimension loads), the latent 32, 64 or
 // a multiple of 128 (the weighted sum's blocks of at most 128 values). Others run AttendLatent.
 bool Bf16LatentShape(int64_t hd, int64_t latent_dim);
 
@@ -42,13 +42,14 @@ bool Bf16LatentShape(int64_t hd, int64_t latent_dim);
 struct LatentBf16Scratch {
   std::vector<float> q, scores, acc, parts;
   std::vector<uint16_t> qb, zeros;
-  std::vector<uint32_t> pb, kt;  // the probabilities as bf16 pairs; the keys' pairs (64-byte aligned within)
+  std::vector<uint32_t> pb;  // the probabilities as bf16 pairs
   std::vector<int64_t> keys;
 };
 
 // The same item on the bf16 variants' dot products (vdpbf16ps; AVX512-BF16 CPUs only), with the
-// multi-head bf16 kernel's numerics (attention_bf16.h): queries rounded to bf16, each score four
-// fp32 chains over the pairs of the whole [latent | rotary key] row, the softmax on 16 lanes
+// multi-head bf16 kernel's rounding (attention_bf16.h): queries rounded to bf16, each score a
+// vdpbf16ps chain per lane over the whole [latent | rotary key] row, its lanes summed by a fixed
+// tree (ScoreLatentKeysBf16), the softmax on 16 lanes
 // writing bf16 probabilities, the weighted sum of the latents one vdpbf16ps per pair of keys and
 // 16 values, in blocks of up to 128 values; a context past 512 keys in the multi-head kernel's
 // fixed chunks, weighed together (attention_chunks.h). A row's operations depend only on its own context,

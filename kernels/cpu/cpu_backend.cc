@@ -70,9 +70,10 @@ std::string CpuBackend::KernelNumerics() const {
   // -3: its products on AMX tiles; -4: on vdpbf16ps with the AMX kernel's 16-lane softmax (the
   // exact kernel's 8-lane one before, -2); -5: contexts past 512 keys in chunks, weighed together
   // (attention_chunks.h); -6 (amx: -4): latent (MLA) attention on vdpbf16ps too (attention_latent.h);
-  // -7 (amx: -5): its contexts past 512 keys in chunks.
+  // -7 (amx: -5): its contexts past 512 keys in chunks; -8 (amx: -6): its scores over whole rows,
+  // each lane's chain summed by a tree (ScoreLatentKeysBf16), not four chains over key pairs.
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-5" : Bf16Attention() ? "-7" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-6" : Bf16Attention() ? "-8" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }
