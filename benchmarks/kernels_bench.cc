@@ -280,6 +280,7 @@ BENCHMARK(BM_PagedLatentDecodeAttention)
     ->Args({32, 4096, 8, 16, 256, 32})  // deepseek-mini's shape, a decode step's eight layers from DRAM
     ->Args({8, 1024, 1, 16, 256, 32})   // the same in cache
     ->Args({4, 4096, 8, 16, 512, 64})   // DeepSeek-V3's latent, 16 of its heads (a tensor-parallel slice)
+    ->Args({16, 2048, 8, 32, 512, 64})  // the same with 32 heads (of 128 over four ranks), a busier batch
     ->UseRealTime();
 
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
