@@ -94,11 +94,39 @@ inline __m512bh BroadcastRow(const uint16_t* xc, int i) {
       _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xc + i * kTileCols))));
 }
 
-// Fetches chunk c of a weight tile stream (one 8 x 8 chunk, two cache lines) into L1.
-inline void PrefetchChunk(const char* stream, int64_t c) {
-  constexpr int64_t kChunkBytes = kTileRows * kTileCols * sizeof(uint16_t);
-  _mm_prefetch(stream + c * kChunkBytes, _MM_HINT_T0);
-  _mm_prefetch(stream + c * kChunkBytes + 64, _MM_HINT_T0);
+constexpr int64_t kChunkBytes = kTileRows * kTileCols * sizeof(uint16_t);  // one 8 x 8 chunk, two lines
+
+// Which chunks of a weight stream a row block fetches ahead (no result depends on it): chunk c of
+// `stream` where c % every == phase. An item's first block fetches its own tile kPrefetchBytes
+// ahead, each chunk; its later blocks, whose weights are in L1 already, share the next tile's
+// chunks (a tile's first block otherwise waited on DRAM while the later ones computed alone).
+struct FetchPlan {
+  const char* stream = nullptr;
+  int64_t every = 1, phase = 0;
+};
+
+// A FetchPlan walked chunk by chunk, in order.
+class Fetcher {
+ public:
+  explicit Fetcher(const FetchPlan& f) : f_(f), due_(f.phase) {}
+  void At(int64_t c) {
+    if (f_.stream == nullptr || c != due_) return;
+    _mm_prefetch(f_.stream + c * kChunkBytes, _MM_HINT_T0);
+    _mm_prefetch(f_.stream + c * kChunkBytes + 64, _MM_HINT_T0);
+    due_ += f_.every;
+  }
+
+ private:
+  FetchPlan f_;
+  int64_t due_;
+};
+
+// Block b (of `blocks`, rows from the item's first) of an item over the tile at `tile` (chunks
+// long): its FetchPlan.
+inline FetchPlan PlanFetch(const void* tile, int64_t chunks, int64_t b, int64_t blocks) {
+  const char* t = static_cast<const char*>(tile);
+  if (b == 0) return {t + kPrefetchBytes, 1, 0};
+  return {t + chunks * kChunkBytes, blocks - 1, b - 1};
 }
 
 // M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
@@ -106,12 +134,13 @@ inline void PrefetchChunk(const char* stream, int64_t c) {
 // that the 24 accumulators stay in registers.
 template <int M>
 void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y, int64_t y_stride, int store_cols,
-               bool accumulate, const char* pf) {
+               bool accumulate, const FetchPlan& pf) {
   __m512 acc[M][2];
 #pragma GCC unroll 12
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  Fetcher fetch(pf);
   for (int64_t c = 0; c < chunks; ++c) {
-    if (pf != nullptr) PrefetchChunk(pf, c);
+    fetch.At(c);
     const __m512bh w0 = w.Load(c, 0), w1 = w.Load(c, 1);
     const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
 #pragma GCC unroll 12
@@ -139,21 +168,17 @@ void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y,
 // vdpbf16ps as KernelMx8 computes for it and the same row sum, then silu(gate) * up per lane
 // (SiluTimes16: SiluMul's bits); the two x rows of a register are written as fp32 (y) or
 // rounded into the packed output (PackRowsBf16's bits), 8 columns at `col`.
-// With `prefetch` (an item's first rows), the two weight streams are fetched ahead as
-// KernelMx8's is.
+// The two weight streams are fetched ahead as KernelMx8's is (pg, pu).
 template <int M>
 void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, int64_t chunks, const GemmTask& t,
-                  int64_t row, int64_t col, bool prefetch) {
+                  int64_t row, int64_t col, const FetchPlan& pg, const FetchPlan& pu) {
   __m512 ag[M][2], au[M][2];  // every loop over them fully unrolled, so they stay in registers
 #pragma GCC unroll 6
   for (int i = 0; i < M; ++i) ag[i][0] = ag[i][1] = au[i][0] = au[i][1] = _mm512_setzero_ps();
-  const char* pg = reinterpret_cast<const char*>(g.tile) + kPrefetchBytes;
-  const char* pu = reinterpret_cast<const char*>(u.tile) + kPrefetchBytes;
+  Fetcher fetch_g(pg), fetch_u(pu);
   for (int64_t c = 0; c < chunks; ++c) {
-    if (prefetch) {
-      PrefetchChunk(pg, c);
-      PrefetchChunk(pu, c);
-    }
+    fetch_g.At(c);
+    fetch_u.At(c);
     const __m512bh g0 = g.Load(c, 0), g1 = g.Load(c, 1), u0 = u.Load(c, 0), u1 = u.Load(c, 1);
     const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
 #pragma GCC unroll 6
@@ -191,13 +216,14 @@ void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, i
 
 template <int... Ms>
 void SwiGluDispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& g,
-                    const QuadSource& u, int64_t chunks, const GemmTask& t, int64_t row, int64_t col, bool pf) {
-  ((m == Ms + 1 ? SwiGluKernel<Ms + 1>(x, g, u, chunks, t, row, col, pf) : void()), ...);
+                    const QuadSource& u, int64_t chunks, const GemmTask& t, int64_t row, int64_t col,
+                    const FetchPlan& pg, const FetchPlan& pu) {
+  ((m == Ms + 1 ? SwiGluKernel<Ms + 1>(x, g, u, chunks, t, row, col, pg, pu) : void()), ...);
 }
 
 template <int... Ms>
 void Dispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& w, int64_t chunks,
-              float* y, int64_t y_stride, int store, bool acc, const char* pf) {
+              float* y, int64_t y_stride, int store, bool acc, const FetchPlan& pf) {
   ((m == Ms + 1 ? KernelMx8<Ms + 1>(x, w, chunks, y, y_stride, store, acc, pf) : void()), ...);
 }
 
@@ -232,10 +258,13 @@ void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmI
   up.tile = w.Row(t.swiglu + col);
   // Six x rows at a time: 24 accumulators; items start at multiples of the 12-row block.
   constexpr int kRows = kBf16RowBlock / 2;
+  const int64_t blocks = (it.m1 - it.m0 + kRows - 1) / kRows;
   for (int64_t i = it.m0; i < it.m1;) {
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kRows));
     const uint16_t* xb = PackedAt(x_bf16, t.w.cols, i, 0);
-    SwiGluDispatch(m, std::make_integer_sequence<int, kRows>{}, xb, gate, up, chunks, t, i, col, i == it.m0);
+    const int64_t b = (i - it.m0) / kRows;
+    SwiGluDispatch(m, std::make_integer_sequence<int, kRows>{}, xb, gate, up, chunks, t, i, col,
+                   PlanFetch(gate.tile, chunks, b, blocks), PlanFetch(up.tile, chunks, b, blocks));
     i += m;
   }
   // The item that ends the rows writes its columns of the padding rows, so every element of the
@@ -258,14 +287,15 @@ void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& i
   } else {
     for (int64_t j = 0; j < kTileRows; ++j) src.row[j] = w.Row(r0 + std::min<int64_t>(j, nrows - 1));
   }
-  // Along a tiled layout the next tiles follow in memory: prefetch them while this one computes.
-  const char* prefetch = w.tiled ? reinterpret_cast<const char*>(src.tile) + kPrefetchBytes : nullptr;
+  // Along a tiled layout the next tiles follow in memory: fetch them while this one computes.
+  const int64_t blocks = (it.m1 - it.m0 + kBf16RowBlock - 1) / kBf16RowBlock;
   for (int64_t i = it.m0; i < it.m1;) {
     // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kBf16RowBlock));
     const uint16_t* xb = PackedAt(x_bf16, cols, i, 0);
+    const FetchPlan fetch = w.tiled ? PlanFetch(src.tile, chunks, (i - it.m0) / kBf16RowBlock, blocks) : FetchPlan{};
     Dispatch(m, std::make_integer_sequence<int, kBf16RowBlock>{}, xb, src, chunks, t.y + i * rows + r0, rows,
-             static_cast<int>(nrows), t.accumulate, i == it.m0 ? prefetch : nullptr);
+             static_cast<int>(nrows), t.accumulate, fetch);
     i += m;
   }
 }
