@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -96,12 +97,14 @@ inline __m512bh BroadcastRow(const uint16_t* xc, int i) {
 
 constexpr int64_t kChunkBytes = kTileRows * kTileCols * sizeof(uint16_t);  // one 8 x 8 chunk, two lines
 
-// Which chunks of a weight stream a row block fetches ahead (no result depends on it): chunk c of
-// `stream` where c % every == phase. An item's first block fetches its own tile kPrefetchBytes
-// ahead, each chunk; its later blocks, whose weights are in L1 already, share the next tile's
-// chunks (a tile's first block otherwise waited on DRAM while the later ones computed alone).
+// Which chunks of a weight stream a row block fetches ahead (no result depends on it): chunk c at
+// address `stream` where c % every == phase. An item's first block fetches its own tile ahead,
+// each chunk; its later blocks, whose weights are in cache already, share the next tile's chunks
+// (the tile the same thread's next item takes within a row pass; a tile's first block otherwise
+// waited on DRAM while the later ones computed alone). Addresses are integers: the stream may
+// run past the weights' end, where a fetch does nothing.
 struct FetchPlan {
-  const char* stream = nullptr;
+  uintptr_t stream = 0;  // 0: none
   int64_t every = 1, phase = 0;
 };
 
@@ -110,9 +113,10 @@ class Fetcher {
  public:
   explicit Fetcher(const FetchPlan& f) : f_(f), due_(f.phase) {}
   void At(int64_t c) {
-    if (f_.stream == nullptr || c != due_) return;
-    _mm_prefetch(f_.stream + c * kChunkBytes, _MM_HINT_T0);
-    _mm_prefetch(f_.stream + c * kChunkBytes + 64, _MM_HINT_T0);
+    if (f_.stream == 0 || c != due_) return;
+    const uintptr_t at = f_.stream + static_cast<uintptr_t>(c * kChunkBytes);
+    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(at + 64), _MM_HINT_T0);
     due_ += f_.every;
   }
 
@@ -122,13 +126,14 @@ class Fetcher {
 };
 
 // Block b (of `blocks`, rows from the item's first) of an item of m rows over the tile at `tile`
-// (chunks long): its FetchPlan. An item of 6 rows or more computes long enough on each chunk
-// that 2 KiB ahead arrives late: it fetches 6 KiB ahead (`medium` at batch 64, whose experts take
-// ~8 rows: steps 1.06-1.15x; at batch 8, 0.98x; batch 1 unchanged).
+// (chunks long): its FetchPlan. The first block fetches kPrefetchBytes ahead, or three times that
+// for an item of 6 rows or more, which computes long enough on each chunk that 2 KiB ahead
+// arrived late (`medium` at batch 64, whose experts take ~8 rows: steps 1.06-1.15x; at batch 8,
+// 0.98x; batch 1 unchanged).
 inline FetchPlan PlanFetch(const void* tile, int64_t chunks, int64_t b, int64_t blocks, int64_t m) {
-  const char* t = static_cast<const char*>(tile);
-  if (b == 0) return {t + (m >= 6 ? 3 : 1) * kPrefetchBytes, 1, 0};
-  return {t + chunks * kChunkBytes, blocks - 1, b - 1};
+  const uintptr_t t = reinterpret_cast<uintptr_t>(tile);
+  if (b == 0) return {t + static_cast<uintptr_t>((m >= 6 ? 3 : 1) * kPrefetchBytes), 1, 0};
+  return {t + static_cast<uintptr_t>(chunks * kChunkBytes), blocks - 1, b - 1};
 }
 
 // M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
@@ -265,8 +270,9 @@ void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmI
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kRows));
     const uint16_t* xb = PackedAt(x_bf16, t.w.cols, i, 0);
     const int64_t b = (i - it.m0) / kRows;
+    const int64_t rows = it.m1 - it.m0;
     SwiGluDispatch(m, std::make_integer_sequence<int, kRows>{}, xb, gate, up, chunks, t, i, col,
-                   PlanFetch(gate.tile, chunks, b, blocks, it.m1 - it.m0), PlanFetch(up.tile, chunks, b, blocks, it.m1 - it.m0));
+                   PlanFetch(gate.tile, chunks, b, blocks, rows), PlanFetch(up.tile, chunks, b, blocks, rows));
     i += m;
   }
   // The item that ends the rows writes its columns of the padding rows, so every element of the
@@ -289,7 +295,7 @@ void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& i
   } else {
     for (int64_t j = 0; j < kTileRows; ++j) src.row[j] = w.Row(r0 + std::min<int64_t>(j, nrows - 1));
   }
-  // Along a tiled layout the next tiles follow in memory: fetch them while this one computes.
+  // Along a tiled layout the next tile follows in memory: fetch it while this one computes.
   const int64_t blocks = (it.m1 - it.m0 + kBf16RowBlock - 1) / kBf16RowBlock;
   for (int64_t i = it.m0; i < it.m1;) {
     // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).

@@ -23,7 +23,9 @@ struct GemmItem {
 inline constexpr int64_t kDirectMaxRows = 16;  // measured: direct is faster to ~16 rows
 // x rows per work item of a large GEMM (a multiple of every kernel's row block: 2, 3, 6, 12).
 inline constexpr int64_t kRowChunk = 48;
-// How far ahead of the tile being computed the weight stream is prefetched.
+// How far ahead of the tile being computed the weight stream is prefetched (the bf16 kernel:
+// three times this for items of 6 rows or more, and the next tile by an item's later row
+// blocks; gemm_bf16.cc's PlanFetch).
 inline constexpr int64_t kPrefetchBytes = 2048;
 
 // A thread's scratch: an fp32 copy of the tile it works on (64-byte aligned), or a repacked one.
