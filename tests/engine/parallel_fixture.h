@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -229,7 +230,9 @@ class ParallelTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     config_ = ModelFor(GetParam());
-    seed_ = std::random_device{}();
+    // PARALLEL_TEST_SEED replays a failing run's seed (printed in the failure messages).
+    const char* fixed = std::getenv("PARALLEL_TEST_SEED");
+    seed_ = fixed != nullptr ? static_cast<uint32_t>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
     storage_ = StorageFor(GetParam());
     weights_ = *ModelWeights::Load(config_, *GenerateRandomWeights(config_, seed_, DType::kF32),
                                    &backend_, storage_);
