@@ -182,6 +182,29 @@ BENCHMARK(BM_GemmColdWeights)
     ->Args({1, 16384, 8192, 1})
     ->UseRealTime();
 
+// A decode batch's paged cache: `batch` sequences of `context` tokens each, one token each
+// attending, their blocks in order, zeroed, on the backend's memory as the engine's KV arena is.
+struct DecodeCache {
+  DecodeCache(const KvLayout& l, int64_t batch, int64_t context) : layout(l) {
+    const int64_t blocks_per_seq = (context + layout.block_size - 1) / layout.block_size;
+    layout.num_blocks = batch * blocks_per_seq;
+    const size_t bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
+    kv = *TheBackend().Allocate(bytes);
+    std::memset(kv.data(), 0, bytes);
+    tables.resize(static_cast<size_t>(layout.num_blocks));
+    for (int64_t i = 0; i < layout.num_blocks; ++i) tables[i] = static_cast<int32_t>(i);
+    for (int64_t s = 0; s < batch; ++s) {
+      seq.push_back(static_cast<int32_t>(s));
+      pos.push_back(static_cast<int32_t>(context - 1));
+    }
+    ab = AttentionBatch{seq.data(), pos.data(), tables.data(), batch, batch, blocks_per_seq};
+  }
+  KvLayout layout;
+  DeviceBuffer kv;
+  std::vector<int32_t> tables, seq, pos;
+  AttentionBatch ab;
+};
+
 // Decode attention over a bf16 (f32: 1) cache of `layers` layers and `kv_heads` kv heads of 64
 // (four query heads each), attending layer 0 (`cold` 0):
 // with more than one, a sequence's rows lie in blocks a whole block of every layer apart, as in a model.
@@ -190,30 +213,17 @@ BENCHMARK(BM_GemmColdWeights)
 void BM_PagedDecodeAttention(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2);
   const bool f32 = state.range(3) != 0, cold = state.range(4) != 0;
-  const int64_t kv_heads = state.range(5), heads = 4 * kv_heads, head_dim = 64, block = 16;
-  const int64_t blocks_per_seq = (context + block - 1) / block;
+  const int64_t kv_heads = state.range(5), heads = 4 * kv_heads, head_dim = 64;
   KvLayout layout;
-  layout.num_blocks = batch * blocks_per_seq;
   layout.num_layers = layers;
-  layout.block_size = block;
   layout.kv_heads = kv_heads;
   layout.head_dim = head_dim;
   layout.dtype = f32 ? DType::kF32 : DType::kBF16;
-  // On the backend's memory, as the engine's KV arena is.
-  const size_t kv_bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
-  DeviceBuffer kv = *TheBackend().Allocate(kv_bytes);
-  std::memset(kv.data(), 0, kv_bytes);
-  std::vector<int32_t> tables(static_cast<size_t>(batch * blocks_per_seq)), seq(batch), pos(batch);
-  for (int64_t i = 0; i < batch * blocks_per_seq; ++i) tables[i] = static_cast<int32_t>(i);
-  for (int64_t s = 0; s < batch; ++s) {
-    seq[s] = static_cast<int32_t>(s);
-    pos[s] = static_cast<int32_t>(context - 1);
-  }
-  AttentionBatch ab{seq.data(), pos.data(), tables.data(), batch, batch, blocks_per_seq};
+  DecodeCache c(layout, batch, context);
   std::vector<float> q(static_cast<size_t>(batch * heads * head_dim), 0.1f), out(q.size());
   int64_t layer = 0;
   for (auto _ : state) {
-    TheBackend().PagedAttention(q.data(), ab, layout, layer, kv.data(), heads, 0.125f, out.data());
+    TheBackend().PagedAttention(q.data(), c.ab, c.layout, layer, c.kv.data(), heads, 0.125f, out.data());
     if (cold) layer = (layer + 1) % layers;
     benchmark::DoNotOptimize(out.data());
   }
@@ -243,32 +253,20 @@ BENCHMARK(BM_PagedDecodeAttention)
 // (latent + rope) and the weighted sum (latent), two FLOPs a product.
 void BM_PagedLatentDecodeAttention(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2);
-  const int64_t heads = state.range(3), latent = state.range(4), rope = state.range(5), block = 16;
-  const int64_t blocks_per_seq = (context + block - 1) / block;
+  const int64_t heads = state.range(3), latent = state.range(4), rope = state.range(5);
   KvLayout layout;
-  layout.num_blocks = batch * blocks_per_seq;
   layout.num_layers = layers;
-  layout.block_size = block;
   layout.kv_heads = 1;
   layout.head_dim = latent + rope;
   layout.planes = 1;
   layout.dtype = DType::kBF16;
-  const size_t kv_bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
-  DeviceBuffer kv = *TheBackend().Allocate(kv_bytes);
-  std::memset(kv.data(), 0, kv_bytes);
-  std::vector<int32_t> tables(static_cast<size_t>(batch * blocks_per_seq)), seq(batch), pos(batch);
-  for (int64_t i = 0; i < batch * blocks_per_seq; ++i) tables[i] = static_cast<int32_t>(i);
-  for (int64_t s = 0; s < batch; ++s) {
-    seq[s] = static_cast<int32_t>(s);
-    pos[s] = static_cast<int32_t>(context - 1);
-  }
-  AttentionBatch ab{seq.data(), pos.data(), tables.data(), batch, batch, blocks_per_seq};
+  DecodeCache c(layout, batch, context);
   std::vector<float> q_latent(static_cast<size_t>(batch * heads * latent), 0.1f), q_rope(
       static_cast<size_t>(batch * heads * rope), 0.1f), out(q_latent.size());
   int64_t layer = 0;
   for (auto _ : state) {
-    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), ab, layout, layer, kv.data(), heads, latent,
-                                      0.1f, out.data());
+    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), c.ab, c.layout, layer, c.kv.data(), heads,
+                                      latent, 0.1f, out.data());
     layer = (layer + 1) % layers;
     benchmark::DoNotOptimize(out.data());
   }

@@ -19,6 +19,24 @@ struct SoftmaxStats {
   float max, sum;
 };
 
+// rows[i] = the bf16 row of key j0 + i of a sequence (block table `table`), plane `plane` of
+// `layer`, from element `offset` of the token's row on; `zeros` at or past ctx. Each block's
+// address is computed once (a decode step spent an eighth of its attention time on that
+// arithmetic per key).
+inline void BlockRows(const KvLayout& l, const void* cache, const int32_t* table, int64_t layer, int plane,
+                      int64_t offset, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
+  const int64_t bs = l.block_size, token = l.TokenElems();
+  for (int64_t i = 0; i < n;) {
+    const int64_t j = j0 + i;
+    if (j >= ctx) {
+      rows[i++] = zeros;
+      continue;
+    }
+    const uint16_t* row = static_cast<const uint16_t*>(cache) + l.Offset(table[j / bs], layer, plane, j % bs) + offset;
+    for (const int64_t end = std::min({n, i + bs - j % bs, ctx - j0}); i < end; ++i, row += token) rows[i] = row;
+  }
+}
+
 // One work item's rows: tokens [t0, t0 + nt) of one sequence, kv heads [g0, g0 + heads); per
 // kv head, rows are (token, query head) pairs, token-major. Its keys are [k_begin, ctx_max): all
 // of the tile's context, or one chunk of it (attention_chunks.h).
@@ -41,19 +59,9 @@ struct ItemRows {
     return static_cast<const uint16_t*>(cache) + layout->Offset(table()[j / bs], layer, kv, j % bs) +
            g * layout->head_dim;
   }
-  // rows[i] = Row(kv, g, j0 + i, zeros) for i < n, each block's address computed once (a decode
-  // step spent an eighth of its attention time on Row's arithmetic per key).
+  // rows[i] = Row(kv, g, j0 + i, zeros) for i < n (BlockRows).
   void Rows(int kv, int64_t g, int64_t j0, int64_t n, const uint16_t* zeros, const uint16_t** rows) const {
-    const int64_t bs = layout->block_size, token = layout->TokenElems();
-    for (int64_t i = 0; i < n;) {
-      const int64_t j = j0 + i;
-      if (j >= ctx_max) {
-        rows[i++] = zeros;
-        continue;
-      }
-      const uint16_t* row = Row(kv, g, j, zeros);
-      for (const int64_t end = std::min({n, i + bs - j % bs, ctx_max - j0}); i < end; ++i, row += token) rows[i] = row;
-    }
+    BlockRows(*layout, cache, table(), layer, kv, g * layout->head_dim, j0, n, ctx_max, zeros, rows);
   }
 };
 

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_chunks.h"
+#include "kernels/cpu/attention_item.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
 
@@ -15,18 +16,7 @@ namespace {
 
 // The rows (bf16) of keys [j0, j0 + n) of the item's sequence; `zeros` at or past ctx.
 void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
-  const KvLayout& l = *it.layout;
-  const int32_t* table = it.table();
-  const int64_t bs = l.block_size, token = l.TokenElems();
-  for (int64_t i = 0; i < n;) {  // each block's address computed once
-    const int64_t j = j0 + i;
-    if (j >= ctx) {
-      rows[i++] = zeros;
-      continue;
-    }
-    const uint16_t* row = static_cast<const uint16_t*>(it.cache) + l.Offset(table[j / bs], it.layer, 0, j % bs);
-    for (const int64_t end = std::min({n, i + bs - j % bs, ctx - j0}); i < end; ++i, row += token) rows[i] = row;
-  }
+  BlockRows(*it.layout, it.cache, it.table(), it.layer, 0, 0, j0, n, ctx, zeros, rows);
 }
 
 // The rows' [q_latent | q_rope] side by side at q (nrows x hd).
