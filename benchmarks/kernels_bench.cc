@@ -6,6 +6,7 @@
 //
 //   build/benchmarks/kernels_bench --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <cstdlib>
 #include <map>
@@ -16,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/file_util.h"
 #include "core/host_buffer.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/weight_layout.h"
 #include "roofline/hardware.h"
@@ -243,7 +245,59 @@ BENCHMARK(BM_PagedDecodeAttention)
     ->Args({1, 16384, 16, 0, 1, 2})  // 128 MiB of KV in 16 layers: each call's layer from DRAM
     ->Args({4, 8192, 16, 0, 1, 2})
     ->Args({16, 4096, 10, 0, 1, 4})  // medium's shape: four kv heads (512-byte rows), ten layers
+    ->Args({64, 1024, 10, 0, 1, 4})  // the same at the decode sweep's 64 x 1024
     ->Args({1, 4096, 1, 0, 0, 4})
+    ->UseRealTime();
+
+// The decode attention cases' own read pattern with no arithmetic: each sequence's K then V plane
+// of one layer, block after block (a block's plane one contiguous run, the next a block of every
+// layer on), summed with plain 256-bit loads on as many threads as the backend, sequences split
+// between them. What the cache's layout alone allows a kernel reading it: BM_PagedDecodeAttention's
+// cold cases against this one are the attention's fraction of it (a plain read of one contiguous
+// arena runs faster: blocks whose layers lie apart restart the hardware's prefetchers; `block`
+// tokens a block).
+void BM_KvReadPattern(benchmark::State& state) {
+  const int64_t batch = state.range(0), context = state.range(1), layers = state.range(2), kv_heads = state.range(3);
+  KvLayout layout;
+  layout.num_layers = layers;
+  layout.kv_heads = kv_heads;
+  layout.head_dim = 64;
+  layout.block_size = state.range(4);
+  layout.dtype = DType::kBF16;
+  DecodeCache c(layout, batch, context);
+  static ThreadPool pool(0);
+  const int64_t blocks_per_seq = c.ab.max_blocks_per_seq;
+  const size_t plane = static_cast<size_t>(layout.block_size * layout.TokenElems()) * sizeof(uint16_t);
+  std::vector<int64_t> sums(static_cast<size_t>(batch));
+  int64_t layer = 0;
+  for (auto _ : state) {
+    pool.ParallelFor(batch, 1, [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int kv = 0; kv < 2; ++kv) {
+          for (int64_t i = 0; i < blocks_per_seq; ++i) {
+            const auto* p = static_cast<const uint8_t*>(c.kv.data()) +
+                            layout.Offset(c.tables[s * blocks_per_seq + i], layer, kv, 0) * sizeof(uint16_t);
+            for (size_t o = 0; o < plane; o += 32) {
+              acc = _mm256_add_epi32(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + o)));
+            }
+          }
+        }
+        sums[s] = _mm256_extract_epi64(acc, 0);
+      }
+    });
+    layer = (layer + 1) % layers;
+    benchmark::DoNotOptimize(sums.data());
+  }
+  Report(state, 0, 2.0 * batch * blocks_per_seq * static_cast<double>(plane), layout.dtype);
+}
+BENCHMARK(BM_KvReadPattern)
+    ->ArgNames({"batch", "context", "layers", "kv_heads", "block"})
+    ->Args({16, 4096, 10, 4, 16})  // BM_PagedDecodeAttention's medium shape from DRAM
+    ->Args({64, 1024, 10, 4, 16})
+    ->Args({4, 8192, 16, 2, 16})
+    ->Args({16, 4096, 10, 4, 256})  // the same in blocks of 256 tokens: longer contiguous runs
+    ->Args({64, 1024, 10, 4, 256})
     ->UseRealTime();
 
 // Latent (MLA) decode attention, DeepSeek's absorbed form: `heads` query heads of one token per
