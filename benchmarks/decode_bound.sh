@@ -7,6 +7,9 @@
 # each run reaches. This VM's bandwidth drifts (17-57 GB/s within an hour), hence the rounds.
 #
 #   benchmarks/decode_bound.sh [OUT_DIR] [ROUNDS]     (about 1.5 minutes per round on 2 cores)
+#
+# BENCH_ARGS adds flags to every bench run, e.g. BENCH_ARGS="--cpu-isa avx2" for the exact
+# kernel an AVX2-only CPU (Zen 3) runs.
 set -euo pipefail
 out=$(realpath -m "${1:-decode-bound}")
 rounds=${2:-5}
@@ -37,6 +40,8 @@ for round in $(seq 1 "$rounds"); do
     for model in default 827m; do
       args=()
       [[ $model == 827m ]] && args=(--model benchmarks/configs/mixtral-827m-e16k2.json --load-format dummy)
+      read -r -a extra <<< "${BENCH_ARGS:-}"
+      args+=("${extra[@]}")
       run "$out/sweep_${round}_${model}_t$threads.log" "$moeserve" bench "${args[@]}" --threads "$threads" \
         --sweep-batch 1 --context 128 --kv-dtype bf16 --hardware "$out/hw_${round}_t$threads.json" \
         --out "$out/sweep_${round}_${model}_t$threads.json"
