@@ -378,9 +378,8 @@ void CpuBackend::PagedAttention(const float* q, const AttentionBatch& batch, con
   MS_CHECK(layout.kv_heads > 0 && q_heads % layout.kv_heads == 0);
   RunOrderedCopies();
   if (fast()) {
-    const cpu_fast::AttentionKernel kernel = AmxAttention()    ? cpu_fast::AttentionKernel::kAmxTiles
-                                             : Bf16Attention() ? cpu_fast::AttentionKernel::kBf16Dot
-                                                               : cpu_fast::AttentionKernel::kExact;
+    const cpu_fast::AttentionKernel kernel =
+        Bf16Attention() ? cpu_fast::AttentionKernelOf(isa_) : cpu_fast::AttentionKernel::kExact;
     return cpu_fast::PagedAttention(*pool_, q, batch, layout, layer, cache, q_heads, scale, out, kernel);
   }
   cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);

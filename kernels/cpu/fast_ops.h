@@ -74,6 +74,12 @@ void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* sl
 // kernel, vdpbf16ps (the caller has checked AVX512-BF16), or AMX tiles for the products (the
 // caller has checked the tiles were granted). An fp32 cache always takes the exact kernel.
 enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles };
+// The kernel variant `isa` runs over a bf16 cache (CpuBackend's choice, and its self-check's):
+// the amx variant on tiles, avx512-bf16 on vdpbf16ps, the exact variants exact.
+inline AttentionKernel AttentionKernelOf(CpuIsa isa) {
+  if (isa == CpuIsa::kAmx) return AttentionKernel::kAmxTiles;
+  return isa == CpuIsa::kAvx512Bf16 ? AttentionKernel::kBf16Dot : AttentionKernel::kExact;
+}
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
                     float scale, float* out, AttentionKernel kernel = AttentionKernel::kExact);

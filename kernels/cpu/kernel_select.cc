@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/attention_self_check.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
@@ -131,7 +132,8 @@ std::string CheckFusedSwiGlu(CpuIsa isa, ThreadPool& pool, std::mt19937& gen) {
   return "";
 }
 
-// The checks themselves, in this process.
+// The checks themselves, in this process: the GEMMs, the fused SwiGLU, and the variant's
+// attention kernels (attention_self_check.h).
 VariantCheck CheckHere(CpuIsa isa) {
   VariantCheck v;
   v.isa = isa;
@@ -160,8 +162,15 @@ VariantCheck CheckHere(CpuIsa isa) {
       return v;
     }
   }
+  ThreadPool two(2);  // two threads: a long context alone splits into its chunks
+  cpu_fast::AttentionCheckErrors attention;
+  if (std::string e = cpu_fast::CheckAttentionKernels(isa, two, gen, &attention); !e.empty()) {
+    v.detail = e;
+    return v;
+  }
   v.passed = true;
-  v.detail = absl::StrFormat("largest error %.2f of its bound", worst);
+  v.detail = absl::StrFormat("largest error %.2f of its bound (GEMMs), %.2f (attention), %.2f (latent attention)",
+                             worst, attention.paged, attention.latent);
   return v;
 }
 

@@ -105,7 +105,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
     const int64_t off = lb.layout.Offset(lb.tables[s * lb.max_blocks + j / 16], 1, 0, j % 16) + e;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(lb.cache.data())[off]));
   };
-  testing::BoundCheck check;
+  cpu_fast::AttentionBound check;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t s = lb.token_seq[i], ctx = lb.token_pos[i] + 1;
     for (int64_t h = 0; h < heads; ++h) {
@@ -113,7 +113,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
         return e < r ? double{lb.q_latent[(i * heads + h) * r + e]} : double{lb.q_rope[(i * heads + h) * dr + e - r]};
       };
       auto row = [&](int64_t j, int64_t e) { return cached(s, j, e); };  // the latent doubles as the value
-      testing::CheckRowWithinBound(ctx, hd, r, scale, q, row, row, out.data() + (i * heads + h) * r, &check);
+      cpu_fast::CheckAttentionRow(ctx, hd, r, scale, /*bf16=*/true, q, row, row, out.data() + (i * heads + h) * r, &check);
     }
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";

@@ -314,14 +314,14 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
     const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
   };
-  testing::BoundCheck check;
+  cpu_fast::AttentionBound check;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t s = rb.token_seq[i], ctx = rb.token_pos[i] + 1;
     for (int64_t h = 0; h < qh; ++h) {
       const int64_t g = h / 3;
       const float* qr = q.data() + (i * qh + h) * hd;
-      testing::CheckRowWithinBound(
-          ctx, hd, hd, scale, [&](int64_t e) { return double{qr[e]}; },
+      cpu_fast::CheckAttentionRow(
+          ctx, hd, hd, scale, /*bf16=*/true, [&](int64_t e) { return double{qr[e]}; },
           [&](int64_t j, int64_t e) { return cached(0, s, j, g, e); },
           [&](int64_t j, int64_t e) { return cached(1, s, j, g, e); }, out.data() + (i * qh + h) * hd, &check);
     }
