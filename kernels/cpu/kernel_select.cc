@@ -162,9 +162,12 @@ VariantCheck CheckHere(CpuIsa isa) {
       return v;
     }
   }
-  ThreadPool two(2);  // two threads: a long context alone splits into its chunks
+  // Two threads, so that a long context alone splits into its chunks; one in the amx variant's
+  // child process (a child of a threaded process starts no threads; its attention takes contexts
+  // whole anyway).
+  ThreadPool attention_pool(isa == CpuIsa::kAmx ? 1 : 2);
   cpu_fast::AttentionCheckErrors attention;
-  if (std::string e = cpu_fast::CheckAttentionKernels(isa, two, gen, &attention); !e.empty()) {
+  if (std::string e = cpu_fast::CheckAttentionKernels(isa, attention_pool, gen, &attention); !e.empty()) {
     v.detail = e;
     return v;
   }
