@@ -5,7 +5,7 @@
 // a score's fp32 sums and scaling move it by at most d_j = (2 hd + 16) 2^-24 scale sum_i |q_i k_ji|
 // + (|s_j| + |s_j - max|) 2^-23, so a probability moves by a factor e^(2 dmax) - 1, plus the
 // exponential's 2 ulp, the fp32 sum and division, and for the bf16 kernels 2^-8 for its rounding to
-// bf16 (2^-9 with a factor two to spare); each output o_e = sum_j p_j v_je then by that fraction
+// bf16 (bf16's unit roundoff: 8 significant bits); each output o_e = sum_j p_j v_je then by that fraction
 // of W_e = sum_j p_j |v_je|, plus its own fp32 sums over ctx keys and the chunks'
 // recombination ((ctx + 32) 2^-24 W_e). Tight enough that a score off by 2% fails (checked by
 // mutation), where a bound on max |v| let 10% through.

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_bound.h"
+#include "kernels/cpu/attention_latent.h"
 #include "kernels/cpu/fast_ops.h"
 
 namespace moeserve::cpu_fast {
@@ -19,6 +21,8 @@ constexpr int64_t kLayer = 1;  // of two: a wrong layer offset reads the other's
 // and one past two blocks.
 constexpr int64_t kLens[] = {601, 120, 1, 41};
 constexpr int64_t kPrefillSeq = 1, kPrefillTokens = 20;
+// Shapes the bf16 kernels take (attention_bf16.h, attention_latent.h).
+constexpr int64_t kHeadDim = 64, kLatentDim = 128, kRopeDim = 32;
 
 // A paged cache of random values (every slot, both layers) in blocks of 16 taken in random
 // order, and the tokens that attend: each sequence's last, the prefill sequence's last 20.
@@ -104,7 +108,7 @@ std::string BoundFailure(const char* what, DType dtype, const AttentionBound& bo
 
 std::string CheckPagedAttention(const PagedAttentionFn& attend, DType kv_dtype, bool bf16, std::mt19937& gen,
                                 AttentionCheckErrors* errors) {
-  constexpr int64_t kKvHeads = 2, kHd = 64, kQHeads = 6;  // three query heads a kv head
+  constexpr int64_t kKvHeads = 2, kHd = kHeadDim, kQHeads = 6;  // three query heads a kv head
   KvLayout layout;
   layout.kv_heads = kKvHeads;
   layout.head_dim = kHd;
@@ -136,7 +140,7 @@ std::string CheckPagedAttention(const PagedAttentionFn& attend, DType kv_dtype, 
 
 std::string CheckLatentAttention(const LatentAttentionFn& attend, DType kv_dtype, bool bf16, std::mt19937& gen,
                                  AttentionCheckErrors* errors) {
-  constexpr int64_t kLatent = 128, kRope = 32, kHeads = 4;  // a shape the bf16 latent kernel takes
+  constexpr int64_t kLatent = kLatentDim, kRope = kRopeDim, kHeads = 4;
   KvLayout layout;
   layout.kv_heads = 1;
   layout.head_dim = kLatent + kRope;
@@ -169,21 +173,25 @@ std::string CheckLatentAttention(const LatentAttentionFn& attend, DType kv_dtype
 }
 
 std::string CheckAttentionKernels(CpuIsa isa, ThreadPool& pool, std::mt19937& gen, AttentionCheckErrors* errors) {
-  const AttentionKernel kernel = AttentionKernelOf(isa);
-  const AttentionKernel latent = kernel == AttentionKernel::kExact ? kernel : AttentionKernel::kBf16Dot;
+  const AttentionKernel kernel = AttentionKernelOf(isa), latent = LatentAttentionKernelOf(isa);
   for (DType dtype : {DType::kBF16, DType::kF32}) {  // an f32 cache takes the exact kernel on every variant
     const PagedAttentionFn paged = [&](const float* q, const AttentionBatch& batch, const KvLayout& layout,
                                        int64_t layer, const void* cache, int64_t q_heads, float scale, float* out) {
       PagedAttention(pool, q, batch, layout, layer, cache, q_heads, scale, out, kernel);
     };
-    const bool bf16 = dtype == DType::kBF16 && kernel != AttentionKernel::kExact;  // queries, probabilities
-    if (std::string e = CheckPagedAttention(paged, dtype, bf16, gen, errors); !e.empty()) return e;
+    // Whether the kernels round queries and probabilities: a bf16 kernel over a cache and shape it takes.
+    const bool bf16 = dtype == DType::kBF16 && kernel != AttentionKernel::kExact;
+    if (std::string e = CheckPagedAttention(paged, dtype, bf16 && Bf16AttentionHeadDim(kHeadDim), gen, errors);
+        !e.empty()) {
+      return e;
+    }
     const LatentAttentionFn mla = [&](const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                                       const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                                       int64_t latent_dim, float scale, float* out) {
       PagedLatentAttention(pool, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out, latent);
     };
-    if (std::string e = CheckLatentAttention(mla, dtype, bf16, gen, errors); !e.empty()) return e;
+    const bool latent_bf16 = bf16 && Bf16LatentShape(kLatentDim + kRopeDim, kLatentDim);
+    if (std::string e = CheckLatentAttention(mla, dtype, latent_bf16, gen, errors); !e.empty()) return e;
   }
   return "";
 }

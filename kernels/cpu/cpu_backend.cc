@@ -76,7 +76,9 @@ std::string CpuBackend::KernelNumerics() const {
   return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-6" : Bf16Attention() ? "-8" : "-1");
 }
 
-bool CpuBackend::AmxAttention() const { return Bf16Attention() && isa_ == CpuIsa::kAmx; }
+bool CpuBackend::AmxAttention() const {
+  return Bf16Attention() && cpu_fast::AttentionKernelOf(isa_) == cpu_fast::AttentionKernel::kAmxTiles;
+}
 
 bool CpuBackend::Bf16Attention() const {
   return fast() && options_.batch_invariant && RoundsActivations(isa_) && DetectCpuFeatures().avx512_bf16;
@@ -192,8 +194,7 @@ void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table
 
 void CpuBackend::Gemm(const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate) {
   if (fast() && w.dtype == DType::kF8E4M3) {
-    if (RoundsActivations(isa_)) return cpu_fast::GemmFp8Bf16(*pool_, x, m, w, y, accumulate);
-    return cpu_fast::GemmFp8(*pool_, x, m, w, y, accumulate, Fp8Avx512());
+    return cpu_fast::GemmFp8On(isa_, *pool_, x, m, w, y, accumulate);
   }
   if (fast()) return cpu_fast::Gemm(*pool_, x, m, w, y, accumulate, options_.batch_invariant, isa_);
   cpu_ref::Gemm(x, m, w, y, accumulate);
@@ -211,8 +212,7 @@ void CpuBackend::GroupedGemm(const float* x, std::span<const WeightRef> w, const
   const std::span<const int64_t> offsets(offsets_data, w.size() + 1);
   MS_CHECK(offsets.back() <= max_rows);
   if (fast() && !w.empty() && w[0].dtype == DType::kF8E4M3) {
-    if (RoundsActivations(isa_)) return cpu_fast::GroupedGemmFp8Bf16(*pool_, x, w, offsets, y);
-    return cpu_fast::GroupedGemmFp8(*pool_, x, w, offsets, y, Fp8Avx512());
+    return cpu_fast::GroupedGemmFp8On(isa_, *pool_, x, w, offsets, y);
   }
   if (fast()) return cpu_fast::GroupedGemm(*pool_, x, w, offsets, y, options_.batch_invariant, isa_);
   for (size_t g = 0; g < w.size(); ++g) {
@@ -365,7 +365,7 @@ void CpuBackend::PagedLatentAttention(const float* q_latent, const float* q_rope
   RunOrderedCopies();
   if (fast()) {
     const cpu_fast::AttentionKernel kernel =
-        Bf16Attention() ? cpu_fast::AttentionKernel::kBf16Dot : cpu_fast::AttentionKernel::kExact;
+        Bf16Attention() ? cpu_fast::LatentAttentionKernelOf(isa_) : cpu_fast::AttentionKernel::kExact;
     return cpu_fast::PagedLatentAttention(*pool_, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim,
                                           scale, out, kernel);
   }

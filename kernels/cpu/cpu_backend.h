@@ -136,8 +136,6 @@ class CpuBackend final : public Backend {
 
  private:
   bool fast() const { return options_.path == CpuPath::kFast; }
-  // The FP8 GEMM on 16 lanes: any variant past avx2 runs on an AVX-512 CPU (same bits as 8).
-  bool Fp8Avx512() const { return isa_ != CpuIsa::kAvx2; }
   // Runs queued copies with a ticket up to `ticket` (defer_copies).
   void RunCopies(uint64_t ticket);
   // Runs the copies that compute must see before it starts (defer_copies).

@@ -24,6 +24,12 @@ void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef>
 void GemmFp8Bf16(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y, bool accumulate);
 void GroupedGemmFp8Bf16(ThreadPool& pool, const float* x, std::span<const WeightRef> w,
                         std::span<const int64_t> offsets, float* y);
+// The FP8 kernel variant `isa` runs: GemmFp8Bf16 where it rounds activations, else GemmFp8 on
+// 16 lanes past avx2 (the same bits as 8). CpuBackend's choice, and its self-check's.
+void GemmFp8On(CpuIsa isa, ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+               bool accumulate);
+void GroupedGemmFp8On(CpuIsa isa, ThreadPool& pool, const float* x, std::span<const WeightRef> w,
+                      std::span<const int64_t> offsets, float* y);
 void Gemm(ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
           bool accumulate, bool batch_invariant, CpuIsa isa);
 // y[i] = x w[i]^T for each i, in one parallel region with x rounded once for the variants that
@@ -79,6 +85,10 @@ enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles };
 inline AttentionKernel AttentionKernelOf(CpuIsa isa) {
   if (isa == CpuIsa::kAmx) return AttentionKernel::kAmxTiles;
   return isa == CpuIsa::kAvx512Bf16 ? AttentionKernel::kBf16Dot : AttentionKernel::kExact;
+}
+// The same for latent attention: vdpbf16ps on both bf16 variants (it has no AMX kernel).
+inline AttentionKernel LatentAttentionKernelOf(CpuIsa isa) {
+  return AttentionKernelOf(isa) == AttentionKernel::kExact ? AttentionKernel::kExact : AttentionKernel::kBf16Dot;
 }
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,

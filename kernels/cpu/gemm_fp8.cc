@@ -189,4 +189,16 @@ void GroupedGemmFp8(ThreadPool& pool, const float* x, std::span<const WeightRef>
   });
 }
 
+void GemmFp8On(CpuIsa isa, ThreadPool& pool, const float* x, int64_t m, const WeightRef& w, float* y,
+               bool accumulate) {
+  if (RoundsActivations(isa)) return GemmFp8Bf16(pool, x, m, w, y, accumulate);
+  GemmFp8(pool, x, m, w, y, accumulate, isa != CpuIsa::kAvx2);
+}
+
+void GroupedGemmFp8On(CpuIsa isa, ThreadPool& pool, const float* x, std::span<const WeightRef> w,
+                      std::span<const int64_t> offsets, float* y) {
+  if (RoundsActivations(isa)) return GroupedGemmFp8Bf16(pool, x, w, offsets, y);
+  GroupedGemmFp8(pool, x, w, offsets, y, isa != CpuIsa::kAvx2);
+}
+
 }  // namespace moeserve::cpu_fast

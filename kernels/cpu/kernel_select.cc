@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention_self_check.h"
+#include "kernels/cpu/fast_ops.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/weight_layout.h"
@@ -30,43 +32,75 @@ struct Shape {
   int64_t m, n, k;
 };
 
-// One GEMM of `isa` against float64 on fresh random inputs, and each row again alone; returns
-// an empty string when both hold, else what failed.
-std::string CheckShape(CpuIsa isa, const Shape& s, DType dtype, WeightLayout layout, ThreadPool& pool,
-                       std::mt19937& gen, double* worst) {
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> x(static_cast<size_t>(s.m * s.k)), wf(static_cast<size_t>(s.n * s.k));
-  for (float& v : x) v = u(gen);
-  for (float& v : wf) v = u(gen);
-  std::vector<uint8_t> wrow(wf.size() * DTypeSize(dtype));
-  ConvertFromF32(wf.data(), wf.size(), dtype, wrow.data());
-  ConvertToF32(wrow.data(), dtype, wf.size(), wf.data());  // the weights as stored
-  std::vector<uint8_t> packed(static_cast<size_t>(WeightStorageElems(layout, s.n, s.k)) * DTypeSize(dtype));
-  PackWeight(layout, wrow.data(), s.n, s.k, DTypeSize(dtype), packed.data());
-  const WeightRef w{packed.data(), dtype, s.n, s.k, layout};
-  std::vector<float> y(static_cast<size_t>(s.m * s.n)), alone(static_cast<size_t>(s.n));
-  const cpu_fast::GemmTask task{x.data(), s.m, w, y.data(), false};
-  cpu_fast::RunGemms(pool, std::span(&task, 1), isa);
-  // The arithmetic the variant states: bf16 activations where it rounds them (bf16 weights).
-  std::vector<float> xe = x;
-  if (RoundsActivations(isa) && dtype == DType::kBF16) {
-    std::vector<uint16_t> b(static_cast<size_t>(s.m * RoundUp(s.k, kTileCols)));
-    cpu_fast::RoundRowsToBf16(x.data(), s.m, s.k, b.data());
-    for (int64_t i = 0; i < s.m; ++i) ConvertToF32(&b[static_cast<size_t>(i * RoundUp(s.k, kTileCols))], DType::kBF16, static_cast<size_t>(s.k), &xe[static_cast<size_t>(i * s.k)]);
+// A random weight of `dtype` as stored in `layout`, and the values it holds. FP8: random codes
+// (no NaN) and a random scale per row and 128 columns, row-major, as checkpoints carry them.
+struct CheckWeight {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales, values;  // values: [n, k] row-major, what the weight means
+  WeightRef ref;
+};
+
+CheckWeight MakeCheckWeight(const Shape& s, DType dtype, WeightLayout layout, std::mt19937& gen) {
+  CheckWeight w;
+  w.values.resize(static_cast<size_t>(s.n * s.k));
+  std::vector<uint8_t> row_major(w.values.size() * DTypeSize(dtype));
+  if (dtype == DType::kF8E4M3) {
+    const int64_t groups = (s.k + kFp8ScaleCols - 1) / kFp8ScaleCols;
+    std::uniform_real_distribution<float> scale(1e-3f, 4e-3f);
+    w.scales.resize(static_cast<size_t>(s.n * groups));
+    for (float& x : w.scales) x = scale(gen);
+    for (auto& b : row_major) {
+      do b = static_cast<uint8_t>(gen()); while ((b & 0x7f) == 0x7f);
+    }
+    for (int64_t j = 0; j < s.n; ++j) {
+      for (int64_t c = 0; c < s.k; ++c) {
+        w.values[j * s.k + c] = F8E4M3ToF32(row_major[j * s.k + c]) * w.scales[j * groups + c / kFp8ScaleCols];
+      }
+    }
+  } else {
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (float& v : w.values) v = u(gen);
+    ConvertFromF32(w.values.data(), w.values.size(), dtype, row_major.data());
+    ConvertToF32(row_major.data(), dtype, w.values.size(), w.values.data());  // the weights as stored
   }
+  w.bytes.resize(static_cast<size_t>(WeightStorageElems(layout, s.n, s.k)) * DTypeSize(dtype));
+  PackWeight(layout, row_major.data(), s.n, s.k, DTypeSize(dtype), w.bytes.data());
+  w.ref = WeightRef{w.bytes.data(), dtype, s.n, s.k, layout, w.scales.empty() ? nullptr : w.scales.data()};
+  return w;
+}
+
+// y = x w^T for m rows of x, as the variant computes it.
+using GemmRun = std::function<void(const float* x, int64_t m, const WeightRef& w, float* y)>;
+
+// One GEMM of `isa` (run by `run`) against float64 on fresh random inputs, and each row again
+// alone; returns an empty string when both hold, else what failed.
+std::string CheckShape(CpuIsa isa, const Shape& s, const CheckWeight& w, const GemmRun& run, std::mt19937& gen,
+                       double* worst) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  const DType dtype = w.ref.dtype;
+  std::vector<float> x(static_cast<size_t>(s.m * s.k));
+  for (float& v : x) v = u(gen);
+  std::vector<float> y(static_cast<size_t>(s.m * s.n)), alone(static_cast<size_t>(s.n));
+  run(x.data(), s.m, w.ref, y.data());
+  // The arithmetic the variant states: bf16 activations where it rounds them (all but f32 weights).
+  std::vector<float> xe = x;
+  if (RoundsActivations(isa) && dtype != DType::kF32) {
+    for (float& v : xe) v = Bf16ToF32(F32ToBf16(v));
+  }
+  // fp32 accumulation of k products (exact, or rounded once: f32 weights), the lane tree and,
+  // for FP8, a scaling per 128 columns: |error| <= (k + 2 groups + 16) u sum|x w|.
+  const double terms = static_cast<double>(s.k + 2 * ((s.k + kFp8ScaleCols - 1) / kFp8ScaleCols) + 16);
   for (int64_t i = 0; i < s.m; ++i) {
-    const cpu_fast::GemmTask one{x.data() + i * s.k, 1, w, alone.data(), false};
-    cpu_fast::RunGemms(pool, std::span(&one, 1), isa);
+    run(x.data() + i * s.k, 1, w.ref, alone.data());
     for (int64_t j = 0; j < s.n; ++j) {
       double ref = 0, mag = 0;
       for (int64_t c = 0; c < s.k; ++c) {
-        const double p = static_cast<double>(xe[i * s.k + c]) * wf[j * s.k + c];
+        const double p = static_cast<double>(xe[i * s.k + c]) * w.values[j * s.k + c];
         ref += p;
         mag += std::abs(p);
       }
       const double got = y[i * s.n + j];
-      // fp32 accumulation of k exact products (plus the lane tree): |error| <= (k + 8) u sum|x w|.
-      const double bound = (static_cast<double>(s.k) + 8) * std::ldexp(1.0, -24) * mag + 1e-30;
+      const double bound = terms * std::ldexp(1.0, -24) * mag + 1e-30;
       *worst = std::max(*worst, std::abs(got - ref) / bound);
       if (!(std::abs(got - ref) <= bound)) {
         return absl::StrFormat("%s weights %dx%dx%d row %d col %d: %.9g vs float64 %.9g (|error| %.3g > bound %.3g)",
@@ -132,8 +166,8 @@ std::string CheckFusedSwiGlu(CpuIsa isa, ThreadPool& pool, std::mt19937& gen) {
   return "";
 }
 
-// The checks themselves, in this process: the GEMMs, the fused SwiGLU, and the variant's
-// attention kernels (attention_self_check.h).
+// The checks themselves, in this process: the GEMMs (bf16, f32 and FP8 weights), the fused
+// SwiGLU, and the variant's attention kernels (attention_self_check.h).
 VariantCheck CheckHere(CpuIsa isa) {
   VariantCheck v;
   v.isa = isa;
@@ -144,16 +178,33 @@ VariantCheck CheckHere(CpuIsa isa) {
   // Row counts that give an AMX block one short tile, two tiles, and both in one work item; the
   // last has several items of weight rows (a second B tile past the matrix) and x rows past 64.
   const Shape shapes[] = {{1, 13, 37}, {5, 24, 200}, {23, 17, 72}, {40, 20, 64}, {70, 72, 96}};
+  const GemmRun gemm = [&](const float* x, int64_t m, const WeightRef& w, float* y) {
+    const cpu_fast::GemmTask task{x, m, w, y, false};
+    cpu_fast::RunGemms(pool, std::span(&task, 1), isa);
+  };
   for (const Shape& s : shapes) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor, WeightLayout::kAmxTiles}) {
         // AMX tiles hold bf16 weights for the amx variant only (CpuBackend::PreferredWeightLayout).
         if (layout == WeightLayout::kAmxTiles && (isa != CpuIsa::kAmx || dt != DType::kBF16)) continue;
-        if (std::string e = CheckShape(isa, s, dt, layout, pool, gen, &worst); !e.empty()) {
+        if (std::string e = CheckShape(isa, s, MakeCheckWeight(s, dt, layout, gen), gemm, gen, &worst); !e.empty()) {
           v.detail = e;
           return v;
         }
       }
+    }
+  }
+  // FP8 weights (row-major, scaled per 128 columns) on the variant's FP8 kernel; widths past 128
+  // and 256 take partial scale groups.
+  const GemmRun fp8 = [&](const float* x, int64_t m, const WeightRef& w, float* y) {
+    cpu_fast::GemmFp8On(isa, pool, x, m, w, y, false);
+  };
+  for (const Shape& s : {Shape{1, 13, 37}, Shape{5, 24, 203}, Shape{11, 9, 300}}) {
+    if (std::string e = CheckShape(isa, s, MakeCheckWeight(s, DType::kF8E4M3, WeightLayout::kRowMajor, gen), fp8,
+                                   gen, &worst);
+        !e.empty()) {
+      v.detail = e;
+      return v;
     }
   }
   if (isa == CpuIsa::kAmx || isa == CpuIsa::kAvx512Bf16) {

@@ -21,8 +21,9 @@ struct VariantCheck {
 
 // Runs the self-check of `isa` (supported by the CPU): GEMMs of awkward shapes with f32 and bf16
 // weights in both layouts against float64, within the variant's stated tolerance, and every row
-// of a batch equal to the same row computed alone; the fused gate/up and SiLU where the variant
-// has one; its multi-head and latent attention over bf16 and f32 caches (attention_self_check.h).
+// of a batch equal to the same row computed alone, and the same for its FP8 kernel; the fused
+// gate/up and SiLU where the variant has one; its multi-head and latent attention over bf16 and
+// f32 caches (attention_self_check.h).
 VariantCheck SelfCheckVariant(CpuIsa isa);
 
 // Every variant, checked once per process (supported ones run their self-check).

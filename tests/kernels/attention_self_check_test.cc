@@ -1,7 +1,7 @@
 // The attention half of the kernel variants' self-check (kernels/cpu/attention_self_check.h):
 // every variant this CPU runs passes it, and kernels that are wrong in the ways a variant could be
-// (an output off by ~5x its bound, a NaN, the wrong layer, a token that depends on its batch mates) fail it,
-// naming what failed.
+// (an output off by more than 50x its bound, scores 5% off, a NaN, the wrong layer, a token that
+// depends on its batch mates) fail it, naming what failed.
 #include "kernels/cpu/attention_self_check.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +58,7 @@ TEST_F(AttentionSelfCheckTest, EveryVariantThisCpuRunsPasses) {
     AttentionCheckErrors errors;
     EXPECT_EQ(cpu_fast::CheckAttentionKernels(isa, pool_, gen_, &errors), "") << CpuIsaName(isa);
     EXPECT_GT(errors.paged, 0.0) << CpuIsaName(isa) << ": nothing was compared";
+    EXPECT_GT(errors.latent, 0.0) << CpuIsaName(isa) << ": nothing was compared";
     EXPECT_LE(errors.paged, 1.0);
     EXPECT_LE(errors.latent, 1.0);
   }
@@ -82,6 +83,31 @@ TEST_F(AttentionSelfCheckTest, AnOutputOffByMoreThanItsRoundingFails) {
     AttentionCheckErrors fine;
     EXPECT_EQ(cpu_fast::CheckPagedAttention(real, dtype, Bf16(dtype), gen_, &fine), "");
   }
+}
+
+// The bound is tight enough that scores a few percent off fail it (a bound on max |v| let 10%
+// through: random contexts average such an error away in the output).
+TEST_F(AttentionSelfCheckTest, ScoresAFewPercentOffFail) {
+  SCOPED_TRACE(Seed());
+  const PagedAttentionFn real = Real();
+  const PagedAttentionFn scaled = [&](const float* q, const AttentionBatch& b, const KvLayout& l, int64_t layer,
+                                      const void* cache, int64_t q_heads, float scale, float* out) {
+    real(q, b, l, layer, cache, q_heads, scale * 1.05f, out);
+  };
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    AttentionCheckErrors errors;
+    const std::string e = cpu_fast::CheckPagedAttention(scaled, dtype, Bf16(dtype), gen_, &errors);
+    EXPECT_NE(e.find("of its bound"), std::string::npos) << DTypeShortName(dtype) << ": " << e;
+  }
+  const LatentAttentionFn latent = RealLatent();
+  const LatentAttentionFn latent_scaled = [&](const float* ql, const float* qr, const AttentionBatch& b,
+                                              const KvLayout& l, int64_t layer, const void* cache, int64_t heads,
+                                              int64_t dim, float scale, float* out) {
+    latent(ql, qr, b, l, layer, cache, heads, dim, scale * 1.05f, out);
+  };
+  AttentionCheckErrors errors;
+  const std::string e = cpu_fast::CheckLatentAttention(latent_scaled, DType::kBF16, Bf16(DType::kBF16), gen_, &errors);
+  EXPECT_NE(e.find("of its bound"), std::string::npos) << e;
 }
 
 TEST_F(AttentionSelfCheckTest, ANanOrTheWrongLayerFails) {

@@ -1,6 +1,6 @@
 // Latent (MLA) attention on the bf16 variants' dot products (kernels/cpu/attention_latent.h):
-// against float64 attention over the same bf16 cache with the fp32 queries, within the bound
-// its rounding implies (bf16_attention_checks.h); every token bit-equal to itself alone, and the
+// against float64 attention over the same bf16 cache with the queries rounded as the kernel
+// rounds them, within the bound of the rest (kernels/cpu/attention_bound.h); every token bit-equal to itself alone, and the
 // batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
 #include <algorithm>
 #include <cmath>

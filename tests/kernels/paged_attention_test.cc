@@ -274,11 +274,11 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
 }
 
 // The bf16 path of the avx512-bf16 and amx variants (queries and probabilities rounded to bf16,
-// vdpbf16ps) against float64 attention over the same cache with the fp32 queries, within the
-// bound its rounding implies: a score moves by at most d = scale 2^-8 sum_i |q_i k_i| (the query
-// rounded), a probability by a factor e^(2 d) - 1 and then 2^-9 more (its own rounding), so an
-// output by (e^(2 dmax) - 1 + 2^-7) max_j |v_j| (with room for fp32 sums). And batch-invariant:
-// every token equals itself computed alone, with many tiles and with few.
+// vdpbf16ps) against float64 attention over the same cache with the queries rounded as the
+// kernel rounds them, within the bound of what is left (kernels/cpu/attention_bound.h: fp32 sums,
+// the exponential, the probabilities' bf16 rounding, against sum_j p_j |v_j|; scores 0.5% off
+// fail it). And batch-invariant: every token equals itself computed alone, with many tiles and
+// with few.
 class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
