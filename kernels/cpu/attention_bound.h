@@ -42,8 +42,9 @@ void CheckAttentionRow(int64_t ctx, int64_t hd, int64_t vd, double scale, bool b
   for (int64_t j = 0; j < ctx; ++j) {
     double d = 0, m = 0;
     for (int64_t e = 0; e < hd; ++e) {
-      d += qe[e] * key(j, e);
-      m += std::fabs(qe[e] * key(j, e));
+      const double p = qe[e] * key(j, e);
+      d += p;
+      m += std::fabs(p);
     }
     sc[j] = d * scale;
     mag[j] = m * scale;
@@ -56,15 +57,18 @@ void CheckAttentionRow(int64_t ctx, int64_t hd, int64_t vd, double scale, bool b
   }
   const double eps = std::expm1(2 * dmax) + 4 * kU + static_cast<double>(ctx + 16) * kU + 2 * kU +
                      (bf16 ? 0x1p-8 : 0.0);
-  for (int64_t e = 0; e < vd; ++e) {
-    double o = 0, w = 0;
-    for (int64_t j = 0; j < ctx; ++j) {
-      const double p = sc[j] / sum;
-      o += p * value(j, e);
-      w += p * std::fabs(value(j, e));
+  std::vector<double> o(static_cast<size_t>(vd)), w(static_cast<size_t>(vd));  // sum p v, sum p |v|
+  for (int64_t j = 0; j < ctx; ++j) {
+    const double p = sc[j] / sum;
+    for (int64_t e = 0; e < vd; ++e) {
+      const double v = value(j, e);
+      o[e] += p * v;
+      w[e] += p * std::fabs(v);
     }
-    const double err = std::isnan(out[e]) ? INFINITY : std::fabs(out[e] - o);
-    const double bound = (eps + static_cast<double>(ctx + 32) * kU) * (1 + eps) * w + 1e-7;
+  }
+  for (int64_t e = 0; e < vd; ++e) {
+    const double err = std::isnan(out[e]) ? INFINITY : std::fabs(out[e] - o[e]);
+    const double bound = (eps + static_cast<double>(ctx + 32) * kU) * (1 + eps) * w[e] + 1e-7;
     if (err / bound > check->worst) check->worst = err / bound, check->worst_err = err;
   }
 }

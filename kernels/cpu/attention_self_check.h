@@ -3,7 +3,7 @@
 // fresh random values (a decode past the first 512-key chunk, a prefill chunk, contexts of 1 and
 // 41, blocks in random order), against float64 attention within attention_bound.h's bound, and
 // each token bit-equal to itself computed alone (which on two threads splits the long context
-// into its chunks). About 30 ms a variant; a variant whose attention computes wrongly is not used
+// into its chunks). About 10 ms a variant; a variant whose attention computes wrongly is not used
 // (one that faults takes its process down: the amx variant's checks run in a child process).
 #pragma once
 
