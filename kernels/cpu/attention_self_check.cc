@@ -34,11 +34,16 @@ struct CheckBatch {
 
   int64_t tokens() const { return static_cast<int64_t>(token_seq.size()); }
   int64_t seqs() const { return static_cast<int64_t>(std::size(kLens)); }
-  AttentionBatch Batch() const { return {token_seq.data(), token_pos.data(), tables.data(), tokens(), seqs(), max_blocks}; }
-  AttentionBatch Alone(int64_t i) const { return {&token_seq[i], &token_pos[i], tables.data(), 1, seqs(), max_blocks}; }
+  AttentionBatch Batch() const {
+    return {token_seq.data(), token_pos.data(), tables.data(), tokens(), seqs(), max_blocks};
+  }
+  AttentionBatch Alone(int64_t i) const {
+    return {&token_seq[i], &token_pos[i], tables.data(), 1, seqs(), max_blocks};
+  }
   // Element `e` of key j's row (plane `plane`) of sequence s, as a double.
   double At(int plane, int64_t s, int64_t j, int64_t e) const {
-    const int64_t off = layout.Offset(tables[s * max_blocks + j / layout.block_size], kLayer, plane, j % layout.block_size) + e;
+    const int64_t bs = layout.block_size;
+    const int64_t off = layout.Offset(tables[s * max_blocks + j / bs], kLayer, plane, j % bs) + e;
     if (layout.dtype == DType::kBF16) {
       uint16_t h;
       std::memcpy(&h, cache.data() + off * 2, sizeof(h));
@@ -164,7 +169,8 @@ std::string CheckLatentAttention(const LatentAttentionFn& attend, DType kv_dtype
     const int64_t s = b.token_seq[i];
     for (int64_t h = 0; h < kHeads; ++h) {
       auto q = [&](int64_t e) {
-        return e < kLatent ? double{ql[(i * kHeads + h) * kLatent + e]} : double{qr[(i * kHeads + h) * kRope + e - kLatent]};
+        return e < kLatent ? double{ql[(i * kHeads + h) * kLatent + e]}
+                           : double{qr[(i * kHeads + h) * kRope + e - kLatent]};
       };
       auto row = [&](int64_t j, int64_t e) { return b.At(0, s, j, e); };  // the latent doubles as the value
       CheckAttentionRow(b.token_pos[i] + 1, kLatent + kRope, kLatent, scale, bf16, q, row, row,
