@@ -1,5 +1,6 @@
-// The CPU GEMM's planner (see gemm.h): cuts every task into work items of one 8-row weight tile
-// and a run of x rows, and hands them to the chosen variant's kernel (gemm_kernels.h).
+// The CPU GEMM's planner (see gemm.h): cuts every task into work items of a variant's weight
+// rows (one or two 8-row tiles, or AMX's B tiles) and a run of x rows, and hands them to the
+// chosen variant's kernel (gemm_kernels.h).
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
@@ -23,7 +24,7 @@ using TileFn = void (*)(const GemmTask&, const uint16_t*, const GemmItem&, GemmS
 // How a variant cuts a task into work items and what activations it reads.
 struct Variant {
   TileFn kernel;
-  int64_t item_rows;    // weight rows per item: one kTiled8 tile, or kAmxItemRows (two B tiles)
+  int64_t item_rows;    // weight rows per item: one kTiled8 tile, two (kBf16ItemRows), or kAmxItemRows
   int64_t row_chunk;    // x rows per item of a large GEMM
   int64_t group_bytes;  // weights per group of items (0: one tile a group; see RunGemms)
   TileFn swiglu_kernel = nullptr;  // the fused gate/up and SiLU (GemmTask::swiglu), if any,
@@ -34,7 +35,7 @@ Variant VariantOf(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return {TileAvx512, kTileRows, kRowChunk, 0};
     case CpuIsa::kAvx512Bf16:
-      return {TileAvx512Bf16, kTileRows, kRowChunk, kBf16GroupBytes, TileAvx512Bf16SwiGlu, kTileRows};
+      return {TileAvx512Bf16, kBf16ItemRows, kRowChunk, kBf16GroupBytes, TileAvx512Bf16SwiGlu, kTileRows};
     case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes, TileAmxSwiGlu, kSwiGluItemColumns};
     default: return {TileAvx2, kTileRows, kRowChunk, 0};
   }

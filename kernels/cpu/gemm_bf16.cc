@@ -125,15 +125,59 @@ class Fetcher {
   int64_t due_;
 };
 
-// Block b (of `blocks`, rows from the item's first) of an item of m rows over the tile at `tile`
-// (chunks long): its FetchPlan. The first block fetches kPrefetchBytes ahead, or three times that
-// for an item of 6 rows or more, which computes long enough on each chunk that 2 KiB ahead
-// arrived late (`medium` at batch 64, whose experts take ~8 rows: steps 1.06-1.15x; at batch 8,
-// 0.98x; batch 1 unchanged).
-inline FetchPlan PlanFetch(const void* tile, int64_t chunks, int64_t b, int64_t blocks, int64_t m) {
+// Block b (of `blocks`, rows from the item's first) of an item of m rows over the tile at `tile`:
+// its FetchPlan. The first block fetches kPrefetchBytes ahead, or three times that for an item
+// of 6 rows or more, which computes long enough on each chunk that 2 KiB ahead arrived late
+// (`medium` at batch 64, whose experts take ~8 rows: steps 1.06-1.15x; at batch 8, 0.98x; batch
+// 1 unchanged). Later blocks fetch the same tile of the next item, `span` chunks on.
+inline FetchPlan PlanFetch(const void* tile, int64_t span, int64_t b, int64_t blocks, int64_t m) {
   const uintptr_t t = reinterpret_cast<uintptr_t>(tile);
   if (b == 0) return {t + static_cast<uintptr_t>((m >= 6 ? 3 : 1) * kPrefetchBytes), 1, 0};
-  return {t + static_cast<uintptr_t>(chunks * kChunkBytes), blocks - 1, b - 1};
+  return {t + static_cast<uintptr_t>(span * kChunkBytes), blocks - 1, b - 1};
+}
+
+// Stores (or adds) M x rows' sums of one tile (acc[i][h]: weight rows 4h .. 4h + 3 of x row i),
+// the first `store_cols` of its 8 weight rows, x row i at y + i * y_stride.
+template <int M>
+inline __attribute__((always_inline)) void StoreTile(const __m512 (&acc)[M][2], float* y, int64_t y_stride,
+                                                     int store_cols, bool accumulate) {
+  static constexpr RowOrder kOrder = MakeRowOrder();
+  const __m512i order = _mm512_load_si512(kOrder.idx);
+  const __mmask8 cols = static_cast<__mmask8>((1u << store_cols) - 1);
+#pragma GCC unroll 6
+  for (int i = 0; i < M; i += 2) {
+    const int j = i + 1 < M ? i + 1 : i;  // an odd last row is summed twice, stored once
+    const __m512 s = _mm512_permutexvar_ps(order, SumTwoRows(acc[i][0], acc[i][1], acc[j][0], acc[j][1]));
+    StoreRow(_mm512_castps512_ps256(s), y + i * y_stride, cols, accumulate);
+    if (i + 1 < M) StoreRow(_mm512_extractf32x8_ps(s, 1), y + (i + 1) * y_stride, cols, accumulate);
+  }
+}
+
+// M <= 6 x rows of a packed block (rows offset into it) against two tiles a and b: each x row's
+// broadcast serves both tiles' four quads (KernelMx8 broadcasts it for two: the broadcast from
+// memory runs at 0.68 of a load's rate into vdpbf16ps on the Zen 5, and the loop at 1.09x so).
+// Every sum is KernelMx8's chain for it: the same bits.
+template <int M>
+inline __attribute__((always_inline)) void TwoTileSums(const uint16_t* x, const QuadSource& a, const QuadSource& b,
+                                                       int64_t chunks, const FetchPlan& pa, const FetchPlan& pb,
+                                                       __m512 (&aa)[M][2], __m512 (&ab)[M][2]) {
+#pragma GCC unroll 6
+  for (int i = 0; i < M; ++i) aa[i][0] = aa[i][1] = ab[i][0] = ab[i][1] = _mm512_setzero_ps();
+  Fetcher fetch_a(pa), fetch_b(pb);
+  for (int64_t c = 0; c < chunks; ++c) {
+    fetch_a.At(c);
+    fetch_b.At(c);
+    const __m512bh a0 = a.Load(c, 0), a1 = a.Load(c, 1), b0 = b.Load(c, 0), b1 = b.Load(c, 1);
+    const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
+#pragma GCC unroll 6
+    for (int i = 0; i < M; ++i) {
+      const __m512bh xv = BroadcastRow(xc, i);
+      aa[i][0] = _mm512_dpbf16_ps(aa[i][0], xv, a0);
+      aa[i][1] = _mm512_dpbf16_ps(aa[i][1], xv, a1);
+      ab[i][0] = _mm512_dpbf16_ps(ab[i][0], xv, b0);
+      ab[i][1] = _mm512_dpbf16_ps(ab[i][1], xv, b1);
+    }
+  }
 }
 
 // M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
@@ -158,16 +202,18 @@ void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y,
     }
   }
   // Every access to acc has a constant index (loops fully unrolled), so it lives in registers.
-  static constexpr RowOrder kOrder = MakeRowOrder();
-  const __m512i order = _mm512_load_si512(kOrder.idx);
-  const __mmask8 cols = static_cast<__mmask8>((1u << store_cols) - 1);
-#pragma GCC unroll 6
-  for (int i = 0; i < M; i += 2) {
-    const int j = i + 1 < M ? i + 1 : i;  // an odd last row is summed twice, stored once
-    const __m512 s = _mm512_permutexvar_ps(order, SumTwoRows(acc[i][0], acc[i][1], acc[j][0], acc[j][1]));
-    StoreRow(_mm512_castps512_ps256(s), y + i * y_stride, cols, accumulate);
-    if (i + 1 < M) StoreRow(_mm512_extractf32x8_ps(s, 1), y + (i + 1) * y_stride, cols, accumulate);
-  }
+  StoreTile<M>(acc, y, y_stride, store_cols, accumulate);
+}
+
+// M <= 6 x rows against two full-height tiles (16 weight rows, TwoTileSums), the second's first
+// `store_b` rows stored, 8 columns after the first's.
+template <int M>
+void KernelMx16(const uint16_t* x, const QuadSource& a, const QuadSource& b, int64_t chunks, float* y,
+                int64_t y_stride, int store_b, bool accumulate, const FetchPlan& pa, const FetchPlan& pb) {
+  __m512 aa[M][2], ab[M][2];
+  TwoTileSums<M>(x, a, b, chunks, pa, pb, aa, ab);
+  StoreTile<M>(aa, y, y_stride, kTileRows, accumulate);
+  StoreTile<M>(ab, y + kTileRows, y_stride, store_b, accumulate);
 }
 
 // The fused gate/up and SiLU for M <= 6 x rows of a packed block (rows offset into it): gate
@@ -180,23 +226,7 @@ template <int M>
 void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, int64_t chunks, const GemmTask& t,
                   int64_t row, int64_t col, const FetchPlan& pg, const FetchPlan& pu) {
   __m512 ag[M][2], au[M][2];  // every loop over them fully unrolled, so they stay in registers
-#pragma GCC unroll 6
-  for (int i = 0; i < M; ++i) ag[i][0] = ag[i][1] = au[i][0] = au[i][1] = _mm512_setzero_ps();
-  Fetcher fetch_g(pg), fetch_u(pu);
-  for (int64_t c = 0; c < chunks; ++c) {
-    fetch_g.At(c);
-    fetch_u.At(c);
-    const __m512bh g0 = g.Load(c, 0), g1 = g.Load(c, 1), u0 = u.Load(c, 0), u1 = u.Load(c, 1);
-    const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
-#pragma GCC unroll 6
-    for (int i = 0; i < M; ++i) {
-      const __m512bh xv = BroadcastRow(xc, i);
-      ag[i][0] = _mm512_dpbf16_ps(ag[i][0], xv, g0);
-      ag[i][1] = _mm512_dpbf16_ps(ag[i][1], xv, g1);
-      au[i][0] = _mm512_dpbf16_ps(au[i][0], xv, u0);
-      au[i][1] = _mm512_dpbf16_ps(au[i][1], xv, u1);
-    }
-  }
+  TwoTileSums<M>(x, g, u, chunks, pg, pu, ag, au);
   static constexpr RowOrder kOrder = MakeRowOrder();
   const __m512i order = _mm512_load_si512(kOrder.idx);
 #pragma GCC unroll 3
@@ -226,6 +256,13 @@ void SwiGluDispatch(int m, std::integer_sequence<int, Ms...>, const uint16_t* x,
                     const QuadSource& u, int64_t chunks, const GemmTask& t, int64_t row, int64_t col,
                     const FetchPlan& pg, const FetchPlan& pu) {
   ((m == Ms + 1 ? SwiGluKernel<Ms + 1>(x, g, u, chunks, t, row, col, pg, pu) : void()), ...);
+}
+
+template <int... Ms>
+void DispatchTwo(int m, std::integer_sequence<int, Ms...>, const uint16_t* x, const QuadSource& a,
+                 const QuadSource& b, int64_t chunks, float* y, int64_t y_stride, int store_b, bool acc,
+                 const FetchPlan& pa, const FetchPlan& pb) {
+  ((m == Ms + 1 ? KernelMx16<Ms + 1>(x, a, b, chunks, y, y_stride, store_b, acc, pa, pb) : void()), ...);
 }
 
 template <int... Ms>
@@ -284,9 +321,13 @@ void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmI
   }
 }
 
-void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {
+namespace {
+
+// One 8-row tile of an item (rows from r0), 12 x rows a block (KernelMx8): a matrix's last tile,
+// or weights not stored tiled. `span`: chunks from this tile to the same tile of the next item.
+void OneTile(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int64_t r0, int64_t span) {
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
-  const int64_t r0 = it.tile * kTileRows, rows = t.w.rows, cols = t.w.cols;
+  const int64_t rows = t.w.rows, cols = t.w.cols;
   const int64_t nrows = std::min<int64_t>(kTileRows, rows - r0), chunks = RoundUp(cols, kTileCols) / kTileCols;
   QuadSource src;
   src.cols = cols;
@@ -301,12 +342,50 @@ void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& i
     // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kBf16RowBlock));
     const uint16_t* xb = PackedAt(x_bf16, cols, i, 0);
-    const FetchPlan fetch = w.tiled ? PlanFetch(src.tile, chunks, (i - it.m0) / kBf16RowBlock, blocks, it.m1 - it.m0)
+    const FetchPlan fetch = w.tiled ? PlanFetch(src.tile, span, (i - it.m0) / kBf16RowBlock, blocks, it.m1 - it.m0)
                                   : FetchPlan{};
     Dispatch(m, std::make_integer_sequence<int, kBf16RowBlock>{}, xb, src, chunks, t.y + i * rows + r0, rows,
              static_cast<int>(nrows), t.accumulate, fetch);
     i += m;
   }
+}
+
+// Two tiles of an item stored tiled (rows r0 .. r0 + 16, the second may be short), 6 x rows a
+// block (KernelMx16). Each tile's stream is fetched as KernelMx8's is.
+void TwoTiles(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int64_t r0) {
+  const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
+  const int64_t rows = t.w.rows, cols = t.w.cols, chunks = RoundUp(cols, kTileCols) / kTileCols;
+  QuadSource a, b;
+  a.tile = w.Row(r0);
+  b.tile = w.Row(r0 + kTileRows);
+  const int store_b = static_cast<int>(std::min<int64_t>(kTileRows, rows - r0 - kTileRows));
+  constexpr int kRows = kBf16RowBlock / 2;
+  const int64_t n = it.m1 - it.m0, blocks = (n + kRows - 1) / kRows, span = 2 * chunks;
+  for (int64_t i = it.m0; i < it.m1;) {
+    const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kRows));
+    const int64_t block = (i - it.m0) / kRows;
+    DispatchTwo(m, std::make_integer_sequence<int, kRows>{}, PackedAt(x_bf16, cols, i, 0), a, b, chunks,
+                t.y + i * rows + r0, rows, store_b, t.accumulate, PlanFetch(a.tile, span, block, blocks, n),
+                PlanFetch(b.tile, span, block, blocks, n));
+    i += m;
+  }
+}
+
+}  // namespace
+
+// Items of fewer x rows run their tiles one after the other, 12 rows a block: two tiles at once
+// take 6-row blocks, so twice the passes over the weights, which costs where they stream from
+// DRAM (kernels_bench on the Zen 5: batch 1 0.92-0.95x, 16 rows of an 8192 x 4096 weight 0.95x);
+// from 32 rows on the products dominate. Either way, the same bits.
+constexpr int64_t kTwoTileMinRows = 32;
+
+void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* /*s*/) {
+  const int64_t r0 = it.tile * kBf16ItemRows, rows = t.w.rows;
+  if (RowsOf<uint16_t>(t.w).tiled && r0 + kTileRows < rows && it.m1 - it.m0 >= kTwoTileMinRows) {
+    return TwoTiles(t, x_bf16, it, r0);
+  }
+  const int64_t span = 2 * (RoundUp(t.w.cols, kTileCols) / kTileCols);
+  for (int64_t r = r0; r < std::min(rows, r0 + kBf16ItemRows); r += kTileRows) OneTile(t, x_bf16, it, r, span);
 }
 
 }  // namespace moeserve::cpu_fast

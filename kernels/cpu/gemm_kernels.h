@@ -68,6 +68,7 @@ Rows<T> RowsOf(const WeightRef& w) {
 // null for the exact variants.
 void TileAvx2(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 void TileAvx512(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
+// An avx512-bf16 item covers kBf16ItemRows weight rows (it.tile counts those).
 void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, GemmScratch* s);
 // The avx512-bf16 fused gate/up GEMM and SiLU (GemmTask::swiglu, weights in kTiled8): item tile j
 // is output columns [8j, 8j + 8), from gate tile j and up tile swiglu / 8 + j.
@@ -100,6 +101,8 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out);
 // Writes rows [i0, i1) of the RoundUp(m, kBf16RowBlock) padded ones (the planner spreads them
 // over threads). In gemm_bf16.cc, compiled for AVX512-BF16: only where the CPU has it.
 inline constexpr int64_t kBf16RowBlock = 12;
+// Weight rows an avx512-bf16 GEMM item takes: two tiles, each x row's broadcast serving both.
+inline constexpr int64_t kBf16ItemRows = 2 * kTileRows;
 static_assert(kRowChunk % kBf16RowBlock == 0, "work items must start at a block");
 inline int64_t PackedBf16Elems(int64_t m, int64_t k) {
   return RoundUp(m, kBf16RowBlock) * RoundUp(k, kTileCols);
