@@ -323,9 +323,9 @@ void TileAvx512Bf16SwiGlu(const GemmTask& t, const uint16_t* x_bf16, const GemmI
 
 namespace {
 
-// One 8-row tile of an item (rows from r0), 12 x rows a block (KernelMx8): a matrix's last tile,
-// or weights not stored tiled. `span`: chunks from this tile to the same tile of the next item.
-void OneTile(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int64_t r0, int64_t span) {
+// One 8-row tile of an item (rows from r0), 12 x rows a block (KernelMx8): an item of few x rows
+// (its tiles one after the other), a matrix's last tile, or weights not stored tiled.
+void OneTile(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int64_t r0) {
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
   const int64_t rows = t.w.rows, cols = t.w.cols;
   const int64_t nrows = std::min<int64_t>(kTileRows, rows - r0), chunks = RoundUp(cols, kTileCols) / kTileCols;
@@ -336,13 +336,14 @@ void OneTile(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int6
   } else {
     for (int64_t j = 0; j < kTileRows; ++j) src.row[j] = w.Row(r0 + std::min<int64_t>(j, nrows - 1));
   }
-  // Along a tiled layout the next tile follows in memory: fetch it while this one computes.
+  // Along a tiled layout the next tile follows in memory (the item's second, then the next item's
+  // first: the tiles this thread takes next): fetch it while this one computes.
   const int64_t blocks = (it.m1 - it.m0 + kBf16RowBlock - 1) / kBf16RowBlock;
   for (int64_t i = it.m0; i < it.m1;) {
     // Items start at multiples of the row block, so row i opens block i / 12 (PackRowsBf16).
     const int m = static_cast<int>(std::min<int64_t>(it.m1 - i, kBf16RowBlock));
     const uint16_t* xb = PackedAt(x_bf16, cols, i, 0);
-    const FetchPlan fetch = w.tiled ? PlanFetch(src.tile, span, (i - it.m0) / kBf16RowBlock, blocks, it.m1 - it.m0)
+    const FetchPlan fetch = w.tiled ? PlanFetch(src.tile, chunks, (i - it.m0) / kBf16RowBlock, blocks, it.m1 - it.m0)
                                   : FetchPlan{};
     Dispatch(m, std::make_integer_sequence<int, kBf16RowBlock>{}, xb, src, chunks, t.y + i * rows + r0, rows,
              static_cast<int>(nrows), t.accumulate, fetch);
@@ -351,7 +352,8 @@ void OneTile(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int6
 }
 
 // Two tiles of an item stored tiled (rows r0 .. r0 + 16, the second may be short), 6 x rows a
-// block (KernelMx16). Each tile's stream is fetched as KernelMx8's is.
+// block (KernelMx16). Each tile's stream is fetched as KernelMx8's is, later blocks fetching the
+// same tile of the next item (two tiles on).
 void TwoTiles(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& it, int64_t r0) {
   const Rows<uint16_t> w = RowsOf<uint16_t>(t.w);
   const int64_t rows = t.w.rows, cols = t.w.cols, chunks = RoundUp(cols, kTileCols) / kTileCols;
@@ -384,8 +386,7 @@ void TileAvx512Bf16(const GemmTask& t, const uint16_t* x_bf16, const GemmItem& i
   if (RowsOf<uint16_t>(t.w).tiled && r0 + kTileRows < rows && it.m1 - it.m0 >= kTwoTileMinRows) {
     return TwoTiles(t, x_bf16, it, r0);
   }
-  const int64_t span = 2 * (RoundUp(t.w.cols, kTileCols) / kTileCols);
-  for (int64_t r = r0; r < std::min(rows, r0 + kBf16ItemRows); r += kTileRows) OneTile(t, x_bf16, it, r, span);
+  for (int64_t r = r0; r < std::min(rows, r0 + kBf16ItemRows); r += kTileRows) OneTile(t, x_bf16, it, r);
 }
 
 }  // namespace moeserve::cpu_fast
