@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -153,67 +154,62 @@ inline __attribute__((always_inline)) void StoreTile(const __m512 (&acc)[M][2], 
   }
 }
 
-// M <= 6 x rows of a packed block (rows offset into it) against two tiles a and b: each x row's
-// broadcast serves both tiles' four quads (KernelMx8 broadcasts it for two: the broadcast from
-// memory runs at 0.68 of a load's rate into vdpbf16ps on the Zen 5, and the loop at 1.09x so).
-// Every sum is KernelMx8's chain for it: the same bits.
-template <int M>
-inline __attribute__((always_inline)) void TwoTileSums(const uint16_t* x, const QuadSource& a, const QuadSource& b,
-                                                       int64_t chunks, const FetchPlan& pa, const FetchPlan& pb,
-                                                       __m512 (&aa)[M][2], __m512 (&ab)[M][2]) {
-#pragma GCC unroll 6
-  for (int i = 0; i < M; ++i) aa[i][0] = aa[i][1] = ab[i][0] = ab[i][1] = _mm512_setzero_ps();
-  Fetcher fetch_a(pa), fetch_b(pb);
+// M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8, rows offset
+// into it) against T tiles: acc[t][i][h] holds tile t's rows 4h .. 4h + 3 for x row i, each
+// tile's stream fetched by its own plan. Each x row's broadcast serves every tile's quads: with
+// two tiles, four products a broadcast (the broadcast from memory runs at 0.68 of a load's rate
+// into vdpbf16ps on the Zen 5, and the loop at 1.09x so). A sum's chain is the same whatever T:
+// the same bits. Every loop over acc is fully unrolled, so the T x M x 2 <= 24 accumulators stay
+// in registers.
+template <int M, int T>
+inline __attribute__((always_inline)) void TileSums(const uint16_t* x, const QuadSource* const (&w)[T],
+                                                    int64_t chunks, const FetchPlan* const (&pf)[T],
+                                                    __m512 (&acc)[T][M][2]) {
+#pragma GCC unroll 2
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 12
+    for (int i = 0; i < M; ++i) acc[t][i][0] = acc[t][i][1] = _mm512_setzero_ps();
+  }
+  auto fetch = [&]<size_t... I>(std::index_sequence<I...>) {
+    return std::array<Fetcher, T>{Fetcher(*pf[I])...};
+  }(std::make_index_sequence<T>{});
   for (int64_t c = 0; c < chunks; ++c) {
-    fetch_a.At(c);
-    fetch_b.At(c);
-    const __m512bh a0 = a.Load(c, 0), a1 = a.Load(c, 1), b0 = b.Load(c, 0), b1 = b.Load(c, 1);
+    __m512bh q[T][2];
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) fetch[t].At(c);
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) q[t][0] = w[t]->Load(c, 0), q[t][1] = w[t]->Load(c, 1);
     const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int i = 0; i < M; ++i) {
       const __m512bh xv = BroadcastRow(xc, i);
-      aa[i][0] = _mm512_dpbf16_ps(aa[i][0], xv, a0);
-      aa[i][1] = _mm512_dpbf16_ps(aa[i][1], xv, a1);
-      ab[i][0] = _mm512_dpbf16_ps(ab[i][0], xv, b0);
-      ab[i][1] = _mm512_dpbf16_ps(ab[i][1], xv, b1);
+#pragma GCC unroll 2
+      for (int t = 0; t < T; ++t) {
+        acc[t][i][0] = _mm512_dpbf16_ps(acc[t][i][0], xv, q[t][0]);
+        acc[t][i][1] = _mm512_dpbf16_ps(acc[t][i][1], xv, q[t][1]);
+      }
     }
   }
 }
 
-// M x rows of a packed block (PackRowsBf16: chunk c of row i at x + c * 96 + i * 8) against the
-// 8 rows of a tile: acc[i][h] holds rows 4h .. 4h + 3 for x row i. One pointer per operand, so
-// that the 24 accumulators stay in registers.
+// M <= 12 x rows against the 8 rows of a tile, its first `store_cols` stored.
 template <int M>
 void KernelMx8(const uint16_t* x, const QuadSource& w, int64_t chunks, float* y, int64_t y_stride, int store_cols,
                bool accumulate, const FetchPlan& pf) {
-  __m512 acc[M][2];
-#pragma GCC unroll 12
-  for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  Fetcher fetch(pf);
-  for (int64_t c = 0; c < chunks; ++c) {
-    fetch.At(c);
-    const __m512bh w0 = w.Load(c, 0), w1 = w.Load(c, 1);
-    const uint16_t* xc = x + c * kBf16RowBlock * kTileCols;
-#pragma GCC unroll 12
-    for (int i = 0; i < M; ++i) {
-      const __m512bh xv = BroadcastRow(xc, i);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, w0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, w1);
-    }
-  }
-  // Every access to acc has a constant index (loops fully unrolled), so it lives in registers.
-  StoreTile<M>(acc, y, y_stride, store_cols, accumulate);
+  __m512 acc[1][M][2];
+  TileSums<M, 1>(x, {&w}, chunks, {&pf}, acc);
+  StoreTile<M>(acc[0], y, y_stride, store_cols, accumulate);
 }
 
-// M <= 6 x rows against two full-height tiles (16 weight rows, TwoTileSums), the second's first
-// `store_b` rows stored, 8 columns after the first's.
+// M <= 6 x rows against two tiles (16 weight rows), the second's first `store_b` rows stored, 8
+// columns after the first's.
 template <int M>
 void KernelMx16(const uint16_t* x, const QuadSource& a, const QuadSource& b, int64_t chunks, float* y,
                 int64_t y_stride, int store_b, bool accumulate, const FetchPlan& pa, const FetchPlan& pb) {
-  __m512 aa[M][2], ab[M][2];
-  TwoTileSums<M>(x, a, b, chunks, pa, pb, aa, ab);
-  StoreTile<M>(aa, y, y_stride, kTileRows, accumulate);
-  StoreTile<M>(ab, y + kTileRows, y_stride, store_b, accumulate);
+  __m512 acc[2][M][2];
+  TileSums<M, 2>(x, {&a, &b}, chunks, {&pa, &pb}, acc);
+  StoreTile<M>(acc[0], y, y_stride, kTileRows, accumulate);
+  StoreTile<M>(acc[1], y + kTileRows, y_stride, store_b, accumulate);
 }
 
 // The fused gate/up and SiLU for M <= 6 x rows of a packed block (rows offset into it): gate
@@ -225,8 +221,10 @@ void KernelMx16(const uint16_t* x, const QuadSource& a, const QuadSource& b, int
 template <int M>
 void SwiGluKernel(const uint16_t* x, const QuadSource& g, const QuadSource& u, int64_t chunks, const GemmTask& t,
                   int64_t row, int64_t col, const FetchPlan& pg, const FetchPlan& pu) {
-  __m512 ag[M][2], au[M][2];  // every loop over them fully unrolled, so they stay in registers
-  TwoTileSums<M>(x, g, u, chunks, pg, pu, ag, au);
+  __m512 acc[2][M][2];  // gate, up
+  TileSums<M, 2>(x, {&g, &u}, chunks, {&pg, &pu}, acc);
+  const auto& ag = acc[0];
+  const auto& au = acc[1];
   static constexpr RowOrder kOrder = MakeRowOrder();
   const __m512i order = _mm512_load_si512(kOrder.idx);
 #pragma GCC unroll 3
