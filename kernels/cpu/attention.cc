@@ -5,9 +5,9 @@
 // the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of
 // one), and the group of query heads that share a kv head reads each K/V row once. Items take as
 // many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads side by
-// side in the cache) is read whole. The exact (attention_exact.h) and bf16 (attention_chunks.h)
-// kernels take a context in chunks of 512 keys weighed together afterwards, so few long
-// contexts also split by chunk, one an item. Every kernel is batch-invariant: a token's scores,
+// side in the cache) is read whole. Every kernel takes a context in chunks of 512 keys weighed
+// together afterwards (attention_chunks.h), so few long contexts also split by chunk, one an
+// item. Every kernel is batch-invariant: a token's scores,
 // softmax and weighted sum are the same operations in the same order whatever its tile, batch
 // mates, item or thread.
 #include <algorithm>
@@ -58,8 +58,7 @@ struct ItemPlan {
 // leave items enough to keep the threads busy (four a thread, or for a single tile a multiple of
 // the threads: its items are equal but for a shorter last chunk), splitting long contexts into
 // their chunks before it splits rows (on 2 threads a batch-1 decode at context 4096 runs eight
-// chunks of whole rows). `chunks` is the tiles' chunks in all (the tile count where the kernel
-// does not chunk: then never split). No choice changes a bit.
+// chunks of whole rows). `chunks` is the tiles' chunks in all. No choice changes a bit.
 ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) {
   auto enough = [&](int64_t items) { return items >= 4 * threads || (tiles == 1 && items % threads == 0); };
   for (int64_t d = kvh; d >= 1; --d) {
@@ -70,11 +69,37 @@ ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) 
   return {1, chunks > tiles};
 }
 
+// How an item's rows are computed.
+enum class Kernel { kExact, kBf16, kAmx, kAmxModel };
+
+// The whole item `it` on `kernel`.
+void AttendItem(Kernel kernel, const ItemRows& it, const float* q, float scale, float* out, ExactScratch* exact,
+                Bf16Scratch* bf16, AmxScratch* amx) {
+  switch (kernel) {
+    case Kernel::kExact: return AttendExact(it, q, scale, out, exact);
+    case Kernel::kBf16: return AttendBf16(it, q, scale, out, bf16);
+    case Kernel::kAmx: return AttendAmx(AmxUnit::kTiles, it, q, scale, out, amx);
+    case Kernel::kAmxModel: return AttendAmx(AmxUnit::kModel, it, q, scale, out, amx);
+  }
+}
+
+// Chunk c of the whole item `it` on `kernel`, its result (ChunkPartFloats) into `part`.
+void AttendItemChunk(Kernel kernel, const ItemRows& it, int64_t c, const float* q, float scale, float* part,
+                     ExactScratch* exact, Bf16Scratch* bf16, AmxScratch* amx) {
+  if (kernel == Kernel::kExact) return AttendExactChunk(ChunkOf(it, c), q, scale, part, exact);
+  if (kernel == Kernel::kBf16) {
+    PrepareBf16Queries(it, q, bf16);
+    return AttendChunkBf16(ChunkOf(it, c), scale, bf16, part);
+  }
+  PrepareAmxQueries(it, q, amx);
+  AttendChunkAmx(kernel == Kernel::kAmx ? AmxUnit::kTiles : AmxUnit::kModel, ChunkOf(it, c), scale, amx, part);
+}
+
 // The split plan: an item per chunk of each (tile, kv heads), their results side by side in
 // `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads)
 // weighs its chunks together.
 template <typename RowsOf>
-void AttendInChunks(ThreadPool& pool, bool bf16, const std::vector<int64_t>& order, const RowsOf& item_rows,
+void AttendInChunks(ThreadPool& pool, Kernel kernel, const std::vector<int64_t>& order, const RowsOf& item_rows,
                     int64_t groups, int64_t heads, const float* q, float scale, float* out) {
   struct Part {
     int64_t tile, g0, chunk, offset;
@@ -92,17 +117,12 @@ void AttendInChunks(ThreadPool& pool, bool bf16, const std::vector<int64_t>& ord
   }
   std::vector<float> parts(static_cast<size_t>(total));
   pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-    Bf16Scratch bf16_scratch;
-    ExactScratch exact_scratch;
+    ExactScratch exact;
+    Bf16Scratch bf16;
+    AmxScratch amx;
     for (int64_t i = b; i < e; ++i) {
       const Part& p = items[static_cast<size_t>(i)];
-      const ItemRows it = item_rows(p.tile, p.g0);
-      if (bf16) {
-        PrepareBf16Queries(it, q, &bf16_scratch);
-        AttendChunkBf16(ChunkOf(it, p.chunk), scale, &bf16_scratch, parts.data() + p.offset);
-      } else {
-        AttendExactChunk(ChunkOf(it, p.chunk), q, scale, parts.data() + p.offset, &exact_scratch);
-      }
+      AttendItemChunk(kernel, item_rows(p.tile, p.g0), p.chunk, q, scale, parts.data() + p.offset, &exact, &bf16, &amx);
     }
   });
   pool.ParallelFor(static_cast<int64_t>(base.size()), 1, [&](int64_t b, int64_t e) {
@@ -119,7 +139,11 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
                     float scale, float* out, AttentionKernel kernel) {
   const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
   const bool bf16 = kernel != AttentionKernel::kExact && layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd);
-  const bool amx = bf16 && kernel == AttentionKernel::kAmxTiles;
+  const bool amx = bf16 && (kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel);
+  const Kernel item_kernel = !bf16 ? Kernel::kExact
+                             : !amx ? Kernel::kBf16
+                             : kernel == AttentionKernel::kAmxTiles ? Kernel::kAmx
+                                                                    : Kernel::kAmxModel;
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
@@ -133,9 +157,8 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
   std::vector<int64_t> order(static_cast<size_t>(tiles));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ctx_of_tile(a) > ctx_of_tile(b); });
-  const bool chunked = !amx;  // the amx kernel takes a context whole
   int64_t chunks = 0;
-  for (int64_t tile = 0; tile < tiles; ++tile) chunks += chunked ? ChunksOf(ctx_of_tile(tile)) : 1;
+  for (int64_t tile = 0; tile < tiles; ++tile) chunks += ChunksOf(ctx_of_tile(tile));
   const ItemPlan plan = PlanItems(tiles, chunks, kvh, static_cast<int64_t>(pool.num_threads()));
   const int64_t groups = kvh / plan.heads;
   auto item_rows = [&](int64_t tile, int64_t g0) {
@@ -143,21 +166,14 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
     return ItemRows{&batch, &layout, cache, layer, t0, tile_start[tile + 1] - t0, g0, plan.heads, group, q_heads,
                     ctx_of_tile(tile)};
   };
-  MS_CHECK(!plan.split || chunked);  // AttendInChunks runs the bf16 and exact kernels only
-  if (plan.split) return AttendInChunks(pool, bf16, order, item_rows, groups, plan.heads, q, scale, out);
+  if (plan.split) return AttendInChunks(pool, item_kernel, order, item_rows, groups, plan.heads, q, scale, out);
   pool.ParallelFor(tiles * groups, 1, [&](int64_t b, int64_t e) {
-    ExactScratch exact_scratch;
+    ExactScratch exact;
     Bf16Scratch bf16_scratch;
     AmxScratch amx_scratch;
     for (int64_t item = b; item < e; ++item) {
       const ItemRows it = item_rows(order[static_cast<size_t>(item / groups)], item % groups * plan.heads);
-      if (amx) {
-        AttendAmx(it, q, scale, out, &amx_scratch);
-      } else if (bf16) {
-        AttendBf16(it, q, scale, out, &bf16_scratch);
-      } else {
-        AttendExact(it, q, scale, out, &exact_scratch);
-      }
+      AttendItem(item_kernel, it, q, scale, out, &exact, &bf16_scratch, &amx_scratch);
     }
   });
 }

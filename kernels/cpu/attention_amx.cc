@@ -1,39 +1,72 @@
 // Paged attention on AMX tiles (see attention_amx.h): the products, in amx_tiles.h's arrangement:
-// two A tiles of up to 16 rows against two B tiles, four accumulators. Only amx_tiles.h's inline
-// assembly touches the tiles, so no target pragma is needed here.
+// two A tiles of up to 16 rows against two B tiles, four accumulators; each written once over a
+// unit (the tiles, or amx_tile_model.h's model of them). Only amx_tiles.h's inline assembly
+// touches the tiles, so no target pragma is needed here.
 #include "kernels/cpu/attention_amx.h"
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 
+#include "kernels/cpu/amx_tile_model.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/attention_bf16.h"
+#include "kernels/cpu/attention_bf16_item.h"
+#include "kernels/cpu/attention_chunks.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace moeserve::cpu_fast {
+namespace {
 
 constexpr int64_t kTileDwords = 256;  // one B tile: 16 rows x 16 dwords
 
-void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
-               int64_t out_stride) {
+// The tile operations the products use, on the hardware and on the model.
+struct Tiles {
+  static void Configure(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
+  static void ZeroC(int rows1) { AmxZeroC(rows1); }
+  static void Step(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1, int rows1) {
+    AmxStep(a0, a1, a_stride, b0, b1, rows1);
+  }
+  static void StepSharedB(const void* a0, const void* a1, long a_stride, const uint32_t* b0) {
+    AmxStepSharedB(a0, a1, a_stride, b0);
+  }
+  static void StoreC(float* c, int64_t stride, int rows1) { AmxStoreC(c, stride, rows1); }
+  static void StoreSharedBC(float* c, int64_t stride) { AmxStoreSharedBC(c, stride); }
+};
+struct Model {
+  static void Configure(int rows0, int rows1) { amx_model::Configure(rows0, rows1); }
+  static void ZeroC(int rows1) { amx_model::ZeroC(rows1); }
+  static void Step(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1, int rows1) {
+    amx_model::Step(a0, a1, a_stride, b0, b1, rows1);
+  }
+  static void StepSharedB(const void* a0, const void* a1, long a_stride, const uint32_t* b0) {
+    amx_model::StepSharedB(a0, a1, a_stride, b0);
+  }
+  static void StoreC(float* c, int64_t stride, int rows1) { amx_model::StoreC(c, stride, rows1); }
+  static void StoreSharedBC(float* c, int64_t stride) { amx_model::StoreSharedBC(c, stride); }
+};
+
+template <typename U>
+void Scores(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
+            int64_t out_stride) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
-  ConfigureAmxTiles(rows0, rows1);
+  U::Configure(rows0, rows1);
   const long a_stride = static_cast<long>(hd * sizeof(uint16_t));
   const int64_t steps = hd / 32, block_dwords = steps * kTileDwords;
   const uint16_t* q1 = rows1 > 0 ? q + 16 * hd : q;  // the second A tile, when there is one
   for (int64_t b = 0; b < blocks; b += 2) {
-    AmxZeroC(rows1);
+    U::ZeroC(rows1);
     const uint32_t* k0 = kt + b * block_dwords;
     for (int64_t s = 0; s < steps; ++s) {
-      AmxStep(q + 32 * s, q1 + 32 * s, a_stride, k0 + s * kTileDwords, k0 + block_dwords + s * kTileDwords, rows1);
+      U::Step(q + 32 * s, q1 + 32 * s, a_stride, k0 + s * kTileDwords, k0 + block_dwords + s * kTileDwords, rows1);
     }
-    AmxStoreC(out + 16 * b, out_stride, rows1);
+    U::StoreC(out + 16 * b, out_stride, rows1);
   }
 }
 
-void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
-                      int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
-  ConfigureAmxTiles(16, 16);
+template <typename U>
+void ScoresKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups, int64_t ngroups,
+                   int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
+  U::Configure(16, 16);
   const long a_stride = static_cast<long>(key_stride * sizeof(uint16_t));
   const int64_t steps = hd / 32;
   alignas(64) float c[32 * 16];  // two groups' keys x 16 query columns
@@ -48,14 +81,46 @@ void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const u
         for (int64_t b = 0; b < fetch_bytes; b += 64) PrefetchLine(row + b);
       }
     }
-    AmxZeroC(16);
-    for (int64_t s = 0; s < steps; ++s) AmxStepSharedB(a0 + 32 * s, a1 + 32 * s, a_stride, q_pairs + s * kTileDwords);
-    AmxStoreSharedBC(c, 16);
+    U::ZeroC(16);
+    for (int64_t s = 0; s < steps; ++s) U::StepSharedB(a0 + 32 * s, a1 + 32 * s, a_stride, q_pairs + s * kTileDwords);
+    U::StoreSharedBC(c, 16);
     const int64_t keys = std::min<int64_t>(32, (ngroups - g) * 16);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < keys; ++j) out[r * out_stride + 16 * g + j] = c[j * 16 + r];
     }
   }
+}
+
+template <typename U>
+void WeightedSum(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
+                 float* acc) {
+  const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
+  U::Configure(rows0, rows1);
+  const long a_stride = static_cast<long>(p_stride * sizeof(uint16_t));
+  const int64_t step_dwords = hd / 16 * kTileDwords;
+  const uint16_t* p1 = rows1 > 0 ? p + 16 * p_stride : p;
+  for (int64_t c = 0; c < hd / 16; c += 2) {  // 32 dimensions per pass
+    U::ZeroC(rows1);
+    for (int64_t t = 0; t < steps; ++t) {
+      const uint32_t* v = vt + t * step_dwords + c * kTileDwords;
+      U::Step(p + 32 * t, p1 + 32 * t, a_stride, v, v + kTileDwords, rows1);
+    }
+    U::StoreC(acc + 16 * c, hd, rows1);
+  }
+}
+
+}  // namespace
+
+void ScoresAmx(AmxUnit unit, const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks,
+               float* out, int64_t out_stride) {
+  auto run = unit == AmxUnit::kTiles ? Scores<Tiles> : Scores<Model>;
+  run(q, rows, hd, kt, blocks, out, out_stride);
+}
+
+void ScoresAmxKeysAsA(AmxUnit unit, const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
+                      int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
+  auto run = unit == AmxUnit::kTiles ? ScoresKeysAsA<Tiles> : ScoresKeysAsA<Model>;
+  run(q_pairs, rows, hd, groups, ngroups, key_stride, fetch_bytes, out, out_stride);
 }
 
 void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs) {
@@ -69,56 +134,45 @@ void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pair
   }
 }
 
-void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
-                    float* acc) {
-  const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
-  ConfigureAmxTiles(rows0, rows1);
-  const long a_stride = static_cast<long>(p_stride * sizeof(uint16_t));
-  const int64_t step_dwords = hd / 16 * kTileDwords;
-  const uint16_t* p1 = rows1 > 0 ? p + 16 * p_stride : p;
-  for (int64_t c = 0; c < hd / 16; c += 2) {  // 32 dimensions per pass
-    AmxZeroC(rows1);
-    for (int64_t t = 0; t < steps; ++t) {
-      const uint32_t* v = vt + t * step_dwords + c * kTileDwords;
-      AmxStep(p + 32 * t, p1 + 32 * t, a_stride, v, v + kTileDwords, rows1);
-    }
-    AmxStoreC(acc + 16 * c, hd, rows1);
-  }
+void WeightedSumAmx(AmxUnit unit, const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt,
+                    int64_t steps, int64_t hd, float* acc) {
+  auto run = unit == AmxUnit::kTiles ? WeightedSum<Tiles> : WeightedSum<Model>;
+  run(p, p_stride, rows, vt, steps, hd, acc);
 }
 
 namespace {
 
 constexpr int64_t kAmxChunk = 32;  // rows per pass of the products: two A tiles
 
-// Kv head g's keys as the tiles' B operands: 16-key blocks to the item's context rounded up to
-// 32 (zero keys past it).
+// Kv head g's keys of the chunk as the tiles' B operands: 16-key blocks from it.k_begin to the
+// chunk's end rounded up to 32 (zero keys past it).
 void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
   const int64_t hd = it.layout->head_dim;
-  const int64_t blocks = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * 2;
+  const int64_t blocks = RoundUp(it.ctx_max - it.k_begin, kAmxValueKeys) / kBf16KeyBlock;
   const int64_t key_block = hd / 2 * kBf16KeyBlock;  // dwords
   s->kt.resize(static_cast<size_t>(blocks * key_block));
   const uint16_t* rows[kBf16KeyBlock];
   for (int64_t b = 0; b < blocks; ++b) {
-    it.Rows(0, g, b * kBf16KeyBlock, kBf16KeyBlock, s->zeros.data(), rows);
+    it.Rows(0, g, it.k_begin + b * kBf16KeyBlock, kBf16KeyBlock, s->zeros.data(), rows);
     KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
   }
 }
 
-// Kv head g's whole 32-key steps of values as the tiles' B operands.
+// Kv head g's whole 32-key steps of the chunk's values as the tiles' B operands.
 void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, steps = it.ctx_max / kAmxValueKeys;
-  const int64_t value_step = hd / 16 * 256;  // dwords
+  const int64_t hd = it.layout->head_dim, kb = it.k_begin, steps = (it.ctx_max - kb) / kAmxValueKeys;
+  const int64_t value_step = hd / 16 * kTileDwords;  // dwords
   s->vt.resize(static_cast<size_t>(steps * value_step));
   const uint16_t* rows[kAmxValueKeys];
   const uint16_t* next[kAmxValueKeys];
   // The first kv head fetches the next step's values of all the item's heads while it packs
-  // these, as the keys are fetched (AmxScores).
+  // these, as the keys are fetched (ChunkScores).
   const int64_t fetch_bytes = g == it.g0 ? it.heads * hd * static_cast<int64_t>(sizeof(uint16_t)) : 0;
-  if (steps > 0) it.Rows(1, g, 0, kAmxValueKeys, s->zeros.data(), next);
+  if (steps > 0) it.Rows(1, g, kb, kAmxValueKeys, s->zeros.data(), next);
   for (int64_t t = 0; t < steps; ++t) {
     std::copy(next, next + kAmxValueKeys, rows);
     if (t + 1 < steps) {
-      it.Rows(1, g, (t + 1) * kAmxValueKeys, kAmxValueKeys, s->zeros.data(), next);
+      it.Rows(1, g, kb + (t + 1) * kAmxValueKeys, kAmxValueKeys, s->zeros.data(), next);
       for (const uint16_t* row : next) {
         for (int64_t b = 0; b < fetch_bytes; b += 64) PrefetchLine(reinterpret_cast<const char*>(row) + b);
       }
@@ -127,90 +181,101 @@ void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
   }
 }
 
-// acc rows [r0, r1) (all taking `steps` whole 32-key steps): the tiles' steps, then each row's
-// own remaining keys (fewer than 32) on vdpbf16ps.
-void WeightedRun(const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded, AmxScratch* s,
-                 float* acc) {
+// acc rows [r0, r1) of kv head g (all taking `steps` whole 32-key steps of the chunk): the
+// tiles' steps, then each row's own remaining keys (fewer than 32) on vdpbf16ps.
+void WeightedRun(AmxUnit unit, const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded,
+                 AmxScratch* s, float* acc) {
   const int64_t hd = it.layout->head_dim, chunk0 = r0 / kAmxChunk * kAmxChunk;
   if (steps > 0) {
-    WeightedSumAmx(s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
+    WeightedSumAmx(unit, s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
   } else {
     std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
   }
   int64_t n = 0;
-  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.ctx_of(r) - steps * kAmxValueKeys);
+  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.keys_of(r) - steps * kAmxValueKeys);
   n = (n + 1) / 2 * 2;
   if (n == 0) return;
   const uint16_t* rows[kBf16MaxValueKeys];
-  it.Rows(1, g, steps * kAmxValueKeys, n, s->zeros.data(), rows);
+  it.Rows(1, g, it.k_begin + steps * kAmxValueKeys, n, s->zeros.data(), rows);
   AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
                   n, rows, hd, acc);
 }
 
-// Scores of rows [c0, c1) of kv head g (the pass's rows; s->qb holds the item's queries) into
-// s->scores: against packed keys, or, for an item of at most 16 rows, with the keys read from
-// the cache as A tiles (the same bits: ScoresAmxKeysAsA).
-void AmxScores(const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t padded, bool keys_as_a, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, ctx = it.ctx_of(c1 - 1);
-  if (!keys_as_a) {
-    const int64_t blocks = (ctx + kAmxValueKeys - 1) / kAmxValueKeys * 2;
-    ScoresAmx(s->qb.data() + c0 * hd, c1 - c0, hd, s->kt.data(), blocks, s->scores.data(), padded);
+// Scores of rows [c0, c1) of kv head g (the pass's rows, the last with the most keys) against
+// the chunk's keys into s->scores: against packed keys, or with the keys read from the cache as
+// A tiles (the same bits: ScoresAmxKeysAsA).
+void ChunkScores(AmxUnit unit, const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t padded, AmxScratch* s) {
+  const int64_t hd = it.layout->head_dim, n = it.keys_of(c1 - 1), nrows = it.nrows();
+  const uint16_t* q = s->qb.data() + ((g - it.g0) * nrows + c0) * hd;
+  if (!KeysAsA(it)) {
+    ScoresAmx(unit, q, c1 - c0, hd, s->kt.data(), RoundUp(n, kAmxValueKeys) / kBf16KeyBlock, s->scores.data(), padded);
     return;
   }
-  const int64_t ngroups = (ctx + 15) / 16;
+  const int64_t ngroups = (n + 15) / 16;
   s->groups.resize(static_cast<size_t>(ngroups));
-  for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, 16 * i, s->zeros.data());
+  for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, it.k_begin + 16 * i, s->zeros.data());
   // The first kv head fetches the rows of all the item's heads (side by side in the cache), so
   // each block's keys stream in once, in address order; the later heads find theirs in L2.
   const int64_t fetch_bytes = (g == it.g0 ? it.heads : 1) * hd * static_cast<int64_t>(sizeof(uint16_t));
-  ScoresAmxKeysAsA(s->q_pairs.data(), c1 - c0, hd, s->groups.data(), ngroups, it.layout->TokenElems(), fetch_bytes,
-                   s->scores.data(), padded);
+  ScoresAmxKeysAsA(unit, s->q_pairs.data() + (g - it.g0) * hd / 32 * kTileDwords, c1 - c0, hd, s->groups.data(),
+                   ngroups, it.layout->TokenElems(), fetch_bytes, s->scores.data(), padded);
 }
 
 }  // namespace
 
-// See attention_amx.h.
-void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
+void PrepareAmxQueries(const ItemRows& it, const float* q, AmxScratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
-  const int64_t padded = (it.ctx_max + kAmxValueKeys - 1) / kAmxValueKeys * kAmxValueKeys;
+  GatherBf16Queries(it, q, &s->q, &s->qb);
+  if (!KeysAsA(it)) return;
+  const int64_t head_dwords = hd / 32 * kTileDwords;
+  s->q_pairs.resize(static_cast<size_t>(it.heads * head_dwords));
+  for (int64_t h = 0; h < it.heads; ++h) {
+    QueryPairsAmx(s->qb.data() + h * nrows * hd, nrows, hd, s->q_pairs.data() + h * head_dwords);
+  }
+}
+
+void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s, float* part) {
+  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
+  const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kAmxValueKeys);
   s->zeros.assign(static_cast<size_t>(hd), 0);
-  s->q.resize(static_cast<size_t>(nrows * hd));
-  s->qb.resize(static_cast<size_t>(nrows * hd));
   s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
   s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
-  s->acc.resize(static_cast<size_t>(nrows * hd));
   s->keys.resize(static_cast<size_t>(kAmxChunk));
-  const bool keys_as_a = nrows <= 16 && it.layout->block_size % 16 == 0;
-  if (keys_as_a) s->q_pairs.resize(static_cast<size_t>(hd / 32 * 256));
+  float* max = part + all * hd;
+  float* sum = max + all;
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(s->q.data() + r * hd, q + it.head_of(g, r) * hd, static_cast<size_t>(hd) * sizeof(float));
-    }
-    RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
-    if (keys_as_a) {
-      QueryPairsAmx(s->qb.data(), nrows, hd, s->q_pairs.data());
-    } else {
-      PackKeys(it, g, s);
-    }
+    const int64_t h = g - it.g0;
+    if (!KeysAsA(it)) PackKeys(it, g, s);
     PackValues(it, g, s);
     for (int64_t c0 = 0; c0 < nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
       const int64_t c1 = std::min(nrows, c0 + kAmxChunk);
-      AmxScores(it, g, c0, c1, padded, keys_as_a, s);
+      if (it.keys_of(c1 - 1) > 0) ChunkScores(unit, it, g, c0, c1, padded, s);
       for (int64_t r = c0; r < c1; ++r) {
-        const int64_t ctx = it.ctx_of(r);
-        SoftmaxBf16(s->scores.data() + (r - c0) * padded, ctx, scale, ctx / kAmxValueKeys * kAmxValueKeys,
-                    s->pb.data() + (r - c0) * padded);
+        const int64_t n = it.keys_of(r);
+        SoftmaxStats st{-INFINITY, 0.0f};  // a row whose context ends before the chunk
+        if (n > 0) {
+          st = SoftmaxBf16(s->scores.data() + (r - c0) * padded, n, scale, n / kAmxValueKeys * kAmxValueKeys,
+                           s->pb.data() + (r - c0) * padded);
+        }
+        max[h * nrows + r] = st.max;
+        sum[h * nrows + r] = st.sum;
       }
       for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
-        const int64_t steps = it.ctx_of(r0) / kAmxValueKeys;
-        for (r1 = r0 + 1; r1 < c1 && it.ctx_of(r1) / kAmxValueKeys == steps;) ++r1;
-        WeightedRun(it, g, r0, r1, steps, padded, s, s->acc.data() + r0 * hd);
+        const int64_t steps = it.keys_of(r0) / kAmxValueKeys;
+        for (r1 = r0 + 1; r1 < c1 && it.keys_of(r1) / kAmxValueKeys == steps;) ++r1;
+        WeightedRun(unit, it, g, r0, r1, steps, padded, s, part + (h * nrows + r0) * hd);
       }
     }
-    for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(out + it.head_of(g, r) * hd, s->acc.data() + r * hd, static_cast<size_t>(hd) * sizeof(float));
-    }
   }
+}
+
+void AttendAmx(AmxUnit unit, const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
+  const int64_t all = it.heads * it.nrows(), chunks = ChunksOf(it.ctx_max);
+  const int64_t stride = ChunkPartFloats(all, it.layout->head_dim);
+  PrepareAmxQueries(it, q, s);
+  s->parts.resize(static_cast<size_t>(chunks * stride));
+  for (int64_t c = 0; c < chunks; ++c) AttendChunkAmx(unit, ChunkOf(it, c), scale, s, s->parts.data() + c * stride);
+  FinishChunks(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

@@ -1,8 +1,10 @@
 // Paged attention on AMX tiles (tdpbf16ps), for the amx variant over a bf16 KV cache: an item's
-// driver (AttendAmx: packing, softmax, which keys each row takes) and its two products, Q·Kᵀ
-// against KeyPairsBf16's tiles and P·V against ValuePairsBf16's (attention_bf16.h). Each output element is
-// one tdpbf16ps accumulation over its K steps in order; tile rows are independent, so a row's
-// result never depends on the rows beside it. Only CPUs granted AMX tiles may call them.
+// driver (AttendAmx: packing, softmax, which keys each row takes; its context in chunks,
+// attention_chunks.h) and its two products, Q·Kᵀ against KeyPairsBf16's tiles and P·V against
+// ValuePairsBf16's (attention_bf16.h). Each output element is one tdpbf16ps accumulation over its
+// K steps in order; tile rows are independent, so a row's result never depends on the rows
+// beside it. Each function runs on the tiles (only CPUs granted AMX tiles may ask for that) or
+// on their software model (amx_tile_model.h: tests, on any CPU with AVX512-BF16).
 #pragma once
 
 #include <cstdint>
@@ -12,10 +14,13 @@
 
 namespace moeserve::cpu_fast {
 
+// Where the tile instructions run: the hardware's tiles, or the software model of them.
+enum class AmxUnit { kTiles, kModel };
+
 // out[r * out_stride + j] = dot(q_r, key j) for rows r < rows (1..32) and keys j < 16 blocks
 // (blocks even): q is rows x hd bf16, row after row; kt holds each 16-key block's KeyPairsBf16,
 // hd / 2 x 16 dwords, block after block. The sums are not scaled.
-void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
+void ScoresAmx(AmxUnit unit, const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
                int64_t out_stride);
 
 // The same scores with the keys as the A operand, read straight from the cache, and the queries
@@ -28,7 +33,7 @@ void ScoresAmx(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, 
 // decode token's item, whose rows are few, no longer repacks its whole context per step. Keys
 // of a group past a row's context are read (its block is the context's last) but never used.
 // The first `fetch_bytes` of each key row of the next two groups are fetched ahead.
-void ScoresAmxKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
+void ScoresAmxKeysAsA(AmxUnit unit, const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
                       int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride);
 
 // q_pairs for ScoresAmxKeysAsA from rows r < rows (1..16) of q (rows x hd bf16, row after row):
@@ -39,26 +44,38 @@ void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pair
 // acc[r * hd + c] = sum over keys j < 32 steps of p[r * p_stride + j] * value j, dimension c, for
 // rows r < rows (1..32): p bf16 (rows 64-byte aligned not needed), vt holds each 32-key step's
 // ValuePairsBf16, hd / 16 tiles, step after step.
-void WeightedSumAmx(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
+void WeightedSumAmx(AmxUnit unit, const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
                     float* acc);
 
 // A thread's scratch for AttendAmx, reused across its items.
 struct AmxScratch {
-  std::vector<float> q, scores, acc;
+  std::vector<float> q, scores, parts;
   std::vector<uint16_t> qb, pb, zeros;
-  std::vector<uint32_t> kt, vt;  // kv head g's keys and values as B tiles, all of the item's context
+  std::vector<uint32_t> kt, vt;  // kv head g's keys and values of the chunk as B tiles
   std::vector<uint32_t> q_pairs;         // or its queries as B tiles, the keys read from the cache
   std::vector<const uint16_t*> groups;  // there: each 16-key group's first key
   std::vector<int64_t> keys;
 };
 
-// An item on AMX tiles (attention_amx.h), one kv head at a time and 32 rows per pass: queries
-// rounded to bf16 once, Q·Kᵀ on tiles, the softmax on 16 lanes, then P·V on tiles over the whole
-// 32-key steps below each row's context and vdpbf16ps for the rest of its keys. A row's
-// operations depend only on its own context, so a decode token and the same token in any
-// prefill tile take the same ones, and no row reads a value past its own keys. An item of at
-// most 16 rows (a decode token's) reads its keys from the cache as they are (16-key groups,
-// one cache block's slots apart, so blocks must hold whole groups) instead of packing them.
-void AttendAmx(const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s);
+// The item's queries rounded to bf16 (s->qb, rows (g - g0) * nrows + r) and, for an item whose
+// keys are read as A tiles (KeysAsA), their pair rows (s->q_pairs, kv head after kv head).
+void PrepareAmxQueries(const ItemRows& it, const float* q, AmxScratch* s);
+
+// Whether an item reads its keys from the cache as A tiles: at most 16 rows (a decode token's),
+// blocks of whole 16-key groups.
+inline bool KeysAsA(const ItemRows& it) { return it.nrows() <= 16 && it.layout->block_size % 16 == 0; }
+
+// Keys [it.k_begin, it.ctx_max) (one chunk, on PrepareAmxQueries' queries) into `part`
+// (ChunkPartFloats), one kv head at a time and 32 rows per pass: Q·Kᵀ on tiles, the softmax on
+// 16 lanes, then P·V on tiles over the whole 32-key steps of each row's keys in the chunk and
+// vdpbf16ps for the rest. A row's operations depend only on its own context, so a decode token
+// and the same token in any prefill tile take the same ones, and no row reads a value past its
+// own keys. An item of at most 16 rows reads its keys from the cache as they are (16-key
+// groups, one cache block's slots apart) instead of packing them.
+void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s, float* part);
+
+// A whole item (it.k_begin 0): its queries, each chunk of its context in turn, then weighed
+// together (FinishChunks: a context of one chunk as it is).
+void AttendAmx(AmxUnit unit, const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s);
 
 }  // namespace moeserve::cpu_fast

@@ -13,18 +13,20 @@
 
 namespace moeserve::cpu_fast {
 
-void PrepareBf16Queries(const ItemRows& it, const float* q, Bf16Scratch* s) {
+void GatherBf16Queries(const ItemRows& it, const float* q, std::vector<float>* gathered, std::vector<uint16_t>* qb) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  s->q.resize(static_cast<size_t>(all * hd));
-  s->qb.resize(static_cast<size_t>(all * hd));
+  gathered->resize(static_cast<size_t>(all * hd));
+  qb->resize(static_cast<size_t>(all * hd));
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     for (int64_t r = 0; r < nrows; ++r) {
-      std::memcpy(s->q.data() + ((g - it.g0) * nrows + r) * hd, q + it.head_of(g, r) * hd,
+      std::memcpy(gathered->data() + ((g - it.g0) * nrows + r) * hd, q + it.head_of(g, r) * hd,
                   static_cast<size_t>(hd) * sizeof(float));
     }
   }
-  RoundRowsToBf16(s->q.data(), all, hd, s->qb.data());
+  RoundRowsToBf16(gathered->data(), all, hd, qb->data());
 }
+
+void PrepareBf16Queries(const ItemRows& it, const float* q, Bf16Scratch* s) { GatherBf16Queries(it, q, &s->q, &s->qb); }
 
 void AttendChunkBf16(const ItemRows& it, float scale, Bf16Scratch* s, float* part) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows, kb = it.k_begin;

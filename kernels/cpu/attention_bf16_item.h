@@ -16,6 +16,10 @@ struct Bf16Scratch {
   std::vector<int64_t> keys;  // value keys per row of a pass
 };
 
+// The item's queries rounded to bf16 (to nearest even) into qb, rows (g - g0) * nrows + r
+// (gathered into `gathered` first): what the bf16 and amx kernels multiply.
+void GatherBf16Queries(const ItemRows& it, const float* q, std::vector<float>* gathered, std::vector<uint16_t>* qb);
+
 // The item's queries rounded to bf16 (s->qb), rows (g - g0) * nrows + r.
 void PrepareBf16Queries(const ItemRows& it, const float* q, Bf16Scratch* s);
 

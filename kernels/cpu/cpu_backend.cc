@@ -71,9 +71,10 @@ std::string CpuBackend::KernelNumerics() const {
   // exact kernel's 8-lane one before, -2); -5: contexts past 512 keys in chunks, weighed together
   // (attention_chunks.h); -6 (amx: -4): latent (MLA) attention on vdpbf16ps too (attention_latent.h);
   // -7 (amx: -5): its contexts past 512 keys in chunks; -8 (amx: -6): its scores over whole rows,
-  // each lane's chain summed by a tree (ScoreLatentKeysBf16), not four chains over key pairs.
+  // each lane's chain summed by a tree (ScoreLatentKeysBf16), not four chains over key pairs;
+  // amx -7: its multi-head attention's contexts past 512 keys in chunks too (attention_amx.h).
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-6" : Bf16Attention() ? "-8" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-7" : Bf16Attention() ? "-8" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const {

@@ -79,7 +79,9 @@ void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* sl
 // How attention over a bf16 cache (of a head size attention_bf16.h takes) runs: the exact fp32
 // kernel, vdpbf16ps (the caller has checked AVX512-BF16), or AMX tiles for the products (the
 // caller has checked the tiles were granted). An fp32 cache always takes the exact kernel.
-enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles };
+// kAmxTilesModel: the amx kernel with its tile instructions computed by the software model
+// (amx_tile_model.h), for the tests on CPUs with AVX512-BF16 but no AMX; no variant runs it.
+enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles, kAmxTilesModel };
 // The kernel variant `isa` runs over a bf16 cache (CpuBackend's choice, and its self-check's):
 // the amx variant on tiles, avx512-bf16 on vdpbf16ps, the exact variants exact.
 inline AttentionKernel AttentionKernelOf(CpuIsa isa) {

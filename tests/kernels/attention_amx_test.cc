@@ -1,12 +1,17 @@
-// The two operand orders of the amx attention's scores on AMX hardware: keys packed as B tiles
-// (ScoresAmx, a prefill tile's rows) against keys read in place as A tiles (ScoresAmxKeysAsA, a
-// decode token's), bit for bit over random queries and keys with spread exponents, for every
-// head size and odd group counts. Skips naming the cpuid flags where AMX is not granted.
+// The two operand orders of the amx attention's scores, on AMX hardware and on the software model
+// of the tiles: keys packed as B tiles (ScoresAmx, a prefill tile's rows) against keys read in
+// place as A tiles (ScoresAmxKeysAsA, a decode token's), bit for bit over random queries and keys
+// with spread exponents, for every head size and odd group counts; and on the model against
+// float64 (each score a sum of exact products, so within (hd + 1) 2^-24 of the sum of |products|).
+// Skips naming the cpuid flags where AMX is not granted (the hardware) or AVX512-BF16 is missing
+// (the packing, either way).
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_format.h"
+#include "core/dtype.h"
 #include "kernels/cpu/attention_amx.h"
 #include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -17,9 +22,18 @@
 namespace moeserve {
 namespace {
 
-TEST(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
+class AmxAttentionTest : public ::testing::TestWithParam<cpu_fast::AmxUnit> {};
+
+INSTANTIATE_TEST_SUITE_P(Units, AmxAttentionTest, ::testing::Values(cpu_fast::AmxUnit::kTiles, cpu_fast::AmxUnit::kModel),
+                         [](const auto& info) { return std::string(info.param == cpu_fast::AmxUnit::kTiles ? "tiles" : "model"); });
+
+TEST_P(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
   const CpuFeatures f = DetectCpuFeatures();
-  if (!f.amx_bf16) GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
+  if (!f.avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+  if (GetParam() == cpu_fast::AmxUnit::kTiles && !f.amx_bf16) {
+    GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
+  }
+  const cpu_fast::AmxUnit unit = GetParam();
   std::random_device rd;
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -51,16 +65,25 @@ TEST(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
           cpu_fast::KeyPairsBf16(rows_of, hd, kt.data() + b * hd / 2 * 16);
         }
         std::vector<float> want(static_cast<size_t>(rows * padded)), got(want.size());
-        cpu_fast::ScoresAmx(q.data(), rows, hd, kt.data(), padded / 16, want.data(), padded);
+        cpu_fast::ScoresAmx(unit, q.data(), rows, hd, kt.data(), padded / 16, want.data(), padded);
         std::vector<uint32_t> q_pairs(static_cast<size_t>(hd / 32 * 256));
         cpu_fast::QueryPairsAmx(q.data(), rows, hd, q_pairs.data());
         std::vector<const uint16_t*> starts(static_cast<size_t>(groups));
         for (int64_t g = 0; g < groups; ++g) starts[g] = cache.data() + 16 * g * stride;
-        cpu_fast::ScoresAmxKeysAsA(q_pairs.data(), rows, hd, starts.data(), groups, stride, 2 * hd, got.data(), padded);
+        cpu_fast::ScoresAmxKeysAsA(unit, q_pairs.data(), rows, hd, starts.data(), groups, stride, 2 * hd, got.data(), padded);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = 0; j < keys; ++j) {
             const float a = got[r * padded + j], b = want[r * padded + j];
             ASSERT_EQ(0, std::memcmp(&a, &b, sizeof(float))) << "row " << r << " key " << j << ": " << a << " vs " << b;
+            if (unit != cpu_fast::AmxUnit::kModel) continue;
+            double exact = 0, magnitude = 0;
+            for (int64_t e = 0; e < hd; ++e) {
+              const double p = double{Bf16ToF32(q[r * hd + e])} * Bf16ToF32(cache[j * stride + e]);
+              exact += p;
+              magnitude += std::fabs(p);
+            }
+            const double err = std::fabs(a - exact), bound = (hd + 1) * std::ldexp(magnitude, -24);
+            ASSERT_LE(err, bound) << "row " << r << " key " << j << ": " << a << " against " << exact;
           }
         }
       }

@@ -67,6 +67,23 @@ TEST_F(AttentionSelfCheckTest, EveryVariantThisCpuRunsPasses) {
   }
 }
 
+// The amx variant's multi-head attention, its tile instructions computed by the software model
+// (amx_tile_model.h), passes the same check on any CPU with AVX512-BF16: its layouts, chunks
+// and row handling, not the hardware's rounding (on an AMX CPU the variant's own check runs).
+TEST_F(AttentionSelfCheckTest, TheAmxKernelOnTheTileModelPasses) {
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+  SCOPED_TRACE(Seed());
+  const PagedAttentionFn model = [this](const float* q, const AttentionBatch& b, const KvLayout& l, int64_t layer,
+                                        const void* cache, int64_t q_heads, float scale, float* out) {
+    cpu_fast::PagedAttention(pool_, q, b, l, layer, cache, q_heads, scale, out,
+                             cpu_fast::AttentionKernel::kAmxTilesModel);
+  };
+  AttentionCheckErrors errors;
+  EXPECT_EQ(cpu_fast::CheckPagedAttention(model, DType::kBF16, /*bf16=*/true, gen_, &errors), "");
+  EXPECT_GT(errors.paged, 0.0) << "nothing was compared";
+  EXPECT_LE(errors.paged, 1.0);
+}
+
 TEST_F(AttentionSelfCheckTest, AnOutputOffByMoreThanItsRoundingFails) {
   SCOPED_TRACE(Seed());
   for (DType dtype : {DType::kBF16, DType::kF32}) {
