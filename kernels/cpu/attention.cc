@@ -179,8 +179,9 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 }
 
 // Latent attention (MLA): every head reads the same row per token, [latent | rotary key], the
-// latent doubling as the value (attention_latent.h): on the bf16 variants' dot products over a
-// bf16 cache where the shape allows, else the exact kernel's pieces. Work items are (tile, chunk
+// latent doubling as the value (attention_latent.h): on the bf16 variants' dot products or the
+// amx variant's tiles (attention_amx.h) over a bf16 cache where the shape allows, else the exact
+// kernel's pieces. Work items are (tile, chunk
 // of heads), so that a decode token's heads spread over the threads; no chunks of the context
 // (the heads already fill the threads).
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
@@ -200,14 +201,19 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   const bool decode = tiles == batch.num_tokens, busy = tiles >= 4 * static_cast<int64_t>(pool.num_threads());
   const int64_t head_chunk = decode && busy ? std::min<int64_t>(heads, 32) : 8;
   const int64_t chunks = (heads + head_chunk - 1) / head_chunk;
+  const bool amx = bf16 && (kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel);
+  const AmxUnit unit = kernel == AttentionKernel::kAmxTiles ? AmxUnit::kTiles : AmxUnit::kModel;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch scratch;
     LatentBf16Scratch bf16_scratch;
+    AmxScratch amx_scratch;
     for (int64_t item = b; item < e; ++item) {
       const int64_t tile = item / chunks, h0 = item % chunks * head_chunk;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const LatentItem it{&batch, &layout, cache, layer, t0, nt, h0, std::min(head_chunk, heads - h0), heads, latent_dim};
-      if (bf16) {
+      if (amx) {
+        AttendLatentAmx(unit, it, q_latent, q_rope, scale, out, &amx_scratch);
+      } else if (bf16) {
         AttendLatentBf16(it, q_latent, q_rope, scale, out, &bf16_scratch);
       } else {
         AttendLatent(it, q_latent, q_rope, scale, out, &scratch);

@@ -20,7 +20,7 @@ namespace {
 constexpr int64_t kTileDwords = 256;  // one B tile: 16 rows x 16 dwords
 
 // The tile operations the products use, on the hardware and on the model.
-struct Tiles {
+struct HardwareUnit {
   static void Configure(int rows0, int rows1) { ConfigureAmxTiles(rows0, rows1); }
   static void ZeroC(int rows1) { AmxZeroC(rows1); }
   static void Step(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1, int rows1) {
@@ -32,7 +32,7 @@ struct Tiles {
   static void StoreC(float* c, int64_t stride, int rows1) { AmxStoreC(c, stride, rows1); }
   static void StoreSharedBC(float* c, int64_t stride) { AmxStoreSharedBC(c, stride); }
 };
-struct Model {
+struct ModelUnit {
   static void Configure(int rows0, int rows1) { amx_model::Configure(rows0, rows1); }
   static void ZeroC(int rows1) { amx_model::ZeroC(rows1); }
   static void Step(const void* a0, const void* a1, long a_stride, const uint32_t* b0, const uint32_t* b1, int rows1) {
@@ -46,7 +46,7 @@ struct Model {
 };
 
 template <typename U>
-void Scores(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
+void ScoresOn(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
             int64_t out_stride) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
   U::Configure(rows0, rows1);
@@ -64,7 +64,7 @@ void Scores(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int
 }
 
 template <typename U>
-void ScoresKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups, int64_t ngroups,
+void ScoresKeysAsAOn(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups, int64_t ngroups,
                    int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
   U::Configure(16, 16);
   const long a_stride = static_cast<long>(key_stride * sizeof(uint16_t));
@@ -92,7 +92,7 @@ void ScoresKeysAsA(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint
 }
 
 template <typename U>
-void WeightedSum(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
+void WeightedSumOn(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
                  float* acc) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
   U::Configure(rows0, rows1);
@@ -113,13 +113,13 @@ void WeightedSum(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32
 
 void ScoresAmx(AmxUnit unit, const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks,
                float* out, int64_t out_stride) {
-  auto run = unit == AmxUnit::kTiles ? Scores<Tiles> : Scores<Model>;
+  auto run = unit == AmxUnit::kTiles ? ScoresOn<HardwareUnit> : ScoresOn<ModelUnit>;
   run(q, rows, hd, kt, blocks, out, out_stride);
 }
 
 void ScoresAmxKeysAsA(AmxUnit unit, const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
                       int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
-  auto run = unit == AmxUnit::kTiles ? ScoresKeysAsA<Tiles> : ScoresKeysAsA<Model>;
+  auto run = unit == AmxUnit::kTiles ? ScoresKeysAsAOn<HardwareUnit> : ScoresKeysAsAOn<ModelUnit>;
   run(q_pairs, rows, hd, groups, ngroups, key_stride, fetch_bytes, out, out_stride);
 }
 
@@ -136,7 +136,7 @@ void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pair
 
 void WeightedSumAmx(AmxUnit unit, const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt,
                     int64_t steps, int64_t hd, float* acc) {
-  auto run = unit == AmxUnit::kTiles ? WeightedSum<Tiles> : WeightedSum<Model>;
+  auto run = unit == AmxUnit::kTiles ? WeightedSumOn<HardwareUnit> : WeightedSumOn<ModelUnit>;
   run(p, p_stride, rows, vt, steps, hd, acc);
 }
 
@@ -144,128 +144,166 @@ namespace {
 
 constexpr int64_t kAmxChunk = 32;  // rows per pass of the products: two A tiles
 
-// Kv head g's keys of the chunk as the tiles' B operands: 16-key blocks from it.k_begin to the
-// chunk's end rounded up to 32 (zero keys past it).
-void PackKeys(const ItemRows& it, int64_t g, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim;
-  const int64_t blocks = RoundUp(it.ctx_max - it.k_begin, kAmxValueKeys) / kBf16KeyBlock;
-  const int64_t key_block = hd / 2 * kBf16KeyBlock;  // dwords
+// The row pointers of keys (kv 0) or values (kv 1) [j0, j0 + n) of the chunk; zeros past it.
+void ChunkRows(const TileChunk& c, int kv, int64_t j0, int64_t n, const uint16_t* zeros, const uint16_t** rows) {
+  BlockRows(*c.layout, c.cache, c.table, c.layer, kv == 0 ? c.key_plane : c.value_plane,
+            kv == 0 ? c.key_offset : c.value_offset, j0, n, c.k_end, zeros, rows);
+}
+
+// The chunk's keys as the tiles' B operands: 16-key blocks from k_begin to k_end rounded up to
+// 32 (zero keys past it).
+void PackKeys(const TileChunk& c, AmxScratch* s) {
+  const int64_t blocks = RoundUp(c.k_end - c.k_begin, kAmxValueKeys) / kBf16KeyBlock;
+  const int64_t key_block = c.key_width / 2 * kBf16KeyBlock;  // dwords
   s->kt.resize(static_cast<size_t>(blocks * key_block));
   const uint16_t* rows[kBf16KeyBlock];
   for (int64_t b = 0; b < blocks; ++b) {
-    it.Rows(0, g, it.k_begin + b * kBf16KeyBlock, kBf16KeyBlock, s->zeros.data(), rows);
-    KeyPairsBf16(rows, hd, s->kt.data() + b * key_block);
+    ChunkRows(c, 0, c.k_begin + b * kBf16KeyBlock, kBf16KeyBlock, s->zeros.data(), rows);
+    KeyPairsBf16(rows, c.key_width, s->kt.data() + b * key_block);
   }
 }
 
-// Kv head g's whole 32-key steps of the chunk's values as the tiles' B operands.
-void PackValues(const ItemRows& it, int64_t g, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, kb = it.k_begin, steps = (it.ctx_max - kb) / kAmxValueKeys;
-  const int64_t value_step = hd / 16 * kTileDwords;  // dwords
+// The chunk's whole 32-key steps of values as the tiles' B operands, the next step's rows
+// fetched (c.value_fetch bytes each) while these are packed.
+void PackValues(const TileChunk& c, AmxScratch* s) {
+  const int64_t steps = (c.k_end - c.k_begin) / kAmxValueKeys, value_step = c.value_width / 16 * kTileDwords;
   s->vt.resize(static_cast<size_t>(steps * value_step));
   const uint16_t* rows[kAmxValueKeys];
   const uint16_t* next[kAmxValueKeys];
-  // The first kv head fetches the next step's values of all the item's heads while it packs
-  // these, as the keys are fetched (ChunkScores).
-  const int64_t fetch_bytes = g == it.g0 ? it.heads * hd * static_cast<int64_t>(sizeof(uint16_t)) : 0;
-  if (steps > 0) it.Rows(1, g, kb, kAmxValueKeys, s->zeros.data(), next);
+  if (steps > 0) ChunkRows(c, 1, c.k_begin, kAmxValueKeys, s->zeros.data(), next);
   for (int64_t t = 0; t < steps; ++t) {
     std::copy(next, next + kAmxValueKeys, rows);
     if (t + 1 < steps) {
-      it.Rows(1, g, kb + (t + 1) * kAmxValueKeys, kAmxValueKeys, s->zeros.data(), next);
+      ChunkRows(c, 1, c.k_begin + (t + 1) * kAmxValueKeys, kAmxValueKeys, s->zeros.data(), next);
       for (const uint16_t* row : next) {
-        for (int64_t b = 0; b < fetch_bytes; b += 64) PrefetchLine(reinterpret_cast<const char*>(row) + b);
+        for (int64_t b = 0; b < c.value_fetch; b += 64) PrefetchLine(reinterpret_cast<const char*>(row) + b);
       }
     }
-    ValuePairsBf16(rows, hd, s->vt.data() + t * value_step);
+    ValuePairsBf16(rows, c.value_width, s->vt.data() + t * value_step);
   }
 }
 
-// acc rows [r0, r1) of kv head g (all taking `steps` whole 32-key steps of the chunk): the
-// tiles' steps, then each row's own remaining keys (fewer than 32) on vdpbf16ps.
-void WeightedRun(AmxUnit unit, const ItemRows& it, int64_t g, int64_t r0, int64_t r1, int64_t steps, int64_t padded,
+// AddWeightedBf16 over values of any width that is a multiple of 128 (or one it takes), 128 at
+// a time: the same operations per output element.
+void AddWeightedWide(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
+                     const uint16_t* const* values, const uint16_t* zeros, int64_t width, float* acc, AmxScratch* s) {
+  if (Bf16AttentionHeadDim(width)) return AddWeightedBf16(p, p_stride, rows, keys, n, values, width, acc);
+  constexpr int64_t kBlock = 128;
+  const uint16_t* block_rows[kBf16MaxValueKeys];
+  s->block.resize(static_cast<size_t>(rows * kBlock));
+  for (int64_t b = 0; b < width; b += kBlock) {
+    for (int64_t j = 0; j < n; ++j) block_rows[j] = values[j] == zeros ? zeros : values[j] + b;
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(acc + r * width + b, kBlock, s->block.data() + r * kBlock);
+    AddWeightedBf16(p, p_stride, rows, keys, n, block_rows, kBlock, s->block.data());
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(s->block.data() + r * kBlock, kBlock, acc + r * width + b);
+  }
+}
+
+// acc rows [r0, r1) of the chunk (all taking `steps` whole 32-key steps): the tiles' steps,
+// then each row's own remaining keys (fewer than 32) on vdpbf16ps.
+void WeightedRun(AmxUnit unit, const TileChunk& c, int64_t r0, int64_t r1, int64_t steps, int64_t padded,
                  AmxScratch* s, float* acc) {
-  const int64_t hd = it.layout->head_dim, chunk0 = r0 / kAmxChunk * kAmxChunk;
+  const int64_t width = c.value_width, pass0 = r0 / kAmxChunk * kAmxChunk;
   if (steps > 0) {
-    WeightedSumAmx(unit, s->pb.data() + (r0 - chunk0) * padded, padded, r1 - r0, s->vt.data(), steps, hd, acc);
+    WeightedSumAmx(unit, s->pb.data() + (r0 - pass0) * padded, padded, r1 - r0, s->vt.data(), steps, width, acc);
   } else {
-    std::fill(acc, acc + (r1 - r0) * hd, 0.0f);
+    std::fill(acc, acc + (r1 - r0) * width, 0.0f);
   }
   int64_t n = 0;
-  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = it.keys_of(r) - steps * kAmxValueKeys);
+  for (int64_t r = r0; r < r1; ++r) n = std::max(n, s->keys[r - r0] = c.keys_of(r) - steps * kAmxValueKeys);
   n = (n + 1) / 2 * 2;
   if (n == 0) return;
   const uint16_t* rows[kBf16MaxValueKeys];
-  it.Rows(1, g, it.k_begin + steps * kAmxValueKeys, n, s->zeros.data(), rows);
-  AddWeightedBf16(s->scores.data() + (r0 - chunk0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
-                  n, rows, hd, acc);
+  ChunkRows(c, 1, c.k_begin + steps * kAmxValueKeys, n, s->zeros.data(), rows);
+  AddWeightedWide(s->scores.data() + (r0 - pass0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
+                  n, rows, s->zeros.data(), width, acc, s);
 }
 
-// Scores of rows [c0, c1) of kv head g (the pass's rows, the last with the most keys) against
-// the chunk's keys into s->scores: against packed keys, or with the keys read from the cache as
-// A tiles (the same bits: ScoresAmxKeysAsA).
-void ChunkScores(AmxUnit unit, const ItemRows& it, int64_t g, int64_t c0, int64_t c1, int64_t padded, AmxScratch* s) {
-  const int64_t hd = it.layout->head_dim, n = it.keys_of(c1 - 1), nrows = it.nrows();
-  const uint16_t* q = s->qb.data() + ((g - it.g0) * nrows + c0) * hd;
-  if (!KeysAsA(it)) {
-    ScoresAmx(unit, q, c1 - c0, hd, s->kt.data(), RoundUp(n, kAmxValueKeys) / kBf16KeyBlock, s->scores.data(), padded);
+// Scores of rows [c0, c1) (a pass, the last row with the most keys) against the chunk's keys
+// into s->scores: against packed keys, or with the keys read from the cache as A tiles, 16
+// rows' queries at a time as B (the same bits: ScoresAmxKeysAsA).
+void ChunkScores(AmxUnit unit, const TileChunk& c, int64_t c0, int64_t c1, int64_t padded, AmxScratch* s) {
+  const int64_t hd = c.key_width, n = c.keys_of(c1 - 1);
+  if (!c.keys_as_a) {
+    ScoresAmx(unit, c.qb + c0 * hd, c1 - c0, hd, s->kt.data(), RoundUp(n, kAmxValueKeys) / kBf16KeyBlock,
+              s->scores.data(), padded);
     return;
   }
   const int64_t ngroups = (n + 15) / 16;
   s->groups.resize(static_cast<size_t>(ngroups));
-  for (int64_t i = 0; i < ngroups; ++i) s->groups[i] = it.Row(0, g, it.k_begin + 16 * i, s->zeros.data());
-  // The first kv head fetches the rows of all the item's heads (side by side in the cache), so
-  // each block's keys stream in once, in address order; the later heads find theirs in L2.
-  const int64_t fetch_bytes = (g == it.g0 ? it.heads : 1) * hd * static_cast<int64_t>(sizeof(uint16_t));
-  ScoresAmxKeysAsA(unit, s->q_pairs.data() + (g - it.g0) * hd / 32 * kTileDwords, c1 - c0, hd, s->groups.data(),
-                   ngroups, it.layout->TokenElems(), fetch_bytes, s->scores.data(), padded);
+  for (int64_t i = 0; i < ngroups; ++i) ChunkRows(c, 0, c.k_begin + 16 * i, 1, s->zeros.data(), &s->groups[i]);
+  const int64_t key_stride = c.layout->TokenElems();
+  for (int64_t g0 = c0; g0 < c1; g0 += 16) {  // c0 is a multiple of 16
+    ScoresAmxKeysAsA(unit, c.q_pairs + g0 / 16 * (hd / 32) * kTileDwords, std::min<int64_t>(16, c1 - g0), hd,
+                     s->groups.data(), ngroups, key_stride, c.key_fetch, s->scores.data() + (g0 - c0) * padded,
+                     padded);
+  }
 }
 
 }  // namespace
+
+void ChunkOnTiles(AmxUnit unit, const TileChunk& c, float scale, AmxScratch* s, float* acc, float* max, float* sum) {
+  const int64_t padded = RoundUp(c.k_end - c.k_begin, kAmxValueKeys);
+  s->zeros.assign(static_cast<size_t>(std::max(c.key_width, c.value_width)), 0);
+  s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
+  s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
+  s->keys.resize(static_cast<size_t>(kAmxChunk));
+  if (!c.keys_as_a) PackKeys(c, s);
+  PackValues(c, s);
+  for (int64_t c0 = 0; c0 < c.nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
+    const int64_t c1 = std::min(c.nrows, c0 + kAmxChunk);
+    if (c.keys_of(c1 - 1) > 0) ChunkScores(unit, c, c0, c1, padded, s);
+    for (int64_t r = c0; r < c1; ++r) {
+      const int64_t n = c.keys_of(r);
+      SoftmaxStats st{-INFINITY, 0.0f};  // a row whose context ends before the chunk
+      if (n > 0) {
+        st = SoftmaxBf16(s->scores.data() + (r - c0) * padded, n, scale, n / kAmxValueKeys * kAmxValueKeys,
+                         s->pb.data() + (r - c0) * padded);
+      }
+      max[r] = st.max;
+      sum[r] = st.sum;
+    }
+    for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
+      const int64_t steps = c.keys_of(r0) / kAmxValueKeys;
+      for (r1 = r0 + 1; r1 < c1 && c.keys_of(r1) / kAmxValueKeys == steps;) ++r1;
+      WeightedRun(unit, c, r0, r1, steps, padded, s, acc + r0 * c.value_width);
+    }
+  }
+}
+
+void QueryGroupsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs) {
+  for (int64_t g0 = 0; g0 < rows; g0 += 16) {
+    QueryPairsAmx(q + g0 * hd, std::min<int64_t>(16, rows - g0), hd, q_pairs + g0 / 16 * (hd / 32) * kTileDwords);
+  }
+}
 
 void PrepareAmxQueries(const ItemRows& it, const float* q, AmxScratch* s) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
   GatherBf16Queries(it, q, &s->q, &s->qb);
   if (!KeysAsA(it)) return;
-  const int64_t head_dwords = hd / 32 * kTileDwords;
+  const int64_t head_dwords = QueryGroupsDwords(nrows, hd);
   s->q_pairs.resize(static_cast<size_t>(it.heads * head_dwords));
   for (int64_t h = 0; h < it.heads; ++h) {
-    QueryPairsAmx(s->qb.data() + h * nrows * hd, nrows, hd, s->q_pairs.data() + h * head_dwords);
+    QueryGroupsAmx(s->qb.data() + h * nrows * hd, nrows, hd, s->q_pairs.data() + h * head_dwords);
   }
 }
 
 void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s, float* part) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
-  const int64_t padded = RoundUp(it.ctx_max - it.k_begin, kAmxValueKeys);
-  s->zeros.assign(static_cast<size_t>(hd), 0);
-  s->scores.resize(static_cast<size_t>(kAmxChunk * padded));
-  s->pb.resize(static_cast<size_t>(kAmxChunk * padded));
-  s->keys.resize(static_cast<size_t>(kAmxChunk));
-  float* max = part + all * hd;
-  float* sum = max + all;
+  s->ctx.resize(static_cast<size_t>(nrows));
+  for (int64_t r = 0; r < nrows; ++r) s->ctx[r] = it.ctx_of(r);
+  const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(uint16_t));
   for (int64_t g = it.g0; g < it.g0 + it.heads; ++g) {
     const int64_t h = g - it.g0;
-    if (!KeysAsA(it)) PackKeys(it, g, s);
-    PackValues(it, g, s);
-    for (int64_t c0 = 0; c0 < nrows; c0 += kAmxChunk) {  // rows ascend in context: the last one's bounds a pass
-      const int64_t c1 = std::min(nrows, c0 + kAmxChunk);
-      if (it.keys_of(c1 - 1) > 0) ChunkScores(unit, it, g, c0, c1, padded, s);
-      for (int64_t r = c0; r < c1; ++r) {
-        const int64_t n = it.keys_of(r);
-        SoftmaxStats st{-INFINITY, 0.0f};  // a row whose context ends before the chunk
-        if (n > 0) {
-          st = SoftmaxBf16(s->scores.data() + (r - c0) * padded, n, scale, n / kAmxValueKeys * kAmxValueKeys,
-                           s->pb.data() + (r - c0) * padded);
-        }
-        max[h * nrows + r] = st.max;
-        sum[h * nrows + r] = st.sum;
-      }
-      for (int64_t r0 = c0, r1; r0 < c1; r0 = r1) {  // runs of rows with the same whole steps
-        const int64_t steps = it.keys_of(r0) / kAmxValueKeys;
-        for (r1 = r0 + 1; r1 < c1 && it.keys_of(r1) / kAmxValueKeys == steps;) ++r1;
-        WeightedRun(unit, it, g, r0, r1, steps, padded, s, part + (h * nrows + r0) * hd);
-      }
-    }
+    // The first kv head fetches the rows of all the item's heads (side by side in the cache), so
+    // each block's keys and values stream in once, in address order; the later heads find
+    // theirs in L2.
+    const int64_t fetch = (g == it.g0 ? it.heads : 1) * row_bytes;
+    const TileChunk c{nrows, hd, hd, it.k_begin, it.ctx_max, s->ctx.data(), it.layout, it.cache, it.table(),
+                      it.layer, 0, 1, g * hd, g * hd, KeysAsA(it), fetch, g == it.g0 ? fetch : 0,
+                      s->qb.data() + h * nrows * hd,
+                      KeysAsA(it) ? s->q_pairs.data() + h * QueryGroupsDwords(nrows, hd) : nullptr};
+    ChunkOnTiles(unit, c, scale, s, part + h * nrows * hd, part + all * hd + h * nrows, part + all * hd + all + h * nrows);
   }
 }
 

@@ -7,10 +7,12 @@
 // on their software model (amx_tile_model.h: tests, on any CPU with AVX512-BF16).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/attention_item.h"
+#include "kernels/cpu/attention_latent.h"
 
 namespace moeserve::cpu_fast {
 
@@ -47,15 +49,48 @@ void QueryPairsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pair
 void WeightedSumAmx(AmxUnit unit, const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
                     float* acc);
 
-// A thread's scratch for AttendAmx, reused across its items.
+// A thread's scratch for the tile kernels, reused across its items.
 struct AmxScratch {
-  std::vector<float> q, scores, parts;
+  std::vector<float> q, scores, parts, block;
   std::vector<uint16_t> qb, pb, zeros;
-  std::vector<uint32_t> kt, vt;  // kv head g's keys and values of the chunk as B tiles
+  std::vector<uint32_t> kt, vt;  // the chunk's keys and values as B tiles
   std::vector<uint32_t> q_pairs;         // or its queries as B tiles, the keys read from the cache
   std::vector<const uint16_t*> groups;  // there: each 16-key group's first key
-  std::vector<int64_t> keys;
+  std::vector<int64_t> keys, ctx;
 };
+
+// q_pairs for ScoresAmxKeysAsA of `rows` query rows (q: rows x hd bf16), 16 rows a group, group
+// after group (QueryGroupsDwords(rows, hd) dwords).
+inline int64_t QueryGroupsDwords(int64_t rows, int64_t hd) { return (rows + 15) / 16 * (hd / 32) * 256; }
+void QueryGroupsAmx(const uint16_t* q, int64_t rows, int64_t hd, uint32_t* q_pairs);
+
+// One chunk of keys [k_begin, k_end) for query rows on tiles, whoever's rows they are (one kv
+// head of a multi-head item; a latent item's heads): key j's row is `key_width` values at
+// `key_offset` of plane `key_plane` of its cache slot, its value `value_width` values at
+// `value_offset` of `value_plane`.
+struct TileChunk {
+  int64_t nrows, key_width, value_width, k_begin, k_end;
+  const int64_t* ctx;  // per row, ascending
+  const KvLayout* layout;
+  const void* cache;
+  const int32_t* table;
+  int64_t layer;
+  int key_plane, value_plane;
+  int64_t key_offset, value_offset;
+  bool keys_as_a;                  // keys read from the cache as A tiles (blocks of whole 16-key groups)
+  int64_t key_fetch, value_fetch;  // bytes of each row fetched ahead
+  const uint16_t* qb;              // the rows' queries, bf16, key_width each
+  const uint32_t* q_pairs;         // with keys_as_a: QueryGroupsAmx of qb
+  // Row r's keys in the chunk.
+  int64_t keys_of(int64_t r) const { return std::clamp(ctx[r], k_begin, k_end) - k_begin; }
+};
+
+// The chunk into acc (nrows x value_width), max and sum (nrows): Q·Kᵀ on tiles, the softmax on
+// 16 lanes, then P·V on tiles over the whole 32-key steps of each row's keys in the chunk and
+// vdpbf16ps for the rest. A row's operations depend only on its own context, so a decode token
+// and the same token in any prefill tile take the same ones, and no row reads a value past its
+// own keys. key_width and value_width multiples of 32; a value_width past 256 a multiple of 128.
+void ChunkOnTiles(AmxUnit unit, const TileChunk& c, float scale, AmxScratch* s, float* acc, float* max, float* sum);
 
 // The item's queries rounded to bf16 (s->qb, rows (g - g0) * nrows + r) and, for an item whose
 // keys are read as A tiles (KeysAsA), their pair rows (s->q_pairs, kv head after kv head).
@@ -66,16 +101,20 @@ void PrepareAmxQueries(const ItemRows& it, const float* q, AmxScratch* s);
 inline bool KeysAsA(const ItemRows& it) { return it.nrows() <= 16 && it.layout->block_size % 16 == 0; }
 
 // Keys [it.k_begin, it.ctx_max) (one chunk, on PrepareAmxQueries' queries) into `part`
-// (ChunkPartFloats), one kv head at a time and 32 rows per pass: Q·Kᵀ on tiles, the softmax on
-// 16 lanes, then P·V on tiles over the whole 32-key steps of each row's keys in the chunk and
-// vdpbf16ps for the rest. A row's operations depend only on its own context, so a decode token
-// and the same token in any prefill tile take the same ones, and no row reads a value past its
-// own keys. An item of at most 16 rows reads its keys from the cache as they are (16-key
-// groups, one cache block's slots apart) instead of packing them.
+// (ChunkPartFloats), one kv head at a time (ChunkOnTiles), 32 rows per pass. An item of at most
+// 16 rows reads its keys from the cache as they are (16-key groups, one cache block's slots
+// apart) instead of packing them.
 void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s, float* part);
 
 // A whole item (it.k_begin 0): its queries, each chunk of its context in turn, then weighed
 // together (FinishChunks: a context of one chunk as it is).
 void AttendAmx(AmxUnit unit, const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s);
+
+// A latent (MLA) item on tiles (attention_latent_amx.cc): its rows' [q_latent | q_rope] rounded
+// to bf16, each chunk of its context on tiles against the whole cached rows as keys and their
+// latents as values (ChunkOnTiles), the chunks weighed together (FinishLatentChunks). A row's
+// operations depend only on its own context. Shapes of Bf16LatentShape only.
+void AttendLatentAmx(AmxUnit unit, const LatentItem& it, const float* q_latent, const float* q_rope, float scale,
+                     float* out, AmxScratch* s);
 
 }  // namespace moeserve::cpu_fast

@@ -12,14 +12,7 @@
 #include "kernels/weight_layout.h"
 
 namespace moeserve::cpu_fast {
-namespace {
 
-// The rows (bf16) of keys [j0, j0 + n) of the item's sequence; `zeros` at or past ctx.
-void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
-  BlockRows(*it.layout, it.cache, it.table(), it.layer, 0, 0, j0, n, ctx, zeros, rows);
-}
-
-// The rows' [q_latent | q_rope] side by side at q (nrows x hd).
 void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_rope, std::vector<float>* q) {
   const int64_t hd = it.layout->head_dim, r = it.latent_dim, dr = hd - r, nrows = it.nrows();
   q->resize(static_cast<size_t>(nrows * hd));
@@ -27,6 +20,25 @@ void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_r
     std::memcpy(q->data() + row * hd, q_latent + it.pair(row) * r, static_cast<size_t>(r) * sizeof(float));
     std::memcpy(q->data() + row * hd + r, q_rope + it.pair(row) * dr, static_cast<size_t>(dr) * sizeof(float));
   }
+}
+
+void FinishLatentChunks(const LatentItem& it, const float* parts, int64_t chunks, float* out) {
+  const int64_t r = it.latent_dim, nrows = it.nrows();
+  for (int64_t row = 0; row < nrows; ++row) {
+    float* dst = out + it.pair(row) * r;
+    if (chunks == 1) {  // CombineRow would copy the bits (a weight of 1)
+      std::memcpy(dst, parts + row * r, static_cast<size_t>(r) * sizeof(float));
+    } else {
+      CombineRow(parts, nrows, r, row, ChunksOf(it.ctx_of(row)), dst);
+    }
+  }
+}
+
+namespace {
+
+// The rows (bf16) of keys [j0, j0 + n) of the item's sequence; `zeros` at or past ctx.
+void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const uint16_t* zeros, const uint16_t** rows) {
+  BlockRows(*it.layout, it.cache, it.table(), it.layer, 0, 0, j0, n, ctx, zeros, rows);
 }
 
 // Scores (row by row at s->scores, `padded` apart), softmax, then the weighted sums into s->acc.
@@ -153,14 +165,7 @@ void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* 
     const int64_t kb = c * kAttentionChunkKeys;
     LatentChunkBf16(it, kb, std::min(ctx_max, kb + kAttentionChunkKeys), scale, width, s, s->parts.data() + c * stride);
   }
-  for (int64_t row = 0; row < nrows; ++row) {
-    float* dst = out + it.pair(row) * r;
-    if (chunks == 1) {  // CombineRow would copy the bits (a weight of 1)
-      std::memcpy(dst, s->parts.data() + row * r, static_cast<size_t>(r) * sizeof(float));
-    } else {
-      CombineRow(s->parts.data(), nrows, r, row, ChunksOf(it.ctx_of(row)), dst);
-    }
-  }
+  FinishLatentChunks(it, s->parts.data(), chunks, out);
 }
 
 }  // namespace moeserve::cpu_fast

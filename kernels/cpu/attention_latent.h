@@ -25,6 +25,14 @@ struct LatentItem {
   const int32_t* table() const { return batch->block_tables + batch->token_seq[t0] * batch->max_blocks_per_seq; }
 };
 
+// The item's rows' queries [q_latent | q_rope] side by side at q (nrows x head_dim).
+void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_rope, std::vector<float>* q);
+
+// The item's outputs from the results of its `chunks` chunks (ChunkPartFloats(nrows, latent_dim)
+// apart in `parts`): each row's own chunks weighed together (CombineRow), or with one chunk the
+// rows as they are.
+void FinishLatentChunks(const LatentItem& it, const float* parts, int64_t chunks, float* out);
+
 // The item's outputs (out: [token][head][latent_dim]): each row's query [q_latent | q_rope]
 // scored against whole rows (8 keys at a time, two rows a key load), its softmax over its own
 // context, then the weighted sum of the rows' latents (32 keys at a time, the rows of a token

@@ -186,7 +186,7 @@ std::string CheckLatentAttention(const LatentAttentionFn& attend, DType kv_dtype
 }
 
 std::string CheckAttentionKernels(CpuIsa isa, ThreadPool& pool, std::mt19937& gen, AttentionCheckErrors* errors) {
-  const AttentionKernel kernel = AttentionKernelOf(isa), latent = LatentAttentionKernelOf(isa);
+  const AttentionKernel kernel = AttentionKernelOf(isa);
   for (DType dtype : {DType::kBF16, DType::kF32}) {  // an f32 cache takes the exact kernel on every variant
     const PagedAttentionFn paged = [&](const float* q, const AttentionBatch& batch, const KvLayout& layout,
                                        int64_t layer, const void* cache, int64_t q_heads, float scale, float* out) {
@@ -201,7 +201,7 @@ std::string CheckAttentionKernels(CpuIsa isa, ThreadPool& pool, std::mt19937& ge
     const LatentAttentionFn mla = [&](const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                                       const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                                       int64_t latent_dim, float scale, float* out) {
-      PagedLatentAttention(pool, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out, latent);
+      PagedLatentAttention(pool, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out, kernel);
     };
     const bool latent_bf16 = bf16 && Bf16LatentShape(kLatentDim + kRopeDim, kLatentDim);
     if (std::string e = CheckLatentAttention(mla, dtype, latent_bf16, gen, errors); !e.empty()) return e;

@@ -72,9 +72,10 @@ std::string CpuBackend::KernelNumerics() const {
   // (attention_chunks.h); -6 (amx: -4): latent (MLA) attention on vdpbf16ps too (attention_latent.h);
   // -7 (amx: -5): its contexts past 512 keys in chunks; -8 (amx: -6): its scores over whole rows,
   // each lane's chain summed by a tree (ScoreLatentKeysBf16), not four chains over key pairs;
-  // amx -7: its multi-head attention's contexts past 512 keys in chunks too (attention_amx.h).
+  // amx -7: its multi-head attention's contexts past 512 keys in chunks too (attention_amx.h);
+  // amx -8: its latent attention on tiles (AttendLatentAmx).
   if (!RoundsActivations(isa_)) return base;
-  return absl::StrCat(base, "-", CpuIsaName(isa_), AmxAttention() ? "-7" : Bf16Attention() ? "-8" : "-1");
+  return absl::StrCat(base, "-", CpuIsaName(isa_), Bf16Attention() ? "-8" : "-1");
 }
 
 bool CpuBackend::AmxAttention() const {
@@ -366,7 +367,7 @@ void CpuBackend::PagedLatentAttention(const float* q_latent, const float* q_rope
   RunOrderedCopies();
   if (fast()) {
     const cpu_fast::AttentionKernel kernel =
-        Bf16Attention() ? cpu_fast::LatentAttentionKernelOf(isa_) : cpu_fast::AttentionKernel::kExact;
+        Bf16Attention() ? cpu_fast::AttentionKernelOf(isa_) : cpu_fast::AttentionKernel::kExact;
     return cpu_fast::PagedLatentAttention(*pool_, q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim,
                                           scale, out, kernel);
   }

@@ -88,10 +88,6 @@ inline AttentionKernel AttentionKernelOf(CpuIsa isa) {
   if (isa == CpuIsa::kAmx) return AttentionKernel::kAmxTiles;
   return isa == CpuIsa::kAvx512Bf16 ? AttentionKernel::kBf16Dot : AttentionKernel::kExact;
 }
-// The same for latent attention: vdpbf16ps on both bf16 variants (it has no AMX kernel).
-inline AttentionKernel LatentAttentionKernelOf(CpuIsa isa) {
-  return AttentionKernelOf(isa) == AttentionKernel::kExact ? AttentionKernel::kExact : AttentionKernel::kBf16Dot;
-}
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
                     float scale, float* out, AttentionKernel kernel = AttentionKernel::kExact);

@@ -1,4 +1,5 @@
-// Latent (MLA) attention on the bf16 variants' dot products (kernels/cpu/attention_latent.h):
+// Latent (MLA) attention of the bf16 variants (vdpbf16ps, kernels/cpu/attention_latent.h; AMX tiles,
+// attention_amx.h, on the hardware and on the model of the tiles):
 // against float64 attention over the same bf16 cache with the queries rounded as the kernel
 // rounds them, within the bound of the rest (kernels/cpu/attention_bound.h); every token bit-equal to itself alone, and the
 // batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
@@ -6,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -13,26 +15,30 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/fast_ops.h"
 #include "tests/kernels/bf16_attention_checks.h"
 #include "tests/test_util.h"
 
 namespace moeserve {
 namespace {
 
+using testing::Bf16Kernel;
+using testing::KernelUnderTest;
 using testing::RandomFloats;
 
-class LatentBf16Test : public ::testing::TestWithParam<CpuIsa> {
+class LatentBf16Test : public ::testing::TestWithParam<Bf16Kernel> {
  protected:
   void SetUp() override {
     if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
-  CpuBackend Backend(int threads) const {
-    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+  std::unique_ptr<KernelUnderTest> Make(int threads) const {
+    return std::make_unique<KernelUnderTest>(GetParam(), threads);
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Variants, LatentBf16Test, ::testing::Values(CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
-                         [](const auto& info) { return std::string(info.param == CpuIsa::kAmx ? "amx" : "avx512bf16"); });
+INSTANTIATE_TEST_SUITE_P(Kernels, LatentBf16Test,
+                         ::testing::Values(Bf16Kernel::kAvx512Bf16, Bf16Kernel::kAmx, Bf16Kernel::kAmxModel),
+                         [](const auto& info) { return testing::Bf16KernelName(info.param); });
 
 // Sequences of the given lengths in scattered blocks of 16, written through the backend; a decode
 // token for each and a prefill chunk of the last `chunk` tokens of the first.
@@ -89,18 +95,19 @@ LatentBatch MakeLatentBatch(CpuBackend& b, int64_t r, int64_t dr, int64_t heads,
   return lb;
 }
 
-void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& backend, int64_t r, int64_t dr,
+void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<KernelUnderTest>(int)>& make, int64_t r,
+                                        int64_t dr,
                                         int64_t heads, const std::vector<int64_t>& lens, int64_t chunk,
                                         std::mt19937& gen) {
   SCOPED_TRACE(::testing::Message() << "latent " << r << " + rope " << dr << ", " << heads << " heads, "
                                     << lens.size() << " sequences");
-  CpuBackend b = backend(2);
-  const LatentBatch lb = MakeLatentBatch(b, r, dr, heads, lens, chunk, gen);
+  const std::unique_ptr<KernelUnderTest> b = make(2);
+  const LatentBatch lb = MakeLatentBatch(b->backend(), r, dr, heads, lens, chunk, gen);
   const int64_t hd = r + dr, t = lb.tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> out(static_cast<size_t>(t * heads * r));
-  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
-                         scale, out.data());
+  b->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
+                          scale, out.data());
   auto cached = [&](int64_t s, int64_t j, int64_t e) {
     const int64_t off = lb.layout.Offset(lb.tables[s * lb.max_blocks + j / 16], 1, 0, j % 16) + e;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(lb.cache.data())[off]));
@@ -118,12 +125,12 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
   for (int threads : {2, 12}) {  // each token alone: on more threads than its items, too
-    CpuBackend other = backend(threads);
+    const std::unique_ptr<KernelUnderTest> other = make(threads);
     for (int64_t i = 0; i < t; ++i) {
       const AttentionBatch one{&lb.token_seq[i], &lb.token_pos[i], lb.tables.data(), 1,
                                static_cast<int64_t>(lens.size()), lb.max_blocks};
       std::vector<float> alone(static_cast<size_t>(heads * r));
-      other.PagedLatentAttention(lb.q_latent.data() + i * heads * r, lb.q_rope.data() + i * heads * dr, one, lb.layout,
+      other->PagedLatentAttention(lb.q_latent.data() + i * heads * r, lb.q_rope.data() + i * heads * dr, one, lb.layout,
                                  1, lb.cache.data(), heads, r, scale, alone.data());
       ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * heads * r, alone.size() * sizeof(float)))
           << "sequence " << lb.token_seq[i] << " position " << lb.token_pos[i] << ", " << threads
@@ -131,7 +138,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ba
     }
   }
   std::vector<float> other(out.size());
-  backend(5).PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
+  make(5)->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
                                   heads, r, scale, other.data());
   EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
   // And it ran the bf16 kernel: the exact one (fp32 queries and probabilities) gives other bits.
@@ -154,26 +161,26 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{256, 32, 16}, {512, 64, 3}, {64, 32, 11}, {128, 64, 9},
                                                           {32, 32, 5}};
   for (const auto& [r, dr, heads] : shapes) {
-    ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, r, dr, heads, {150, 1, 33, 64, 97}, 40,
+    ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, r, dr, heads, {150, 1, 33, 64, 97}, 40,
                                        gen);
   }
-  ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, 128, 64, 40, {70, 1, 2, 33, 64, 97, 5, 16, 31},
+  ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, 128, 64, 40, {70, 1, 2, 33, 64, 97, 5, 16, 31},
                                      1, gen);
   // Contexts past the 512-key chunks: a prefill chunk across the boundary at 1024 (tokens
   // 1010-1049), decodes at 513, 600 and 1537 (four chunks, the last of one key).
-  ExpectWithinBoundAndBatchInvariant([&](int n) { return Backend(n); }, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen);
+  ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen);
 }
 
 // A latent the bf16 kernel does not take (24 values: not whole 32-value blocks) runs the exact
 // kernel on these variants too: its output equals the exact numerics' bit for bit.
 TEST_P(LatentBf16Test, ShapesItDoesNotTakeRunTheExactKernel) {
   std::mt19937 gen(3);
-  CpuBackend b = Backend(2);
+  const std::unique_ptr<KernelUnderTest> b = Make(2);
   CpuBackend exact{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
-  const LatentBatch lb = MakeLatentBatch(b, 24, 8, 5, {40, 7}, 10, gen);
+  const LatentBatch lb = MakeLatentBatch(b->backend(), 24, 8, 5, {40, 7}, 10, gen);
   std::vector<float> got(static_cast<size_t>(lb.tokens() * 5 * 24)), want(got.size());
-  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24, 0.2f,
-                         got.data());
+  b->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24, 0.2f,
+                          got.data());
   exact.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24,
                              0.2f, want.data());
   EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));

@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "core/dtype.h"
-#include "core/thread_pool.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/fast_ops.h"
@@ -24,7 +23,9 @@
 namespace moeserve {
 namespace {
 
+using testing::Bf16Kernel;
 using testing::ExpectEachTokenAsAlone;
+using testing::KernelUnderTest;
 using testing::Layout;
 using testing::MakeRandomBatch;
 using testing::RandomBatch;
@@ -35,65 +36,30 @@ using testing::RandomFloats;
 // kernel rounds them, within the bound of what is left (kernels/cpu/attention_bound.h: fp32 sums,
 // the exponential, the probabilities' bf16 rounding, against sum_j p_j |v_j|; scores 0.5% off
 // fail it). And batch-invariant: every token equals itself computed alone, with many tiles and
-// with few. On the avx512-bf16 and amx variants' backends, and on the amx kernel with its tile
-// instructions computed by the software model (amx_tile_model.h), which runs its layouts,
-// chunks and row handling on any CPU with AVX512-BF16 (the model's bits are not the hardware's).
-enum class Kernel { kAvx512Bf16, kAmx, kAmxModel };
-
-// The kernel under test on `threads` threads, with Backend::PagedAttention's signature: a
-// variant's backend, or the model's kernel on a pool of its own (the cache written by the
-// avx512-bf16 backend: every variant rounds K and V to bf16 alike).
-class Attention {
- public:
-  Attention(Kernel kernel, int threads)
-      : kernel_(kernel),
-        backend_(CpuBackendOptions{CpuPath::kFast, threads, 0, true,
-                                   kernel == Kernel::kAvx512Bf16 ? CpuIsa::kAvx512Bf16
-                                   : kernel == Kernel::kAmx      ? CpuIsa::kAmx
-                                                                 : CpuIsa::kAvx512Bf16,
-                                   CpuKernelNumerics::kFastest}),
-        pool_(threads) {}
-  void PagedAttention(const float* q, const AttentionBatch& batch, const KvLayout& layout, int64_t layer,
-                      const void* cache, int64_t q_heads, float scale, float* out) {
-    if (kernel_ != Kernel::kAmxModel) {
-      return backend_.PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
-    }
-    cpu_fast::PagedAttention(pool_, q, batch, layout, layer, cache, q_heads, scale, out,
-                             cpu_fast::AttentionKernel::kAmxTilesModel);
-  }
-  CpuBackend& backend() { return backend_; }
-
- private:
-  Kernel kernel_;
-  CpuBackend backend_;
-  ThreadPool pool_;
-};
-
-class PagedAttentionBf16Test : public ::testing::TestWithParam<Kernel> {
+// with few. On each Bf16Kernel (the amx kernel on the model of the tiles, too).
+class PagedAttentionBf16Test : public ::testing::TestWithParam<Bf16Kernel> {
  protected:
   void SetUp() override {
-    const CpuIsa isa = GetParam() == Kernel::kAmx ? CpuIsa::kAmx : CpuIsa::kAvx512Bf16;
-    if (const std::string why = testing::Bf16AttentionSkipReason(isa); !why.empty()) GTEST_SKIP() << why;
+    if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
-  std::unique_ptr<Attention> Make(int threads = 2) const { return std::make_unique<Attention>(GetParam(), threads); }
+  std::unique_ptr<KernelUnderTest> Make(int threads = 2) const {
+    return std::make_unique<KernelUnderTest>(GetParam(), threads);
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionBf16Test,
-                         ::testing::Values(Kernel::kAvx512Bf16, Kernel::kAmx, Kernel::kAmxModel), [](const auto& info) {
-                           return std::string(info.param == Kernel::kAmx        ? "amx"
-                                              : info.param == Kernel::kAmxModel ? "amx_model"
-                                                                                : "avx512bf16");
-                         });
+                         ::testing::Values(Bf16Kernel::kAvx512Bf16, Bf16Kernel::kAmx, Bf16Kernel::kAmxModel),
+                         [](const auto& info) { return testing::Bf16KernelName(info.param); });
 
 // One random batch of `seqs` sequences of up to `max_blocks` blocks of 16 (every other one a
 // prefill chunk of up to `chunk` tokens) against float64 attention and against itself computed
 // alone (on 2 and 12 threads), and the batch to itself on 3, 5 and 9.
-void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Attention>(int)>& make,
+void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<KernelUnderTest>(int)>& make,
                                         int64_t kvh, int64_t hd, int64_t seqs, int64_t max_blocks, int64_t chunk,
                                         std::mt19937& gen, const std::vector<int64_t>& lens = {}) {
   SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
                                     << max_blocks * 16 << " tokens");
-  const std::unique_ptr<Attention> bf16 = make(2);
+  const std::unique_ptr<KernelUnderTest> bf16 = make(2);
   const KvLayout layout = Layout(2, 16, kvh, hd, DType::kBF16);
   const int64_t qh = 3 * kvh, layer = 1;
   const RandomBatch rb = MakeRandomBatch(bf16->backend(), layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
@@ -121,7 +87,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Atte
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
   ExpectEachTokenAsAlone(*bf16, rb, scale, out);
-  const std::unique_ptr<Attention> many = make(12);  // more threads than a token alone has items
+  const std::unique_ptr<KernelUnderTest> many = make(12);  // more threads than a token alone has items
   ExpectEachTokenAsAlone(*many, rb, scale, out);
   // Other thread counts split the work otherwise (an item takes the most kv heads that leave
   // four items a thread: two of four, two or three of six, for some tile counts; long contexts
@@ -134,9 +100,9 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Atte
 }
 
 TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
-  const std::unique_ptr<Attention> bf16 = Make();
+  const std::unique_ptr<KernelUnderTest> bf16 = Make();
   ASSERT_TRUE(bf16->backend().Bf16Attention());
-  ASSERT_EQ(bf16->backend().AmxAttention(), GetParam() == Kernel::kAmx);
+  ASSERT_EQ(bf16->backend().AmxAttention(), GetParam() == Bf16Kernel::kAmx);
   std::random_device rd;
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -182,7 +148,7 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
 // themselves alone. The amx variant's tiles take the 32 keys below a row's context in whole
 // steps: tokens 32-38 take one step and then the pairs of their own keys.
 TEST_P(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
-  const std::unique_ptr<Attention> bf16 = Make();
+  const std::unique_ptr<KernelUnderTest> bf16 = Make();
   // The bad row is key 39, the second of a pair: token 38 (39 keys) ends on that pair's first.
   const int64_t hd = 64, qh = 4, len = 40;
   KvLayout layout;
