@@ -202,7 +202,7 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   const int64_t head_chunk = decode && busy ? std::min<int64_t>(heads, 32) : 8;
   const int64_t chunks = (heads + head_chunk - 1) / head_chunk;
   const bool amx = bf16 && (kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel);
-  const AmxUnit unit = kernel == AttentionKernel::kAmxTiles ? AmxUnit::kTiles : AmxUnit::kModel;
+  const AmxUnit unit = kernel == AttentionKernel::kAmxTilesModel ? AmxUnit::kModel : AmxUnit::kTiles;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch scratch;
     LatentBf16Scratch bf16_scratch;

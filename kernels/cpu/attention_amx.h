@@ -33,7 +33,9 @@ void ScoresAmx(AmxUnit unit, const uint16_t* q, int64_t rows, int64_t hd, const 
 // tdpbf16ps adds a pair's products in the same order whichever operand holds them, so every
 // score has ScoresAmx's bits (checked on AMX hardware, kernels_test) with no keys packed: a
 // decode token's item, whose rows are few, no longer repacks its whole context per step. Keys
-// of a group past a row's context are read (its block is the context's last) but never used.
+// of a group past a row's context are read but never used: the callers start every group below
+// the chunk's end, at a multiple of 16 keys, in blocks of whole groups, so a group's keys lie
+// in one block of the sequence.
 // The first `fetch_bytes` of each key row of the next two groups are fetched ahead.
 void ScoresAmxKeysAsA(AmxUnit unit, const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups,
                       int64_t ngroups, int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride);

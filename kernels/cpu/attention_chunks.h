@@ -1,5 +1,6 @@
 // Attention over a context in fixed chunks of kAttentionChunkKeys keys, for the exact
-// (attention_exact.h) and bf16 (attention_bf16_item.h) kernels: each chunk's softmax and weighted
+// (attention_exact.h), bf16 (attention_bf16_item.h) and AMX (attention_amx.h) kernels, multi-head
+// and latent: each chunk's softmax and weighted
 // sum on its own, then a row's chunks weighed together in chunk order. The chunks are a token's,
 // fixed by key positions alone, so its bits never depend on its batch; who computes which chunk
 // is attention.cc's choice: a few long sequences run one chunk an item, over every thread (a

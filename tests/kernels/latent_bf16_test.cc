@@ -171,6 +171,21 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen);
 }
 
+// The amx_model latent kernel is the tile kernel, not a fallback to vdpbf16ps: over a random
+// batch some outputs differ in their last bits (the scores' products summed in other orders).
+TEST(AmxModelLatentTest, IsNotTheVdpbf16psKernel) {
+  if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 gen(std::random_device{}());
+  KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
+  const LatentBatch lb = MakeLatentBatch(dot.backend(), 256, 32, 8, {150, 33, 600}, 20, gen);
+  std::vector<float> a(static_cast<size_t>(lb.tokens() * 8 * 256)), b(a.size());
+  model.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 8, 256,
+                             0.06f, a.data());
+  dot.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 8, 256,
+                           0.06f, b.data());
+  EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "the avx512-bf16 kernel's bits";
+}
+
 // A latent the bf16 kernel does not take (24 values: not whole 32-value blocks) runs the exact
 // kernel on these variants too: its output equals the exact numerics' bit for bit.
 TEST_P(LatentBf16Test, ShapesItDoesNotTakeRunTheExactKernel) {

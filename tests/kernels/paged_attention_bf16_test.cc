@@ -143,6 +143,21 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
   }
 }
 
+// The amx_model kernel is the tile kernel, not a fallback to vdpbf16ps: the two sum a score's
+// products in other orders, so over a random batch some outputs differ in their last bits.
+TEST(AmxModelAttentionTest, IsNotTheVdpbf16psKernel) {
+  if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 gen(std::random_device{}());
+  KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
+  const KvLayout layout = Layout(2, 16, 2, 128, DType::kBF16);
+  const RandomBatch rb = MakeRandomBatch(dot.backend(), layout, /*layer=*/1, /*q_heads=*/6, /*seqs=*/3,
+                                         /*max_blocks=*/40, /*every=*/2, /*chunk=*/40, /*spread=*/2.0f, gen);
+  std::vector<float> a(rb.q.size()), b(rb.q.size());
+  model.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, 1, rb.cache.data(), 6, 0.09f, a.data());
+  dot.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, 1, rb.cache.data(), 6, 0.09f, b.data());
+  EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "the avx512-bf16 kernel's bits";
+}
+
 // A key or value that is not finite reaches only the tokens that attend it: earlier tokens of the
 // same prefill tile (which share the kernel's key and value passes) stay finite and equal to
 // themselves alone. The amx variant's tiles take the 32 keys below a row's context in whole
