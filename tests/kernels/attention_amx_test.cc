@@ -1,10 +1,12 @@
 // The two operand orders of the amx attention's scores, on AMX hardware and on the software model
 // of the tiles: keys packed as B tiles (ScoresAmx, a prefill tile's rows) against keys read in
 // place as A tiles (ScoresAmxKeysAsA, a decode token's), bit for bit over random queries and keys
-// with spread exponents, for every head size and odd group counts; and on the model against
+// with spread exponents, for every head size, DeepSeek-V3's latent rows (576) and odd group
+// counts, one or two groups of 16 query rows; and on the model against
 // float64 (each score a sum of exact products, so within (hd + 1) 2^-24 of the sum of |products|).
 // Skips naming the cpuid flags where AMX is not granted (the hardware) or AVX512-BF16 is missing
 // (the packing, either way).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -41,8 +43,8 @@ TEST_P(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::uniform_int_distribution<int> spread(-20, 20);
   auto value = [&] { return std::ldexp(u(gen), spread(gen)); };
-  for (int64_t hd : {32, 64, 128, 256}) {
-    for (int64_t rows : {1, 3, 8, 16}) {
+  for (int64_t hd : {32, 64, 128, 256, 576}) {  // 576: DeepSeek-V3's latent rows
+    for (int64_t rows : {1, 3, 8, 16, 24, 32}) {  // past 16: two query groups, as the latent kernel's
       for (int64_t keys : {5, 16, 37, 64}) {
         SCOPED_TRACE(absl::StrFormat("head_dim %d, %d rows, %d keys", hd, rows, keys));
         const int64_t stride = 3 * hd;  // keys a cache slot apart: other heads' values between
@@ -66,11 +68,14 @@ TEST_P(AmxAttentionTest, KeysAsATilesGiveThePackedKeysBits) {
         }
         std::vector<float> want(static_cast<size_t>(rows * padded)), got(want.size());
         cpu_fast::ScoresAmx(unit, q.data(), rows, hd, kt.data(), padded / 16, want.data(), padded);
-        std::vector<uint32_t> q_pairs(static_cast<size_t>(hd / 32 * 256));
-        cpu_fast::QueryPairsAmx(q.data(), rows, hd, q_pairs.data());
+        std::vector<uint32_t> q_pairs(static_cast<size_t>(cpu_fast::QueryGroupsDwords(rows, hd)));
+        cpu_fast::QueryGroupsAmx(q.data(), rows, hd, q_pairs.data());
         std::vector<const uint16_t*> starts(static_cast<size_t>(groups));
         for (int64_t g = 0; g < groups; ++g) starts[g] = cache.data() + 16 * g * stride;
-        cpu_fast::ScoresAmxKeysAsA(unit, q_pairs.data(), rows, hd, starts.data(), groups, stride, 2 * hd, got.data(), padded);
+        for (int64_t g0 = 0; g0 < rows; g0 += 16) {
+          cpu_fast::ScoresAmxKeysAsA(unit, q_pairs.data() + g0 / 16 * (hd / 32) * 256, std::min<int64_t>(16, rows - g0),
+                                     hd, starts.data(), groups, stride, 2 * hd, got.data() + g0 * padded, padded);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t j = 0; j < keys; ++j) {
             const float a = got[r * padded + j], b = want[r * padded + j];
