@@ -336,10 +336,11 @@ BENCHMARK(BM_PagedLatentDecodeAttention)
     ->UseRealTime();
 
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
-// causally (the tokens of a 2000-token prompt's last 512-token step, as the engine runs it).
+// causally (the tokens of a 2000-token prompt's last 512-token step, as the engine runs it), with
+// `heads` query heads over `kv_heads` of 64 (`small`'s 8 / 2, `medium`'s 16 / 4).
 void BM_PagedPrefillAttention(benchmark::State& state) {
-  const int64_t context = state.range(0), chunk = state.range(1);
-  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16;
+  const int64_t context = state.range(0), chunk = state.range(1), heads = state.range(2), kv_heads = state.range(3);
+  const int64_t head_dim = 64, block = 16;
   const int64_t blocks = (context + block - 1) / block;
   KvLayout layout;
   layout.num_blocks = blocks;
@@ -363,7 +364,12 @@ void BM_PagedPrefillAttention(benchmark::State& state) {
   for (int64_t t = 0; t < chunk; ++t) attended += static_cast<double>(pos[t] + 1);
   Report(state, 4.0 * attended * heads * head_dim, 2.0 * context * kv_heads * head_dim * 2, layout.dtype);
 }
-BENCHMARK(BM_PagedPrefillAttention)->ArgNames({"context", "chunk"})->Args({512, 512})->Args({2000, 464})->UseRealTime();
+BENCHMARK(BM_PagedPrefillAttention)
+    ->ArgNames({"context", "chunk", "heads", "kv_heads"})
+    ->Args({512, 512, 8, 2})
+    ->Args({2000, 464, 8, 2})
+    ->Args({2000, 464, 16, 4})
+    ->UseRealTime();
 
 // The expert dispatch's gather: `rows` token rows of `dim` floats copied in a random order (a
 // 2000-token prefill of `small` routes 4000 rows of 512; a decode step at batch 64, 128).
