@@ -7,9 +7,8 @@
 // many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads side by
 // side in the cache) is read whole. Every kernel takes a context in chunks of 512 keys weighed
 // together afterwards (attention_chunks.h), so few long contexts also split by chunk, one an
-// item. Every kernel is batch-invariant: a token's scores,
-// softmax and weighted sum are the same operations in the same order whatever its tile, batch
-// mates, item or thread.
+// item. Every kernel is batch-invariant: a token's scores, softmax and weighted sum are the same
+// operations in the same order whatever its tile, batch mates, item or thread.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -181,9 +180,8 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 // Latent attention (MLA): every head reads the same row per token, [latent | rotary key], the
 // latent doubling as the value (attention_latent.h): on the bf16 variants' dot products or the
 // amx variant's tiles (attention_amx.h) over a bf16 cache where the shape allows, else the exact
-// kernel's pieces. Work items are (tile, chunk
-// of heads), so that a decode token's heads spread over the threads; no chunks of the context
-// (the heads already fill the threads).
+// kernel's pieces. Work items are (tile, chunk of heads), so that a decode token's heads spread
+// over the threads; a context's chunks stay in one item (the heads already fill the threads).
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                           int64_t latent_dim, float scale, float* out, AttentionKernel kernel) {

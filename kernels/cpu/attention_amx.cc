@@ -1,7 +1,8 @@
-// Paged attention on AMX tiles (see attention_amx.h): the products, in amx_tiles.h's arrangement:
-// two A tiles of up to 16 rows against two B tiles, four accumulators; each written once over a
-// unit (the tiles, or amx_tile_model.h's model of them). Only amx_tiles.h's inline assembly
-// touches the tiles, so no target pragma is needed here.
+// Paged attention on AMX tiles (see attention_amx.h): the products, in amx_tiles.h's arrangement
+// (two A tiles of up to 16 rows against two B tiles, four accumulators), each written once over a
+// unit (the tiles, or amx_tile_model.h's model of them); the chunk driver both kinds of attention
+// share; the multi-head item. Only amx_tiles.h's inline assembly touches the tiles, so no target
+// pragma is needed here.
 #include "kernels/cpu/attention_amx.h"
 
 #include <algorithm>
@@ -47,7 +48,7 @@ struct ModelUnit {
 
 template <typename U>
 void ScoresOn(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, int64_t blocks, float* out,
-            int64_t out_stride) {
+              int64_t out_stride) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
   U::Configure(rows0, rows1);
   const long a_stride = static_cast<long>(hd * sizeof(uint16_t));
@@ -65,7 +66,7 @@ void ScoresOn(const uint16_t* q, int64_t rows, int64_t hd, const uint32_t* kt, i
 
 template <typename U>
 void ScoresKeysAsAOn(const uint32_t* q_pairs, int64_t rows, int64_t hd, const uint16_t* const* groups, int64_t ngroups,
-                   int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
+                     int64_t key_stride, int64_t fetch_bytes, float* out, int64_t out_stride) {
   U::Configure(16, 16);
   const long a_stride = static_cast<long>(key_stride * sizeof(uint16_t));
   const int64_t steps = hd / 32;
@@ -93,7 +94,7 @@ void ScoresKeysAsAOn(const uint32_t* q_pairs, int64_t rows, int64_t hd, const ui
 
 template <typename U>
 void WeightedSumOn(const uint16_t* p, int64_t p_stride, int64_t rows, const uint32_t* vt, int64_t steps, int64_t hd,
-                 float* acc) {
+                   float* acc) {
   const int rows0 = static_cast<int>(std::min<int64_t>(rows, 16)), rows1 = static_cast<int>(rows - rows0);
   U::Configure(rows0, rows1);
   const long a_stride = static_cast<long>(p_stride * sizeof(uint16_t));
