@@ -175,7 +175,9 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
 // batch some outputs differ in their last bits (the scores' products summed in other orders).
 TEST(AmxModelLatentTest, IsNotTheVdpbf16psKernel) {
   if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
-  std::mt19937 gen(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
   KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
   const LatentBatch lb = MakeLatentBatch(dot.backend(), 256, 32, 8, {150, 33, 600}, 20, gen);
   std::vector<float> a(static_cast<size_t>(lb.tokens() * 8 * 256)), b(a.size());

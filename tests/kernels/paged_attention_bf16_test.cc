@@ -147,7 +147,9 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
 // products in other orders, so over a random batch some outputs differ in their last bits.
 TEST(AmxModelAttentionTest, IsNotTheVdpbf16psKernel) {
   if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
-  std::mt19937 gen(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
   KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
   const KvLayout layout = Layout(2, 16, 2, 128, DType::kBF16);
   const RandomBatch rb = MakeRandomBatch(dot.backend(), layout, /*layer=*/1, /*q_heads=*/6, /*seqs=*/3,
