@@ -79,7 +79,7 @@ std::string CpuBackend::KernelNumerics() const {
 }
 
 bool CpuBackend::AmxAttention() const {
-  return Bf16Attention() && cpu_fast::AttentionKernelOf(isa_) == cpu_fast::AttentionKernel::kAmxTiles;
+  return Bf16Attention() && IsAmx(isa_);
 }
 
 bool CpuBackend::Bf16Attention() const {
@@ -186,7 +186,7 @@ void CpuBackend::OrderComputeAfterCopies() {
 
 WeightLayout CpuBackend::PreferredWeightLayout(DType dtype) const {
   if (!fast()) return WeightLayout::kRowMajor;
-  return isa_ == CpuIsa::kAmx && dtype == DType::kBF16 ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
+  return IsAmx(isa_) && dtype == DType::kBF16 ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
 }
 
 void CpuBackend::Embedding(const int32_t* ids, int64_t n, const WeightRef& table, float* out) {
@@ -280,7 +280,7 @@ void CpuBackend::GroupedSwiGluMlp(const float* x, std::span<const WeightRef> w13
   // Zen 5). Fused or not, every output has the same bits.
   int64_t experts_hit = 0;
   for (size_t g = 0; g < w13.size(); ++g) experts_hit += offsets[g + 1] > offsets[g] ? 1 : 0;
-  const bool enough_rows = isa_ == CpuIsa::kAmx || offsets[w13.size()] >= kBf16FusedMinRows * experts_hit;
+  const bool enough_rows = IsAmx(isa_) || offsets[w13.size()] >= kBf16FusedMinRows * experts_hit;
   if (bf16_w2 && enough_rows && FusesGateUpSilu(w13, inter)) {
     const std::span<const int64_t> groups(offsets, w13.size() + 1);
     MS_CHECK(groups.back() <= max_rows);

@@ -72,16 +72,18 @@ const char* CpuIsaName(CpuIsa isa) {
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx512Bf16: return "avx512-bf16";
     case CpuIsa::kAmx: return "amx";
+    case CpuIsa::kAmxModel: return "amx-model";
   }
   return "?";
 }
 
 absl::StatusOr<CpuIsa> ParseCpuIsa(const std::string& name) {
-  for (CpuIsa isa : {CpuIsa::kAuto, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
+  for (CpuIsa isa :
+       {CpuIsa::kAuto, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx, CpuIsa::kAmxModel}) {
     if (name == CpuIsaName(isa)) return isa;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--cpu-isa: \"", name, "\" is not one of auto, avx2, avx512, avx512-bf16, amx"));
+      absl::StrCat("--cpu-isa: \"", name, "\" is not one of auto, avx2, avx512, avx512-bf16, amx, amx-model"));
 }
 
 const char* CpuKernelNumericsName(CpuKernelNumerics n) {
@@ -106,6 +108,7 @@ bool CpuSupports(const CpuFeatures& f, CpuIsa isa, std::string* missing) {
       return f.avx512 || no("cpuid flags avx512f/avx512bw/avx512vl/avx512dq (or OS zmm state)");
     case CpuIsa::kAvx512Bf16: return f.avx512_bf16 || no("cpuid flag avx512_bf16");
     case CpuIsa::kAmx: return f.amx_bf16 || no(f.amx_detail);
+    case CpuIsa::kAmxModel: return f.avx512_bf16 || no("cpuid flag avx512_bf16 (the model's packing and softmax)");
   }
   return false;
 }

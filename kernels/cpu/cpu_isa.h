@@ -18,7 +18,14 @@
 
 namespace moeserve {
 
-enum class CpuIsa { kAuto = 0, kAvx2, kAvx512, kAvx512Bf16, kAmx };
+// kAmxModel ("amx-model"): the amx variant with its tile instructions computed by the software
+// model of the tile unit (amx_tile_model.h), on any CPU with AVX512-BF16, to run the amx
+// variant's code where no AMX is granted (its tests; variant_accuracy). Far slower than every
+// other variant and never chosen by auto; its bits are the model's, not the hardware's.
+enum class CpuIsa { kAuto = 0, kAvx2, kAvx512, kAvx512Bf16, kAmx, kAmxModel };
+
+// The amx variant's code paths: on the tiles, or on their model.
+inline bool IsAmx(CpuIsa isa) { return isa == CpuIsa::kAmx || isa == CpuIsa::kAmxModel; }
 
 // Whether the fastest variant may round activations to bf16 (kFastest) or must keep the exact
 // fp32 arithmetic (kExact: avx2 or avx512).
@@ -36,7 +43,7 @@ struct CpuFeatures {
 // cpuid, xgetbv and, for AMX, arch_prctl(ARCH_REQ_XCOMP_PERM): asked once per process.
 const CpuFeatures& DetectCpuFeatures();
 
-const char* CpuIsaName(CpuIsa isa);  // "auto", "avx2", "avx512", "avx512-bf16", "amx"
+const char* CpuIsaName(CpuIsa isa);  // "auto", "avx2", "avx512", "avx512-bf16", "amx", "amx-model"
 absl::StatusOr<CpuIsa> ParseCpuIsa(const std::string& name);
 const char* CpuKernelNumericsName(CpuKernelNumerics n);  // "fastest", "exact"
 absl::StatusOr<CpuKernelNumerics> ParseCpuKernelNumerics(const std::string& name);
@@ -45,7 +52,7 @@ absl::StatusOr<CpuKernelNumerics> ParseCpuKernelNumerics(const std::string& name
 bool CpuSupports(const CpuFeatures& f, CpuIsa isa, std::string* missing = nullptr);
 
 // Whether a variant rounds activations to bf16 (the exact ones do not).
-inline bool RoundsActivations(CpuIsa isa) { return isa == CpuIsa::kAvx512Bf16 || isa == CpuIsa::kAmx; }
+inline bool RoundsActivations(CpuIsa isa) { return isa == CpuIsa::kAvx512Bf16 || IsAmx(isa); }
 
 // The exact variant that serves f32 weights when `isa` is chosen.
 CpuIsa ExactIsaFor(CpuIsa isa);

@@ -83,9 +83,11 @@ void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* sl
 // (amx_tile_model.h), for the tests on CPUs with AVX512-BF16 but no AMX; no variant runs it.
 enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles, kAmxTilesModel };
 // The kernel variant `isa` runs over a bf16 cache (CpuBackend's choice, and its self-check's):
-// the amx variant on tiles, avx512-bf16 on vdpbf16ps, the exact variants exact.
+// the amx variant on tiles (amx-model on their model), avx512-bf16 on vdpbf16ps, the exact
+// variants exact.
 inline AttentionKernel AttentionKernelOf(CpuIsa isa) {
   if (isa == CpuIsa::kAmx) return AttentionKernel::kAmxTiles;
+  if (isa == CpuIsa::kAmxModel) return AttentionKernel::kAmxTilesModel;
   return isa == CpuIsa::kAvx512Bf16 ? AttentionKernel::kBf16Dot : AttentionKernel::kExact;
 }
 void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batch,

@@ -37,6 +37,8 @@ Variant VariantOf(CpuIsa isa) {
     case CpuIsa::kAvx512Bf16:
       return {TileAvx512Bf16, kBf16ItemRows, kRowChunk, kBf16GroupBytes, TileAvx512Bf16SwiGlu, kTileRows};
     case CpuIsa::kAmx: return {TileAmx, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes, TileAmxSwiGlu, kSwiGluItemColumns};
+    case CpuIsa::kAmxModel:
+      return {TileAmxEmulated, kAmxItemRows, kAmxRowChunk, kAmxGroupBytes, TileAmxSwiGluEmulated, kSwiGluItemColumns};
     default: return {TileAvx2, kTileRows, kRowChunk, 0};
   }
 }
@@ -44,7 +46,7 @@ Variant VariantOf(CpuIsa isa) {
 // The rows a variant's activation layout is cut in (0: it reads x itself, the exact variants).
 int64_t ActivationBlock(CpuIsa isa) {
   if (isa == CpuIsa::kAvx512Bf16) return kBf16RowBlock;
-  return isa == CpuIsa::kAmx ? kAmxRowBlock : 0;
+  return IsAmx(isa) ? kAmxRowBlock : 0;
 }
 
 // The variant that computes `t`: the bf16 ones take bf16 weights only (f32 weights keep their
@@ -74,22 +76,22 @@ void RoundRowsToBf16(const float* x, int64_t m, int64_t k, uint16_t* out) {
 
 bool SwiGluFusable(CpuIsa isa, const WeightRef& w, int64_t inter) {
   if (w.dtype != DType::kBF16 || inter <= 0 || w.rows != 2 * inter) return false;
-  if (isa == CpuIsa::kAmx) return w.layout == WeightLayout::kAmxTiles && inter % kSwiGluItemColumns == 0;
+  if (IsAmx(isa)) return w.layout == WeightLayout::kAmxTiles && inter % kSwiGluItemColumns == 0;
   return isa == CpuIsa::kAvx512Bf16 && w.layout == WeightLayout::kTiled8 && inter % kTileRows == 0;
 }
 
 bool PacksSwiGluOutput(CpuIsa isa, int64_t inter) {
-  return isa == CpuIsa::kAvx512Bf16 || (isa == CpuIsa::kAmx && inter % kAmxTileK == 0);
+  return isa == CpuIsa::kAvx512Bf16 || (IsAmx(isa) && inter % kAmxTileK == 0);
 }
 
 int64_t PackedActivationElems(CpuIsa isa, int64_t m, int64_t k) {
-  return isa == CpuIsa::kAmx ? PaddedAmxElems(m, k) : PackedBf16Elems(m, k);
+  return IsAmx(isa) ? PaddedAmxElems(m, k) : PackedBf16Elems(m, k);
 }
 
 int64_t PackedRows(CpuIsa isa, int64_t m) { return RoundUp(m, ActivationBlock(isa)); }
 
 void PackActivations(CpuIsa isa, const float* x, int64_t m, int64_t k, int64_t i0, int64_t i1, uint16_t* out) {
-  if (isa == CpuIsa::kAmx) return PadRowsAmx(x, m, k, i0, i1, out);
+  if (IsAmx(isa)) return PadRowsAmx(x, m, k, i0, i1, out);
   MS_CHECK(isa == CpuIsa::kAvx512Bf16);
   PackRowsBf16(x, m, k, i0, i1, out);
 }
@@ -99,6 +101,7 @@ const char* GemmInstructionKind(CpuIsa isa) {
     case CpuIsa::kAvx512: return "f32-fma-512";
     case CpuIsa::kAvx512Bf16: return "bf16-dot-512";
     case CpuIsa::kAmx: return "amx-bf16";
+    case CpuIsa::kAmxModel: return "scalar (the amx model)";
     default: return "f32-fma-256";
   }
 }
@@ -181,7 +184,7 @@ void RunGemms(ThreadPool& pool, std::span<const GemmTask> tasks, CpuIsa isa) {
     if (t.m == 0 || t.w.rows == 0) continue;
     MS_CHECK(t.w.dtype == DType::kF32 || t.w.dtype == DType::kBF16);
     // Only the amx kernel reads weights stored as AMX tiles (the backend stores them so for it).
-    MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsaForTask(t, isa) == CpuIsa::kAmx);
+    MS_CHECK(t.w.layout != WeightLayout::kAmxTiles || IsAmx(IsaForTask(t, isa)));
     MS_CHECK(t.swiglu == 0 || (SwiGluFusable(IsaForTask(t, isa), t.w, t.swiglu) && !t.accumulate));
     MS_CHECK(t.x_packed == nullptr || ActivationBlock(IsaForTask(t, isa)) > 0);  // a layout of this variant
     MS_CHECK(t.y_packed == nullptr || (t.swiglu > 0 && PacksSwiGluOutput(IsaForTask(t, isa), t.swiglu)));

@@ -122,7 +122,7 @@ std::string CheckShape(CpuIsa isa, const Shape& s, const CheckWeight& w, const G
 std::string CheckFusedSwiGlu(CpuIsa isa, ThreadPool& pool, std::mt19937& gen) {
   std::uniform_real_distribution<float> u(-1, 1);
   constexpr int64_t kK = 72;
-  const WeightLayout layout = isa == CpuIsa::kAmx ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
+  const WeightLayout layout = IsAmx(isa) ? WeightLayout::kAmxTiles : WeightLayout::kTiled8;
   for (const int64_t inter : {48, 64}) {  // 48: amx's up tiles start half way into a 32-row group
     std::vector<float> wf(static_cast<size_t>(2 * inter * kK));
     for (float& v : wf) v = u(gen);
@@ -186,7 +186,7 @@ VariantCheck CheckHere(CpuIsa isa) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       for (WeightLayout layout : {WeightLayout::kTiled8, WeightLayout::kRowMajor, WeightLayout::kAmxTiles}) {
         // AMX tiles hold bf16 weights for the amx variant only (CpuBackend::PreferredWeightLayout).
-        if (layout == WeightLayout::kAmxTiles && (isa != CpuIsa::kAmx || dt != DType::kBF16)) continue;
+        if (layout == WeightLayout::kAmxTiles && (!IsAmx(isa) || dt != DType::kBF16)) continue;
         if (std::string e = CheckShape(isa, s, MakeCheckWeight(s, dt, layout, gen), gemm, gen, &worst); !e.empty()) {
           v.detail = e;
           return v;
@@ -207,15 +207,15 @@ VariantCheck CheckHere(CpuIsa isa) {
       return v;
     }
   }
-  if (isa == CpuIsa::kAmx || isa == CpuIsa::kAvx512Bf16) {
+  if (RoundsActivations(isa)) {
     if (std::string e = CheckFusedSwiGlu(isa, pool, gen); !e.empty()) {
       v.detail = e;
       return v;
     }
   }
   // Two threads, so that a long context alone splits into its chunks; one in the amx variant's
-  // child process (a child of a threaded process starts no threads; its attention takes contexts
-  // whole anyway).
+  // child process (a child of a threaded process starts no threads; there a context's chunks run
+  // in one item).
   ThreadPool attention_pool(isa == CpuIsa::kAmx ? 1 : 2);
   cpu_fast::AttentionCheckErrors attention;
   if (std::string e = cpu_fast::CheckAttentionKernels(isa, attention_pool, gen, &attention); !e.empty()) {
@@ -300,26 +300,32 @@ const std::vector<VariantCheck>& CheckedVariants() {
   return checks;
 }
 
+namespace {
+
+// The variant asked for by name, from its check.
+absl::StatusOr<CpuIsa> Requested(const VariantCheck& v, CpuKernelNumerics numerics) {
+  if (numerics == CpuKernelNumerics::kExact && RoundsActivations(v.isa)) {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(v.isa),
+                                                   " rounds activations to bf16; --cpu-kernel exact allows avx2 "
+                                                   "or avx512 only"));
+  }
+  if (!v.supported) {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(v.isa), ": this CPU lacks it (", v.missing, ")"));
+  }
+  if (!v.passed) {
+    return absl::FailedPreconditionError(absl::StrCat("--cpu-isa ", CpuIsaName(v.isa), " failed its self-check: ", v.detail));
+  }
+  return v.isa;
+}
+
+}  // namespace
+
 absl::StatusOr<CpuIsa> ChooseCpuIsa(CpuIsa requested, CpuKernelNumerics numerics) {
+  // The amx model is checked only where asked for (its emulated GEMMs take a while).
+  if (requested == CpuIsa::kAmxModel) return Requested(SelfCheckVariant(requested), numerics);
   const std::vector<VariantCheck>& checks = CheckedVariants();
-  if (requested != CpuIsa::kAuto) {
-    if (numerics == CpuKernelNumerics::kExact && RoundsActivations(requested)) {
-      return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(requested),
-                                                     " rounds activations to bf16; --cpu-kernel exact allows avx2 "
-                                                     "or avx512 only"));
-    }
-    for (const VariantCheck& v : checks) {
-      if (v.isa != requested) continue;
-      if (!v.supported) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--cpu-isa ", CpuIsaName(requested), ": this CPU lacks it (", v.missing, ")"));
-      }
-      if (!v.passed) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("--cpu-isa ", CpuIsaName(requested), " failed its self-check: ", v.detail));
-      }
-      return requested;
-    }
+  for (const VariantCheck& v : checks) {
+    if (v.isa == requested) return Requested(v, numerics);
   }
   for (auto it = checks.rbegin(); it != checks.rend(); ++it) {  // fastest first
     if (!it->passed) continue;

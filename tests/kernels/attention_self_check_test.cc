@@ -21,7 +21,7 @@ using cpu_fast::AttentionCheckErrors;
 using cpu_fast::LatentAttentionFn;
 using cpu_fast::PagedAttentionFn;
 
-constexpr CpuIsa kVariants[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
+constexpr CpuIsa kVariants[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx, CpuIsa::kAmxModel};
 
 class AttentionSelfCheckTest : public ::testing::Test {
  protected:
@@ -65,32 +65,6 @@ TEST_F(AttentionSelfCheckTest, EveryVariantThisCpuRunsPasses) {
   for (const VariantCheck& v : CheckedVariants()) {
     if (v.passed) EXPECT_NE(v.detail.find("(attention)"), std::string::npos) << v.detail;
   }
-}
-
-// The amx variant's multi-head and latent attention, its tile instructions computed by the software model
-// (amx_tile_model.h), passes the same check on any CPU with AVX512-BF16: its layouts, chunks
-// and row handling, not the hardware's rounding (on an AMX CPU the variant's own check runs).
-TEST_F(AttentionSelfCheckTest, TheAmxKernelOnTheTileModelPasses) {
-  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
-  SCOPED_TRACE(Seed());
-  const PagedAttentionFn model = [this](const float* q, const AttentionBatch& b, const KvLayout& l, int64_t layer,
-                                        const void* cache, int64_t q_heads, float scale, float* out) {
-    cpu_fast::PagedAttention(pool_, q, b, l, layer, cache, q_heads, scale, out,
-                             cpu_fast::AttentionKernel::kAmxTilesModel);
-  };
-  const LatentAttentionFn latent = [this](const float* ql, const float* qr, const AttentionBatch& b, const KvLayout& l,
-                                          int64_t layer, const void* cache, int64_t heads, int64_t dim, float scale,
-                                          float* out) {
-    cpu_fast::PagedLatentAttention(pool_, ql, qr, b, l, layer, cache, heads, dim, scale, out,
-                                   cpu_fast::AttentionKernel::kAmxTilesModel);
-  };
-  AttentionCheckErrors errors;
-  EXPECT_EQ(cpu_fast::CheckPagedAttention(model, DType::kBF16, /*bf16=*/true, gen_, &errors), "");
-  EXPECT_EQ(cpu_fast::CheckLatentAttention(latent, DType::kBF16, /*bf16=*/true, gen_, &errors), "");
-  EXPECT_GT(errors.paged, 0.0) << "nothing was compared";
-  EXPECT_GT(errors.latent, 0.0) << "nothing was compared";
-  EXPECT_LE(errors.paged, 1.0);
-  EXPECT_LE(errors.latent, 1.0);
 }
 
 TEST_F(AttentionSelfCheckTest, AnOutputOffByMoreThanItsRoundingFails) {

@@ -178,14 +178,20 @@ TEST(FusedSwiGluTest, TheBf16VariantsFuseOnTheirOwnLayoutsOnly) {
   EXPECT_FALSE(cpu_fast::SwiGluFusable(CpuIsa::kAmx, {nullptr, DType::kBF16, 40, 64, WeightLayout::kAmxTiles}, 20));
 }
 
-// Through the backend on AMX hardware: three experts with random row counts, the fused MLP
-// against GroupedGemm, SiluMul, GroupedGemm on the same backend, bit for bit; inter 64 passes
-// the activations as bf16 tiles, inter 48 as fp32.
-TEST(FusedSwiGluTest, TheAmxBackendFusesWithTheUnfusedBits) {
-  const CpuFeatures f = DetectCpuFeatures();
-  if (!f.amx_bf16) GTEST_SKIP() << "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " << f.amx_detail;
-  CpuBackend b{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmx, CpuKernelNumerics::kFastest}};
-  ASSERT_EQ(b.isa(), CpuIsa::kAmx);
+// Through the backend of the amx variant (on AMX hardware, and amx-model on any AVX512-BF16 CPU):
+// three experts with random row counts, the fused MLP against GroupedGemm, SiluMul, GroupedGemm
+// on the same backend, bit for bit; inter 64 passes the activations as bf16 tiles, inter 48 as
+// fp32.
+class FusedSwiGluAmxTest : public ::testing::TestWithParam<CpuIsa> {};
+
+INSTANTIATE_TEST_SUITE_P(Units, FusedSwiGluAmxTest, ::testing::Values(CpuIsa::kAmx, CpuIsa::kAmxModel),
+                         [](const auto& info) { return std::string(info.param == CpuIsa::kAmx ? "amx" : "amx_model"); });
+
+TEST_P(FusedSwiGluAmxTest, TheBackendFusesWithTheUnfusedBits) {
+  std::string missing;
+  if (!CpuSupports(DetectCpuFeatures(), GetParam(), &missing)) GTEST_SKIP() << "this CPU lacks " << missing;
+  CpuBackend b{CpuBackendOptions{CpuPath::kFast, 2, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+  ASSERT_EQ(b.isa(), GetParam());
   std::random_device rd;
   uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

@@ -20,6 +20,10 @@ namespace {
 using testing::RandomFloats;
 
 const VariantCheck& CheckOf(CpuIsa isa) {
+  if (isa == CpuIsa::kAmxModel) {  // checked only where asked for
+    static const VariantCheck model = SelfCheckVariant(isa);
+    return model;
+  }
   for (const VariantCheck& v : CheckedVariants()) {
     if (v.isa == isa) return v;
   }
@@ -210,7 +214,7 @@ TEST_P(GemmVariantTest, TasksOnTheSamePointerKeepTheirOwnRows) {
   std::vector<cpu_fast::GemmTask> tasks = {{x.data(), 5, wb.ref}, {x.data(), 33, wb.ref}, {x.data(), 5, wk.ref},
                                            {x.data(), 33, wf.ref}, {x.data(), 40, wb.ref}};
   std::vector<uint16_t> tiles;
-  if (GetParam() == CpuIsa::kAmx) {  // the rows of a 12 x 96 matrix at the same pointer, as tiles
+  if (IsAmx(GetParam())) {  // the rows of a 12 x 96 matrix at the same pointer, as tiles
     tiles.resize(static_cast<size_t>(cpu_fast::PaddedAmxElems(12, 96)));
     cpu_fast::PadRowsAmx(x.data(), 12, 96, 0, RoundUp(12, cpu_fast::kAmxRowBlock), tiles.data());
     tasks.push_back({x.data(), 12, wb.ref});
@@ -255,7 +259,8 @@ TEST_P(GemmVariantTest, ExactVariantsGiveAvx2sBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmVariantTest,
-                         ::testing::Values(CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
+                         ::testing::Values(CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx,
+                                           CpuIsa::kAmxModel),
                          [](const ::testing::TestParamInfo<CpuIsa>& p) {
                            std::string s = CpuIsaName(p.param);
                            for (char& c : s) c = c == '-' ? '_' : c;
@@ -406,6 +411,15 @@ TEST(KernelSelectTest, ChoosesTheFastestPassingVariantAndRefusesWhatTheCpuLacks)
   EXPECT_NE(conflict.status().message().find("--cpu-kernel exact"), std::string::npos) << conflict.status();
   EXPECT_FALSE(ParseCpuIsa("sse4").ok());
   EXPECT_EQ(*ParseCpuIsa("avx512-bf16"), CpuIsa::kAvx512Bf16);
+  EXPECT_EQ(*ParseCpuIsa("amx-model"), CpuIsa::kAmxModel);
+  EXPECT_NE(*fastest, CpuIsa::kAmxModel) << "auto never takes the model";
+  const absl::StatusOr<CpuIsa> model = ChooseCpuIsa(CpuIsa::kAmxModel, CpuKernelNumerics::kFastest);
+  if (DetectCpuFeatures().avx512_bf16) {
+    EXPECT_TRUE(model.ok()) << model.status();
+  } else {
+    ASSERT_FALSE(model.ok());
+    EXPECT_NE(model.status().message().find("avx512_bf16"), std::string::npos) << model.status();
+  }
 }
 
 }  // namespace

@@ -22,23 +22,21 @@
 namespace moeserve {
 namespace {
 
-using testing::Bf16Kernel;
-using testing::KernelUnderTest;
 using testing::RandomFloats;
 
-class LatentBf16Test : public ::testing::TestWithParam<Bf16Kernel> {
+class LatentBf16Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
     if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
-  std::unique_ptr<KernelUnderTest> Make(int threads) const {
-    return std::make_unique<KernelUnderTest>(GetParam(), threads);
+  CpuBackend Make(int threads) const {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
   }
 };
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LatentBf16Test,
-                         ::testing::Values(Bf16Kernel::kAvx512Bf16, Bf16Kernel::kAmx, Bf16Kernel::kAmxModel),
-                         [](const auto& info) { return testing::Bf16KernelName(info.param); });
+                         ::testing::ValuesIn(testing::kBf16AttentionVariants),
+                         [](const auto& info) { return testing::VariantParamName(info.param); });
 
 // Sequences of the given lengths in scattered blocks of 16, written through the backend; a decode
 // token for each and a prefill chunk of the last `chunk` tokens of the first.
@@ -95,18 +93,18 @@ LatentBatch MakeLatentBatch(CpuBackend& b, int64_t r, int64_t dr, int64_t heads,
   return lb;
 }
 
-void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<KernelUnderTest>(int)>& make, int64_t r,
+void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& make, int64_t r,
                                         int64_t dr,
                                         int64_t heads, const std::vector<int64_t>& lens, int64_t chunk,
                                         std::mt19937& gen) {
   SCOPED_TRACE(::testing::Message() << "latent " << r << " + rope " << dr << ", " << heads << " heads, "
                                     << lens.size() << " sequences");
-  const std::unique_ptr<KernelUnderTest> b = make(2);
-  const LatentBatch lb = MakeLatentBatch(b->backend(), r, dr, heads, lens, chunk, gen);
+  CpuBackend b = make(2);
+  const LatentBatch lb = MakeLatentBatch(b, r, dr, heads, lens, chunk, gen);
   const int64_t hd = r + dr, t = lb.tokens();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> out(static_cast<size_t>(t * heads * r));
-  b->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
+  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
                           scale, out.data());
   auto cached = [&](int64_t s, int64_t j, int64_t e) {
     const int64_t off = lb.layout.Offset(lb.tables[s * lb.max_blocks + j / 16], 1, 0, j % 16) + e;
@@ -125,12 +123,12 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Kern
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
   for (int threads : {2, 12}) {  // each token alone: on more threads than its items, too
-    const std::unique_ptr<KernelUnderTest> other = make(threads);
+    CpuBackend other = make(threads);
     for (int64_t i = 0; i < t; ++i) {
       const AttentionBatch one{&lb.token_seq[i], &lb.token_pos[i], lb.tables.data(), 1,
                                static_cast<int64_t>(lens.size()), lb.max_blocks};
       std::vector<float> alone(static_cast<size_t>(heads * r));
-      other->PagedLatentAttention(lb.q_latent.data() + i * heads * r, lb.q_rope.data() + i * heads * dr, one, lb.layout,
+      other.PagedLatentAttention(lb.q_latent.data() + i * heads * r, lb.q_rope.data() + i * heads * dr, one, lb.layout,
                                  1, lb.cache.data(), heads, r, scale, alone.data());
       ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + i * heads * r, alone.size() * sizeof(float)))
           << "sequence " << lb.token_seq[i] << " position " << lb.token_pos[i] << ", " << threads
@@ -138,7 +136,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Kern
     }
   }
   std::vector<float> other(out.size());
-  make(5)->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
+  make(5).PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
                                   heads, r, scale, other.data());
   EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
   // And it ran the bf16 kernel: the exact one (fp32 queries and probabilities) gives other bits.
@@ -174,12 +172,13 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
 // The amx_model latent kernel is the tile kernel, not a fallback to vdpbf16ps: over a random
 // batch some outputs differ in their last bits (the scores' products summed in other orders).
 TEST(AmxModelLatentTest, IsNotTheVdpbf16psKernel) {
-  if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = testing::Bf16AttentionSkipReason(CpuIsa::kAmxModel); !why.empty()) GTEST_SKIP() << why;
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
-  const LatentBatch lb = MakeLatentBatch(dot.backend(), 256, 32, 8, {150, 33, 600}, 20, gen);
+  CpuBackend model{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmxModel, CpuKernelNumerics::kFastest}};
+  CpuBackend dot{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  const LatentBatch lb = MakeLatentBatch(dot, 256, 32, 8, {150, 33, 600}, 20, gen);
   std::vector<float> a(static_cast<size_t>(lb.tokens() * 8 * 256)), b(a.size());
   model.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 8, 256,
                              0.06f, a.data());
@@ -192,11 +191,11 @@ TEST(AmxModelLatentTest, IsNotTheVdpbf16psKernel) {
 // kernel on these variants too: its output equals the exact numerics' bit for bit.
 TEST_P(LatentBf16Test, ShapesItDoesNotTakeRunTheExactKernel) {
   std::mt19937 gen(3);
-  const std::unique_ptr<KernelUnderTest> b = Make(2);
+  CpuBackend b = Make(2);
   CpuBackend exact{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
-  const LatentBatch lb = MakeLatentBatch(b->backend(), 24, 8, 5, {40, 7}, 10, gen);
+  const LatentBatch lb = MakeLatentBatch(b, 24, 8, 5, {40, 7}, 10, gen);
   std::vector<float> got(static_cast<size_t>(lb.tokens() * 5 * 24)), want(got.size());
-  b->PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24, 0.2f,
+  b.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24, 0.2f,
                           got.data());
   exact.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 5, 24,
                              0.2f, want.data());

@@ -40,7 +40,8 @@ TEST_P(OpCasesTest, EveryCaseMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, OpCasesTest,
-                         ::testing::Values(CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx),
+                         ::testing::Values(CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx,
+                                           CpuIsa::kAmxModel),
                          [](const auto& info) {
                            std::string n = CpuIsaName(info.param);
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;

@@ -23,9 +23,7 @@
 namespace moeserve {
 namespace {
 
-using testing::Bf16Kernel;
 using testing::ExpectEachTokenAsAlone;
-using testing::KernelUnderTest;
 using testing::Layout;
 using testing::MakeRandomBatch;
 using testing::RandomBatch;
@@ -36,39 +34,39 @@ using testing::RandomFloats;
 // kernel rounds them, within the bound of what is left (kernels/cpu/attention_bound.h: fp32 sums,
 // the exponential, the probabilities' bf16 rounding, against sum_j p_j |v_j|; scores 0.5% off
 // fail it). And batch-invariant: every token equals itself computed alone, with many tiles and
-// with few. On each Bf16Kernel (the amx kernel on the model of the tiles, too).
-class PagedAttentionBf16Test : public ::testing::TestWithParam<Bf16Kernel> {
+// with few. On each variant of kBf16AttentionVariants (amx-model too).
+class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
     if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
-  std::unique_ptr<KernelUnderTest> Make(int threads = 2) const {
-    return std::make_unique<KernelUnderTest>(GetParam(), threads);
+  CpuBackend Make(int threads = 2) const {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
   }
 };
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionBf16Test,
-                         ::testing::Values(Bf16Kernel::kAvx512Bf16, Bf16Kernel::kAmx, Bf16Kernel::kAmxModel),
-                         [](const auto& info) { return testing::Bf16KernelName(info.param); });
+                         ::testing::ValuesIn(testing::kBf16AttentionVariants),
+                         [](const auto& info) { return testing::VariantParamName(info.param); });
 
 // One random batch of `seqs` sequences of up to `max_blocks` blocks of 16 (every other one a
 // prefill chunk of up to `chunk` tokens) against float64 attention and against itself computed
 // alone (on 2 and 12 threads), and the batch to itself on 3, 5 and 9.
-void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<KernelUnderTest>(int)>& make,
+void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& make,
                                         int64_t kvh, int64_t hd, int64_t seqs, int64_t max_blocks, int64_t chunk,
                                         std::mt19937& gen, const std::vector<int64_t>& lens = {}) {
   SCOPED_TRACE(::testing::Message() << kvh << " kv heads of " << hd << ", " << seqs << " sequences of up to "
                                     << max_blocks * 16 << " tokens");
-  const std::unique_ptr<KernelUnderTest> bf16 = make(2);
+  CpuBackend bf16 = make(2);
   const KvLayout layout = Layout(2, 16, kvh, hd, DType::kBF16);
   const int64_t qh = 3 * kvh, layer = 1;
-  const RandomBatch rb = MakeRandomBatch(bf16->backend(), layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
+  const RandomBatch rb = MakeRandomBatch(bf16, layout, layer, qh, seqs, max_blocks, /*every=*/2, chunk,
                                          /*spread=*/2.0f, gen, lens);
   const int64_t t = rb.tokens();
   const std::vector<float>& q = rb.q;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> out(q.size());
-  bf16->PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, out.data());
+  bf16.PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, out.data());
   auto cached = [&](int kv, int64_t s, int64_t j, int64_t g, int64_t i) {
     const int64_t off = rb.layout.Offset(rb.tables[s * max_blocks + j / 16], layer, kv, j % 16) + g * hd + i;
     return static_cast<double>(Bf16ToF32(reinterpret_cast<const uint16_t*>(rb.cache.data())[off]));
@@ -86,23 +84,23 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<std::unique_ptr<Kern
     }
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
-  ExpectEachTokenAsAlone(*bf16, rb, scale, out);
-  const std::unique_ptr<KernelUnderTest> many = make(12);  // more threads than a token alone has items
-  ExpectEachTokenAsAlone(*many, rb, scale, out);
+  ExpectEachTokenAsAlone(bf16, rb, scale, out);
+  CpuBackend many = make(12);  // more threads than a token alone has items
+  ExpectEachTokenAsAlone(many, rb, scale, out);
   // Other thread counts split the work otherwise (an item takes the most kv heads that leave
   // four items a thread: two of four, two or three of six, for some tile counts; long contexts
   // split by chunk or not).
   for (int threads : {3, 5, 9}) {
     std::vector<float> other(q.size());
-    make(threads)->PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
+    make(threads).PagedAttention(q.data(), rb.Batch(), rb.layout, layer, rb.cache.data(), qh, scale, other.data());
     EXPECT_EQ(std::memcmp(other.data(), out.data(), out.size() * sizeof(float)), 0) << threads << " threads";
   }
 }
 
 TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndIsBatchInvariant) {
-  const std::unique_ptr<KernelUnderTest> bf16 = Make();
-  ASSERT_TRUE(bf16->backend().Bf16Attention());
-  ASSERT_EQ(bf16->backend().AmxAttention(), GetParam() == Bf16Kernel::kAmx);
+  CpuBackend bf16 = Make();
+  ASSERT_TRUE(bf16.Bf16Attention());
+  ASSERT_EQ(bf16.AmxAttention(), IsAmx(GetParam()));
   std::random_device rd;
   const uint32_t seed = rd();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -146,13 +144,14 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
 // The amx_model kernel is the tile kernel, not a fallback to vdpbf16ps: the two sum a score's
 // products in other orders, so over a random batch some outputs differ in their last bits.
 TEST(AmxModelAttentionTest, IsNotTheVdpbf16psKernel) {
-  if (const std::string why = testing::Bf16AttentionSkipReason(Bf16Kernel::kAmxModel); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = testing::Bf16AttentionSkipReason(CpuIsa::kAmxModel); !why.empty()) GTEST_SKIP() << why;
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  KernelUnderTest model(Bf16Kernel::kAmxModel, 2), dot(Bf16Kernel::kAvx512Bf16, 2);
+  CpuBackend model{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmxModel, CpuKernelNumerics::kFastest}};
+  CpuBackend dot{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
   const KvLayout layout = Layout(2, 16, 2, 128, DType::kBF16);
-  const RandomBatch rb = MakeRandomBatch(dot.backend(), layout, /*layer=*/1, /*q_heads=*/6, /*seqs=*/3,
+  const RandomBatch rb = MakeRandomBatch(dot, layout, /*layer=*/1, /*q_heads=*/6, /*seqs=*/3,
                                          /*max_blocks=*/40, /*every=*/2, /*chunk=*/40, /*spread=*/2.0f, gen);
   std::vector<float> a(rb.q.size()), b(rb.q.size());
   model.PagedAttention(rb.q.data(), rb.Batch(), rb.layout, 1, rb.cache.data(), 6, 0.09f, a.data());
@@ -165,7 +164,7 @@ TEST(AmxModelAttentionTest, IsNotTheVdpbf16psKernel) {
 // themselves alone. The amx variant's tiles take the 32 keys below a row's context in whole
 // steps: tokens 32-38 take one step and then the pairs of their own keys.
 TEST_P(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
-  const std::unique_ptr<KernelUnderTest> bf16 = Make();
+  CpuBackend bf16 = Make();
   // The bad row is key 39, the second of a pair: token 38 (39 keys) ends on that pair's first.
   const int64_t hd = 64, qh = 4, len = 40;
   KvLayout layout;
@@ -181,16 +180,16 @@ TEST_P(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
   auto k = RandomFloats(len * hd, 5), v = RandomFloats(len * hd, 6);
   v[(len - 1) * hd + 3] = INFINITY;  // the last token's value row
   k[(len - 1) * hd + 5] = INFINITY;  // and its key
-  bf16->backend().WriteKv(k.data(), v.data(), slots.data(), len, layout, 0, cache.data());
+  bf16.WriteKv(k.data(), v.data(), slots.data(), len, layout, 0, cache.data());
   std::vector<int32_t> table = {0, 1, 2}, seq(len, 0), pos(len);
   std::iota(pos.begin(), pos.end(), 0);
   const auto q = RandomFloats(len * qh * hd, 7);
   std::vector<float> out(q.size());
-  bf16->PagedAttention(q.data(), AttentionBatch{seq.data(), pos.data(), table.data(), len, 1, 3}, layout, 0,
+  bf16.PagedAttention(q.data(), AttentionBatch{seq.data(), pos.data(), table.data(), len, 1, 3}, layout, 0,
                       cache.data(), qh, 0.125f, out.data());
   for (int64_t t = 0; t + 1 < len; ++t) {
     std::vector<float> alone(qh * hd);
-    bf16->PagedAttention(q.data() + t * qh * hd, AttentionBatch{&seq[t], &pos[t], table.data(), 1, 1, 3}, layout, 0,
+    bf16.PagedAttention(q.data() + t * qh * hd, AttentionBatch{&seq[t], &pos[t], table.data(), 1, 1, 3}, layout, 0,
                         cache.data(), qh, 0.125f, alone.data());
     for (float x : alone) ASSERT_TRUE(std::isfinite(x)) << "token " << t;
     ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + t * qh * hd, alone.size() * sizeof(float))) << "token " << t;
