@@ -96,6 +96,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const EngineFlags& f) {
     if (cpu->path() == CpuPath::kFast) {
       std::fprintf(stderr, "moeserve: CPU kernels: %s; attention: %s\n", DescribeVariants(cpu->isa()).c_str(),
                    f.kv_dtype != "bf16"     ? "exact fp32"
+                   : cpu->isa() == CpuIsa::kAmxModel
+                       ? "AMX tiles on their software model (bf16 cache; queries and probabilities rounded to bf16)"
                    : cpu->AmxAttention()    ? "AMX tiles (bf16 cache; queries and probabilities rounded to bf16)"
                    : cpu->Bf16Attention()   ? "vdpbf16ps (bf16 cache; queries and probabilities rounded to bf16)"
                                             : "exact fp32");

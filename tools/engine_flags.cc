@@ -308,7 +308,7 @@ void AddCpuKernelFlags(CLI::App* cmd, CpuKernelFlags* f) {
                   "(exact fp32 arithmetic, the same bits), avx512-bf16 (vdpbf16ps) or amx (tiles); the last two "
                   "round activations to bf16 for bf16 weights. amx-model runs the amx variant's code with its "
                   "tile instructions computed in software, on any AVX512-BF16 CPU: to check that code where no "
-                  "AMX is granted, far slower than the others (never chosen by auto). A variant this CPU lacks "
+                  "AMX is granted, not meant for speed (never chosen by auto). A variant this CPU lacks "
                   "is refused")
       ->capture_default_str()
       ->check(CLI::Validator(check_isa, "ISA"));

@@ -20,8 +20,8 @@ namespace moeserve {
 
 // kAmxModel ("amx-model"): the amx variant with its tile instructions computed by the software
 // model of the tile unit (amx_tile_model.h), on any CPU with AVX512-BF16, to run the amx
-// variant's code where no AMX is granted (its tests; variant_accuracy). Far slower than every
-// other variant and never chosen by auto; its bits are the model's, not the hardware's.
+// variant's code where no AMX is granted (its tests; variant_accuracy). Not meant for speed,
+// never chosen by auto; its bits are the model's, not the hardware's.
 enum class CpuIsa { kAuto = 0, kAvx2, kAvx512, kAvx512Bf16, kAmx, kAmxModel };
 
 // The amx variant's code paths: on the tiles, or on their model.

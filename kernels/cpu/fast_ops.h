@@ -80,7 +80,7 @@ void WriteKv(ThreadPool& pool, const float* k, const float* v, const int64_t* sl
 // kernel, vdpbf16ps (the caller has checked AVX512-BF16), or AMX tiles for the products (the
 // caller has checked the tiles were granted). An fp32 cache always takes the exact kernel.
 // kAmxTilesModel: the amx kernel with its tile instructions computed by the software model
-// (amx_tile_model.h), for the tests on CPUs with AVX512-BF16 but no AMX; no variant runs it.
+// (amx_tile_model.h): the amx-model variant's, on any CPU with AVX512-BF16.
 enum class AttentionKernel { kExact, kBf16Dot, kAmxTiles, kAmxTilesModel };
 // The kernel variant `isa` runs over a bf16 cache (CpuBackend's choice, and its self-check's):
 // the amx variant on tiles (amx-model on their model), avx512-bf16 on vdpbf16ps, the exact

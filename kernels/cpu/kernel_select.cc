@@ -302,6 +302,13 @@ const std::vector<VariantCheck>& CheckedVariants() {
 
 namespace {
 
+// The amx model's check: only where asked for, once a process (a fact about this CPU and binary,
+// as CheckedVariants').
+const VariantCheck& ModelCheck() {
+  static const VariantCheck check = SelfCheckVariant(CpuIsa::kAmxModel);
+  return check;
+}
+
 // The variant asked for by name, from its check.
 absl::StatusOr<CpuIsa> Requested(const VariantCheck& v, CpuKernelNumerics numerics) {
   if (numerics == CpuKernelNumerics::kExact && RoundsActivations(v.isa)) {
@@ -321,8 +328,10 @@ absl::StatusOr<CpuIsa> Requested(const VariantCheck& v, CpuKernelNumerics numeri
 }  // namespace
 
 absl::StatusOr<CpuIsa> ChooseCpuIsa(CpuIsa requested, CpuKernelNumerics numerics) {
-  // The amx model is checked only where asked for (its emulated GEMMs take a while).
-  if (requested == CpuIsa::kAmxModel) return Requested(SelfCheckVariant(requested), numerics);
+  if (requested == CpuIsa::kAmxModel) {
+    if (numerics == CpuKernelNumerics::kExact) return Requested(VariantCheck{requested}, numerics);  // refused
+    return Requested(ModelCheck(), numerics);
+  }
   const std::vector<VariantCheck>& checks = CheckedVariants();
   for (const VariantCheck& v : checks) {
     if (v.isa == requested) return Requested(v, numerics);
@@ -337,7 +346,9 @@ absl::StatusOr<CpuIsa> ChooseCpuIsa(CpuIsa requested, CpuKernelNumerics numerics
 
 std::string DescribeVariants(CpuIsa chosen) {
   std::vector<std::string> parts;
-  for (const VariantCheck& v : CheckedVariants()) {
+  std::vector<VariantCheck> checks = CheckedVariants();
+  if (chosen == CpuIsa::kAmxModel) checks.push_back(ModelCheck());
+  for (const VariantCheck& v : checks) {
     parts.push_back(absl::StrCat(CpuIsaName(v.isa), ": ",
                                  !v.supported ? absl::StrCat("not on this CPU (", v.missing, ")")
                                  : v.passed   ? "passed"

@@ -420,6 +420,23 @@ TEST(KernelSelectTest, ChoosesTheFastestPassingVariantAndRefusesWhatTheCpuLacks)
     ASSERT_FALSE(model.ok());
     EXPECT_NE(model.status().message().find("avx512_bf16"), std::string::npos) << model.status();
   }
+  const absl::StatusOr<CpuIsa> model_exact = ChooseCpuIsa(CpuIsa::kAmxModel, CpuKernelNumerics::kExact);
+  ASSERT_FALSE(model_exact.ok());
+  EXPECT_NE(model_exact.status().message().find("--cpu-kernel exact"), std::string::npos) << model_exact.status();
+}
+
+// The amx-model backend makes the amx variant's choices (its weight layout, tile attention) under
+// a numerics name of its own, so KV records of the model and of the hardware never mix.
+TEST(KernelSelectTest, TheAmxModelBackendIsTheAmxVariantUnderItsOwnName) {
+  if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks cpuid flag avx512_bf16";
+  CpuBackend model{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmxModel, CpuKernelNumerics::kFastest}};
+  ASSERT_EQ(model.isa(), CpuIsa::kAmxModel);
+  EXPECT_EQ(model.PreferredWeightLayout(DType::kBF16), WeightLayout::kAmxTiles);
+  EXPECT_EQ(model.PreferredWeightLayout(DType::kF32), WeightLayout::kTiled8);
+  EXPECT_TRUE(model.AmxAttention());
+  EXPECT_EQ(model.KernelNumerics(), "cpu-fast-3-amx-model-8");
+  EXPECT_NE(DescribeVariants(CpuIsa::kAmxModel).find("amx-model: passed"), std::string::npos)
+      << DescribeVariants(CpuIsa::kAmxModel);
 }
 
 }  // namespace

@@ -32,7 +32,10 @@ struct KernelKinds {
 KernelKinds KindsOf(const Backend* backend) {
   const auto* cpu = dynamic_cast<const CpuBackend*>(backend);
   if (cpu == nullptr) return {backend->Name(), backend->Name(), backend->Name()};
-  const char* attention = cpu->AmxAttention() ? "amx-bf16" : cpu->Bf16Attention() ? "bf16-dot-512" : "f32-fma-256";
+  const char* attention = cpu->isa() == CpuIsa::kAmxModel ? cpu_fast::GemmInstructionKind(CpuIsa::kAmxModel)
+                          : cpu->AmxAttention()            ? "amx-bf16"
+                          : cpu->Bf16Attention()           ? "bf16-dot-512"
+                                                           : "f32-fma-256";
   return {cpu_fast::GemmInstructionKind(cpu->isa()), cpu_fast::GemmInstructionKind(ExactIsaFor(cpu->isa())), attention};
 }
 
