@@ -1,7 +1,8 @@
 // A software model of the AMX tile unit as the kernels drive it (amx_tiles.h): the same
 // operations under the same names, on one thread's modelled tiles, so the kernels' layouts,
 // blocking and row handling run and are tested on any CPU (gemm_amx.cc through
-// gemm_amx_tiles.h's EmulatedTiles, attention_amx.cc through its model instantiation). Each
+// gemm_amx_tiles.h's EmulatedTiles, attention_amx.cc through its model instantiation; the
+// amx-model variant, cpu_isa.h, runs the whole amx variant on it). Each
 // tdpbf16ps follows Intel SDM's pseudo-code: per output element, the pair products of each K
 // step added in order, even element first. The hardware rounds otherwise (on the Sapphire Rapids
 // VM 17-46% of a step's outputs differed from this and four other simple models,
