@@ -68,37 +68,48 @@ ItemPlan PlanItems(int64_t tiles, int64_t chunks, int64_t kvh, int64_t threads) 
   return {1, chunks > tiles};
 }
 
-// How an item's rows are computed.
-enum class Kernel { kExact, kBf16, kAmx, kAmxModel };
+// The kernel that computes a batch: `kernel` where the cache and shape allow its bf16 products
+// (`bf16`), else the exact one.
+AttentionKernel KernelFor(AttentionKernel kernel, bool bf16) { return bf16 ? kernel : AttentionKernel::kExact; }
+
+// Whether `kernel` is the amx one (on the tiles or their model).
+bool OnTiles(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel;
+}
+
+// Where an amx kernel's tile instructions run.
+AmxUnit UnitOf(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kAmxTilesModel ? AmxUnit::kModel : AmxUnit::kTiles;
+}
 
 // The whole item `it` on `kernel`.
-void AttendItem(Kernel kernel, const ItemRows& it, const float* q, float scale, float* out, ExactScratch* exact,
-                Bf16Scratch* bf16, AmxScratch* amx) {
+void AttendItem(AttentionKernel kernel, const ItemRows& it, const float* q, float scale, float* out,
+                ExactScratch* exact, Bf16Scratch* bf16, AmxScratch* amx) {
   switch (kernel) {
-    case Kernel::kExact: return AttendExact(it, q, scale, out, exact);
-    case Kernel::kBf16: return AttendBf16(it, q, scale, out, bf16);
-    case Kernel::kAmx: return AttendAmx(AmxUnit::kTiles, it, q, scale, out, amx);
-    case Kernel::kAmxModel: return AttendAmx(AmxUnit::kModel, it, q, scale, out, amx);
+    case AttentionKernel::kExact: return AttendExact(it, q, scale, out, exact);
+    case AttentionKernel::kBf16Dot: return AttendBf16(it, q, scale, out, bf16);
+    case AttentionKernel::kAmxTiles:
+    case AttentionKernel::kAmxTilesModel: return AttendAmx(UnitOf(kernel), it, q, scale, out, amx);
   }
 }
 
 // Chunk c of the whole item `it` on `kernel`, its result (ChunkPartFloats) into `part`.
-void AttendItemChunk(Kernel kernel, const ItemRows& it, int64_t c, const float* q, float scale, float* part,
+void AttendItemChunk(AttentionKernel kernel, const ItemRows& it, int64_t c, const float* q, float scale, float* part,
                      ExactScratch* exact, Bf16Scratch* bf16, AmxScratch* amx) {
-  if (kernel == Kernel::kExact) return AttendExactChunk(ChunkOf(it, c), q, scale, part, exact);
-  if (kernel == Kernel::kBf16) {
+  if (kernel == AttentionKernel::kExact) return AttendExactChunk(ChunkOf(it, c), q, scale, part, exact);
+  if (kernel == AttentionKernel::kBf16Dot) {
     PrepareBf16Queries(it, q, bf16);
     return AttendChunkBf16(ChunkOf(it, c), scale, bf16, part);
   }
   PrepareAmxQueries(it, q, amx);
-  AttendChunkAmx(kernel == Kernel::kAmx ? AmxUnit::kTiles : AmxUnit::kModel, ChunkOf(it, c), scale, amx, part);
+  AttendChunkAmx(UnitOf(kernel), ChunkOf(it, c), scale, amx, part);
 }
 
 // The split plan: an item per chunk of each (tile, kv heads), their results side by side in
 // `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads)
 // weighs its chunks together.
 template <typename RowsOf>
-void AttendInChunks(ThreadPool& pool, Kernel kernel, const std::vector<int64_t>& order, const RowsOf& item_rows,
+void AttendInChunks(ThreadPool& pool, AttentionKernel kernel, const std::vector<int64_t>& order, const RowsOf& item_rows,
                     int64_t groups, int64_t heads, const float* q, float scale, float* out) {
   struct Part {
     int64_t tile, g0, chunk, offset;
@@ -137,18 +148,13 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
                     const KvLayout& layout, int64_t layer, const void* cache, int64_t q_heads,
                     float scale, float* out, AttentionKernel kernel) {
   const int64_t hd = layout.head_dim, kvh = layout.kv_heads, group = q_heads / kvh;
-  const bool bf16 = kernel != AttentionKernel::kExact && layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd);
-  const bool amx = bf16 && (kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel);
-  const Kernel item_kernel = !bf16 ? Kernel::kExact
-                             : !amx ? Kernel::kBf16
-                             : kernel == AttentionKernel::kAmxTiles ? Kernel::kAmx
-                                                                    : Kernel::kAmxModel;
+  const AttentionKernel item_kernel = KernelFor(kernel, layout.dtype == DType::kBF16 && Bf16AttentionHeadDim(hd));
   if (hd % 8 != 0) {  // the vector kernel works in chunks of 8 dimensions
     return cpu_ref::PagedAttention(q, batch, layout, layer, cache, q_heads, scale, out);
   }
   // The amx kernel packs an item's keys and values for its tiles once for all its rows: longer
   // tiles share more of that work (rows are independent, so no result changes).
-  const std::vector<int64_t> tile_start = TileStarts(batch, amx ? kAmxTile : kTile);
+  const std::vector<int64_t> tile_start = TileStarts(batch, OnTiles(item_kernel) ? kAmxTile : kTile);
   const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
   auto ctx_of_tile = [&](int64_t tile) { return batch.token_pos[tile_start[tile + 1] - 1] + 1; };  // positions ascend
   // Longest contexts first: the threads take parts in order, so the largest come first and the
@@ -185,9 +191,9 @@ void PagedAttention(ThreadPool& pool, const float* q, const AttentionBatch& batc
 void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* q_rope, const AttentionBatch& batch,
                           const KvLayout& layout, int64_t layer, const void* cache, int64_t heads,
                           int64_t latent_dim, float scale, float* out, AttentionKernel kernel) {
-  const bool bf16 =
-      kernel != AttentionKernel::kExact && layout.dtype == DType::kBF16 && Bf16LatentShape(layout.head_dim, latent_dim);
-  if (!bf16 && (layout.head_dim % 8 != 0 || latent_dim % 8 != 0)) {
+  const AttentionKernel item_kernel =
+      KernelFor(kernel, layout.dtype == DType::kBF16 && Bf16LatentShape(layout.head_dim, latent_dim));
+  if (item_kernel == AttentionKernel::kExact && (layout.head_dim % 8 != 0 || latent_dim % 8 != 0)) {
     return cpu_ref::PagedLatentAttention(q_latent, q_rope, batch, layout, layer, cache, heads, latent_dim, scale, out);
   }
   const std::vector<int64_t> tile_start = TileStarts(batch, kTile);
@@ -199,8 +205,6 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
   const bool decode = tiles == batch.num_tokens, busy = tiles >= 4 * static_cast<int64_t>(pool.num_threads());
   const int64_t head_chunk = decode && busy ? std::min<int64_t>(heads, 32) : 8;
   const int64_t chunks = (heads + head_chunk - 1) / head_chunk;
-  const bool amx = bf16 && (kernel == AttentionKernel::kAmxTiles || kernel == AttentionKernel::kAmxTilesModel);
-  const AmxUnit unit = kernel == AttentionKernel::kAmxTilesModel ? AmxUnit::kModel : AmxUnit::kTiles;
   pool.ParallelFor(tiles * chunks, 1, [&](int64_t b, int64_t e) {
     ExactScratch scratch;
     LatentBf16Scratch bf16_scratch;
@@ -209,9 +213,9 @@ void PagedLatentAttention(ThreadPool& pool, const float* q_latent, const float* 
       const int64_t tile = item / chunks, h0 = item % chunks * head_chunk;
       const int64_t t0 = tile_start[tile], nt = tile_start[tile + 1] - t0;
       const LatentItem it{&batch, &layout, cache, layer, t0, nt, h0, std::min(head_chunk, heads - h0), heads, latent_dim};
-      if (amx) {
-        AttendLatentAmx(unit, it, q_latent, q_rope, scale, out, &amx_scratch);
-      } else if (bf16) {
+      if (OnTiles(item_kernel)) {
+        AttendLatentAmx(UnitOf(item_kernel), it, q_latent, q_rope, scale, out, &amx_scratch);
+      } else if (item_kernel == AttentionKernel::kBf16Dot) {
         AttendLatentBf16(it, q_latent, q_rope, scale, out, &bf16_scratch);
       } else {
         AttendLatent(it, q_latent, q_rope, scale, out, &scratch);

@@ -184,22 +184,6 @@ void PackValues(const TileChunk& c, AmxScratch* s) {
   }
 }
 
-// AddWeightedBf16 over values of any width that is a multiple of 128 (or one it takes), 128 at
-// a time: the same operations per output element.
-void AddWeightedWide(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
-                     const uint16_t* const* values, const uint16_t* zeros, int64_t width, float* acc, AmxScratch* s) {
-  if (Bf16AttentionHeadDim(width)) return AddWeightedBf16(p, p_stride, rows, keys, n, values, width, acc);
-  constexpr int64_t kBlock = 128;
-  const uint16_t* block_rows[kBf16MaxValueKeys];
-  s->block.resize(static_cast<size_t>(rows * kBlock));
-  for (int64_t b = 0; b < width; b += kBlock) {
-    for (int64_t j = 0; j < n; ++j) block_rows[j] = values[j] == zeros ? zeros : values[j] + b;
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(acc + r * width + b, kBlock, s->block.data() + r * kBlock);
-    AddWeightedBf16(p, p_stride, rows, keys, n, block_rows, kBlock, s->block.data());
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(s->block.data() + r * kBlock, kBlock, acc + r * width + b);
-  }
-}
-
 // acc rows [r0, r1) of the chunk (all taking `steps` whole 32-key steps): the tiles' steps,
 // then each row's own remaining keys (fewer than 32) on vdpbf16ps.
 void WeightedRun(AmxUnit unit, const TileChunk& c, int64_t r0, int64_t r1, int64_t steps, int64_t padded,
@@ -216,8 +200,8 @@ void WeightedRun(AmxUnit unit, const TileChunk& c, int64_t r0, int64_t r1, int64
   if (n == 0) return;
   const uint16_t* rows[kBf16MaxValueKeys];
   ChunkRows(c, 1, c.k_begin + steps * kAmxValueKeys, n, s->zeros.data(), rows);
-  AddWeightedWide(s->scores.data() + (r0 - pass0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(),
-                  n, rows, s->zeros.data(), width, acc, s);
+  AddWeightedBf16(s->scores.data() + (r0 - pass0) * padded + steps * kAmxValueKeys, padded, r1 - r0, s->keys.data(), n,
+                  rows, width, acc);
 }
 
 // Scores of rows [c0, c1) (a pass, the last row with the most keys) against the chunk's keys

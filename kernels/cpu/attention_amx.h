@@ -53,7 +53,7 @@ void WeightedSumAmx(AmxUnit unit, const uint16_t* p, int64_t p_stride, int64_t r
 
 // A thread's scratch for the tile kernels, reused across its items.
 struct AmxScratch {
-  std::vector<float> q, scores, parts, block;
+  std::vector<float> q, scores, parts;
   std::vector<uint16_t> qb, pb, zeros;
   std::vector<uint32_t> kt, vt;  // the chunk's keys and values as B tiles
   std::vector<uint32_t> q_pairs;         // or its queries as B tiles, the keys read from the cache
@@ -91,7 +91,7 @@ struct TileChunk {
 // 16 lanes, then P·V on tiles over the whole 32-key steps of each row's keys in the chunk and
 // vdpbf16ps for the rest. A row's operations depend only on its own context, so a decode token
 // and the same token in any prefill tile take the same ones, and no row reads a value past its
-// own keys. key_width and value_width multiples of 32; a value_width past 256 a multiple of 128.
+// own keys. key_width a multiple of 32; value_width one AddWeightedBf16 takes.
 void ChunkOnTiles(AmxUnit unit, const TileChunk& c, float scale, AmxScratch* s, float* acc, float* max, float* sum);
 
 // The item's queries rounded to bf16 (s->qb, rows (g - g0) * nrows + r) and, for an item whose

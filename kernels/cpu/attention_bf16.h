@@ -63,7 +63,8 @@ void ValuePairsBf16(const uint16_t* const values[kAmxValueKeys], int64_t hd, uin
 // rows r < rows; keys[r] <= n <= kBf16MaxValueKeys, n even (values has n rows); keys taken in
 // pairs, in order (one vdpbf16ps per pair and 16 dimensions; a row's odd last key is paired
 // with zeros). A row reads no value past its own keys, so another row's longer context cannot
-// reach it.
+// reach it. hd is a size Bf16AttentionHeadDim takes, or a multiple of 128 (a latent's values),
+// summed 128 dimensions at a time: the same operations per output element either way.
 void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
                      const uint16_t* const* values, int64_t hd, float* acc);
 

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/status.h"
 #include "kernels/cpu/attention_bf16.h"
 
 #pragma GCC push_options
@@ -50,18 +51,18 @@ constexpr LaneOrder MakeLaneOrder() {
 // The weighted sum of G heads x R rows (their accumulators in registers) over H x 32 dimensions
 // each, the probabilities as bf16 pairs of consecutive keys: row i of head g takes its pair j / 2
 // at pairs[(g * head_rows + i) * stride + j / 2], its accumulator at acc + (g * head_rows + i) *
-// hd, head g's values at values[j] + voff + g * hd, and stops at keys[i] (every head's row i
+// acc_stride, head g's values at values[j] + voff + g * hd, and stops at keys[i] (every head's row i
 // alike). A key's heads are read together (its whole row at once, not a head's part of each row
 // and then the next's). Pairs every row takes whole come first, then the last few where rows end
 // (each at its own key count, an odd last key paired with zeros): the same operations per row
 // whatever G, R and the other rows.
 template <int H, int G, int R>
 void WeightedBlock(const uint32_t* pairs, int64_t stride, int64_t head_rows, const int64_t* keys, int64_t n,
-                   const uint16_t* const* values, int64_t voff, float* acc) {
+                   const uint16_t* const* values, int64_t voff, float* acc, int64_t acc_stride) {
   constexpr int64_t hd = 32 * H;
   static constexpr LaneOrder kOrder = MakeLaneOrder();
   auto row_pairs = [&](int g, int i) { return pairs + (g * head_rows + i) * stride; };
-  auto row_acc = [&](int g, int i) { return acc + (g * head_rows + i) * hd; };
+  auto row_acc = [&](int g, int i) { return acc + (g * head_rows + i) * acc_stride; };
   const __m512i lo = _mm512_load_si512(kOrder.lo), hi = _mm512_load_si512(kOrder.hi);
   __m512 a[G][R][2 * H];
   for (int g = 0; g < G; ++g) {
@@ -125,11 +126,13 @@ inline constexpr int kWeightedRows = 24 / (2 * H * G) > 0 ? 24 / (2 * H * G) : 1
 template <int H, int G, int... Ns>
 void WeightedBlockOf(int nr, std::integer_sequence<int, Ns...>, const uint32_t* pairs, int64_t stride,
                      int64_t head_rows, const int64_t* keys, int64_t n, const uint16_t* const* values, int64_t voff,
-                     float* acc) {
-  ((nr == Ns + 1 ? WeightedBlock<H, G, Ns + 1>(pairs, stride, head_rows, keys, n, values, voff, acc) : void()), ...);
+                     float* acc, int64_t acc_stride) {
+  ((nr == Ns + 1 ? WeightedBlock<H, G, Ns + 1>(pairs, stride, head_rows, keys, n, values, voff, acc, acc_stride)
+                 : void()),
+   ...);
 }
 
-// G heads' `rows` rows each, in blocks of kWeightedRows.
+// G heads' `rows` rows each, in blocks of kWeightedRows (accumulators hd = 32 H apart).
 template <int H, int G>
 void WeightedRows(const uint32_t* pairs, int64_t stride, int64_t rows, const int64_t* keys, int64_t n,
                   const uint16_t* const* values, int64_t voff, float* acc) {
@@ -137,14 +140,15 @@ void WeightedRows(const uint32_t* pairs, int64_t stride, int64_t rows, const int
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
     WeightedBlockOf<H, G>(nr, std::make_integer_sequence<int, R>{}, pairs + r0 * stride, stride, rows, keys + r0, n,
-                          values, voff, acc + r0 * 32 * H);
+                          values, voff, acc + r0 * 32 * H, 32 * H);
   }
 }
 
-// The same from fp32 probabilities (p_stride apart), rounded to bf16 pairs a block at a time; one head.
+// The same from fp32 probabilities (p_stride apart), rounded to bf16 pairs a block at a time; one
+// head, its values at values[j] + voff, its accumulators acc_stride apart.
 template <int H>
 void WeightedRowsF32(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
-                     const uint16_t* const* values, float* acc) {
+                     const uint16_t* const* values, int64_t voff, float* acc, int64_t acc_stride) {
   constexpr int R = kWeightedRows<H, 1>;
   constexpr int64_t kStride = kBf16MaxValueKeys / 2;
   alignas(64) uint32_t pairs[R][kStride];
@@ -159,8 +163,8 @@ void WeightedRowsF32(const float* p, int64_t p_stride, int64_t rows, const int64
         _mm512_store_si512(pairs[i] + j / 2, reinterpret_cast<__m512i>(bh));
       }
     }
-    WeightedBlockOf<H, 1>(nr, std::make_integer_sequence<int, R>{}, pairs[0], kStride, nr, keys + r0, n, values, 0,
-                          acc + r0 * 32 * H);
+    WeightedBlockOf<H, 1>(nr, std::make_integer_sequence<int, R>{}, pairs[0], kStride, nr, keys + r0, n, values, voff,
+                          acc + r0 * acc_stride, acc_stride);
   }
 }
 
@@ -207,7 +211,13 @@ void ForHeadDim(int64_t hd, F f) {
 
 void AddWeightedBf16(const float* p, int64_t p_stride, int64_t rows, const int64_t* keys, int64_t n,
                      const uint16_t* const* values, int64_t hd, float* acc) {
-  ForHeadDim(hd, [&](auto h) { WeightedRowsF32<decltype(h)::value>(p, p_stride, rows, keys, n, values, acc); });
+  if (Bf16AttentionHeadDim(hd)) {
+    return ForHeadDim(hd, [&](auto h) {
+      WeightedRowsF32<decltype(h)::value>(p, p_stride, rows, keys, n, values, 0, acc, hd);
+    });
+  }
+  MS_CHECK(hd % 128 == 0);
+  for (int64_t b = 0; b < hd; b += 128) WeightedRowsF32<4>(p, p_stride, rows, keys, n, values, b, acc + b, hd);
 }
 
 void AddWeightedPairsBf16(const uint32_t* pairs, int64_t stride, int64_t rows, int64_t heads, const int64_t* keys,

@@ -310,12 +310,7 @@ const VariantCheck& ModelCheck() {
 }
 
 // The variant asked for by name, from its check.
-absl::StatusOr<CpuIsa> Requested(const VariantCheck& v, CpuKernelNumerics numerics) {
-  if (numerics == CpuKernelNumerics::kExact && RoundsActivations(v.isa)) {
-    return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(v.isa),
-                                                   " rounds activations to bf16; --cpu-kernel exact allows avx2 "
-                                                   "or avx512 only"));
-  }
+absl::StatusOr<CpuIsa> Requested(const VariantCheck& v) {
   if (!v.supported) {
     return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(v.isa), ": this CPU lacks it (", v.missing, ")"));
   }
@@ -328,13 +323,15 @@ absl::StatusOr<CpuIsa> Requested(const VariantCheck& v, CpuKernelNumerics numeri
 }  // namespace
 
 absl::StatusOr<CpuIsa> ChooseCpuIsa(CpuIsa requested, CpuKernelNumerics numerics) {
-  if (requested == CpuIsa::kAmxModel) {
-    if (numerics == CpuKernelNumerics::kExact) return Requested(VariantCheck{requested}, numerics);  // refused
-    return Requested(ModelCheck(), numerics);
+  if (numerics == CpuKernelNumerics::kExact && RoundsActivations(requested)) {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-isa ", CpuIsaName(requested),
+                                                   " rounds activations to bf16; --cpu-kernel exact allows avx2 "
+                                                   "or avx512 only"));
   }
+  if (requested == CpuIsa::kAmxModel) return Requested(ModelCheck());
   const std::vector<VariantCheck>& checks = CheckedVariants();
   for (const VariantCheck& v : checks) {
-    if (v.isa == requested) return Requested(v, numerics);
+    if (v.isa == requested) return Requested(v);
   }
   for (auto it = checks.rbegin(); it != checks.rend(); ++it) {  // fastest first
     if (!it->passed) continue;
