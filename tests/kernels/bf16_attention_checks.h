@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/attention_bound.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace moeserve::testing {
@@ -32,6 +33,11 @@ inline std::string Bf16AttentionSkipReason(CpuIsa isa) {
     return "this CPU or kernel grants no AMX tiles (cpuid amx_bf16, amx_tile): " + f.amx_detail;
   }
   return "";
+}
+
+// The fast path's backend of variant `isa` on `threads` threads.
+inline CpuBackend VariantBackend(CpuIsa isa, int threads = 2) {
+  return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, isa, CpuKernelNumerics::kFastest}};
 }
 
 }  // namespace moeserve::testing

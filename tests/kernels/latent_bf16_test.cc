@@ -30,7 +30,7 @@ class LatentBf16Test : public ::testing::TestWithParam<CpuIsa> {
     if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
   CpuBackend Make(int threads) const {
-    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+    return testing::VariantBackend(GetParam(), threads);
   }
 };
 
@@ -176,8 +176,7 @@ TEST(AmxModelLatentTest, IsNotTheVdpbf16psKernel) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  CpuBackend model{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmxModel, CpuKernelNumerics::kFastest}};
-  CpuBackend dot{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  CpuBackend model = testing::VariantBackend(CpuIsa::kAmxModel), dot = testing::VariantBackend(CpuIsa::kAvx512Bf16);
   const LatentBatch lb = MakeLatentBatch(dot, 256, 32, 8, {150, 33, 600}, 20, gen);
   std::vector<float> a(static_cast<size_t>(lb.tokens() * 8 * 256)), b(a.size());
   model.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), 8, 256,

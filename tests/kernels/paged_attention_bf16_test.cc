@@ -41,7 +41,7 @@ class PagedAttentionBf16Test : public ::testing::TestWithParam<CpuIsa> {
     if (const std::string why = testing::Bf16AttentionSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
   CpuBackend Make(int threads = 2) const {
-    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, GetParam(), CpuKernelNumerics::kFastest}};
+    return testing::VariantBackend(GetParam(), threads);
   }
 };
 
@@ -148,8 +148,7 @@ TEST(AmxModelAttentionTest, IsNotTheVdpbf16psKernel) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 gen(seed);
-  CpuBackend model{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAmxModel, CpuKernelNumerics::kFastest}};
-  CpuBackend dot{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAvx512Bf16, CpuKernelNumerics::kFastest}};
+  CpuBackend model = testing::VariantBackend(CpuIsa::kAmxModel), dot = testing::VariantBackend(CpuIsa::kAvx512Bf16);
   const KvLayout layout = Layout(2, 16, 2, 128, DType::kBF16);
   const RandomBatch rb = MakeRandomBatch(dot, layout, /*layer=*/1, /*q_heads=*/6, /*seqs=*/3,
                                          /*max_blocks=*/40, /*every=*/2, /*chunk=*/40, /*spread=*/2.0f, gen);
