@@ -5,9 +5,8 @@
 // the amx kernel, AttendAmx in attention_amx.cc; a prefill chunk; a decode token is a tile of
 // one), and the group of query heads that share a kv head reads each K/V row once. Items take as
 // many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads side by
-// side in the cache) is read whole. Every kernel takes a context in chunks of 512 keys weighed
-// together afterwards (attention_chunks.h), so few long contexts also split by chunk, one an
-// item. Every kernel is batch-invariant: a token's scores, softmax and weighted sum are the same
+// side in the cache) is read whole. Every kernel takes a context in chunks of 512 keys folded
+// together in order (attention_chunks.h), so few long contexts also split by chunk, one an item. Every kernel is batch-invariant: a token's scores, softmax and weighted sum are the same
 // operations in the same order whatever its tile, batch mates, item or thread.
 #include <algorithm>
 #include <cstring>
@@ -106,8 +105,8 @@ void AttendItemChunk(AttentionKernel kernel, const ItemRows& it, int64_t c, cons
 }
 
 // The split plan: an item per chunk of each (tile, kv heads), their results side by side in
-// `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads)
-// weighs its chunks together.
+// `parts` (a (tile, heads)'s chunks one after another), then an item per (tile, kv heads) folds
+// its chunks in order (AttendFolded's operations, so the same bits).
 template <typename RowsOf>
 void AttendInChunks(ThreadPool& pool, AttentionKernel kernel, const std::vector<int64_t>& order, const RowsOf& item_rows,
                     int64_t groups, int64_t heads, const float* q, float scale, float* out) {
@@ -137,7 +136,11 @@ void AttendInChunks(ThreadPool& pool, AttentionKernel kernel, const std::vector<
   });
   pool.ParallelFor(static_cast<int64_t>(base.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      CombineChunks(item_rows(order[static_cast<size_t>(i / groups)], i % groups * heads), parts.data() + base[i], out);
+      const ItemRows it = item_rows(order[static_cast<size_t>(i / groups)], i % groups * heads);
+      const int64_t all = it.heads * it.nrows(), hd = it.layout->head_dim, stride = ChunkPartFloats(all, hd);
+      float* acc = parts.data() + base[i];
+      for (int64_t c = 1; c < ChunksOf(it.ctx_max); ++c) FoldChunk(acc + c * stride, all, hd, acc);
+      WriteItemRows(it, acc, out);
     }
   });
 }

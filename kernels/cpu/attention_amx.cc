@@ -293,12 +293,10 @@ void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s
 }
 
 void AttendAmx(AmxUnit unit, const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s) {
-  const int64_t all = it.heads * it.nrows(), chunks = ChunksOf(it.ctx_max);
-  const int64_t stride = ChunkPartFloats(all, it.layout->head_dim);
   PrepareAmxQueries(it, q, s);
-  s->parts.resize(static_cast<size_t>(chunks * stride));
-  for (int64_t c = 0; c < chunks; ++c) AttendChunkAmx(unit, ChunkOf(it, c), scale, s, s->parts.data() + c * stride);
-  FinishChunks(it, s->parts.data(), out);
+  AttendFolded(ChunksOf(it.ctx_max), it.heads * it.nrows(), it.layout->head_dim, &s->parts,
+               [&](int64_t c, float* part) { AttendChunkAmx(unit, ChunkOf(it, c), scale, s, part); });
+  WriteItemRows(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

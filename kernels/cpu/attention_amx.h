@@ -108,13 +108,13 @@ inline bool KeysAsA(const ItemRows& it) { return it.nrows() <= 16 && it.layout->
 // apart) instead of packing them.
 void AttendChunkAmx(AmxUnit unit, const ItemRows& it, float scale, AmxScratch* s, float* part);
 
-// A whole item (it.k_begin 0): its queries, each chunk of its context in turn, then weighed
-// together (FinishChunks: a context of one chunk as it is).
+// A whole item (it.k_begin 0): its queries, then each chunk of its context in turn, folded into
+// the rows' results as it comes (AttendFolded: a context of one chunk as it is).
 void AttendAmx(AmxUnit unit, const ItemRows& it, const float* q, float scale, float* out, AmxScratch* s);
 
 // A latent (MLA) item on tiles (attention_latent_amx.cc): its rows' [q_latent | q_rope] rounded
 // to bf16, each chunk of its context on tiles against the whole cached rows as keys and their
-// latents as values (ChunkOnTiles), the chunks weighed together (FinishLatentChunks). A row's
+// latents as values (ChunkOnTiles), the chunks folded in order (AttendFolded). A row's
 // operations depend only on its own context. Shapes of Bf16LatentShape only.
 void AttendLatentAmx(AmxUnit unit, const LatentItem& it, const float* q_latent, const float* q_rope, float scale,
                      float* out, AmxScratch* s);

@@ -84,12 +84,10 @@ void AttendChunkBf16(const ItemRows& it, float scale, Bf16Scratch* s, float* par
 }
 
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s) {
-  const int64_t hd = it.layout->head_dim, all = it.heads * it.nrows(), chunks = ChunksOf(it.ctx_max);
-  const int64_t stride = ChunkPartFloats(all, hd);
   PrepareBf16Queries(it, q, s);
-  s->parts.resize(static_cast<size_t>(chunks * stride));
-  for (int64_t c = 0; c < chunks; ++c) AttendChunkBf16(ChunkOf(it, c), scale, s, s->parts.data() + c * stride);
-  FinishChunks(it, s->parts.data(), out);
+  AttendFolded(ChunksOf(it.ctx_max), it.heads * it.nrows(), it.layout->head_dim, &s->parts,
+               [&](int64_t c, float* part) { AttendChunkBf16(ChunkOf(it, c), scale, s, part); });
+  WriteItemRows(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

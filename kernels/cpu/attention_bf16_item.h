@@ -29,8 +29,8 @@ void PrepareBf16Queries(const ItemRows& it, const float* q, Bf16Scratch* s);
 // rounded to bf16, the weighted sum over up to 64 keys a call, up to four heads a block.
 void AttendChunkBf16(const ItemRows& it, float scale, Bf16Scratch* s, float* part);
 
-// A whole item (it.k_begin 0): its queries, each chunk of its context in turn, then weighed
-// together (FinishChunks).
+// A whole item (it.k_begin 0): its queries, then each chunk of its context in turn, folded into
+// the rows' results as it comes (AttendFolded).
 void AttendBf16(const ItemRows& it, const float* q, float scale, float* out, Bf16Scratch* s);
 
 }  // namespace moeserve::cpu_fast

@@ -1,4 +1,4 @@
-// Attention over a context in fixed chunks of keys, weighed together (attention_chunks.h).
+// Attention over a context in fixed chunks of keys, folded in order (attention_chunks.h).
 #include "kernels/cpu/attention_chunks.h"
 
 #include <algorithm>
@@ -9,43 +9,35 @@
 
 namespace moeserve::cpu_fast {
 
-void CombineRow(const float* parts, int64_t all, int64_t width, int64_t row, int64_t n, float* dst) {
-  const int64_t stride = ChunkPartFloats(all, width);
-  float weight[64];  // per chunk, a pass of up to 64 chunks at a time
-  auto max_of = [&](int64_t c) { return parts[c * stride + all * width + row]; };
-  auto sum_of = [&](int64_t c) { return parts[c * stride + all * width + all + row]; };
-  float m = -INFINITY, total = 0.0f;
-  for (int64_t c = 0; c < n; ++c) m = std::max(m, max_of(c));
-  for (int64_t c = 0; c < n; ++c) total += sum_of(c) * std::exp(max_of(c) - m);
-  // -0, not +0: fma(w, o, -0) is w * o rounded even where that is -0, so one chunk (w = 1)
-  // keeps every bit of its result (FinishChunks copies such rows).
-  for (int64_t d = 0; d < width; d += 8) Store(dst + d, Set1(-0.0f));
-  for (int64_t c0 = 0; c0 < n; c0 += 64) {
-    const int64_t c1 = std::min(n, c0 + 64);
-    for (int64_t c = c0; c < c1; ++c) weight[c - c0] = sum_of(c) * std::exp(max_of(c) - m) / total;
-    for (int64_t d = 0; d < width; d += 8) {
-      V8 a = Load(dst + d);
-      for (int64_t c = c0; c < c1; ++c) a = Fma(Set1(weight[c - c0]), Load(parts + c * stride + row * width + d), a);
-      Store(dst + d, a);
-    }
-  }
-}
-
-void CombineChunks(const ItemRows& it, const float* parts, float* out) {
-  const int64_t hd = it.layout->head_dim, nrows = it.nrows(), all = it.heads * nrows;
+void FoldChunk(const float* part, int64_t all, int64_t width, float* acc) {
+  float* acc_max = acc + all * width;
+  float* acc_sum = acc_max + all;
+  const float* part_max = part + all * width;
+  const float* part_sum = part_max + all;
   for (int64_t row = 0; row < all; ++row) {
-    const int64_t r = row % nrows;
-    CombineRow(parts, all, hd, row, ChunksOf(it.ctx_of(r)), out + it.head_of(it.g0 + row / nrows, r) * hd);
+    float* o = acc + row * width;
+    const float* p = part + row * width;
+    if (part_sum[row] == 0.0f) continue;  // the row's context ends before this chunk
+    if (acc_sum[row] == 0.0f) {           // nothing folded yet: the chunk's result as it is
+      std::memcpy(o, p, static_cast<size_t>(width) * sizeof(float));
+      acc_max[row] = part_max[row];
+      acc_sum[row] = part_sum[row];
+      continue;
+    }
+    const float m = std::max(acc_max[row], part_max[row]);
+    const float la = acc_sum[row] * std::exp(acc_max[row] - m), lp = part_sum[row] * std::exp(part_max[row] - m);
+    const float total = la + lp;
+    const V8 wa = Set1(la / total), wp = Set1(lp / total);
+    for (int64_t d = 0; d < width; d += 8) Store(o + d, Fma(wa, Load(o + d), Mul(wp, Load(p + d))));
+    acc_max[row] = m;
+    acc_sum[row] = total;
   }
 }
 
-void FinishChunks(const ItemRows& it, const float* parts, float* out) {
-  if (ChunksOf(it.ctx_max) > 1) return CombineChunks(it, parts, out);
-  // CombineChunks would copy the bits (fma(1, o, -0) = o), at 3% of a 512-token prefill chunk's
-  // attention.
+void WriteItemRows(const ItemRows& it, const float* part, float* out) {
   const int64_t hd = it.layout->head_dim, nrows = it.nrows();
   for (int64_t row = 0; row < it.heads * nrows; ++row) {
-    std::memcpy(out + it.head_of(it.g0 + row / nrows, row % nrows) * hd, parts + row * hd,
+    std::memcpy(out + it.head_of(it.g0 + row / nrows, row % nrows) * hd, part + row * hd,
                 static_cast<size_t>(hd) * sizeof(float));
   }
 }

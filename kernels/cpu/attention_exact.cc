@@ -223,10 +223,9 @@ void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* pa
 }
 
 void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s) {
-  const int64_t stride = ChunkPartFloats(it.heads * it.nrows(), it.layout->head_dim), chunks = ChunksOf(it.ctx_max);
-  s->parts.resize(static_cast<size_t>(chunks * stride));
-  for (int64_t c = 0; c < chunks; ++c) AttendExactChunk(ChunkOf(it, c), q, scale, s->parts.data() + c * stride, s);
-  FinishChunks(it, s->parts.data(), out);
+  AttendFolded(ChunksOf(it.ctx_max), it.heads * it.nrows(), it.layout->head_dim, &s->parts,
+               [&](int64_t c, float* part) { AttendExactChunk(ChunkOf(it, c), q, scale, part, s); });
+  WriteItemRows(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

@@ -144,7 +144,7 @@ void WeighRowRuns(int64_t nrows, int64_t k0, int64_t n, const CtxOf& ctx_of, con
 // stops at its own context. An fp32 cache is read in place, a bf16 one's rows copied whole first.
 void AttendExactChunk(const ItemRows& it, const float* q, float scale, float* part, ExactScratch* s);
 
-// A whole item (it.k_begin 0): each chunk of its context in turn, then weighed together.
+// A whole item (it.k_begin 0): each chunk of its context in turn, folded in as it comes (AttendFolded).
 void AttendExact(const ItemRows& it, const float* q, float scale, float* out, ExactScratch* s);
 
 }  // namespace moeserve::cpu_fast

@@ -22,15 +22,10 @@ void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_r
   }
 }
 
-void FinishLatentChunks(const LatentItem& it, const float* parts, int64_t chunks, float* out) {
-  const int64_t r = it.latent_dim, nrows = it.nrows();
-  for (int64_t row = 0; row < nrows; ++row) {
-    float* dst = out + it.pair(row) * r;
-    if (chunks == 1) {  // CombineRow would copy the bits (a weight of 1)
-      std::memcpy(dst, parts + row * r, static_cast<size_t>(r) * sizeof(float));
-    } else {
-      CombineRow(parts, nrows, r, row, ChunksOf(it.ctx_of(row)), dst);
-    }
+void WriteLatentRows(const LatentItem& it, const float* part, float* out) {
+  const int64_t r = it.latent_dim;
+  for (int64_t row = 0; row < it.nrows(); ++row) {
+    std::memcpy(out + it.pair(row) * r, part + row * r, static_cast<size_t>(r) * sizeof(float));
   }
 }
 
@@ -159,13 +154,11 @@ void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* 
   s->qb.resize(static_cast<size_t>(nrows * hd));
   RoundRowsToBf16(s->q.data(), nrows, hd, s->qb.data());
   s->zeros.assign(static_cast<size_t>(hd), 0);
-  const int64_t chunks = ChunksOf(ctx_max), stride = ChunkPartFloats(nrows, r);
-  s->parts.resize(static_cast<size_t>(chunks * stride));
-  for (int64_t c = 0; c < chunks; ++c) {
+  AttendFolded(ChunksOf(ctx_max), nrows, r, &s->parts, [&](int64_t c, float* part) {
     const int64_t kb = c * kAttentionChunkKeys;
-    LatentChunkBf16(it, kb, std::min(ctx_max, kb + kAttentionChunkKeys), scale, width, s, s->parts.data() + c * stride);
-  }
-  FinishLatentChunks(it, s->parts.data(), chunks, out);
+    LatentChunkBf16(it, kb, std::min(ctx_max, kb + kAttentionChunkKeys), scale, width, s, part);
+  });
+  WriteLatentRows(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

@@ -28,10 +28,9 @@ struct LatentItem {
 // The item's rows' queries [q_latent | q_rope] side by side at q (nrows x head_dim).
 void LatentQueries(const LatentItem& it, const float* q_latent, const float* q_rope, std::vector<float>* q);
 
-// The item's outputs from the results of its `chunks` chunks (ChunkPartFloats(nrows, latent_dim)
-// apart in `parts`): each row's own chunks weighed together (CombineRow), or with one chunk the
-// rows as they are.
-void FinishLatentChunks(const LatentItem& it, const float* parts, int64_t chunks, float* out);
+// The item's rows' results (`part`: nrows rows of latent_dim, its chunks folded together,
+// attention_chunks.h) into their places in `out` ([token][head][latent_dim]).
+void WriteLatentRows(const LatentItem& it, const float* part, float* out);
 
 // The item's outputs (out: [token][head][latent_dim]): each row's query [q_latent | q_rope]
 // scored against whole rows (8 keys at a time, two rows a key load), its softmax over its own
@@ -60,7 +59,7 @@ struct LatentBf16Scratch {
 // tree (ScoreLatentKeysBf16), the softmax on 16 lanes
 // writing bf16 probabilities, the weighted sum of the latents one vdpbf16ps per pair of keys and
 // 16 values, in blocks of up to 128 values; a context past 512 keys in the multi-head kernel's
-// fixed chunks, weighed together (attention_chunks.h). A row's operations depend only on its own context,
+// fixed chunks, folded in order (attention_chunks.h). A row's operations depend only on its own context,
 // so its bits never depend on its batch, tile or item. Shapes of Bf16LatentShape only.
 void AttendLatentBf16(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                       LatentBf16Scratch* s);

@@ -27,19 +27,16 @@ void AttendLatentAmx(AmxUnit unit, const LatentItem& it, const float* q_latent, 
   }
   s->ctx.resize(static_cast<size_t>(nrows));
   for (int64_t row = 0; row < nrows; ++row) s->ctx[row] = it.ctx_of(row);
-  const int64_t chunks = ChunksOf(ctx_max), stride = ChunkPartFloats(nrows, r);
-  s->parts.resize(static_cast<size_t>(chunks * stride));
-  for (int64_t c = 0; c < chunks; ++c) {
+  AttendFolded(ChunksOf(ctx_max), nrows, r, &s->parts, [&](int64_t c, float* part) {
     const int64_t kb = c * kAttentionChunkKeys;
     // The values are the keys' own rows, read by the scores just before: nothing to fetch.
     const TileChunk tc{nrows, hd, r, kb, std::min(ctx_max, kb + kAttentionChunkKeys), s->ctx.data(), it.layout,
                        it.cache, it.table(), it.layer, 0, 0, 0, 0, keys_as_a,
                        hd * static_cast<int64_t>(sizeof(uint16_t)), 0, s->qb.data(),
                        keys_as_a ? s->q_pairs.data() : nullptr};
-    float* part = s->parts.data() + c * stride;
     ChunkOnTiles(unit, tc, scale, s, part, part + nrows * r, part + nrows * r + nrows);
-  }
-  FinishLatentChunks(it, s->parts.data(), chunks, out);
+  });
+  WriteLatentRows(it, s->parts.data(), out);
 }
 
 }  // namespace moeserve::cpu_fast

@@ -64,8 +64,9 @@ std::string CpuBackend::Name() const {
 
 std::string CpuBackend::KernelNumerics() const {
   if (!fast()) return "cpu-reference-1";
-  // -3: attention over contexts past 512 keys in chunks, weighed together (attention_chunks.h).
-  const std::string base = options_.batch_invariant ? "cpu-fast-3" : "cpu-fast-blas-3";
+  // -3: attention over contexts past 512 keys in chunks, weighed together (attention_chunks.h);
+  // -4: the chunks folded in order as they come (FoldChunk), not weighed once all are done.
+  const std::string base = options_.batch_invariant ? "cpu-fast-4" : "cpu-fast-blas-4";
   // -2: attention over a bf16 cache rounds queries and probabilities to bf16 (Bf16Attention);
   // -3: its products on AMX tiles; -4: on vdpbf16ps with the AMX kernel's 16-lane softmax (the
   // exact kernel's 8-lane one before, -2); -5: contexts past 512 keys in chunks, weighed together

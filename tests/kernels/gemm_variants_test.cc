@@ -434,7 +434,7 @@ TEST(KernelSelectTest, TheAmxModelBackendIsTheAmxVariantUnderItsOwnName) {
   EXPECT_EQ(model.PreferredWeightLayout(DType::kBF16), WeightLayout::kAmxTiles);
   EXPECT_EQ(model.PreferredWeightLayout(DType::kF32), WeightLayout::kTiled8);
   EXPECT_TRUE(model.AmxAttention());
-  EXPECT_EQ(model.KernelNumerics(), "cpu-fast-3-amx-model-8");
+  EXPECT_EQ(model.KernelNumerics(), "cpu-fast-4-amx-model-8");
   EXPECT_NE(DescribeVariants(CpuIsa::kAmxModel).find("amx-model: passed"), std::string::npos)
       << DescribeVariants(CpuIsa::kAmxModel);
 }

@@ -135,7 +135,7 @@ TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInv
     // Prefill tiles across chunk boundaries (tokens 490-529 and 1520-1559) and a decode at 1099.
     ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, kvh, hd, 3, /*max_blocks=*/100,
                                        /*chunk=*/40, gen, {530, 1100, 1560});
-    // 65 chunks: more than CombineChunks weighs in one pass.
+    // 65 chunks, folded in turn (and split over the threads when alone).
     ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, kvh, hd, 1, /*max_blocks=*/2063,
                                        /*chunk=*/1, gen, {33000});
   }

@@ -177,7 +177,7 @@ TEST_F(PagedAttentionTest, LongContextsInChunksMatchTheReferenceAndAreBatchInvar
     int64_t seqs, chunk;
     std::vector<int64_t> lens;  // random where empty
   };
-  // The last: 65 chunks, more than CombineChunks weighs in one pass (64).
+  // The last: 65 chunks, folded in turn (and split over the threads when alone).
   const Case cases[] = {{2, 40, {}}, {17, 3, {}}, {3, 40, {530, 1100, 1560}}, {1, 1, {33000}}};
   for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& [seqs, chunk, lens] : cases) {
