@@ -369,6 +369,7 @@ BENCHMARK(BM_PagedPrefillAttention)
     ->Args({512, 512, 8, 2})
     ->Args({2000, 464, 8, 2})
     ->Args({2000, 464, 16, 4})
+    ->Args({16384, 512, 16, 4})  // medium's last step of a 16k-token prompt: 32 chunks a row
     ->UseRealTime();
 
 // The expert dispatch's gather: `rows` token rows of `dim` floats copied in a random order (a
