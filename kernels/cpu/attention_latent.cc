@@ -36,25 +36,36 @@ void LatentRows(const LatentItem& it, int64_t j0, int64_t n, int64_t ctx, const 
   BlockRows(*it.layout, it.cache, it.table(), it.layer, 0, 0, j0, n, ctx, zeros, rows);
 }
 
-// Scores (row by row at s->scores, `padded` apart), softmax, then the weighted sums into s->acc.
+// Keys [kb, ke) of the item (one chunk of its context, attention_chunks.h) into `part`
+// (ChunkPartFloats(nrows, latent_dim)): the scores (row by row at s->scores, `padded` apart), each
+// row's softmax over its keys in the chunk, then the weighted sums of the latents.
 template <typename T>
-void LatentPasses(const LatentItem& it, float scale, int64_t padded, ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), ctx_max = it.ctx_of(nrows - 1);
+void LatentChunk(const LatentItem& it, int64_t kb, int64_t ke, float scale, ExactScratch* s, float* part) {
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), padded = RoundUp(ke - kb, kExactKeys);
+  s->scores.resize(static_cast<size_t>(nrows * padded));
   const T* rows[kExactValueKeys];
   auto ctx_of = [&](int64_t row) { return it.ctx_of(row); };
-  const RowSource keys{it.layout, it.cache, it.table(), it.layer, 0, 0, hd, ctx_max};
-  for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactKeys) {
+  const RowSource keys{it.layout, it.cache, it.table(), it.layer, 0, 0, hd, ke};
+  for (int64_t k0 = kb; k0 < ke; k0 += kExactKeys) {  // 8-key blocks never cross a chunk's end
     CopyRows(keys, k0, kExactKeys, s, rows);
     ScoreRowPairs(
         nrows, k0, rows, 0, hd, scale, [&](int64_t row) { return s->q.data() + row * hd; }, ctx_of,
-        [&](int64_t row) { return s->scores.data() + row * padded + k0; });
+        [&](int64_t row) { return s->scores.data() + row * padded + (k0 - kb); });
   }
-  for (int64_t row = 0; row < nrows; ++row) Softmax(s->scores.data() + row * padded, it.ctx_of(row));
-  const RowSource latents{it.layout, it.cache, it.table(), it.layer, 0, 0, r, ctx_max};
-  for (int64_t k0 = 0; k0 < ctx_max; k0 += kExactValueKeys) {
-    const int64_t n = std::min(kExactValueKeys, ctx_max - k0);
+  float* max = part + nrows * r;
+  float* sum = max + nrows;
+  for (int64_t row = 0; row < nrows; ++row) {
+    const int64_t n = std::clamp(it.ctx_of(row), kb, ke) - kb;
+    const SoftmaxStats st = n > 0 ? Softmax(s->scores.data() + row * padded, n) : SoftmaxStats{-INFINITY, 0.0f};
+    max[row] = st.max;
+    sum[row] = st.sum;
+  }
+  std::fill(part, part + nrows * r, 0.0f);
+  const RowSource latents{it.layout, it.cache, it.table(), it.layer, 0, 0, r, ke};
+  for (int64_t k0 = kb; k0 < ke; k0 += kExactValueKeys) {
+    const int64_t n = std::min(kExactValueKeys, ke - k0);
     CopyRows(latents, k0, n, s, rows);
-    WeighRowRuns(nrows, k0, n, ctx_of, s->scores.data() + k0, padded, rows, 0, r, s->acc.data(), r);
+    WeighRowRuns(nrows, k0, n, ctx_of, s->scores.data() + (k0 - kb), padded, rows, 0, r, part, r);
   }
 }
 
@@ -62,22 +73,17 @@ void LatentPasses(const LatentItem& it, float scale, int64_t padded, ExactScratc
 
 void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                   ExactScratch* s) {
-  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows();
-  const int64_t padded = RoundUp(it.ctx_of(nrows - 1), kExactKeys);
-  s->scores.resize(static_cast<size_t>(nrows * padded));
-  s->acc.assign(static_cast<size_t>(nrows * r), 0.0f);
+  const int64_t hd = it.layout->head_dim, r = it.latent_dim, nrows = it.nrows(), ctx_max = it.ctx_of(nrows - 1);
   s->zeros.assign(static_cast<size_t>(hd), 0.0f);
   s->zeros16.assign(static_cast<size_t>(hd), 0);
   s->rows16.resize(static_cast<size_t>(kExactValueKeys * hd));
   LatentQueries(it, q_latent, q_rope, &s->q);
-  if (it.layout->dtype == DType::kF32) {
-    LatentPasses<float>(it, scale, padded, s);
-  } else {
-    LatentPasses<uint16_t>(it, scale, padded, s);
-  }
-  for (int64_t row = 0; row < nrows; ++row) {
-    std::memcpy(out + it.pair(row) * r, s->acc.data() + row * r, static_cast<size_t>(r) * sizeof(float));
-  }
+  AttendFolded(ChunksOf(ctx_max), nrows, r, &s->parts, [&](int64_t c, float* part) {
+    const int64_t kb = c * kAttentionChunkKeys, ke = std::min(ctx_max, kb + kAttentionChunkKeys);
+    if (it.layout->dtype == DType::kF32) return LatentChunk<float>(it, kb, ke, scale, s, part);
+    LatentChunk<uint16_t>(it, kb, ke, scale, s, part);
+  });
+  WriteLatentRows(it, s->parts.data(), out);
 }
 
 bool Bf16LatentShape(int64_t hd, int64_t latent_dim) {

@@ -34,9 +34,10 @@ void WriteLatentRows(const LatentItem& it, const float* part, float* out);
 
 // The item's outputs (out: [token][head][latent_dim]): each row's query [q_latent | q_rope]
 // scored against whole rows (8 keys at a time, two rows a key load), its softmax over its own
-// context, then the weighted sum of the rows' latents (32 keys at a time, the rows of a token
-// sharing each latent load over a bf16 cache); the exact kernel's operations over the whole context, in the same
-// order for each (token, head) whatever its batch, tile or item. hd and latent_dim multiples of 8.
+// keys, then the weighted sum of the rows' latents (32 keys at a time, the rows of a token
+// sharing each latent load over a bf16 cache), a context past 512 keys in the fixed chunks folded
+// in order (attention_chunks.h); the exact kernel's operations, in the same order for each
+// (token, head) whatever its batch, tile or item. hd and latent_dim multiples of 8.
 void AttendLatent(const LatentItem& it, const float* q_latent, const float* q_rope, float scale, float* out,
                   ExactScratch* s);
 

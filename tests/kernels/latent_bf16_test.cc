@@ -2,7 +2,8 @@
 // attention_amx.h, on the hardware and on the model of the tiles):
 // against float64 attention over the same bf16 cache with the queries rounded as the kernel
 // rounds them, within the bound of the rest (kernels/cpu/attention_bound.h); every token bit-equal to itself alone, and the
-// batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel.
+// batch to itself on other thread counts. Shapes the kernel does not take stay on the exact kernel,
+// whose long contexts in chunks are checked the same way (LatentExactTest).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -93,10 +94,11 @@ LatentBatch MakeLatentBatch(CpuBackend& b, int64_t r, int64_t dr, int64_t heads,
   return lb;
 }
 
-void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& make, int64_t r,
-                                        int64_t dr,
+// `bf16`: the backend's latent kernel rounds queries and probabilities to bf16 (the bound allows
+// for it, and the exact kernel must give other bits); else it is the exact kernel.
+void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& make, int64_t r, int64_t dr,
                                         int64_t heads, const std::vector<int64_t>& lens, int64_t chunk,
-                                        std::mt19937& gen) {
+                                        std::mt19937& gen, bool bf16 = true) {
   SCOPED_TRACE(::testing::Message() << "latent " << r << " + rope " << dr << ", " << heads << " heads, "
                                     << lens.size() << " sequences");
   CpuBackend b = make(2);
@@ -118,7 +120,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ma
         return e < r ? double{lb.q_latent[(i * heads + h) * r + e]} : double{lb.q_rope[(i * heads + h) * dr + e - r]};
       };
       auto row = [&](int64_t j, int64_t e) { return cached(s, j, e); };  // the latent doubles as the value
-      cpu_fast::CheckAttentionRow(ctx, hd, r, scale, /*bf16=*/true, q, row, row, out.data() + (i * heads + h) * r, &check);
+      cpu_fast::CheckAttentionRow(ctx, hd, r, scale, bf16, q, row, row, out.data() + (i * heads + h) * r, &check);
     }
   }
   EXPECT_LE(check.worst, 1.0) << "largest error " << check.worst_err << " is " << check.worst << " of its bound";
@@ -139,6 +141,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ma
   make(5).PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(),
                                   heads, r, scale, other.data());
   EXPECT_EQ(0, std::memcmp(other.data(), out.data(), out.size() * sizeof(float))) << "5 threads";
+  if (!bf16) return;
   // And it ran the bf16 kernel: the exact one (fp32 queries and probabilities) gives other bits.
   CpuBackend exact{CpuBackendOptions{CpuPath::kFast, 2, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
   exact.PagedLatentAttention(lb.q_latent.data(), lb.q_rope.data(), lb.Batch(), lb.layout, 1, lb.cache.data(), heads, r,
@@ -167,6 +170,20 @@ TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   // Contexts past the 512-key chunks: a prefill chunk across the boundary at 1024 (tokens
   // 1010-1049), decodes at 513, 600 and 1537 (four chunks, the last of one key).
   ExpectWithinBoundAndBatchInvariant([&](int n) { return Make(n); }, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen);
+}
+
+// The exact latent kernel (fp32 queries and probabilities; --cpu-kernel exact, an f32 cache, or a
+// shape the bf16 kernel does not take) in the same 512-key chunks, folded in order: within the
+// bound of its arithmetic and batch-invariant, from one chunk to four.
+TEST(LatentExactTest, LongContextsInChunksWithinTheBoundAndBatchInvariant) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+  auto make = [](int threads) {
+    return CpuBackend{CpuBackendOptions{CpuPath::kFast, threads, 0, true, CpuIsa::kAuto, CpuKernelNumerics::kExact}};
+  };
+  ExpectWithinBoundAndBatchInvariant(make, 64, 32, 11, {150, 1, 33, 64, 97}, 40, gen, /*bf16=*/false);
+  ExpectWithinBoundAndBatchInvariant(make, 256, 32, 16, {1050, 513, 600, 1537}, 40, gen, /*bf16=*/false);
 }
 
 // The amx_model latent kernel is the tile kernel, not a fallback to vdpbf16ps: over a random
