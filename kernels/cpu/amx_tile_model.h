@@ -6,7 +6,7 @@
 // tdpbf16ps follows Intel SDM's pseudo-code: per output element, the pair products of each K
 // step added in order, even element first. The hardware rounds otherwise (on the Sapphire Rapids
 // VM 17-46% of a step's outputs differed from this and four other simple models,
-// docs/performance.md), so tests hold the model to float64 within a bound, and model to model
+// docs/performance-log.md), so tests hold the model to float64 within a bound, and model to model
 // bit for bit, never to the hardware's bits. Plain C++ in its own translation unit: no target
 // needed, and no inline function whose copies other targets could replace.
 #pragma once

@@ -12,7 +12,7 @@
 // so a decode step's few rows load and multiply only themselves, not a padded 32-row block:
 // the rows of a tile are computed independently, so this changes no result.
 //
-// First run on AMX hardware on 2026-11-26 (docs/performance.md). The variant is used only after
+// First run on AMX hardware on 2026-11-26 (docs/performance-log.md). The variant is used only after
 // its self-check passed in a child process (kernel_select.cc), so a fault cannot take the server
 // down and a wrong result is never served.
 //
