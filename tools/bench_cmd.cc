@@ -202,7 +202,7 @@ BenchRun RunWorkload(Engine* engine, const std::vector<WorkloadItem>& items) {
     if (!id.ok()) {
       std::fprintf(stderr, "request %zu refused: %s\n", i, std::string(id.status().message()).c_str());
       std::lock_guard<std::mutex> lock(mu);
-      ++run.refused;
+      if (run.refused++ == 0) run.first_refusal = id.status();
       if (++done == total) run.elapsed = wall.Seconds();
     }
   }
@@ -247,6 +247,11 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
     f << j.dump(2) << "\n";
     if (!f) return Fail(absl::InternalError(absl::StrCat("--out: cannot write ", o.out)));
     std::printf("  wrote %s\n", o.out.c_str());
+  }
+  // A benchmark of nothing is an error for the scripts that run it, not a report of zeros.
+  if (run.refused > 0 && run.refused == static_cast<int64_t>(run.requests.size())) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("every request was refused (", run.refused,
+                                                        "), the first: ", run.first_refusal.message())));
   }
   return 0;
 }

@@ -121,6 +121,10 @@ void PrintBenchReport(const nlohmann::json& j) {
   const auto prompt = j["prompt_tokens"].get<int64_t>();
   std::printf("bench: %lld requests in %.2f s on %s\n", static_cast<long long>(j["requests_ok"].get<int64_t>()),
               j["elapsed_seconds"].get<double>(), j["backend"].get<std::string>().c_str());
+  if (const auto refused = j["requests_refused"].get<int64_t>(); refused > 0) {
+    std::printf("  refused: %lld requests (their reasons above); the figures below are the others'\n",
+                static_cast<long long>(refused));
+  }
   std::printf("  throughput: %.2f req/s, %.1f total tok/s, %.1f output tok/s\n", tp["requests_per_s"].get<double>(),
               tp["total_tokens_per_s"].get<double>(), tp["output_tokens_per_s"].get<double>());
   std::printf("  prefill %.1f tok/s, decode %.1f tok/s (step time shared by token kind)\n",

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "engine/engine.h"
 
 namespace moeserve::tools {
@@ -22,6 +23,7 @@ struct BenchRun {
   };
   std::vector<Request> requests;
   int64_t refused = 0;
+  absl::Status first_refusal;  // why the first refused request was
   double elapsed = 0;
 };
 

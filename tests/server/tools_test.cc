@@ -205,6 +205,17 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   EXPECT_NE(err.find("--load-format"), std::string::npos) << err;
   EXPECT_EQ(RunCommand({"bench", "--load-format", "dummy", "--num-requests", "1"}, &out, &err), 2);
   EXPECT_NE(err.find("--model"), std::string::npos) << err;
+  // A workload the model refuses whole is an error naming why, not a report of zeros; one it
+  // refuses in part reports the rest and says how many were refused.
+  EXPECT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "2", "--prompt-len", "100000"}, &out, &err), 2);
+  EXPECT_NE(err.find("every request was refused (2), the first: prompt: the prompt has 100000 tokens"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "8", "--prompt-len", "4:2000", "--seed", "1"},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("  refused: "), std::string::npos) << out;
   // A config.json without dummy weights, and dummy weights from a file that is not there.
   EXPECT_EQ(
       RunCommand({"generate", "--model", dir + "/ck/config.json", "--prompt-ids", "5"}, &out, &err),
