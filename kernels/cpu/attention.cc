@@ -6,7 +6,8 @@
 // one), and the group of query heads that share a kv head reads each K/V row once. Items take as
 // many kv heads as keep the threads busy (PlanItems), so that a token's row (all kv heads side by
 // side in the cache) is read whole. Every kernel takes a context in chunks of 512 keys folded
-// together in order (attention_chunks.h), so few long contexts also split by chunk, one an item. Every kernel is batch-invariant: a token's scores, softmax and weighted sum are the same
+// together in order (attention_chunks.h), so few long contexts also split by chunk, one an item.
+// Every kernel is batch-invariant: a token's scores, softmax and weighted sum are the same
 // operations in the same order whatever its tile, batch mates, item or thread.
 #include <algorithm>
 #include <cstring>

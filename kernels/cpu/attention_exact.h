@@ -62,7 +62,7 @@ template <typename T>
 SoftmaxStats Softmax(float* sc, int64_t ctx);
 
 struct ExactScratch {
-  std::vector<float> scores, zeros, parts, q, acc;
+  std::vector<float> scores, zeros, parts, q;
   std::vector<uint16_t> zeros16;  // a bf16 cache's keys past the context
   std::vector<uint16_t> rows16;  // a bf16 cache's rows of a pass, copied whole
 };
