@@ -234,6 +234,12 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
   Engine* engine = (*launched)->engine.get();
   const BenchRun run = RunWorkload(engine, MakeWorkload(*w));
   if (absl::Status failed = engine->failure(); !failed.ok()) return Fail(failed);
+  // A benchmark of nothing is an error for the scripts that run it, not a report (or --out file)
+  // of zeros; it keeps the refusal's own code (a bad prompt, a full queue).
+  if (run.refused > 0 && run.refused == static_cast<int64_t>(run.requests.size())) {
+    return Fail(absl::Status(run.first_refusal.code(), absl::StrCat("every request was refused (", run.refused,
+                                                                    "), the first: ", run.first_refusal.message())));
+  }
   if (absl::Status s = WriteExpertLoadOut(o.engine, *engine, o.model); !s.ok()) return Fail(s);
   const nlohmann::json workload = {{"num_requests", o.num_requests}, {"prompt_len", w->prompt_len.ToString()},
                                    {"output_len", w->output_len.ToString()}, {"shared_prefix", o.shared_prefix},
@@ -247,11 +253,6 @@ int RunBenchRank0(BenchOptions o, MpiJob* job) {
     f << j.dump(2) << "\n";
     if (!f) return Fail(absl::InternalError(absl::StrCat("--out: cannot write ", o.out)));
     std::printf("  wrote %s\n", o.out.c_str());
-  }
-  // A benchmark of nothing is an error for the scripts that run it, not a report of zeros.
-  if (run.refused > 0 && run.refused == static_cast<int64_t>(run.requests.size())) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("every request was refused (", run.refused,
-                                                        "), the first: ", run.first_refusal.message())));
   }
   return 0;
 }

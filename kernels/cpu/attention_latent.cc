@@ -45,8 +45,11 @@ void LatentChunk(const LatentItem& it, int64_t kb, int64_t ke, float scale, Exac
   s->scores.resize(static_cast<size_t>(nrows * padded));
   const T* rows[kExactValueKeys];
   auto ctx_of = [&](int64_t row) { return it.ctx_of(row); };
-  const RowSource keys{it.layout, it.cache, it.table(), it.layer, 0, 0, hd, ke};
-  for (int64_t k0 = kb; k0 < ke; k0 += kExactKeys) {  // 8-key blocks never cross a chunk's end
+  // The rows past ke that a RowSource reads are only fetched ahead (the next chunk's first keys):
+  // 8-key blocks and 32-key value passes never cross a chunk's end.
+  const int64_t ctx_max = it.ctx_of(nrows - 1);
+  const RowSource keys{it.layout, it.cache, it.table(), it.layer, 0, 0, hd, ctx_max};
+  for (int64_t k0 = kb; k0 < ke; k0 += kExactKeys) {
     CopyRows(keys, k0, kExactKeys, s, rows);
     ScoreRowPairs(
         nrows, k0, rows, 0, hd, scale, [&](int64_t row) { return s->q.data() + row * hd; }, ctx_of,
@@ -61,7 +64,7 @@ void LatentChunk(const LatentItem& it, int64_t kb, int64_t ke, float scale, Exac
     sum[row] = st.sum;
   }
   std::fill(part, part + nrows * r, 0.0f);
-  const RowSource latents{it.layout, it.cache, it.table(), it.layer, 0, 0, r, ke};
+  const RowSource latents{it.layout, it.cache, it.table(), it.layer, 0, 0, r, ctx_max};
   for (int64_t k0 = kb; k0 < ke; k0 += kExactValueKeys) {
     const int64_t n = std::min(kExactValueKeys, ke - k0);
     CopyRows(latents, k0, n, s, rows);

@@ -153,7 +153,7 @@ void ExpectWithinBoundAndBatchInvariant(const std::function<CpuBackend(int)>& ma
 // weighted sum), and smaller ones; heads not a multiple of the 8 an item takes; contexts from 1
 // to past a 64-key value pass, odd and even, and a prefill chunk whose rows end at different keys.
 // Then a decode batch of 9 tokens, whose items take up to 32 heads (40: 32 + 8), each token
-// alone taking 8; then contexts of several 512-key chunks, weighed together.
+// alone taking 8; then contexts of several 512-key chunks, folded in order.
 TEST_P(LatentBf16Test, WithinTheRoundingBoundAndBatchInvariant) {
   std::random_device rd;
   const uint32_t seed = rd();

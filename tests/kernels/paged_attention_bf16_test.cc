@@ -119,7 +119,7 @@ TEST_P(PagedAttentionBf16Test, RoundsQueriesAndProbabilitiesWithinTheirBoundAndI
 
 // Contexts past kAttentionChunkKeys (512): the avx512-bf16 kernel takes them in chunks, one an
 // item where tiles are few (most tokens alone, 2 or 3 sequences), all of a tile's in one item
-// where they are many (17), weighed together afterwards; prefill tiles straddle the boundaries
+// where they are many (17), folded in order; prefill tiles straddle the boundaries
 // at 512 and 1536. The same bound and the same bits. The amx kernel as well (its tiles over each
 // chunk's whole 32-key steps).
 TEST_P(PagedAttentionBf16Test, LongContextsInChunksStayWithinTheBoundAndBatchInvariant) {

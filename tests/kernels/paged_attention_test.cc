@@ -163,7 +163,7 @@ TEST_F(PagedAttentionTest, ATokensOutputDoesNotDependOnHowTheBatchIsSplit) {
   }
 }
 
-// Contexts past 512 keys: the exact kernel takes them in 512-key chunks weighed together, one
+// Contexts past 512 keys: the exact kernel takes them in 512-key chunks folded in order, one
 // chunk an item where tiles are few (most tokens alone, the batches of 2 and 3 sequences) and all
 // of a tile's chunks an item where they are many (17 sequences); prefill tiles straddle the
 // chunk boundaries at 512 and 1536 (fixed lengths 530 and 1560). Against the reference path and

@@ -207,10 +207,16 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   EXPECT_NE(err.find("--model"), std::string::npos) << err;
   // A workload the model refuses whole is an error naming why, not a report of zeros; one it
   // refuses in part reports the rest and says how many were refused.
-  EXPECT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "2", "--prompt-len", "100000"}, &out, &err), 2);
+  const std::string refused_out = dir + "/refused.json";
+  EXPECT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "2", "--prompt-len", "100000", "--out",
+                        refused_out},
+                       &out, &err),
+            2);
   EXPECT_NE(err.find("every request was refused (2), the first: prompt: the prompt has 100000 tokens"),
             std::string::npos)
       << err;
+  EXPECT_EQ(out.find("throughput"), std::string::npos) << "no report of zeros: " << out;
+  EXPECT_FALSE(std::filesystem::exists(refused_out)) << "no --out file of zeros";
   EXPECT_EQ(RunCommand({"bench", "--preset", "tiny", "--num-requests", "8", "--prompt-len", "4:2000", "--seed", "1"},
                        &out, &err),
             0)
