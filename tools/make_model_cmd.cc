@@ -14,6 +14,7 @@
 #include "core/file_util.h"
 #include "core/thread_pool.h"
 #include "models/host_matrix.h"
+#include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/weight_init.h"
 #include "tools/commands.h"
@@ -24,6 +25,7 @@ namespace {
 struct MakeModelOptions {
   std::string preset = "tiny";
   std::string family = "mixtral";
+  std::string config;  // a config.json whose shape and family replace the preset's
   uint64_t seed = 0;
   std::string dtype = "bf16";
   std::string quantization = "none";
@@ -70,18 +72,28 @@ absl::StatusOr<Fp8Checkpoint> QuantizeLinearLayers(const std::vector<TensorView>
   return out;
 }
 
-int RunMakeModel(const MakeModelOptions& o) {
+// The checkpoint's config: a preset's shape as --family, or --config's file as it is.
+absl::StatusOr<ModelConfig> MakeModelConfig(const MakeModelOptions& o) {
+  if (!o.config.empty()) {
+    auto config = ModelConfig::FromFile(o.config);
+    // (FromFile refuses a vocabulary smaller than the byte-level tokenizer written beside it.)
+    if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("--config: ", config.status().message()));
+    return config;
+  }
   auto config = PresetConfig(o.preset);
-  if (!config.ok()) {
-    std::fprintf(stderr, "error: --preset: %s\n", std::string(config.status().message()).c_str());
-    return 2;
-  }
+  if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat("--preset: ", config.status().message()));
   auto family = FamilyFromModelType(o.family);
-  if (!family.ok()) {
-    std::fprintf(stderr, "error: --family: %s\n", std::string(family.status().message()).c_str());
+  if (!family.ok()) return absl::InvalidArgumentError(absl::StrCat("--family: ", family.status().message()));
+  return WithFamily(*config, *family);
+}
+
+int RunMakeModel(const MakeModelOptions& o) {
+  auto config = MakeModelConfig(o);
+  if (!config.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
-  *config = WithFamily(*config, *family);
+  const std::string shape = o.config.empty() ? absl::StrCat("preset ", o.preset) : o.config;
   auto dtype = DTypeFromShortName(o.dtype);
   if (!dtype.ok() || *dtype == DType::kF16) {
     std::fprintf(stderr, "error: --dtype must be f32 or bf16, got \"%s\"\n", o.dtype.c_str());
@@ -99,7 +111,7 @@ int RunMakeModel(const MakeModelOptions& o) {
   config->fp8_checkpoint = o.quantization == "fp8";
   Stopwatch sw;
   std::fprintf(stderr, "make-model: generating %s (%.1fM parameters, %.1fM active) in %s, seed %llu...\n",
-               o.preset.c_str(), config->TotalParams() / 1e6, config->ActiveParams() / 1e6,
+               shape.c_str(), config->TotalParams() / 1e6, config->ActiveParams() / 1e6,
                o.dtype.c_str(), static_cast<unsigned long long>(o.seed));
   ThreadPool pool(0);
   auto tensors = GenerateRandomWeights(*config, o.seed, *dtype, &pool);
@@ -129,7 +141,7 @@ int RunMakeModel(const MakeModelOptions& o) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  std::printf("wrote %s: preset %s, %s, %.1fM parameters in %.1f s\n", o.out.c_str(), o.preset.c_str(),
+  std::printf("wrote %s: %s, %s, %.1fM parameters in %.1f s\n", o.out.c_str(), shape.c_str(),
               o.dtype.c_str(), config->TotalParams() / 1e6, sw.Seconds());
   return 0;
 }
@@ -142,9 +154,11 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
       "make-model", "Write a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 or -V3, GLM-4.5) with deterministic random weights: "
                     "config.json, safetensors, generation_config.json, and a byte-level tokenizer.json "
                     "and tokenizer_config.json (with a ChatML chat template) that transformers also loads");
-  cmd->add_option("--preset", opts->preset, "tiny (unit tests), small (~100M, 8 experts top-2) or medium (~0.8B, 16 experts top-2)")
-      ->capture_default_str();
-  cmd->add_option("--family", opts->family,
+  CLI::Option* preset =
+      cmd->add_option("--preset", opts->preset,
+                      "tiny (unit tests), small (~100M, 8 experts top-2) or medium (~0.8B, 16 experts top-2)")
+          ->capture_default_str();
+  CLI::Option* family = cmd->add_option("--family", opts->family,
                   "Architecture of the checkpoint: mixtral (MixtralForCausalLM), qwen2_moe (q/k/v biases and a "
                   "gated shared expert), qwen3_moe (per-head q/k norms), olmoe (whole-projection q/k norms), "
                   "deepseek_v3 (multi-head latent attention with query compression, a dense first layer, grouped "
@@ -152,6 +166,12 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
                   "compression, greedy softmax routing) or glm4_moe (GLM-4.5: biases, q/k norms, half-head RoPE, "
                   "DeepSeek-V3's MoE), with the preset's shape")
       ->capture_default_str();
+  cmd->add_option("--config", opts->config,
+                  "A Hugging Face config.json (a family above) whose shape and architecture the checkpoint takes "
+                  "instead of a preset's, e.g. benchmarks/configs/mixtral-827m-e16k2.json, so that another engine "
+                  "can load the same weights; excludes --preset and --family")
+      ->excludes(preset)
+      ->excludes(family);
   cmd->add_option("--seed", opts->seed, "Seed of the weights: the same seed gives the same bytes")
       ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "Weight dtype: f32 or bf16")->capture_default_str();

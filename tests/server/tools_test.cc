@@ -198,6 +198,26 @@ TEST(E2eToolsTest, DummyWeightsFromAConfigEqualTheCheckpointOfTheSameSeed) {
   EXPECT_NE(generate({"--model", dir + "/ck", "--load-format", "dummy", "--model-seed", "4"}),
             from_checkpoint)
       << "another seed, other weights";
+  // make-model --config: a checkpoint of any config.json's shape, the same weights again.
+  ASSERT_EQ(RunCommand({"make-model", "--config", dir + "/ck/config.json", "--dtype", "f32", "--seed", "3", "--out",
+                        dir + "/from-config"},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(generate({"--model", dir + "/from-config"}), from_checkpoint);
+  EXPECT_NE(RunCommand({"make-model", "--config", dir + "/ck/config.json", "--preset", "small", "--out", dir + "/x"},
+                       &out, &err),
+            0);
+  EXPECT_NE(err.find("--preset excludes --config"), std::string::npos) << err;
+  {
+    auto text = ReadFileToString(dir + "/ck/config.json");
+    ASSERT_TRUE(text.ok()) << text.status();
+    nlohmann::json small_vocab = nlohmann::json::parse(*text);
+    small_vocab["vocab_size"] = 200;
+    ASSERT_TRUE(WriteFileAtomically(dir + "/small-vocab.json", small_vocab.dump()).ok());
+  }
+  EXPECT_EQ(RunCommand({"make-model", "--config", dir + "/small-vocab.json", "--out", dir + "/x"}, &out, &err), 2);
+  EXPECT_NE(err.find("\"vocab_size\" must be at least 259, got 200"), std::string::npos) << err;
   EXPECT_EQ(
       RunCommand({"generate", "--model", dir + "/ck", "--load-format", "lazy", "--prompt-ids", "5"},
                  &out, &err),
