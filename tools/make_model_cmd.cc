@@ -169,7 +169,7 @@ void AddMakeModelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", opts->config,
                   "A Hugging Face config.json (a family above) whose shape and architecture the checkpoint takes "
                   "instead of a preset's, e.g. benchmarks/configs/mixtral-827m-e16k2.json, so that another engine "
-                  "can load the same weights; excludes --preset and --family")
+                  "can load the same weights (in --dtype, whatever the file's torch_dtype); excludes --preset and --family")
       ->excludes(preset)
       ->excludes(family);
   cmd->add_option("--seed", opts->seed, "Seed of the weights: the same seed gives the same bytes")
