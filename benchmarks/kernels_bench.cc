@@ -372,6 +372,43 @@ BENCHMARK(BM_PagedPrefillAttention)
     ->Args({16384, 512, 16, 4})  // medium's last step of a 16k-token prompt: 32 chunks a row
     ->UseRealTime();
 
+// A latent (MLA) prefill chunk: `chunk` new tokens of one sequence at the end of `context`,
+// attending causally with `heads` heads over [latent | rope] rows (DeepSeek-V3's 512 + 64).
+void BM_PagedLatentPrefillAttention(benchmark::State& state) {
+  const int64_t context = state.range(0), chunk = state.range(1), heads = state.range(2);
+  const int64_t latent = state.range(3), rope = state.range(4), block = 16;
+  const int64_t blocks = (context + block - 1) / block;
+  KvLayout layout;
+  layout.num_blocks = blocks;
+  layout.num_layers = 1;
+  layout.block_size = block;
+  layout.kv_heads = 1;
+  layout.head_dim = latent + rope;
+  layout.planes = 1;
+  layout.dtype = DType::kBF16;
+  DeviceBuffer kv = *TheBackend().Allocate(static_cast<size_t>(blocks) * layout.BlockBytes());
+  std::memset(kv.data(), 0, static_cast<size_t>(blocks) * layout.BlockBytes());
+  std::vector<int32_t> table(static_cast<size_t>(blocks)), seq(static_cast<size_t>(chunk), 0), pos(seq.size());
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
+  AttentionBatch ab{seq.data(), pos.data(), table.data(), chunk, 1, blocks};
+  std::vector<float> q_latent(static_cast<size_t>(chunk * heads * latent), 0.1f),
+      q_rope(static_cast<size_t>(chunk * heads * rope), 0.1f), out(q_latent.size());
+  for (auto _ : state) {
+    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), ab, layout, 0, kv.data(), heads, latent, 0.1f,
+                                      out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  double attended = 0;
+  for (int64_t t = 0; t < chunk; ++t) attended += static_cast<double>(pos[t] + 1);
+  Report(state, 2.0 * attended * heads * (2 * latent + rope), 2.0 * context * (latent + rope), layout.dtype);
+}
+BENCHMARK(BM_PagedLatentPrefillAttention)
+    ->ArgNames({"context", "chunk", "heads", "latent", "rope"})
+    ->Args({2048, 512, 32, 512, 64})  // DeepSeek-V3's latent, 32 of its heads, a 2048-token prompt's last step
+    ->Args({2048, 512, 16, 256, 32})  // deepseek-mini's shape
+    ->UseRealTime();
+
 // The expert dispatch's gather: `rows` token rows of `dim` floats copied in a random order (a
 // 2000-token prefill of `small` routes 4000 rows of 512; a decode step at batch 64, 128).
 void BM_GatherRows(benchmark::State& state) {
