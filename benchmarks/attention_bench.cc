@@ -168,34 +168,51 @@ BENCHMARK(BM_PagedLatentDecodeAttention)
     ->Args({16, 2048, 8, 32, 512, 64})  // the same with 32 heads (of 128 over four ranks), a busier batch
     ->UseRealTime();
 
+// A prefill step's paged cache: `chunk` new tokens of one sequence at the end of `context`, its
+// blocks in order, zeroed, on the backend's memory; `layout` gives everything but the blocks.
+struct PrefillCache {
+  PrefillCache(const KvLayout& l, int64_t context, int64_t chunk) : layout(l) {
+    layout.num_blocks = (context + layout.block_size - 1) / layout.block_size;
+    const size_t bytes = static_cast<size_t>(layout.num_blocks) * layout.BlockBytes();
+    kv = *TheBackend().Allocate(bytes);
+    std::memset(kv.data(), 0, bytes);
+    table.resize(static_cast<size_t>(layout.num_blocks));
+    for (int64_t i = 0; i < layout.num_blocks; ++i) table[i] = static_cast<int32_t>(i);
+    seq.assign(static_cast<size_t>(chunk), 0);
+    for (int64_t t = 0; t < chunk; ++t) pos.push_back(static_cast<int32_t>(context - chunk + t));
+    ab = AttentionBatch{seq.data(), pos.data(), table.data(), chunk, 1, layout.num_blocks};
+  }
+  // The keys the step's tokens attend in all (causally).
+  double Attended() const {
+    double n = 0;
+    for (int32_t p : pos) n += static_cast<double>(p + 1);
+    return n;
+  }
+  KvLayout layout;
+  DeviceBuffer kv;
+  std::vector<int32_t> table, seq, pos;
+  AttentionBatch ab;
+};
+
 // A prefill chunk: `chunk` new tokens of one sequence at the end of `context`, attending
 // causally (the tokens of a 2000-token prompt's last 512-token step, as the engine runs it), with
 // `heads` query heads over `kv_heads` of 64 (`small`'s 8 / 2, `medium`'s 16 / 4).
 void BM_PagedPrefillAttention(benchmark::State& state) {
   const int64_t context = state.range(0), chunk = state.range(1), heads = state.range(2), kv_heads = state.range(3);
-  const int64_t head_dim = 64, block = 16;
-  const int64_t blocks = (context + block - 1) / block;
+  const int64_t head_dim = 64;
   KvLayout layout;
-  layout.num_blocks = blocks;
   layout.num_layers = 1;
-  layout.block_size = block;
+  layout.block_size = 16;
   layout.kv_heads = kv_heads;
   layout.head_dim = head_dim;
   layout.dtype = DType::kBF16;
-  DeviceBuffer kv = *TheBackend().Allocate(static_cast<size_t>(blocks) * layout.BlockBytes());
-  std::memset(kv.data(), 0, static_cast<size_t>(blocks) * layout.BlockBytes());
-  std::vector<int32_t> table(static_cast<size_t>(blocks)), seq(static_cast<size_t>(chunk), 0), pos(seq.size());
-  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
-  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
-  AttentionBatch ab{seq.data(), pos.data(), table.data(), chunk, 1, blocks};
+  const PrefillCache c(layout, context, chunk);
   std::vector<float> q(static_cast<size_t>(chunk * heads * head_dim), 0.1f), out(q.size());
   for (auto _ : state) {
-    TheBackend().PagedAttention(q.data(), ab, layout, 0, kv.data(), heads, 0.125f, out.data());
+    TheBackend().PagedAttention(q.data(), c.ab, c.layout, 0, c.kv.data(), heads, 0.125f, out.data());
     benchmark::DoNotOptimize(out.data());
   }
-  double attended = 0;
-  for (int64_t t = 0; t < chunk; ++t) attended += static_cast<double>(pos[t] + 1);
-  Report(state, 4.0 * attended * heads * head_dim, 2.0 * context * kv_heads * head_dim * 2, layout.dtype);
+  Report(state, 4.0 * c.Attended() * heads * head_dim, 2.0 * context * kv_heads * head_dim * 2, layout.dtype);
 }
 BENCHMARK(BM_PagedPrefillAttention)
     ->ArgNames({"context", "chunk", "heads", "kv_heads"})
@@ -209,32 +226,23 @@ BENCHMARK(BM_PagedPrefillAttention)
 // attending causally with `heads` heads over [latent | rope] rows (DeepSeek-V3's 512 + 64).
 void BM_PagedLatentPrefillAttention(benchmark::State& state) {
   const int64_t context = state.range(0), chunk = state.range(1), heads = state.range(2);
-  const int64_t latent = state.range(3), rope = state.range(4), block = 16;
-  const int64_t blocks = (context + block - 1) / block;
+  const int64_t latent = state.range(3), rope = state.range(4);
   KvLayout layout;
-  layout.num_blocks = blocks;
   layout.num_layers = 1;
-  layout.block_size = block;
+  layout.block_size = 16;
   layout.kv_heads = 1;
   layout.head_dim = latent + rope;
   layout.planes = 1;
   layout.dtype = DType::kBF16;
-  DeviceBuffer kv = *TheBackend().Allocate(static_cast<size_t>(blocks) * layout.BlockBytes());
-  std::memset(kv.data(), 0, static_cast<size_t>(blocks) * layout.BlockBytes());
-  std::vector<int32_t> table(static_cast<size_t>(blocks)), seq(static_cast<size_t>(chunk), 0), pos(seq.size());
-  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
-  for (int64_t t = 0; t < chunk; ++t) pos[t] = static_cast<int32_t>(context - chunk + t);
-  AttentionBatch ab{seq.data(), pos.data(), table.data(), chunk, 1, blocks};
+  const PrefillCache c(layout, context, chunk);
   std::vector<float> q_latent(static_cast<size_t>(chunk * heads * latent), 0.1f),
       q_rope(static_cast<size_t>(chunk * heads * rope), 0.1f), out(q_latent.size());
   for (auto _ : state) {
-    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), ab, layout, 0, kv.data(), heads, latent, 0.1f,
-                                      out.data());
+    TheBackend().PagedLatentAttention(q_latent.data(), q_rope.data(), c.ab, c.layout, 0, c.kv.data(), heads, latent,
+                                      0.1f, out.data());
     benchmark::DoNotOptimize(out.data());
   }
-  double attended = 0;
-  for (int64_t t = 0; t < chunk; ++t) attended += static_cast<double>(pos[t] + 1);
-  Report(state, 2.0 * attended * heads * (2 * latent + rope), 2.0 * context * (latent + rope), layout.dtype);
+  Report(state, 2.0 * c.Attended() * heads * (2 * latent + rope), 2.0 * context * (latent + rope), layout.dtype);
 }
 BENCHMARK(BM_PagedLatentPrefillAttention)
     ->ArgNames({"context", "chunk", "heads", "latent", "rope"})

@@ -138,10 +138,8 @@ void AttendInChunks(ThreadPool& pool, AttentionKernel kernel, const std::vector<
   pool.ParallelFor(static_cast<int64_t>(base.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const ItemRows it = item_rows(order[static_cast<size_t>(i / groups)], i % groups * heads);
-      const int64_t all = it.heads * it.nrows(), hd = it.layout->head_dim, stride = ChunkPartFloats(all, hd);
-      float* acc = parts.data() + base[i];
-      for (int64_t c = 1; c < ChunksOf(it.ctx_max); ++c) FoldChunk(acc + c * stride, all, hd, acc);
-      WriteItemRows(it, acc, out);
+      FoldChunks(parts.data() + base[i], ChunksOf(it.ctx_max), it.heads * it.nrows(), it.layout->head_dim);
+      WriteItemRows(it, parts.data() + base[i], out);
     }
   });
 }

@@ -44,6 +44,13 @@ inline int64_t ChunkPartFloats(int64_t all, int64_t width) { return all * (width
 // and sum m and la + lp. Folding a row's chunks in order is then its result over all of them.
 void FoldChunk(const float* part, int64_t all, int64_t width, float* acc);
 
+// Chunks 1 .. chunks - 1 of `parts` (ChunkPartFloats(all, width) apart, all computed) folded in
+// order into chunk 0: what AttendFolded does as they come, for results computed elsewhere.
+inline void FoldChunks(float* parts, int64_t chunks, int64_t all, int64_t width) {
+  const int64_t stride = ChunkPartFloats(all, width);
+  for (int64_t c = 1; c < chunks; ++c) FoldChunk(parts + c * stride, all, width, parts);
+}
+
 // An item's `chunks` chunks, computed by attend(c, part) into `parts` and folded in order into
 // parts[0, stride) (stride = ChunkPartFloats(all, width)): two chunks' results held at a time.
 template <typename Attend>

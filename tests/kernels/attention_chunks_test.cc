@@ -150,9 +150,9 @@ TEST(AttendFoldedTest, TakesChunksInOrderHoldsTwoAndMatchesFoldingStoredResults)
   ASSERT_EQ(seen.size(), static_cast<size_t>(rows.chunks));
   for (int64_t c = 0; c < rows.chunks; ++c) EXPECT_EQ(seen[c], c);
   EXPECT_LE(largest, static_cast<size_t>(2 * stride)) << "an item holds two chunks' results";
-  // The split plan stores every chunk's result, then folds them in the same order.
+  // The split plan stores every chunk's result, then folds them in the same order (FoldChunks).
   std::vector<float> stored = rows.parts;
-  for (int64_t c = 1; c < rows.chunks; ++c) FoldChunk(stored.data() + c * stride, rows.all, rows.width, stored.data());
+  FoldChunks(stored.data(), rows.chunks, rows.all, rows.width);
   EXPECT_EQ(0, std::memcmp(parts.data(), stored.data(), static_cast<size_t>(stride) * sizeof(float)));
   // One chunk: its result as it is.
   AttendFolded(1, rows.all, rows.width, &parts, [&](int64_t, float* part) {

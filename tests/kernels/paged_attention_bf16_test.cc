@@ -166,13 +166,8 @@ TEST_P(PagedAttentionBf16Test, ALaterTokensValuesNeverReachAnEarlierToken) {
   CpuBackend bf16 = Make();
   // The bad row is key 39, the second of a pair: token 38 (39 keys) ends on that pair's first.
   const int64_t hd = 64, qh = 4, len = 40;
-  KvLayout layout;
+  KvLayout layout = Layout(/*layers=*/1, /*block=*/16, /*kvh=*/1, hd, DType::kBF16);
   layout.num_blocks = 3;
-  layout.num_layers = 1;
-  layout.block_size = 16;
-  layout.kv_heads = 1;
-  layout.head_dim = hd;
-  layout.dtype = DType::kBF16;
   std::vector<uint8_t> cache(layout.num_blocks * layout.BlockBytes());
   std::vector<int64_t> slots(len);
   std::iota(slots.begin(), slots.end(), 0);
