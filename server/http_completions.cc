@@ -55,12 +55,26 @@ class Completion : public std::enable_shared_from_this<Completion> {
   }
   const ParsedCompletion& parsed() const { return p_; }
 
-  // Engine thread: queue, and post one drain to the encoder while events wait.
+  // Engine thread: queue, and post one drain to the encoder while events wait (once started).
   void OnEvent(int index, const RequestEvent& ev) {
     std::lock_guard<std::mutex> lock(mu_);
     events_.emplace_back(index, ev);
-    if (posted_) return;
+    if (posted_ || !started_) return;
     posted_ = true;
+    encoder_->Post([self = shared_from_this()] { self->Drain(); });
+  }
+
+  // The answer can take the events: the stream has started (or the answer is whole, or already
+  // given). Until then they wait, since a chunk written before StartStream is refused as if the
+  // client had left: a request whose first events came before its handler started the stream
+  // answered an empty stream and was cancelled.
+  void Start() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+      if (posted_ || events_.empty()) return;
+      posted_ = true;
+    }
     encoder_->Post([self = shared_from_this()] { self->Drain(); });
   }
 
@@ -236,7 +250,7 @@ class Completion : public std::enable_shared_from_this<Completion> {
   const ParsedCompletion p_;
   std::mutex mu_;  // the queue
   std::deque<std::pair<int, RequestEvent>> events_;
-  bool posted_ = false;
+  bool posted_ = false, started_ = false;
   std::mutex out_mu_;  // the answer: written by the encoder, or ended by the drain
   std::vector<CompletionChoice> choices_;
   size_t finished_ = 0, expected_ = 0;  // choices ended; choices that will end (n, or fewer submitted)
@@ -281,6 +295,7 @@ void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams,
       c->Abandon(i);     // ends the completion (on_end) once the choices before i have ended
       const ApiError e = ToApiError(id.status());
       reply->Send(e.http_status, "application/json", JsonText(e.ToJson()));
+      c->Start();  // the earlier choices' events, to count their ends
       return;
     }
     c->set_engine_id(i, *id);
@@ -292,6 +307,7 @@ void RunCompletion(Engine* engine, StreamEncoder* encoder, OpenStreams* streams,
   if (stream) {
     reply->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
   }
+  c->Start();
   streams->Add(c);
 }
 
