@@ -140,10 +140,10 @@ TEST(HttpCompletionsTest, AStreamIsWholeWhenEveryEventComesBeforeItStarts) {
       EXPECT_TRUE(engine->RunUntilIdle().ok());
       Flush(encoder);
     };
-    std::promise<void> ended;
-    RunCompletion(engine.get(), &encoder, &streams, *std::move(parsed), reply, [&ended] { ended.set_value(); });
+    auto ended = std::make_shared<std::promise<void>>();  // outlives a failed wait
+    RunCompletion(engine.get(), &encoder, &streams, *std::move(parsed), reply, [ended] { ended->set_value(); });
     ASSERT_TRUE(ran);
-    ASSERT_EQ(ended.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready)
+    ASSERT_EQ(ended->get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready)
         << "the completion never ended (seed " << seed << ")";
     Flush(encoder);
     EXPECT_EQ(reply->status(), 200) << reply->text();
@@ -158,6 +158,45 @@ TEST(HttpCompletionsTest, AStreamIsWholeWhenEveryEventComesBeforeItStarts) {
   const EngineStats stats = engine->GetStats();
   EXPECT_EQ(stats.finished_length, 2);
   EXPECT_EQ(stats.cancelled, 0) << "a request was cancelled as if its client had left (seed " << seed << ")";
+}
+
+// A choice the engine refuses (its waiting queue full) ends the completion: the client gets the
+// refusal, the choices submitted before it are cancelled, and the completion still ends once
+// their last events have come (the server counts it in flight until then).
+TEST(HttpCompletionsTest, ARefusedChoiceCancelsTheOthersAndTheCompletionEnds) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TinyF32Model m(seed);
+  EngineConfig cfg = testing::F32KvConfig();
+  cfg.scheduler.max_waiting = 2;  // choices 0 and 1 wait, choice 2 is refused
+  std::unique_ptr<Engine> engine = m.MakeEngine(cfg);
+  ASSERT_NE(engine, nullptr);
+  StreamEncoder encoder;
+  OpenStreams streams;
+  auto tokenizer = std::make_shared<const ModelTokenizer>(ModelTokenizer::Bytes());
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    const Json body = {{"prompt", Json::array({256, 72, 105})}, {"max_tokens", 6}, {"n", 3},
+                       {"temperature", 0.8},  {"seed", 5},       {"stream", stream}};
+    auto parsed = ParseCompletion(body.dump(), false, engine->model_config(), RequestLimits{}, tokenizer);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    auto reply = std::make_shared<RecordingReply>();
+    auto ended = std::make_shared<std::promise<void>>();
+    RunCompletion(engine.get(), &encoder, &streams, *std::move(parsed), reply, [ended] { ended->set_value(); });
+    EXPECT_EQ(reply->kind(), 1);
+    EXPECT_NE(reply->status(), 200);
+    EXPECT_NE(reply->text().find("waiting queue is full"), std::string::npos) << reply->text();
+    EXPECT_FALSE(engine->Idle());  // the two submitted choices, their cancellation not yet applied
+    ASSERT_TRUE(engine->RunUntilIdle().ok());
+    ASSERT_EQ(ended->get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready)
+        << "the completion never ended";
+    Flush(encoder);
+    EXPECT_EQ(reply->refused(), 0);
+  }
+  const EngineStats stats = engine->GetStats();
+  EXPECT_EQ(stats.cancelled, 4);
+  EXPECT_EQ(stats.finished_length + stats.finished_stop, 0);
+  EXPECT_TRUE(engine->Idle());
+  EXPECT_TRUE(engine->CheckAccounting());
 }
 
 }  // namespace
