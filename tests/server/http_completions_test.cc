@@ -30,24 +30,25 @@ using Json = nlohmann::json;
 // it has submitted the choices, before it answers.
 class RecordingReply : public HttpReply {
  public:
+  enum class Kind { kNone, kWhole, kStream };
   std::function<void()> before_answer;
 
   void Send(int status, std::string, std::string body, std::vector<std::pair<std::string, std::string>>) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (kind_ != 0) return;
-    kind_ = 1;
+    if (kind_ != Kind::kNone) return;
+    kind_ = Kind::kWhole;
     status_ = status;
     text_ = std::move(body);
   }
   void StartStream(int status, std::string, std::vector<std::pair<std::string, std::string>>) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (kind_ != 0) return;
-    kind_ = 2;
+    if (kind_ != Kind::kNone) return;
+    kind_ = Kind::kStream;
     status_ = status;
   }
   bool Write(std::string chunk) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (kind_ != 2 || ended_) {
+    if (kind_ != Kind::kStream || ended_) {
       ++refused_;
       return false;
     }
@@ -63,7 +64,7 @@ class RecordingReply : public HttpReply {
   }
   bool CheckGone() override { return false; }
 
-  int kind() const { std::lock_guard<std::mutex> lock(mu_); return kind_; }  // 0 none, 1 whole, 2 stream
+  Kind kind() const { std::lock_guard<std::mutex> lock(mu_); return kind_; }
   int status() const { std::lock_guard<std::mutex> lock(mu_); return status_; }
   bool ended() const { std::lock_guard<std::mutex> lock(mu_); return ended_; }
   int refused() const { std::lock_guard<std::mutex> lock(mu_); return refused_; }
@@ -71,7 +72,8 @@ class RecordingReply : public HttpReply {
 
  private:
   mutable std::mutex mu_;
-  int kind_ = 0, status_ = 0, refused_ = 0;
+  Kind kind_ = Kind::kNone;
+  int status_ = 0, refused_ = 0;
   bool ended_ = false;
   std::string text_;
 };
@@ -147,7 +149,7 @@ TEST(HttpCompletionsTest, AStreamIsWholeWhenEveryEventComesBeforeItStarts) {
         << "the completion never ended (seed " << seed << ")";
     Flush(encoder);
     EXPECT_EQ(reply->status(), 200) << reply->text();
-    EXPECT_EQ(reply->kind(), stream ? 2 : 1);
+    EXPECT_EQ(reply->kind(), stream ? RecordingReply::Kind::kStream : RecordingReply::Kind::kWhole);
     EXPECT_EQ(reply->refused(), 0) << "chunks refused (seed " << seed << ")";
     (stream ? stream_raw : whole_text) = reply->text();
   }
@@ -182,7 +184,7 @@ TEST(HttpCompletionsTest, ARefusedChoiceCancelsTheOthersAndTheCompletionEnds) {
     auto reply = std::make_shared<RecordingReply>();
     auto ended = std::make_shared<std::promise<void>>();
     RunCompletion(engine.get(), &encoder, &streams, *std::move(parsed), reply, [ended] { ended->set_value(); });
-    EXPECT_EQ(reply->kind(), 1);
+    EXPECT_EQ(reply->kind(), RecordingReply::Kind::kWhole);
     EXPECT_NE(reply->status(), 200);
     EXPECT_NE(reply->text().find("waiting queue is full"), std::string::npos) << reply->text();
     EXPECT_FALSE(engine->Idle());  // the two submitted choices, their cancellation not yet applied
